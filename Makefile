@@ -1,0 +1,157 @@
+# ember -- build, test, run and install.
+#
+#   make            build/libember.so, build/libember.a, build/ember
+#   make test       C and Lua tests; ends with "N passed, N failed"
+#   make test SANITIZE=1   the C tests under AddressSanitizer + UBSan
+#   make run        the main example
+#   make bench      tests/bench/ (ember beside PyTorch where it is installed)
+#   make install PREFIX=/usr/local
+#
+# Missing Debian packages are installed by the `deps` step (apt-get, as root or
+# through sudo). CUDA, cuDNN, NCCL and MPI are detected and reported; the CUDA
+# backend itself is built only when nvcc is found (from a later milestone).
+
+PREFIX   ?= /usr/local
+SANITIZE ?= 0
+ARCH     ?= -march=native
+CC       ?= cc
+
+ifeq ($(SANITIZE),1)
+BUILD    := build-asan
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT      := -O1 -g
+else
+BUILD    := build
+SANFLAGS :=
+OPT      := -O3 -g $(ARCH)
+endif
+
+DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev pkg-config
+RUN_PACKAGES := dataset-fashion-mnist
+BENCH_PACKAGES := python3-torch
+
+LUAJIT_CFLAGS := -I/usr/include/luajit-2.1
+LUAJIT_LIBS   := -lluajit-5.1
+BLAS_CFLAGS   := -I/usr/include/x86_64-linux-gnu/openblas-pthread
+BLAS_LIBS     := -L/usr/lib/x86_64-linux-gnu/openblas-pthread -lopenblas
+
+CFLAGS_BASE := -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+               -fPIC -pthread -Icore/include -Icore $(BLAS_CFLAGS)
+CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
+LDLIBS  := $(BLAS_LIBS) -lm -lpthread -ldl
+
+CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c)
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+HOST_SRC := $(wildcard lua/host/*.c)
+HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
+LUA_SRC  := $(wildcard lua/ember/*.lua lua/ember/*/*.lua)
+LUA_OUT  := $(LUA_SRC:lua/%=$(BUILD)/lua/%) $(BUILD)/lua/ember/cdefs.lua
+CTEST_SRC := $(wildcard tests/c/test_*.c)
+CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+
+.PHONY: all deps deps-run deps-bench report test test-c test-lua run bench install clean
+
+all: deps $(BUILD)/libember.so $(BUILD)/libember.a $(BUILD)/ember $(LUA_OUT) report
+
+# -- Dependencies ---------------------------------------------------------------
+# dpkg-query tells which packages are missing; only then is apt-get run.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+define install_missing
+	@missing=""; for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | \
+	  grep -q "install ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; fi
+endef
+
+deps:
+	$(call install_missing,$(DEB_PACKAGES))
+deps-run:
+	$(call install_missing,$(RUN_PACKAGES))
+deps-bench:
+	$(call install_missing,$(BENCH_PACKAGES))
+
+# What optional engines this machine has (reported; the CPU build never needs them).
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+report: $(BUILD)/.reported
+$(BUILD)/.reported: | $(BUILD)
+	@echo "ember build: CPU backend with OpenBLAS"
+	@if [ -n "$(NVCC)" ]; then echo "  nvcc:  $$($(NVCC) --version | tail -n 2 | head -n 1)"; \
+	  else echo "  nvcc:  not found (CPU only)"; fi
+	@f=$$(ls /usr/local/cuda/include/cudnn_version.h /usr/include/cudnn_version.h 2>/dev/null | head -n 1); \
+	  if [ -n "$$f" ]; then echo "  cuDNN: $$(awk '/define CUDNN_MAJOR/{a=$$3}/define CUDNN_MINOR/{b=$$3}END{print a"."b}' $$f)"; \
+	  else echo "  cuDNN: not found"; fi
+	@f=$$(ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h 2>/dev/null | head -n 1); \
+	  if [ -n "$$f" ]; then echo "  NCCL:  $$(awk '/define NCCL_MAJOR/{a=$$3}/define NCCL_MINOR/{b=$$3}END{print a"."b}' $$f)"; \
+	  else echo "  NCCL:  not found"; fi
+	@if command -v mpicc >/dev/null 2>&1; then echo "  MPI:   $$(mpicc --showme:version 2>&1 | head -n 1)"; \
+	  else echo "  MPI:   not found"; fi
+	@touch $@
+
+$(BUILD):
+	@mkdir -p $(BUILD)
+
+# -- Library ----------------------------------------------------------------------
+$(BUILD)/obj/%.o: %.c core/include/ember.h core/internal.h | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/lua/host/%.o: lua/host/%.c core/include/ember.h | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -DEMBER_PREFIX='"$(PREFIX)"' -c $< -o $@
+
+$(BUILD)/libember.a: $(CORE_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libember.so: $(CORE_OBJ)
+	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+# The ember command links the core statically and exports its symbols, so the
+# Lua layer finds them through ffi.C without loading the shared library.
+$(BUILD)/ember: $(HOST_OBJ) $(BUILD)/libember.a
+	$(CC) $(SANFLAGS) -rdynamic -o $@ $(HOST_OBJ) -Wl,--whole-archive $(BUILD)/libember.a \
+	  -Wl,--no-whole-archive $(LUAJIT_LIBS) -ledit $(LDLIBS)
+
+# -- Lua layer: copied beside the binary; cdefs generated from the header -----------
+$(BUILD)/lua/%.lua: lua/%.lua
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(BUILD)/lua/ember/cdefs.lua: core/include/ember.h tools/gen_cdefs.sh
+	@mkdir -p $(dir $@)
+	sh tools/gen_cdefs.sh $< > $@
+
+# -- Tests ------------------------------------------------------------------------------
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(BUILD)/libember.a $(LDLIBS)
+
+ifeq ($(SANITIZE),1)
+test: deps $(CTEST_BIN)
+	@sh tests/run.sh --c-only $(BUILD)
+else
+test: all $(CTEST_BIN)
+	@sh tests/run.sh $(BUILD)
+endif
+
+# -- Running -------------------------------------------------------------------------------
+run: all deps-run
+	$(BUILD)/ember examples/demo.lua
+
+bench: all deps-bench
+	@sh tests/bench/run.sh $(BUILD)
+
+# -- Install ---------------------------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/lua/5.1/ember
+	install -m 755 $(BUILD)/ember $(DESTDIR)$(PREFIX)/bin/ember
+	install -m 644 $(BUILD)/libember.a $(BUILD)/libember.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 core/include/ember.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(BUILD)/lua/ember/*.lua $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ember.pc
+
+clean:
+	rm -rf build build-asan

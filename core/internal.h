@@ -1,0 +1,203 @@
+/*
+** internal.h -- the object model shared by every file of core/ (and, later,
+** kernels/): the state, storages, tensor handles, error reporting, the backend
+** function table and small shape helpers. Nothing here is public API.
+**
+** Layering: ops/ checks arguments, works out shapes and dtypes, allocates the
+** output and calls the backend of the tensors' device through S->backends[];
+** cpu/ (and kernels/ for CUDA) implement that table. Kernels may assume their
+** inputs were checked: same device, shapes already broadcast (as strided views),
+** dtypes as the table entry documents.
+*/
+#ifndef EMBER_INTERNAL_H
+#define EMBER_INTERNAL_H
+#include "ember.h"
+#include <stdarg.h>
+#include <stdbool.h>
+#include <string.h>
+
+/* -- Storage ----------------------------------------------------------------
+** A refcounted block of device memory. Views share one storage. */
+typedef struct emi_storage {
+  int refcount;            /* atomic: a storage may be shared across threads */
+  int device;
+  em_state *S;             /* the state whose allocator owns data */
+  void *data;
+  size_t nbytes;
+} emi_storage;
+
+/* -- Tensor handle ---------------------------------------------------------- */
+struct em_tensor {
+  int refcount;            /* atomic */
+  em_dtype dtype;
+  int device;
+  int ndim;
+  int64_t numel;           /* product of sizes, kept in step with them */
+  int64_t offset;          /* in elements, into storage */
+  int64_t sizes[EM_MAX_DIMS];
+  int64_t strides[EM_MAX_DIMS];  /* in elements */
+  emi_storage *storage;
+  em_state *S;
+};
+
+/* -- Backend table ---------------------------------------------------------------
+** One per device kind. Every entry returns EM_OK or an error with the message set.
+** Shapes: "out-shaped" inputs are strided views already expanded to out's shape
+** (broadcast dims have stride 0). */
+typedef struct emi_backend {
+  const char *name;
+  void *(*alloc)(em_state *S, int device, size_t nbytes);
+  void (*free)(em_state *S, int device, void *p, size_t nbytes);
+  /* out[i] = (out.dtype) src[i]; src out-shaped, any dtype. */
+  em_status (*copy)(em_state *S, em_tensor *out, const em_tensor *src);
+  em_status (*fill)(em_state *S, em_tensor *out, double value);
+  /* a is out-shaped and has out's dtype (the ops layer converts first). */
+  em_status (*unary)(em_state *S, em_unop op, em_tensor *out, const em_tensor *a);
+  /* a, b out-shaped and of the compute dtype; out is that dtype, or bool for
+  ** comparisons and logical ops. */
+  em_status (*binary)(em_state *S, em_binop op, em_tensor *out, const em_tensor *a,
+                      const em_tensor *b);
+  em_status (*binary_scalar)(em_state *S, em_binop op, em_tensor *out,
+                             const em_tensor *a, double s, int reverse);
+  /* out = a + alpha*b, all out-shaped and out's dtype. */
+  em_status (*add_scaled)(em_state *S, em_tensor *out, const em_tensor *a,
+                          const em_tensor *b, double alpha);
+  em_status (*clamp)(em_state *S, em_tensor *out, const em_tensor *a, double lo,
+                     double hi);
+  /* cond (bool), a, b out-shaped; a, b of out's dtype. */
+  em_status (*where)(em_state *S, em_tensor *out, const em_tensor *cond,
+                     const em_tensor *a, const em_tensor *b);
+  /* Reduce a over the dims flagged in mask (bit d set = reduce dim d) into out,
+  ** which has a's ndim with reduced dims of size 1 (the ops layer squeezes). */
+  em_status (*reduce)(em_state *S, em_redop op, em_tensor *out, const em_tensor *a,
+                      unsigned mask);
+  em_status (*var)(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+                   double correction, int take_sqrt);
+  em_status (*norm)(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+                    double p);
+  /* values/indices have a's shape with dim of size 1; want_max picks max or min.
+  ** values may be NULL (argmax). */
+  em_status (*arg_reduce)(em_state *S, em_tensor *values, em_tensor *indices,
+                          const em_tensor *a, int dim, int want_max, int index_base);
+  em_status (*softmax)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+                       int log);
+  /* Batched: a (B, M, K), b (B, K, N) strided views, out (B, M, N) contiguous. */
+  em_status (*matmul)(em_state *S, em_tensor *out, const em_tensor *a,
+                      const em_tensor *b);
+  em_status (*index_select)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+                            const em_tensor *idx, int index_base);
+  em_status (*gather)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+                      const em_tensor *idx, int index_base);
+  /* Random fills at Philox counter base `offset` with key `seed`. */
+  em_status (*uniform)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+                       double lo, double hi);
+  em_status (*normal)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+                      double mean, double std);
+  em_status (*randint)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+                       int64_t lo, int64_t hi);
+  em_status (*arange)(em_state *S, em_tensor *out, double start, double step);
+} emi_backend;
+
+extern const emi_backend emi_cpu_backend;
+
+/* -- Thread pool (cpu/threadpool.c) ------------------------------------------------
+** fn(ctx, begin, end) over [0, n) in chunks of at least `grain` items; runs
+** inline when one chunk covers it. Not reentrant: kernels do not nest it. */
+typedef void (*emi_range_fn)(void *ctx, int64_t begin, int64_t end);
+typedef struct emi_pool emi_pool;
+emi_pool *emi_pool_new(em_state *S, int nthreads);
+void emi_pool_free(emi_pool *p);
+int emi_pool_size(const emi_pool *p);
+void emi_parallel_for(em_state *S, int64_t n, int64_t grain, emi_range_fn fn,
+                      void *ctx);
+
+/* -- State ------------------------------------------------------------------------ */
+enum { EMI_ERRMSG_SIZE = 512 };
+struct em_state {
+  em_alloc_fn alloc;
+  void *alloc_ud;
+  int num_threads;
+  emi_pool *pool;
+  uint64_t rng_seed, rng_offset;   /* Philox key and next free counter */
+  int64_t mem_allocated, mem_peak;
+  const emi_backend *cpu;
+  char errmsg[EMI_ERRMSG_SIZE];
+};
+
+/* -- Errors ----------------------------------------------------------------------
+** emi_error formats into S->errmsg and returns code, so: return emi_error(...). */
+em_status emi_error(em_state *S, em_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "[2,3]" into buf; returns buf. Buffers of EMI_SHAPE_STR bytes always fit. */
+enum { EMI_SHAPE_STR = 8 * 24 + 4 };
+const char *emi_shape_str(char *buf, const int64_t *sizes, int ndim);
+/* Shorthand for messages: a tensor's shape as "[2,3]" in a rotating buffer (four
+** slots, so up to four may appear in one message). */
+const char *emi_tshape(em_state *S, const em_tensor *t);
+const char *emi_device_name(char *buf, int device);
+/* Checks shared by every op: non-NULL tensor, dim in range (negative wraps). */
+em_status emi_check_tensor(em_state *S, const char *op, const em_tensor *t);
+em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim);
+
+/* -- Memory (state.c) ------------------------------------------------------------- */
+void *emi_malloc(em_state *S, size_t n);          /* NULL on failure, no message */
+void emi_free(em_state *S, void *p, size_t n);
+
+/* -- Tensor construction (tensor.c) -------------------------------------------------
+** emi_tensor_new makes a contiguous tensor with fresh, uninitialised storage. */
+em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int ndim,
+                         em_dtype dt, int device, em_tensor **out);
+/* A new handle on t's storage with the given geometry (retains the storage). */
+em_status emi_tensor_view(em_state *S, const em_tensor *t, const int64_t *sizes,
+                          const int64_t *strides, int ndim, int64_t offset,
+                          em_tensor **out);
+void emi_contiguous_strides(const int64_t *sizes, int ndim, int64_t *strides);
+int64_t emi_shape_numel(const int64_t *sizes, int ndim);
+/* Broadcast two shapes (numpy rules); EM_ERR_SHAPE with message naming op. */
+em_status emi_broadcast_shape(em_state *S, const char *op, const int64_t *a, int na,
+                              const int64_t *b, int nb, int64_t *out, int *nout);
+/* A stride-0 view of t expanded to shape (t must broadcast to it). */
+em_status emi_expand_to(em_state *S, const char *op, const em_tensor *t,
+                        const int64_t *shape, int ndim, em_tensor **out);
+const emi_backend *emi_backend_of(em_state *S, int device);
+
+/* -- Strided iteration (tensor.c) --------------------------------------------------
+** Kernels walk out-shaped operands as a loop over "rows": the dims are coalesced
+** (adjacent dims merged when every operand's strides allow), the last dim is the
+** inner loop. emi_iter handles up to EMI_ITER_MAX operands. */
+enum { EMI_ITER_MAX = 4 };
+typedef struct emi_iter {
+  int nops, ndim;                      /* ndim >= 1 after coalescing */
+  int64_t sizes[EM_MAX_DIMS];
+  int64_t strides[EMI_ITER_MAX][EM_MAX_DIMS];  /* in bytes */
+  char *base[EMI_ITER_MAX];
+  int64_t inner;                       /* sizes[ndim-1] */
+  int64_t nrows;                       /* product of the outer sizes */
+} emi_iter;
+/* All ops must have the same shape as ops[0]. */
+void emi_iter_init(emi_iter *it, em_tensor *const *ops, int nops);
+/* Pointers to the start of row r for each operand. */
+void emi_iter_row(const emi_iter *it, int64_t r, char **ptrs);
+
+/* -- float16 / bfloat16 ---------------------------------------------------------- */
+float emi_half_to_float(uint16_t h);
+uint16_t emi_float_to_half(float f);
+static inline float emi_bf16_to_float(uint16_t b) {
+  union { uint32_t u; float f; } v;
+  v.u = (uint32_t)b << 16;
+  return v.f;
+}
+static inline uint16_t emi_float_to_bf16(float f) {
+  union { uint32_t u; float f; } v;
+  v.f = f;
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN */
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16); /* round to even */
+}
+/* Read / write one element of any dtype as a double. */
+double emi_load_f64(const void *p, em_dtype dt);
+void emi_store_f64(void *p, em_dtype dt, double v);
+
+static inline void emi_atomic_inc(int *p) { __atomic_add_fetch(p, 1, __ATOMIC_RELAXED); }
+static inline int emi_atomic_dec(int *p) { return __atomic_sub_fetch(p, 1, __ATOMIC_ACQ_REL); }
+
+#endif

@@ -1,0 +1,146 @@
+/*
+** state.c -- em_state: opening and closing, the allocator hook, memory
+** accounting and error messages. Every other file reaches the allocator and
+** reports errors only through the functions here.
+*/
+#include "internal.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* -- Allocator -------------------------------------------------------------- */
+
+static void *default_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  (void)ud; (void)osize;
+  if (nsize == 0) { free(ptr); return NULL; }
+  return realloc(ptr, nsize);
+}
+
+void *emi_malloc(em_state *S, size_t n) {
+  return S->alloc(S->alloc_ud, NULL, 0, n ? n : 1);
+}
+
+void emi_free(em_state *S, void *p, size_t n) {
+  if (p) S->alloc(S->alloc_ud, p, n ? n : 1, 0);
+}
+
+/* -- Open / close ------------------------------------------------------------- */
+
+void em_config_init(em_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+}
+
+em_status em_open(em_state **out, const em_config *cfg) {
+  em_config def;
+  if (!out) return EM_ERR_ARG;
+  *out = NULL;
+  if (!cfg) { em_config_init(&def); cfg = &def; }
+  em_alloc_fn alloc = cfg->alloc ? cfg->alloc : default_alloc;
+  em_state *S = alloc(cfg->alloc_ud, NULL, 0, sizeof *S);
+  if (!S) return EM_ERR_NOMEM;
+  memset(S, 0, sizeof *S);
+  S->alloc = alloc;
+  S->alloc_ud = cfg->alloc_ud;
+  S->cpu = &emi_cpu_backend;
+  S->rng_seed = cfg->seed;
+  int n = cfg->num_threads;
+  if (n <= 0) {
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    n = c > 0 ? (int)c : 1;
+  }
+  em_status st = em_set_num_threads(S, n);
+  if (st != EM_OK) { alloc(cfg->alloc_ud, S, sizeof *S, 0); return st; }
+  *out = S;
+  return EM_OK;
+}
+
+void em_close(em_state *S) {
+  if (!S) return;
+  emi_pool_free(S->pool);
+  S->alloc(S->alloc_ud, S, sizeof *S, 0);
+}
+
+/* The pool holds n-1 workers: the calling thread does a share of each job. */
+em_status em_set_num_threads(em_state *S, int n) {
+  if (n < 1) return emi_error(S, EM_ERR_ARG, "set_num_threads: need at least 1 thread, got %d", n);
+  if (S->pool && emi_pool_size(S->pool) == n) return EM_OK;
+  emi_pool *p = NULL;
+  if (n > 1) {
+    p = emi_pool_new(S, n);
+    if (!p) return emi_error(S, EM_ERR_NOMEM, "set_num_threads: could not start %d threads", n);
+  }
+  emi_pool_free(S->pool);
+  S->pool = p;
+  S->num_threads = n;
+  return EM_OK;
+}
+
+int em_get_num_threads(em_state *S) { return S->num_threads; }
+
+int64_t em_memory_allocated(em_state *S) { return S->mem_allocated; }
+int64_t em_memory_peak(em_state *S) { return S->mem_peak; }
+
+const char *em_version(void) { return "0.1.0"; }
+
+/* -- Errors --------------------------------------------------------------------- */
+
+const char *em_errmsg(em_state *S) {
+  return S ? S->errmsg : "ember: no state (em_open failed or was not called)";
+}
+
+em_status emi_error(em_state *S, em_status code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(S->errmsg, sizeof S->errmsg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+const char *emi_shape_str(char *buf, const int64_t *sizes, int ndim) {
+  char *p = buf;
+  *p++ = '[';
+  for (int i = 0; i < ndim; i++)
+    p += sprintf(p, i ? ",%lld" : "%lld", (long long)sizes[i]);
+  *p++ = ']';
+  *p = 0;
+  return buf;
+}
+
+const char *emi_tshape(em_state *S, const em_tensor *t) {
+  /* Rotating buffers: messages quote up to four shapes. Per process rather than
+  ** per state is fine because a message is formatted and copied at once... but
+  ** two states on two threads could race, so keep them thread-local. */
+  static __thread char bufs[4][EMI_SHAPE_STR];
+  static __thread int next;
+  (void)S;
+  char *b = bufs[next++ & 3];
+  return t ? emi_shape_str(b, t->sizes, t->ndim) : "(nil)";
+}
+
+const char *emi_device_name(char *buf, int device) {
+  if (device == EM_CPU) strcpy(buf, "cpu");
+  else sprintf(buf, "cuda:%d", device);
+  return buf;
+}
+
+em_status emi_check_tensor(em_state *S, const char *op, const em_tensor *t) {
+  if (!t) return emi_error(S, EM_ERR_ARG, "%s: expected a tensor, got NULL", op);
+  return EM_OK;
+}
+
+em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim) {
+  int d = *dim, n = ndim > 0 ? ndim : 1;
+  if (d < -n || d >= n)
+    return emi_error(S, EM_ERR_INDEX,
+                     "%s: dimension %d out of range for a %d-D tensor (0-based in C)",
+                     op, d, ndim);
+  *dim = d < 0 ? d + n : d;
+  return EM_OK;
+}
+
+/* What this build has; the CUDA backend adds its lines when it is compiled in. */
+const char *em_build_info(void) {
+  return "backend cpu: OpenBLAS (pthreads), float16/bfloat16 computed in float32\n"
+         "backend cuda: not built\n";
+}

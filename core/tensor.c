@@ -1,0 +1,291 @@
+/*
+** tensor.c -- tensor handles and storages: creation, refcounting, accessors,
+** broadcasting helpers and the strided iterator the kernels walk with.
+**
+** A CPU storage is one allocation: the emi_storage header followed by the data,
+** 64-byte aligned. One block instead of two halves the allocator traffic of the
+** small temporaries that dominate scripting workloads (a + b on tiny tensors).
+*/
+#include "internal.h"
+#include <stdint.h>
+
+enum { STORAGE_ALIGN = 64 };
+
+/* -- Storage ------------------------------------------------------------------- */
+
+static size_t storage_block_size(size_t nbytes) {
+  return sizeof(emi_storage) + STORAGE_ALIGN + nbytes;
+}
+
+static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
+  if (device != EM_CPU) return NULL;  /* the CUDA backend hooks in here later */
+  size_t total = storage_block_size(nbytes);
+  char *block = emi_malloc(S, total);
+  if (!block) return NULL;
+  emi_storage *st = (emi_storage *)block;
+  uintptr_t d = (uintptr_t)(block + sizeof(emi_storage));
+  d = (d + STORAGE_ALIGN - 1) & ~(uintptr_t)(STORAGE_ALIGN - 1);
+  st->refcount = 1;
+  st->device = device;
+  st->S = S;
+  st->data = (void *)d;
+  st->nbytes = nbytes;
+  S->mem_allocated += (int64_t)nbytes;
+  if (S->mem_allocated > S->mem_peak) S->mem_peak = S->mem_allocated;
+  return st;
+}
+
+static void storage_release(emi_storage *st) {
+  if (emi_atomic_dec(&st->refcount) != 0) return;
+  em_state *S = st->S;
+  __atomic_sub_fetch(&S->mem_allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
+  emi_free(S, st, storage_block_size(st->nbytes));
+}
+
+/* -- Handles -------------------------------------------------------------------- */
+
+void em_tensor_retain(em_tensor *t) { if (t) emi_atomic_inc(&t->refcount); }
+
+void em_tensor_release(em_tensor *t) {
+  if (!t || emi_atomic_dec(&t->refcount) != 0) return;
+  em_state *S = t->S;
+  storage_release(t->storage);
+  emi_free(S, t, sizeof *t);
+}
+
+int em_tensor_ndim(const em_tensor *t) { return t->ndim; }
+const int64_t *em_tensor_sizes(const em_tensor *t) { return t->sizes; }
+const int64_t *em_tensor_strides(const em_tensor *t) { return t->strides; }
+int64_t em_tensor_size(const em_tensor *t, int d) {
+  if (d < 0) d += t->ndim;
+  return d >= 0 && d < t->ndim ? t->sizes[d] : -1;
+}
+int64_t em_tensor_stride(const em_tensor *t, int d) {
+  if (d < 0) d += t->ndim;
+  return d >= 0 && d < t->ndim ? t->strides[d] : 0;
+}
+int64_t em_tensor_offset(const em_tensor *t) { return t->offset; }
+int64_t em_tensor_numel(const em_tensor *t) { return t->numel; }
+em_dtype em_tensor_dtype(const em_tensor *t) { return t->dtype; }
+int em_tensor_device(const em_tensor *t) { return t->device; }
+void *em_tensor_data(const em_tensor *t) {
+  return (char *)t->storage->data + t->offset * (int64_t)em_dtype_size(t->dtype);
+}
+int em_tensor_same_storage(const em_tensor *a, const em_tensor *b) {
+  return a && b && a->storage == b->storage;
+}
+
+int em_tensor_is_contiguous(const em_tensor *t) {
+  int64_t expect = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->sizes[d] == 1) continue;          /* stride of a size-1 dim is free */
+    if (t->strides[d] != expect) return 0;
+    expect *= t->sizes[d];
+  }
+  return 1;
+}
+
+em_status em_tensor_item(em_state *S, const em_tensor *t, double *out) {
+  if (!t || t->numel != 1)
+    return emi_error(S, EM_ERR_SHAPE,
+                     "item: expected a tensor with one element, got shape %s",
+                     emi_tshape(S, t));
+  if (t->device != EM_CPU)
+    return emi_error(S, EM_ERR_DEVICE, "item: tensor is not on the cpu");
+  *out = emi_load_f64(em_tensor_data(t), t->dtype);
+  return EM_OK;
+}
+
+em_status em_tensor_item_int(em_state *S, const em_tensor *t, int64_t *out) {
+  double d;
+  em_status st = em_tensor_item(S, t, &d);
+  if (st) return st;
+  const void *p = em_tensor_data(t);
+  switch (t->dtype) {
+  case EM_INT64: *out = *(const int64_t *)p; break;
+  case EM_INT32: *out = *(const int32_t *)p; break;
+  default: *out = (int64_t)d;
+  }
+  return EM_OK;
+}
+
+/* -- Construction ------------------------------------------------------------------ */
+
+void emi_contiguous_strides(const int64_t *sizes, int ndim, int64_t *strides) {
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 0 ? sizes[d] : 1; }
+}
+
+int64_t emi_shape_numel(const int64_t *sizes, int ndim) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= sizes[d];
+  return n;
+}
+
+static em_status check_shape(em_state *S, const char *op, const int64_t *sizes, int ndim) {
+  if (ndim < 0 || ndim > EM_MAX_DIMS)
+    return emi_error(S, EM_ERR_SHAPE, "%s: %d dimensions (at most %d supported)", op,
+                     ndim, EM_MAX_DIMS);
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (sizes[d] < 0)
+      return emi_error(S, EM_ERR_SHAPE, "%s: negative size %lld in dimension %d", op,
+                       (long long)sizes[d], d);
+    if (sizes[d] && n > INT64_MAX / 16 / sizes[d])
+      return emi_error(S, EM_ERR_SHAPE, "%s: shape too large", op);
+    n *= sizes[d];
+  }
+  return EM_OK;
+}
+
+em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int ndim,
+                         em_dtype dt, int device, em_tensor **out) {
+  em_status st = check_shape(S, op, sizes, ndim);
+  if (st) return st;
+  if ((unsigned)dt >= EM_NUM_DTYPES)
+    return emi_error(S, EM_ERR_DTYPE, "%s: invalid dtype %d", op, (int)dt);
+  if (device != EM_CPU)
+    return emi_error(S, EM_ERR_DEVICE, "%s: device cuda:%d is not available (ember was "
+                     "built without CUDA or no GPU is present)", op, device);
+  int64_t numel = emi_shape_numel(sizes, ndim);
+  em_tensor *t = emi_malloc(S, sizeof *t);
+  if (!t) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory allocating a tensor", op);
+  size_t nbytes = (size_t)numel * em_dtype_size(dt);
+  t->storage = storage_new(S, nbytes, device);
+  if (!t->storage) {
+    emi_free(S, t, sizeof *t);
+    char b[EMI_SHAPE_STR];
+    return emi_error(S, EM_ERR_NOMEM, "%s: out of memory allocating %zu bytes for a %s "
+                     "tensor of shape %s", op, nbytes, em_dtype_name(dt),
+                     emi_shape_str(b, sizes, ndim));
+  }
+  t->refcount = 1;
+  t->dtype = dt;
+  t->device = device;
+  t->ndim = ndim;
+  t->numel = numel;
+  t->offset = 0;
+  t->S = S;
+  for (int d = 0; d < ndim; d++) t->sizes[d] = sizes[d];
+  emi_contiguous_strides(sizes, ndim, t->strides);
+  *out = t;
+  return EM_OK;
+}
+
+em_status emi_tensor_view(em_state *S, const em_tensor *src, const int64_t *sizes,
+                          const int64_t *strides, int ndim, int64_t offset,
+                          em_tensor **out) {
+  em_tensor *t = emi_malloc(S, sizeof *t);
+  if (!t) return emi_error(S, EM_ERR_NOMEM, "view: out of memory allocating a tensor");
+  t->refcount = 1;
+  t->dtype = src->dtype;
+  t->device = src->device;
+  t->ndim = ndim;
+  t->offset = offset;
+  t->S = S;
+  for (int d = 0; d < ndim; d++) { t->sizes[d] = sizes[d]; t->strides[d] = strides[d]; }
+  t->numel = emi_shape_numel(sizes, ndim);
+  t->storage = src->storage;
+  emi_atomic_inc(&t->storage->refcount);
+  *out = t;
+  return EM_OK;
+}
+
+em_status em_empty(em_state *S, const int64_t *shape, int ndim, em_dtype dt, int device,
+                   em_tensor **out) {
+  return emi_tensor_new(S, "empty", shape, ndim, dt, device, out);
+}
+
+const emi_backend *emi_backend_of(em_state *S, int device) {
+  return device == EM_CPU ? S->cpu : NULL;
+}
+
+/* -- Broadcasting ------------------------------------------------------------------ */
+
+em_status emi_broadcast_shape(em_state *S, const char *op, const int64_t *a, int na,
+                              const int64_t *b, int nb, int64_t *out, int *nout) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int ia = na - n + i, ib = nb - n + i;
+    int64_t x = ia >= 0 ? a[ia] : 1, y = ib >= 0 ? b[ib] : 1;
+    if (x != y && x != 1 && y != 1) {
+      char sa[EMI_SHAPE_STR], sb[EMI_SHAPE_STR];
+      return emi_error(S, EM_ERR_SHAPE,
+                       "%s: shapes %s and %s can't be broadcast (dimension %d: %lld vs %lld)",
+                       op, emi_shape_str(sa, a, na), emi_shape_str(sb, b, nb), i,
+                       (long long)x, (long long)y);
+    }
+    out[i] = x == 1 ? y : x;
+  }
+  *nout = n;
+  return EM_OK;
+}
+
+em_status emi_expand_to(em_state *S, const char *op, const em_tensor *t,
+                        const int64_t *shape, int ndim, em_tensor **out) {
+  int64_t strides[EM_MAX_DIMS];
+  if (t->ndim > ndim) goto bad;
+  for (int i = 0; i < ndim; i++) {
+    int j = t->ndim - ndim + i;
+    if (j < 0) { strides[i] = 0; continue; }
+    if (t->sizes[j] == shape[i]) strides[i] = t->strides[j];
+    else if (t->sizes[j] == 1) strides[i] = 0;
+    else goto bad;
+  }
+  return emi_tensor_view(S, t, shape, strides, ndim, t->offset, out);
+bad:;
+  char b[EMI_SHAPE_STR];
+  return emi_error(S, EM_ERR_SHAPE, "%s: shape %s can't be broadcast to %s", op,
+                   emi_tshape(S, t), emi_shape_str(b, shape, ndim));
+}
+
+/* -- Strided iteration -------------------------------------------------------------- */
+
+void emi_iter_init(emi_iter *it, em_tensor *const *ops, int nops) {
+  const em_tensor *t0 = ops[0];
+  it->nops = nops;
+  int n = 0;
+  /* Drop size-1 dims, then merge dim d into d+1 when, for every operand,
+  ** stride[d] == stride[d+1] * size[d+1]. */
+  for (int d = 0; d < t0->ndim; d++) {
+    if (t0->sizes[d] == 1) continue;
+    it->sizes[n] = t0->sizes[d];
+    for (int k = 0; k < nops; k++)
+      it->strides[k][n] = ops[k]->strides[d] * (int64_t)em_dtype_size(ops[k]->dtype);
+    n++;
+  }
+  if (n == 0) {
+    it->sizes[0] = t0->numel == 0 ? 0 : 1;
+    for (int k = 0; k < nops; k++) it->strides[k][0] = 0;
+    n = 1;
+  }
+  int m = 0;
+  for (int d = 1; d < n; d++) {
+    bool merge = true;
+    for (int k = 0; k < nops && merge; k++)
+      merge = it->strides[k][m] == it->strides[k][d] * it->sizes[d];
+    if (merge) {
+      it->sizes[m] *= it->sizes[d];
+      for (int k = 0; k < nops; k++) it->strides[k][m] = it->strides[k][d];
+    } else {
+      m++;
+      it->sizes[m] = it->sizes[d];
+      for (int k = 0; k < nops; k++) it->strides[k][m] = it->strides[k][d];
+    }
+  }
+  it->ndim = m + 1;
+  for (int k = 0; k < nops; k++) it->base[k] = (char *)em_tensor_data(ops[k]);
+  it->inner = it->sizes[it->ndim - 1];
+  it->nrows = 1;
+  for (int d = 0; d < it->ndim - 1; d++) it->nrows *= it->sizes[d];
+  if (t0->numel == 0) it->nrows = 0;
+}
+
+void emi_iter_row(const emi_iter *it, int64_t r, char **ptrs) {
+  for (int k = 0; k < it->nops; k++) ptrs[k] = it->base[k];
+  for (int d = it->ndim - 2; d >= 0 && r; d--) {
+    int64_t i = r % it->sizes[d];
+    r /= it->sizes[d];
+    for (int k = 0; k < it->nops; k++) ptrs[k] += i * it->strides[k][d];
+  }
+}
