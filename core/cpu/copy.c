@@ -1,10 +1,168 @@
-/* copy.c -- STUB: to be replaced by the real kernels. */
-#include "cpu.h"
+/*
+** copy.c -- CPU copy (with dtype conversion) and fill.
+**
+** Same-dtype copies move bytes (one loop per element size, memcpy for contiguous
+** rows). Conversions use the table CONV[src][dst] of 56 loops stamped out below:
+** each loads a source element as its natural C value (float16/bfloat16 widen to
+** float), then converts the way emi_store_f64 does: float -> integer truncates
+** toward zero with NaN -> 0 and out-of-range values clamped to int64 before the
+** narrowing wrap, anything -> bool is "!= 0".
+*/
+#include "loops.h"
+
+/* -- Element types: storage type and load-as-value ---------------------------------- */
+#define ST_f32 float
+#define ST_f64 double
+#define ST_f16 uint16_t
+#define ST_bf16 uint16_t
+#define ST_i32 int32_t
+#define ST_i64 int64_t
+#define ST_u8 uint8_t
+#define ST_b uint8_t
+#define LD_f32(x) (x)
+#define LD_f64(x) (x)
+#define LD_f16(x) emi_half_to_float(x)
+#define LD_bf16(x) emi_bf16_to_float(x)
+#define LD_i32(x) (x)
+#define LD_i64(x) (x)
+#define LD_u8(x) (x)
+#define LD_b(x) (x)
+
+/* Value -> destination storage. Integers come from floats through emi_f2i. */
+#define TO_INT(IT, v) _Generic((v), float: (IT)emi_f2i(v), double: (IT)emi_f2i(v), \
+                               default: (IT)(v))
+#define CV_f32(v) ((float)(v))
+#define CV_f64(v) ((double)(v))
+#define CV_f16(v) emi_float_to_half((float)(v))
+#define CV_bf16(v) emi_float_to_bf16((float)(v))
+#define CV_i32(v) TO_INT(int32_t, v)
+#define CV_i64(v) TO_INT(int64_t, v)
+#define CV_u8(v) TO_INT(uint8_t, v)
+#define CV_b(v) ((uint8_t)((v) != 0))
+
+#define CONV(S, D)                                                                     \
+  static void cv_##S##_##D(char *o_, const char *a_, int64_t n, int64_t so, int64_t sa,\
+                           emi_kparams *p_) {                                          \
+    (void)p_;                                                                          \
+    if (so == sizeof(ST_##D) && sa == sizeof(ST_##S)) {                                \
+      ST_##D *o = (ST_##D *)o_;                                                        \
+      const ST_##S *a = (const ST_##S *)a_;                                            \
+      for (int64_t i = 0; i < n; i++) o[i] = CV_##D(LD_##S(a[i]));                     \
+    } else {                                                                           \
+      for (int64_t i = 0; i < n; i++)                                                  \
+        *(ST_##D *)(o_ + i * so) = CV_##D(LD_##S(*(const ST_##S *)(a_ + i * sa)));     \
+    }                                                                                  \
+  }
+/* One source to every destination (the diagonal is never used: same dtype moves
+** bytes), and the table row that goes with it. */
+#define CONV_FROM(S)                                                                   \
+  CONV(S, f32) CONV(S, f64) CONV(S, f16) CONV(S, bf16)                                 \
+  CONV(S, i32) CONV(S, i64) CONV(S, u8) CONV(S, b)
+#define ROW(S)                                                                         \
+  {cv_##S##_f32, cv_##S##_f64, cv_##S##_f16, cv_##S##_bf16,                            \
+   cv_##S##_i32, cv_##S##_i64, cv_##S##_u8, cv_##S##_b}
+
+CONV_FROM(f32)
+CONV_FROM(f64)
+CONV_FROM(f16)
+CONV_FROM(bf16)
+CONV_FROM(i32)
+CONV_FROM(i64)
+CONV_FROM(u8)
+CONV_FROM(b)
+
+/* Indexed [src][dst] in em_dtype order: float32 float64 float16 bfloat16 int32
+** int64 uint8 bool. */
+static const emi_loop1 CONV[EM_NUM_DTYPES][EM_NUM_DTYPES] = {
+  ROW(f32), ROW(f64), ROW(f16), ROW(bf16), ROW(i32), ROW(i64), ROW(u8), ROW(b),
+};
+
+/* -- Same-dtype moves ------------------------------------------------------------------ */
+#define MOVE(NAME, T)                                                                  \
+  static void NAME(char *o, const char *a, int64_t n, int64_t so, int64_t sa,          \
+                   emi_kparams *p) {                                                   \
+    (void)p;                                                                           \
+    if (so == sizeof(T) && sa == sizeof(T)) {                                          \
+      memcpy(o, a, (size_t)n * sizeof(T));                                             \
+    } else if (sa == 0) {                                                              \
+      const T v = *(const T *)a;                                                       \
+      for (int64_t i = 0; i < n; i++) *(T *)(o + i * so) = v;                          \
+    } else {                                                                           \
+      for (int64_t i = 0; i < n; i++) *(T *)(o + i * so) = *(const T *)(a + i * sa);   \
+    }                                                                                  \
+  }
+MOVE(move_1, uint8_t)
+MOVE(move_2, uint16_t)
+MOVE(move_4, uint32_t)
+MOVE(move_8, uint64_t)
+
+static emi_loop1 move_loop(size_t size) {
+  switch (size) {
+  case 1: return move_1;
+  case 2: return move_2;
+  case 4: return move_4;
+  default: return move_8;
+  }
+}
+
+typedef struct cp_ctx { emi_loop1 f; } cp_ctx;
+
+static void cp_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
+  ((cp_ctx *)ctx)->f(p[0], p[1], n, s[0], s[1], NULL);
+}
 
 em_status emi_cpu_copy(em_state *S, em_tensor *out, const em_tensor *src) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_copy: not implemented yet");
+  if ((unsigned)out->dtype >= EM_NUM_DTYPES || (unsigned)src->dtype >= EM_NUM_DTYPES)
+    return emi_error(S, EM_ERR_DTYPE, "copy: invalid dtype");
+  cp_ctx c;
+  c.f = out->dtype == src->dtype ? move_loop(em_dtype_size(out->dtype))
+                                 : CONV[src->dtype][out->dtype];
+  em_tensor *ops[2] = {out, (em_tensor *)src};
+  /* half conversions call out of line per element: worth threads sooner */
+  int half = out->dtype == EM_FLOAT16 || src->dtype == EM_FLOAT16;
+  emi_cpu_foreach(S, ops, 2, half ? EMI_GRAIN_COSTLY : EMI_GRAIN_CHEAP, cp_row, &c);
+  return EM_OK;
+}
+
+/* -- fill --------------------------------------------------------------------------------- */
+#define FILL(NAME, T)                                                                  \
+  static void NAME(char *o, int64_t n, int64_t so, const void *pv) {                   \
+    const T v = *(const T *)pv;                                                        \
+    if (so == sizeof(T)) {                                                             \
+      T *oo = (T *)o;                                                                  \
+      for (int64_t i = 0; i < n; i++) oo[i] = v;                                       \
+    } else {                                                                           \
+      for (int64_t i = 0; i < n; i++) *(T *)(o + i * so) = v;                          \
+    }                                                                                  \
+  }
+FILL(fill_1, uint8_t)
+FILL(fill_2, uint16_t)
+FILL(fill_4, uint32_t)
+FILL(fill_8, uint64_t)
+
+typedef void (*fill_fn)(char *o, int64_t n, int64_t so, const void *pv);
+typedef struct fill_ctx { fill_fn f; uint64_t v; int zero; int64_t es; } fill_ctx;
+
+static void fill_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
+  fill_ctx *c = ctx;
+  if (c->zero && s[0] == c->es) memset(p[0], 0, (size_t)(n * c->es));  /* zero_() */
+  else c->f(p[0], n, s[0], &c->v);
 }
 
 em_status emi_cpu_fill(em_state *S, em_tensor *out, double value) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_fill: not implemented yet");
+  fill_ctx c;
+  c.v = 0;
+  emi_store_f64(&c.v, out->dtype, value);
+  c.zero = c.v == 0;
+  c.es = (int64_t)em_dtype_size(out->dtype);
+  switch (em_dtype_size(out->dtype)) {
+  case 1: c.f = fill_1; break;
+  case 2: c.f = fill_2; break;
+  case 4: c.f = fill_4; break;
+  case 8: c.f = fill_8; break;
+  default: return emi_error(S, EM_ERR_DTYPE, "fill: invalid dtype");
+  }
+  em_tensor *ops[1] = {out};
+  emi_cpu_foreach(S, ops, 1, EMI_GRAIN_CHEAP, fill_row, &c);
+  return EM_OK;
 }

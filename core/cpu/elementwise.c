@@ -1,26 +1,182 @@
-/* elementwise.c -- STUB: to be replaced by the real kernels. */
-#include "cpu.h"
+/*
+** elementwise.c -- the driver every CPU element-wise kernel runs through
+** (emi_cpu_foreach: rows, coalescing, threads), the float16/bfloat16 adapters,
+** and the where kernel. The op tables live in unary.c, binary.c and copy.c.
+*/
+#include "loops.h"
 
-em_status emi_cpu_unary(em_state *S, em_unop op, em_tensor *out, const em_tensor *a) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_unary: not implemented yet");
+/* -- Driver -------------------------------------------------------------------------
+** Work is a flat range [0, numel) in row-major order of the (coalesced) operand
+** shape; a thread's share may start and end in the middle of a row. When every
+** operand is contiguous the whole tensor is one row and no iterator is built: that
+** is the common case, and tiny tensors must not pay for more. */
+
+typedef struct fe_ctx {
+  emi_row_fn fn;
+  void *ctx;
+  int nops, flat;
+  char *base[EMI_ITER_MAX];
+  int64_t es[EMI_ITER_MAX];       /* element sizes (the flat case's strides) */
+  emi_iter it;
+} fe_ctx;
+
+static void fe_range(void *c_, int64_t begin, int64_t end) {
+  fe_ctx *c = c_;
+  char *p[EMI_ITER_MAX];
+  int nops = c->nops;
+  if (c->flat) {
+    for (int k = 0; k < nops; k++) p[k] = c->base[k] + begin * c->es[k];
+    c->fn(c->ctx, p, c->es, end - begin);
+    return;
+  }
+  const emi_iter *it = &c->it;
+  int last = it->ndim - 1;
+  int64_t inner = it->inner, r = begin / inner, col = begin % inner;
+  int64_t idx[EM_MAX_DIMS], s[EMI_ITER_MAX];
+  for (int k = 0; k < nops; k++) {
+    s[k] = it->strides[k][last];
+    p[k] = it->base[k] + col * s[k];
+  }
+  for (int d = last - 1; d >= 0; d--) {          /* row number -> outer index */
+    idx[d] = r % it->sizes[d];
+    r /= it->sizes[d];
+    for (int k = 0; k < nops; k++) p[k] += idx[d] * it->strides[k][d];
+  }
+  for (;;) {
+    int64_t m = inner - col < end - begin ? inner - col : end - begin;
+    c->fn(c->ctx, p, s, m);
+    begin += m;
+    if (begin >= end) break;
+    for (int k = 0; k < nops; k++) p[k] -= col * s[k];
+    col = 0;
+    for (int d = last - 1; d >= 0; d--) {        /* odometer step to the next row */
+      for (int k = 0; k < nops; k++) p[k] += it->strides[k][d];
+      if (++idx[d] < it->sizes[d]) break;
+      for (int k = 0; k < nops; k++) p[k] -= it->strides[k][d] * it->sizes[d];
+      idx[d] = 0;
+    }
+  }
 }
 
-em_status emi_cpu_binary(em_state *S, em_binop op, em_tensor *out, const em_tensor *a, const em_tensor *b) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_binary: not implemented yet");
+void emi_cpu_foreach(em_state *S, em_tensor *const *ops, int nops, int64_t grain,
+                     emi_row_fn fn, void *ctx) {
+  int64_t n = ops[0]->numel;
+  if (n <= 0) return;
+  fe_ctx c;
+  c.fn = fn;
+  c.ctx = ctx;
+  c.nops = nops;
+  c.flat = 1;
+  for (int k = 0; k < nops; k++) {
+    c.base[k] = (char *)em_tensor_data(ops[k]);
+    c.es[k] = (int64_t)em_dtype_size(ops[k]->dtype);
+    if (c.flat && !em_tensor_is_contiguous(ops[k])) c.flat = 0;
+  }
+  if (!c.flat) emi_iter_init(&c.it, ops, nops);
+  emi_parallel_for(S, n, grain, fe_range, &c);
 }
 
-em_status emi_cpu_binary_scalar(em_state *S, em_binop op, em_tensor *out, const em_tensor *a, double s, int reverse) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_binary_scalar: not implemented yet");
+/* -- float16 / bfloat16 adapters ------------------------------------------------- */
+
+static void half_load(float *dst, const char *src, int64_t n, int64_t s, em_dtype dt) {
+  if (dt == EM_BFLOAT16)
+    for (int64_t i = 0; i < n; i++) dst[i] = emi_bf16_to_float(*(const uint16_t *)(src + i * s));
+  else
+    for (int64_t i = 0; i < n; i++) dst[i] = emi_half_to_float(*(const uint16_t *)(src + i * s));
 }
 
-em_status emi_cpu_add_scaled(em_state *S, em_tensor *out, const em_tensor *a, const em_tensor *b, double alpha) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_add_scaled: not implemented yet");
+static void half_store(char *dst, const float *src, int64_t n, int64_t s, em_dtype dt) {
+  if (dt == EM_BFLOAT16)
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * s) = emi_float_to_bf16(src[i]);
+  else
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(dst + i * s) = emi_float_to_half(src[i]);
 }
 
-em_status emi_cpu_clamp(em_state *S, em_tensor *out, const em_tensor *a, double lo, double hi) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_clamp: not implemented yet");
+/* Widen one operand's chunk: a stride-0 operand is loaded once and stays stride 0. */
+static const char *half_operand(float *buf, const char *x, int64_t m, int64_t sx,
+                                int is_f32, em_dtype dt, int64_t *fs) {
+  if (is_f32) { *fs = 0; return x; }
+  if (sx == 0) { half_load(buf, x, 1, 0, dt); *fs = 0; return (const char *)buf; }
+  half_load(buf, x, m, sx, dt);
+  *fs = sizeof(float);
+  return (const char *)buf;
 }
 
-em_status emi_cpu_where(em_state *S, em_tensor *out, const em_tensor *cond, const em_tensor *a, const em_tensor *b) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_where: not implemented yet");
+static void half_result(char *o, int64_t so, const char *tmp, int64_t m, int out_bool,
+                        em_dtype dt) {
+  if (!out_bool) { half_store(o, (const float *)tmp, m, so, dt); return; }
+  for (int64_t i = 0; i < m; i++) o[i * so] = tmp[i];
+}
+
+void emi_half_loop1(emi_loop1 f32, em_dtype dt, int out_bool, char *o, const char *a,
+                    int64_t n, int64_t so, int64_t sa, emi_kparams *p) {
+  float A[EMI_HALF_CHUNK], O[EMI_HALF_CHUNK];
+  for (int64_t i = 0; i < n; i += EMI_HALF_CHUNK) {
+    int64_t m = n - i < EMI_HALF_CHUNK ? n - i : EMI_HALF_CHUNK, fa;
+    const char *pa = half_operand(A, a + i * sa, m, sa, 0, dt, &fa);
+    f32((char *)O, pa, m, out_bool ? 1 : (int64_t)sizeof(float), fa, p);
+    half_result(o + i * so, so, (const char *)O, m, out_bool, dt);
+  }
+}
+
+void emi_half_loop2(emi_loop2 f32, em_dtype dt, int out_bool, char *o, const char *a,
+                    const char *b, int64_t n, int64_t so, int64_t sa, int64_t sb,
+                    int a_f32, int b_f32, emi_kparams *p) {
+  float A[EMI_HALF_CHUNK], B[EMI_HALF_CHUNK], O[EMI_HALF_CHUNK];
+  for (int64_t i = 0; i < n; i += EMI_HALF_CHUNK) {
+    int64_t m = n - i < EMI_HALF_CHUNK ? n - i : EMI_HALF_CHUNK, fa, fb;
+    const char *pa = half_operand(A, a + i * sa, m, sa, a_f32, dt, &fa);
+    const char *pb = half_operand(B, b + i * sb, m, sb, b_f32, dt, &fb);
+    f32((char *)O, pa, pb, m, out_bool ? 1 : (int64_t)sizeof(float), fa, fb, p);
+    half_result(o + i * so, so, (const char *)O, m, out_bool, dt);
+  }
+}
+
+/* -- where -------------------------------------------------------------------------
+** A pure selection, so one loop per element size serves every dtype. */
+
+#define WHERE_LOOP(NAME, T)                                                          \
+  static void NAME(char *const *p, const int64_t *s, int64_t n) {                      \
+    char *o = p[0];                                                                    \
+    const char *c = p[1], *a = p[2], *b = p[3];                                        \
+    if (s[0] == sizeof(T) && s[1] == 1 && s[2] == sizeof(T) && s[3] == sizeof(T)) {   \
+      T *oo = (T *)o;                                                                  \
+      const T *aa = (const T *)a, *bb = (const T *)b;                                  \
+      const uint8_t *cc = (const uint8_t *)c;                                          \
+      for (int64_t i = 0; i < n; i++) oo[i] = cc[i] ? aa[i] : bb[i];                   \
+    } else {                                                                           \
+      for (int64_t i = 0; i < n; i++)                                                  \
+        *(T *)(o + i * s[0]) = *(const uint8_t *)(c + i * s[1])                        \
+                                   ? *(const T *)(a + i * s[2])                        \
+                                   : *(const T *)(b + i * s[3]);                       \
+    }                                                                                  \
+  }
+WHERE_LOOP(where_1, uint8_t)
+WHERE_LOOP(where_2, uint16_t)
+WHERE_LOOP(where_4, uint32_t)
+WHERE_LOOP(where_8, uint64_t)
+
+typedef void (*where_fn)(char *const *p, const int64_t *s, int64_t n);
+typedef struct where_ctx { where_fn fn; } where_ctx;
+
+static void where_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
+  ((where_ctx *)ctx)->fn(p, s, n);
+}
+
+em_status emi_cpu_where(em_state *S, em_tensor *out, const em_tensor *cond,
+                        const em_tensor *a, const em_tensor *b) {
+  where_fn fn;
+  switch (em_dtype_size(out->dtype)) {
+  case 1: fn = where_1; break;
+  case 2: fn = where_2; break;
+  case 4: fn = where_4; break;
+  case 8: fn = where_8; break;
+  default:
+    return emi_error(S, EM_ERR_DTYPE, "where: dtype %s not supported on cpu",
+                     em_dtype_name(out->dtype));
+  }
+  em_tensor *ops[4] = {out, (em_tensor *)cond, (em_tensor *)a, (em_tensor *)b};
+  where_ctx c = {fn};
+  emi_cpu_foreach(S, ops, 4, EMI_GRAIN_CHEAP, where_row, &c);
+  return EM_OK;
 }

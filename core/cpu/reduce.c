@@ -1,22 +1,846 @@
-/* reduce.c -- STUB: to be replaced by the real kernels. */
+/*
+** reduce.c -- CPU reductions over any set of dims of any strided tensor: sum,
+** mean, prod, amax, amin, logsumexp, any, all (emi_cpu_reduce), var/std
+** (emi_cpu_var) and p-norms (emi_cpu_norm). arg_reduce and softmax live in
+** softmax.c.
+**
+** How it works. A reduction is "res[k] = COMB over r of f(a[k, r])" for K
+** outputs of R elements each. plan_init splits a's dims into kept dims (in
+** logical order, so that the linear index k over them is the offset into the
+** contiguous `out`) and reduced dims (sorted by stride, innermost last), drops
+** size-1 dims and merges neighbours whose strides allow. Then one of two shapes:
+**
+**   INNER  the innermost reduced dim is walked as segments: each output reduces
+**          its segments with a kernel of 16 independent lanes (vectorises
+**          without -ffast-math, since no lane's sum is reassociated).
+**   OUTER  a kept dim is contiguous in a (column sums, sum(0) of (N, C), mean
+**          over a batch): whole rows are folded into a vector of per-column
+**          accumulators, acc[j] op= f(row[j]), again vectorisable. When rows are
+**          short and back to back, q rows are taken as one longer row and the
+**          lanes folded by column at the end.
+**
+** Precision: float inputs accumulate in double (float32 converts on the fly, so
+** a 4M-element sum is exact to float32 rounding); integer sums and products are
+** exact in int64 with two's complement wrap-around, as PyTorch's.
+**
+** Determinism: a long reduction is cut into blocks of a fixed number of
+** elements (BLOCK) whatever the thread count; each block gives a partial and
+** the partials are combined in block order. Threads only pick which blocks
+** they run, so results never depend on timing or on the number of threads.
+**
+** Two-pass ops use the same machinery twice: var = mean first, then the sum of
+** squared deviations from it; logsumexp = amax first, then sum(exp(x - max)).
+*/
 #include "cpu.h"
+#include <math.h>
+#include <stdlib.h>
 
-em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tensor *a, unsigned mask) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_reduce: not implemented yet");
+enum {
+  LANES = 16,        /* independent accumulators of the segment kernels */
+  CB = 256,          /* columns per OUTER task: a 2 KB accumulator row in L1 */
+  BLOCK = 65536,     /* elements per partial of a long reduction */
+  GRAIN = 32768,     /* elements below which work stays on one thread */
+  CHUNK = 256,       /* conversion buffer for dtypes without a native kernel */
+};
+
+/* -- Accumulation kinds -------------------------------------------------------
+** F kinds accumulate doubles: acc = COMB(acc, EXPR(x)), x a double, s the
+** output's shift (var, logsumexp), p the norm's exponent. I kinds accumulate
+** int64 for integer sums, products, max and min. */
+enum {
+  K_SUM, K_SUMEXP, K_SUMSQDEV, K_SUMABS, K_SUMSQ, K_SUMPOW, K_CNTNZ,
+  K_PROD, K_MAX, K_MIN, K_MAXABS, K_MINABS, K_NF,
+  K_ISUM = K_NF, K_IPROD, K_IMAX, K_IMIN
+};
+enum { C_ADD, C_MUL, C_MAX, C_MIN };
+
+#define COMB_ADD(a, b) ((a) + (b))
+#define COMB_MUL(a, b) ((a) * (b))
+/* NaN-propagating: once acc is NaN no comparison replaces it. */
+#define COMB_MAX(a, b) (((b) > (a) || (b) != (b)) ? (b) : (a))
+#define COMB_MIN(a, b) (((b) < (a) || (b) != (b)) ? (b) : (a))
+
+static inline double comb(int c, double a, double b) {
+  switch (c) {
+  case C_ADD: return a + b;
+  case C_MUL: return a * b;
+  case C_MAX: return COMB_MAX(a, b);
+  default: return COMB_MIN(a, b);
+  }
 }
 
-em_status emi_cpu_var(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask, double correction, int take_sqrt) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_var: not implemented yet");
+/* Segment kernel: COMB-reduce n contiguous T values into one double. */
+#define DEF_SEG(NAME, T, EXPR, COMB, ID)                                          \
+  static double NAME(const T *restrict a, int64_t n, double s, double p) {        \
+    double acc[LANES];                                                            \
+    (void)s; (void)p;                                                             \
+    for (int j = 0; j < LANES; j++) acc[j] = (ID);                                \
+    int64_t i = 0;                                                                \
+    for (; i + LANES <= n; i += LANES)                                            \
+      for (int j = 0; j < LANES; j++) {                                           \
+        double x = a[i + j];                                                      \
+        acc[j] = COMB(acc[j], (EXPR));                                            \
+      }                                                                           \
+    for (int j = 0; i < n; i++, j++) {                                            \
+      double x = a[i];                                                            \
+      acc[j] = COMB(acc[j], (EXPR));                                              \
+    }                                                                             \
+    for (int w = LANES / 2; w > 0; w /= 2)                                        \
+      for (int j = 0; j < w; j++) acc[j] = COMB(acc[j], acc[j + w]);              \
+    return acc[0];                                                                \
+  }
+
+/* Rows kernel: acc[j] = COMB(acc[j], EXPR(row_r[j])) for nrows rows of M
+** contiguous T values, rs bytes apart; sh[j] is column j's shift. */
+#define DEF_ROWS(NAME, T, EXPR, COMB)                                             \
+  static void NAME(double *restrict acc, const char *base, int64_t M,             \
+                   int64_t nrows, int64_t rs, const double *restrict sh,          \
+                   double p) {                                                    \
+    (void)p; (void)sh;                                                            \
+    for (int64_t r = 0; r < nrows; r++) {                                         \
+      const T *restrict a = (const T *)(base + r * rs);                           \
+      for (int64_t j = 0; j < M; j++) {                                           \
+        double x = a[j], s = sh[j];                                               \
+        (void)s;                                                                  \
+        acc[j] = COMB(acc[j], (EXPR));                                            \
+      }                                                                           \
+    }                                                                             \
+  }
+
+#define DEF_KIND(NAME, EXPR, COMB, ID)                                            \
+  DEF_SEG(NAME##_seg32, float, EXPR, COMB, ID)                                    \
+  DEF_SEG(NAME##_seg64, double, EXPR, COMB, ID)                                   \
+  DEF_ROWS(NAME##_rows32, float, EXPR, COMB)                                      \
+  DEF_ROWS(NAME##_rows64, double, EXPR, COMB)
+
+DEF_KIND(k_sum, x, COMB_ADD, 0.0)
+DEF_KIND(k_sumexp, exp(x - s), COMB_ADD, 0.0)
+DEF_KIND(k_sumsqdev, (x - s) * (x - s), COMB_ADD, 0.0)
+DEF_KIND(k_sumabs, fabs(x), COMB_ADD, 0.0)
+DEF_KIND(k_sumsq, x * x, COMB_ADD, 0.0)
+DEF_KIND(k_sumpow, pow(fabs(x), p), COMB_ADD, 0.0)
+DEF_KIND(k_cntnz, (double)(x != 0), COMB_ADD, 0.0)
+DEF_KIND(k_prod, x, COMB_MUL, 1.0)
+DEF_KIND(k_max, x, COMB_MAX, -INFINITY)
+DEF_KIND(k_min, x, COMB_MIN, INFINITY)
+DEF_KIND(k_maxabs, fabs(x), COMB_MAX, 0.0)
+DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
+
+typedef double (*seg32_fn)(const float *, int64_t, double, double);
+typedef double (*seg64_fn)(const double *, int64_t, double, double);
+typedef void (*rows_fn)(double *, const char *, int64_t, int64_t, int64_t,
+                        const double *, double);
+typedef struct fkind {
+  seg32_fn seg32;
+  seg64_fn seg64;
+  rows_fn rows32, rows64;
+  int comb;
+  double id;
+} fkind;
+
+#define FK(NAME, C, ID) {NAME##_seg32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
+static const fkind FKINDS[K_NF] = {
+  [K_SUM] = FK(k_sum, C_ADD, 0.0),       [K_SUMEXP] = FK(k_sumexp, C_ADD, 0.0),
+  [K_SUMSQDEV] = FK(k_sumsqdev, C_ADD, 0.0), [K_SUMABS] = FK(k_sumabs, C_ADD, 0.0),
+  [K_SUMSQ] = FK(k_sumsq, C_ADD, 0.0),   [K_SUMPOW] = FK(k_sumpow, C_ADD, 0.0),
+  [K_CNTNZ] = FK(k_cntnz, C_ADD, 0.0),   [K_PROD] = FK(k_prod, C_MUL, 1.0),
+  [K_MAX] = FK(k_max, C_MAX, -INFINITY), [K_MIN] = FK(k_min, C_MIN, INFINITY),
+  [K_MAXABS] = FK(k_maxabs, C_MAX, 0.0), [K_MINABS] = FK(k_minabs, C_MIN, INFINITY),
+};
+
+/* Integer kinds: wrap-around arithmetic through uint64 (no signed overflow). */
+static inline int64_t icomb(int kind, int64_t a, int64_t b) {
+  switch (kind) {
+  case K_ISUM: return (int64_t)((uint64_t)a + (uint64_t)b);
+  case K_IPROD: return (int64_t)((uint64_t)a * (uint64_t)b);
+  case K_IMAX: return b > a ? b : a;
+  default: return b < a ? b : a;
+  }
+}
+static int64_t iident(int kind) {
+  switch (kind) {
+  case K_ISUM: return 0;
+  case K_IPROD: return 1;
+  case K_IMAX: return INT64_MIN;
+  default: return INT64_MAX;
+  }
+}
+static int64_t iseg(int kind, const int64_t *a, int64_t n, int64_t acc) {
+  switch (kind) {
+  case K_ISUM: for (int64_t i = 0; i < n; i++) acc = icomb(K_ISUM, acc, a[i]); break;
+  case K_IPROD: for (int64_t i = 0; i < n; i++) acc = icomb(K_IPROD, acc, a[i]); break;
+  case K_IMAX: for (int64_t i = 0; i < n; i++) acc = icomb(K_IMAX, acc, a[i]); break;
+  default: for (int64_t i = 0; i < n; i++) acc = icomb(K_IMIN, acc, a[i]); break;
+  }
+  return acc;
+}
+static void irows(int kind, int64_t *acc, const int64_t *a, int64_t M) {
+  switch (kind) {
+  case K_ISUM: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_ISUM, acc[j], a[j]); break;
+  case K_IPROD: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_IPROD, acc[j], a[j]); break;
+  case K_IMAX: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_IMAX, acc[j], a[j]); break;
+  default: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_IMIN, acc[j], a[j]); break;
+  }
 }
 
-em_status emi_cpu_norm(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask, double p) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_norm: not implemented yet");
+/* -- Loading any dtype ---------------------------------------------------------
+** n elements st bytes apart, into a double or int64 buffer. */
+static void load_f64(double *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
+  switch (dt) {
+  case EM_FLOAT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const float *)(p + i * st); break;
+  case EM_FLOAT64: for (int64_t i = 0; i < n; i++) buf[i] = *(const double *)(p + i * st); break;
+  case EM_FLOAT16:
+    for (int64_t i = 0; i < n; i++) buf[i] = emi_half_to_float(*(const uint16_t *)(p + i * st));
+    break;
+  case EM_BFLOAT16:
+    for (int64_t i = 0; i < n; i++) buf[i] = emi_bf16_to_float(*(const uint16_t *)(p + i * st));
+    break;
+  case EM_INT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const int32_t *)(p + i * st); break;
+  case EM_INT64:
+    for (int64_t i = 0; i < n; i++) buf[i] = (double)*(const int64_t *)(p + i * st);
+    break;
+  case EM_UINT8: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st); break;
+  case EM_BOOL: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st) != 0; break;
+  default: for (int64_t i = 0; i < n; i++) buf[i] = 0; break;
+  }
 }
 
-em_status emi_cpu_arg_reduce(em_state *S, em_tensor *values, em_tensor *indices, const em_tensor *a, int dim, int want_max, int index_base) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_arg_reduce: not implemented yet");
+static void load_i64(int64_t *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
+  switch (dt) {
+  case EM_INT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const int32_t *)(p + i * st); break;
+  case EM_INT64: for (int64_t i = 0; i < n; i++) buf[i] = *(const int64_t *)(p + i * st); break;
+  case EM_UINT8: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st); break;
+  case EM_BOOL: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st) != 0; break;
+  default: for (int64_t i = 0; i < n; i++) buf[i] = (int64_t)emi_load_f64(p + i * st, dt); break;
+  }
 }
 
-em_status emi_cpu_softmax(em_state *S, em_tensor *out, const em_tensor *a, int dim, int log) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "emi_cpu_softmax: not implemented yet");
+static void store_i64(void *p, em_dtype dt, int64_t v) {
+  switch (dt) {
+  case EM_INT64: *(int64_t *)p = v; break;
+  case EM_INT32: *(int32_t *)p = (int32_t)v; break;
+  case EM_UINT8: *(uint8_t *)p = (uint8_t)v; break;
+  case EM_BOOL: *(uint8_t *)p = v != 0; break;
+  default: emi_store_f64(p, dt, (double)v); break;
+  }
+}
+
+/* -- Plan -------------------------------------------------------------------- */
+
+typedef struct rplan {
+  const char *base;
+  em_dtype dt;
+  int64_t esz;
+  int nk, nr;
+  int64_t ksz[EM_MAX_DIMS], kst[EM_MAX_DIMS], kos[EM_MAX_DIMS]; /* a bytes, out elems */
+  int64_t rsz[EM_MAX_DIMS], rst[EM_MAX_DIMS];                   /* a bytes */
+  int64_t K, R;
+  int outer;     /* OUTER shape: kept dim vk is contiguous in a */
+  int vk;
+} rplan;
+
+static void plan_init(rplan *pl, const em_tensor *a, unsigned mask) {
+  int64_t esz = (int64_t)em_dtype_size(a->dtype);
+  int64_t ost[EM_MAX_DIMS], s = 1;
+  pl->base = em_tensor_data(a);
+  pl->dt = a->dtype;
+  pl->esz = esz;
+  pl->K = pl->R = 1;
+  pl->nk = pl->nr = 0;
+  pl->outer = 0;
+  pl->vk = -1;
+  for (int d = a->ndim - 1; d >= 0; d--)
+    if (!(mask >> d & 1)) { ost[d] = s; s *= a->sizes[d]; }
+  for (int d = 0; d < a->ndim; d++) {
+    int64_t n = a->sizes[d], st = a->strides[d] * esz;
+    if (mask >> d & 1) {
+      pl->R *= n;
+      if (n != 1) { pl->rsz[pl->nr] = n; pl->rst[pl->nr++] = st; }
+      continue;
+    }
+    pl->K *= n;
+    if (n == 1) continue;
+    int m = pl->nk - 1;
+    if (m >= 0 && pl->kst[m] == st * n) {   /* merge into the previous kept dim */
+      pl->ksz[m] *= n;
+      pl->kst[m] = st;
+      pl->kos[m] = ost[d];
+    } else {
+      pl->ksz[pl->nk] = n;
+      pl->kst[pl->nk] = st;
+      pl->kos[pl->nk++] = ost[d];
+    }
+  }
+  /* Reduced dims: the order does not change the result's meaning, so sort by
+  ** decreasing |stride| (innermost last), then merge. */
+  for (int i = 1; i < pl->nr; i++)
+    for (int j = i; j > 0 && llabs(pl->rst[j]) > llabs(pl->rst[j - 1]); j--) {
+      int64_t t = pl->rst[j]; pl->rst[j] = pl->rst[j - 1]; pl->rst[j - 1] = t;
+      t = pl->rsz[j]; pl->rsz[j] = pl->rsz[j - 1]; pl->rsz[j - 1] = t;
+    }
+  int m = 0;
+  for (int i = 1; i < pl->nr; i++) {
+    if (pl->rst[m] == pl->rst[i] * pl->rsz[i]) {
+      pl->rsz[m] *= pl->rsz[i];
+      pl->rst[m] = pl->rst[i];
+    } else {
+      m++;
+      pl->rsz[m] = pl->rsz[i];
+      pl->rst[m] = pl->rst[i];
+    }
+  }
+  pl->nr = pl->nr ? m + 1 : 0;
+  if (pl->nr == 0) { pl->rsz[0] = 1; pl->rst[0] = 0; pl->nr = 1; }
+  if (pl->rst[pl->nr - 1] != esz)
+    for (int i = 0; i < pl->nk; i++)
+      if (pl->kst[i] == esz) { pl->outer = 1; pl->vk = i; }
+}
+
+/* A multi-index over n dims that tracks two offsets (e.g. input bytes and
+** output elements) as it steps, so hot loops never divide. */
+typedef struct walker {
+  int n;
+  int64_t sz[EM_MAX_DIMS], idx[EM_MAX_DIMS], st[EM_MAX_DIMS], st2[EM_MAX_DIMS];
+  int64_t off, off2;
+} walker;
+
+static void walk_init(walker *w, int n, const int64_t *sz, const int64_t *st,
+                      const int64_t *st2, int64_t lin) {
+  w->n = n;
+  w->off = w->off2 = 0;
+  for (int d = n - 1; d >= 0; d--) {
+    w->sz[d] = sz[d];
+    w->st[d] = st[d];
+    w->st2[d] = st2 ? st2[d] : 0;
+    w->idx[d] = lin % sz[d];
+    lin /= sz[d];
+    w->off += w->idx[d] * w->st[d];
+    w->off2 += w->idx[d] * w->st2[d];
+  }
+}
+
+static inline void walk_next(walker *w) {
+  for (int d = w->n - 1; d >= 0; d--) {
+    w->off += w->st[d];
+    w->off2 += w->st2[d];
+    if (++w->idx[d] < w->sz[d]) return;
+    w->off -= w->st[d] * w->sz[d];
+    w->off2 -= w->st2[d] * w->sz[d];
+    w->idx[d] = 0;
+  }
+}
+
+/* -- Jobs ---------------------------------------------------------------------- */
+
+typedef union racc { double f; int64_t i; } racc;
+
+enum { FIN_ID, FIN_MEAN, FIN_SQRT, FIN_ROOT, FIN_LSE, FIN_LSESHIFT, FIN_VAR, FIN_STD,
+       FIN_ANY, FIN_ALL };
+
+typedef struct rjob {
+  rplan pl;
+  int kind, icls;
+  double p;              /* norm exponent */
+  const double *shift;   /* per output (indexed by out offset), or NULL */
+  int fin;
+  double fin_arg;        /* FIN_ROOT: 1/p; FIN_VAR/STD: the correction */
+  char *obase;           /* out data, out dtype */
+  em_dtype odt;
+  int64_t osz;
+  double *dres;          /* when set, results go here as doubles instead */
+  racc *partial;         /* nb > 1: partial[b * K + k] */
+  int64_t nb, rb;        /* blocks per output and reduced elements per block */
+  int64_t M, W, ncb, Ko; /* OUTER: vector length, task width, column blocks, rows of k */
+  walker kw0;            /* OUTER: template walker over the kept dims except vk */
+  int kon;
+  int64_t kosz[EM_MAX_DIMS], kost[EM_MAX_DIMS], kooo[EM_MAX_DIMS];
+} rjob;
+
+static void finish(const rjob *j, int64_t k, racc acc) {
+  if (j->icls) { store_i64(j->obase + k * j->osz, j->odt, acc.i); return; }
+  double v = acc.f, R = (double)j->pl.R;
+  switch (j->fin) {
+  case FIN_MEAN: v = v / R; break;
+  case FIN_SQRT: v = sqrt(v); break;
+  case FIN_ROOT: v = pow(v, j->fin_arg); break;
+  case FIN_LSE: v = log(v) + j->shift[k]; break;
+  case FIN_LSESHIFT: if (isinf(v)) v = 0; break;   /* all -inf, or +inf present */
+  case FIN_VAR: case FIN_STD: {
+    double dof = R - j->fin_arg;
+    v = v / (dof > 0 ? dof : 0);
+    if (j->fin == FIN_STD) v = sqrt(v);
+    break;
+  }
+  case FIN_ANY: v = v > 0; break;
+  case FIN_ALL: v = v == R; break;
+  default: break;
+  }
+  if (j->dres) j->dres[k] = v;
+  else emi_store_f64(j->obase + k * j->osz, j->odt, v);
+}
+
+/* Reduce the reduced elements [r0, r1) of the output whose input starts at p0. */
+static racc inner_range(const rjob *j, const char *p0, int64_t r0, int64_t r1, double s) {
+  const rplan *pl = &j->pl;
+  int nr = pl->nr;
+  int64_t L = pl->rsz[nr - 1], sst = pl->rst[nr - 1];
+  walker w;
+  walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 / L);
+  int64_t ri = r0 % L;
+  racc acc;
+  if (j->icls) {
+    int64_t buf[CHUNK];
+    acc.i = iident(j->kind);
+    for (int64_t r = r0; r < r1;) {
+      int64_t n = L - ri < r1 - r ? L - ri : r1 - r;
+      const char *p = p0 + w.off + ri * sst;
+      for (int64_t c = 0; c < n; c += CHUNK) {
+        int64_t m = n - c < CHUNK ? n - c : CHUNK;
+        load_i64(buf, p + c * sst, m, sst, pl->dt);
+        acc.i = iseg(j->kind, buf, m, acc.i);
+      }
+      r += n;
+      ri = 0;
+      walk_next(&w);
+    }
+    return acc;
+  }
+  const fkind *fk = &FKINDS[j->kind];
+  double a = fk->id;
+  for (int64_t r = r0; r < r1;) {
+    int64_t n = L - ri < r1 - r ? L - ri : r1 - r;
+    const char *p = p0 + w.off + ri * sst;
+    if (sst == pl->esz && pl->dt == EM_FLOAT32) {
+      a = comb(fk->comb, a, fk->seg32((const float *)p, n, s, j->p));
+    } else if (sst == pl->esz && pl->dt == EM_FLOAT64) {
+      a = comb(fk->comb, a, fk->seg64((const double *)p, n, s, j->p));
+    } else {
+      double buf[CHUNK];
+      for (int64_t c = 0; c < n; c += CHUNK) {
+        int64_t m = n - c < CHUNK ? n - c : CHUNK;
+        load_f64(buf, p + c * sst, m, sst, pl->dt);
+        a = comb(fk->comb, a, fk->seg64(buf, m, s, j->p));
+      }
+    }
+    r += n;
+    ri = 0;
+    walk_next(&w);
+  }
+  acc.f = a;
+  return acc;
+}
+
+/* INNER tasks: t = k * nb + b. */
+static void inner_task(void *ctx, int64_t t0, int64_t t1) {
+  const rjob *j = ctx;
+  const rplan *pl = &j->pl;
+  if (j->nb == 1) {
+    walker kw;
+    walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, t0);
+    for (int64_t k = t0; k < t1; k++, walk_next(&kw)) {
+      racc acc = inner_range(j, pl->base + kw.off, 0, pl->R, j->shift ? j->shift[k] : 0);
+      finish(j, k, acc);
+    }
+    return;
+  }
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t k = t / j->nb, b = t % j->nb;
+    walker kw;
+    walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k);
+    int64_t r0 = b * j->rb, r1 = r0 + j->rb < pl->R ? r0 + j->rb : pl->R;
+    j->partial[b * pl->K + k] =
+        inner_range(j, pl->base + kw.off, r0, r1, j->shift ? j->shift[k] : 0);
+  }
+}
+
+/* Fold rows [r0, r1) of the reduced space into acc[0..W): columns start at p0. */
+static void outer_rows(const rjob *j, const char *p0, int64_t W, int64_t r0, int64_t r1,
+                       racc *acc, const double *sh) {
+  const rplan *pl = &j->pl;
+  int nr = pl->nr;
+  int64_t L = pl->rsz[nr - 1], rs = pl->rst[nr - 1], esz = pl->esz;
+  walker w;
+  walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 / L);
+  int64_t ri = r0 % L;
+  const fkind *fk = j->icls ? NULL : &FKINDS[j->kind];
+  int native = !j->icls && (pl->dt == EM_FLOAT32 || pl->dt == EM_FLOAT64);
+  rows_fn rows = !fk ? NULL : pl->dt == EM_FLOAT32 ? fk->rows32 : fk->rows64;
+  for (int64_t r = r0; r < r1;) {
+    int64_t n = L - ri < r1 - r ? L - ri : r1 - r;
+    const char *p = p0 + w.off + ri * rs;
+    r += n;
+    ri = 0;
+    walk_next(&w);
+    if (native) {
+      double *da = &acc[0].f;
+      /* Short rows back to back: take q rows as one row of M*q columns. */
+      if (W == j->M && W < 32 && rs == W * esz) {
+        int64_t q = (64 + W - 1) / W, W2 = W * q, ng = n / q;
+        if (ng >= 2) {
+          double acc2[128], sh2[128];
+          for (int64_t c = 0; c < W2; c++) { acc2[c] = fk->id; sh2[c] = sh[c % W]; }
+          rows(acc2, p, W2, ng, W2 * esz, sh2, j->p);
+          for (int64_t c = 0; c < W2; c++) da[c % W] = comb(fk->comb, da[c % W], acc2[c]);
+          p += ng * q * rs;
+          n -= ng * q;
+        }
+      }
+      rows(da, p, W, n, rs, sh, j->p);
+      continue;
+    }
+    for (int64_t i = 0; i < n; i++, p += rs) {
+      if (j->icls) {
+        int64_t buf[CB];
+        load_i64(buf, p, W, esz, pl->dt);
+        irows(j->kind, &acc[0].i, buf, W);
+      } else {
+        double buf[CB];
+        load_f64(buf, p, W, esz, pl->dt);
+        fk->rows64(&acc[0].f, (const char *)buf, W, 1, 0, sh, j->p);
+      }
+    }
+  }
+}
+
+/* OUTER tasks: t = (ko * ncb + cb) * nb + b. */
+static void outer_task(void *ctx, int64_t t0, int64_t t1) {
+  const rjob *j = ctx;
+  const rplan *pl = &j->pl;
+  int64_t vos = pl->kos[pl->vk];
+  static const double zeros[CB];
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t b = t % j->nb, cb = t / j->nb % j->ncb, ko = t / j->nb / j->ncb;
+    int64_t c0 = cb * CB, W = j->M - c0 < CB ? j->M - c0 : CB;
+    walker kw;
+    walk_init(&kw, j->kon, j->kosz, j->kost, j->kooo, ko);
+    int64_t obase = kw.off2 + c0 * vos;        /* out offset of column c0 */
+    const char *p0 = pl->base + kw.off + c0 * pl->esz;
+    racc acc[CB];
+    double shbuf[CB];
+    const double *sh = zeros;
+    if (j->shift) {
+      for (int64_t c = 0; c < W; c++) shbuf[c] = j->shift[obase + c * vos];
+      sh = shbuf;
+    }
+    for (int64_t c = 0; c < W; c++) {
+      if (j->icls) acc[c].i = iident(j->kind);
+      else acc[c].f = FKINDS[j->kind].id;
+    }
+    int64_t r0 = b * j->rb, r1 = r0 + j->rb < pl->R ? r0 + j->rb : pl->R;
+    outer_rows(j, p0, W, r0, r1, acc, sh);
+    for (int64_t c = 0; c < W; c++) {
+      if (j->nb == 1) finish(j, obase + c * vos, acc[c]);
+      else j->partial[b * pl->K + obase + c * vos] = acc[c];
+    }
+  }
+}
+
+/* Combine the partials of outputs [k0, k1) in block order and finish them. */
+static void combine_task(void *ctx, int64_t k0, int64_t k1) {
+  const rjob *j = ctx;
+  int64_t K = j->pl.K;
+  for (int64_t k = k0; k < k1; k++) {
+    racc acc = j->partial[k];
+    for (int64_t b = 1; b < j->nb; b++) {
+      racc x = j->partial[b * K + k];
+      if (j->icls) acc.i = icomb(j->kind, acc.i, x.i);
+      else acc.f = comb(FKINDS[j->kind].comb, acc.f, x.f);
+    }
+    finish(j, k, acc);
+  }
+}
+
+/* Run one pass: kind/fin over plan pl into out (or into dres). */
+static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind, double p,
+                         const double *shift, int fin, double fin_arg, em_tensor *out,
+                         double *dres) {
+  rjob j;
+  j.pl = *pl;
+  j.kind = kind;
+  j.icls = kind >= K_NF;
+  j.p = p;
+  j.shift = shift;
+  j.fin = fin;
+  j.fin_arg = fin_arg;
+  j.obase = em_tensor_data(out);
+  j.odt = out->dtype;
+  j.osz = (int64_t)em_dtype_size(out->dtype);
+  j.dres = dres;
+  j.partial = NULL;
+  int64_t K = pl->K, R = pl->R;
+  if (K == 0) return EM_OK;
+  if (R == 0) {     /* every output is the identity, finished */
+    racc id;
+    if (j.icls) id.i = iident(kind); else id.f = FKINDS[kind].id;
+    for (int64_t k = 0; k < K; k++) finish(&j, k, id);
+    return EM_OK;
+  }
+  int64_t ntask, grain, per;     /* per: elements in one task */
+  if (pl->outer) {
+    j.M = pl->ksz[pl->vk];
+    j.W = j.M < CB ? j.M : CB;
+    j.ncb = (j.M + CB - 1) / CB;
+    j.Ko = K / j.M;
+    j.kon = 0;
+    for (int i = 0; i < pl->nk; i++) {
+      if (i == pl->vk) continue;
+      j.kosz[j.kon] = pl->ksz[i];
+      j.kost[j.kon] = pl->kst[i];
+      j.kooo[j.kon++] = pl->kos[i];
+    }
+    int64_t rows = (BLOCK + j.W - 1) / j.W;
+    j.nb = R > rows ? (R + rows - 1) / rows : 1;
+    j.rb = j.nb > 1 ? rows : R;
+    ntask = j.Ko * j.ncb * j.nb;
+    per = j.W * j.rb;
+  } else {
+    j.nb = R > BLOCK ? (R + BLOCK - 1) / BLOCK : 1;
+    j.rb = j.nb > 1 ? BLOCK : R;
+    ntask = K * j.nb;
+    per = j.rb;
+  }
+  grain = per >= GRAIN ? 1 : GRAIN / per;
+  if (j.nb > 1) {
+    size_t nbytes = sizeof(racc) * (size_t)(K * j.nb);
+    j.partial = emi_malloc(S, nbytes);
+    if (!j.partial)
+      return emi_error(S, EM_ERR_NOMEM, "%s: out of memory for %lld partial results", op,
+                       (long long)(K * j.nb));
+  }
+  emi_parallel_for(S, ntask, grain, pl->outer ? outer_task : inner_task, &j);
+  if (j.partial) {
+    int64_t cg = GRAIN / j.nb;
+    emi_parallel_for(S, K, cg > 0 ? cg : 1, combine_task, &j);
+    emi_free(S, j.partial, sizeof(racc) * (size_t)(K * j.nb));
+  }
+  return EM_OK;
+}
+
+static int is_int(em_dtype dt) { return !em_dtype_is_floating(dt); }
+
+/* Two passes: first (kind1, fin1) into a K-double temporary, then kind2 with it
+** as the shift. */
+static em_status run_two(em_state *S, const char *op, const rplan *pl, int kind1,
+                         int fin1, int kind2, int fin2, double fin_arg, em_tensor *out) {
+  int64_t K = pl->K;
+  double small[64], *tmp = small;
+  size_t nbytes = sizeof(double) * (size_t)(K > 0 ? K : 1);
+  if (K > 64) {
+    tmp = emi_malloc(S, nbytes);
+    if (!tmp)
+      return emi_error(S, EM_ERR_NOMEM, "%s: out of memory for %lld intermediate results",
+                       op, (long long)K);
+  }
+  em_status st = run_job(S, op, pl, kind1, 0, NULL, fin1, 0, out, tmp);
+  if (!st) st = run_job(S, op, pl, kind2, 0, tmp, fin2, fin_arg, out, NULL);
+  if (tmp != small) emi_free(S, tmp, nbytes);
+  return st;
+}
+
+/* -- Entries ------------------------------------------------------------------- */
+
+em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tensor *a,
+                         unsigned mask) {
+  rplan pl;
+  plan_init(&pl, a, mask);
+  int ic = is_int(a->dtype);
+  switch (op) {
+  case EM_SUM: return run_job(S, "sum", &pl, ic ? K_ISUM : K_SUM, 0, NULL, FIN_ID, 0, out, NULL);
+  case EM_MEAN: return run_job(S, "mean", &pl, K_SUM, 0, NULL, FIN_MEAN, 0, out, NULL);
+  case EM_PROD:
+    return run_job(S, "prod", &pl, ic ? K_IPROD : K_PROD, 0, NULL, FIN_ID, 0, out, NULL);
+  case EM_AMAX: return run_job(S, "amax", &pl, ic ? K_IMAX : K_MAX, 0, NULL, FIN_ID, 0, out, NULL);
+  case EM_AMIN: return run_job(S, "amin", &pl, ic ? K_IMIN : K_MIN, 0, NULL, FIN_ID, 0, out, NULL);
+  case EM_ANY: return run_job(S, "any", &pl, K_CNTNZ, 0, NULL, FIN_ANY, 0, out, NULL);
+  case EM_ALL: return run_job(S, "all", &pl, K_CNTNZ, 0, NULL, FIN_ALL, 0, out, NULL);
+  case EM_LOGSUMEXP:
+    return run_two(S, "logsumexp", &pl, K_MAX, FIN_LSESHIFT, K_SUMEXP, FIN_LSE, 0, out);
+  default:
+    return emi_error(S, EM_ERR_ARG, "reduce: unknown reduction %d", (int)op);
+  }
+}
+
+em_status emi_cpu_var(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+                      double correction, int take_sqrt) {
+  rplan pl;
+  plan_init(&pl, a, mask);
+  return run_two(S, take_sqrt ? "std" : "var", &pl, K_SUM, FIN_MEAN, K_SUMSQDEV,
+                 take_sqrt ? FIN_STD : FIN_VAR, correction, out);
+}
+
+em_status emi_cpu_norm(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+                       double p) {
+  rplan pl;
+  plan_init(&pl, a, mask);
+  if (pl.R == 0) p = 1;      /* PyTorch: the norm of nothing is 0 for every p */
+  if (p == 2) return run_job(S, "norm", &pl, K_SUMSQ, 0, NULL, FIN_SQRT, 0, out, NULL);
+  if (p == 1) return run_job(S, "norm", &pl, K_SUMABS, 0, NULL, FIN_ID, 0, out, NULL);
+  if (p == 0) return run_job(S, "norm", &pl, K_CNTNZ, 0, NULL, FIN_ID, 0, out, NULL);
+  if (isinf(p) && p > 0) return run_job(S, "norm", &pl, K_MAXABS, 0, NULL, FIN_ID, 0, out, NULL);
+  if (isinf(p)) return run_job(S, "norm", &pl, K_MINABS, 0, NULL, FIN_ID, 0, out, NULL);
+  return run_job(S, "norm", &pl, K_SUMPOW, p, NULL, FIN_ROOT, 1.0 / p, out, NULL);
+}
+
+/* -- arg_reduce: max/min along one dim with the index of the first hit ----------
+** NaN counts as the largest (and the smallest) value: the first NaN wins. Values
+** are copied bytewise from the winning element, so they keep a's dtype exactly.
+** Floats and the small integer dtypes compare as doubles (exact); int64 as int64. */
+
+typedef struct ajob {
+  rplan pl;
+  int want_max, ibase, i64;
+  char *vbase;             /* values data or NULL */
+  int64_t *ibase_out;      /* indices data */
+  int64_t M, ncb;          /* OUTER: vector length, column blocks */
+  int kon;
+  int64_t kosz[EM_MAX_DIMS], kost[EM_MAX_DIMS], kooo[EM_MAX_DIMS];
+} ajob;
+
+static inline int abetter_f(double x, double best, int want_max) {
+  if (x != x) return best == best;               /* first NaN wins */
+  return want_max ? x > best : x < best;
+}
+
+/* Index of the winner among n elements st bytes apart. */
+static int64_t arg_scan(const ajob *j, const char *p, int64_t n, int64_t st) {
+  const rplan *pl = &j->pl;
+  int64_t bi = 0;
+  if (pl->dt == EM_FLOAT32 && st == 4 && n >= 64) {
+    /* Fast path: the extreme value by the vectorised kernel, then its first
+    ** position (or the first NaN's). */
+    const float *a = (const float *)p;
+    double m = j->want_max ? k_max_seg32(a, n, 0, 0) : k_min_seg32(a, n, 0, 0);
+    if (m != m) { while (a[bi] == a[bi]) bi++; }
+    else { float mf = (float)m; while (a[bi] != mf) bi++; }
+    return bi;
+  }
+  if (j->i64) {
+    int64_t buf[CHUNK], best = 0;
+    for (int64_t c = 0; c < n; c += CHUNK) {
+      int64_t m = n - c < CHUNK ? n - c : CHUNK;
+      load_i64(buf, p + c * st, m, st, pl->dt);
+      if (c == 0) best = buf[0];
+      for (int64_t i = 0; i < m; i++)
+        if (j->want_max ? buf[i] > best : buf[i] < best) { best = buf[i]; bi = c + i; }
+    }
+    return bi;
+  }
+  double buf[CHUNK], best = 0;
+  for (int64_t c = 0; c < n; c += CHUNK) {
+    int64_t m = n - c < CHUNK ? n - c : CHUNK;
+    load_f64(buf, p + c * st, m, st, pl->dt);
+    if (c == 0) best = buf[0];
+    for (int64_t i = 0; i < m; i++) {
+      if (abetter_f(buf[i], best, j->want_max)) { best = buf[i]; bi = c + i; }
+      if (best != best) return bi;
+    }
+  }
+  return bi;
+}
+
+static void arg_put(const ajob *j, int64_t k, const char *p0, int64_t idx) {
+  const rplan *pl = &j->pl;
+  j->ibase_out[k] = idx + j->ibase;
+  if (j->vbase)
+    memcpy(j->vbase + k * pl->esz, p0 + idx * pl->rst[0], (size_t)pl->esz);
+}
+
+static void arg_inner_task(void *ctx, int64_t k0, int64_t k1) {
+  const ajob *j = ctx;
+  const rplan *pl = &j->pl;
+  walker kw;
+  walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k0);
+  for (int64_t k = k0; k < k1; k++, walk_next(&kw)) {
+    const char *p0 = pl->base + kw.off;
+    arg_put(j, k, p0, arg_scan(j, p0, pl->R, pl->rst[0]));
+  }
+}
+
+/* Columns contiguous in a: best[c] and idx[c] per column, rows along dim. */
+static void arg_outer_task(void *ctx, int64_t t0, int64_t t1) {
+  const ajob *j = ctx;
+  const rplan *pl = &j->pl;
+  int64_t vos = pl->kos[pl->vk], esz = pl->esz, rs = pl->rst[0];
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t cb = t % j->ncb, ko = t / j->ncb;
+    int64_t c0 = cb * CB, W = j->M - c0 < CB ? j->M - c0 : CB;
+    walker kw;
+    walk_init(&kw, j->kon, j->kosz, j->kost, j->kooo, ko);
+    const char *p0 = pl->base + kw.off + c0 * esz;
+    int64_t idx[CB];
+    for (int64_t c = 0; c < W; c++) idx[c] = 0;
+    if (j->i64) {
+      int64_t best[CB], buf[CB];
+      load_i64(best, p0, W, esz, pl->dt);
+      for (int64_t r = 1; r < pl->R; r++) {
+        load_i64(buf, p0 + r * rs, W, esz, pl->dt);
+        for (int64_t c = 0; c < W; c++)
+          if (j->want_max ? buf[c] > best[c] : buf[c] < best[c]) { best[c] = buf[c]; idx[c] = r; }
+      }
+    } else if (pl->dt == EM_FLOAT32) {
+      float best[CB];
+      memcpy(best, p0, (size_t)W * 4);
+      for (int64_t r = 1; r < pl->R; r++) {
+        const float *a = (const float *)(p0 + r * rs);
+        if (j->want_max) {
+          for (int64_t c = 0; c < W; c++) {
+            float x = a[c], b = best[c];
+            int take = x > b || (x != x && b == b);
+            best[c] = take ? x : b;
+            idx[c] = take ? r : idx[c];
+          }
+        } else {
+          for (int64_t c = 0; c < W; c++) {
+            float x = a[c], b = best[c];
+            int take = x < b || (x != x && b == b);
+            best[c] = take ? x : b;
+            idx[c] = take ? r : idx[c];
+          }
+        }
+      }
+    } else {
+      double best[CB], buf[CB];
+      load_f64(best, p0, W, esz, pl->dt);
+      for (int64_t r = 1; r < pl->R; r++) {
+        load_f64(buf, p0 + r * rs, W, esz, pl->dt);
+        for (int64_t c = 0; c < W; c++)
+          if (abetter_f(buf[c], best[c], j->want_max)) { best[c] = buf[c]; idx[c] = r; }
+      }
+    }
+    int64_t ob = kw.off2 + c0 * vos;
+    for (int64_t c = 0; c < W; c++) arg_put(j, ob + c * vos, p0 + c * esz, idx[c]);
+  }
+}
+
+em_status emi_cpu_arg_reduce(em_state *S, em_tensor *values, em_tensor *indices,
+                             const em_tensor *a, int dim, int want_max, int index_base) {
+  ajob j;
+  plan_init(&j.pl, a, a->ndim ? 1u << dim : 0);
+  const rplan *pl = &j.pl;
+  j.want_max = want_max;
+  j.ibase = index_base;
+  j.i64 = !em_dtype_is_floating(a->dtype);
+  j.vbase = values ? em_tensor_data(values) : NULL;
+  j.ibase_out = em_tensor_data(indices);
+  if (pl->K == 0) return EM_OK;
+  if (pl->R == 0)
+    return emi_error(S, EM_ERR_SHAPE, "%s: cannot reduce over dimension %d of size 0 "
+                     "(shape %s)", want_max ? "argmax" : "argmin", dim, emi_tshape(S, a));
+  if (pl->outer && pl->R > 1) {
+    j.M = pl->ksz[pl->vk];
+    j.ncb = (j.M + CB - 1) / CB;
+    j.kon = 0;
+    for (int i = 0; i < pl->nk; i++) {
+      if (i == pl->vk) continue;
+      j.kosz[j.kon] = pl->ksz[i];
+      j.kost[j.kon] = pl->kst[i];
+      j.kooo[j.kon++] = pl->kos[i];
+    }
+    int64_t per = (j.M < CB ? j.M : CB) * pl->R;
+    emi_parallel_for(S, pl->K / j.M * j.ncb, per >= GRAIN ? 1 : GRAIN / per,
+                     arg_outer_task, &j);
+  } else {
+    emi_parallel_for(S, pl->K, pl->R >= GRAIN ? 1 : GRAIN / pl->R, arg_inner_task, &j);
+  }
+  return EM_OK;
 }

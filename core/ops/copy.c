@@ -1,26 +1,114 @@
-/* copy.c -- STUB: to be replaced. */
-#include "../internal.h"
+/*
+** copy.c -- copies and conversions: copy_ (broadcasting, any dtype pair,
+** overlapping memory), contiguous, clone, to, and the creation functions that
+** are a fill or a conversion (full, from_data).
+*/
+#include "ewise.h"
 
-em_status em_full(em_state *S, const int64_t *shape, int ndim, double value, em_dtype dt, int device, em_tensor **out) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "em_full: not implemented yet");
-}
-
-em_status em_from_data(em_state *S, const int64_t *shape, int ndim, em_dtype dt, const void *data, em_dtype src_dt, em_tensor **out) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "em_from_data: not implemented yet");
-}
-
-em_status em_contiguous(em_state *S, const em_tensor *a, em_tensor **out) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "em_contiguous: not implemented yet");
+em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
+  const char *op = "copy_";
+  em_status st;
+  if ((st = emi_check_tensor(S, op, dst)) || (st = emi_check_tensor(S, op, src)) ||
+      (st = emi_check_devices(S, op, dst, src)))
+    return st;
+  if (emi_internal_overlap(dst))
+    return emi_error(S, EM_ERR_ARG, "%s: can't write in place into a tensor of shape %s "
+                     "whose elements share memory (an expanded view); clone it first",
+                     op, emi_tshape(S, dst));
+  if (dst->dtype == src->dtype && emi_same_geometry(dst, src)) return EM_OK;  /* a:copy_(a) */
+  emi_temps tp;
+  emi_temps_init(&tp);
+  const em_tensor *sx = src;
+  em_tensor *conv;
+  if ((st = emi_expand_tmp(S, op, src, dst->sizes, dst->ndim, &tp, &sx))) goto done;
+  if (emi_needs_copy(dst, sx)) {          /* e.g. a:copy_(a:t()): read before writing */
+    if ((st = emi_convert(S, op, src, src->dtype, &tp, &conv)) ||
+        (st = emi_expand_tmp(S, op, conv, dst->sizes, dst->ndim, &tp, &sx)))
+      goto done;
+  }
+  st = emi_backend_of(S, dst->device)->copy(S, dst, sx);
+done:
+  emi_temps_release(&tp);
+  return st;
 }
 
 em_status em_clone(em_state *S, const em_tensor *a, em_tensor **out) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "em_clone: not implemented yet");
+  em_status st = emi_check_tensor(S, "clone", a);
+  if (st) return st;
+  em_tensor *r;
+  if ((st = emi_tensor_new(S, "clone", a->sizes, a->ndim, a->dtype, a->device, &r)))
+    return st;
+  if ((st = emi_backend_of(S, a->device)->copy(S, r, a))) { em_tensor_release(r); return st; }
+  *out = r;
+  return EM_OK;
 }
 
-em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "em_copy_: not implemented yet");
+em_status em_contiguous(em_state *S, const em_tensor *a, em_tensor **out) {
+  em_status st = emi_check_tensor(S, "contiguous", a);
+  if (st) return st;
+  if (!em_tensor_is_contiguous(a)) return em_clone(S, a, out);
+  em_tensor_retain((em_tensor *)a);
+  *out = (em_tensor *)a;
+  return EM_OK;
 }
 
 em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_tensor **out) {
-  return emi_error(S, EM_ERR_UNSUPPORTED, "em_to: not implemented yet");
+  em_status st = emi_check_tensor(S, "to", a);
+  if (st) return st;
+  if ((unsigned)dt >= EM_NUM_DTYPES)
+    return emi_error(S, EM_ERR_DTYPE, "to: invalid dtype %d", (int)dt);
+  if (device != EM_CPU) {
+    char b[16];
+    return emi_error(S, EM_ERR_DEVICE, "to: can't move a tensor to %s: CUDA is not "
+                     "available in this build (CPU only)",
+                     device < EM_CPU ? "an invalid device" : emi_device_name(b, device));
+  }
+  if (a->dtype == dt && a->device == device) {
+    em_tensor_retain((em_tensor *)a);
+    *out = (em_tensor *)a;
+    return EM_OK;
+  }
+  em_tensor *r;
+  if ((st = emi_tensor_new(S, "to", a->sizes, a->ndim, dt, device, &r))) return st;
+  if ((st = emi_backend_of(S, a->device)->copy(S, r, a))) { em_tensor_release(r); return st; }
+  *out = r;
+  return EM_OK;
+}
+
+em_status em_full(em_state *S, const int64_t *shape, int ndim, double value, em_dtype dt,
+                  int device, em_tensor **out) {
+  if (!shape && ndim > 0) return emi_error(S, EM_ERR_ARG, "full: shape is NULL");
+  em_tensor *r;
+  em_status st = emi_tensor_new(S, "full", shape, ndim, dt, device, &r);
+  if (st) return st;
+  if ((st = emi_backend_of(S, device)->fill(S, r, value))) { em_tensor_release(r); return st; }
+  *out = r;
+  return EM_OK;
+}
+
+/* The caller's buffer is wrapped, on the stack, as a contiguous CPU tensor of
+** src_dt over a borrowed storage, so that the backend's copy does the
+** conversion: no allocation besides the result. */
+em_status em_from_data(em_state *S, const int64_t *shape, int ndim, em_dtype dt,
+                       const void *data, em_dtype src_dt, em_tensor **out) {
+  if (!shape && ndim > 0) return emi_error(S, EM_ERR_ARG, "from_data: shape is NULL");
+  if ((unsigned)src_dt >= EM_NUM_DTYPES)
+    return emi_error(S, EM_ERR_DTYPE, "from_data: invalid source dtype %d", (int)src_dt);
+  em_tensor *r;
+  em_status st = emi_tensor_new(S, "from_data", shape, ndim, dt, EM_CPU, &r);
+  if (st) return st;
+  if (r->numel == 0) { *out = r; return EM_OK; }
+  if (!data) {
+    em_tensor_release(r);
+    return emi_error(S, EM_ERR_ARG, "from_data: data is NULL for a tensor of shape %s",
+                     emi_tshape(S, r));
+  }
+  emi_storage st_src = {1, EM_CPU, S, (void *)data, (size_t)r->numel * em_dtype_size(src_dt)};
+  em_tensor src = *r;
+  src.dtype = src_dt;
+  src.storage = &st_src;
+  src.offset = 0;
+  if ((st = emi_backend_of(S, EM_CPU)->copy(S, r, &src))) { em_tensor_release(r); return st; }
+  *out = r;
+  return EM_OK;
 }

@@ -1,0 +1,247 @@
+/*
+** softmax.c -- CPU softmax and log_softmax along one dim (emi_cpu_softmax).
+**
+** Numerically stable form: m = max(x), e = exp(x - m), softmax = e / sum(e),
+** log_softmax = (x - m) - log(sum(e)). A NaN anywhere in a slice makes the
+** whole slice NaN, and so does a slice of all -inf or one holding +inf (as in
+** PyTorch).
+**
+** Three shapes, fastest first:
+**   rows     float32, the dim contiguous in a and in out (softmax over the last
+**            dim of (B, C) logits: every classifier's loss). exp is a
+**            vectorisable float polynomial (emx_expf below), sums are in double.
+**   columns  a contiguous and the dim not last: (P, n, Q) with Q > 1; blocks of
+**            up to CB columns go through the n rows three times (max, exp-sum,
+**            scale), each pass a vectorisable loop over contiguous columns.
+**   generic  any strides, float16/bfloat16/float64: each slice is read three
+**            times in chunks through a double buffer (no allocation at all).
+*/
+#include "cpu.h"
+#include <math.h>
+
+enum { CB = 256, CHUNK = 256, GRAIN = 32768, LANES = 16 };
+
+/* exp(x) in float32 to about 1 ulp, written so that GCC vectorises loops that
+** call it: Cody-Waite reduction x = n*ln2 + r, a degree-7 polynomial for e^r,
+** and 2^n built from bits in two halves so that results down to the subnormal
+** range stay right. exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN. */
+static inline float emx_expf(float x) {
+  x = x > 100.0f ? 100.0f : x;
+  x = x < -110.0f ? -110.0f : x;
+  const float magic = 12582912.0f;       /* 1.5 * 2^23: adding it rounds to int */
+  float t = x * 1.44269504088896341f + magic;
+  float n = t - magic;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union { float f; uint32_t u; } ti = {t}, s1, s2;
+  int32_t ni = (int32_t)(ti.u - 0x4b400000u);   /* n as an integer, from t's bits */
+  int32_t n1 = ni / 2, n2 = ni - n1;
+  s1.u = ((uint32_t)n1 + 127u) << 23;       /* unsigned: a NaN's garbage n is */
+  s2.u = ((uint32_t)n2 + 127u) << 23;       /* harmless, p is NaN anyway */
+  return p * s1.f * s2.f;
+}
+
+static float max_f32(const float *restrict a, int64_t n) {
+  float acc[LANES];
+  for (int j = 0; j < LANES; j++) acc[j] = -INFINITY;
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) {
+      float x = a[i + j];
+      acc[j] = (x > acc[j] || x != x) ? x : acc[j];
+    }
+  for (int j = 0; i < n; i++, j++) {
+    float x = a[i];
+    acc[j] = (x > acc[j] || x != x) ? x : acc[j];
+  }
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++)
+      acc[j] = (acc[j + w] > acc[j] || acc[j + w] != acc[j + w]) ? acc[j + w] : acc[j];
+  return acc[0];
+}
+
+/* o[i] = exp(a[i] - m); returns the sum in double. */
+static double expsum_f32(float *restrict o, const float *restrict a, int64_t n, float m) {
+  double acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) {
+      float e = emx_expf(a[i + j] - m);
+      o[i + j] = e;
+      acc[j] += e;
+    }
+  for (int j = 0; i < n; i++, j++) {
+    float e = emx_expf(a[i] - m);
+    o[i] = e;
+    acc[j] += e;
+  }
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+  return acc[0];
+}
+
+/* Same without storing (log_softmax needs only the sum). */
+static double expsum_only_f32(const float *restrict a, int64_t n, float m) {
+  double acc[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++) acc[j] += emx_expf(a[i + j] - m);
+  for (int j = 0; i < n; i++, j++) acc[j] += emx_expf(a[i] - m);
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+  return acc[0];
+}
+
+static void row_f32(float *restrict o, const float *restrict a, int64_t n, int lg) {
+  float m = max_f32(a, n);
+  if (lg) {
+    float ls = (float)log(expsum_only_f32(a, n, m));
+    for (int64_t i = 0; i < n; i++) o[i] = (a[i] - m) - ls;
+  } else {
+    float inv = (float)(1.0 / expsum_f32(o, a, n, m));
+    for (int64_t i = 0; i < n; i++) o[i] *= inv;
+  }
+}
+
+/* -- Slices ----------------------------------------------------------------------
+** The slice dim d has n elements, st bytes apart in a and ost elements apart in
+** out; the other dims are walked with offsets into both. */
+typedef struct sjob {
+  const char *base;
+  char *obase;
+  em_dtype dt;
+  int64_t esz, n, st, ost;
+  int log;
+  int no;                                  /* other dims */
+  int64_t osz[EM_MAX_DIMS], ist[EM_MAX_DIMS], oost[EM_MAX_DIMS];
+  int64_t P, Q;                            /* columns shape: (P, n, Q) */
+} sjob;
+
+static void slice_walk(const sjob *j, int64_t lin, int64_t *ioff, int64_t *ooff) {
+  *ioff = *ooff = 0;
+  for (int d = j->no - 1; d >= 0; d--) {
+    int64_t i = lin % j->osz[d];
+    lin /= j->osz[d];
+    *ioff += i * j->ist[d];
+    *ooff += i * j->oost[d];
+  }
+}
+
+static void rows_task(void *ctx, int64_t r0, int64_t r1) {
+  const sjob *j = ctx;
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t io, oo;
+    slice_walk(j, r, &io, &oo);
+    row_f32((float *)j->obase + oo, (const float *)(j->base + io), j->n, j->log);
+  }
+}
+
+static void generic_task(void *ctx, int64_t r0, int64_t r1) {
+  const sjob *j = ctx;
+  double buf[CHUNK];
+  int64_t n = j->n, st = j->st, osz = (int64_t)em_dtype_size(j->dt);
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t io, oo;
+    slice_walk(j, r, &io, &oo);
+    const char *p = j->base + io;
+    char *o = j->obase + oo * osz;
+    double m = -INFINITY, s = 0;
+    for (int64_t c = 0; c < n; c += CHUNK) {
+      int64_t k = n - c < CHUNK ? n - c : CHUNK;
+      for (int64_t i = 0; i < k; i++) buf[i] = emi_load_f64(p + (c + i) * st, j->dt);
+      for (int64_t i = 0; i < k; i++) m = (buf[i] > m || buf[i] != buf[i]) ? buf[i] : m;
+    }
+    for (int64_t c = 0; c < n; c += CHUNK) {
+      int64_t k = n - c < CHUNK ? n - c : CHUNK;
+      for (int64_t i = 0; i < k; i++) buf[i] = emi_load_f64(p + (c + i) * st, j->dt);
+      for (int64_t i = 0; i < k; i++) s += exp(buf[i] - m);
+    }
+    double ls = log(s), inv = 1.0 / s;
+    for (int64_t i = 0; i < n; i++) {
+      double x = emi_load_f64(p + i * st, j->dt);
+      emi_store_f64(o + i * j->ost * osz, j->dt, j->log ? (x - m) - ls : exp(x - m) * inv);
+    }
+  }
+}
+
+/* Columns: task t = (p, column block); a and out contiguous, same layout. */
+static void cols_task(void *ctx, int64_t t0, int64_t t1) {
+  const sjob *j = ctx;
+  int64_t ncb = (j->Q + CB - 1) / CB, n = j->n, Q = j->Q;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t p = t / ncb, c0 = t % ncb * CB, W = Q - c0 < CB ? Q - c0 : CB;
+    const float *a = (const float *)j->base + p * n * Q + c0;
+    float *o = (float *)j->obase + p * n * Q + c0;
+    float m[CB];
+    double s[CB];
+    for (int64_t c = 0; c < W; c++) { m[c] = -INFINITY; s[c] = 0; }
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t c = 0; c < W; c++) {
+        float x = a[i * Q + c];
+        m[c] = (x > m[c] || x != x) ? x : m[c];
+      }
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t c = 0; c < W; c++) {
+        float e = emx_expf(a[i * Q + c] - m[c]);
+        if (!j->log) o[i * Q + c] = e;
+        s[c] += e;
+      }
+    float f[CB];
+    if (j->log) {
+      for (int64_t c = 0; c < W; c++) f[c] = (float)log(s[c]);
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < W; c++) o[i * Q + c] = (a[i * Q + c] - m[c]) - f[c];
+    } else {
+      for (int64_t c = 0; c < W; c++) f[c] = (float)(1.0 / s[c]);
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < W; c++) o[i * Q + c] *= f[c];
+    }
+  }
+}
+
+em_status emi_cpu_softmax(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+                          int log) {
+  sjob j;
+  j.base = em_tensor_data(a);
+  j.obase = em_tensor_data(out);
+  j.dt = a->dtype;
+  j.esz = (int64_t)em_dtype_size(a->dtype);
+  j.log = log;
+  j.no = 0;
+  j.n = 1;
+  j.st = 0;
+  j.ost = 0;
+  j.P = 1;
+  j.Q = 1;
+  if (a->numel == 0) return EM_OK;
+  for (int d = 0; d < a->ndim; d++) {
+    if (d == dim) {
+      j.n = a->sizes[d];
+      j.st = a->strides[d] * j.esz;
+      j.ost = out->strides[d];
+      continue;
+    }
+    if (d < dim) j.P *= a->sizes[d]; else j.Q *= a->sizes[d];
+    if (a->sizes[d] == 1) continue;
+    j.osz[j.no] = a->sizes[d];
+    j.ist[j.no] = a->strides[d] * j.esz;
+    j.oost[j.no++] = out->strides[d];
+  }
+  int64_t rows = a->numel / j.n, grain = j.n >= GRAIN ? 1 : GRAIN / j.n;
+  if (j.dt == EM_FLOAT32 && (j.st == 4 || j.n == 1) && (j.ost == 1 || j.n == 1)) {
+    emi_parallel_for(S, rows, grain, rows_task, &j);
+  } else if (j.dt == EM_FLOAT32 && em_tensor_is_contiguous(a) && j.Q > 1) {
+    int64_t ncb = (j.Q + CB - 1) / CB, per = j.n * (j.Q < CB ? j.Q : CB);
+    emi_parallel_for(S, j.P * ncb, per >= GRAIN ? 1 : GRAIN / per, cols_task, &j);
+  } else {
+    emi_parallel_for(S, rows, grain, generic_task, &j);
+  }
+  return EM_OK;
+}
