@@ -96,7 +96,7 @@ $(BUILD)/obj/%.o: %.c core/include/ember.h core/internal.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/lua/host/%.o: lua/host/%.c core/include/ember.h | deps
+$(BUILD)/obj/lua/host/%.o: lua/host/%.c lua/host/host.h core/include/ember.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -DEMBER_PREFIX='"$(PREFIX)"' -c $< -o $@
 

@@ -258,9 +258,9 @@ em_status emi_cpu_add_scaled(em_state *S, em_tensor *out, const em_tensor *a,
 }
 
 /* -- tensor op scalar -----------------------------------------------------------------
-** The scalar becomes a stride-0 operand of the dtype's loop: converted to T, or
-** kept as a float for float16/bfloat16 (PyTorch computes those in float with a
-** float scalar: half(x) * 0.1f, not half(x) * half(0.1)). */
+** The scalar becomes a stride-0 operand of the dtype's loop, converted to T. For
+** float16/bfloat16 it is rounded to the dtype and then widened, as PyTorch does
+** (half(x) * 0.1 computes float(x) * float(half(0.1)) and rounds once). */
 
 typedef struct sc_ctx {
   emi_loop2 f;        /* the loop (for halves: the float32 loop) */
@@ -334,10 +334,15 @@ em_status emi_cpu_binary_scalar(em_state *S, em_binop op, em_tensor *out,
   c.u = NULL;
   c.kp.err = 0;
   switch (dt) {
-  case EM_FLOAT16: case EM_BFLOAT16:
+  case EM_FLOAT16:
     c.half = dt;
     c.f = BIN[op][EM_FLOAT32];
-    c.s.f = (float)s;
+    c.s.f = emi_half_to_float(emi_float_to_half((float)s));
+    break;
+  case EM_BFLOAT16:
+    c.half = dt;
+    c.f = BIN[op][EM_FLOAT32];
+    c.s.f = emi_bf16_to_float(emi_float_to_bf16((float)s));
     break;
   case EM_FLOAT32: c.f = BIN[op][dt]; c.s.f = (float)s; break;
   case EM_FLOAT64: c.f = BIN[op][dt]; c.s.d = s; break;
@@ -348,7 +353,10 @@ em_status emi_cpu_binary_scalar(em_state *S, em_binop op, em_tensor *out,
   default: c.f = NULL;
   }
   if (!c.f) return unsupported(S, "binary", op, dt);
-  if (op == EM_POW && !reverse && em_dtype_is_floating(dt)) c.u = pow_special(dt, s);
+  /* PyTorch 1.13 takes these shortcuts for float32/float64/bfloat16 but computes
+  ** float16 with pow itself (they differ at -0 and -inf) */
+  if (op == EM_POW && !reverse && em_dtype_is_floating(dt) && dt != EM_FLOAT16)
+    c.u = pow_special(dt, s);
   em_tensor *ops[2] = {out, (em_tensor *)a};
   emi_cpu_foreach(S, ops, 2, grain_of(op), sc_row, &c);
   return check_err(S, &c.kp, op);

@@ -1,3 +1,294 @@
-/* main.c -- STUB: the ember command (to be replaced). */
+/*
+** main.c -- the ember command: a LuaJIT interpreter with ember preloaded as the
+** global `em`.
+**
+**   ember script.lua [args]   run a script (args in the global `arg`, arg[0] =
+**                             the script, as lua does; also passed as ...)
+**   ember -e 'code'           run a string (repeatable; then a script, if any)
+**   ember -                   run stdin
+**   ember                     the REPL when stdin is a terminal, else run stdin
+**   ember -i ...              the REPL after the script / -e code
+**   ember -l name             require(name) into the global `name` first
+**   ember --version | --info | --help
+**
+** Errors print a traceback to stderr and exit with status 1. Ctrl-C while Lua
+** code runs arms a count hook that raises "interrupted" at the next
+** instruction the interpreter executes (LuaJIT's compiled traces do not check
+** hooks, so a pure-Lua loop running as machine code may not stop: a second
+** Ctrl-C then exits). The core's symbols are linked in and exported, so the
+** Lua layer reaches them through ffi.C.
+*/
+#include "host.h"
+#include "ember.h"
+#include <lauxlib.h>
+#include <lualib.h>
+#include <luajit.h>
+#include <signal.h>
 #include <stdio.h>
-int main(void) { puts("ember: not built yet"); return 1; }
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *progname = "ember";
+static lua_State *globalL;
+
+/* -- Ctrl-C ------------------------------------------------------------------------
+** running: Lua code is executing (arm the hook); otherwise the REPL is waiting
+** for input and only records the interrupt, which cancels the line. */
+volatile int ember_host_interrupted;
+static volatile sig_atomic_t running, hook_armed;
+
+static void stop_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  hook_armed = 0;
+  luaL_error(L, "interrupted");
+}
+
+static void on_sigint(int sig) {
+  (void)sig;
+  if (!running) { ember_host_interrupted = 1; return; }
+  if (hook_armed) {    /* the first one did not get through: give up */
+    static const char msg[] = "\nember: interrupted again, exiting\n";
+    ssize_t r = write(2, msg, sizeof msg - 1);
+    (void)r;
+    _exit(130);
+  }
+  hook_armed = 1;
+  lua_sethook(globalL, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+/* -- Protected calls -------------------------------------------------------------- */
+static int traceback(lua_State *L) {
+  if (!lua_isstring(L, 1)) {           /* an error object: try its __tostring */
+    if (lua_isnoneornil(L, 1) || !luaL_callmeta(L, 1, "__tostring") || !lua_isstring(L, -1)) {
+      lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+    lua_replace(L, 1);
+    lua_settop(L, 1);
+  }
+  lua_getglobal(L, "debug");
+  if (lua_istable(L, -1)) {
+    lua_getfield(L, -1, "traceback");
+    if (lua_isfunction(L, -1)) {
+      lua_pushvalue(L, 1);
+      lua_pushinteger(L, 2);
+      lua_call(L, 2, 1);
+      return 1;
+    }
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+int ember_host_docall(lua_State *L, int nargs, int nresults) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  running = 1;
+  int status = lua_pcall(L, nargs, nresults, base);
+  running = 0;
+  if (hook_armed) { lua_sethook(L, NULL, 0, 0); hook_armed = 0; }
+  lua_remove(L, base);
+  if (status != 0) lua_gc(L, LUA_GCCOLLECT, 0);
+  return status;
+}
+
+void ember_host_report(lua_State *L, int status) {
+  if (status && !lua_isnil(L, -1)) {
+    const char *msg = lua_tostring(L, -1);
+    if (!msg) msg = "(error object is not a string)";
+    fflush(stdout);
+    fprintf(stderr, "%s: %s\n", progname, msg);
+    fflush(stderr);
+    lua_pop(L, 1);
+  }
+}
+
+static int dochunk(lua_State *L, int status) {
+  if (status == 0) status = ember_host_docall(L, 0, 0);
+  ember_host_report(L, status);
+  return status;
+}
+
+/* -- Options ------------------------------------------------------------------------ */
+static void usage(FILE *f) {
+  fprintf(f,
+    "usage: %s [options] [script [args]]\n"
+    "  -e code     run code (may be repeated)\n"
+    "  -l name     require library 'name' into the global 'name'\n"
+    "  -i          enter the REPL after running the script / code\n"
+    "  -           run stdin\n"
+    "  --          stop handling options\n"
+    "  --version   print the version\n"
+    "  --info      print version, threads, backends and libraries\n"
+    "  --help      print this help\n"
+    "With no script and no -e, runs the REPL (stdin a terminal) or stdin.\n"
+    "The global 'em' is ember (require 'ember').\n", progname);
+}
+
+static void print_version(void) {
+  printf("ember %s (%s)\n", em_version(), LUAJIT_VERSION);
+}
+
+/* --info runs in Lua, after ember is loaded, so it can report what was loaded. */
+static const char INFO_LUA[] =
+  "local em, ffi = em, require 'ffi'\n"
+  "local core = require 'ember.ffi'\n"
+  "print('ember ' .. em.version)\n"
+  "local jit = require 'jit'\n"
+  "print(('%s (%s %s) JIT: %s %s'):format(jit.version, jit.os, jit.arch,\n"
+  "  jit.status() and 'on' or 'off', table.concat({select(2, jit.status())}, ' ')))\n"
+  "print('threads: ' .. em.get_num_threads())\n"
+  "for line in em.build_info():gmatch('[^\\n]+') do print(line) end\n"
+  "print('lua files: ' .. core.dir)\n"
+  "print('core library: ' .. (core.libpath == 'process' and 'linked into ' .. (arg and arg[-1] or 'ember') or core.libpath))\n";
+
+/* arg table: arg[0] = script, arg[1..] its arguments, negative indices the
+** interpreter and options before it (as lua). */
+static void make_arg(lua_State *L, char **argv, int argc, int script) {
+  lua_createtable(L, argc - script - 1 > 0 ? argc - script - 1 : 0, script + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+}
+
+typedef struct opts {
+  int interactive, version, info, help;
+  int script;        /* index of the script in argv, or 0 */
+  int has_e;         /* any -e */
+  int stdin_script;  /* '-' given */
+} opts;
+
+static int parse(int argc, char **argv, opts *o) {
+  memset(o, 0, sizeof *o);
+  int i;
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-') break;
+    if (strcmp(a, "-") == 0) { o->stdin_script = 1; o->script = i; return 0; }
+    if (strcmp(a, "--") == 0) { i++; break; }
+    if (strcmp(a, "-e") == 0 || strcmp(a, "-l") == 0) {
+      if (++i >= argc) { fprintf(stderr, "%s: %s needs an argument\n", progname, a); return -1; }
+      if (a[1] == 'e') o->has_e = 1;
+    } else if (strncmp(a, "-e", 2) == 0 || strncmp(a, "-l", 2) == 0) {
+      if (a[1] == 'e') o->has_e = 1;    /* -ecode, -lname */
+    } else if (strcmp(a, "-i") == 0) o->interactive = 1;
+    else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) o->version = 1;
+    else if (strcmp(a, "--info") == 0) o->info = 1;
+    else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) o->help = 1;
+    else if (strcmp(a, "--replicas") == 0 || strcmp(a, "--profile") == 0 ||
+             strcmp(a, "--devices") == 0) {
+      fprintf(stderr, "%s: %s is not available in this build yet\n", progname, a);
+      return -1;
+    } else {
+      fprintf(stderr, "%s: unknown option '%s'\n", progname, a);
+      usage(stderr);
+      return -1;
+    }
+  }
+  if (i < argc) o->script = i;
+  return 0;
+}
+
+/* Runs -e and -l in order. */
+static int run_options(lua_State *L, int argc, char **argv, int upto) {
+  for (int i = 1; i < upto; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--") == 0) break;
+    if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
+    const char *val = a[2] ? a + 2 : argv[++i];
+    int status;
+    if (a[1] == 'e') {
+      status = dochunk(L, luaL_loadbuffer(L, val, strlen(val), "=(command line)"));
+    } else {
+      lua_getglobal(L, "require");
+      lua_pushstring(L, val);
+      status = ember_host_docall(L, 1, 1);
+      if (status == 0) lua_setglobal(L, val);
+      else ember_host_report(L, status);
+    }
+    if (status) return status;
+  }
+  return 0;
+}
+
+static int run_script(lua_State *L, int argc, char **argv, int script, int from_stdin) {
+  const char *fname = from_stdin ? NULL : argv[script];
+  int status = luaL_loadfile(L, fname);
+  if (status == 0) {
+    int n = argc - script - 1;
+    luaL_checkstack(L, n + 3, "too many arguments to script");
+    for (int i = script + 1; i < argc; i++) lua_pushstring(L, argv[i]);
+    status = ember_host_docall(L, n, 0);
+  }
+  ember_host_report(L, status);
+  return status;
+}
+
+/* Everything that runs inside the Lua state, under lua_cpcall so that an
+** out-of-memory error while setting up cannot escape. */
+struct smain { int argc; char **argv; opts *o; int status; };
+
+static int pmain(lua_State *L) {
+  struct smain *s = lua_touserdata(L, 1);
+  int argc = s->argc;
+  char **argv = s->argv;
+  opts *o = s->o;
+  lua_gc(L, LUA_GCSTOP, 0);
+  luaL_openlibs(L);
+  lua_gc(L, LUA_GCRESTART, -1);
+  make_arg(L, argv, argc, o->script ? o->script : 0);
+
+  lua_pushcfunction(L, luaopen_ember);
+  int status = ember_host_docall(L, 0, 1);
+  if (status) { ember_host_report(L, status); s->status = 1; return 0; }
+  lua_setglobal(L, "em");
+
+  if (o->info) {
+    status = dochunk(L, luaL_loadbuffer(L, INFO_LUA, sizeof INFO_LUA - 1, "=info"));
+    s->status = status ? 1 : 0;
+    return 0;
+  }
+  status = run_options(L, argc, argv, o->script ? o->script : argc);
+  if (status) { s->status = 1; return 0; }
+  if (o->script) {
+    status = run_script(L, argc, argv, o->script, o->stdin_script);
+    if (status) { s->status = 1; return 0; }
+  }
+  if (o->interactive) {
+    s->status = ember_repl(L);
+  } else if (!o->script && !o->has_e) {
+    if (isatty(0)) {
+      print_version();
+      s->status = ember_repl(L);
+    } else {
+      s->status = run_script(L, argc, argv, 0, 1) ? 1 : 0;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argv[0] && argv[0][0]) {
+    const char *slash = strrchr(argv[0], '/');
+    progname = slash ? slash + 1 : argv[0];
+  }
+  opts o;
+  if (parse(argc, argv, &o)) return 1;
+  if (o.help) { usage(stdout); return 0; }
+  if (o.version) { print_version(); return 0; }
+
+  lua_State *L = luaL_newstate();
+  if (!L) { fprintf(stderr, "%s: cannot create a Lua state (out of memory)\n", progname); return 1; }
+  globalL = L;
+  signal(SIGINT, on_sigint);
+  struct smain s = { argc, argv, &o, 0 };
+  int status = lua_cpcall(L, pmain, &s);
+  if (status) { ember_host_report(L, status); s.status = 1; }
+  signal(SIGINT, SIG_DFL);  /* from here on Ctrl-C just stops a slow close */
+  lua_close(L);
+  return s.status;
+}

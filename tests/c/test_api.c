@@ -393,10 +393,17 @@ static void test_promotion(em_state *S) {
   CHECK_DTYPE(c, EM_BOOL);
   CHECK_VALS(c, 0, V(1, 0, 1));
   em_tensor_release(c); c = NULL;
-  /* in-place casts the result to a's dtype */
-  CHECK_OK(S, em_binary_(S, EM_ADD, i32, f32));
-  CHECK_DTYPE(i32, EM_INT32);
-  CHECK_VALS(i32, 0, V(7, -6, 3));
+  /* In-place keeps a's dtype. As in PyTorch, a result that can't be cast to it
+  ** (float into an int tensor) is an error that leaves a alone; within a kind,
+  ** or int into float, is fine. */
+  CHECK_ERR(S, em_binary_(S, EM_ADD, i32, f32), EM_ERR_DTYPE, "float32", "int32");
+  CHECK_VALS(i32, 0, V(7, -7, 2));
+  CHECK_OK(S, em_binary_(S, EM_ADD, f32, i32));
+  CHECK_DTYPE(f32, EM_FLOAT32);
+  CHECK_VALS(f32, 0, V(7.5, -6.75, 3));
+  CHECK_OK(S, em_binary_(S, EM_MUL, h, f32));       /* float16 *= float32 */
+  CHECK_DTYPE(h, EM_FLOAT16);
+  CHECK_VALS(h, 0, V(7.5, -13.5, 9));
   for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) em_tensor_release(ts[k]);
 }
 
@@ -820,6 +827,113 @@ static void test_index(em_state *S) {
   CHECK(t_get(o, 1) == 1 && t_get(o, 6) == 1 && t_get(o, 23) == 0);
   em_tensor_release(o); em_tensor_release(idx);
   em_tensor_release(tr); em_tensor_release(b); em_tensor_release(a);
+}
+
+/* -- Big, strided, odd-sized: the parallel and vectorised paths --------------------------
+** Sizes are well past any sensible grain and not multiples of a vector width;
+** every result is compared element by element with a plain double loop. */
+
+static int count_bad(const em_tensor *t, const double *want, int64_t n, double tol) {
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (!chk_close(t_get(t, i), want[i], tol)) {
+      if (!bad) printf("  first difference at %lld: %.9g vs %.9g\n", (long long)i, t_get(t, i),
+                       want[i]);
+      bad++;
+    }
+  return bad;
+}
+
+static void test_large(em_state *S) {
+  enum { R = 1003, K = 301 };              /* A is [R, K]; At = A^T is [K, R] */
+  double *a = malloc(sizeof(double) * R * K), *w = malloc(sizeof(double) * R * K);
+  double bv[R];
+  em_tensor *A = NULL, *At = NULL, *B = NULL, *o = NULL, *i = NULL;
+  REQUIRE(a && w);
+  for (int k = 0; k < R * K; k++) a[k] = (float)(sin(k * 0.001) * (k % 7 - 3));
+  for (int k = 0; k < R; k++) bv[k] = (float)(1 + 0.5 * cos(k));
+  if (!CHECK_OK(S, em_from_data(S, SHP(R, K), EM_FLOAT32, a, EM_FLOAT64, &A)) ||
+      !CHECK_OK(S, em_transpose(S, A, 0, 1, &At)) ||
+      !CHECK_OK(S, em_from_data(S, SHP(R), EM_FLOAT32, bv, EM_FLOAT64, &B)))
+    goto out;
+  /* At (strided) * B (broadcast over rows): At[k][r] = a[r*K + k] */
+  if (CHECK_OK(S, em_binary(S, EM_MUL, At, B, &o))) {
+    for (int k = 0; k < K; k++)
+      for (int r = 0; r < R; r++) w[k * R + r] = (double)(float)(a[r * K + k] * bv[r]);
+    CHECK(count_bad(o, w, (int64_t)R * K, 1e-6) == 0, "strided * broadcast");
+    em_tensor_release(o); o = NULL;
+  }
+  if (CHECK_OK(S, em_unary(S, EM_EXP, At, &o))) {
+    for (int k = 0; k < K; k++)
+      for (int r = 0; r < R; r++) w[k * R + r] = exp(a[r * K + k]);
+    CHECK(count_bad(o, w, (int64_t)R * K, 1e-5) == 0, "exp of a strided tensor");
+    em_tensor_release(o); o = NULL;
+  }
+  /* sums along either dim of the strided view, and over everything */
+  if (CHECK_OK(S, em_reduce(S, EM_SUM, At, (const int[]){1}, 1, 0, &o))) {
+    for (int k = 0; k < K; k++) {
+      w[k] = 0;
+      for (int r = 0; r < R; r++) w[k] += a[r * K + k];
+    }
+    CHECK(count_bad(o, w, K, 1e-4) == 0, "sum along the strided dim");
+    em_tensor_release(o); o = NULL;
+  }
+  if (CHECK_OK(S, em_reduce(S, EM_MEAN, At, NULL, 0, 0, &o))) {
+    double s = 0;
+    for (int k = 0; k < R * K; k++) s += a[k];
+    CHECK_CLOSE(t_get(o, 0), s / (R * K), 1e-4);
+    em_tensor_release(o); o = NULL;
+  }
+  /* max with indices along rows of the strided view */
+  if (CHECK_OK(S, em_max_dim(S, At, 1, 0, 1, &o, &i))) {
+    int bad = 0;
+    for (int k = 0; k < K; k++) {
+      double m = -INFINITY;
+      int arg = 0;
+      for (int r = 0; r < R; r++) if (a[r * K + k] > m) { m = a[r * K + k]; arg = r; }
+      if (t_get(o, k) != m || t_get(i, k) != arg + 1) bad++;
+    }
+    CHECK(bad == 0, "%d of %d rows have the wrong max or index", bad, K);
+    em_tensor_release(o); em_tensor_release(i); o = i = NULL;
+  }
+  /* softmax along the long, strided dim */
+  if (CHECK_OK(S, em_softmax(S, At, 1, 0, &o))) {
+    for (int k = 0; k < K; k++) {
+      double m = -INFINITY, z = 0;
+      for (int r = 0; r < R; r++) m = fmax(m, a[r * K + k]);
+      for (int r = 0; r < R; r++) z += exp(a[r * K + k] - m);
+      for (int r = 0; r < R; r++) w[k * R + r] = exp(a[r * K + k] - m) / z;
+    }
+    CHECK(count_bad(o, w, (int64_t)R * K, 1e-5) == 0, "softmax of a strided tensor");
+    em_tensor_release(o); o = NULL;
+  }
+  /* float16: conversion and arithmetic round once from float32 */
+  em_tensor *h = NULL;
+  if (CHECK_OK(S, em_to(S, At, EM_FLOAT16, EM_CPU, &h)) &&
+      CHECK_OK(S, em_binary(S, EM_ADD, h, h, &o))) {
+    int bad = 0;
+    for (int k = 0; k < K && bad < 5; k++)
+      for (int r = 0; r < R; r++) {
+        double x = t_get(h, (int64_t)k * R + r);
+        if (t_get(o, (int64_t)k * R + r) != 2 * x) bad++;   /* doubling is exact */
+        if (fabs(x - a[r * K + k]) > 1e-3 * (1 + fabs(a[r * K + k]))) bad++;
+      }
+    CHECK(bad == 0, "float16 conversion/add of a big strided tensor");
+  }
+  em_tensor_release(o); em_tensor_release(h); o = NULL;
+  /* int32 sum of a big tensor widens to int64 and is exact */
+  em_tensor *n = NULL;
+  if (CHECK_OK(S, em_to(S, A, EM_INT32, EM_CPU, &n)) &&
+      CHECK_OK(S, em_reduce(S, EM_SUM, n, NULL, 0, 0, &o))) {
+    double s = 0;
+    for (int k = 0; k < R * K; k++) s += (double)(int32_t)a[k];
+    CHECK_DTYPE(o, EM_INT64);
+    CHECK(t_get(o, 0) == s, "int sum %.17g, want %.17g", t_get(o, 0), s);
+  }
+  em_tensor_release(o); em_tensor_release(n); o = NULL;
+out:
+  em_tensor_release(A); em_tensor_release(At); em_tensor_release(B);
+  free(a); free(w);
 }
 
 /* -- Random streams ------------------------------------------------------------------ */

@@ -261,7 +261,8 @@ int main(void) {
     good &= CHECK(f.live_bytes == 0 && f.live_blocks == 0,
                   "N=%ld: after %s failed, %lld bytes in %ld blocks leaked", n, r.step,
                   (long long)f.live_bytes, f.live_blocks);
-    good &= CHECK(f.bad_sizes == 0, "N=%ld: %ld frees passed the wrong size", n, f.bad_sizes);
+    good &= CHECK(f.bad_sizes == 0, "N=%ld: %ld frees passed the wrong size (run stopped at "
+                  "%s)", n, f.bad_sizes, r.status ? r.step : "the end");
     if (!good && ++reported >= 20) { stuck = 1; break; }  /* enough to go on with */
   }
   if (stuck) printf("     (stopped after 20 failing runs)\n");

@@ -1,0 +1,272 @@
+--[[
+ember.ffi -- the bottom of the Lua layer: the C declarations, where the C
+functions come from, this Lua state's em_state, and the helpers every other
+module uses to talk to C (errors, dtypes, devices, dims, shapes).
+
+Where the symbols come from. Inside the `ember` command (or any host that links
+the core with its symbols exported) they are in the process already and ffi.C
+finds them. From a plain `luajit`, the shared library is loaded: $EMBER_LIB if
+set, else the libember.so next to this tree (build/lua/ember/ -> build/, or
+<prefix>/share/lua/5.1/ember/ -> <prefix>/lib/), else the system's search path.
+
+One em_state per Lua state, opened when this module is first required and
+closed when the Lua state closes (a userdata sentinel whose __gc releases every
+live tensor, then the state).
+
+Errors. A failed call raises a Lua error carrying em_errmsg. The level is
+found by walking up the stack past this package's own frames, so the position
+is the user's line however deep inside ember the failure happened (tail calls
+and metamethods included). That walk only happens on the error path.
+]]
+local ffi = require 'ffi'
+require 'ember.cdefs'
+
+local core = {}
+
+ffi.cdef [[
+typedef struct em_box { em_tensor *_h; int32_t _id; } em_box;
+void *ember_host_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+void *em_lua_realloc_(void *p, size_t n) __asm__("realloc");
+void em_lua_free_(void *p) __asm__("free");
+]]
+
+-- -- Where this package lives ---------------------------------------------------
+local src = debug.getinfo(1, 'S').source
+local dir = src:match('^@(.*)/[^/]*$') or '.'
+core.dir = dir
+local pkg_prefix = '@' .. dir .. '/'
+
+-- -- The library --------------------------------------------------------------------
+local function exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() return true end
+  return false
+end
+
+local function find_lib()
+  if pcall(function() return ffi.C.em_open end) then return ffi.C, 'process' end
+  local env = os.getenv('EMBER_LIB')
+  if env and env ~= '' then return ffi.load(env), env end
+  for _, rel in ipairs({ '/../../libember.so', '/../../../../lib/libember.so' }) do
+    local p = dir .. rel
+    if exists(p) then return ffi.load(p), p end
+  end
+  return ffi.load('ember'), 'ember'
+end
+
+local C, libpath = find_lib()
+core.C, core.libpath = C, libpath
+
+-- -- The state ----------------------------------------------------------------------------
+local cfg = ffi.new('em_config')
+C.em_config_init(cfg)
+cfg.num_threads = tonumber(os.getenv('EMBER_NUM_THREADS') or '') or 0
+do  -- the host's caching allocator, when the process has one (the ember command)
+  local ok, fn = pcall(function() return ffi.C.ember_host_alloc end)
+  if ok and os.getenv('EMBER_MALLOC') ~= '1' then cfg.alloc = fn end
+end
+local Sbox = ffi.new('em_state*[1]')
+if C.em_open(Sbox, cfg) ~= 0 then
+  error('ember: could not open the C state: ' .. ffi.string(C.em_errmsg(nil)))
+end
+local S = Sbox[0]
+core.S = S
+
+-- -- Errors -------------------------------------------------------------------------
+-- The level of the first frame that is not part of this package, counted from
+-- the caller of blame_level's caller (error's numbering).
+local getinfo = debug.getinfo
+local function blame_level()
+  local lvl = 3
+  while true do
+    local info = getinfo(lvl, 'S')
+    if not info then return 1 end
+    local s = info.source
+    if s:sub(1, #pkg_prefix) ~= pkg_prefix then return lvl - 1 end
+    lvl = lvl + 1
+  end
+end
+core.blame_level = blame_level
+
+-- Raise msg at the user's line.
+local function raise(msg)
+  error(msg, blame_level())
+end
+core.raise = raise
+
+-- Raise the state's last error message.
+local function fail()
+  error(ffi.string(C.em_errmsg(S)), blame_level())
+end
+core.fail = fail
+
+local function check(st)
+  if st ~= 0 then error(ffi.string(C.em_errmsg(S)), blame_level()) end
+end
+core.check = check
+
+-- "number", "string", "tensor", "table", ... for messages.
+local box_t = ffi.typeof('em_box')
+core.box_t = box_t
+local istype = ffi.istype
+local function kind(x)
+  if istype(box_t, x) then return 'tensor' end
+  return type(x)
+end
+core.kind = kind
+
+-- -- Dtypes ----------------------------------------------------------------------------
+local dtype_names = { [0] = 'float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64',
+  'uint8', 'bool' }
+local dtype_ids = {}
+for i = 0, 7 do dtype_ids[dtype_names[i]] = i end
+local aliases = { float = 0, double = 1, half = 2, int = 4, long = 5, byte = 6 }
+core.dtype_names, core.dtype_ids = dtype_names, dtype_ids
+core.FLOAT32, core.FLOAT64, core.FLOAT16, core.BFLOAT16 = 0, 1, 2, 3
+core.INT32, core.INT64, core.UINT8, core.BOOL = 4, 5, 6, 7
+local is_float = { [0] = true, true, true, true, false, false, false, false }
+core.is_float = is_float
+
+function core.dtype_id(name, op)
+  local id = dtype_ids[name] or aliases[name]
+  if id then return id end
+  raise(('%s: unknown dtype %s (expected float32, float64, float16, bfloat16, int32, ' ..
+    'int64, uint8 or bool)'):format(op, type(name) == 'string' and "'" .. name .. "'" or
+    'of type ' .. kind(name)))
+end
+
+-- -- Devices -----------------------------------------------------------------------
+-- 'cpu' -> -1, 'cuda' -> 0, 'cuda:N' -> N (0-based, as CUDA numbers them).
+function core.device_id(d, op)
+  if d == nil or d == 'cpu' or d == -1 then return -1 end
+  if d == 'cuda' then return 0 end
+  if type(d) == 'string' then
+    local n = d:match('^cuda:(%d+)$')
+    if n then return tonumber(n) end
+  elseif type(d) == 'number' and d >= 0 and d % 1 == 0 then
+    return d
+  end
+  raise(('%s: unknown device %s (expected \'cpu\', \'cuda\' or \'cuda:N\')'):format(op,
+    type(d) == 'string' and "'" .. d .. "'" or 'of type ' .. kind(d)))
+end
+
+function core.device_name(id)
+  if id < 0 then return 'cpu' end
+  return 'cuda:' .. id
+end
+
+-- -- Shapes -------------------------------------------------------------------------
+local MAXD = 8
+core.MAXD = MAXD
+local shape_buf = ffi.new('int64_t[8]')
+local shape_buf2 = ffi.new('int64_t[8]')
+core.shape_buf2 = shape_buf2
+
+local function bad_size(op, v)
+  raise(('%s: sizes must be non-negative integers, got %s'):format(op,
+    type(v) == 'number' and tostring(v) or kind(v)))
+end
+
+-- A shape from varargs (numbers, then maybe an options table) or from one table
+-- (then maybe an options table). Fills shape_buf; returns ndim, opts.
+-- allow_neg lets -1 through (view/reshape/expand).
+function core.parse_shape(op, allow_neg, a1, ...)
+  local n, opts = 0, nil
+  if type(a1) == 'table' and not istype(box_t, a1) and (a1[1] ~= nil or next(a1) == nil) then
+    n = #a1
+    if n > MAXD then raise(('%s: %d dimensions (at most %d)'):format(op, n, MAXD)) end
+    for i = 1, n do
+      local v = a1[i]
+      if type(v) ~= 'number' or v % 1 ~= 0 or (v < 0 and not (allow_neg and v == -1)) then
+        bad_size(op, v)
+      end
+      shape_buf[i - 1] = v
+    end
+    opts = ...
+  else
+    local nargs = select('#', ...) + 1
+    for i = 1, nargs do
+      local v
+      if i == 1 then v = a1 else v = select(i - 1, ...) end
+      if type(v) == 'table' and not istype(box_t, v) then
+        opts = v
+        if i ~= nargs then
+          raise(op .. ': the options table must come last')
+        end
+        break
+      elseif v == nil and i == nargs then
+        break
+      end
+      if type(v) ~= 'number' or v % 1 ~= 0 or (v < 0 and not (allow_neg and v == -1)) then
+        bad_size(op, v)
+      end
+      if n >= MAXD then raise(('%s: more than %d dimensions'):format(op, MAXD)) end
+      shape_buf[n] = v
+      n = n + 1
+    end
+  end
+  if opts ~= nil and type(opts) ~= 'table' then
+    raise(op .. ': expected an options table after the shape, got ' .. kind(opts))
+  end
+  return n, opts, shape_buf
+end
+
+-- Options {dtype=, device=} with defaults; a bare dtype string is accepted too.
+function core.parse_opts(op, opts, def_dtype, def_device)
+  if opts == nil then return def_dtype, def_device or -1 end
+  if type(opts) == 'string' then return core.dtype_id(opts, op), def_device or -1 end
+  if type(opts) ~= 'table' then
+    raise(op .. ': expected an options table, got ' .. kind(opts))
+  end
+  local dt, dev = def_dtype, def_device or -1
+  if opts.dtype ~= nil then dt = core.dtype_id(opts.dtype, op) end
+  if opts.device ~= nil then dev = core.device_id(opts.device, op) end
+  return dt, dev
+end
+
+-- The dtype of a handle as a Lua number (C returns an enum cdata).
+local em_tensor_dtype = C.em_tensor_dtype
+function core.dtype_of(h) return tonumber(em_tensor_dtype(h)) end
+
+-- Shape of a tensor handle as a Lua list.
+function core.shape_of(h)
+  local n = C.em_tensor_ndim(h)
+  local sz = C.em_tensor_sizes(h)
+  local t = {}
+  for i = 1, n do t[i] = tonumber(sz[i - 1]) end
+  return t
+end
+
+-- "[2,3]" for messages.
+function core.shape_str(h)
+  return '[' .. table.concat(core.shape_of(h), ',') .. ']'
+end
+
+-- -- Dimensions ------------------------------------------------------------------------
+-- A 1-based (or negative, from the end) dim of a tensor with n dims -> 0-based.
+-- extra = 1 for dims that may point one past the end (unsqueeze, stack).
+function core.cdim(op, h, d, extra)
+  local n = C.em_tensor_ndim(h) + (extra or 0)
+  local m = n > 0 and n or 1
+  if type(d) ~= 'number' or d % 1 ~= 0 then
+    raise(('%s: dim must be an integer, got %s'):format(op,
+      type(d) == 'number' and tostring(d) or kind(d)))
+  end
+  if d >= 1 and d <= m then return d - 1 end
+  if d < 0 and d >= -m then return d + m end
+  local range = d == 0 and ' (dims are 1-based)' or ''
+  raise(('%s: dimension %d out of range for a %d-D tensor of shape %s%s'):format(op, d,
+    n - (extra or 0), core.shape_str(h), range))
+end
+
+-- Free the registry etc. when the Lua state closes: set by handles.lua.
+core.on_close = {}
+local closer = newproxy(true)
+getmetatable(closer).__gc = function()
+  for i = #core.on_close, 1, -1 do core.on_close[i]() end
+  C.em_close(S)
+  core.closed = true
+end
+core._closer = closer
+
+return core

@@ -1,0 +1,193 @@
+--[[
+ember.handles -- how a C tensor handle lives and dies under Lua's GC.
+
+A Lua tensor is an `em_box` cdata {_h = em_tensor*, _id}. The obvious way to
+free the handle, ffi.gc(h, em_tensor_release) or a __gc metamethod on the box,
+costs about 135 ns per object in LuaJIT's finalizer machinery alone (a hash
+insert into the finalizer table, then a protected call per object from the
+collector), more than the whole budget of a tiny `a + b`. So boxes carry no
+finalizer. Instead:
+
+  * every box gets a slot id; ptrs[id] (C memory) holds its handle, and a
+    weak-valued table reg[id] holds the box. When the collector finds the box
+    dead it clears reg[id] -- in bulk, in its atomic phase, without calls;
+  * a sentinel userdata is re-created at every collection; its __gc (one per
+    cycle) only sets a flag, and the next wrap() sweeps: it looks at the ids
+    handed out since the last sweep (the nursery), releases those whose reg
+    entry is gone and recycles their ids. Survivors stay one more cycle in the
+    nursery (they may have been born after the atomic phase and not judged yet),
+    then move to the old list, which is swept only when it has doubled or every
+    16th sweep. So a sweep costs time in proportion to the garbage plus the
+    young objects, not to every live tensor;
+  * all bookkeeping except reg lives in C memory (realloc), so it does not
+    inflate the Lua heap and with it the collector's pause. Each wrap adds a
+    little GC debt (collectgarbage 'step' every 2048 wraps) so cycles keep up
+    with tensor creation, and a full collection runs when the C memory held by
+    tensors has grown past max(64 MB, half of what it was after the last
+    sweep) -- big tensors are invisible to the Lua heap otherwise.
+
+Measured on the development VM (2 cores), wrap + later release of 16-float
+tensors: ffi.gc ~265 ns, this ~80 ns (with the host's caching allocator).
+]]
+local ffi = require 'ffi'
+local core = require 'ember.ffi'
+local C, S = core.C, core.S
+local box_t = core.box_t
+local tnew = require 'table.new'
+local rel = C.em_tensor_release
+local mem_allocated = C.em_memory_allocated
+local realloc, cfree = ffi.C.em_lua_realloc_, ffi.C.em_lua_free_
+
+local M = {}
+
+local cap = 0
+local ptrs, age, freeids, young, old       -- C arrays indexed by id / position
+local reg                                  -- weak: id -> box
+local nfree, hi, ny, nold, nold_swept, sweeps = 0, 0, 0, 0, 0, 0
+local dirty, debt = false, 0
+local closing = false
+local mem_limit = 64 * 2 ^ 20
+local MEM_SLACK = 64 * 2 ^ 20
+local DEBT_STEP = 2048                     -- wraps between GC debt steps
+local STEP_KB = 64                         -- KB of debt charged per step
+
+local function resize(n)
+  local function re(p, ct, sz)
+    local q = realloc(p, sz * (n + 1))
+    if q == nil then error('ember: out of memory growing the tensor registry') end
+    return ffi.cast(ct, q)
+  end
+  ptrs = re(ptrs, 'em_tensor **', 8)
+  age = re(age, 'uint8_t *', 1)
+  freeids = re(freeids, 'int32_t *', 4)
+  young = re(young, 'int32_t *', 4)
+  old = re(old, 'int32_t *', 4)
+  -- A fresh weak table whose array part covers every id, so stores never fall
+  -- into the hash part (where holes could make a rehash demote the array).
+  local r = setmetatable(tnew(n + 1, 0), { __mode = 'v' })
+  if reg then for i = 1, hi do r[i] = reg[i] end end
+  reg = r
+  cap = n
+end
+resize(4096)
+
+-- One sentinel per GC cycle: its finalizer marks the registry dirty.
+local function sentinel()
+  local u = newproxy(true)
+  getmetatable(u).__gc = function()
+    dirty = true
+    if not closing then sentinel() end
+  end
+end
+sentinel()
+
+local function scan_old()
+  local n, f = 0, nfree
+  for i = 0, nold - 1 do
+    local id = old[i]
+    if reg[id] == nil then
+      local p = ptrs[id]
+      if p ~= nil then rel(p); ptrs[id] = nil end
+      freeids[f] = id; f = f + 1
+    else
+      old[n] = id; n = n + 1
+    end
+  end
+  nfree, nold, nold_swept = f, n, n
+end
+
+local function sweep()
+  dirty = false
+  local n, f = 0, nfree
+  for i = 0, ny - 1 do
+    local id = young[i]
+    if reg[id] == nil then
+      local p = ptrs[id]
+      if p ~= nil then rel(p); ptrs[id] = nil end
+      freeids[f] = id; f = f + 1
+    elseif age[id] == 0 then
+      age[id] = 1; young[n] = id; n = n + 1
+    else
+      old[nold] = id; nold = nold + 1
+    end
+  end
+  nfree, ny = f, n
+  sweeps = sweeps + 1
+  if nold > 2 * nold_swept + 256 or sweeps % 16 == 0 then scan_old() end
+  local m = tonumber(mem_allocated(S))
+  mem_limit = m + (m * 0.5 > MEM_SLACK and m * 0.5 or MEM_SLACK)
+end
+M.sweep = sweep
+
+-- Collect everything unreachable now and release its C memory.
+local function collect()
+  collectgarbage()
+  collectgarbage()
+  sweep()
+  scan_old()
+end
+M.collect = collect
+
+local function pace()
+  debt = 0
+  collectgarbage('step', STEP_KB)
+end
+
+-- Take ownership of one reference to handle h and return its Lua tensor.
+local function wrap(h)
+  if dirty then sweep() end
+  local id
+  if nfree > 0 then
+    nfree = nfree - 1; id = freeids[nfree]
+  else
+    hi = hi + 1
+    if hi >= cap then resize(cap * 2) end
+    id = hi
+  end
+  ptrs[id] = h; age[id] = 0
+  local b = box_t(h, id)
+  reg[id] = b
+  young[ny] = id; ny = ny + 1
+  debt = debt + 1
+  if debt >= DEBT_STEP then pace() end
+  if mem_allocated(S) > mem_limit then collect() end
+  return b
+end
+M.wrap = wrap
+
+-- Drop b's handle now instead of at the next sweep (b becomes unusable).
+function M.free(b)
+  local id = b._id
+  local p = ptrs[id]
+  if p ~= nil and p == b._h then rel(p); ptrs[id] = nil end
+  b._h = nil
+end
+
+-- Point b at another handle (taking ownership of h), releasing the old one.
+function M.reset(b, h)
+  local id = b._id
+  local p = ptrs[id]
+  ptrs[id] = h
+  b._h = h
+  if p ~= nil then rel(p) end
+end
+
+function M.stats()
+  return { slots = hi, young = ny, old = nold, free = nfree, sweeps = sweeps,
+    live = hi - nfree }
+end
+
+-- At lua_close: every handle still held goes, then the registry itself.
+table.insert(core.on_close, function()
+  closing = true
+  for id = 1, hi do
+    local p = ptrs[id]
+    if p ~= nil then rel(p); ptrs[id] = nil end
+  end
+  for _, p in ipairs({ ptrs, age, freeids, young, old }) do cfree(p) end
+  ptrs, hi = nil, 0
+end)
+
+core.wrap = wrap
+core.handles = M
+return M

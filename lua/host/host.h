@@ -1,0 +1,34 @@
+/*
+** host.h -- what the files of the ember command share: the Lua state set-up
+** (paths, the em global), the caching allocator, protected calls with
+** tracebacks, Ctrl-C handling and the REPL.
+*/
+#ifndef EMBER_HOST_H
+#define EMBER_HOST_H
+#include <lua.h>
+#include <stddef.h>
+
+/* luaopen.c */
+int luaopen_ember(lua_State *L);
+/* Puts the ember Lua directories (beside the executable, then the install
+** prefix) in front of package.path. Idempotent. */
+void ember_host_paths(lua_State *L);
+/* The directory of the running executable (static buffer; "" if unknown). */
+const char *ember_host_exe_dir(void);
+
+/* alloc.c: em_config.alloc for the host (per-thread caches of small blocks). */
+void *ember_host_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+
+/* main.c: run the function below the nargs arguments on the stack in protected
+** mode with a traceback handler and Ctrl-C armed; returns the lua_pcall status
+** and leaves nresults (LUA_MULTRET allowed) or the message on the stack. */
+int ember_host_docall(lua_State *L, int nargs, int nresults);
+/* Prints the message on top of the stack (and pops it) to stderr. */
+void ember_host_report(lua_State *L, int status);
+
+/* repl.c: the interactive loop; returns the exit status. */
+int ember_repl(lua_State *L);
+/* main.c: set to 1 while no Lua code runs (Ctrl-C then cancels the input line). */
+extern volatile int ember_host_interrupted;
+
+#endif

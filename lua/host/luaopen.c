@@ -1,0 +1,63 @@
+/*
+** luaopen.c -- luaopen_ember: loads ember's Lua layer into a LuaJIT state, for
+** the ember command and for any C host that embeds ember in its own state:
+**
+**     luaL_openlibs(L);
+**     luaopen_ember(L);             pushes the em table (also package.loaded.ember)
+**     lua_setglobal(L, "em");
+**
+** The Lua files are looked up beside the executable (<exe dir>/lua/, where the
+** build puts them), then under the install prefix (<prefix>/share/lua/5.1/),
+** then wherever package.path (LUA_PATH) already points. The C functions are
+** found through ffi.C when the host exports the core's symbols (-rdynamic, or
+** libember.so linked), else the Lua layer loads libember.so itself.
+*/
+#include "host.h"
+#include <lauxlib.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef EMBER_PREFIX
+#define EMBER_PREFIX "/usr/local"
+#endif
+
+const char *ember_host_exe_dir(void) {
+  static char dir[PATH_MAX];
+  static int done;
+  if (!done) {
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    dir[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else dir[0] = 0;
+    done = 1;
+  }
+  return dir;
+}
+
+void ember_host_paths(lua_State *L) {
+  char mine[2 * PATH_MAX + 256];
+  const char *exe = ember_host_exe_dir();
+  int n = 0;
+  if (*exe) n = snprintf(mine, sizeof mine, "%s/lua/?.lua;%s/lua/?/init.lua;", exe, exe);
+  snprintf(mine + n, sizeof mine - n, "%s", EMBER_PREFIX "/share/lua/5.1/?.lua;"
+           EMBER_PREFIX "/share/lua/5.1/?/init.lua;");
+  lua_getglobal(L, "package");
+  if (!lua_istable(L, -1)) { lua_pop(L, 1); return; }
+  lua_getfield(L, -1, "path");
+  const char *old = lua_tostring(L, -1);
+  if (old && strstr(old, mine)) { lua_pop(L, 2); return; }   /* done already */
+  lua_pushfstring(L, "%s%s", mine, old ? old : "");
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+}
+
+int luaopen_ember(lua_State *L) {
+  ember_host_paths(L);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "ember");
+  lua_call(L, 1, 1);
+  return 1;
+}

@@ -1,0 +1,56 @@
+--[[
+common.lua -- shared by the ember side of the benchmarks: a monotonic clock, the
+median, and the result line tests/bench/run.sh reads:
+
+  RESULT <name> <value> <unit> <lower|higher> <target...>
+
+(lower|higher says which way is better; the target is free text for the table.)
+Both sides run with 2 threads: run.sh sets EMBER_NUM_THREADS, OMP_NUM_THREADS and
+OPENBLAS_NUM_THREADS, and this file also asks ember directly when it can.
+]]
+local ffi = require 'ffi'
+local em = require 'ember'
+
+pcall(ffi.cdef, [[
+  typedef struct { long tv_sec; long tv_nsec; } ember_bench_timespec;
+  int clock_gettime(int clk, ember_bench_timespec *ts);
+]])
+local ts = ffi.new('ember_bench_timespec')
+local CLOCK_MONOTONIC = 1
+
+local B = {}
+
+function B.now()
+  ffi.C.clock_gettime(CLOCK_MONOTONIC, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+function B.median(xs)
+  local s = {}
+  for i, v in ipairs(xs) do s[i] = v end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+-- Runs fn(n) `reps` times and returns the median seconds per iteration.
+function B.time(fn, n, reps)
+  local ts = {}
+  for r = 1, reps or 5 do
+    local t0 = B.now()
+    fn(n)
+    ts[r] = (B.now() - t0) / n
+  end
+  return B.median(ts)
+end
+
+function B.result(name, value, unit, better, target)
+  io.write(('RESULT %s %.6g %s %s %s\n'):format(name, value, unit, better, target or ''))
+  io.stdout:flush()
+end
+
+local threads = tonumber(os.getenv('EMBER_NUM_THREADS') or '2') or 2
+if type(em.set_num_threads) == 'function' then pcall(em.set_num_threads, threads) end
+
+B.em = em
+return B

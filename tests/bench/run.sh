@@ -1,0 +1,82 @@
+#!/bin/sh
+# run.sh -- the benchmarks: ember beside PyTorch, measured in the same run.
+#
+#   sh tests/bench/run.sh BUILD_DIR          (make bench)
+#
+# Each bench_NAME.lua runs under BUILD_DIR/ember and prints
+#   RESULT <name> <value> <unit> <lower|higher> <target>
+# and bench_NAME.py, when `/usr/bin/python3 -c 'import torch'` works, prints the
+# same names for PyTorch. Both sides use 2 threads. The table gives
+#   name  ember X unit  torch Y unit  ratio R  (target ...)
+# where R is ember's speed relative to PyTorch's: torch/ember for times,
+# ember/torch for throughputs -- above 1 means ember is faster. Startup compares
+# `ember -e ''` with `python3 -c 'import torch'` (median of 11 runs).
+# Benchmarks are never part of `make test`.
+
+BUILD=${1:-build}
+DIR=$(cd "$(dirname "$0")" && pwd)
+EMBER="$BUILD/ember"
+PY=/usr/bin/python3
+THREADS=2
+export EMBER_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS \
+       MKL_NUM_THREADS=$THREADS PYTHONDONTWRITEBYTECODE=1
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/ember-bench.XXXXXX") || exit 2
+trap 'rm -rf "$TMP"' EXIT INT TERM
+
+if [ ! -x "$EMBER" ]; then
+  echo "bench: $EMBER not found (run make first)"
+  exit 1
+fi
+torch=0
+if [ -x "$PY" ] && "$PY" -c 'import torch' >/dev/null 2>&1; then torch=1; fi
+echo "ember: $EMBER    torch: $([ $torch = 1 ] && "$PY" -c 'import torch; print(torch.__version__)' || echo n/a)    threads: $THREADS"
+echo
+
+: > "$TMP/ember"
+: > "$TMP/torch"
+for lua in "$DIR"/bench_*.lua; do
+  name=$(basename "$lua" .lua)
+  if ! "$EMBER" "$lua" > "$TMP/out" 2>&1; then
+    echo "$name: ember failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
+  fi
+  grep '^RESULT ' "$TMP/out" >> "$TMP/ember"
+  if [ $torch = 1 ] && [ -f "$DIR/$name.py" ]; then
+    if ! "$PY" "$DIR/$name.py" > "$TMP/out" 2>&1; then
+      echo "$name: torch failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
+    fi
+    grep '^RESULT ' "$TMP/out" >> "$TMP/torch"
+  fi
+done
+
+# Startup: timed by Python when there is one, else by date(1) (coarser).
+if [ -x "$PY" ]; then
+  "$PY" "$DIR/bench_startup.py" "$EMBER" $([ $torch = 1 ] && echo torch) > "$TMP/out" 2>&1
+  grep '^RESULT ' "$TMP/out" >> "$TMP/ember"
+  grep '^TORCH ' "$TMP/out" | sed 's/^TORCH/RESULT/' >> "$TMP/torch"
+  grep '^ERROR ' "$TMP/out"
+else
+  ts=""
+  for _ in 1 2 3 4 5 6 7 8 9 10 11; do
+    t0=$(date +%s%N); "$EMBER" -e '' >/dev/null 2>&1; t1=$(date +%s%N)
+    ts="$ts $(( (t1 - t0) / 1000 ))"
+  done
+  med=$(echo $ts | tr ' ' '\n' | sort -n | sed -n 6p)
+  echo "RESULT startup $(awk "BEGIN{print $med/1000}") ms lower < 20 ms" >> "$TMP/ember"
+fi
+
+echo "RESULT _ 0 _" >> "$TMP/torch"   # never empty: awk tells the files apart by FNR == NR
+# The table: join ember's and torch's lines on the name.
+awk -v torch=$torch '
+  FNR == NR { tv[$2] = $3; tu[$2] = $4; next }
+  {
+    name = $2; v = $3; unit = $4; better = $5
+    target = ""; for (i = 6; i <= NF; i++) target = target (i > 6 ? " " : "") $i
+    if (name in tv && tv[name] > 0 && v > 0) {
+      r = (better == "lower") ? tv[name] / v : v / tv[name]
+      t = sprintf("torch %9.4g %-8s", tv[name], tu[name]); rs = sprintf("ratio %6.3g", r)
+    } else {
+      t = sprintf("torch %9s %-8s", "n/a", ""); rs = sprintf("ratio %6s", "n/a")
+    }
+    printf "%-13s ember %9.4g %-8s %s %s  (target %s)\n", name, v, unit, t, rs, target
+  }
+' "$TMP/torch" "$TMP/ember"

@@ -1,0 +1,196 @@
+--[[
+harness.lua -- the tiny harness of the Lua tests (the twin of tests/c/check.h).
+
+  local H = dofile(dir .. 'harness.lua')
+  H.test('views alias their base', function()
+    H.eq(t:narrow(2, 2, 2).shape, {3, 2})
+    H.raises(function() em.matmul(a, b) end, 'matmul', '[2,3]')
+  end)
+  H.done()
+
+H.test runs one group: every H.check/eq/close/raises in it is one check; an error
+escaping the function (a missing method, say) is one more failure and ends the
+group. Each group prints one line ("ok" or "FAIL" with counts), each failed check
+one line with its file:line, and H.done() prints `#counts PASSED FAILED` (the line
+tests/run.sh adds up) and exits non-zero when a check failed. Skips are printed
+and counted apart; they are neither passes nor failures.
+]]
+local H = {}
+
+local passed, failed, skipped = 0, 0, 0
+local gname, gpassed, gfailed, gskipped
+
+local function out(s)
+  io.stdout:write(s, '\n')
+  io.stdout:flush()
+end
+
+local function where(level)
+  local info = debug.getinfo(level + 1, 'Sl')
+  if not info then return '?' end
+  return (info.short_src or '?'):match('[^/]*$') .. ':' .. (info.currentline or 0)
+end
+
+local function group_end()
+  if not gname then return end
+  local skips = gskipped > 0 and (', %d skipped'):format(gskipped) or ''
+  if gfailed > 0 then
+    out(('FAIL %s (%d of %d checks failed%s)'):format(gname, gfailed, gpassed + gfailed, skips))
+  else
+    out(('ok   %s (%d checks%s)'):format(gname, gpassed, skips))
+  end
+  gname = nil
+end
+
+function H.group(name)
+  group_end()
+  gname, gpassed, gfailed, gskipped = name, 0, 0, 0
+end
+
+-- Records one check. level: how many calls up the failure should be reported.
+function H.check(ok, msg, level)
+  if ok then
+    passed, gpassed = passed + 1, (gpassed or 0) + 1
+    return true
+  end
+  failed, gfailed = failed + 1, (gfailed or 0) + 1
+  out(('  FAIL %s: %s'):format(where((level or 1) + 1), tostring(msg or 'check failed')))
+  return false
+end
+
+function H.skip(msg)
+  skipped, gskipped = skipped + 1, (gskipped or 0) + 1
+  out('  skip ' .. tostring(msg))
+end
+
+-- -- Values ----------------------------------------------------------------------
+
+-- A readable form of a value: tables as {1, 2, {3}}, strings quoted.
+local function show(v, depth)
+  depth = depth or 0
+  if type(v) == 'table' and depth < 3 then
+    local parts = {}
+    for i = 1, math.min(#v, 12) do parts[i] = show(v[i], depth + 1) end
+    if #v > 12 then parts[#parts + 1] = '...' end
+    return '{' .. table.concat(parts, ', ') .. '}'
+  elseif type(v) == 'string' then
+    return ('%q'):format(v)
+  end
+  return tostring(v)
+end
+H.show = show
+
+local function deep_eq(a, b)
+  if type(a) == 'table' and type(b) == 'table' then
+    if #a ~= #b then return false end
+    for i = 1, #a do if not deep_eq(a[i], b[i]) then return false end end
+    return true
+  end
+  if type(a) == 'number' and type(b) == 'number' and a ~= a and b ~= b then return true end
+  return a == b
+end
+H.deep_eq = deep_eq
+
+-- Equal (tables element by element, NaN equal to NaN).
+function H.eq(got, want, msg)
+  -- not a tail call: check() finds the test's line by counting frames
+  local ok = H.check(deep_eq(got, want),
+                     ('%s: got %s, want %s'):format(msg or 'values', show(got), show(want)), 2)
+  return ok
+end
+
+-- |got - want| <= tol * (1 + |want|), element-wise for tables; NaN matches NaN.
+local function close(g, w, tol)
+  if type(g) ~= 'number' or type(w) ~= 'number' then return false end
+  if w ~= w then return g ~= g end
+  if w == math.huge or w == -math.huge then return g == w end
+  return math.abs(g - w) <= tol * (1 + math.abs(w))
+end
+
+function H.close(got, want, tol, msg)
+  tol = tol or 1e-6
+  local ok = true
+  if type(want) == 'table' then
+    ok = type(got) == 'table' and #got == #want
+    for i = 1, ok and #want or 0 do ok = ok and close(got[i], want[i], tol) end
+  else
+    ok = close(got, want, tol)
+  end
+  ok = H.check(ok, ('%s: got %s, want %s (tol %g)'):format(msg or 'values', show(got),
+                                                        show(want), tol), 2)
+  return ok
+end
+
+-- fn must raise an error whose message contains every given string (plain find).
+-- Returns the message.
+function H.raises(fn, ...)
+  local ok, err = pcall(fn)
+  err = tostring(err)
+  local good, missing = not ok, nil
+  if good then
+    for i = 1, select('#', ...) do
+      local s = select(i, ...)
+      if not err:find(s, 1, true) then good, missing = false, s break end
+    end
+  end
+  H.check(good, ok and 'expected an error, got none'
+              or ('error message %q lacks %q'):format(err, tostring(missing)), 2)
+  return err
+end
+
+-- -- Tensors -----------------------------------------------------------------------
+
+-- The elements of a tensor (or a number / boolean) as a flat list of numbers.
+function H.flat(t)
+  local res = {}
+  local function walk(v)
+    if type(v) == 'table' then
+      for i = 1, #v do walk(v[i]) end
+    elseif type(v) == 'boolean' then
+      res[#res + 1] = v and 1 or 0
+    else
+      res[#res + 1] = tonumber(v)
+    end
+  end
+  if type(t) == 'number' or type(t) == 'boolean' then
+    walk(t)
+  elseif t:dim() == 0 then
+    walk(t:item())
+  else
+    walk(t:totable())
+  end
+  return res
+end
+
+-- A number from a number or a one-element tensor.
+function H.num(x)
+  if type(x) == 'number' then return x end
+  if type(x) == 'boolean' then return x and 1 or 0 end
+  return tonumber(x:item())
+end
+
+-- -- Groups ------------------------------------------------------------------------
+
+-- Runs fn as one group; an error escaping it is a failure (with a traceback line).
+function H.test(name, fn)
+  H.group(name)
+  local ok, err = xpcall(fn, function(e)
+    local tb = debug.traceback('', 2)
+    local loc = tb:match('\n%s*([^\n]*test_[^\n]*)') or ''
+    return tostring(e) .. (loc ~= '' and ('  [at ' .. loc:gsub('^%s+', '') .. ']') or '')
+  end)
+  if not ok then
+    failed, gfailed = failed + 1, gfailed + 1
+    out('  FAIL error: ' .. tostring(err))
+  end
+  group_end()
+end
+
+function H.done()
+  group_end()
+  if skipped > 0 then out(('(%d skipped)'):format(skipped)) end
+  out(('#counts %d %d'):format(passed, failed))
+  os.exit(failed > 0 and 1 or 0)
+end
+
+return H
