@@ -73,16 +73,20 @@ local S = Sbox[0]
 core.S = S
 
 -- -- Errors -------------------------------------------------------------------------
--- The level of the first frame that is not part of this package, counted from
--- the caller of blame_level's caller (error's numbering).
 local getinfo = debug.getinfo
+-- The level of the first Lua frame outside this package, counted from the
+-- caller of blame_level's caller (error's numbering). C frames are skipped
+-- too: after a tail call (`return t:add(u)`) the user's frame is gone and the
+-- next frame may be pcall; the nearest Lua line is the useful position then.
+-- 0 (no position) when there is none.
 local function blame_level()
   local lvl = 3
   while true do
     local info = getinfo(lvl, 'S')
-    if not info then return 1 end
-    local s = info.source
-    if s:sub(1, #pkg_prefix) ~= pkg_prefix then return lvl - 1 end
+    if not info then return 0 end
+    if info.what ~= 'C' and info.source:sub(1, #pkg_prefix) ~= pkg_prefix then
+      return lvl - 1
+    end
     lvl = lvl + 1
   end
 end
@@ -94,14 +98,27 @@ local function raise(msg)
 end
 core.raise = raise
 
+-- The state's last error message, in Lua's numbering: C messages name dims
+-- and list positions 0-based ("dimension 0", "position 0"); users count from 1. (Messages that say "0-based"
+-- are left alone; the Lua layer checks dims before C would produce them.)
+local function errmsg()
+  local msg = ffi.string(C.em_errmsg(S))
+  if not msg:find('0-based', 1, true) then
+    msg = msg:gsub('dimension (%d+)', function(d) return 'dimension ' .. (tonumber(d) + 1) end)
+      :gsub('position (%d+)', function(d) return 'position ' .. (tonumber(d) + 1) end)
+  end
+  return msg
+end
+core.errmsg = errmsg
+
 -- Raise the state's last error message.
 local function fail()
-  error(ffi.string(C.em_errmsg(S)), blame_level())
+  error(errmsg(), blame_level())
 end
 core.fail = fail
 
 local function check(st)
-  if st ~= 0 then error(ffi.string(C.em_errmsg(S)), blame_level()) end
+  if st ~= 0 then error(errmsg(), blame_level()) end
 end
 core.check = check
 

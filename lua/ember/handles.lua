@@ -23,7 +23,7 @@ finalizer. Instead:
     inflate the Lua heap and with it the collector's pause. Each wrap adds a
     little GC debt (collectgarbage 'step' every 2048 wraps) so cycles keep up
     with tensor creation, and a full collection runs when the C memory held by
-    tensors has grown past max(64 MB, half of what it was after the last
+    tensors has grown past max(64 MB, a quarter of what it was after the last
     sweep) -- big tensors are invisible to the Lua heap otherwise.
 
 Measured on the development VM (2 cores), wrap + later release of 16-float
@@ -81,6 +81,13 @@ local function sentinel()
 end
 sentinel()
 
+-- The next forced full collection: when tensor memory grows past what is held
+-- now plus max(MEM_SLACK, a quarter of it).
+local function set_limit()
+  local m = tonumber(mem_allocated(S))
+  mem_limit = m + (m * 0.25 > MEM_SLACK and m * 0.25 or MEM_SLACK)
+end
+
 local function scan_old()
   local n, f = 0, nfree
   for i = 0, nold - 1 do
@@ -114,8 +121,7 @@ local function sweep()
   nfree, ny = f, n
   sweeps = sweeps + 1
   if nold > 2 * nold_swept + 256 or sweeps % 16 == 0 then scan_old() end
-  local m = tonumber(mem_allocated(S))
-  mem_limit = m + (m * 0.5 > MEM_SLACK and m * 0.5 or MEM_SLACK)
+  set_limit()
 end
 M.sweep = sweep
 
@@ -125,6 +131,7 @@ local function collect()
   collectgarbage()
   sweep()
   scan_old()
+  set_limit()
 end
 M.collect = collect
 

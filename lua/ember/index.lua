@@ -125,7 +125,7 @@ function M.mm(a, b)
   local ha, hb = H(a, 'mm', 1), H(b, 'mm', 2)
   need_dims('mm', ha, hb, 2, 2, '2-D tensors')
   if C.em_matmul(S, ha, hb, out) ~= 0 then
-    raise((ffi.string(C.em_errmsg(S)):gsub('^matmul:', 'mm:')))
+    raise((core.errmsg():gsub('^matmul:', 'mm:')))
   end
   return wrap(out[0])
 end
@@ -138,7 +138,7 @@ function M.bmm(a, b)
       core.shape_str(hb)))
   end
   if C.em_matmul(S, ha, hb, out) ~= 0 then
-    raise((ffi.string(C.em_errmsg(S)):gsub('^matmul:', 'bmm:')))
+    raise((core.errmsg():gsub('^matmul:', 'bmm:')))
   end
   return wrap(out[0])
 end
@@ -150,7 +150,7 @@ function M.dot(a, b)
     raise(('dot: sizes differ: shapes %s and %s'):format(core.shape_str(ha), core.shape_str(hb)))
   end
   if C.em_matmul(S, ha, hb, out) ~= 0 then
-    raise((ffi.string(C.em_errmsg(S)):gsub('^matmul:', 'dot:')))
+    raise((core.errmsg():gsub('^matmul:', 'dot:')))
   end
   return wrap(out[0])
 end
@@ -159,7 +159,7 @@ function M.mv(a, b)
   local ha, hb = H(a, 'mv', 1), H(b, 'mv', 2)
   need_dims('mv', ha, hb, 2, 1, 'a 2-D and a 1-D tensor')
   if C.em_matmul(S, ha, hb, out) ~= 0 then
-    raise((ffi.string(C.em_errmsg(S)):gsub('^matmul:', 'mv:')))
+    raise((core.errmsg():gsub('^matmul:', 'mv:')))
   end
   return wrap(out[0])
 end

@@ -4,92 +4,112 @@ ember -- `local em = require 'ember'`.
 Assembles the `em` table from the submodules: ember.ffi (C declarations,
 library, state, errors), ember.handles (tensor lifetime), ember.tensor (the
 tensor type), ember.create, ember.math, ember.reduce, ember.shape, ember.index,
-and ember.format (loaded at the first print). Larger packages (em.nn, em.optim,
-em.data, ...) load on first use: em.<name> requires ember.<name> when such a
-module exists.
+and ember.format (loaded at the first print).
+
+Loading is lazy, for start-up time: requiring ember returns an empty table
+whose first field access loads the core (the cdefs, the em_state, all tensor
+functions) -- `ember -e ''`, which preloads `em`, pays none of it. Larger
+packages (em.nn, em.optim, em.data, ...) load on first use: em.<name> requires
+ember.<name> when such a module exists.
 
 Every tensor method that is not in-place also exists as a function taking the
 tensor first (em.exp(t), em.sum(t, 1), em.transpose(t, 1, 2), ...).
 ]]
-local ffi = require 'ffi'
-local core = require 'ember.ffi'
-local handles = require 'ember.handles'
-local Tensor = require 'ember.tensor'
-local C, S = core.C, core.S
-
 local em = {}
 
-for _, name in ipairs({ 'create', 'math', 'reduce', 'index' }) do
-  for k, v in pairs(require('ember.' .. name)) do em[k] = v end
-end
-require 'ember.shape'
-
--- Function forms of the methods, for names torch also has as functions.
-local skip = { item = true, totable = true, tolist = true, size = true, dim = true,
+-- Names that are methods but make no sense as em.<name>(t, ...) functions.
+local not_functions = { item = true, totable = true, tolist = true, size = true, dim = true,
   numel = true, stride = true, data_ptr = true, storage_offset = true, element_size = true,
   ndimension = true, nelement = true, type = true, cpu = true, cuda = true, to = true,
   float = true, double = true, half = true, int = true, long = true, byte = true,
-  bool = true, bfloat16 = true, copy_ = true, same_storage = true, contiguous = true,
-  where = true }
-for k, f in pairs(Tensor) do
-  if em[k] == nil and not skip[k] and not k:match('_$') then
-    em[k] = function(t, ...)
-      if not ffi.istype(core.box_t, t) then
-        core.raise(('%s: expected a tensor as argument 1, got %s'):format(k, core.kind(t)))
+  bool = true, bfloat16 = true, same_storage = true, contiguous = true, where = true }
+
+local function load_core()
+  local ffi = require 'ffi'
+  local core = require 'ember.ffi'
+  local handles = require 'ember.handles'
+  local Tensor = require 'ember.tensor'
+  local C, S = core.C, core.S
+
+  for _, name in ipairs({ 'create', 'math', 'reduce', 'index' }) do
+    for k, v in pairs(require('ember.' .. name)) do em[k] = v end
+  end
+  require 'ember.shape'
+
+  for k, f in pairs(Tensor) do
+    if rawget(em, k) == nil and not not_functions[k] and not k:match('_$') then
+      em[k] = function(t, ...)
+        if not ffi.istype(core.box_t, t) then
+          core.raise(('%s: expected a tensor as argument 1, got %s'):format(k, core.kind(t)))
+        end
+        return f(t, ...)
       end
-      return f(t, ...)
     end
+  end
+
+  -- -- Types and facts ---------------------------------------------------------------
+  em.Tensor = Tensor            -- the method table: add methods here
+  em.float32, em.float64, em.float16, em.bfloat16 = 'float32', 'float64', 'float16', 'bfloat16'
+  em.int32, em.int64, em.uint8, em.bool = 'int32', 'int64', 'uint8', 'bool'
+  em.float, em.double, em.half, em.long, em.int = 'float32', 'float64', 'float16', 'int64', 'int32'
+
+  function em.is_tensor(x) return ffi.istype(core.box_t, x) end
+
+  em.version = ffi.string(C.em_version())
+  em._VERSION = em.version
+
+  function em.build_info() return ffi.string(C.em_build_info()) end
+  function em.get_num_threads() return C.em_get_num_threads(S) end
+  function em.set_num_threads(n)
+    if type(n) ~= 'number' then
+      core.raise('set_num_threads: expected a number, got ' .. core.kind(n))
+    end
+    core.check(C.em_set_num_threads(S, n))
+  end
+
+  -- Bytes held by tensor storages (live and not yet collected), and the peak.
+  function em.memory_allocated() return tonumber(C.em_memory_allocated(S)) end
+  function em.memory_peak() return tonumber(C.em_memory_peak(S)) end
+
+  -- Run a full collection now and hand the memory of dead tensors back to C.
+  em.collect = handles.collect
+
+  -- The C state of this Lua state (for C code called through the FFI), the
+  -- handle of a tensor (borrowed: valid while t lives), and a tensor made from
+  -- a handle the caller owns one reference to.
+  function em.state() return S end
+  function em.handle(t) return core.H(t, 'handle', 1) end
+  function em.from_handle(h)
+    if type(h) ~= 'cdata' or h == nil then core.raise('from_handle: expected an em_tensor*') end
+    return core.wrap(ffi.cast('em_tensor *', h))
   end
 end
 
--- -- Types and facts -----------------------------------------------------------------
-em.Tensor = Tensor            -- the method table: add methods here
-em.float32, em.float64, em.float16, em.bfloat16 = 'float32', 'float64', 'float16', 'bfloat16'
-em.int32, em.int64, em.uint8, em.bool = 'int32', 'int64', 'uint8', 'bool'
-em.float, em.double, em.half, em.long, em.int = 'float32', 'float64', 'float16', 'int64', 'int32'
-
-function em.is_tensor(x) return ffi.istype(core.box_t, x) end
-
-em.version = ffi.string(C.em_version())
-em._VERSION = em.version
-
-function em.build_info() return ffi.string(C.em_build_info()) end
-function em.get_num_threads() return C.em_get_num_threads(S) end
-function em.set_num_threads(n)
-  if type(n) ~= 'number' then core.raise('set_num_threads: expected a number, got ' .. core.kind(n)) end
-  core.check(C.em_set_num_threads(S, n))
-end
-
--- Bytes held by tensor storages (live and not yet collected), and the peak.
-function em.memory_allocated() return tonumber(C.em_memory_allocated(S)) end
-function em.memory_peak() return tonumber(C.em_memory_peak(S)) end
-
--- Run a full collection now and hand the memory of dead tensors back to C.
-em.collect = handles.collect
-
--- The C state of this Lua state (for C extensions called through the FFI) and
--- the handle of a tensor (borrowed: valid while t lives).
-function em.state() return S end
-function em.handle(t) return core.H(t, 'handle', 1) end
--- Make a Lua tensor from a handle the caller owns one reference to.
-function em.from_handle(h)
-  if type(h) ~= 'cdata' or h == nil then core.raise('from_handle: expected an em_tensor*') end
-  return core.wrap(ffi.cast('em_tensor *', h))
-end
-
--- -- Submodules on demand --------------------------------------------------------------
+-- -- Submodules on demand ------------------------------------------------------------
 local internal = { ffi = true, cdefs = true, handles = true, tensor = true, create = true,
   math = true, reduce = true, shape = true, index = true, format = true, init = true }
+
+local function submodule(t, k)
+  if type(k) ~= 'string' or internal[k] or not k:match('^[%a_][%w_]*$') then return nil end
+  local name = 'ember.' .. k
+  if package.loaded[name] == nil and not package.searchpath(name, package.path) then
+    return nil
+  end
+  local m = require(name)
+  rawset(t, k, m)
+  return m
+end
+
+local loaded = false
 setmetatable(em, {
   __index = function(t, k)
-    if type(k) ~= 'string' or internal[k] or not k:match('^[%a_][%w_]*$') then return nil end
-    local name = 'ember.' .. k
-    if package.loaded[name] == nil and not package.searchpath(name, package.path) then
-      return nil
+    if not loaded then
+      load_core()
+      loaded = true
+      local v = rawget(t, k)
+      if v ~= nil then return v end
     end
-    local m = require(name)
-    rawset(t, k, m)
-    return m
+    return submodule(t, k)
   end,
 })
 

@@ -32,6 +32,9 @@ local function collect(x, set, methods_only, depth)
   depth = depth or 0
   if depth > 4 then return end
   local tx = type(x)
+  if tx == 'table' and x == package.loaded.ember then
+    local _ = x.version           -- em loads lazily: make its fields exist
+  end
   if tx == 'table' then
     for k, v in pairs(x) do
       if type(k) == 'string' and (not methods_only or type(v) == 'function') then set[k] = true end

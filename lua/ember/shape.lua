@@ -225,7 +225,7 @@ function Tensor.cuda(a, i)
   local h = H(a, 'cuda', 0)
   local dev = i == nil and 0 or core.device_id(i, 'cuda')
   if C.em_to(S, h, core.dtype_of(h), dev, out) ~= 0 then
-    raise('cuda: ' .. (ffi.string(C.em_errmsg(S)):gsub('^to: ', '')))
+    raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
   end
   return same_or_wrap(a, out[0])
 end

@@ -59,6 +59,43 @@ static void on_sigint(int sig) {
 }
 
 /* -- Protected calls -------------------------------------------------------------- */
+/* The frames inside ember's own Lua files (and the error() call that raised
+** from there) say nothing to a user whose error ember reported: drop them from
+** the traceback on top of the stack. EMBER_TRACEBACK=full keeps everything. */
+static void trim_traceback(lua_State *L) {
+  const char *full = getenv("EMBER_TRACEBACK");
+  if (full && strcmp(full, "full") == 0) return;
+  lua_getglobal(L, "package");
+  if (!lua_istable(L, -1)) { lua_pop(L, 1); return; }
+  lua_getfield(L, -1, "loaded");
+  lua_getfield(L, -1, "ember.ffi");
+  if (!lua_istable(L, -1)) { lua_pop(L, 3); return; }
+  lua_getfield(L, -1, "dir");
+  const char *dir = lua_tostring(L, -1);
+  const char *tb = lua_tostring(L, -5);
+  if (!dir || !tb) { lua_pop(L, 4); return; }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  const char *p = tb;
+  while (*p) {
+    const char *nl = strchr(p, '\n');
+    size_t len = nl ? (size_t)(nl - p + 1) : strlen(p);
+    /* a frame line is "\t<where>: ..."; drop ember's and a [C] error() just above them */
+    int drop = 0;
+    if (p[0] == '\t') {
+      if (strncmp(p + 1, dir, strlen(dir)) == 0) drop = 1;
+      else if (strncmp(p + 1, "[C]: in function 'error'", 24) == 0 && nl &&
+               strncmp(nl + 2, dir, strlen(dir)) == 0)
+        drop = 1;
+    }
+    if (!drop) luaL_addlstring(&b, p, len);
+    p += len;
+  }
+  luaL_pushresult(&b);
+  lua_replace(L, -6);       /* the traceback */
+  lua_pop(L, 4);
+}
+
 static int traceback(lua_State *L) {
   if (!lua_isstring(L, 1)) {           /* an error object: try its __tostring */
     if (lua_isnoneornil(L, 1) || !luaL_callmeta(L, 1, "__tostring") || !lua_isstring(L, -1)) {
@@ -74,6 +111,7 @@ static int traceback(lua_State *L) {
       lua_pushvalue(L, 1);
       lua_pushinteger(L, 2);
       lua_call(L, 2, 1);
+      trim_traceback(L);
       return 1;
     }
   }

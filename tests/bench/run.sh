@@ -67,6 +67,13 @@ fi
 echo "RESULT _ 0 _" >> "$TMP/torch"   # never empty: awk tells the files apart by FNR == NR
 # The table: join ember's and torch's lines on the name.
 awk -v torch=$torch '
+  function cmp(x, op, y) {
+    if (op == "<=") return x <= y + 0 ? "met" : "MISSED"
+    if (op == "<") return x < y + 0 ? "met" : "MISSED"
+    if (op == ">=") return x >= y + 0 ? "met" : "MISSED"
+    if (op == ">") return x > y + 0 ? "met" : "MISSED"
+    return ""
+  }
   FNR == NR { tv[$2] = $3; tu[$2] = $4; next }
   {
     name = $2; v = $3; unit = $4; better = $5
@@ -77,6 +84,11 @@ awk -v torch=$torch '
     } else {
       t = sprintf("torch %9s %-8s", "n/a", ""); rs = sprintf("ratio %6s", "n/a")
     }
-    printf "%-13s ember %9.4g %-8s %s %s  (target %s)\n", name, v, unit, t, rs, target
+    # the verdict: "ratio OP X" compares the ratio, "OP X unit" the ember figure
+    n = split(target, w, " "); verdict = ""
+    if (w[1] == "ratio" && n >= 3 && rs !~ /n\/a/) verdict = cmp(r, w[2], w[3])
+    else if (w[1] != "ratio" && n >= 2) verdict = cmp(v, w[1], w[2])
+    printf "%-13s ember %9.4g %-8s %s %s  (target %s)%s\n", name, v, unit, t, rs, target,
+           verdict == "" ? "" : "  " verdict
   }
 ' "$TMP/torch" "$TMP/ember"

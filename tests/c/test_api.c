@@ -1097,6 +1097,7 @@ int main(void) {
   RUN(test_reduce, S);
   RUN(test_matmul, S);
   RUN(test_index, S);
+  RUN(test_large, S);
   RUN(test_random, S);
   RUN(test_random_threads);
   RUN(test_two_states);
