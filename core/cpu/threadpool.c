@@ -18,6 +18,7 @@
 struct emi_pool {
   em_state *S;
   int nthreads;                 /* including the caller */
+  int capacity;                 /* entries allocated in threads[] */
   pthread_t *threads;
   pthread_mutex_t mu;
   pthread_cond_t wake, done;
@@ -69,6 +70,7 @@ emi_pool *emi_pool_new(em_state *S, int nthreads) {
   memset(p, 0, sizeof *p);
   p->S = S;
   p->nthreads = nthreads;
+  p->capacity = nthreads;
   p->threads = emi_malloc(S, sizeof(pthread_t) * (size_t)nthreads);
   if (!p->threads) { emi_free(S, p, sizeof *p); return NULL; }
   pthread_mutex_init(&p->mu, NULL);
@@ -105,7 +107,7 @@ void emi_pool_free(emi_pool *p) {
   pthread_cond_destroy(&p->wake);
   pthread_cond_destroy(&p->done);
   em_state *S = p->S;
-  emi_free(S, p->threads, sizeof(pthread_t) * (size_t)p->nthreads);
+  emi_free(S, p->threads, sizeof(pthread_t) * (size_t)p->capacity);
   emi_free(S, p, sizeof *p);
 }
 

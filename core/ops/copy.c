@@ -99,9 +99,10 @@ em_status em_from_data(em_state *S, const int64_t *shape, int ndim, em_dtype dt,
   if (st) return st;
   if (r->numel == 0) { *out = r; return EM_OK; }
   if (!data) {
+    st = emi_error(S, EM_ERR_ARG, "from_data: data is NULL for a tensor of shape %s",
+                   emi_tshape(S, r));
     em_tensor_release(r);
-    return emi_error(S, EM_ERR_ARG, "from_data: data is NULL for a tensor of shape %s",
-                     emi_tshape(S, r));
+    return st;
   }
   emi_storage st_src = {1, EM_CPU, S, (void *)data, (size_t)r->numel * em_dtype_size(src_dt)};
   em_tensor src = *r;

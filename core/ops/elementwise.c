@@ -231,7 +231,13 @@ done:
 
 /* -- Unary ------------------------------------------------------------------------------------ */
 
+static em_status check_unop(em_state *S, em_unop op) {
+  if ((unsigned)op < EM_NUM_UNOPS) return EM_OK;
+  return emi_error(S, EM_ERR_ARG, "unary: invalid op %d", (int)op);
+}
+
 em_status em_unary(em_state *S, em_unop op, const em_tensor *a, em_tensor **out) {
+  if (check_unop(S, op)) return EM_ERR_ARG;
   const char *name = em_unop_name(op);
   em_dtype ct, rt;
   em_status st = emi_check_tensor(S, name, a);
@@ -241,6 +247,7 @@ em_status em_unary(em_state *S, em_unop op, const em_tensor *a, em_tensor **out)
 }
 
 em_status em_unary_(em_state *S, em_unop op, em_tensor *a) {
+  if (check_unop(S, op)) return EM_ERR_ARG;
   const char *name = emi_unop_name_(op);
   em_dtype ct, rt;
   em_status st = emi_check_tensor(S, name, a);

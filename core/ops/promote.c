@@ -92,7 +92,7 @@ em_status emi_binop_dtypes(em_state *S, const char *op, em_binop b, em_dtype da,
   case EM_SUB:
     if (da == EM_BOOL && db == EM_BOOL)
       return emi_error(S, EM_ERR_DTYPE, "%s: subtraction of two bool tensors is not "
-                       "supported (use logical_xor, or ~= for a bool result)", op);
+                       "supported (ne gives their exclusive or)", op);
     if (da == EM_BOOL || db == EM_BOOL)
       return emi_error(S, EM_ERR_DTYPE, "%s: subtraction with a bool tensor is not "
                        "supported (to invert a mask, use logical_not)", op);

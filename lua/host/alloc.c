@@ -31,6 +31,19 @@
 #endif
 
 enum { HDR = 16, GRAN = 64, NCLASS = 32, MAXSMALL = GRAN * NCLASS, BIG = NCLASS };
+
+static void *raw_alloc(unsigned cls, size_t n) {
+  char *raw = malloc(HDR + n);
+  if (!raw) return NULL;
+  *(uint32_t *)raw = cls;
+  *(size_t *)(raw + 8) = n;          /* the usable size, for realloc */
+  return raw + HDR;
+}
+
+#ifdef EMBER_NO_CACHE
+static void *block_alloc(size_t n) { return raw_alloc(BIG, n); }
+static void block_free(void *p) { free((char *)p - HDR); }
+#else
 static const size_t CACHE_LIMIT = (size_t)32 << 20;
 
 typedef struct tcache {
@@ -67,16 +80,7 @@ static void register_thread(void) {
   tc.registered = 1;
 }
 
-static void *raw_alloc(unsigned cls, size_t n) {
-  char *raw = malloc(HDR + n);
-  if (!raw) return NULL;
-  *(uint32_t *)raw = cls;
-  *(size_t *)(raw + 8) = n;          /* the usable size, for realloc */
-  return raw + HDR;
-}
-
 static void *block_alloc(size_t n) {
-#ifndef EMBER_NO_CACHE
   if (n <= MAXSMALL) {
     unsigned c = (unsigned)((n - 1) / GRAN);
     void *b = tc.head[c];
@@ -88,13 +92,11 @@ static void *block_alloc(size_t n) {
     if (!tc.registered) register_thread();
     return raw_alloc(c, (size_t)(c + 1) * GRAN);
   }
-#endif
   return raw_alloc(BIG, n);
 }
 
 static void block_free(void *p) {
   unsigned c = *(uint32_t *)((char *)p - HDR);
-#ifndef EMBER_NO_CACHE
   if (c < NCLASS && tc.registered) {
     size_t sz = (size_t)(c + 1) * GRAN;
     if (tc.bytes + sz <= CACHE_LIMIT) {
@@ -104,9 +106,9 @@ static void block_free(void *p) {
       return;
     }
   }
-#endif
   free((char *)p - HDR);
 }
+#endif
 
 /* lua_Alloc's contract: free when nsize == 0, else allocate or reallocate. */
 void *ember_host_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
