@@ -118,9 +118,11 @@ $(BUILD)/lua/%.lua: lua/%.lua
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-$(BUILD)/lua/ember/cdefs.lua: core/include/ember.h tools/gen_cdefs.sh
+$(BUILD)/lua/ember/cdefs.lua: core/include/ember.h tools/gen_cdefs.sh | deps
 	@mkdir -p $(dir $@)
-	sh tools/gen_cdefs.sh $< > $@
+	sh tools/gen_cdefs.sh $< > $@.tmp
+	@luajit -e 'dofile(arg[1])' $@.tmp || { echo "ember.h: the FFI can't parse these declarations" >&2; rm -f $@.tmp; exit 1; }
+	@mv $@.tmp $@
 
 # -- Tests ------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a

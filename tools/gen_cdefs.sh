@@ -1,15 +1,17 @@
 #!/bin/sh
 # gen_cdefs.sh -- turn core/include/ember.h into lua/ember/cdefs.lua for ffi.cdef.
 # The header is written to be FFI-parsable; only preprocessor lines and the
-# C++ guards have to go. Run by the Makefile; never edit the output by hand.
+# C++ guards have to go. Run by the Makefile (which then loads the result with
+# luajit, so a declaration the FFI can't parse fails the build, not a user's
+# script); never edit the output by hand.
 set -e
 echo "-- Generated from $1 by tools/gen_cdefs.sh. Do not edit."
 echo "local ffi = require 'ffi'"
-echo "ffi.cdef[["
+echo "ffi.cdef[==["
 awk '
   /^#/ { next }
   /^extern "C" \{/ { next }
   /^\}$/ { next }
   { print }
 ' "$1"
-echo "]]"
+echo "]==]"

@@ -17,6 +17,15 @@ Errors. A failed call raises a Lua error carrying em_errmsg. The level is
 found by walking up the stack past this package's own frames, so the position
 is the user's line however deep inside ember the failure happened (tail calls
 and metamethods included). That walk only happens on the error path.
+
+For other modules (nn, autograd, ...): a tensor is an `em_box` cdata whose
+_h field is its em_tensor*; core.H(x, op, n) checks an argument and returns
+the handle, core.wrap(h) turns an owned handle into a tensor, core.fail()
+raises the last C error, core.raise(msg) a Lua-side one, core.cdim converts a
+1-based dim. Methods go into core.Tensor, computed fields into core.getters /
+core.setters (t.name reads / writes). Environment: EMBER_LIB (library path),
+EMBER_NUM_THREADS, EMBER_MALLOC=1 (use malloc even where the host offers its
+caching allocator).
 ]]
 local ffi = require 'ffi'
 require 'ember.cdefs'
@@ -51,7 +60,10 @@ local function find_lib()
     local p = dir .. rel
     if exists(p) then return ffi.load(p), p end
   end
-  return ffi.load('ember'), 'ember'
+  local ok, lib = pcall(ffi.load, 'ember')
+  if ok then return lib, 'ember' end
+  error(('ember: cannot find the C library libember.so (looked beside %s and in the ' ..
+    'system library path: %s); set EMBER_LIB to its path'):format(dir, tostring(lib)), 0)
 end
 
 local C, libpath = find_lib()

@@ -7,8 +7,9 @@
 **     lua_setglobal(L, "em");
 **
 ** The Lua files are looked up beside the executable (<exe dir>/lua/, where the
-** build puts them), then under the install prefix (<prefix>/share/lua/5.1/),
-** then wherever package.path (LUA_PATH) already points. The C functions are
+** build puts them; <exe dir>/../share/lua/5.1/, an install moved elsewhere),
+** then under the install prefix (<prefix>/share/lua/5.1/), then wherever
+** package.path (LUA_PATH) already points. The C functions are
 ** found through ffi.C when the host exports the core's symbols (-rdynamic, or
 ** libember.so linked), else the Lua layer loads libember.so itself.
 */
@@ -38,10 +39,13 @@ const char *ember_host_exe_dir(void) {
 }
 
 void ember_host_paths(lua_State *L) {
-  char mine[2 * PATH_MAX + 256];
+  char mine[4 * PATH_MAX + 256];
   const char *exe = ember_host_exe_dir();
   int n = 0;
-  if (*exe) n = snprintf(mine, sizeof mine, "%s/lua/?.lua;%s/lua/?/init.lua;", exe, exe);
+  if (*exe)                /* the build tree, then a relocated install */
+    n = snprintf(mine, sizeof mine, "%s/lua/?.lua;%s/lua/?/init.lua;"
+                 "%s/../share/lua/5.1/?.lua;%s/../share/lua/5.1/?/init.lua;",
+                 exe, exe, exe, exe);
   snprintf(mine + n, sizeof mine - n, "%s", EMBER_PREFIX "/share/lua/5.1/?.lua;"
            EMBER_PREFIX "/share/lua/5.1/?/init.lua;");
   lua_getglobal(L, "package");

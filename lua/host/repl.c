@@ -98,6 +98,23 @@ static int incomplete(lua_State *L, int status) {
   return 0;
 }
 
+/* If "return " .. the text at index 1 compiles, replaces the text by the
+** function and returns 1. */
+static int try_return(lua_State *L) {
+  lua_pushliteral(L, "return ");
+  lua_pushvalue(L, 1);
+  lua_concat(L, 2);
+  size_t len;
+  const char *ret = lua_tolstring(L, -1, &len);
+  if (luaL_loadbuffer(L, ret, len, "=stdin") == 0) {
+    lua_replace(L, 1);                   /* the function replaces the text */
+    lua_settop(L, 1);
+    return 1;
+  }
+  lua_settop(L, 1);
+  return 0;
+}
+
 /* Leaves a compiled chunk (status 0) or an error message on the stack, or
 ** returns LINE_EOF / LINE_CANCEL with the stack empty. */
 static int loadline(lua_State *L) {
@@ -105,18 +122,13 @@ static int loadline(lua_State *L) {
   int r = pushline(L, 1);
   if (r != LINE_OK) return r;
   const char *line = lua_tostring(L, 1);
-  /* An expression? "=expr" is Lua 5.1's shorthand for "return expr". */
-  const char *expr = line[0] == '=' ? line + 1 : line;
-  lua_pushfstring(L, "return %s", expr);
-  size_t len;
-  const char *ret = lua_tolstring(L, -1, &len);
-  if (luaL_loadbuffer(L, ret, len, "=stdin") == 0) {
-    lua_remove(L, 1);                    /* the line */
-    lua_remove(L, 1);                    /* "return line" */
-    return 0;
+  if (line[0] == '=') {                  /* Lua 5.1's "=expr" */
+    lua_pushstring(L, line + 1);
+    lua_replace(L, 1);
   }
-  lua_settop(L, 1);                      /* the line again */
   for (;;) {
+    /* An expression? Then print its values: "return <chunk>" first. */
+    if (try_return(L)) return 0;
     size_t n;
     const char *buf = lua_tolstring(L, 1, &n);
     int status = luaL_loadbuffer(L, buf, n, "=stdin");

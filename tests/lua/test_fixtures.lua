@@ -144,7 +144,7 @@ local function unsupported(msg)
 end
 
 local current
-for _, c in ipairs(cases) do
+for idx, c in ipairs(cases) do
   if c.group ~= current then
     H.group(c.group)
     current = c.group
@@ -177,9 +177,9 @@ for _, c in ipairs(cases) do
   elseif ok and err == 'skip' then
     H.skip(c.name .. ': not in this build')
   elseif not ok then
-    H.check(false, c.name .. ': error: ' .. tostring(err))
+    H.check(false, ('case %d, %s: error: %s'):format(idx, c.name, tostring(err)))
   else
-    H.check(err == nil, c.name .. ': ' .. tostring(err))
+    H.check(err == nil, ('case %d, %s: %s'):format(idx, c.name, tostring(err)))
   end
 end
 
