@@ -56,9 +56,10 @@ enum { C_ADD, C_MUL, C_MAX, C_MIN };
 
 #define COMB_ADD(a, b) ((a) + (b))
 #define COMB_MUL(a, b) ((a) * (b))
-/* NaN-propagating: once acc is NaN no comparison replaces it. */
-#define COMB_MAX(a, b) (((b) > (a) || (b) != (b)) ? (b) : (a))
-#define COMB_MIN(a, b) (((b) < (a) || (b) != (b)) ? (b) : (a))
+/* NaN-propagating: once acc is NaN no comparison replaces it. `|`, not `||`:
+** a branch-free condition is what lets GCC vectorise the loops. */
+#define COMB_MAX(a, b) ((((b) > (a)) | ((b) != (b))) ? (b) : (a))
+#define COMB_MIN(a, b) ((((b) < (a)) | ((b) != (b))) ? (b) : (a))
 
 static inline double comb(int c, double a, double b) {
   switch (c) {
@@ -71,9 +72,17 @@ static inline double comb(int c, double a, double b) {
 
 /* Segment kernel: COMB-reduce n contiguous T values into one double. */
 #define DEF_SEG(NAME, T, EXPR, COMB, ID)                                          \
-  static double NAME(const T *restrict a, int64_t n, double s, double p) {        \
+  static __attribute__((unused)) double NAME(const T *restrict a, int64_t n, double s, double p) {        \
     double acc[LANES];                                                            \
     (void)s; (void)p;                                                             \
+    if (n <= LANES) {            /* short rows: skip the lanes' set-up and fold */\
+      double r = (ID);                                                            \
+      for (int64_t i = 0; i < n; i++) {                                           \
+        double x = a[i];                                                          \
+        r = COMB(r, (EXPR));                                                      \
+      }                                                                           \
+      return r;                                                                   \
+    }                                                                             \
     for (int j = 0; j < LANES; j++) acc[j] = (ID);                                \
     int64_t i = 0;                                                                \
     for (; i + LANES <= n; i += LANES)                                            \
@@ -126,6 +135,82 @@ DEF_KIND(k_min, x, COMB_MIN, INFINITY)
 DEF_KIND(k_maxabs, fabs(x), COMB_MAX, 0.0)
 DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
 
+/* float32 fast kernels for the hot kinds. Sums: 32 float lanes add blocks of
+** 512 elements (16 per lane, so float rounding stays tiny), then each block is
+** added into 32 double lanes; this runs at memory speed where converting every
+** element to double would not. max/min: float lanes with a separate NaN flag
+** per lane, which keeps the loop a plain vmaxps. */
+#define DEF_FSUM32(NAME, EXPR)                                                    \
+  static double NAME(const float *restrict a, int64_t n, double s, double p) {    \
+    int64_t i = 0;                                                                \
+    (void)s; (void)p;                                                             \
+    if (n <= 16) {                                                                \
+      double r = 0;                                                               \
+      for (; i < n; i++) {                                                        \
+        double x = a[i];                                                          \
+        r += (EXPR);                                                              \
+      }                                                                           \
+      return r;                                                                   \
+    }                                                                             \
+    double d[32] = {0};                                                           \
+    for (; i + 512 <= n; i += 512) {                                              \
+      float f[32] = {0};                                                          \
+      for (int k = 0; k < 512; k += 32)                                           \
+        for (int j = 0; j < 32; j++) {                                            \
+          float x = a[i + k + j];                                                 \
+          f[j] += (EXPR);                                                         \
+        }                                                                         \
+      for (int j = 0; j < 32; j++) d[j] += f[j];                                  \
+    }                                                                             \
+    for (int j = 0; i < n; i++, j = (j + 1) & 31) {                               \
+      double x = a[i];                                                            \
+      d[j] += (EXPR);                                                             \
+    }                                                                             \
+    for (int w = 16; w > 0; w /= 2)                                               \
+      for (int j = 0; j < w; j++) d[j] += d[j + w];                               \
+    return d[0];                                                                  \
+  }
+DEF_FSUM32(fsum32, x)
+DEF_FSUM32(fsumsq32, x * x)
+DEF_FSUM32(fsumabs32, fabs(x))
+
+#define DEF_FMAX32(NAME, CMP, ID)                                                 \
+  static double NAME(const float *restrict a, int64_t n, double s, double p) {    \
+    float acc[64];                                                                \
+    int nan[64];                                                                  \
+    (void)s; (void)p;                                                             \
+    if (n <= 16) {                                                                \
+      float r = (ID);                                                             \
+      int rn = 0;                                                                 \
+      for (int64_t i = 0; i < n; i++) {                                           \
+        r = a[i] CMP r ? a[i] : r;                                                \
+        rn |= a[i] != a[i];                                                       \
+      }                                                                           \
+      return rn ? NAN : r;                                                        \
+    }                                                                             \
+    for (int j = 0; j < 64; j++) { acc[j] = (ID); nan[j] = 0; }                   \
+    int64_t i = 0;                                                                \
+    for (; i + 64 <= n; i += 64)                                                  \
+      for (int j = 0; j < 64; j++) {                                              \
+        float x = a[i + j];                                                       \
+        acc[j] = x CMP acc[j] ? x : acc[j];                                       \
+        nan[j] |= x != x;                                                         \
+      }                                                                           \
+    for (int j = 0; i < n; i++, j++) {                                            \
+      float x = a[i];                                                             \
+      acc[j] = x CMP acc[j] ? x : acc[j];                                         \
+      nan[j] |= x != x;                                                           \
+    }                                                                             \
+    int anynan = 0;                                                               \
+    for (int j = 0; j < 64; j++) anynan |= nan[j];                                \
+    if (anynan) return NAN;                                                       \
+    float r = acc[0];                                                             \
+    for (int j = 1; j < 64; j++) r = acc[j] CMP r ? acc[j] : r;                   \
+    return r;                                                                     \
+  }
+DEF_FMAX32(fmax32, >, -INFINITY)
+DEF_FMAX32(fmin32, <, INFINITY)
+
 typedef double (*seg32_fn)(const float *, int64_t, double, double);
 typedef double (*seg64_fn)(const double *, int64_t, double, double);
 typedef void (*rows_fn)(double *, const char *, int64_t, int64_t, int64_t,
@@ -139,13 +224,14 @@ typedef struct fkind {
 } fkind;
 
 #define FK(NAME, C, ID) {NAME##_seg32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
+#define FK32(NAME, SEG32, C, ID) {SEG32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
 static const fkind FKINDS[K_NF] = {
-  [K_SUM] = FK(k_sum, C_ADD, 0.0),       [K_SUMEXP] = FK(k_sumexp, C_ADD, 0.0),
-  [K_SUMSQDEV] = FK(k_sumsqdev, C_ADD, 0.0), [K_SUMABS] = FK(k_sumabs, C_ADD, 0.0),
-  [K_SUMSQ] = FK(k_sumsq, C_ADD, 0.0),   [K_SUMPOW] = FK(k_sumpow, C_ADD, 0.0),
-  [K_CNTNZ] = FK(k_cntnz, C_ADD, 0.0),   [K_PROD] = FK(k_prod, C_MUL, 1.0),
-  [K_MAX] = FK(k_max, C_MAX, -INFINITY), [K_MIN] = FK(k_min, C_MIN, INFINITY),
-  [K_MAXABS] = FK(k_maxabs, C_MAX, 0.0), [K_MINABS] = FK(k_minabs, C_MIN, INFINITY),
+  [K_SUM] = FK32(k_sum, fsum32, C_ADD, 0.0),  [K_SUMEXP] = FK(k_sumexp, C_ADD, 0.0),
+  [K_SUMSQDEV] = FK(k_sumsqdev, C_ADD, 0.0),  [K_SUMABS] = FK32(k_sumabs, fsumabs32, C_ADD, 0.0),
+  [K_SUMSQ] = FK32(k_sumsq, fsumsq32, C_ADD, 0.0), [K_SUMPOW] = FK(k_sumpow, C_ADD, 0.0),
+  [K_CNTNZ] = FK(k_cntnz, C_ADD, 0.0),        [K_PROD] = FK(k_prod, C_MUL, 1.0),
+  [K_MAX] = FK32(k_max, fmax32, C_MAX, -INFINITY), [K_MIN] = FK32(k_min, fmin32, C_MIN, INFINITY),
+  [K_MAXABS] = FK(k_maxabs, C_MAX, 0.0),      [K_MINABS] = FK(k_minabs, C_MIN, INFINITY),
 };
 
 /* Integer kinds: wrap-around arithmetic through uint64 (no signed overflow). */
@@ -356,9 +442,13 @@ typedef struct rjob {
   int64_t kosz[EM_MAX_DIMS], kost[EM_MAX_DIMS], kooo[EM_MAX_DIMS];
 } rjob;
 
-static void finish(const rjob *j, int64_t k, racc acc) {
+static inline void finish(const rjob *j, int64_t k, racc acc) {
   if (j->icls) { store_i64(j->obase + k * j->osz, j->odt, acc.i); return; }
   double v = acc.f, R = (double)j->pl.R;
+  if (j->fin == FIN_ID && !j->dres && j->odt == EM_FLOAT32) {   /* the common case */
+    ((float *)j->obase)[k] = (float)v;
+    return;
+  }
   switch (j->fin) {
   case FIN_MEAN: v = v / R; break;
   case FIN_SQRT: v = sqrt(v); break;
@@ -385,8 +475,8 @@ static racc inner_range(const rjob *j, const char *p0, int64_t r0, int64_t r1, d
   int nr = pl->nr;
   int64_t L = pl->rsz[nr - 1], sst = pl->rst[nr - 1];
   walker w;
-  walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 / L);
-  int64_t ri = r0 % L;
+  walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 ? r0 / L : 0);
+  int64_t ri = r0 ? r0 % L : 0;
   racc acc;
   if (j->icls) {
     int64_t buf[CHUNK];
@@ -437,6 +527,21 @@ static void inner_task(void *ctx, int64_t t0, int64_t t1) {
   if (j->nb == 1) {
     walker kw;
     walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, t0);
+    int64_t L = pl->rsz[0];
+    if (!j->icls && pl->nr == 1 && pl->rst[0] == pl->esz &&
+        (pl->dt == EM_FLOAT32 || pl->dt == EM_FLOAT64)) {
+      /* One contiguous segment per output (sum(-1) of a matrix): no walking. */
+      const fkind *fk = &FKINDS[j->kind];
+      for (int64_t k = t0; k < t1; k++, walk_next(&kw)) {
+        const char *p = pl->base + kw.off;
+        double s = j->shift ? j->shift[k] : 0;
+        racc acc;
+        acc.f = pl->dt == EM_FLOAT32 ? fk->seg32((const float *)p, L, s, j->p)
+                                     : fk->seg64((const double *)p, L, s, j->p);
+        finish(j, k, acc);
+      }
+      return;
+    }
     for (int64_t k = t0; k < t1; k++, walk_next(&kw)) {
       racc acc = inner_range(j, pl->base + kw.off, 0, pl->R, j->shift ? j->shift[k] : 0);
       finish(j, k, acc);
@@ -709,7 +814,7 @@ static int64_t arg_scan(const ajob *j, const char *p, int64_t n, int64_t st) {
     /* Fast path: the extreme value by the vectorised kernel, then its first
     ** position (or the first NaN's). */
     const float *a = (const float *)p;
-    double m = j->want_max ? k_max_seg32(a, n, 0, 0) : k_min_seg32(a, n, 0, 0);
+    double m = j->want_max ? fmax32(a, n, 0, 0) : fmin32(a, n, 0, 0);
     if (m != m) { while (a[bi] == a[bi]) bi++; }
     else { float mf = (float)m; while (a[bi] != mf) bi++; }
     return bi;

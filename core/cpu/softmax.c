@@ -48,64 +48,56 @@ static inline float emx_expf(float x) {
   return p * s1.f * s2.f;
 }
 
+/* max with NaN propagation: float lanes plus a NaN flag per lane, so that
+** the loop stays a plain vectorised max. */
 static float max_f32(const float *restrict a, int64_t n) {
   float acc[LANES];
-  for (int j = 0; j < LANES; j++) acc[j] = -INFINITY;
+  int nan[LANES];
+  for (int j = 0; j < LANES; j++) { acc[j] = -INFINITY; nan[j] = 0; }
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES)
     for (int j = 0; j < LANES; j++) {
       float x = a[i + j];
-      acc[j] = (x > acc[j] || x != x) ? x : acc[j];
+      acc[j] = x > acc[j] ? x : acc[j];
+      nan[j] |= x != x;
     }
   for (int j = 0; i < n; i++, j++) {
     float x = a[i];
-    acc[j] = (x > acc[j] || x != x) ? x : acc[j];
+    acc[j] = x > acc[j] ? x : acc[j];
+    nan[j] |= x != x;
   }
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; j++)
-      acc[j] = (acc[j + w] > acc[j] || acc[j + w] != acc[j + w]) ? acc[j + w] : acc[j];
-  return acc[0];
+  int anynan = 0;
+  float m = acc[0];
+  for (int j = 0; j < LANES; j++) {
+    anynan |= nan[j];
+    m = acc[j] > m ? acc[j] : m;
+  }
+  return anynan ? NAN : m;
 }
 
-/* o[i] = exp(a[i] - m); returns the sum in double. */
-static double expsum_f32(float *restrict o, const float *restrict a, int64_t n, float m) {
+/* Sum in double lanes (the values are exps in [0, 1], already in L1). */
+static double sum_f32(const float *restrict a, int64_t n) {
   double acc[LANES] = {0};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES)
-    for (int j = 0; j < LANES; j++) {
-      float e = emx_expf(a[i + j] - m);
-      o[i + j] = e;
-      acc[j] += e;
-    }
-  for (int j = 0; i < n; i++, j++) {
-    float e = emx_expf(a[i] - m);
-    o[i] = e;
-    acc[j] += e;
-  }
+    for (int j = 0; j < LANES; j++) acc[j] += a[i + j];
+  for (int j = 0; i < n; i++, j++) acc[j] += a[i];
   for (int w = LANES / 2; w > 0; w /= 2)
     for (int j = 0; j < w; j++) acc[j] += acc[j + w];
   return acc[0];
 }
 
-/* Same without storing (log_softmax needs only the sum). */
-static double expsum_only_f32(const float *restrict a, int64_t n, float m) {
-  double acc[LANES] = {0};
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int j = 0; j < LANES; j++) acc[j] += emx_expf(a[i + j] - m);
-  for (int j = 0; i < n; i++, j++) acc[j] += emx_expf(a[i] - m);
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-  return acc[0];
-}
-
+/* One slice, contiguous in a and in out. The exps go to o first (a plain
+** loop that vectorises), then are summed; log_softmax overwrites them. */
 static void row_f32(float *restrict o, const float *restrict a, int64_t n, int lg) {
   float m = max_f32(a, n);
+  for (int64_t i = 0; i < n; i++) o[i] = emx_expf(a[i] - m);
+  double s = sum_f32(o, n);
   if (lg) {
-    float ls = (float)log(expsum_only_f32(a, n, m));
+    float ls = (float)log(s);
     for (int64_t i = 0; i < n; i++) o[i] = (a[i] - m) - ls;
   } else {
-    float inv = (float)(1.0 / expsum_f32(o, a, n, m));
+    float inv = (float)(1.0 / s);
     for (int64_t i = 0; i < n; i++) o[i] *= inv;
   }
 }
@@ -185,14 +177,14 @@ static void cols_task(void *ctx, int64_t t0, int64_t t1) {
     for (int64_t i = 0; i < n; i++)
       for (int64_t c = 0; c < W; c++) {
         float x = a[i * Q + c];
-        m[c] = (x > m[c] || x != x) ? x : m[c];
+        m[c] = ((x > m[c]) | (x != x)) ? x : m[c];
       }
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t c = 0; c < W; c++) {
-        float e = emx_expf(a[i * Q + c] - m[c]);
-        if (!j->log) o[i * Q + c] = e;
-        s[c] += e;
-      }
+    for (int64_t i = 0; i < n; i++) {
+      float *restrict oi = o + i * Q;
+      const float *restrict ai = a + i * Q;
+      for (int64_t c = 0; c < W; c++) oi[c] = emx_expf(ai[c] - m[c]);
+      for (int64_t c = 0; c < W; c++) s[c] += oi[c];
+    }
     float f[CB];
     if (j->log) {
       for (int64_t c = 0; c < W; c++) f[c] = (float)log(s[c]);
