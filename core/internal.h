@@ -12,6 +12,7 @@
 #ifndef EMBER_INTERNAL_H
 #define EMBER_INTERNAL_H
 #include "ember.h"
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <string.h>
@@ -23,7 +24,8 @@ typedef struct emi_storage {
   int device;
   em_state *S;             /* the state whose allocator owns data */
   void *data;
-  size_t nbytes;
+  size_t nbytes;           /* bytes of tensor data */
+  size_t block_size;       /* bytes of the whole block (header + data + padding) */
 } emi_storage;
 
 /* -- Tensor handle ---------------------------------------------------------- */
@@ -112,7 +114,7 @@ void emi_parallel_for(em_state *S, int64_t n, int64_t grain, emi_range_fn fn,
                       void *ctx);
 
 /* -- State ------------------------------------------------------------------------ */
-enum { EMI_ERRMSG_SIZE = 512 };
+enum { EMI_ERRMSG_SIZE = 512, EMI_CACHE_CLASSES = 8 * 32 };
 struct em_state {
   em_alloc_fn alloc;
   void *alloc_ud;
@@ -120,6 +122,10 @@ struct em_state {
   emi_pool *pool;
   uint64_t rng_seed, rng_offset;   /* Philox key and next free counter */
   int64_t mem_allocated, mem_peak;
+  /* alloc.c: freed large blocks by size class, at most cache_limit bytes */
+  pthread_mutex_t cache_mu;
+  void *cache[EMI_CACHE_CLASSES];
+  size_t cache_bytes, cache_limit;
   const emi_backend *cpu;
   char errmsg[EMI_ERRMSG_SIZE];
 };
@@ -142,6 +148,11 @@ em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim);
 /* -- Memory (state.c) ------------------------------------------------------------- */
 void *emi_malloc(em_state *S, size_t n);          /* NULL on failure, no message */
 void emi_free(em_state *S, void *p, size_t n);
+/* Storage blocks (alloc.c): large ones are cached for reuse. *actual receives the
+** size really allocated, which emi_block_free must be given back. */
+void *emi_block_alloc(em_state *S, size_t n, size_t *actual);
+void emi_block_free(em_state *S, void *p, size_t actual);
+void emi_cache_release(em_state *S);
 
 /* -- Tensor construction (tensor.c) -------------------------------------------------
 ** emi_tensor_new makes a contiguous tensor with fresh, uninitialised storage. */

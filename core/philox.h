@@ -50,6 +50,15 @@ static inline void emi_philox(const uint32_t ctr[4], const uint32_t key[2],
 ** turns each round into vector multiplies. */
 enum { EMI_PHILOX_RUN = 64 };
 static inline void emi_philox_run(uint64_t seed, uint64_t ctr, int n, uint32_t *out) {
+  if (n < 8) {   /* too few for the vector loop, whose scalar tail keeps state in memory */
+    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    for (int j = 0; j < n; j++) {
+      uint64_t c = ctr + (uint64_t)j;
+      uint32_t cw[4] = {(uint32_t)c, (uint32_t)(c >> 32), 0, 0};
+      emi_philox(cw, key, out + 4 * j);
+    }
+    return;
+  }
   uint32_t c0[EMI_PHILOX_RUN], c1[EMI_PHILOX_RUN], c2[EMI_PHILOX_RUN],
       c3[EMI_PHILOX_RUN];
   for (int j = 0; j < n; j++) {

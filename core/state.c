@@ -44,13 +44,20 @@ em_status em_open(em_state **out, const em_config *cfg) {
   S->alloc_ud = cfg->alloc_ud;
   S->cpu = &emi_cpu_backend;
   S->rng_seed = cfg->seed;
+  S->cache_limit = cfg->cache_limit < 0 ? 0
+                 : cfg->cache_limit == 0 ? (size_t)512 << 20 : (size_t)cfg->cache_limit;
+  pthread_mutex_init(&S->cache_mu, NULL);
   int n = cfg->num_threads;
   if (n <= 0) {
     long c = sysconf(_SC_NPROCESSORS_ONLN);
     n = c > 0 ? (int)c : 1;
   }
   em_status st = em_set_num_threads(S, n);
-  if (st != EM_OK) { alloc(cfg->alloc_ud, S, sizeof *S, 0); return st; }
+  if (st != EM_OK) {
+    pthread_mutex_destroy(&S->cache_mu);
+    alloc(cfg->alloc_ud, S, sizeof *S, 0);
+    return st;
+  }
   *out = S;
   return EM_OK;
 }
@@ -58,6 +65,8 @@ em_status em_open(em_state **out, const em_config *cfg) {
 void em_close(em_state *S) {
   if (!S) return;
   emi_pool_free(S->pool);
+  emi_cache_release(S);
+  pthread_mutex_destroy(&S->cache_mu);
   S->alloc(S->alloc_ud, S, sizeof *S, 0);
 }
 

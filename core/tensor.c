@@ -19,8 +19,8 @@ static size_t storage_block_size(size_t nbytes) {
 
 static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
   if (device != EM_CPU) return NULL;  /* the CUDA backend hooks in here later */
-  size_t total = storage_block_size(nbytes);
-  char *block = emi_malloc(S, total);
+  size_t total;
+  char *block = emi_block_alloc(S, storage_block_size(nbytes), &total);
   if (!block) return NULL;
   emi_storage *st = (emi_storage *)block;
   uintptr_t d = (uintptr_t)(block + sizeof(emi_storage));
@@ -30,6 +30,7 @@ static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
   st->S = S;
   st->data = (void *)d;
   st->nbytes = nbytes;
+  st->block_size = total;
   S->mem_allocated += (int64_t)nbytes;
   if (S->mem_allocated > S->mem_peak) S->mem_peak = S->mem_allocated;
   return st;
@@ -39,7 +40,7 @@ static void storage_release(emi_storage *st) {
   if (emi_atomic_dec(&st->refcount) != 0) return;
   em_state *S = st->S;
   __atomic_sub_fetch(&S->mem_allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
-  emi_free(S, st, storage_block_size(st->nbytes));
+  emi_block_free(S, st, st->block_size);
 }
 
 /* -- Handles -------------------------------------------------------------------- */

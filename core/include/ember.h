@@ -63,6 +63,9 @@ typedef struct em_config {
   em_alloc_fn alloc;      /* NULL = malloc/realloc/free */
   void *alloc_ud;
   uint64_t seed;          /* initial RNG seed */
+  /* Freed CPU blocks of 64 KiB and more are kept for reuse up to this many bytes:
+  ** 0 = default (512 MiB), negative = keep none. */
+  int64_t cache_limit;
 } em_config;
 
 void em_config_init(em_config *cfg);
@@ -77,6 +80,9 @@ const char *em_build_info(void);
 /* Bytes held by live tensor storages of this state, and the peak since open. */
 int64_t em_memory_allocated(em_state *S);
 int64_t em_memory_peak(em_state *S);
+/* Bytes of freed blocks kept for reuse, and giving them back to the allocator. */
+int64_t em_memory_cached(em_state *S);
+void em_memory_release_cached(em_state *S);
 
 /* -- Dtype facts -------------------------------------------------------------- */
 const char *em_dtype_name(em_dtype dt);

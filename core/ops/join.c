@@ -30,6 +30,18 @@ static em_status check_list(em_state *S, const char *op, em_tensor *const *list,
   return EM_OK;
 }
 
+/* A view of o as a handle on the stack, for copying into: em_copy_ only uses it
+** during the call, so it needs no reference (and no allocation). */
+static void slice_of(em_tensor *v, const em_tensor *o, const int64_t *sizes,
+                     const int64_t *strides, int ndim, int64_t offset) {
+  *v = *o;
+  v->ndim = ndim;
+  memcpy(v->sizes, sizes, sizeof(int64_t) * (size_t)ndim);
+  memcpy(v->strides, strides, sizeof(int64_t) * (size_t)ndim);
+  v->offset = offset;
+  v->numel = emi_shape_numel(sizes, ndim);
+}
+
 /* -- cat ---------------------------------------------------------------------------- */
 
 /* PyTorch skips 1-D tensors of size 0 (the legacy "empty tensor") in cat: they
@@ -69,18 +81,16 @@ em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim, em_tensor 
                          emi_tshape(S, r), ref, emi_tshape(S, t), i);
     sizes[dim] += t->sizes[dim];
   }
-  em_tensor *o, *slice;
+  em_tensor *o, slice;
   if ((st = emi_tensor_new(S, "cat", sizes, r->ndim, dt, r->device, &o))) return st;
   int64_t at = 0;
   for (int i = 0; i < n && o->numel > 0; i++) {
     const em_tensor *t = list[i];
     if (legacy_empty(t) || t->sizes[dim] == 0) continue;
-    sizes[dim] = t->sizes[dim];
-    if ((st = emi_tensor_view(S, o, sizes, o->strides, o->ndim, at * o->strides[dim], &slice)))
-      break;
-    st = em_copy_(S, slice, t);
-    em_tensor_release(slice);
-    if (st) break;
+    slice_of(&slice, o, o->sizes, o->strides, o->ndim, at * o->strides[dim]);
+    slice.sizes[dim] = t->sizes[dim];
+    slice.numel = t->numel;
+    if ((st = em_copy_(S, &slice, t))) break;
     at += t->sizes[dim];
   }
   if (st) { em_tensor_release(o); return st; }
@@ -110,17 +120,14 @@ em_status em_stack(em_state *S, em_tensor *const *list, int n, int dim, em_tenso
   }
   int64_t sizes[EM_MAX_DIMS], vstrides[EM_MAX_DIMS];
   for (int d = 0, k = 0; d <= r->ndim; d++) sizes[d] = d == dim ? n : r->sizes[k++];
-  em_tensor *o, *slice;
+  em_tensor *o, slice;
   if ((st = emi_tensor_new(S, "stack", sizes, r->ndim + 1, dt, r->device, &o))) return st;
   /* slice i: out's geometry without the new dim, shifted by i along it */
   for (int d = 0, k = 0; d <= r->ndim; d++)
     if (d != dim) vstrides[k++] = o->strides[d];
   for (int i = 0; i < n && o->numel > 0; i++) {
-    if ((st = emi_tensor_view(S, o, r->sizes, vstrides, r->ndim, i * o->strides[dim], &slice)))
-      break;
-    st = em_copy_(S, slice, list[i]);
-    em_tensor_release(slice);
-    if (st) break;
+    slice_of(&slice, o, r->sizes, vstrides, r->ndim, i * o->strides[dim]);
+    if ((st = em_copy_(S, &slice, list[i]))) break;
   }
   if (st) { em_tensor_release(o); return st; }
   *out = o;

@@ -43,6 +43,17 @@ static bool fold_batch(mm_geom *a, mm_geom *b, mm_geom *o) {
   return true;
 }
 
+/* t seen with geometry g, as a handle on the stack: the backend only reads it
+** during the call (no reference is taken, none is needed), and tiny products
+** then cost one allocation, the result's. */
+static void geom_view(em_tensor *v, const em_tensor *t, const mm_geom *g) {
+  *v = *t;
+  v->ndim = g->ndim;
+  memcpy(v->sizes, g->sizes, sizeof(int64_t) * (size_t)g->ndim);
+  memcpy(v->strides, g->strides, sizeof(int64_t) * (size_t)g->ndim);
+  v->numel = emi_shape_numel(g->sizes, g->ndim);
+}
+
 em_status em_matmul(em_state *S, const em_tensor *a, const em_tensor *b, em_tensor **out) {
   em_status st = emi_check_tensor(S, "matmul", a);
   if (st || (st = emi_check_tensor(S, "matmul", b))) return st;
@@ -94,20 +105,19 @@ em_status em_matmul(em_state *S, const em_tensor *a, const em_tensor *b, em_tens
   if (!a1) osizes[ond++] = M;
   if (!b1) osizes[ond++] = N;
   em_dtype dt = em_dtype_promote(a->dtype, b->dtype);
-  em_tensor *o, *av = NULL, *bv = NULL, *ov = NULL;
+  em_tensor *o;
   if ((st = emi_tensor_new(S, "matmul", osizes, ond, dt, a->device, &o))) return st;
   if (o->numel == 0) { *out = o; return EM_OK; }
 
   fold_batch(&ga, &gb, &go);
-  if ((st = emi_tensor_view(S, a, ga.sizes, ga.strides, ga.ndim, a->offset, &av)) ||
-      (st = emi_tensor_view(S, b, gb.sizes, gb.strides, gb.ndim, b->offset, &bv)) ||
-      (st = emi_tensor_view(S, o, go.sizes, go.strides, go.ndim, 0, &ov)) ||
-      (st = emi_backend_of(S, a->device)->matmul(S, ov, av, bv))) {
-    em_tensor_release(av); em_tensor_release(bv); em_tensor_release(ov);
+  em_tensor av, bv, ov;
+  geom_view(&av, a, &ga);
+  geom_view(&bv, b, &gb);
+  geom_view(&ov, o, &go);
+  if ((st = emi_backend_of(S, a->device)->matmul(S, &ov, &av, &bv))) {
     em_tensor_release(o);
     return st;
   }
-  em_tensor_release(av); em_tensor_release(bv); em_tensor_release(ov);
   *out = o;
   return EM_OK;
 }

@@ -146,20 +146,20 @@ em_status em_eye(em_state *S, int64_t n, int64_t m, em_dtype dt, int device,
   if (n < 0)
     return emi_error(S, EM_ERR_ARG, "eye: n must be >= 0, got %lld", (long long)n);
   int64_t sizes[2] = {n, m};
-  em_tensor *t, *diag = NULL;
+  em_tensor *t;
   em_status st = emi_tensor_new(S, "eye", sizes, 2, dt, device, &t);
   if (st) return st;
   if (t->numel > 0) {
+    /* the diagonal as a handle on the stack: fill only uses it during the call */
     const emi_backend *be = emi_backend_of(S, device);
-    int64_t k = n < m ? n : m, stride = m + 1;
-    if ((st = be->fill(S, t, 0)) ||
-        (st = emi_tensor_view(S, t, &k, &stride, 1, 0, &diag)) ||
-        (st = be->fill(S, diag, 1))) {
-      em_tensor_release(diag);
+    em_tensor diag = *t;
+    diag.ndim = 1;
+    diag.sizes[0] = diag.numel = n < m ? n : m;
+    diag.strides[0] = m + 1;
+    if ((st = be->fill(S, t, 0)) || (st = be->fill(S, &diag, 1))) {
       em_tensor_release(t);
       return st;
     }
-    em_tensor_release(diag);
   }
   *out = t;
   return EM_OK;
