@@ -83,14 +83,21 @@ typedef struct emi_backend {
                           const em_tensor *a, int dim, int want_max, int index_base);
   em_status (*softmax)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
                        int log);
-  /* Batched: a (B, M, K), b (B, K, N) strided views, out (B, M, N) contiguous. */
+  /* Batched: a (*batch, M, K), b (*batch, K, N) strided views with the same batch
+  ** dims (0 or more; stride 0 where broadcast), out (*batch, M, N) contiguous.
+  ** a and b may have any dtype: out's dtype decides the arithmetic (ops/linalg.c). */
   em_status (*matmul)(em_state *S, em_tensor *out, const em_tensor *a,
                       const em_tensor *b);
+  /* a has >= 1 dim, idx is 1-D or 0-D int32/int64 (strided), out (contiguous) is a's
+  ** shape with dim resized to idx's numel. Indices are range-checked here. */
   em_status (*index_select)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
                             const em_tensor *idx, int index_base);
+  /* a, idx (int32/int64) strided with the same ndim >= 1, idx no larger than a
+  ** outside dim; out (contiguous) has idx's shape. Indices are range-checked here. */
   em_status (*gather)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
                       const em_tensor *idx, int index_base);
-  /* Random fills at Philox counter base `offset` with key `seed`. */
+  /* Random fills at Philox counter base `offset` with key `seed`, any strides,
+  ** following the stream layout in philox.h. arange's out is contiguous. */
   em_status (*uniform)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
                        double lo, double hi);
   em_status (*normal)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,

@@ -303,12 +303,18 @@ static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
 ** must be packed. */
 static int64_t blas_inc(int64_t n, int64_t s) { return n == 1 ? 1 : (s >= 1 && s <= INT_MAX ? s : 0); }
 
-/* Copy a rows x cols strided ct matrix to dense row-major dst. */
+/* Copy a rows x cols strided float32/float64 matrix to dense row-major dst. */
 static void pack(void *dst, const char *src, size_t es, int64_t rows, int64_t cols,
                  int64_t rs, int64_t cs) {
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t j = 0; j < cols; j++)
-      memcpy((char *)dst + (i * cols + j) * (int64_t)es, src + (i * rs + j * cs) * (int64_t)es, es);
+  if (es == 4) {
+    const float *s = (const float *)src;
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++) ((float *)dst)[i * cols + j] = s[i * rs + j * cs];
+  } else {
+    const double *s = (const double *)src;
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++) ((double *)dst)[i * cols + j] = s[i * rs + j * cs];
+  }
 }
 
 /* One matrix (or vector) product through BLAS; a and b dense or BLAS-readable. */

@@ -8,6 +8,7 @@
 ** bfloat16 go through the float32 loops (elementwise.c adapters).
 */
 #include "loops.h"
+#include "vmath.h"
 #include <tgmath.h>
 
 /* T is a typedef inside the loop so that EXPR can name it ((T)1, ...). */
@@ -43,6 +44,11 @@
   UN_LOOP(NAME##_f32, float, float, PRE32, EXPR)                                       \
   UN_LOOP(NAME##_f64, double, double, PRE64, EXPR)                                     \
   HALF1(NAME)
+/* float32 with its own (vectorizable, vmath.h) expression, float64 on libm. */
+#define FLOAT_UN2(NAME, EXPR32, EXPR64)                                                \
+  UN_LOOP(NAME##_f32, float, float, , EXPR32)                                          \
+  UN_LOOP(NAME##_f64, double, double, , EXPR64)                                        \
+  HALF1(NAME)
 #define INT_UN(NAME, PRE, EXPR)                                                        \
   UN_LOOP(NAME##_i32, int32_t, int32_t, typedef uint32_t U; (void)sizeof(U); PRE, EXPR)                 \
   UN_LOOP(NAME##_i64, int64_t, int64_t, typedef uint64_t U; (void)sizeof(U); PRE, EXPR)                 \
@@ -52,17 +58,18 @@
 #define SQRT_2_OVER_PI 0.7978845608028654
 FLOAT_UN(neg, , , -x)
 FLOAT_UN(abs, , , fabs(x))
-FLOAT_UN(exp, , , exp(x))
-FLOAT_UN(log, , , log(x))
+FLOAT_UN2(exp, emi_vexpf(x), exp(x))
+FLOAT_UN2(log, emi_vlogf(x), log(x))
 FLOAT_UN(sqrt, , , sqrt(x))
 FLOAT_UN(rsqrt, , , (T)1 / sqrt(x))
 FLOAT_UN(sin, , , sin(x))
 FLOAT_UN(cos, , , cos(x))
-FLOAT_UN(tanh, , , tanh(x))
-FLOAT_UN(sigmoid, , , (T)1 / ((T)1 + exp(-x)))
+FLOAT_UN2(tanh, emi_vtanhf(x), tanh(x))
+FLOAT_UN2(sigmoid, 1.0f / (1.0f + emi_vexpf(-x)), 1.0 / (1.0 + exp(-x)))
 FLOAT_UN(relu, , , x < 0 ? (T)0 : x)                     /* NaN stays NaN */
-FLOAT_UN(gelu, , , (T)0.5 * x * ((T)1 + erf(x * (T)0.70710678118654752440)))
-FLOAT_UN(silu, , , x / ((T)1 + exp(-x)))
+FLOAT_UN2(gelu, 0.5f * x * (1.0f + emi_verff(x * 0.70710678118654752440f)),
+          0.5 * x * (1.0 + erf(x * 0.70710678118654752440)))
+FLOAT_UN2(silu, x / (1.0f + emi_vexpf(-x)), x / (1.0 + exp(-x)))
 FLOAT_UN(floor, , , floor(x))
 FLOAT_UN(ceil, , , ceil(x))
 FLOAT_UN(round, , , nearbyint(x))                       /* half to even */
@@ -80,9 +87,10 @@ FLOAT_UN(acos, , , acos(x))
 FLOAT_UN(atan, , , atan(x))
 FLOAT_UN(sinh, , , sinh(x))
 FLOAT_UN(cosh, , , cosh(x))
-FLOAT_UN(erf, , , erf(x))
-FLOAT_UN(gelut, , , (T)0.5 * x *
-         ((T)1 + tanh((T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x))))
+FLOAT_UN2(erf, emi_verff(x), erf(x))
+FLOAT_UN2(gelut,
+          0.5f * x * (1.0f + emi_vtanhf((float)SQRT_2_OVER_PI * (x + 0.044715f * x * x * x))),
+          0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))))
 
 
 /* -- Integer and bool loops --------------------------------------------------------- */

@@ -6,9 +6,8 @@
 ** (Sleef), so the float32 kernels of unary.c use the functions below. float64
 ** stays on libm.
 **
-** Accuracy (measured against double-precision libm over the float range):
-** exp and log within 1-2 ulp, tanh within 2 ulp, erf within ~2 ulp (absolute
-** error < 1.2e-7 near 1). Specials follow C: exp(-inf) = 0, exp(+inf) = inf,
+** Accuracy (measured against double-precision libm on every 97th float):
+** exp 0.99 ulp, log 0.83 ulp, tanh 1.33 ulp, erf 2.6 ulp. Specials follow C: exp(-inf) = 0, exp(+inf) = inf,
 ** log(0) = -inf, log(x<0) = NaN, NaN in -> NaN out; subnormal results of exp and
 ** subnormal inputs of log are handled.
 **
@@ -64,15 +63,17 @@ static inline float emi_vexpf(float x) {
 }
 
 static inline float emi_vlogf(float x) {
-  /* subnormal inputs: scale into the normal range first */
+  /* Subnormal inputs are scaled into the normal range first. Choices select
+  ** constants and then compute unconditionally: GCC (trapping math) will not
+  ** if-convert an operation that only one side of a choice performs. */
   int sub = x < 1.17549435e-38f;
-  float xs = sub ? x * 8388608.0f : x;
+  float xs = x * (sub ? 8388608.0f : 1.0f);
   uint32_t u = emi_fbits(xs);
-  int32_t e = (int32_t)((u >> 23) & 0xff) - 126 - (sub ? 23 : 0);
+  int32_t e = (int32_t)((u >> 23) & 0xff) - (sub ? 149 : 126);
   float m = emi_bitsf((u & 0x007fffffu) | 0x3f000000u);        /* [0.5, 1) */
   int lowm = m < 0.707106781186547524f;
-  float ef = (float)(e - lowm);
-  float f = (lowm ? m + m : m) - 1.0f;
+  float ef = (float)e - (lowm ? 1.0f : 0.0f);
+  float f = m * (lowm ? 2.0f : 1.0f) - 1.0f;
   float z = f * f;
   float y = 7.149753843e-02f;
   y = y * f - 1.157120071e-01f;
@@ -102,6 +103,7 @@ static inline float emi_vtanhf(float x) {
   p = p * z + 1.333289075e-01f;
   p = p * z - 3.333333141e-01f;
   float small = x + x * z * p;
+  small = x == 0 ? x : small;                                   /* keep -0 */
   float big = 1.0f - 2.0f / (emi_vexpf(ax + ax) + 1.0f);
   big = x < 0 ? -big : big;
   return ax < 0.625f ? small : big;
