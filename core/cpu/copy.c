@@ -2,7 +2,8 @@
 ** copy.c -- CPU copy (with dtype conversion) and fill.
 **
 ** Same-dtype copies move bytes (one loop per element size, memcpy for contiguous
-** rows). Conversions use the table CONV[src][dst] of 56 loops stamped out below:
+** rows). Conversions use the table CONV[src][dst] of loops stamped out below
+** (float16 ones go through float32 chunks to use the F16C conversions):
 ** each loads a source element as its natural C value (float16/bfloat16 widen to
 ** float), then converts the way emi_store_f64 does: float -> integer truncates
 ** toward zero with NaN -> 0 and out-of-range values clamped to int64 before the
@@ -105,22 +106,47 @@ static emi_loop1 move_loop(size_t size) {
   }
 }
 
-typedef struct cp_ctx { emi_loop1 f; } cp_ctx;
+typedef struct cp_ctx {
+  emi_loop1 f;
+  int half;           /* 1: float16 source, 2: float16 destination, 0: neither */
+} cp_ctx;
 
 static void cp_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
-  ((cp_ctx *)ctx)->f(p[0], p[1], n, s[0], s[1], NULL);
+  const cp_ctx *c = ctx;
+  if (!c->half) { c->f(p[0], p[1], n, s[0], s[1], NULL); return; }
+  /* float16 goes through float chunks and the bulk (F16C) conversions; f is
+  ** then the float32 -> dst or src -> float32 loop */
+  float buf[EMI_HALF_CHUNK];
+  for (int64_t i = 0; i < n; i += EMI_HALF_CHUNK) {
+    int64_t m = n - i < EMI_HALF_CHUNK ? n - i : EMI_HALF_CHUNK;
+    if (c->half == 1) {
+      emi_half_to_float_n(buf, p[1] + i * s[1], m, s[1], EM_FLOAT16);
+      c->f(p[0] + i * s[0], (const char *)buf, m, s[0], sizeof(float), NULL);
+    } else {
+      c->f((char *)buf, p[1] + i * s[1], m, sizeof(float), s[1], NULL);
+      emi_float_to_half_n(p[0] + i * s[0], buf, m, s[0], EM_FLOAT16);
+    }
+  }
 }
 
 em_status emi_cpu_copy(em_state *S, em_tensor *out, const em_tensor *src) {
   if ((unsigned)out->dtype >= EM_NUM_DTYPES || (unsigned)src->dtype >= EM_NUM_DTYPES)
     return emi_error(S, EM_ERR_DTYPE, "copy: invalid dtype");
   cp_ctx c;
-  c.f = out->dtype == src->dtype ? move_loop(em_dtype_size(out->dtype))
-                                 : CONV[src->dtype][out->dtype];
+  c.half = 0;
+  if (out->dtype == src->dtype) {
+    c.f = move_loop(em_dtype_size(out->dtype));
+  } else if (src->dtype == EM_FLOAT16) {
+    c.half = 1;
+    c.f = CONV[EM_FLOAT32][out->dtype];
+  } else if (out->dtype == EM_FLOAT16) {
+    c.half = 2;
+    c.f = CONV[src->dtype][EM_FLOAT32];
+  } else {
+    c.f = CONV[src->dtype][out->dtype];
+  }
   em_tensor *ops[2] = {out, (em_tensor *)src};
-  /* half conversions call out of line per element: worth threads sooner */
-  int half = out->dtype == EM_FLOAT16 || src->dtype == EM_FLOAT16;
-  emi_cpu_foreach(S, ops, 2, half ? EMI_GRAIN_COSTLY : EMI_GRAIN_CHEAP, cp_row, &c);
+  emi_cpu_foreach(S, ops, 2, EMI_GRAIN_CHEAP, cp_row, &c);
   return EM_OK;
 }
 

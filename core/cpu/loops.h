@@ -53,6 +53,11 @@ void emi_half_loop2(emi_loop2 f32, em_dtype dt, int out_bool, char *o, const cha
                     const char *b, int64_t n, int64_t so, int64_t sa, int64_t sb,
                     int a_f32, int b_f32, emi_kparams *p);
 
+/* n float16/bfloat16 values at byte stride s <-> n contiguous floats (vector
+** conversions where the CPU has them). */
+void emi_half_to_float_n(float *dst, const char *src, int64_t n, int64_t s, em_dtype dt);
+void emi_float_to_half_n(char *dst, const float *src, int64_t n, int64_t s, em_dtype dt);
+
 /* float <-> double -> int64 with the clamping of emi_store_f64 (no UB on NaN or
 ** out-of-range values). */
 static inline int64_t emi_f2i(double v) {

@@ -32,7 +32,7 @@
 ** squared deviations from it; logsumexp = amax first, then sum(exp(x - max)).
 */
 #include "cpu.h"
-#include "fastexp.h"
+#include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -103,7 +103,7 @@ static inline double comb(int c, double a, double b) {
 /* Rows kernel: acc[j] = COMB(acc[j], EXPR(row_r[j])) for nrows rows of M
 ** contiguous T values, rs bytes apart; sh[j] is column j's shift. */
 #define DEF_ROWS(NAME, T, EXPR, COMB)                                             \
-  static void NAME(double *restrict acc, const char *base, int64_t M,             \
+  static __attribute__((unused)) void NAME(double *restrict acc, const char *base, int64_t M,             \
                    int64_t nrows, int64_t rs, const double *restrict sh,          \
                    double p) {                                                    \
     (void)p; (void)sh;                                                            \
@@ -136,11 +136,10 @@ DEF_KIND(k_min, x, COMB_MIN, INFINITY)
 DEF_KIND(k_maxabs, fabs(x), COMB_MAX, 0.0)
 DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
 
-/* float32 fast kernels for the hot kinds. Sums: 32 float lanes add blocks of
-** 512 elements (16 per lane, so float rounding stays tiny), then each block is
-** added into 32 double lanes; this runs at memory speed where converting every
-** element to double would not. max/min: float lanes with a separate NaN flag
-** per lane, which keeps the loop a plain vmaxps. */
+/* float32 fast kernels for the hot kinds. Sums: 64 float lanes add blocks of
+** 1024 elements (16 per lane, so float rounding stays tiny), then each block
+** is added into 16 double lanes; this runs at memory speed where converting
+** every element to double would not. max/min: emx_extreme_f32 (vecmath.h). */
 #define DEF_FSUM32(NAME, EXPR)                                                    \
   static double NAME(const float *restrict a, int64_t n, double s, double p) {    \
     int64_t i = 0;                                                                \
@@ -153,18 +152,19 @@ DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
       }                                                                           \
       return r;                                                                   \
     }                                                                             \
-    double d[32] = {0};                                                           \
-    for (; i + 512 <= n; i += 512) {                                              \
-      float f[32] = {0};                                                          \
-      for (int k = 0; k < 512; k += 32)                                           \
-        for (int j = 0; j < 32; j++) {                                            \
+    double d[16] = {0};                                                           \
+    for (; i + 1024 <= n; i += 1024) {                                            \
+      float f[64] = {0};                                                          \
+      for (int k = 0; k < 1024; k += 64)                                          \
+        for (int j = 0; j < 64; j++) {                                            \
           float x = a[i + k + j];                                                 \
           f[j] += (EXPR);                                                         \
         }                                                                         \
-      for (int j = 0; j < 32; j++) d[j] += f[j];                                  \
+      for (int j = 0; j < 16; j++)                                                \
+        d[j] += (double)((f[j] + f[j + 16]) + (f[j + 32] + f[j + 48]));           \
     }                                                                             \
-    for (; i + 32 <= n; i += 32)                                                  \
-      for (int j = 0; j < 32; j++) {                                              \
+    for (; i + 16 <= n; i += 16)                                                  \
+      for (int j = 0; j < 16; j++) {                                              \
         double x = a[i + j];                                                      \
         d[j] += (EXPR);                                                           \
       }                                                                           \
@@ -172,50 +172,59 @@ DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
       double x = a[i];                                                            \
       d[j] += (EXPR);                                                             \
     }                                                                             \
-    for (int w = 16; w > 0; w /= 2)                                               \
-      for (int j = 0; j < w; j++) d[j] += d[j + w];                               \
-    return d[0];                                                                  \
+    for (int j = 0; j < 8; j++) d[j] += d[j + 8];                                 \
+    for (int j = 0; j < 4; j++) d[j] += d[j + 4];                                 \
+    return (d[0] + d[2]) + (d[1] + d[3]);                                         \
   }
 DEF_FSUM32(fsum32, x)
 DEF_FSUM32(fsumsq32, x * x)
 DEF_FSUM32(fsumabs32, fabs(x))
 
-#define DEF_FMAX32(NAME, CMP, ID)                                                 \
-  static double NAME(const float *restrict a, int64_t n, double s, double p) {    \
-    float acc[64];                                                                \
-    int nan[64];                                                                  \
-    (void)s; (void)p;                                                             \
-    if (n <= 16) {                                                                \
-      float r = (ID);                                                             \
-      int rn = 0;                                                                 \
-      for (int64_t i = 0; i < n; i++) {                                           \
-        r = a[i] CMP r ? a[i] : r;                                                \
-        rn |= a[i] != a[i];                                                       \
+/* Rows of float32 summed into double column accumulators: four rows are
+** added in float first (pairwise), so the accumulator row is loaded and stored
+** once per four input rows. */
+#define DEF_FROWS32(NAME, EXPR)                                                   \
+  static void NAME(double *restrict acc, const char *base, int64_t M,             \
+                   int64_t nrows, int64_t rs, const double *restrict sh,          \
+                   double p) {                                                    \
+    (void)p; (void)sh;                                                            \
+    int64_t r = 0;                                                                \
+    for (; r + 4 <= nrows; r += 4) {                                              \
+      const float *restrict a0 = (const float *)(base + r * rs);                  \
+      const float *restrict a1 = (const float *)(base + (r + 1) * rs);            \
+      const float *restrict a2 = (const float *)(base + (r + 2) * rs);            \
+      const float *restrict a3 = (const float *)(base + (r + 3) * rs);            \
+      for (int64_t j = 0; j < M; j++) {                                           \
+        float x = a0[j], t0 = (EXPR);                                             \
+        x = a1[j];                                                                \
+        float t1 = (EXPR);                                                        \
+        x = a2[j];                                                                \
+        float t2 = (EXPR);                                                        \
+        x = a3[j];                                                                \
+        float t3 = (EXPR);                                                        \
+        acc[j] += (double)((t0 + t1) + (t2 + t3));                                \
       }                                                                           \
-      return rn ? NAN : r;                                                        \
     }                                                                             \
-    for (int j = 0; j < 64; j++) { acc[j] = (ID); nan[j] = 0; }                   \
-    int64_t i = 0;                                                                \
-    for (; i + 64 <= n; i += 64)                                                  \
-      for (int j = 0; j < 64; j++) {                                              \
-        float x = a[i + j];                                                       \
-        acc[j] = x CMP acc[j] ? x : acc[j];                                       \
-        nan[j] |= x != x;                                                         \
+    for (; r < nrows; r++) {                                                      \
+      const float *restrict a = (const float *)(base + r * rs);                   \
+      for (int64_t j = 0; j < M; j++) {                                           \
+        double x = a[j];                                                          \
+        acc[j] += (EXPR);                                                         \
       }                                                                           \
-    for (int j = 0; i < n; i++, j++) {                                            \
-      float x = a[i];                                                             \
-      acc[j] = x CMP acc[j] ? x : acc[j];                                         \
-      nan[j] |= x != x;                                                           \
     }                                                                             \
-    int anynan = 0;                                                               \
-    for (int j = 0; j < 64; j++) anynan |= nan[j];                                \
-    if (anynan) return NAN;                                                       \
-    float r = acc[0];                                                             \
-    for (int j = 1; j < 64; j++) r = acc[j] CMP r ? acc[j] : r;                   \
-    return r;                                                                     \
   }
-DEF_FMAX32(fmax32, >, -INFINITY)
-DEF_FMAX32(fmin32, <, INFINITY)
+DEF_FROWS32(frows_sum32, x)
+DEF_FROWS32(frows_sumsq32, x * x)
+DEF_FROWS32(frows_sumabs32, fabs(x))
+
+static double fmax32(const float *restrict a, int64_t n, double s, double p) {
+  (void)s; (void)p;
+  return emx_extreme_f32(a, n, 1);
+}
+static double fmin32(const float *restrict a, int64_t n, double s, double p) {
+  (void)s; (void)p;
+  return emx_extreme_f32(a, n, 0);
+}
 
 /* exp(x - s) summed, float32: the exps come from the vectorisable emx_expf
 ** (about 1 ulp) in blocks, and are added in double lanes. */
@@ -262,10 +271,14 @@ typedef struct fkind {
 
 #define FK(NAME, C, ID) {NAME##_seg32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
 #define FK32(NAME, SEG32, C, ID) {SEG32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
+#define FKS32(NAME, SEG32, ROWS32) {SEG32, NAME##_seg64, ROWS32, NAME##_rows64, C_ADD, 0.0}
 static const fkind FKINDS[K_NF] = {
-  [K_SUM] = FK32(k_sum, fsum32, C_ADD, 0.0),  [K_SUMEXP] = {fsumexp32, k_sumexp_seg64, fsumexp_rows32, k_sumexp_rows64, C_ADD, 0.0},
-  [K_SUMSQDEV] = FK(k_sumsqdev, C_ADD, 0.0),  [K_SUMABS] = FK32(k_sumabs, fsumabs32, C_ADD, 0.0),
-  [K_SUMSQ] = FK32(k_sumsq, fsumsq32, C_ADD, 0.0), [K_SUMPOW] = FK(k_sumpow, C_ADD, 0.0),
+  [K_SUM] = FKS32(k_sum, fsum32, frows_sum32),
+  [K_SUMEXP] = FKS32(k_sumexp, fsumexp32, fsumexp_rows32),
+  [K_SUMSQDEV] = FK(k_sumsqdev, C_ADD, 0.0),
+  [K_SUMABS] = FKS32(k_sumabs, fsumabs32, frows_sumabs32),
+  [K_SUMSQ] = FKS32(k_sumsq, fsumsq32, frows_sumsq32),
+  [K_SUMPOW] = FK(k_sumpow, C_ADD, 0.0),
   [K_CNTNZ] = FK(k_cntnz, C_ADD, 0.0),        [K_PROD] = FK(k_prod, C_MUL, 1.0),
   [K_MAX] = FK32(k_max, fmax32, C_MAX, -INFINITY), [K_MIN] = FK32(k_min, fmin32, C_MIN, INFINITY),
   [K_MAXABS] = FK(k_maxabs, C_MAX, 0.0),      [K_MINABS] = FK(k_minabs, C_MIN, INFINITY),
@@ -482,8 +495,8 @@ typedef struct rjob {
 static inline void finish(const rjob *j, int64_t k, racc acc) {
   if (j->icls) { store_i64(j->obase + k * j->osz, j->odt, acc.i); return; }
   double v = acc.f, R = (double)j->pl.R;
-  if (j->fin == FIN_ID && !j->dres && j->odt == EM_FLOAT32) {   /* the common case */
-    ((float *)j->obase)[k] = (float)v;
+  if (!j->dres && j->odt == EM_FLOAT32 && (j->fin == FIN_ID || j->fin == FIN_MEAN)) {
+    ((float *)j->obase)[k] = (float)(j->fin == FIN_MEAN ? v / R : v);  /* common cases */
     return;
   }
   switch (j->fin) {
@@ -670,9 +683,16 @@ static void outer_task(void *ctx, int64_t t0, int64_t t1) {
     }
     int64_t r0 = b * j->rb, r1 = r0 + j->rb < pl->R ? r0 + j->rb : pl->R;
     outer_rows(j, p0, W, r0, r1, acc, sh);
-    for (int64_t c = 0; c < W; c++) {
-      if (j->nb == 1) finish(j, obase + c * vos, acc[c]);
-      else j->partial[b * pl->K + obase + c * vos] = acc[c];
+    if (j->nb > 1) {
+      for (int64_t c = 0; c < W; c++) j->partial[b * pl->K + obase + c * vos] = acc[c];
+    } else if (!j->icls && !j->dres && j->odt == EM_FLOAT32 &&
+               (j->fin == FIN_ID || j->fin == FIN_MEAN)) {
+      /* The common finish as one vectorisable loop rather than a call each. */
+      double R = j->fin == FIN_MEAN ? (double)pl->R : 1.0;
+      float *o = (float *)j->obase + obase;
+      for (int64_t c = 0; c < W; c++) o[c * vos] = (float)(acc[c].f / R);
+    } else {
+      for (int64_t c = 0; c < W; c++) finish(j, obase + c * vos, acc[c]);
     }
   }
 }
@@ -847,7 +867,18 @@ static inline int abetter_f(double x, double best, int want_max) {
 static int64_t arg_scan(const ajob *j, const char *p, int64_t n, int64_t st) {
   const rplan *pl = &j->pl;
   int64_t bi = 0;
-  if (pl->dt == EM_FLOAT32 && st == 4 && n >= 64) {
+  if (pl->dt == EM_FLOAT32 && st == 4 && n < 64) {     /* short rows: one scan */
+    const float *a = (const float *)p;
+    float best = a[0];
+    if (best != best) return 0;
+    for (int64_t i = 1; i < n; i++) {
+      float x = a[i];
+      if (x != x) return i;
+      if (j->want_max ? x > best : x < best) { best = x; bi = i; }
+    }
+    return bi;
+  }
+  if (pl->dt == EM_FLOAT32 && st == 4) {
     /* Fast path: the extreme value by the vectorised kernel, then its first
     ** position (or the first NaN's). */
     const float *a = (const float *)p;

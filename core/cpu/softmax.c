@@ -17,42 +17,20 @@
 **            times in chunks through a double buffer (no allocation at all).
 */
 #include "cpu.h"
-#include "fastexp.h"
+#include "vecmath.h"
 #include <math.h>
 
 enum { CB = 256, CHUNK = 256, GRAIN = 32768, LANES = 16 };
 
-/* max with NaN propagation: float lanes plus a NaN flag per lane, so that
-** the loop stays a plain vectorised max. */
-static float max_f32(const float *restrict a, int64_t n) {
-  float acc[LANES];
-  int nan[LANES];
-  for (int j = 0; j < LANES; j++) { acc[j] = -INFINITY; nan[j] = 0; }
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int j = 0; j < LANES; j++) {
-      float x = a[i + j];
-      acc[j] = x > acc[j] ? x : acc[j];
-      nan[j] |= x != x;
-    }
-  for (int j = 0; i < n; i++, j++) {
-    float x = a[i];
-    acc[j] = x > acc[j] ? x : acc[j];
-    nan[j] |= x != x;
-  }
-  int anynan = 0;
-  float m = acc[0];
-  for (int j = 0; j < LANES; j++) {
-    anynan |= nan[j];
-    m = acc[j] > m ? acc[j] : m;
-  }
-  return anynan ? NAN : m;
-}
-
 /* Sum in double lanes (the values are exps in [0, 1], already in L1). */
 static double sum_f32(const float *restrict a, int64_t n) {
-  double acc[LANES] = {0};
   int64_t i = 0;
+  if (n <= LANES) {          /* short rows: no lanes to set up and fold */
+    double r = 0;
+    for (; i < n; i++) r += a[i];
+    return r;
+  }
+  double acc[LANES] = {0};
   for (; i + LANES <= n; i += LANES)
     for (int j = 0; j < LANES; j++) acc[j] += a[i + j];
   for (int j = 0; i < n; i++, j++) acc[j] += a[i];
@@ -64,7 +42,7 @@ static double sum_f32(const float *restrict a, int64_t n) {
 /* One slice, contiguous in a and in out. The exps go to o first (a plain
 ** loop that vectorises), then are summed; log_softmax overwrites them. */
 static void row_f32(float *restrict o, const float *restrict a, int64_t n, int lg) {
-  float m = max_f32(a, n);
+  float m = emx_extreme_f32(a, n, 1);
   for (int64_t i = 0; i < n; i++) o[i] = emx_expf(a[i] - m);
   double s = sum_f32(o, n);
   if (lg) {

@@ -42,24 +42,39 @@ static inline float emi_roundf_small(float v) {
   return (v + 12582912.0f) - 12582912.0f;
 }
 
-static inline float emi_vexpf(float x) {
-  const float hi = 88.72283935546875f, lo = -104.0f;
-  float xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
-  float n = emi_roundf_small(xc * 1.44269504088896341f);
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.121944400547e-4f;
+/* exp(r) for |r| <= ln2/2, and n = round(x/ln2) with r = x - n ln2. */
+static inline float emi_exp_reduce(float x, float *n) {
+  *n = emi_roundf_small(x * 1.44269504088896341f);
+  float r = x - *n * 0.693359375f;
+  return r - *n * -2.121944400547e-4f;
+}
+
+static inline float emi_exp_poly(float r) {
   float p = 1.989928508e-04f;
   p = p * r + 1.393365035e-03f;
   p = p * r + 8.333298470e-03f;
   p = p * r + 4.166646491e-02f;
   p = p * r + 1.666666672e-01f;
   p = p * r + 5.000000013e-01f;
-  float e = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+static inline float emi_vexpf(float x) {
+  const float hi = 88.72283935546875f, lo = -104.0f;
+  float xc = x > lo ? x : lo;            /* NaN -> lo: n stays a valid integer */
+  xc = xc < hi ? xc : hi;
+  float n, r = emi_exp_reduce(xc, &n), e = emi_exp_poly(r);
   int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;   /* each in [-75, 64] */
   float res = e * emi_bitsf((uint32_t)(n1 + 127) << 23) * emi_bitsf((uint32_t)(n2 + 127) << 23);
   res = x > hi ? emi_bitsf(0x7f800000u) : res;
   return x != x ? x : res;
+}
+
+/* exp for arguments known to lie in [-87, 88] (normal results, no NaN): one
+** scaling, no special cases. */
+static inline float emi_vexpf_mid(float x) {
+  float n, r = emi_exp_reduce(x, &n), e = emi_exp_poly(r);
+  return e * emi_bitsf((uint32_t)((int32_t)n + 127) << 23);
 }
 
 static inline float emi_vlogf(float x) {
@@ -128,7 +143,9 @@ static inline float emi_verff(float x) {
   q = q * ax - 6.319416358e-01f;
   q = q * ax - 1.130163978e+00f;
   q = q * ax + 3.025418153e-04f;
-  float big = 1.0f - emi_vexpf(q);
+  q = q > -80.0f ? q : -80.0f;          /* NaN and |x| > 4 are replaced below */
+  q = q < 0.0f ? q : 0.0f;
+  float big = 1.0f - emi_vexpf_mid(q);
   big = ax > 4.0f ? 1.0f : big;
   big = x < 0 ? -big : big;
   float res = ax < 0.921875f ? small : big;
