@@ -194,11 +194,6 @@ static const emi_loop2 BIN[EM_NUM_BINOPS][EM_NUM_DTYPES] = {
 
 static const emi_loop2 ADDS[EM_NUM_DTYPES] = {FLOATS(adds), INTS(adds), [EM_BOOL] = adds_b};
 
-emi_loop2 emi_cpu_binary_loop(em_binop op, em_dtype dt) {
-  if ((unsigned)op >= EM_NUM_BINOPS || (unsigned)dt >= EM_NUM_DTYPES) return NULL;
-  return BIN[op][dt];
-}
-
 static int out_is_bool(em_binop op) {
   return (op >= EM_EQ && op <= EM_GE) || op == EM_LOGICAL_AND || op == EM_LOGICAL_OR;
 }

@@ -67,9 +67,8 @@ static inline int64_t emi_f2i(double v) {
   return (int64_t)v;
 }
 
-/* The table entry of a unary / binary op (NULL when the dtype is not supported);
-** used by the scalar and clamp kernels to reuse loops. */
+/* The table entry of a unary op (NULL when the dtype is not supported); the
+** scalar pow kernel reuses square/sqrt/reciprocal/rsqrt for special exponents. */
 emi_loop1 emi_cpu_unary_loop(em_unop op, em_dtype dt);
-emi_loop2 emi_cpu_binary_loop(em_binop op, em_dtype dt);
 
 #endif

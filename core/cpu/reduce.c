@@ -32,6 +32,7 @@
 ** squared deviations from it; logsumexp = amax first, then sum(exp(x - max)).
 */
 #include "cpu.h"
+#include "dynfor.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -769,10 +770,10 @@ static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind,
       return emi_error(S, EM_ERR_NOMEM, "%s: out of memory for %lld partial results", op,
                        (long long)(K * j.nb));
   }
-  emi_parallel_for(S, ntask, grain, pl->outer ? outer_task : inner_task, &j);
+  emx_parallel_dynamic(S, ntask, grain, pl->outer ? outer_task : inner_task, &j);
   if (j.partial) {
     int64_t cg = GRAIN / j.nb;
-    emi_parallel_for(S, K, cg > 0 ? cg : 1, combine_task, &j);
+    emx_parallel_dynamic(S, K, cg > 0 ? cg : 1, combine_task, &j);
     emi_free(S, j.partial, sizeof(racc) * (size_t)(K * j.nb));
   }
   return EM_OK;
@@ -1010,10 +1011,10 @@ em_status emi_cpu_arg_reduce(em_state *S, em_tensor *values, em_tensor *indices,
       j.kooo[j.kon++] = pl->kos[i];
     }
     int64_t per = (j.M < CB ? j.M : CB) * pl->R;
-    emi_parallel_for(S, pl->K / j.M * j.ncb, per >= GRAIN ? 1 : GRAIN / per,
+    emx_parallel_dynamic(S, pl->K / j.M * j.ncb, per >= GRAIN ? 1 : GRAIN / per,
                      arg_outer_task, &j);
   } else {
-    emi_parallel_for(S, pl->K, pl->R >= GRAIN ? 1 : GRAIN / pl->R, arg_inner_task, &j);
+    emx_parallel_dynamic(S, pl->K, pl->R >= GRAIN ? 1 : GRAIN / pl->R, arg_inner_task, &j);
   }
   return EM_OK;
 }

@@ -17,6 +17,7 @@
 **            times in chunks through a double buffer (no allocation at all).
 */
 #include "cpu.h"
+#include "dynfor.h"
 #include "vecmath.h"
 #include <math.h>
 
@@ -180,12 +181,12 @@ em_status emi_cpu_softmax(em_state *S, em_tensor *out, const em_tensor *a, int d
   }
   int64_t rows = a->numel / j.n, grain = j.n >= GRAIN ? 1 : GRAIN / j.n;
   if (j.dt == EM_FLOAT32 && (j.st == 4 || j.n == 1) && (j.ost == 1 || j.n == 1)) {
-    emi_parallel_for(S, rows, grain, rows_task, &j);
+    emx_parallel_dynamic(S, rows, grain, rows_task, &j);
   } else if (j.dt == EM_FLOAT32 && em_tensor_is_contiguous(a) && j.Q > 1) {
     int64_t ncb = (j.Q + CB - 1) / CB, per = j.n * (j.Q < CB ? j.Q : CB);
-    emi_parallel_for(S, j.P * ncb, per >= GRAIN ? 1 : GRAIN / per, cols_task, &j);
+    emx_parallel_dynamic(S, j.P * ncb, per >= GRAIN ? 1 : GRAIN / per, cols_task, &j);
   } else {
-    emi_parallel_for(S, rows, grain, generic_task, &j);
+    emx_parallel_dynamic(S, rows, grain, generic_task, &j);
   }
   return EM_OK;
 }

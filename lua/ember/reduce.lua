@@ -67,30 +67,35 @@ Tensor.logsumexp = reducer('logsumexp', 5)
 Tensor.any = reducer('any', 6)
 Tensor.all = reducer('all', 7)
 
--- var/std(dim, unbiased, keepdim) as torch; an options table {unbiased=,
--- correction=, keepdim=} may replace the flags.
+-- var/std(dim, keepdim) as every reduction of API.md; the correction comes in
+-- an options table as the last argument: {unbiased = false} or {correction = 0}
+-- (keys dim and keepdim are accepted there too). Unbiased by default.
+-- torch's positional var(dim, unbiased, keepdim) would read the same call
+-- var(1, true) differently, so a third positional flag is refused with a hint.
 local function variance(name, take_sqrt)
-  return function(a, dim, unbiased, keepdim)
+  return function(a, dim, keepdim, opts)
     local h = H(a, name, 0)
-    if type(dim) == 'boolean' then dim, unbiased, keepdim = nil, dim, unbiased end
+    if type(dim) == 'table' and not istype(box_t, dim) and dim[1] == nil and next(dim) then
+      dim, keepdim, opts = nil, nil, dim
+    elseif type(keepdim) == 'table' then
+      keepdim, opts = nil, keepdim
+    end
+    if opts ~= nil and type(opts) ~= 'table' then
+      raise(('%s: expected (dim, keepdim, {unbiased=, correction=}); got %s as the third '
+        .. 'argument (torch\'s var(dim, unbiased, keepdim) order is not used here)')
+        :format(name, kind(opts)))
+    end
     local correction = 1
-    local opts
-    if type(unbiased) == 'table' then opts, unbiased = unbiased, nil
-    elseif type(keepdim) == 'table' then opts, keepdim = keepdim, nil
-    elseif type(dim) == 'table' and not istype(box_t, dim) and dim[1] == nil and next(dim) then
-      opts, dim = dim, nil
-    end
     if opts then
-      if opts.unbiased ~= nil then unbiased = opts.unbiased end
-      if opts.keepdim ~= nil then keepdim = opts.keepdim end
-      if opts.correction ~= nil then correction = opts.correction end
       if opts.dim ~= nil then dim = opts.dim end
-    end
-    if unbiased ~= nil then
-      if type(unbiased) ~= 'boolean' then
-        raise(('%s: unbiased must be a boolean, got %s'):format(name, kind(unbiased)))
+      if opts.keepdim ~= nil then keepdim = opts.keepdim end
+      if opts.unbiased ~= nil then
+        if type(opts.unbiased) ~= 'boolean' then
+          raise(('%s: unbiased must be a boolean, got %s'):format(name, kind(opts.unbiased)))
+        end
+        correction = opts.unbiased and 1 or 0
       end
-      correction = unbiased and 1 or 0
+      if opts.correction ~= nil then correction = opts.correction end
     end
     if type(correction) ~= 'number' then
       raise(('%s: correction must be a number, got %s'):format(name, kind(correction)))
