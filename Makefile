@@ -35,7 +35,9 @@ LUAJIT_LIBS   := -lluajit-5.1
 BLAS_CFLAGS   := -I/usr/include/x86_64-linux-gnu/openblas-pthread
 BLAS_LIBS     := -L/usr/lib/x86_64-linux-gnu/openblas-pthread -lopenblas
 
-CFLAGS_BASE := -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+# -MMD: a header change rebuilds what includes it. -fno-math-errno: core never
+# reads errno, and without it sqrt & co. cannot be vectorized.
+CFLAGS_BASE := -std=gnu11 -MMD -MP -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
                -fPIC -pthread -Icore/include -Icore $(BLAS_CFLAGS)
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
 LDLIBS  := $(BLAS_LIBS) -lm -lpthread -ldl
@@ -157,3 +159,5 @@ install: all
 
 clean:
 	rm -rf build build-asan
+
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d)

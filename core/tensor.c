@@ -36,8 +36,15 @@ static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
   return st;
 }
 
+/* A count of 1 read by its only holder can't change under us (another thread
+** would need a reference to raise it), so the common last release skips the
+** atomic read-modify-write. */
+static inline bool last_reference(int *refcount) {
+  return __atomic_load_n(refcount, __ATOMIC_ACQUIRE) == 1 || emi_atomic_dec(refcount) == 0;
+}
+
 static void storage_release(emi_storage *st) {
-  if (emi_atomic_dec(&st->refcount) != 0) return;
+  if (!last_reference(&st->refcount)) return;
   em_state *S = st->S;
   __atomic_sub_fetch(&S->mem_allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
   emi_block_free(S, st, st->block_size);
@@ -48,7 +55,7 @@ static void storage_release(emi_storage *st) {
 void em_tensor_retain(em_tensor *t) { if (t) emi_atomic_inc(&t->refcount); }
 
 void em_tensor_release(em_tensor *t) {
-  if (!t || emi_atomic_dec(&t->refcount) != 0) return;
+  if (!t || !last_reference(&t->refcount)) return;
   em_state *S = t->S;
   storage_release(t->storage);
   emi_free(S, t, sizeof *t);
