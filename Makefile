@@ -42,7 +42,7 @@ CFLAGS_BASE := -std=gnu11 -MMD -MP -fno-math-errno -Wall -Wextra -Wno-unused-par
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
 LDLIBS  := $(BLAS_LIBS) -lm -lpthread -ldl
 
-CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c)
+CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -153,7 +153,7 @@ install: all
 	install -m 755 $(BUILD)/ember $(DESTDIR)$(PREFIX)/bin/ember
 	install -m 644 $(BUILD)/libember.a $(BUILD)/libember.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 core/include/ember.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 $(BUILD)/lua/ember/*.lua $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
+	cp -R $(BUILD)/lua/ember/. $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ember.pc
 
