@@ -42,7 +42,7 @@ CFLAGS_BASE := -std=gnu11 -MMD -MP -fno-math-errno -Wall -Wextra -Wno-unused-par
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
 LDLIBS  := $(BLAS_LIBS) -lm -lpthread -ldl
 
-CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c)
+CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)

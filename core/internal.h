@@ -26,6 +26,7 @@ typedef struct emi_storage {
   void *data;
   size_t nbytes;           /* bytes of tensor data */
   size_t block_size;       /* bytes of the whole block (header + data + padding) */
+  uint32_t version;        /* autograd: bumped by every in-place write */
 } emi_storage;
 
 /* -- Tensor handle ---------------------------------------------------------- */
@@ -40,6 +41,13 @@ struct em_tensor {
   int64_t strides[EM_MAX_DIMS];  /* in elements */
   emi_storage *storage;
   em_state *S;
+  /* -- Autograd (core/autograd/): all zero for a plain tensor. requires_grad is
+  ** set on leaves the user marked and on every output of a recorded op. */
+  int requires_grad;
+  int ag_pending;                /* engine scratch: contributions still to come */
+  struct emi_ag_node *grad_fn;   /* owned reference, NULL for leaves */
+  em_tensor *grad;               /* owned reference, NULL until a backward */
+  struct emi_ag_hook *hooks;     /* gradient hooks of a leaf (owned list) */
 };
 
 /* -- Backend table ---------------------------------------------------------------
@@ -134,6 +142,7 @@ struct em_state {
   void *cache[EMI_CACHE_CLASSES];
   size_t cache_bytes, cache_limit;
   const emi_backend *cpu;
+  int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
   char errmsg[EMI_ERRMSG_SIZE];
 };
 
@@ -217,5 +226,16 @@ void emi_store_f64(void *p, em_dtype dt, double v);
 
 static inline void emi_atomic_inc(int *p) { __atomic_add_fetch(p, 1, __ATOMIC_RELAXED); }
 static inline int emi_atomic_dec(int *p) { return __atomic_sub_fetch(p, 1, __ATOMIC_ACQ_REL); }
+
+/* -- Autograd hooks on handles (core/autograd/) ----------------------------------
+** New handles start with no history; a release drops grad, grad_fn and hooks. */
+static inline void emi_ag_clear_fields(em_tensor *t) {
+  t->requires_grad = 0;
+  t->ag_pending = 0;
+  t->grad_fn = NULL;
+  t->grad = NULL;
+  t->hooks = NULL;
+}
+void emi_ag_release_fields(em_tensor *t);
 
 #endif

@@ -31,6 +31,7 @@ static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
   st->data = (void *)d;
   st->nbytes = nbytes;
   st->block_size = total;
+  st->version = 0;
   S->mem_allocated += (int64_t)nbytes;
   if (S->mem_allocated > S->mem_peak) S->mem_peak = S->mem_allocated;
   return st;
@@ -57,6 +58,7 @@ void em_tensor_retain(em_tensor *t) { if (t) emi_atomic_inc(&t->refcount); }
 void em_tensor_release(em_tensor *t) {
   if (!t || !last_reference(&t->refcount)) return;
   em_state *S = t->S;
+  if (t->grad_fn || t->grad || t->hooks) emi_ag_release_fields(t);
   storage_release(t->storage);
   emi_free(S, t, sizeof *t);
 }
@@ -174,6 +176,7 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
   t->numel = numel;
   t->offset = 0;
   t->S = S;
+  emi_ag_clear_fields(t);
   for (int d = 0; d < ndim; d++) t->sizes[d] = sizes[d];
   emi_contiguous_strides(sizes, ndim, t->strides);
   *out = t;
@@ -191,6 +194,7 @@ em_status emi_tensor_view(em_state *S, const em_tensor *src, const int64_t *size
   t->ndim = ndim;
   t->offset = offset;
   t->S = S;
+  emi_ag_clear_fields(t);
   for (int d = 0; d < ndim; d++) { t->sizes[d] = sizes[d]; t->strides[d] = strides[d]; }
   t->numel = emi_shape_numel(sizes, ndim);
   t->storage = src->storage;

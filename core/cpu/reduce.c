@@ -31,18 +31,16 @@
 ** Two-pass ops use the same machinery twice: var = mean first, then the sum of
 ** squared deviations from it; logsumexp = amax first, then sum(exp(x - max)).
 */
-#include "cpu.h"
-#include "dynfor.h"
+#include "reduce.h"
 #include "vecmath.h"
 #include <math.h>
 #include <stdlib.h>
 
 enum {
   LANES = 16,        /* independent accumulators of the segment kernels */
-  CB = 256,          /* columns per OUTER task: a 2 KB accumulator row in L1 */
   BLOCK = 65536,     /* elements per partial of a long reduction */
-  GRAIN = 32768,     /* elements below which work stays on one thread */
-  CHUNK = 256,       /* conversion buffer for dtypes without a native kernel */
+  CB = EMX_CB,
+  CHUNK = EMX_CHUNK,
 };
 
 /* -- Accumulation kinds -------------------------------------------------------
@@ -154,15 +152,18 @@ DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
       return r;                                                                   \
     }                                                                             \
     double d[16] = {0};                                                           \
-    for (; i + 1024 <= n; i += 1024) {                                            \
+    while (i + 256 <= n) {          /* blocks of up to 1024, whole 64s */         \
+      int64_t blk = n - i >= 1024 ? 1024 : (n - i) & ~(int64_t)63;                \
       float f[64] = {0};                                                          \
-      for (int k = 0; k < 1024; k += 64)                                          \
+      for (int64_t k = 0; k < blk; k += 64)                                       \
         for (int j = 0; j < 64; j++) {                                            \
           float x = a[i + k + j];                                                 \
           f[j] += (EXPR);                                                         \
         }                                                                         \
-      for (int j = 0; j < 16; j++)                                                \
-        d[j] += (double)((f[j] + f[j + 16]) + (f[j + 32] + f[j + 48]));           \
+      float g[16];                                                                \
+      for (int j = 0; j < 16; j++) g[j] = (f[j] + f[j + 16]) + (f[j + 32] + f[j + 48]); \
+      for (int j = 0; j < 8; j++) d[j] += (double)(g[j] + g[j + 8]);              \
+      i += blk;                                                                   \
     }                                                                             \
     for (; i + 16 <= n; i += 16)                                                  \
       for (int j = 0; j < 16; j++) {                                              \
@@ -322,7 +323,7 @@ static void irows(int kind, int64_t *acc, const int64_t *a, int64_t M) {
 
 /* -- Loading any dtype ---------------------------------------------------------
 ** n elements st bytes apart, into a double or int64 buffer. */
-static void load_f64(double *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
+void emi_load_row_f64(double *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
   switch (dt) {
   case EM_FLOAT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const float *)(p + i * st); break;
   case EM_FLOAT64: for (int64_t i = 0; i < n; i++) buf[i] = *(const double *)(p + i * st); break;
@@ -342,7 +343,7 @@ static void load_f64(double *buf, const char *p, int64_t n, int64_t st, em_dtype
   }
 }
 
-static void load_i64(int64_t *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
+void emi_load_row_i64(int64_t *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
   switch (dt) {
   case EM_INT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const int32_t *)(p + i * st); break;
   case EM_INT64: for (int64_t i = 0; i < n; i++) buf[i] = *(const int64_t *)(p + i * st); break;
@@ -364,19 +365,8 @@ static void store_i64(void *p, em_dtype dt, int64_t v) {
 
 /* -- Plan -------------------------------------------------------------------- */
 
-typedef struct rplan {
-  const char *base;
-  em_dtype dt;
-  int64_t esz;
-  int nk, nr;
-  int64_t ksz[EM_MAX_DIMS], kst[EM_MAX_DIMS], kos[EM_MAX_DIMS]; /* a bytes, out elems */
-  int64_t rsz[EM_MAX_DIMS], rst[EM_MAX_DIMS];                   /* a bytes */
-  int64_t K, R;
-  int outer;     /* OUTER shape: kept dim vk is contiguous in a */
-  int vk;
-} rplan;
 
-static void plan_init(rplan *pl, const em_tensor *a, unsigned mask) {
+void emi_reduce_plan(rplan *pl, const em_tensor *a, unsigned mask) {
   int64_t esz = (int64_t)em_dtype_size(a->dtype);
   int64_t ost[EM_MAX_DIMS], s = 1;
   pl->base = em_tensor_data(a);
@@ -433,40 +423,6 @@ static void plan_init(rplan *pl, const em_tensor *a, unsigned mask) {
       if (pl->kst[i] == esz) { pl->outer = 1; pl->vk = i; }
 }
 
-/* A multi-index over n dims that tracks two offsets (e.g. input bytes and
-** output elements) as it steps, so hot loops never divide. */
-typedef struct walker {
-  int n;
-  int64_t sz[EM_MAX_DIMS], idx[EM_MAX_DIMS], st[EM_MAX_DIMS], st2[EM_MAX_DIMS];
-  int64_t off, off2;
-} walker;
-
-static void walk_init(walker *w, int n, const int64_t *sz, const int64_t *st,
-                      const int64_t *st2, int64_t lin) {
-  w->n = n;
-  w->off = w->off2 = 0;
-  for (int d = n - 1; d >= 0; d--) {
-    w->sz[d] = sz[d];
-    w->st[d] = st[d];
-    w->st2[d] = st2 ? st2[d] : 0;
-    w->idx[d] = lin % sz[d];
-    lin /= sz[d];
-    w->off += w->idx[d] * w->st[d];
-    w->off2 += w->idx[d] * w->st2[d];
-  }
-}
-
-static inline void walk_next(walker *w) {
-  for (int d = w->n - 1; d >= 0; d--) {
-    w->off += w->st[d];
-    w->off2 += w->st2[d];
-    if (++w->idx[d] < w->sz[d]) return;
-    w->off -= w->st[d] * w->sz[d];
-    w->off2 -= w->st2[d] * w->sz[d];
-    w->idx[d] = 0;
-  }
-}
-
 /* -- Jobs ---------------------------------------------------------------------- */
 
 typedef union racc { double f; int64_t i; } racc;
@@ -487,6 +443,7 @@ typedef struct rjob {
   double *dres;          /* when set, results go here as doubles instead */
   racc *partial;         /* nb > 1: partial[b * K + k] */
   int64_t nb, rb;        /* blocks per output and reduced elements per block */
+  int64_t kblk;          /* INNER, nb == 1: outputs per task (inner_block) when > 1 */
   int64_t M, W, ncb, Ko; /* OUTER: vector length, task width, column blocks, rows of k */
   walker kw0;            /* OUTER: template walker over the kept dims except vk */
   int kon;
@@ -520,7 +477,43 @@ static inline void finish(const rjob *j, int64_t k, racc acc) {
   else emi_store_f64(j->obase + k * j->osz, j->odt, v);
 }
 
-/* Reduce the reduced elements [r0, r1) of the output whose input starts at p0. */
+/* Fold one segment of n elements, sst bytes apart, into acc. */
+static inline racc seg_acc(const rjob *j, const char *p, int64_t n, int64_t sst, racc acc,
+                           double s) {
+  const rplan *pl = &j->pl;
+  if (j->icls) {
+    int64_t buf[CHUNK];
+    for (int64_t c = 0; c < n; c += CHUNK) {
+      int64_t m = n - c < CHUNK ? n - c : CHUNK;
+      emi_load_row_i64(buf, p + c * sst, m, sst, pl->dt);
+      acc.i = iseg(j->kind, buf, m, acc.i);
+    }
+    return acc;
+  }
+  const fkind *fk = &FKINDS[j->kind];
+  if (sst == pl->esz && pl->dt == EM_FLOAT32) {
+    acc.f = comb(fk->comb, acc.f, fk->seg32((const float *)p, n, s, j->p));
+  } else if (sst == pl->esz && pl->dt == EM_FLOAT64) {
+    acc.f = comb(fk->comb, acc.f, fk->seg64((const double *)p, n, s, j->p));
+  } else {
+    double buf[CHUNK];
+    for (int64_t c = 0; c < n; c += CHUNK) {
+      int64_t m = n - c < CHUNK ? n - c : CHUNK;
+      emi_load_row_f64(buf, p + c * sst, m, sst, pl->dt);
+      acc.f = comb(fk->comb, acc.f, fk->seg64(buf, m, s, j->p));
+    }
+  }
+  return acc;
+}
+
+static inline racc ident(const rjob *j) {
+  racc a;
+  if (j->icls) a.i = iident(j->kind); else a.f = FKINDS[j->kind].id;
+  return a;
+}
+
+/* Reduce the reduced elements [r0, r1) of the output whose input starts at p0:
+** segments along the innermost reduced dim, the outer reduced dims walked. */
 static racc inner_range(const rjob *j, const char *p0, int64_t r0, int64_t r1, double s) {
   const rplan *pl = &j->pl;
   int nr = pl->nr;
@@ -528,47 +521,46 @@ static racc inner_range(const rjob *j, const char *p0, int64_t r0, int64_t r1, d
   walker w;
   walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 ? r0 / L : 0);
   int64_t ri = r0 ? r0 % L : 0;
-  racc acc;
-  if (j->icls) {
-    int64_t buf[CHUNK];
-    acc.i = iident(j->kind);
-    for (int64_t r = r0; r < r1;) {
-      int64_t n = L - ri < r1 - r ? L - ri : r1 - r;
-      const char *p = p0 + w.off + ri * sst;
-      for (int64_t c = 0; c < n; c += CHUNK) {
-        int64_t m = n - c < CHUNK ? n - c : CHUNK;
-        load_i64(buf, p + c * sst, m, sst, pl->dt);
-        acc.i = iseg(j->kind, buf, m, acc.i);
-      }
-      r += n;
-      ri = 0;
-      walk_next(&w);
-    }
-    return acc;
-  }
-  const fkind *fk = &FKINDS[j->kind];
-  double a = fk->id;
+  racc acc = ident(j);
   for (int64_t r = r0; r < r1;) {
     int64_t n = L - ri < r1 - r ? L - ri : r1 - r;
-    const char *p = p0 + w.off + ri * sst;
-    if (sst == pl->esz && pl->dt == EM_FLOAT32) {
-      a = comb(fk->comb, a, fk->seg32((const float *)p, n, s, j->p));
-    } else if (sst == pl->esz && pl->dt == EM_FLOAT64) {
-      a = comb(fk->comb, a, fk->seg64((const double *)p, n, s, j->p));
-    } else {
-      double buf[CHUNK];
-      for (int64_t c = 0; c < n; c += CHUNK) {
-        int64_t m = n - c < CHUNK ? n - c : CHUNK;
-        load_f64(buf, p + c * sst, m, sst, pl->dt);
-        a = comb(fk->comb, a, fk->seg64(buf, m, s, j->p));
-      }
-    }
+    acc = seg_acc(j, p0 + w.off + ri * sst, n, sst, acc, s);
     r += n;
     ri = 0;
     walk_next(&w);
   }
-  acc.f = a;
   return acc;
+}
+
+/* Outputs [k0, k1) together, in memory order: for each position of the outer
+** reduced dims, one segment per output. When a kept dim lies between reduced
+** ones (mean over (0, 2, 3) of NCHW) this reads memory front to back instead
+** of jumping between short segments far apart; each output still folds its
+** segments in the same order, so results are those of inner_range. */
+static void inner_block(const rjob *j, int64_t k0, int64_t k1) {
+  enum { KB = 64 };
+  const rplan *pl = &j->pl;
+  int nr = pl->nr;
+  int64_t L = pl->rsz[nr - 1], sst = pl->rst[nr - 1], Ro = pl->R / L;
+  walker kw;
+  walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k0);
+  for (int64_t kb = k0; kb < k1; kb += KB) {
+    int64_t nk = k1 - kb < KB ? k1 - kb : KB;
+    int64_t koff[KB];
+    racc acc[KB];
+    double sh[KB];
+    for (int64_t i = 0; i < nk; i++, walk_next(&kw)) {
+      koff[i] = kw.off;
+      acc[i] = ident(j);
+      sh[i] = j->shift ? j->shift[kb + i] : 0;
+    }
+    walker rw;
+    walk_init(&rw, nr - 1, pl->rsz, pl->rst, NULL, 0);
+    for (int64_t ro = 0; ro < Ro; ro++, walk_next(&rw))
+      for (int64_t i = 0; i < nk; i++)
+        acc[i] = seg_acc(j, pl->base + koff[i] + rw.off, L, sst, acc[i], sh[i]);
+    for (int64_t i = 0; i < nk; i++) finish(j, kb + i, acc[i]);
+  }
 }
 
 /* INNER tasks: t = k * nb + b. */
@@ -591,6 +583,11 @@ static void inner_task(void *ctx, int64_t t0, int64_t t1) {
                                      : fk->seg64((const double *)p, L, s, j->p);
         finish(j, k, acc);
       }
+      return;
+    }
+    if (j->kblk > 1) {       /* tasks are blocks of outputs */
+      int64_t k1 = t1 * j->kblk < pl->K ? t1 * j->kblk : pl->K;
+      inner_block(j, t0 * j->kblk, k1);
       return;
     }
     for (int64_t k = t0; k < t1; k++, walk_next(&kw)) {
@@ -647,11 +644,11 @@ static void outer_rows(const rjob *j, const char *p0, int64_t W, int64_t r0, int
     for (int64_t i = 0; i < n; i++, p += rs) {
       if (j->icls) {
         int64_t buf[CB];
-        load_i64(buf, p, W, esz, pl->dt);
+        emi_load_row_i64(buf, p, W, esz, pl->dt);
         irows(j->kind, &acc[0].i, buf, W);
       } else {
         double buf[CB];
-        load_f64(buf, p, W, esz, pl->dt);
+        emi_load_row_f64(buf, p, W, esz, pl->dt);
         fk->rows64(&acc[0].f, (const char *)buf, W, 1, 0, sh, j->p);
       }
     }
@@ -730,6 +727,7 @@ static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind,
   j.osz = (int64_t)em_dtype_size(out->dtype);
   j.dres = dres;
   j.partial = NULL;
+  j.kblk = 1;
   int64_t K = pl->K, R = pl->R;
   if (K == 0) return EM_OK;
   if (R == 0) {     /* every output is the identity, finished */
@@ -738,7 +736,7 @@ static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind,
     for (int64_t k = 0; k < K; k++) finish(&j, k, id);
     return EM_OK;
   }
-  int64_t ntask, grain, per;     /* per: elements in one task */
+  int64_t ntask, per;     /* per: elements in one task */
   if (pl->outer) {
     j.M = pl->ksz[pl->vk];
     j.W = j.M < CB ? j.M : CB;
@@ -761,8 +759,12 @@ static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind,
     j.rb = j.nb > 1 ? BLOCK : R;
     ntask = K * j.nb;
     per = j.rb;
+    if (j.nb == 1 && pl->nr >= 2 && K >= 16) {   /* memory order: see inner_block */
+      j.kblk = K / 16 < 64 ? K / 16 : 64;
+      ntask = (K + j.kblk - 1) / j.kblk;
+      per = j.kblk * R;
+    }
   }
-  grain = per >= GRAIN ? 1 : GRAIN / per;
   if (j.nb > 1) {
     size_t nbytes = sizeof(racc) * (size_t)(K * j.nb);
     j.partial = emi_malloc(S, nbytes);
@@ -770,10 +772,9 @@ static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind,
       return emi_error(S, EM_ERR_NOMEM, "%s: out of memory for %lld partial results", op,
                        (long long)(K * j.nb));
   }
-  emx_parallel_dynamic(S, ntask, grain, pl->outer ? outer_task : inner_task, &j);
+  emx_parallel_dynamic(S, ntask, per, pl->outer ? outer_task : inner_task, &j);
   if (j.partial) {
-    int64_t cg = GRAIN / j.nb;
-    emx_parallel_dynamic(S, K, cg > 0 ? cg : 1, combine_task, &j);
+    emx_parallel_dynamic(S, K, j.nb, combine_task, &j);
     emi_free(S, j.partial, sizeof(racc) * (size_t)(K * j.nb));
   }
   return EM_OK;
@@ -805,7 +806,7 @@ static em_status run_two(em_state *S, const char *op, const rplan *pl, int kind1
 em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tensor *a,
                          unsigned mask) {
   rplan pl;
-  plan_init(&pl, a, mask);
+  emi_reduce_plan(&pl, a, mask);
   int ic = is_int(a->dtype);
   switch (op) {
   case EM_SUM: return run_job(S, "sum", &pl, ic ? K_ISUM : K_SUM, 0, NULL, FIN_ID, 0, out, NULL);
@@ -826,7 +827,7 @@ em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tens
 em_status emi_cpu_var(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
                       double correction, int take_sqrt) {
   rplan pl;
-  plan_init(&pl, a, mask);
+  emi_reduce_plan(&pl, a, mask);
   return run_two(S, take_sqrt ? "std" : "var", &pl, K_SUM, FIN_MEAN, K_SUMSQDEV,
                  take_sqrt ? FIN_STD : FIN_VAR, correction, out);
 }
@@ -834,7 +835,7 @@ em_status emi_cpu_var(em_state *S, em_tensor *out, const em_tensor *a, unsigned 
 em_status emi_cpu_norm(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
                        double p) {
   rplan pl;
-  plan_init(&pl, a, mask);
+  emi_reduce_plan(&pl, a, mask);
   if (pl.R == 0) p = 1;      /* PyTorch: the norm of nothing is 0 for every p */
   if (p == 2) return run_job(S, "norm", &pl, K_SUMSQ, 0, NULL, FIN_SQRT, 0, out, NULL);
   if (p == 1) return run_job(S, "norm", &pl, K_SUMABS, 0, NULL, FIN_ID, 0, out, NULL);
@@ -842,179 +843,4 @@ em_status emi_cpu_norm(em_state *S, em_tensor *out, const em_tensor *a, unsigned
   if (isinf(p) && p > 0) return run_job(S, "norm", &pl, K_MAXABS, 0, NULL, FIN_ID, 0, out, NULL);
   if (isinf(p)) return run_job(S, "norm", &pl, K_MINABS, 0, NULL, FIN_ID, 0, out, NULL);
   return run_job(S, "norm", &pl, K_SUMPOW, p, NULL, FIN_ROOT, 1.0 / p, out, NULL);
-}
-
-/* -- arg_reduce: max/min along one dim with the index of the first hit ----------
-** NaN counts as the largest (and the smallest) value: the first NaN wins. Values
-** are copied bytewise from the winning element, so they keep a's dtype exactly.
-** Floats and the small integer dtypes compare as doubles (exact); int64 as int64. */
-
-typedef struct ajob {
-  rplan pl;
-  int want_max, ibase, i64;
-  char *vbase;             /* values data or NULL */
-  int64_t *ibase_out;      /* indices data */
-  int64_t M, ncb;          /* OUTER: vector length, column blocks */
-  int kon;
-  int64_t kosz[EM_MAX_DIMS], kost[EM_MAX_DIMS], kooo[EM_MAX_DIMS];
-} ajob;
-
-static inline int abetter_f(double x, double best, int want_max) {
-  if (x != x) return best == best;               /* first NaN wins */
-  return want_max ? x > best : x < best;
-}
-
-/* Index of the winner among n elements st bytes apart. */
-static int64_t arg_scan(const ajob *j, const char *p, int64_t n, int64_t st) {
-  const rplan *pl = &j->pl;
-  int64_t bi = 0;
-  if (pl->dt == EM_FLOAT32 && st == 4 && n < 64) {     /* short rows: one scan */
-    const float *a = (const float *)p;
-    float best = a[0];
-    if (best != best) return 0;
-    for (int64_t i = 1; i < n; i++) {
-      float x = a[i];
-      if (x != x) return i;
-      if (j->want_max ? x > best : x < best) { best = x; bi = i; }
-    }
-    return bi;
-  }
-  if (pl->dt == EM_FLOAT32 && st == 4) {
-    /* Fast path: the extreme value by the vectorised kernel, then its first
-    ** position (or the first NaN's). */
-    const float *a = (const float *)p;
-    double m = j->want_max ? fmax32(a, n, 0, 0) : fmin32(a, n, 0, 0);
-    if (m != m) { while (a[bi] == a[bi]) bi++; }
-    else { float mf = (float)m; while (a[bi] != mf) bi++; }
-    return bi;
-  }
-  if (j->i64) {
-    int64_t buf[CHUNK], best = 0;
-    for (int64_t c = 0; c < n; c += CHUNK) {
-      int64_t m = n - c < CHUNK ? n - c : CHUNK;
-      load_i64(buf, p + c * st, m, st, pl->dt);
-      if (c == 0) best = buf[0];
-      for (int64_t i = 0; i < m; i++)
-        if (j->want_max ? buf[i] > best : buf[i] < best) { best = buf[i]; bi = c + i; }
-    }
-    return bi;
-  }
-  double buf[CHUNK], best = 0;
-  for (int64_t c = 0; c < n; c += CHUNK) {
-    int64_t m = n - c < CHUNK ? n - c : CHUNK;
-    load_f64(buf, p + c * st, m, st, pl->dt);
-    if (c == 0) best = buf[0];
-    for (int64_t i = 0; i < m; i++) {
-      if (abetter_f(buf[i], best, j->want_max)) { best = buf[i]; bi = c + i; }
-      if (best != best) return bi;
-    }
-  }
-  return bi;
-}
-
-static void arg_put(const ajob *j, int64_t k, const char *p0, int64_t idx) {
-  const rplan *pl = &j->pl;
-  j->ibase_out[k] = idx + j->ibase;
-  if (j->vbase)
-    memcpy(j->vbase + k * pl->esz, p0 + idx * pl->rst[0], (size_t)pl->esz);
-}
-
-static void arg_inner_task(void *ctx, int64_t k0, int64_t k1) {
-  const ajob *j = ctx;
-  const rplan *pl = &j->pl;
-  walker kw;
-  walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k0);
-  for (int64_t k = k0; k < k1; k++, walk_next(&kw)) {
-    const char *p0 = pl->base + kw.off;
-    arg_put(j, k, p0, arg_scan(j, p0, pl->R, pl->rst[0]));
-  }
-}
-
-/* Columns contiguous in a: best[c] and idx[c] per column, rows along dim. */
-static void arg_outer_task(void *ctx, int64_t t0, int64_t t1) {
-  const ajob *j = ctx;
-  const rplan *pl = &j->pl;
-  int64_t vos = pl->kos[pl->vk], esz = pl->esz, rs = pl->rst[0];
-  for (int64_t t = t0; t < t1; t++) {
-    int64_t cb = t % j->ncb, ko = t / j->ncb;
-    int64_t c0 = cb * CB, W = j->M - c0 < CB ? j->M - c0 : CB;
-    walker kw;
-    walk_init(&kw, j->kon, j->kosz, j->kost, j->kooo, ko);
-    const char *p0 = pl->base + kw.off + c0 * esz;
-    int64_t idx[CB];
-    for (int64_t c = 0; c < W; c++) idx[c] = 0;
-    if (j->i64) {
-      int64_t best[CB], buf[CB];
-      load_i64(best, p0, W, esz, pl->dt);
-      for (int64_t r = 1; r < pl->R; r++) {
-        load_i64(buf, p0 + r * rs, W, esz, pl->dt);
-        for (int64_t c = 0; c < W; c++)
-          if (j->want_max ? buf[c] > best[c] : buf[c] < best[c]) { best[c] = buf[c]; idx[c] = r; }
-      }
-    } else if (pl->dt == EM_FLOAT32) {
-      float best[CB];
-      memcpy(best, p0, (size_t)W * 4);
-      for (int64_t r = 1; r < pl->R; r++) {
-        const float *a = (const float *)(p0 + r * rs);
-        if (j->want_max) {
-          for (int64_t c = 0; c < W; c++) {
-            float x = a[c], b = best[c];
-            int take = x > b || (x != x && b == b);
-            best[c] = take ? x : b;
-            idx[c] = take ? r : idx[c];
-          }
-        } else {
-          for (int64_t c = 0; c < W; c++) {
-            float x = a[c], b = best[c];
-            int take = x < b || (x != x && b == b);
-            best[c] = take ? x : b;
-            idx[c] = take ? r : idx[c];
-          }
-        }
-      }
-    } else {
-      double best[CB], buf[CB];
-      load_f64(best, p0, W, esz, pl->dt);
-      for (int64_t r = 1; r < pl->R; r++) {
-        load_f64(buf, p0 + r * rs, W, esz, pl->dt);
-        for (int64_t c = 0; c < W; c++)
-          if (abetter_f(buf[c], best[c], j->want_max)) { best[c] = buf[c]; idx[c] = r; }
-      }
-    }
-    int64_t ob = kw.off2 + c0 * vos;
-    for (int64_t c = 0; c < W; c++) arg_put(j, ob + c * vos, p0 + c * esz, idx[c]);
-  }
-}
-
-em_status emi_cpu_arg_reduce(em_state *S, em_tensor *values, em_tensor *indices,
-                             const em_tensor *a, int dim, int want_max, int index_base) {
-  ajob j;
-  plan_init(&j.pl, a, a->ndim ? 1u << dim : 0);
-  const rplan *pl = &j.pl;
-  j.want_max = want_max;
-  j.ibase = index_base;
-  j.i64 = !em_dtype_is_floating(a->dtype);
-  j.vbase = values ? em_tensor_data(values) : NULL;
-  j.ibase_out = em_tensor_data(indices);
-  if (pl->K == 0) return EM_OK;
-  if (pl->R == 0)
-    return emi_error(S, EM_ERR_SHAPE, "%s: cannot reduce over dimension %d of size 0 "
-                     "(shape %s)", want_max ? "argmax" : "argmin", dim, emi_tshape(S, a));
-  if (pl->outer && pl->R > 1) {
-    j.M = pl->ksz[pl->vk];
-    j.ncb = (j.M + CB - 1) / CB;
-    j.kon = 0;
-    for (int i = 0; i < pl->nk; i++) {
-      if (i == pl->vk) continue;
-      j.kosz[j.kon] = pl->ksz[i];
-      j.kost[j.kon] = pl->kst[i];
-      j.kooo[j.kon++] = pl->kos[i];
-    }
-    int64_t per = (j.M < CB ? j.M : CB) * pl->R;
-    emx_parallel_dynamic(S, pl->K / j.M * j.ncb, per >= GRAIN ? 1 : GRAIN / per,
-                     arg_outer_task, &j);
-  } else {
-    emx_parallel_dynamic(S, pl->K, pl->R >= GRAIN ? 1 : GRAIN / pl->R, arg_inner_task, &j);
-  }
-  return EM_OK;
 }

@@ -16,12 +16,11 @@
 **   generic  any strides, float16/bfloat16/float64: each slice is read three
 **            times in chunks through a double buffer (no allocation at all).
 */
-#include "cpu.h"
-#include "dynfor.h"
+#include "reduce.h"
 #include "vecmath.h"
 #include <math.h>
 
-enum { CB = 256, CHUNK = 256, GRAIN = 32768, LANES = 16 };
+enum { CB = 256, CHUNK = 256, LANES = 16 };
 
 /* Sum in double lanes (the values are exps in [0, 1], already in L1). */
 static double sum_f32(const float *restrict a, int64_t n) {
@@ -69,34 +68,24 @@ typedef struct sjob {
   int64_t P, Q;                            /* columns shape: (P, n, Q) */
 } sjob;
 
-static void slice_walk(const sjob *j, int64_t lin, int64_t *ioff, int64_t *ooff) {
-  *ioff = *ooff = 0;
-  for (int d = j->no - 1; d >= 0; d--) {
-    int64_t i = lin % j->osz[d];
-    lin /= j->osz[d];
-    *ioff += i * j->ist[d];
-    *ooff += i * j->oost[d];
-  }
-}
 
 static void rows_task(void *ctx, int64_t r0, int64_t r1) {
   const sjob *j = ctx;
-  for (int64_t r = r0; r < r1; r++) {
-    int64_t io, oo;
-    slice_walk(j, r, &io, &oo);
-    row_f32((float *)j->obase + oo, (const float *)(j->base + io), j->n, j->log);
-  }
+  walker w;
+  walk_init(&w, j->no, j->osz, j->ist, j->oost, r0);
+  for (int64_t r = r0; r < r1; r++, walk_next(&w))
+    row_f32((float *)j->obase + w.off2, (const float *)(j->base + w.off), j->n, j->log);
 }
 
 static void generic_task(void *ctx, int64_t r0, int64_t r1) {
   const sjob *j = ctx;
   double buf[CHUNK];
   int64_t n = j->n, st = j->st, osz = (int64_t)em_dtype_size(j->dt);
-  for (int64_t r = r0; r < r1; r++) {
-    int64_t io, oo;
-    slice_walk(j, r, &io, &oo);
-    const char *p = j->base + io;
-    char *o = j->obase + oo * osz;
+  walker w;
+  walk_init(&w, j->no, j->osz, j->ist, j->oost, r0);
+  for (int64_t r = r0; r < r1; r++, walk_next(&w)) {
+    const char *p = j->base + w.off;
+    char *o = j->obase + w.off2 * osz;
     double m = -INFINITY, s = 0;
     for (int64_t c = 0; c < n; c += CHUNK) {
       int64_t k = n - c < CHUNK ? n - c : CHUNK;
@@ -179,14 +168,17 @@ em_status emi_cpu_softmax(em_state *S, em_tensor *out, const em_tensor *a, int d
     j.ist[j.no] = a->strides[d] * j.esz;
     j.oost[j.no++] = out->strides[d];
   }
-  int64_t rows = a->numel / j.n, grain = j.n >= GRAIN ? 1 : GRAIN / j.n;
+  /* Work estimates for the thread decision, in "sum elements": the float
+  ** paths make four passes, one with an exp, and a log per slice; the generic
+  ** one calls libm per element. */
+  int64_t rows = a->numel / j.n;
   if (j.dt == EM_FLOAT32 && (j.st == 4 || j.n == 1) && (j.ost == 1 || j.n == 1)) {
-    emx_parallel_dynamic(S, rows, grain, rows_task, &j);
+    emx_parallel_dynamic(S, rows, 8 * j.n, rows_task, &j);
   } else if (j.dt == EM_FLOAT32 && em_tensor_is_contiguous(a) && j.Q > 1) {
-    int64_t ncb = (j.Q + CB - 1) / CB, per = j.n * (j.Q < CB ? j.Q : CB);
-    emx_parallel_dynamic(S, j.P * ncb, per >= GRAIN ? 1 : GRAIN / per, cols_task, &j);
+    int64_t ncb = (j.Q + CB - 1) / CB;
+    emx_parallel_dynamic(S, j.P * ncb, 8 * j.n * (j.Q < CB ? j.Q : CB), cols_task, &j);
   } else {
-    emx_parallel_dynamic(S, rows, grain, generic_task, &j);
+    emx_parallel_dynamic(S, rows, 32 * j.n, generic_task, &j);
   }
   return EM_OK;
 }

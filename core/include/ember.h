@@ -271,6 +271,211 @@ em_status em_gather(em_state *S, const em_tensor *a, int dim, const em_tensor *i
 em_status em_one_hot(em_state *S, const em_tensor *labels, int64_t n, int index_base,
                      em_tensor **out);
 
+/* -- Saving ---------------------------------------------------------------------
+** safetensors files: an 8-byte little-endian header length N, N bytes of JSON
+** {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+** "__metadata__": {"key": "value", ...}}, then the tensors' bytes (little-endian,
+** row-major), covered exactly by the offsets. Dtypes F32 F64 F16 BF16 I32 I64 U8
+** BOOL map to ember's; files with other dtypes (I8, U16, F8_*, ...) open, but
+** reading those tensors fails with EM_ERR_DTYPE.
+**
+** em_safetensors_open reads and validates the whole header (every entry, the
+** offsets covering the data with no gap or overlap, no duplicate names) without
+** reading tensor data; any lie in the file is EM_ERR_IO with a message naming
+** the file and the problem. Names, keys and values are valid until close;
+** entries keep the file's header order. */
+typedef struct em_safetensors em_safetensors;
+
+em_status em_safetensors_open(em_state *S, const char *path, em_safetensors **out);
+void em_safetensors_close(em_safetensors *f);
+int64_t em_safetensors_count(const em_safetensors *f);
+/* Name of entry i (0-based), or NULL when i is out of range. */
+const char *em_safetensors_name(const em_safetensors *f, int64_t i);
+/* Index of the entry called name, or -1. */
+int64_t em_safetensors_find(const em_safetensors *f, const char *name);
+/* Dtype and shape of entry i without reading it (shape has room for EM_MAX_DIMS). */
+em_status em_safetensors_info(em_state *S, const em_safetensors *f, int64_t i,
+                              em_dtype *dt, int *ndim, int64_t *shape);
+/* Reads entry i into a new contiguous CPU tensor. */
+em_status em_safetensors_get(em_state *S, em_safetensors *f, int64_t i, em_tensor **out);
+/* The __metadata__ pairs, in file order. */
+int64_t em_safetensors_metadata_count(const em_safetensors *f);
+const char *em_safetensors_metadata_key(const em_safetensors *f, int64_t i);
+const char *em_safetensors_metadata_value(const em_safetensors *f, int64_t i);
+
+/* Writes n tensors (any strides; CPU) under the given names, plus nmeta metadata
+** pairs (NULL arrays when n or nmeta is 0). Names and metadata must be valid
+** UTF-8 and unique; "__metadata__" is not a tensor name. The file is written to
+** a temporary file in the same folder and renamed over path, so path holds
+** either its old content or the complete new one, never a mix; with
+** EM_SAVE_SYNC the data and the rename are also flushed to the disk (fsync of
+** the file, then of the folder) before the call returns. */
+enum { EM_SAVE_SYNC = 1 };
+em_status em_safetensors_write(em_state *S, const char *path, const char *const *names,
+                               em_tensor *const *tensors, int64_t n,
+                               const char *const *meta_keys,
+                               const char *const *meta_values, int64_t nmeta, int flags);
+
+/* -- Autograd --------------------------------------------------------------------
+** Reverse-mode automatic differentiation (API.md, "Autograd"). With grad mode on
+** (the default), every differentiable op whose inputs require grad records how
+** to differentiate it; em_backward walks that graph once, from a root, and adds
+** the gradients into the .grad of the leaves (tensors marked with
+** em_tensor_set_requires_grad). The graph is freed as it is walked. */
+em_status em_set_grad_enabled(em_state *S, int enabled);
+int em_is_grad_enabled(em_state *S);
+/* Only floating-point tensors can require grad; only leaves can be unmarked. */
+em_status em_tensor_set_requires_grad(em_state *S, em_tensor *t, int flag);
+int em_tensor_requires_grad(const em_tensor *t);
+/* A tensor with no recorded history (a leaf). */
+int em_tensor_is_leaf(const em_tensor *t);
+/* A new reference to t's accumulated gradient, or NULL when there is none. */
+em_tensor *em_tensor_grad(const em_tensor *t);
+/* Replaces t's gradient (g may be NULL to clear it; same shape otherwise). */
+em_status em_tensor_set_grad(em_state *S, em_tensor *t, em_tensor *g);
+/* Backpropagates from root. grad is d(out)/d(root) with root's shape, or NULL
+** for a one-element root (taken as 1). */
+em_status em_backward(em_state *S, em_tensor *root, const em_tensor *grad);
+/* A view of a sharing its storage but with no history and requires_grad off. */
+em_status em_detach(em_state *S, const em_tensor *a, em_tensor **out);
+/* fn(S, t, ud) is called once per backward when the gradient of leaf t is final
+** (t->grad holds the sum of this backward's contributions); an error it returns
+** stops the backward. */
+typedef em_status (*em_grad_hook_fn)(em_state *S, em_tensor *t, void *ud);
+em_status em_tensor_add_grad_hook(em_state *S, em_tensor *t, em_grad_hook_fn fn, void *ud);
+
+/* -- Optimizer kernels ----------------------------------------------------------
+** One fused in-place pass per parameter, following PyTorch 1.13's update rules.
+** The parameter must be a contiguous float32/float64 tensor; grad and the state
+** tensors must be contiguous with its shape, dtype and device.
+**
+** SGD: d = grad + weight_decay*param; with momentum != 0, momentum_buf becomes d on
+** the first step (first_step != 0) and momentum*buf + (1-dampening)*d afterwards,
+** and d becomes d + momentum*buf (nesterov) or buf; then param -= lr*d.
+** momentum_buf may be NULL when momentum == 0. */
+em_status em_sgd_step_(em_state *S, em_tensor *param, const em_tensor *grad,
+                       em_tensor *momentum_buf, double lr, double momentum,
+                       double dampening, double weight_decay, int nesterov,
+                       int first_step);
+/* Adam (decoupled = 0: grad += weight_decay*param) or AdamW (decoupled != 0:
+** param *= 1 - lr*weight_decay first). step is the 1-based step count after this
+** update (bias corrections 1 - beta^step). exp_avg and exp_avg_sq start as zeros. */
+em_status em_adam_step_(em_state *S, em_tensor *param, const em_tensor *grad,
+                        em_tensor *exp_avg, em_tensor *exp_avg_sq, double lr, double beta1,
+                        double beta2, double eps, double weight_decay, int decoupled,
+                        int64_t step);
+
+/* -- Neural network kernels ------------------------------------------------
+** The raw forward and backward of the nn layers, as separate calls (autograd
+** pairs them). CPU, float32 and float64 (every tensor of one call shares the
+** dtype; integer targets/indices are int32 or int64), NCHW layout, any strides.
+** Pair arguments (stride, padding, dilation, kernel) are two ints: {h, w}. */
+/* conv2d: input (N,C,H,W), weight (O,C/groups,kH,kW), bias (O) or NULL. */
+em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight,
+                    const em_tensor *bias, const int64_t *stride, const int64_t *padding,
+                    const int64_t *dilation, int64_t groups, em_tensor **out);
+/* Each of grad_input, grad_weight, grad_bias may be NULL (not wanted). */
+em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
+                             const em_tensor *input, const em_tensor *weight,
+                             const int64_t *stride, const int64_t *padding,
+                             const int64_t *dilation, int64_t groups,
+                             em_tensor **grad_input, em_tensor **grad_weight,
+                             em_tensor **grad_bias);
+/* Pooling over (N,C,H,W) or (C,H,W). stride NULL = kernel. max_pool2d's indices
+** (int64, input's shape but output-sized) are flat h*W+w + index_base in each
+** plane; padding is implicitly -inf, NaN propagates. */
+em_status em_max_pool2d(em_state *S, const em_tensor *input, const int64_t *kernel,
+                        const int64_t *stride, const int64_t *padding,
+                        const int64_t *dilation, int ceil_mode, int index_base,
+                        em_tensor **out, em_tensor **indices);
+em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, const em_tensor *indices,
+                                 int index_base, em_tensor **grad_input);
+em_status em_avg_pool2d(em_state *S, const em_tensor *input, const int64_t *kernel,
+                        const int64_t *stride, const int64_t *padding, int ceil_mode,
+                        int count_include_pad, em_tensor **out);
+em_status em_avg_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, const int64_t *kernel,
+                                 const int64_t *stride, const int64_t *padding,
+                                 int ceil_mode, int count_include_pad,
+                                 em_tensor **grad_input);
+/* output_size {oh, ow}. */
+em_status em_adaptive_avg_pool2d(em_state *S, const em_tensor *input,
+                                 const int64_t *output_size, em_tensor **out);
+em_status em_adaptive_avg_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                          const em_tensor *input,
+                                          em_tensor **grad_input);
+/* Losses. reduction: EM_REDUCE_NONE (per-sample loss, shape (N)), _MEAN, _SUM
+** (0-d). Targets are class indices (int32/int64) counted from index_base; a
+** target equal to ignore_index (compared before index_base is taken off, e.g.
+** -100) contributes nothing and is left out of the mean's count. */
+enum { EM_REDUCE_NONE = 0, EM_REDUCE_MEAN = 1, EM_REDUCE_SUM = 2 };
+/* Fused log_softmax + nll over logits (N,C). lse (may be NULL) receives the
+** per-row log-sum-exp (N), which the backward needs. */
+em_status em_cross_entropy(em_state *S, const em_tensor *logits, const em_tensor *target,
+                           int index_base, int64_t ignore_index,
+                           double label_smoothing, int reduction, em_tensor **loss,
+                           em_tensor **lse);
+em_status em_cross_entropy_backward(em_state *S, const em_tensor *grad_loss,
+                                    const em_tensor *logits, const em_tensor *target,
+                                    const em_tensor *lse, int index_base,
+                                    int64_t ignore_index, double label_smoothing,
+                                    int reduction, em_tensor **grad_logits);
+/* nll_loss on log-probabilities (N,C). */
+em_status em_nll_loss(em_state *S, const em_tensor *logp, const em_tensor *target,
+                      int index_base, int64_t ignore_index, int reduction,
+                      em_tensor **loss);
+em_status em_nll_loss_backward(em_state *S, const em_tensor *grad_loss,
+                               const em_tensor *logp, const em_tensor *target,
+                               int index_base, int64_t ignore_index, int reduction,
+                               em_tensor **grad_input);
+/* Elementwise losses: input and target of the same shape; the backward gives
+** the gradient for input (target's is its negation for mse). */
+em_status em_mse_loss(em_state *S, const em_tensor *input, const em_tensor *target,
+                      int reduction, em_tensor **loss);
+em_status em_mse_loss_backward(em_state *S, const em_tensor *grad_loss,
+                               const em_tensor *input, const em_tensor *target,
+                               int reduction, em_tensor **grad_input);
+em_status em_bce_with_logits(em_state *S, const em_tensor *input, const em_tensor *target,
+                             int reduction, em_tensor **loss);
+em_status em_bce_with_logits_backward(em_state *S, const em_tensor *grad_loss,
+                                      const em_tensor *input, const em_tensor *target,
+                                      int reduction, em_tensor **grad_input);
+/* batch_norm over (N,C) or (N,C,*): weight, bias (C) or NULL; running_mean/var
+** (C) or NULL. training: batch statistics, and running stats (when given) are
+** updated in place: r = (1-momentum)*r + momentum*batch (unbiased variance for
+** running_var). Not training: running stats are used (required). save_mean and
+** save_invstd (C) are for the backward (may be NULL). */
+em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *weight,
+                        const em_tensor *bias, em_tensor *running_mean,
+                        em_tensor *running_var, int training, double momentum,
+                        double eps, em_tensor **out, em_tensor **save_mean,
+                        em_tensor **save_invstd);
+em_status em_batch_norm_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, const em_tensor *weight,
+                                 const em_tensor *save_mean,
+                                 const em_tensor *save_invstd, int training,
+                                 em_tensor **grad_input, em_tensor **grad_weight,
+                                 em_tensor **grad_bias);
+/* layer_norm over the last normalized_ndim dims; weight, bias of those dims or
+** NULL. mean and rstd (may be NULL) have input's shape with those dims of size 1. */
+em_status em_layer_norm(em_state *S, const em_tensor *input, int normalized_ndim,
+                        const em_tensor *weight, const em_tensor *bias, double eps,
+                        em_tensor **out, em_tensor **mean, em_tensor **rstd);
+em_status em_layer_norm_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, int normalized_ndim,
+                                 const em_tensor *mean, const em_tensor *rstd,
+                                 const em_tensor *weight, em_tensor **grad_input,
+                                 em_tensor **grad_weight, em_tensor **grad_bias);
+/* In place, out and src of one dtype (any), idx int32/int64:
+** index_add_: out[.., idx[i], ..] += src[.., i, ..] along dim (idx 1-D);
+** scatter_add_: out[.., idx[p], ..] += src[p] at every position p of idx (same
+** ndim as out and src, no larger than src, nor than out outside dim). */
+em_status em_index_add_(em_state *S, em_tensor *out, int dim, const em_tensor *idx,
+                        const em_tensor *src, int index_base);
+em_status em_scatter_add_(em_state *S, em_tensor *out, int dim, const em_tensor *idx,
+                          const em_tensor *src, int index_base);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,13 +4,17 @@
 ** are a fill or a conversion (full, from_data).
 */
 #include "ewise.h"
+#include "../autograd/autograd.h"
 
 em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
   const char *op = "copy_";
   em_status st;
   if ((st = emi_check_tensor(S, op, dst)) || (st = emi_check_tensor(S, op, src)) ||
-      (st = emi_check_devices(S, op, dst, src)))
+      (st = emi_check_devices(S, op, dst, src)) || (st = emi_ag_inplace(S, op, dst)))
     return st;
+  if (emi_ag_wanted1(S, src))
+    return emi_error(S, EM_ERR_UNSUPPORTED, "copy_: autograd can't follow an in-place copy "
+                     "from a tensor that requires grad; use clone() or to()");
   if (emi_internal_overlap(dst))
     return emi_error(S, EM_ERR_ARG, "%s: can't write in place into a tensor of shape %s "
                      "whose elements share memory (an expanded view); clone it first",
@@ -40,6 +44,7 @@ em_status em_clone(em_state *S, const em_tensor *a, em_tensor **out) {
     return st;
   if ((st = emi_backend_of(S, a->device)->copy(S, r, a))) { em_tensor_release(r); return st; }
   *out = r;
+  if (emi_ag_wanted1(S, a)) return emi_ag_record_copy(S, "copy", a, out);
   return EM_OK;
 }
 
@@ -72,6 +77,7 @@ em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_ten
   if ((st = emi_tensor_new(S, "to", a->sizes, a->ndim, dt, device, &r))) return st;
   if ((st = emi_backend_of(S, a->device)->copy(S, r, a))) { em_tensor_release(r); return st; }
   *out = r;
+  if (emi_ag_wanted1(S, a)) return emi_ag_record_copy(S, "copy", a, out);
   return EM_OK;
 }
 

@@ -14,6 +14,7 @@
 ** exactly the same elements (a:add_(a) needs no copy, a:add_(a:t()) does).
 */
 #include "ewise.h"
+#include "../autograd/autograd.h"
 #include <math.h>
 
 /* -- Backend calls -----------------------------------------------------------------------
@@ -92,7 +93,7 @@ static em_status unary_like_(em_state *S, const char *op, const ucall *c, em_ten
                              em_dtype ct, em_dtype rt) {
   if (!emi_can_cast(rt, a->dtype)) return emi_cast_error(S, op, rt, a->dtype);
   em_status st = check_inplace_target(S, op, a);
-  if (st) return st;
+  if (st || (st = emi_ag_inplace(S, op, a))) return st;
   if (ct == a->dtype && rt == a->dtype) return ucall_run(S, c, a, a);
   emi_temps tp;
   emi_temps_init(&tp);
@@ -196,7 +197,8 @@ static em_status binary_like_(em_state *S, const char *op, const bcall *c, em_te
   em_dtype ct, rt, pt = emi_promote_tensors(a, b);
   if ((st = bcall_dtypes(S, op, c, a->dtype, b->dtype, pt, &ct, &rt))) return st;
   if (!emi_can_cast(rt, a->dtype)) return emi_cast_error(S, op, rt, a->dtype);
-  if ((st = check_broadcast_to(S, op, b, a)) || (st = check_inplace_target(S, op, a)))
+  if ((st = check_broadcast_to(S, op, b, a)) || (st = check_inplace_target(S, op, a)) ||
+      (st = emi_ag_inplace(S, op, a)))
     return st;
   /* fast path: same dtype and shape, b not overlapping a (or exactly a) */
   if (a->dtype == ct && b->dtype == ct && rt == ct && same_shape(a, b) &&
@@ -243,7 +245,9 @@ em_status em_unary(em_state *S, em_unop op, const em_tensor *a, em_tensor **out)
   em_status st = emi_check_tensor(S, name, a);
   if (st || (st = emi_unop_dtypes(S, name, op, a->dtype, &ct, &rt))) return st;
   ucall c = {K_UNARY, op, EM_ADD, 0, 0, 0};
-  return unary_like(S, name, &c, a, ct, rt, out);
+  st = unary_like(S, name, &c, a, ct, rt, out);
+  if (emi_ag_wanted1(S, a) && !st) st = emi_ag_record_unary(S, op, a, out);
+  return st;
 }
 
 em_status em_unary_(em_state *S, em_unop op, em_tensor *a) {
@@ -268,7 +272,9 @@ em_status em_binary(em_state *S, em_binop op, const em_tensor *a, const em_tenso
   em_status st = check_binop(S, op);
   if (st) return st;
   bcall c = {0, op, 0};
-  return binary_like(S, em_binop_name(op), &c, a, b, out);
+  st = binary_like(S, em_binop_name(op), &c, a, b, out);
+  if (!st && emi_ag_wanted2(S, a, b)) st = emi_ag_record_binary(S, op, a, b, out);
+  return st;
 }
 
 em_status em_binary_(em_state *S, em_binop op, em_tensor *a, const em_tensor *b) {
@@ -281,7 +287,9 @@ em_status em_binary_(em_state *S, em_binop op, em_tensor *a, const em_tensor *b)
 em_status em_add_scaled(em_state *S, const em_tensor *a, const em_tensor *b,
                         double alpha, em_tensor **out) {
   bcall c = {1, EM_ADD, alpha};
-  return binary_like(S, "add", &c, a, b, out);
+  em_status st = binary_like(S, "add", &c, a, b, out);
+  if (!st && emi_ag_wanted2(S, a, b)) st = emi_ag_record_add_scaled(S, a, b, alpha, out);
+  return st;
 }
 
 em_status em_add_scaled_(em_state *S, em_tensor *a, const em_tensor *b, double alpha) {
@@ -317,7 +325,9 @@ em_status em_binary_scalar(em_state *S, em_binop op, const em_tensor *a, double 
   em_dtype ct, rt;
   if ((st = scalar_dtypes(S, name, op, a, s, reverse, &ct, &rt))) return st;
   ucall c = {K_SCALAR, EM_NEG, op, s, 0, reverse};
-  return unary_like(S, name, &c, a, ct, rt, out);
+  st = unary_like(S, name, &c, a, ct, rt, out);
+  if (emi_ag_wanted1(S, a) && !st) st = emi_ag_record_scalar(S, op, a, s, reverse, out);
+  return st;
 }
 
 em_status em_binary_scalar_(em_state *S, em_binop op, em_tensor *a, double s) {
@@ -338,7 +348,9 @@ em_status em_clamp(em_state *S, const em_tensor *a, double lo, double hi,
   em_status st = emi_check_tensor(S, "clamp", a);
   if (st) return st;
   ucall c = {K_CLAMP, EM_NEG, EM_ADD, lo, hi, 0};
-  return unary_like(S, "clamp", &c, a, a->dtype, a->dtype, out);
+  st = unary_like(S, "clamp", &c, a, a->dtype, a->dtype, out);
+  if (emi_ag_wanted1(S, a) && !st) st = emi_ag_record_clamp(S, a, lo, hi, out);
+  return st;
 }
 
 em_status em_clamp_(em_state *S, em_tensor *a, double lo, double hi) {
@@ -391,6 +403,7 @@ em_status em_where(em_state *S, const em_tensor *cond, const em_tensor *a,
     goto done;
   }
   *out = r;
+  if (emi_ag_wanted2(S, a, b)) st = emi_ag_record_where(S, cond, a, b, out);
 done:
   emi_temps_release(&tp);
   return st;
@@ -400,6 +413,6 @@ done:
 ** allowed (unlike arithmetic in place). */
 em_status em_fill_(em_state *S, em_tensor *t, double value) {
   em_status st = emi_check_tensor(S, "fill_", t);
-  if (st) return st;
+  if (st || (st = emi_ag_inplace(S, "fill_", t))) return st;
   return emi_backend_of(S, t->device)->fill(S, t, value);
 }

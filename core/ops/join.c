@@ -8,7 +8,7 @@
 ** it reads them. one_hot is built from other ops (a comparison against arange),
 ** so that it works on every backend without a kernel of its own.
 */
-#include "../internal.h"
+#include "../autograd/autograd.h"
 
 static em_status check_list(em_state *S, const char *op, em_tensor *const *list, int n,
                             em_dtype *dt) {
@@ -84,6 +84,8 @@ em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim, em_tensor 
   em_tensor *o, slice;
   if ((st = emi_tensor_new(S, "cat", sizes, r->ndim, dt, r->device, &o))) return st;
   int64_t at = 0;
+  int grad_off = S->grad_disabled;   /* the copies into slices are not recorded */
+  S->grad_disabled = 1;
   for (int i = 0; i < n && o->numel > 0; i++) {
     const em_tensor *t = list[i];
     if (legacy_empty(t) || t->sizes[dim] == 0) continue;
@@ -93,8 +95,13 @@ em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim, em_tensor 
     if ((st = em_copy_(S, &slice, t))) break;
     at += t->sizes[dim];
   }
+  S->grad_disabled = grad_off;
   if (st) { em_tensor_release(o); return st; }
   *out = o;
+  if (!grad_off) {
+    for (int i = 0; i < n; i++)
+      if (list[i]->requires_grad) return emi_ag_record_join(S, 0, list, n, dim, out);
+  }
   return EM_OK;
 }
 
@@ -125,12 +132,19 @@ em_status em_stack(em_state *S, em_tensor *const *list, int n, int dim, em_tenso
   /* slice i: out's geometry without the new dim, shifted by i along it */
   for (int d = 0, k = 0; d <= r->ndim; d++)
     if (d != dim) vstrides[k++] = o->strides[d];
+  int grad_off = S->grad_disabled;
+  S->grad_disabled = 1;
   for (int i = 0; i < n && o->numel > 0; i++) {
     slice_of(&slice, o, r->sizes, vstrides, r->ndim, i * o->strides[dim]);
     if ((st = em_copy_(S, &slice, list[i]))) break;
   }
+  S->grad_disabled = grad_off;
   if (st) { em_tensor_release(o); return st; }
   *out = o;
+  if (!grad_off) {
+    for (int i = 0; i < n; i++)
+      if (list[i]->requires_grad) return emi_ag_record_join(S, 1, list, n, dim, out);
+  }
   return EM_OK;
 }
 
@@ -161,6 +175,7 @@ em_status em_index_select(em_state *S, const em_tensor *a, int dim, const em_ten
                           int index_base, em_tensor **out) {
   em_status st = check_index(S, "index_select", a, idx);
   if (st) return st;
+  const em_tensor *a_in = a;     /* a may be replaced by a 1-D view below */
   if (idx->ndim > 1)
     return emi_error(S, EM_ERR_SHAPE, "index_select: expected a 1-D index, got shape %s",
                      emi_tshape(S, idx));
@@ -188,6 +203,7 @@ em_status em_index_select(em_state *S, const em_tensor *a, int dim, const em_ten
     o = o0;
   }
   *out = o;
+  if (emi_ag_wanted1(S, a_in)) return emi_ag_record_index(S, 0, a_in, dim, idx, index_base, out);
   return EM_OK;
 }
 
@@ -221,6 +237,7 @@ em_status em_gather(em_state *S, const em_tensor *a, int dim, const em_tensor *i
   em_tensor_release(i1);
   if (st) return st;
   *out = o;
+  if (emi_ag_wanted1(S, a)) return emi_ag_record_index(S, 1, a, dim, idx, index_base, out);
   return EM_OK;
 }
 

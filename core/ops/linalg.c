@@ -5,7 +5,7 @@
 ** stride 0 where a batch dim is broadcast, out (*batch, M, N) contiguous), so it
 ** never has to think about the 1-D cases or broadcasting.
 */
-#include "../internal.h"
+#include "../autograd/autograd.h"
 
 /* Geometry of an operand seen as a stack of matrices. */
 typedef struct mm_geom {
@@ -107,7 +107,7 @@ em_status em_matmul(em_state *S, const em_tensor *a, const em_tensor *b, em_tens
   em_dtype dt = em_dtype_promote(a->dtype, b->dtype);
   em_tensor *o;
   if ((st = emi_tensor_new(S, "matmul", osizes, ond, dt, a->device, &o))) return st;
-  if (o->numel == 0) { *out = o; return EM_OK; }
+  if (o->numel == 0) goto done;
 
   fold_batch(&ga, &gb, &go);
   em_tensor av, bv, ov;
@@ -118,6 +118,8 @@ em_status em_matmul(em_state *S, const em_tensor *a, const em_tensor *b, em_tens
     em_tensor_release(o);
     return st;
   }
+done:
   *out = o;
+  if (emi_ag_wanted2(S, a, b)) return emi_ag_record_matmul(S, a, b, out);
   return EM_OK;
 }

@@ -8,7 +8,7 @@
 ** the numbers never depend on how the work is split over threads or devices, and
 ** saving (seed, offset) is enough to replay a stream exactly.
 */
-#include "../internal.h"
+#include "../autograd/autograd.h"
 #include "../philox.h"
 #include <math.h>
 
@@ -33,7 +33,7 @@ void em_rng_set_state(em_state *S, uint64_t seed, uint64_t offset) {
 
 static em_status check_float_target(em_state *S, const char *op, const em_tensor *t) {
   em_status st = emi_check_tensor(S, op, t);
-  if (st) return st;
+  if (st || (st = emi_ag_inplace(S, op, t))) return st;
   if (!em_dtype_is_floating(t->dtype))
     return emi_error(S, EM_ERR_DTYPE, "%s: expected a floating-point tensor, got %s "
                      "(use randint_ for integers)", op, em_dtype_name(t->dtype));

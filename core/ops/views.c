@@ -3,7 +3,16 @@
 ** other sizes/strides/offset: view, reshape (a view when it can be), transpose,
 ** permute, narrow, select, squeeze, unsqueeze, expand, as_strided.
 */
-#include "../internal.h"
+#include "../autograd/autograd.h"
+
+/* Every view ends here: records the view for autograd when the input needs it. */
+static em_status ag_view(em_state *S, const char *name, int kind, const em_tensor *a,
+                         em_status st, em_tensor **out) {
+  if (st || !emi_ag_wanted1(S, a)) return st;
+  return kind == 0 ? emi_ag_record_reshape(S, name, a, out)
+       : kind == 1 ? emi_ag_record_expand(S, a, out)
+                   : emi_ag_record_strided(S, name, a, out);
+}
 
 /* Resolve a requested shape with at most one -1 against numel. */
 static em_status infer_shape(em_state *S, const char *op, const em_tensor *a,
@@ -77,7 +86,7 @@ em_status em_view(em_state *S, const em_tensor *a, const int64_t *shape, int ndi
                      "view: shape %s is not compatible with the strides of input %s "
                      "(use reshape, or contiguous first)",
                      emi_shape_str((char[EMI_SHAPE_STR]){0}, sizes, ndim), emi_tshape(S, a));
-  return emi_tensor_view(S, a, sizes, strides, ndim, a->offset, out);
+  return ag_view(S, "view", 0, a, emi_tensor_view(S, a, sizes, strides, ndim, a->offset, out), out);
 }
 
 em_status em_reshape(em_state *S, const em_tensor *a, const int64_t *shape, int ndim,
@@ -86,13 +95,13 @@ em_status em_reshape(em_state *S, const em_tensor *a, const int64_t *shape, int 
   em_status st = emi_check_tensor(S, "reshape", a);
   if (st || (st = infer_shape(S, "reshape", a, shape, ndim, sizes))) return st;
   if (view_strides(a, sizes, ndim, strides))
-    return emi_tensor_view(S, a, sizes, strides, ndim, a->offset, out);
+    return ag_view(S, "reshape", 0, a, emi_tensor_view(S, a, sizes, strides, ndim, a->offset, out), out);
   em_tensor *c;
   if ((st = em_contiguous(S, a, &c))) return st;
   emi_contiguous_strides(sizes, ndim, strides);
   st = emi_tensor_view(S, c, sizes, strides, ndim, c->offset, out);
   em_tensor_release(c);
-  return st;
+  return ag_view(S, "reshape", 0, a, st, out);
 }
 
 em_status em_transpose(em_state *S, const em_tensor *a, int d1, int d2, em_tensor **out) {
@@ -107,7 +116,12 @@ em_status em_transpose(em_state *S, const em_tensor *a, int d1, int d2, em_tenso
     sizes[d1] = a->sizes[d2]; sizes[d2] = a->sizes[d1];
     strides[d1] = a->strides[d2]; strides[d2] = a->strides[d1];
   }
-  return emi_tensor_view(S, a, sizes, strides, a->ndim, a->offset, out);
+  st = emi_tensor_view(S, a, sizes, strides, a->ndim, a->offset, out);
+  if (st || !emi_ag_wanted1(S, a)) return st;
+  int perm[EM_MAX_DIMS];
+  for (int d = 0; d < a->ndim; d++) perm[d] = d;
+  if (a->ndim > 0) { perm[d1] = d2; perm[d2] = d1; }
+  return emi_ag_record_permute(S, a, perm, out);
 }
 
 em_status em_permute(em_state *S, const em_tensor *a, const int *perm, int ndim,
@@ -127,7 +141,9 @@ em_status em_permute(em_state *S, const em_tensor *a, const int *perm, int ndim,
     sizes[i] = a->sizes[d];
     strides[i] = a->strides[d];
   }
-  return emi_tensor_view(S, a, sizes, strides, ndim, a->offset, out);
+  st = emi_tensor_view(S, a, sizes, strides, ndim, a->offset, out);
+  if (st || !emi_ag_wanted1(S, a)) return st;
+  return emi_ag_record_permute(S, a, perm, out);
 }
 
 em_status em_narrow(em_state *S, const em_tensor *a, int dim, int64_t start, int64_t len,
@@ -145,8 +161,8 @@ em_status em_narrow(em_state *S, const em_tensor *a, int dim, int64_t start, int
   int64_t sizes[EM_MAX_DIMS];
   memcpy(sizes, a->sizes, sizeof sizes);
   sizes[dim] = len;
-  return emi_tensor_view(S, a, sizes, a->strides, a->ndim, a->offset + start * a->strides[dim],
-                         out);
+  return ag_view(S, "narrow", 2, a, emi_tensor_view(S, a, sizes, a->strides, a->ndim,
+                                                   a->offset + start * a->strides[dim], out), out);
 }
 
 em_status em_select(em_state *S, const em_tensor *a, int dim, int64_t index,
@@ -168,7 +184,8 @@ em_status em_select(em_state *S, const em_tensor *a, int dim, int64_t index,
     sizes[k] = a->sizes[d];
     strides[k++] = a->strides[d];
   }
-  return emi_tensor_view(S, a, sizes, strides, k, a->offset + index * a->strides[dim], out);
+  return ag_view(S, "select", 2, a,
+                 emi_tensor_view(S, a, sizes, strides, k, a->offset + index * a->strides[dim], out), out);
 }
 
 em_status em_squeeze(em_state *S, const em_tensor *a, int dim, int all, em_tensor **out) {
@@ -182,7 +199,7 @@ em_status em_squeeze(em_state *S, const em_tensor *a, int dim, int all, em_tenso
     sizes[k] = a->sizes[d];
     strides[k++] = a->strides[d];
   }
-  return emi_tensor_view(S, a, sizes, strides, k, a->offset, out);
+  return ag_view(S, "squeeze", 0, a, emi_tensor_view(S, a, sizes, strides, k, a->offset, out), out);
 }
 
 em_status em_unsqueeze(em_state *S, const em_tensor *a, int dim, em_tensor **out) {
@@ -205,7 +222,7 @@ em_status em_unsqueeze(em_state *S, const em_tensor *a, int dim, em_tensor **out
       strides[d] = a->strides[k++];
     }
   }
-  return emi_tensor_view(S, a, sizes, strides, n, a->offset, out);
+  return ag_view(S, "unsqueeze", 0, a, emi_tensor_view(S, a, sizes, strides, n, a->offset, out), out);
 }
 
 em_status em_expand(em_state *S, const em_tensor *a, const int64_t *shape, int ndim,
@@ -222,7 +239,7 @@ em_status em_expand(em_state *S, const em_tensor *a, const int64_t *shape, int n
     if (sizes[i] < 0)
       return emi_error(S, EM_ERR_SHAPE, "expand: -1 is not allowed for a new leading dimension");
   }
-  return emi_expand_to(S, "expand", a, sizes, ndim, out);
+  return ag_view(S, "expand", 1, a, emi_expand_to(S, "expand", a, sizes, ndim, out), out);
 }
 
 em_status em_as_strided(em_state *S, const em_tensor *a, const int64_t *shape,
@@ -243,5 +260,5 @@ em_status em_as_strided(em_state *S, const em_tensor *a, const int64_t *shape,
   if (offset < 0 || (hi + 1) * esz > (int64_t)a->storage->nbytes)
     return emi_error(S, EM_ERR_INDEX, "as_strided: geometry reaches past the storage (%zu bytes)",
                      a->storage->nbytes);
-  return emi_tensor_view(S, a, shape, strides, ndim, offset, out);
+  return ag_view(S, "as_strided", 2, a, emi_tensor_view(S, a, shape, strides, ndim, offset, out), out);
 }

@@ -35,6 +35,7 @@ local function load_core()
     for k, v in pairs(require('ember.' .. name)) do em[k] = v end
   end
   require 'ember.shape'
+  local autograd = require 'ember.autograd'
 
   for k, f in pairs(Tensor) do
     if rawget(em, k) == nil and not not_functions[k] and not k:match('_$') then
@@ -49,6 +50,9 @@ local function load_core()
 
   -- -- Types and facts ---------------------------------------------------------------
   em.Tensor = Tensor            -- the method table: add methods here
+  em.autograd = autograd
+  em.no_grad, em.enable_grad = autograd.no_grad, autograd.enable_grad
+  em.set_grad_enabled, em.is_grad_enabled = autograd.set_grad_enabled, autograd.is_grad_enabled
   em.float32, em.float64, em.float16, em.bfloat16 = 'float32', 'float64', 'float16', 'bfloat16'
   em.int32, em.int64, em.uint8, em.bool = 'int32', 'int64', 'uint8', 'bool'
   em.float, em.double, em.half, em.long, em.int = 'float32', 'float64', 'float16', 'int64', 'int32'
@@ -74,6 +78,10 @@ local function load_core()
   -- Run a full collection now and hand the memory of dead tensors back to C.
   em.collect = handles.collect
 
+  -- Saving (ember.save, loaded at first use; em.checkpoint is a submodule).
+  function em.save(...) return require('ember.save').save(...) end
+  function em.load(...) return require('ember.save').load(...) end
+
   -- The C state of this Lua state (for C code called through the FFI), the
   -- handle of a tensor (borrowed: valid while t lives), and a tensor made from
   -- a handle the caller owns one reference to.
@@ -87,7 +95,8 @@ end
 
 -- -- Submodules on demand ------------------------------------------------------------
 local internal = { ffi = true, cdefs = true, handles = true, tensor = true, create = true,
-  math = true, reduce = true, shape = true, index = true, format = true, init = true }
+  math = true, reduce = true, shape = true, index = true, format = true, init = true,
+  autograd = true }
 
 local function submodule(t, k)
   if type(k) ~= 'string' or internal[k] or not k:match('^[%a_][%w_]*$') then return nil end

@@ -1,0 +1,188 @@
+/*
+** autograd.h -- internal interface of the autograd engine (core/autograd/):
+** graph nodes, how ops record them, and small helpers for backward formulas.
+**
+** How to make a new op differentiable (e.g. conv2d in ops/nn_conv.c):
+**
+**  1. At the end of the public op, once *out is computed and nothing can fail
+**     any more, add ONE branch (the no-grad path must stay a single test):
+**
+**         if (emi_ag_wanted2(S, x, w))
+**           return emi_ag_record_conv2d(S, x, w, args..., out);
+**
+**     emi_ag_wanted1/2/3 look at requires_grad of the inputs and the grad mode.
+**  2. Write emi_ag_record_conv2d in core/autograd/grad_<family>.c:
+**
+**         const em_tensor *in[2] = {x, w};
+**         emi_ag_node *n;
+**         em_status st = emi_ag_node_new(S, "conv2d", conv2d_backward, *out, in, 2, &n);
+**         if (st) return emi_ag_fail(out, st);     (releases *out, sets it NULL)
+**         n->iarg[0] = stride; ...                  (op parameters)
+**         if ((st = emi_ag_save(S, n, x)) || (st = emi_ag_save(S, n, w)))
+**           return emi_ag_fail(out, st);
+**         return EM_OK;
+**
+**     emi_ag_node_new links the node to the inputs that require grad and makes
+**     it *out's grad_fn. emi_ag_save keeps a detached view of a tensor and its
+**     storage version (a later in-place write to it is reported at backward).
+**  3. The backward function gets the gradient g of the output (same shape and
+**     dtype as the output) and writes a NEW reference into gin[i] for every
+**     input i with emi_ag_needs(n, i) (others may stay NULL). Compute it with
+**     the public em_* ops (grad mode is off during backward, so nothing is
+**     recorded and every backend works); emi_ag_saved(S, n, k, &t) fetches saved
+**     tensor k (borrowed) after checking its version. A gradient may be
+**     broadcast-shaped or of another floating dtype: the engine sums it back to
+**     the input's shape and casts it to the input's dtype. The emi_f helpers
+**     below chain ops with one error check at the end.
+*/
+#ifndef EMBER_AUTOGRAD_H
+#define EMBER_AUTOGRAD_H
+#include "../internal.h"
+
+typedef struct emi_ag_node emi_ag_node;
+typedef em_status (*emi_ag_fn)(em_state *S, emi_ag_node *n, const em_tensor *g,
+                               em_tensor **gin);
+
+/* Where the gradient of input i goes: a leaf's .grad or another node. */
+typedef struct emi_ag_edge {
+  em_tensor *leaf;         /* owned reference, or NULL */
+  emi_ag_node *fn;         /* owned reference, or NULL */
+  em_dtype dtype;
+  int ndim;
+  int64_t sizes[EM_MAX_DIMS];
+} emi_ag_edge;
+
+enum { EMI_AG_SAVED = 4, EMI_AG_IARGS = 3 * EM_MAX_DIMS + 4 };
+
+struct emi_ag_node {
+  int refcount;
+  em_state *S;
+  const char *name;
+  emi_ag_fn backward;
+  int freed;                             /* backward ran; saved tensors dropped */
+  int nsaved;
+  em_tensor *saved[EMI_AG_SAVED];
+  uint32_t saved_version[EMI_AG_SAVED];
+  int op;                                /* op code (unop, binop, redop, ...) */
+  int64_t iarg[EMI_AG_IARGS];
+  double darg[2];
+  /* engine scratch */
+  int deps;
+  em_tensor *gbuf;
+  emi_ag_node *next;
+  int ninputs;
+  emi_ag_edge in[];
+};
+
+static inline int emi_ag_wanted1(em_state *S, const em_tensor *a) {
+  return a->requires_grad & !S->grad_disabled;
+}
+static inline int emi_ag_wanted2(em_state *S, const em_tensor *a, const em_tensor *b) {
+  return (a->requires_grad | b->requires_grad) & !S->grad_disabled;
+}
+static inline int emi_ag_wanted3(em_state *S, const em_tensor *a, const em_tensor *b,
+                                 const em_tensor *c) {
+  return (a->requires_grad | b->requires_grad | c->requires_grad) & !S->grad_disabled;
+}
+static inline int emi_ag_needs(const emi_ag_node *n, int i) {
+  return n->in[i].leaf || n->in[i].fn;
+}
+static inline em_status emi_ag_fail(em_tensor **out, em_status st) {
+  em_tensor_release(*out);
+  *out = NULL;
+  return st;
+}
+
+/* engine.c */
+em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor *out,
+                          const em_tensor *const *inputs, int n, emi_ag_node **node);
+em_status emi_ag_save(em_state *S, emi_ag_node *n, const em_tensor *t);
+em_status emi_ag_saved(em_state *S, emi_ag_node *n, int k, em_tensor **t);
+void emi_ag_node_release(emi_ag_node *n);
+
+/* -- Formula helpers (formula.c) -----------------------------------------------------
+** An emi_f collects every intermediate; after the first error each helper returns
+** NULL and does nothing. emi_f_end hands out a new reference to r and releases
+** the rest. */
+enum { EMI_F_MAX = 48 };
+typedef struct emi_f {
+  em_state *S;
+  em_status st;
+  int n;
+  em_tensor *t[EMI_F_MAX];
+} emi_f;
+void emi_f_init(emi_f *f, em_state *S);
+em_tensor *emi_f_keep(emi_f *f, em_status st, em_tensor *t);
+em_tensor *emi_f_un(emi_f *f, em_unop op, const em_tensor *a);
+em_tensor *emi_f_bin(emi_f *f, em_binop op, const em_tensor *a, const em_tensor *b);
+em_tensor *emi_f_sc(emi_f *f, em_binop op, const em_tensor *a, double s);   /* a op s */
+em_tensor *emi_f_rsc(emi_f *f, em_binop op, double s, const em_tensor *a);  /* s op a */
+em_tensor *emi_f_zeros(emi_f *f, const int64_t *sizes, int ndim, em_dtype dt);
+em_tensor *emi_f_reshape(emi_f *f, const em_tensor *a, const int64_t *sizes, int ndim);
+/* g (reduced over mask, keepdim or not) expanded back to sizes. */
+em_tensor *emi_f_unreduce(emi_f *f, const em_tensor *g, unsigned mask, int keepdim,
+                          const int64_t *sizes, int ndim);
+em_status emi_f_end(emi_f *f, em_tensor *r, em_tensor **out);
+/* For several outputs: *slot = new reference to t (unless an error happened), then
+** emi_f_done releases the intermediates and returns the first error. */
+void emi_f_out(emi_f *f, em_tensor *t, em_tensor **slot);
+em_status emi_f_done(emi_f *f);
+
+/* Recording entry points, one per op family (grad_*.c). Each takes ownership of
+** *out on failure (released, set to NULL). */
+em_status emi_ag_record_unary(em_state *S, em_unop op, const em_tensor *a, em_tensor **out);
+em_status emi_ag_record_binary(em_state *S, em_binop op, const em_tensor *a,
+                               const em_tensor *b, em_tensor **out);
+em_status emi_ag_record_scalar(em_state *S, em_binop op, const em_tensor *a, double s,
+                               int reverse, em_tensor **out);
+em_status emi_ag_record_add_scaled(em_state *S, const em_tensor *a, const em_tensor *b,
+                                   double alpha, em_tensor **out);
+em_status emi_ag_record_clamp(em_state *S, const em_tensor *a, double lo, double hi,
+                              em_tensor **out);
+em_status emi_ag_record_where(em_state *S, const em_tensor *cond, const em_tensor *a,
+                              const em_tensor *b, em_tensor **out);
+/* clone / contiguous / to: gradient passes through (cast back by the engine). */
+em_status emi_ag_record_copy(em_state *S, const char *name, const em_tensor *a,
+                             em_tensor **out);
+/* Views: reshape-like (view, reshape, squeeze, unsqueeze), permutations,
+** expand, and views by geometry (narrow, select, as_strided). */
+em_status emi_ag_record_reshape(em_state *S, const char *name, const em_tensor *a,
+                                em_tensor **out);
+em_status emi_ag_record_permute(em_state *S, const em_tensor *a, const int *perm,
+                                em_tensor **out);
+em_status emi_ag_record_expand(em_state *S, const em_tensor *a, em_tensor **out);
+em_status emi_ag_record_strided(em_state *S, const char *name, const em_tensor *a,
+                                em_tensor **out);
+em_status emi_ag_record_matmul(em_state *S, const em_tensor *a, const em_tensor *b,
+                               em_tensor **out);
+
+/* cat / stack (stack != 0) of n tensors along dim. */
+em_status emi_ag_record_join(em_state *S, int stack, em_tensor *const *list, int n, int dim,
+                             em_tensor **out);
+/* index_select (gather == 0) / gather with a saved index. */
+em_status emi_ag_record_index(em_state *S, int gather, const em_tensor *a, int dim,
+                              const em_tensor *idx, int index_base, em_tensor **out);
+
+/* Reductions (grad_reduce.c): mask has bit d set for each reduced dim of a. */
+em_status emi_ag_record_reduce(em_state *S, em_redop op, const em_tensor *a, unsigned mask,
+                               int keepdim, em_tensor **out);
+em_status emi_ag_record_var(em_state *S, const em_tensor *a, unsigned mask, double correction,
+                            int keepdim, int take_sqrt, em_tensor **out);
+em_status emi_ag_record_norm(em_state *S, const em_tensor *a, double p, unsigned mask,
+                             int keepdim, em_tensor **out);
+/* max/min along dim: records on *values, saving indices. */
+em_status emi_ag_record_arg(em_state *S, const em_tensor *a, int dim, int keepdim,
+                            int index_base, em_tensor **values, const em_tensor *indices);
+em_status emi_ag_record_softmax(em_state *S, const em_tensor *a, int dim, int log,
+                                em_tensor **out);
+
+/* In-place ops call this first: it refuses in-place writes autograd can't follow
+** and bumps the storage version so saved tensors notice the write. */
+em_status emi_ag_inplace_error(em_state *S, const char *op, const em_tensor *t);
+static inline em_status emi_ag_inplace(em_state *S, const char *op, const em_tensor *t) {
+  t->storage->version++;
+  if (t->requires_grad & !S->grad_disabled) return emi_ag_inplace_error(S, op, t);
+  return EM_OK;
+}
+
+#endif

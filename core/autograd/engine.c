@@ -1,0 +1,430 @@
+/*
+** engine.c -- the autograd engine: grad mode, requires_grad/grad accessors,
+** graph nodes (creation, saved tensors, release) and em_backward, which counts
+** dependencies from the root, runs the nodes in reverse topological order,
+** frees each node's saved tensors as it runs and accumulates into leaf .grad.
+*/
+#include "autograd.h"
+
+struct emi_ag_hook {
+  em_grad_hook_fn fn;
+  void *ud;
+  struct emi_ag_hook *next;
+};
+
+/* -- Grad mode and tensor fields ---------------------------------------------------- */
+
+em_status em_set_grad_enabled(em_state *S, int enabled) {
+  S->grad_disabled = !enabled;
+  return EM_OK;
+}
+int em_is_grad_enabled(em_state *S) { return !S->grad_disabled; }
+
+em_status em_tensor_set_requires_grad(em_state *S, em_tensor *t, int flag) {
+  em_status st = emi_check_tensor(S, "requires_grad_", t);
+  if (st) return st;
+  if (flag && !em_dtype_is_floating(t->dtype))
+    return emi_error(S, EM_ERR_DTYPE, "requires_grad_: only tensors of floating point "
+                     "dtype can require gradients (got %s)", em_dtype_name(t->dtype));
+  if (!flag && t->grad_fn)
+    return emi_error(S, EM_ERR_ARG, "requires_grad_: you can only change requires_grad "
+                     "flags of leaf variables (use detach() for a tensor without history)");
+  t->requires_grad = flag ? 1 : 0;
+  return EM_OK;
+}
+
+int em_tensor_requires_grad(const em_tensor *t) { return t && t->requires_grad; }
+int em_tensor_is_leaf(const em_tensor *t) { return t && !t->grad_fn; }
+
+em_tensor *em_tensor_grad(const em_tensor *t) {
+  if (!t || !t->grad) return NULL;
+  em_tensor_retain(t->grad);
+  return t->grad;
+}
+
+em_status em_tensor_set_grad(em_state *S, em_tensor *t, em_tensor *g) {
+  em_status st = emi_check_tensor(S, "grad", t);
+  if (st) return st;
+  if (g) {
+    if (g->ndim != t->ndim || memcmp(g->sizes, t->sizes, sizeof *g->sizes * (size_t)g->ndim))
+      return emi_error(S, EM_ERR_SHAPE, "grad: assigned grad has shape %s but the tensor "
+                       "has shape %s", emi_tshape(S, g), emi_tshape(S, t));
+    if (g->dtype != t->dtype)
+      return emi_error(S, EM_ERR_DTYPE, "grad: assigned grad has dtype %s but the tensor "
+                       "has dtype %s", em_dtype_name(g->dtype), em_dtype_name(t->dtype));
+    if (g->device != t->device)
+      return emi_error(S, EM_ERR_DEVICE, "grad: assigned grad is on another device");
+    em_tensor_retain(g);
+  }
+  em_tensor_release(t->grad);
+  t->grad = g;
+  return EM_OK;
+}
+
+em_status em_detach(em_state *S, const em_tensor *a, em_tensor **out) {
+  em_status st = emi_check_tensor(S, "detach", a);
+  if (st) return st;
+  return emi_tensor_view(S, a, a->sizes, a->strides, a->ndim, a->offset, out);
+}
+
+em_status em_tensor_add_grad_hook(em_state *S, em_tensor *t, em_grad_hook_fn fn, void *ud) {
+  em_status st = emi_check_tensor(S, "add_grad_hook", t);
+  if (st) return st;
+  if (!fn) return emi_error(S, EM_ERR_ARG, "add_grad_hook: NULL function");
+  if (t->grad_fn)
+    return emi_error(S, EM_ERR_ARG, "add_grad_hook: only leaf tensors take gradient hooks");
+  struct emi_ag_hook *h = emi_malloc(S, sizeof *h), **p = &t->hooks;
+  if (!h) return emi_error(S, EM_ERR_NOMEM, "add_grad_hook: out of memory");
+  h->fn = fn;
+  h->ud = ud;
+  h->next = NULL;
+  while (*p) p = &(*p)->next;     /* hooks run in the order they were added */
+  *p = h;
+  return EM_OK;
+}
+
+void emi_ag_release_fields(em_tensor *t) {
+  em_state *S = t->S;
+  emi_ag_node_release(t->grad_fn);
+  t->grad_fn = NULL;
+  em_tensor_release(t->grad);
+  t->grad = NULL;
+  for (struct emi_ag_hook *h = t->hooks, *nx; h; h = nx) {
+    nx = h->next;
+    emi_free(S, h, sizeof *h);
+  }
+  t->hooks = NULL;
+}
+
+em_status emi_ag_inplace_error(em_state *S, const char *op, const em_tensor *t) {
+  if (!t->grad_fn)
+    return emi_error(S, EM_ERR_ARG, "%s: a leaf tensor that requires grad is being used "
+                     "in an in-place operation (wrap it in no_grad, or use the "
+                     "out-of-place form)", op);
+  return emi_error(S, EM_ERR_UNSUPPORTED, "%s: in-place operations on tensors that are "
+                   "part of an autograd graph are not supported; use the out-of-place "
+                   "form", op);
+}
+
+/* -- Nodes ------------------------------------------------------------------------- */
+
+static size_t node_size(int n) { return sizeof(emi_ag_node) + (size_t)n * sizeof(emi_ag_edge); }
+
+static void drop_saved(emi_ag_node *n) {
+  for (int k = 0; k < n->nsaved; k++) em_tensor_release(n->saved[k]);
+  n->nsaved = 0;
+}
+
+/* Iterative, so that releasing the last tensor of a long chain (an unrolled RNN)
+** does not recurse once per node. */
+void emi_ag_node_release(emi_ag_node *n) {
+  emi_ag_node *stack = NULL;
+  while (n || stack) {
+    if (!n) { n = stack; stack = n->next; goto free_it; }
+    if (emi_atomic_dec(&n->refcount) != 0) { n = NULL; continue; }
+  free_it:;
+    em_state *S = NULL;
+    drop_saved(n);
+    em_tensor_release(n->gbuf);
+    n->gbuf = NULL;
+    emi_ag_node *follow = NULL;
+    for (int i = 0; i < n->ninputs; i++) {
+      em_tensor_release(n->in[i].leaf);
+      emi_ag_node *f = n->in[i].fn;
+      if (f && emi_atomic_dec(&f->refcount) == 0) {
+        if (!follow) follow = f;
+        else { f->next = stack; stack = f; }
+      }
+    }
+    S = n->S;
+    emi_free(S, n, node_size(n->ninputs));
+    n = follow;
+    if (n) goto free_it;
+  }
+}
+
+em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor *out,
+                          const em_tensor *const *inputs, int ninputs, emi_ag_node **node) {
+  emi_ag_node *n = emi_malloc(S, node_size(ninputs));
+  if (!n) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory recording for autograd", name);
+  memset(n, 0, node_size(ninputs));
+  n->refcount = 1;
+  n->name = name;
+  n->backward = fn;
+  n->ninputs = ninputs;
+  n->S = S;
+  for (int i = 0; i < ninputs; i++) {
+    const em_tensor *t = inputs[i];
+    emi_ag_edge *e = &n->in[i];
+    e->dtype = t->dtype;
+    e->ndim = t->ndim;
+    memcpy(e->sizes, t->sizes, sizeof *t->sizes * (size_t)t->ndim);
+    if (!t->requires_grad) continue;
+    if (t->grad_fn) {
+      e->fn = t->grad_fn;
+      emi_atomic_inc(&e->fn->refcount);
+    } else {
+      e->leaf = (em_tensor *)t;
+      em_tensor_retain(e->leaf);
+    }
+  }
+  emi_ag_node_release(out->grad_fn);   /* views of a recorded op: replace */
+  out->grad_fn = n;
+  out->requires_grad = 1;
+  *node = n;
+  return EM_OK;
+}
+
+/* Saved tensors are detached views: a node never holds a handle whose grad_fn
+** could lead back to itself. */
+em_status emi_ag_save(em_state *S, emi_ag_node *n, const em_tensor *t) {
+  if (n->nsaved >= EMI_AG_SAVED)
+    return emi_error(S, EM_ERR_INTERNAL, "%s: too many saved tensors", n->name);
+  em_tensor *v;
+  em_status st = em_detach(S, t, &v);
+  if (st) return st;
+  n->saved_version[n->nsaved] = t->storage->version;
+  n->saved[n->nsaved++] = v;
+  return EM_OK;
+}
+
+em_status emi_ag_saved(em_state *S, emi_ag_node *n, int k, em_tensor **t) {
+  if (k >= n->nsaved)
+    return emi_error(S, EM_ERR_INTERNAL, "%s: saved tensor %d missing", n->name, k);
+  em_tensor *v = n->saved[k];
+  if (v->storage->version != n->saved_version[k])
+    return emi_error(S, EM_ERR_ARG, "backward: one of the variables needed for gradient "
+                     "computation has been modified by an inplace operation: a tensor of "
+                     "shape %s saved by %s is at version %u; expected version %u instead",
+                     emi_tshape(S, v), n->name, v->storage->version, n->saved_version[k]);
+  *t = v;
+  return EM_OK;
+}
+
+/* -- Backward ------------------------------------------------------------------------- */
+
+/* g summed over the dims where it was broadcast, to the edge's shape, and cast to
+** the edge's dtype. Returns a new reference (g itself, retained, when it fits). */
+static em_status fit_grad(em_state *S, const emi_ag_node *n, const emi_ag_edge *e,
+                          em_tensor *g, em_tensor **out) {
+  em_status st;
+  em_tensor *r = g, *tmp;
+  em_tensor_retain(r);
+  int same = r->ndim == e->ndim &&
+             !memcmp(r->sizes, e->sizes, sizeof *e->sizes * (size_t)e->ndim);
+  if (!same) {
+    int lead = r->ndim - e->ndim, dims[EM_MAX_DIMS], nd = 0;
+    if (lead < 0) goto bad;
+    for (int d = 0; d < r->ndim; d++) {
+      if (d < lead) { dims[nd++] = d; continue; }
+      int64_t want = e->sizes[d - lead];
+      if (r->sizes[d] == want) continue;
+      if (want != 1) goto bad;
+      dims[nd++] = d;
+    }
+    if (nd > 0) {
+      if ((st = em_reduce(S, EM_SUM, r, dims, nd, 1, &tmp))) goto fail;
+      em_tensor_release(r);
+      r = tmp;
+    }
+    if ((st = em_reshape(S, r, e->sizes, e->ndim, &tmp))) goto fail;
+    em_tensor_release(r);
+    r = tmp;
+  }
+  if (r->dtype != e->dtype) {
+    if ((st = em_to(S, r, e->dtype, r->device, &tmp))) goto fail;
+    em_tensor_release(r);
+    r = tmp;
+  }
+  *out = r;
+  return EM_OK;
+bad:;
+  char b[EMI_SHAPE_STR];
+  st = emi_error(S, EM_ERR_INTERNAL, "backward: %s produced a gradient of shape %s for an "
+                 "input of shape %s", n->name, emi_tshape(S, r),
+                 emi_shape_str(b, e->sizes, e->ndim));
+fail:
+  em_tensor_release(r);
+  return st;
+}
+
+/* *acc += g (taking g's reference), or *acc = g. A fresh accumulator is never
+** written in place while someone else may hold it. */
+static em_status accumulate(em_state *S, em_tensor **acc, em_tensor *g) {
+  if (!*acc) { *acc = g; return EM_OK; }
+  em_tensor *sum;
+  em_status st = em_binary(S, EM_ADD, *acc, g, &sum);
+  em_tensor_release(g);
+  if (st) return st;
+  em_tensor_release(*acc);
+  *acc = sum;
+  return EM_OK;
+}
+
+static em_status run_hooks(em_state *S, em_tensor *leaf) {
+  for (struct emi_ag_hook *h = leaf->hooks; h; h = h->next) {
+    em_status st = h->fn(S, leaf, h->ud);
+    if (st) return st;
+  }
+  return EM_OK;
+}
+
+/* Leaf gradients are accumulated in place into .grad: the grad tensor belongs to the
+** leaf (optimizers read it), so a new sum replaces it only the first time. */
+static em_status leaf_accumulate(em_state *S, em_tensor *leaf, em_tensor *g) {
+  em_status st = EM_OK;
+  if (!leaf->grad) {
+    /* own the memory: g may alias a saved tensor or another gradient */
+    em_tensor *c;
+    if ((st = em_clone(S, g, &c))) { em_tensor_release(g); return st; }
+    em_tensor_release(g);
+    leaf->grad = c;
+  } else {
+    st = em_binary_(S, EM_ADD, leaf->grad, g);
+    em_tensor_release(g);
+    if (st) return st;
+  }
+  if (--leaf->ag_pending == 0) st = run_hooks(S, leaf);
+  return st;
+}
+
+typedef struct walk {
+  emi_ag_node **nodes;
+  em_tensor **leaves;
+  int nn, nl, cn, cl;
+} walk;
+
+static em_status push(em_state *S, void ***arr, int *n, int *cap, void *x) {
+  if (*n == *cap) {
+    int nc = *cap ? *cap * 2 : 32;
+    void **na = emi_malloc(S, sizeof *na * (size_t)nc);
+    if (!na) return emi_error(S, EM_ERR_NOMEM, "backward: out of memory");
+    if (*n) memcpy(na, *arr, sizeof *na * (size_t)*n);
+    emi_free(S, *arr, sizeof **arr * (size_t)*cap);
+    *arr = na;
+    *cap = nc;
+  }
+  (*arr)[(*n)++] = x;
+  return EM_OK;
+}
+
+/* Every node reachable from root gets deps = number of edges into it; every leaf
+** ag_pending = number of edges into it. Marks: deps > 0 or the root. */
+static em_status discover(em_state *S, emi_ag_node *root, walk *w) {
+  em_status st;
+  if ((st = push(S, (void ***)&w->nodes, &w->nn, &w->cn, root))) return st;
+  root->deps = 0;
+  for (int k = 0; k < w->nn; k++) {
+    emi_ag_node *n = w->nodes[k];
+    for (int i = 0; i < n->ninputs; i++) {
+      emi_ag_edge *e = &n->in[i];
+      if (e->fn) {
+        if (e->fn->deps++ == 0 && e->fn != root &&
+            (st = push(S, (void ***)&w->nodes, &w->nn, &w->cn, e->fn)))
+          return st;
+      } else if (e->leaf) {
+        if (e->leaf->ag_pending++ == 0 &&
+            (st = push(S, (void ***)&w->leaves, &w->nl, &w->cl, e->leaf)))
+          return st;
+      }
+    }
+  }
+  return EM_OK;
+}
+
+static em_status run_node(em_state *S, emi_ag_node *n, emi_ag_node **ready) {
+  em_status st = EM_OK;
+  if (n->freed)
+    return emi_error(S, EM_ERR_ARG, "backward: trying to backward through the graph a "
+                     "second time (through %s); its saved values were freed by the first "
+                     "backward", n->name);
+  em_tensor *gin_small[4] = {0}, **gin = gin_small;
+  if (n->ninputs > 4) {
+    gin = emi_malloc(S, sizeof *gin * (size_t)n->ninputs);
+    if (!gin) return emi_error(S, EM_ERR_NOMEM, "backward: out of memory");
+    memset(gin, 0, sizeof *gin * (size_t)n->ninputs);
+  }
+  em_tensor *g = n->gbuf;
+  n->gbuf = NULL;
+  if (g) st = n->backward(S, n, g, gin);
+  em_tensor_release(g);
+  n->freed = 1;
+  drop_saved(n);
+  for (int i = 0; i < n->ninputs; i++) {
+    emi_ag_edge *e = &n->in[i];
+    em_tensor *gi = gin[i];
+    gin[i] = NULL;
+    if (!st && gi && (e->fn || e->leaf)) {
+      em_tensor *fit = NULL;
+      st = fit_grad(S, n, e, gi, &fit);
+      em_tensor_release(gi);
+      gi = NULL;
+      if (!st) {
+        if (e->fn) st = accumulate(S, &e->fn->gbuf, fit);
+        else st = leaf_accumulate(S, e->leaf, fit);
+      }
+    } else if (!st && !gi && e->leaf && --e->leaf->ag_pending == 0 && e->leaf->grad) {
+      st = run_hooks(S, e->leaf);   /* no contribution, but its last chance */
+    }
+    em_tensor_release(gi);
+    if (e->fn && --e->fn->deps == 0) { e->fn->next = *ready; *ready = e->fn; }
+  }
+  if (gin != gin_small) emi_free(S, gin, sizeof *gin * (size_t)n->ninputs);
+  return st;
+}
+
+em_status em_backward(em_state *S, em_tensor *root, const em_tensor *grad) {
+  em_status st = emi_check_tensor(S, "backward", root);
+  if (st) return st;
+  if (!root->requires_grad)
+    return emi_error(S, EM_ERR_ARG, "backward: element 0 of tensors does not require grad "
+                     "and does not have a grad_fn");
+  em_tensor *g;
+  if (!grad) {
+    if (root->numel != 1)
+      return emi_error(S, EM_ERR_SHAPE, "backward: grad can be implicitly created only for "
+                       "scalar outputs (the root has shape %s); pass a gradient",
+                       emi_tshape(S, root));
+    if ((st = em_full(S, root->sizes, root->ndim, 1.0, root->dtype, root->device, &g)))
+      return st;
+  } else {
+    if (grad->ndim != root->ndim ||
+        memcmp(grad->sizes, root->sizes, sizeof *root->sizes * (size_t)root->ndim))
+      return emi_error(S, EM_ERR_SHAPE, "backward: mismatch in shape: grad_output has shape "
+                       "%s and output has shape %s", emi_tshape(S, grad), emi_tshape(S, root));
+    if ((st = em_to(S, grad, root->dtype, root->device, &g))) return st;
+  }
+  int was_disabled = S->grad_disabled;
+  S->grad_disabled = 1;
+  if (!root->grad_fn) {              /* backward on a leaf: its grad is g */
+    root->ag_pending = 1;
+    st = leaf_accumulate(S, root, g);
+    root->ag_pending = 0;
+    S->grad_disabled = was_disabled;
+    return st;
+  }
+  walk w = {0};
+  emi_ag_node *root_node = root->grad_fn, *ready = NULL;
+  if ((st = discover(S, root_node, &w))) { em_tensor_release(g); goto done; }
+  root_node->gbuf = g;
+  root_node->next = NULL;
+  ready = root_node;
+  while (ready && !st) {
+    emi_ag_node *n = ready;
+    ready = n->next;
+    st = run_node(S, n, &ready);
+  }
+done:
+  /* on error, leave no scratch state behind */
+  for (int k = 0; k < w.nn; k++) {
+    emi_ag_node *n = w.nodes[k];
+    n->deps = 0;
+    em_tensor_release(n->gbuf);
+    n->gbuf = NULL;
+  }
+  for (int k = 0; k < w.nl; k++) w.leaves[k]->ag_pending = 0;
+  emi_free(S, w.nodes, sizeof *w.nodes * (size_t)w.cn);
+  emi_free(S, w.leaves, sizeof *w.leaves * (size_t)w.cl);
+  S->grad_disabled = was_disabled;
+  return st;
+}

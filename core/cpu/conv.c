@@ -1,0 +1,257 @@
+/*
+** conv.c -- CPU conv2d forward and backward (NCHW): im2col into a per-thread
+** column buffer, then one GEMM per sample and group. The batch is split into one
+** share per thread and each share calls single-threaded BLAS: the Fashion-MNIST
+** sized convs (a few hundred columns per sample) are too small for BLAS's own
+** threads to pay off, while whole samples split evenly. A 1x1/stride 1/no pad
+** conv skips im2col (the input already is the column matrix).
+**
+** The body below is compiled twice, for float and double (self-include with
+** NN_T set), so that both get the same tight loops.
+*/
+#ifndef NN_T
+#include "nn.h"
+#include <cblas.h>
+
+typedef struct conv_job {
+  const emi_conv_geom *g;
+  const void *x, *w, *b, *gy;
+  void *y, *gx;
+  char *scratch;        /* per share: column buffer, then gw/gb accumulators */
+  size_t share_bytes;
+  int64_t shares;
+  int want_gx, want_gw, want_gb;
+} conv_job;
+
+static int64_t share_begin(int64_t n, int64_t shares, int64_t s) { return n * s / shares; }
+
+static bool conv_direct(const emi_conv_geom *g) {
+  return g->kH == 1 && g->kW == 1 && g->sH == 1 && g->sW == 1 && g->pH == 0 && g->pW == 0;
+}
+
+/* Valid output columns [*lo, *hi) for which iw = ow*s + off lies in [0, W). */
+static void valid_range(int64_t OW, int64_t W, int64_t s, int64_t off, int64_t *lo,
+                        int64_t *hi) {
+  int64_t a = off < 0 ? (-off + s - 1) / s : 0;
+  int64_t b = W - 1 - off < 0 ? 0 : (W - 1 - off) / s + 1;
+  if (b > OW) b = OW;
+  if (a > b) a = b;
+  *lo = a;
+  *hi = b;
+}
+
+#define NN_T float
+#define NN_S(x) x##_f32
+#define NN_GEMM cblas_sgemm
+#include "conv.c"
+#undef NN_T
+#undef NN_S
+#undef NN_GEMM
+#define NN_T double
+#define NN_S(x) x##_f64
+#define NN_GEMM cblas_dgemm
+#include "conv.c"
+#undef NN_T
+#undef NN_S
+#undef NN_GEMM
+
+/* OpenBLAS keeps one process-wide thread count: the shares run single-threaded
+** BLAS calls side by side, then the state's count is put back. */
+static int64_t plan_shares(em_state *S, int64_t N, int64_t work) {
+  int nt = S->num_threads > 0 ? S->num_threads : 1;
+  if (nt <= 1 || N < 2 || work < 200000) return 1;
+  return N < nt ? N : nt;
+}
+static void blas_threads(em_state *S, int64_t shares) {
+  openblas_set_num_threads(shares > 1 ? 1 : (S->num_threads > 0 ? S->num_threads : 1));
+}
+
+em_status emi_cpu_conv2d(em_state *S, em_dtype dt, const emi_conv_geom *g, const void *x,
+                         const void *w, const void *b, void *y) {
+  size_t es = dt == EM_FLOAT32 ? 4 : 8;
+  int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
+  int64_t shares = plan_shares(S, g->N, g->N * g->O * K * L);
+  conv_job j = {.g = g, .x = x, .w = w, .b = b, .y = y, .shares = shares};
+  j.share_bytes = conv_direct(g) ? 0 : (size_t)(g->C * g->kH * g->kW * L) * es;
+  size_t total = j.share_bytes * (size_t)shares;
+  if (total && !(j.scratch = emi_malloc(S, total)))
+    return emi_error(S, EM_ERR_NOMEM, "conv2d: out of memory for a %zu-byte column buffer",
+                     total);
+  blas_threads(S, shares);
+  emi_range_fn fn = dt == EM_FLOAT32 ? conv_fwd_f32 : conv_fwd_f64;
+  if (shares > 1) emi_parallel_for(S, shares, 1, fn, &j);
+  else fn(&j, 0, 1);
+  blas_threads(S, 1);
+  if (total) emi_free(S, j.scratch, total);
+  return EM_OK;
+}
+
+em_status emi_cpu_conv2d_backward(em_state *S, em_dtype dt, const emi_conv_geom *g,
+                                  const void *gy, const void *x, const void *w, void *gx,
+                                  void *gw, void *gb) {
+  size_t es = dt == EM_FLOAT32 ? 4 : 8;
+  int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
+  int64_t shares = plan_shares(S, g->N, g->N * g->O * K * L * 2);
+  conv_job j = {.g = g, .x = x, .w = w, .gy = gy, .gx = gx, .shares = shares,
+                .want_gx = gx != NULL, .want_gw = gw != NULL, .want_gb = gb != NULL};
+  size_t col = (size_t)(g->C * g->kH * g->kW * L) * es;
+  size_t acc = (size_t)(g->O * K + g->O) * es;
+  j.share_bytes = (col + acc + 63) & ~(size_t)63;
+  size_t total = j.share_bytes * (size_t)shares;
+  if (!(j.scratch = emi_malloc(S, total)))
+    return emi_error(S, EM_ERR_NOMEM, "conv2d_backward: out of memory for %zu bytes of "
+                     "scratch", total);
+  blas_threads(S, shares);
+  emi_range_fn fn = dt == EM_FLOAT32 ? conv_bwd_f32 : conv_bwd_f64;
+  if (shares > 1) emi_parallel_for(S, shares, 1, fn, &j);
+  else fn(&j, 0, 1);
+  blas_threads(S, 1);
+  /* Sum the shares' weight and bias gradients, in share order (deterministic). */
+  if (dt == EM_FLOAT32) conv_reduce_f32(&j, gw, gb);
+  else conv_reduce_f64(&j, gw, gb);
+  emi_free(S, j.scratch, total);
+  return EM_OK;
+}
+
+#else /* ---- typed body: NN_T is float or double ---- */
+
+static void NN_S(im2col)(const emi_conv_geom *g, const NN_T *x, NN_T *col) {
+  int64_t L = g->OH * g->OW;
+  for (int64_t c = 0; c < g->C; c++) {
+    const NN_T *xc = x + c * g->H * g->W;
+    for (int64_t kh = 0; kh < g->kH; kh++)
+      for (int64_t kw = 0; kw < g->kW; kw++) {
+        NN_T *row = col + ((c * g->kH + kh) * g->kW + kw) * L;
+        int64_t offw = kw * g->dW - g->pW, lo, hi;
+        valid_range(g->OW, g->W, g->sW, offw, &lo, &hi);
+        for (int64_t oh = 0; oh < g->OH; oh++) {
+          NN_T *r = row + oh * g->OW;
+          int64_t ih = oh * g->sH - g->pH + kh * g->dH;
+          if (ih < 0 || ih >= g->H) {
+            for (int64_t ow = 0; ow < g->OW; ow++) r[ow] = 0;
+            continue;
+          }
+          const NN_T *xr = xc + ih * g->W + offw;
+          for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0;
+          if (g->sW == 1)
+            for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow];
+          else
+            for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sW];
+          for (int64_t ow = hi; ow < g->OW; ow++) r[ow] = 0;
+        }
+      }
+  }
+}
+
+/* x += col2im(col), the adjoint of im2col. */
+static void NN_S(col2im)(const emi_conv_geom *g, const NN_T *col, NN_T *x) {
+  int64_t L = g->OH * g->OW;
+  for (int64_t c = 0; c < g->C; c++) {
+    NN_T *xc = x + c * g->H * g->W;
+    for (int64_t kh = 0; kh < g->kH; kh++)
+      for (int64_t kw = 0; kw < g->kW; kw++) {
+        const NN_T *row = col + ((c * g->kH + kh) * g->kW + kw) * L;
+        int64_t offw = kw * g->dW - g->pW, lo, hi;
+        valid_range(g->OW, g->W, g->sW, offw, &lo, &hi);
+        for (int64_t oh = 0; oh < g->OH; oh++) {
+          int64_t ih = oh * g->sH - g->pH + kh * g->dH;
+          if (ih < 0 || ih >= g->H) continue;
+          const NN_T *r = row + oh * g->OW;
+          NN_T *xr = xc + ih * g->W + offw;
+          if (g->sW == 1)
+            for (int64_t ow = lo; ow < hi; ow++) xr[ow] += r[ow];
+          else
+            for (int64_t ow = lo; ow < hi; ow++) xr[ow * g->sW] += r[ow];
+        }
+      }
+  }
+}
+
+static void NN_S(conv_fwd)(void *ctx, int64_t s0, int64_t s1) {
+  const conv_job *j = ctx;
+  const emi_conv_geom *g = j->g;
+  int64_t L = g->OH * g->OW, Cg = g->C / g->G, Og = g->O / g->G, K = Cg * g->kH * g->kW;
+  const NN_T *w = j->w, *b = j->b;
+  for (int64_t s = s0; s < s1; s++) {
+    NN_T *col = (NN_T *)(j->scratch + j->share_bytes * (size_t)s);
+    for (int64_t n = share_begin(g->N, j->shares, s); n < share_begin(g->N, j->shares, s + 1);
+         n++) {
+      const NN_T *xn = (const NN_T *)j->x + n * g->C * g->H * g->W;
+      NN_T *yn = (NN_T *)j->y + n * g->O * L;
+      if (conv_direct(g)) col = (NN_T *)xn;
+      else NN_S(im2col)(g, xn, col);
+      NN_T beta = 0;
+      if (b) {
+        for (int64_t o = 0; o < g->O; o++)
+          for (int64_t l = 0; l < L; l++) yn[o * L + l] = b[o];
+        beta = 1;
+      }
+      for (int64_t gi = 0; gi < g->G; gi++)
+        NN_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Og, (int)L, (int)K, 1,
+                w + gi * Og * K, (int)K, col + gi * K * L, (int)L, beta, yn + gi * Og * L,
+                (int)L);
+    }
+  }
+}
+
+static void NN_S(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
+  const conv_job *j = ctx;
+  const emi_conv_geom *g = j->g;
+  int64_t L = g->OH * g->OW, Cg = g->C / g->G, Og = g->O / g->G, K = Cg * g->kH * g->kW;
+  const NN_T *w = j->w;
+  size_t colsz = (size_t)(g->C * g->kH * g->kW * L);
+  for (int64_t s = s0; s < s1; s++) {
+    NN_T *col = (NN_T *)(j->scratch + j->share_bytes * (size_t)s);
+    NN_T *gw = col + colsz, *gb = gw + g->O * K;
+    for (int64_t i = 0; i < g->O * K + g->O; i++) gw[i] = 0;
+    for (int64_t n = share_begin(g->N, j->shares, s); n < share_begin(g->N, j->shares, s + 1);
+         n++) {
+      const NN_T *xn = (const NN_T *)j->x + n * g->C * g->H * g->W;
+      const NN_T *gyn = (const NN_T *)j->gy + n * g->O * L;
+      if (j->want_gb)
+        for (int64_t o = 0; o < g->O; o++) {
+          NN_T acc = 0;
+          for (int64_t l = 0; l < L; l++) acc += gyn[o * L + l];
+          gb[o] += acc;
+        }
+      if (j->want_gw) {
+        const NN_T *c = col;
+        if (conv_direct(g)) c = xn;
+        else NN_S(im2col)(g, xn, col);
+        for (int64_t gi = 0; gi < g->G; gi++)
+          NN_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Og, (int)K, (int)L, 1,
+                  gyn + gi * Og * L, (int)L, c + gi * K * L, (int)L, 1, gw + gi * Og * K,
+                  (int)K);
+      }
+      if (j->want_gx) {
+        NN_T *gxn = (NN_T *)j->gx + n * g->C * g->H * g->W;
+        NN_T *c = conv_direct(g) ? gxn : col;
+        for (int64_t gi = 0; gi < g->G; gi++)
+          NN_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)L, (int)Og, 1,
+                  w + gi * Og * K, (int)K, gyn + gi * Og * L, (int)L, 0, c + gi * K * L,
+                  (int)L);
+        if (!conv_direct(g)) {
+          for (int64_t i = 0; i < g->C * g->H * g->W; i++) gxn[i] = 0;
+          NN_S(col2im)(g, col, gxn);
+        }
+      }
+    }
+  }
+}
+
+static void NN_S(conv_reduce)(const conv_job *j, void *gw_out, void *gb_out) {
+  const emi_conv_geom *g = j->g;
+  int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
+  size_t colsz = (size_t)(g->C * g->kH * g->kW * L);
+  NN_T *gw = gw_out, *gb = gb_out;
+  for (int64_t s = 0; s < j->shares; s++) {
+    const NN_T *sw = (const NN_T *)(j->scratch + j->share_bytes * (size_t)s) + colsz;
+    const NN_T *sb = sw + g->O * K;
+    if (gw)
+      for (int64_t i = 0; i < g->O * K; i++) gw[i] = s ? gw[i] + sw[i] : sw[i];
+    if (gb)
+      for (int64_t i = 0; i < g->O; i++) gb[i] = s ? gb[i] + sb[i] : sb[i];
+  }
+}
+
+#endif

@@ -1,0 +1,220 @@
+/*
+** pool.c -- CPU 2-d pooling (max, average, adaptive average), forward and
+** backward, over independent (H, W) planes in parallel. Compiled twice (float,
+** double) by self-include. Backward of max pool scatters into its own plane
+** only, so planes never race.
+*/
+#ifndef NN_T
+#include "nn.h"
+#include <math.h>
+
+typedef struct pool_job {
+  const emi_pool_geom *g;
+  const void *x, *gy;
+  void *y, *gx;
+  int64_t *ind;
+  const int64_t *cind;
+  int base, include_pad;
+} pool_job;
+
+static int64_t pool_grain(const emi_pool_geom *g) {
+  int64_t per = g->OH * g->OW * g->kH * g->kW + g->H * g->W;
+  int64_t grain = 32768 / (per ? per : 1);
+  return grain < 1 ? 1 : grain;
+}
+static int64_t ada_start(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
+static int64_t ada_end(int64_t o, int64_t in, int64_t out) {
+  return ((o + 1) * in + out - 1) / out;
+}
+
+#define NN_T float
+#define NN_S(x) x##_f32
+#include "pool.c"
+#undef NN_T
+#undef NN_S
+#define NN_T double
+#define NN_S(x) x##_f64
+#include "pool.c"
+#undef NN_T
+#undef NN_S
+
+#define POOL_RUN(fnbase, S, dt, g, job)                                                  \
+  emi_parallel_for(S, (g)->planes, pool_grain(g),                                        \
+                   (dt) == EM_FLOAT32 ? fnbase##_f32 : fnbase##_f64, job)
+
+void emi_cpu_max_pool2d(em_state *S, em_dtype dt, const emi_pool_geom *g, const void *x,
+                        void *y, int64_t *ind, int index_base) {
+  pool_job j = {.g = g, .x = x, .y = y, .ind = ind, .base = index_base};
+  POOL_RUN(maxp_fwd, S, dt, g, &j);
+}
+void emi_cpu_max_pool2d_backward(em_state *S, em_dtype dt, const emi_pool_geom *g,
+                                 const void *gy, const int64_t *ind, int index_base,
+                                 void *gx) {
+  pool_job j = {.g = g, .gy = gy, .gx = gx, .cind = ind, .base = index_base};
+  POOL_RUN(maxp_bwd, S, dt, g, &j);
+}
+void emi_cpu_avg_pool2d(em_state *S, em_dtype dt, const emi_pool_geom *g, const void *x,
+                        void *y, int count_include_pad) {
+  pool_job j = {.g = g, .x = x, .y = y, .include_pad = count_include_pad};
+  POOL_RUN(avgp_fwd, S, dt, g, &j);
+}
+void emi_cpu_avg_pool2d_backward(em_state *S, em_dtype dt, const emi_pool_geom *g,
+                                 const void *gy, void *gx, int count_include_pad) {
+  pool_job j = {.g = g, .gy = gy, .gx = gx, .include_pad = count_include_pad};
+  POOL_RUN(avgp_bwd, S, dt, g, &j);
+}
+void emi_cpu_adaptive_avg_pool2d(em_state *S, em_dtype dt, const emi_pool_geom *g,
+                                 const void *x, void *y) {
+  pool_job j = {.g = g, .x = x, .y = y};
+  POOL_RUN(adap_fwd, S, dt, g, &j);
+}
+void emi_cpu_adaptive_avg_pool2d_backward(em_state *S, em_dtype dt,
+                                          const emi_pool_geom *g, const void *gy,
+                                          void *gx) {
+  pool_job j = {.g = g, .gy = gy, .gx = gx};
+  POOL_RUN(adap_bwd, S, dt, g, &j);
+}
+
+#else /* ---- typed body ---- */
+
+static void NN_S(maxp_fwd)(void *ctx, int64_t p0, int64_t p1) {
+  const pool_job *j = ctx;
+  const emi_pool_geom *g = j->g;
+  for (int64_t p = p0; p < p1; p++) {
+    const NN_T *x = (const NN_T *)j->x + p * g->H * g->W;
+    NN_T *y = (NN_T *)j->y + p * g->OH * g->OW;
+    int64_t *ind = j->ind + p * g->OH * g->OW;
+    for (int64_t oh = 0; oh < g->OH; oh++)
+      for (int64_t ow = 0; ow < g->OW; ow++) {
+        int64_t h0 = oh * g->sH - g->pH, w0 = ow * g->sW - g->pW;
+        NN_T best = -INFINITY;
+        int64_t bi = -1;
+        for (int64_t kh = 0; kh < g->kH; kh++) {
+          int64_t ih = h0 + kh * g->dH;
+          if (ih < 0 || ih >= g->H) continue;
+          for (int64_t kw = 0; kw < g->kW; kw++) {
+            int64_t iw = w0 + kw * g->dW;
+            if (iw < 0 || iw >= g->W) continue;
+            NN_T v = x[ih * g->W + iw];
+            if (bi < 0 || v > best || isnan(v)) {
+              best = v;
+              bi = ih * g->W + iw;
+              if (isnan(v)) goto found;
+            }
+          }
+        }
+      found:
+        y[oh * g->OW + ow] = best;
+        ind[oh * g->OW + ow] = (bi < 0 ? 0 : bi) + j->base;
+      }
+  }
+}
+
+static void NN_S(maxp_bwd)(void *ctx, int64_t p0, int64_t p1) {
+  const pool_job *j = ctx;
+  const emi_pool_geom *g = j->g;
+  int64_t HW = g->H * g->W, L = g->OH * g->OW;
+  for (int64_t p = p0; p < p1; p++) {
+    NN_T *gx = (NN_T *)j->gx + p * HW;
+    const NN_T *gy = (const NN_T *)j->gy + p * L;
+    const int64_t *ind = j->cind + p * L;
+    for (int64_t i = 0; i < HW; i++) gx[i] = 0;
+    for (int64_t l = 0; l < L; l++) {
+      int64_t k = ind[l] - j->base;
+      if (k >= 0 && k < HW) gx[k] += gy[l];   /* ops layer checked the range */
+    }
+  }
+}
+
+/* The window of output (oh, ow) clipped to the input, and torch's divisor. */
+static inline NN_T NN_S(avg_window)(const emi_pool_geom *g, int64_t oh, int64_t ow,
+                                    int include_pad, int64_t *h0, int64_t *h1, int64_t *w0,
+                                    int64_t *w1) {
+  int64_t hs = oh * g->sH - g->pH, ws = ow * g->sW - g->pW;
+  int64_t he = hs + g->kH, we = ws + g->kW;
+  if (he > g->H + g->pH) he = g->H + g->pH;
+  if (we > g->W + g->pW) we = g->W + g->pW;
+  int64_t padded = (he - hs) * (we - ws);
+  *h0 = hs < 0 ? 0 : hs;
+  *w0 = ws < 0 ? 0 : ws;
+  *h1 = he > g->H ? g->H : he;
+  *w1 = we > g->W ? g->W : we;
+  int64_t n = include_pad ? padded : (*h1 - *h0) * (*w1 - *w0);
+  return n > 0 ? (NN_T)1 / (NN_T)n : 0;
+}
+
+static void NN_S(avgp_fwd)(void *ctx, int64_t p0, int64_t p1) {
+  const pool_job *j = ctx;
+  const emi_pool_geom *g = j->g;
+  for (int64_t p = p0; p < p1; p++) {
+    const NN_T *x = (const NN_T *)j->x + p * g->H * g->W;
+    NN_T *y = (NN_T *)j->y + p * g->OH * g->OW;
+    for (int64_t oh = 0; oh < g->OH; oh++)
+      for (int64_t ow = 0; ow < g->OW; ow++) {
+        int64_t h0, h1, w0, w1;
+        NN_T inv = NN_S(avg_window)(g, oh, ow, j->include_pad, &h0, &h1, &w0, &w1);
+        NN_T acc = 0;
+        for (int64_t ih = h0; ih < h1; ih++)
+          for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * g->W + iw];
+        y[oh * g->OW + ow] = acc * inv;
+      }
+  }
+}
+
+static void NN_S(avgp_bwd)(void *ctx, int64_t p0, int64_t p1) {
+  const pool_job *j = ctx;
+  const emi_pool_geom *g = j->g;
+  for (int64_t p = p0; p < p1; p++) {
+    NN_T *gx = (NN_T *)j->gx + p * g->H * g->W;
+    const NN_T *gy = (const NN_T *)j->gy + p * g->OH * g->OW;
+    for (int64_t i = 0; i < g->H * g->W; i++) gx[i] = 0;
+    for (int64_t oh = 0; oh < g->OH; oh++)
+      for (int64_t ow = 0; ow < g->OW; ow++) {
+        int64_t h0, h1, w0, w1;
+        NN_T v = gy[oh * g->OW + ow] *
+                 NN_S(avg_window)(g, oh, ow, j->include_pad, &h0, &h1, &w0, &w1);
+        for (int64_t ih = h0; ih < h1; ih++)
+          for (int64_t iw = w0; iw < w1; iw++) gx[ih * g->W + iw] += v;
+      }
+  }
+}
+
+static void NN_S(adap_fwd)(void *ctx, int64_t p0, int64_t p1) {
+  const pool_job *j = ctx;
+  const emi_pool_geom *g = j->g;
+  for (int64_t p = p0; p < p1; p++) {
+    const NN_T *x = (const NN_T *)j->x + p * g->H * g->W;
+    NN_T *y = (NN_T *)j->y + p * g->OH * g->OW;
+    for (int64_t oh = 0; oh < g->OH; oh++) {
+      int64_t h0 = ada_start(oh, g->H, g->OH), h1 = ada_end(oh, g->H, g->OH);
+      for (int64_t ow = 0; ow < g->OW; ow++) {
+        int64_t w0 = ada_start(ow, g->W, g->OW), w1 = ada_end(ow, g->W, g->OW);
+        NN_T acc = 0;
+        for (int64_t ih = h0; ih < h1; ih++)
+          for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * g->W + iw];
+        y[oh * g->OW + ow] = acc / (NN_T)((h1 - h0) * (w1 - w0));
+      }
+    }
+  }
+}
+
+static void NN_S(adap_bwd)(void *ctx, int64_t p0, int64_t p1) {
+  const pool_job *j = ctx;
+  const emi_pool_geom *g = j->g;
+  for (int64_t p = p0; p < p1; p++) {
+    NN_T *gx = (NN_T *)j->gx + p * g->H * g->W;
+    const NN_T *gy = (const NN_T *)j->gy + p * g->OH * g->OW;
+    for (int64_t i = 0; i < g->H * g->W; i++) gx[i] = 0;
+    for (int64_t oh = 0; oh < g->OH; oh++) {
+      int64_t h0 = ada_start(oh, g->H, g->OH), h1 = ada_end(oh, g->H, g->OH);
+      for (int64_t ow = 0; ow < g->OW; ow++) {
+        int64_t w0 = ada_start(ow, g->W, g->OW), w1 = ada_end(ow, g->W, g->OW);
+        NN_T v = gy[oh * g->OW + ow] / (NN_T)((h1 - h0) * (w1 - w0));
+        for (int64_t ih = h0; ih < h1; ih++)
+          for (int64_t iw = w0; iw < w1; iw++) gx[ih * g->W + iw] += v;
+      }
+    }
+  }
+}
+
+#endif

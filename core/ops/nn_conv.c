@@ -1,0 +1,159 @@
+/*
+** nn_conv.c -- conv2d forward and backward: argument checks, output shapes and
+** contiguous inputs; the work is in core/cpu/conv.c.
+*/
+#include "nn_util.h"
+
+static em_status conv_setup(em_state *S, const char *op, const em_tensor *input,
+                            const em_tensor *weight, const int64_t *stride,
+                            const int64_t *padding, const int64_t *dilation,
+                            int64_t groups, emi_conv_geom *g) {
+  em_status st;
+  if ((st = nn_check_float(S, op, "input", input, -1))) return st;
+  if ((st = nn_check_float(S, op, "weight", weight, input->dtype))) return st;
+  if (input->ndim != 4)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have 4 dims (N,C,H,W)", op,
+                     emi_tshape(S, input));
+  if (weight->ndim != 4)
+    return emi_error(S, EM_ERR_SHAPE, "%s: weight %s must have 4 dims (O,C/groups,kH,kW)",
+                     op, emi_tshape(S, weight));
+  if (!stride || !padding || !dilation)
+    return emi_error(S, EM_ERR_ARG, "%s: stride, padding and dilation are required", op);
+  if (stride[0] < 1 || stride[1] < 1 || dilation[0] < 1 || dilation[1] < 1 ||
+      padding[0] < 0 || padding[1] < 0)
+    return emi_error(S, EM_ERR_ARG, "%s: bad stride (%lld,%lld), padding (%lld,%lld) or "
+                     "dilation (%lld,%lld)", op, (long long)stride[0], (long long)stride[1],
+                     (long long)padding[0], (long long)padding[1], (long long)dilation[0],
+                     (long long)dilation[1]);
+  if (groups < 1)
+    return emi_error(S, EM_ERR_ARG, "%s: groups is %lld, must be >= 1", op, (long long)groups);
+  *g = (emi_conv_geom){.N = input->sizes[0], .C = input->sizes[1], .H = input->sizes[2],
+                       .W = input->sizes[3], .O = weight->sizes[0], .kH = weight->sizes[2],
+                       .kW = weight->sizes[3], .sH = stride[0], .sW = stride[1],
+                       .pH = padding[0], .pW = padding[1], .dH = dilation[0],
+                       .dW = dilation[1], .G = groups};
+  if (g->C % groups || g->O % groups)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s channels and weight %s out channels "
+                     "must be divisible by groups=%lld", op, emi_tshape(S, input),
+                     emi_tshape(S, weight), (long long)groups);
+  if (weight->sizes[1] * groups != g->C)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s has %lld channels, weight %s expects "
+                     "%lld", op, emi_tshape(S, input), (long long)g->C,
+                     emi_tshape(S, weight), (long long)(weight->sizes[1] * groups));
+  if (g->kH < 1 || g->kW < 1 || g->O < 1)
+    return emi_error(S, EM_ERR_SHAPE, "%s: weight %s is empty", op, emi_tshape(S, weight));
+  g->OH = (g->H + 2 * g->pH - g->dH * (g->kH - 1) - 1) / g->sH + 1;
+  g->OW = (g->W + 2 * g->pW - g->dW * (g->kW - 1) - 1) / g->sW + 1;
+  if (g->H + 2 * g->pH < g->dH * (g->kH - 1) + 1 || g->W + 2 * g->pW < g->dW * (g->kW - 1) + 1)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s (padded %lldx%lld) is smaller than the "
+                     "dilated kernel %lldx%lld", op, emi_tshape(S, input),
+                     (long long)(g->H + 2 * g->pH), (long long)(g->W + 2 * g->pW),
+                     (long long)(g->dH * (g->kH - 1) + 1), (long long)(g->dW * (g->kW - 1) + 1));
+  int64_t K = g->C / groups * g->kH * g->kW, L = g->OH * g->OW;
+  if (K > INT32_MAX || L > INT32_MAX / 8 || g->O > INT32_MAX)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s with weight %s is too large for BLAS",
+                     op, emi_tshape(S, input), emi_tshape(S, weight));
+  return EM_OK;
+}
+
+em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight,
+                    const em_tensor *bias, const int64_t *stride, const int64_t *padding,
+                    const int64_t *dilation, int64_t groups, em_tensor **out) {
+  const char *op = "conv2d";
+  emi_conv_geom g;
+  em_status st = conv_setup(S, op, input, weight, stride, padding, dilation, groups, &g);
+  if (st) return st;
+  if (bias) {
+    if ((st = nn_check_float(S, op, "bias", bias, input->dtype))) return st;
+    if (bias->ndim != 1 || bias->sizes[0] != g.O)
+      return emi_error(S, EM_ERR_SHAPE, "%s: bias %s must be [%lld] for weight %s", op,
+                       emi_tshape(S, bias), (long long)g.O, emi_tshape(S, weight));
+  }
+  if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
+  em_tensor *t[4] = {0};   /* x, w, b, y */
+  int64_t shape[4] = {g.N, g.O, g.OH, g.OW};
+  if ((st = nn_contig(S, input, &t[0])) || (st = nn_contig(S, weight, &t[1])) ||
+      (bias && (st = nn_contig(S, bias, &t[2]))) ||
+      (st = emi_tensor_new(S, op, shape, 4, input->dtype, EM_CPU, &t[3])))
+    goto done;
+  if (t[3]->numel) {
+    if (g.C == 0) st = emi_cpu_fill(S, t[3], 0);  /* no input channels: y = bias */
+    if (!st)
+      st = g.C ? emi_cpu_conv2d(S, input->dtype, &g, em_tensor_data(t[0]),
+                                em_tensor_data(t[1]), bias ? em_tensor_data(t[2]) : NULL,
+                                em_tensor_data(t[3]))
+               : EM_OK;
+    if (!st && !g.C && bias) {
+      em_tensor *bv = NULL;
+      int64_t bs[4] = {g.N, g.O, g.OH, g.OW}, bst[4] = {0, 1, 0, 0};
+      if (!(st = emi_tensor_view(S, t[2], bs, bst, 4, t[2]->offset, &bv)))
+        st = emi_cpu_copy(S, t[3], bv);
+      em_tensor_release(bv);
+    }
+  }
+done:
+  if (st) { nn_release(t, 4); return st; }
+  *out = t[3];
+  nn_release(t, 3);
+  return EM_OK;
+}
+
+em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
+                             const em_tensor *input, const em_tensor *weight,
+                             const int64_t *stride, const int64_t *padding,
+                             const int64_t *dilation, int64_t groups,
+                             em_tensor **grad_input, em_tensor **grad_weight,
+                             em_tensor **grad_bias) {
+  const char *op = "conv2d_backward";
+  emi_conv_geom g;
+  em_status st = conv_setup(S, op, input, weight, stride, padding, dilation, groups, &g);
+  if (st) return st;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input->dtype))) return st;
+  int64_t yshape[4] = {g.N, g.O, g.OH, g.OW};
+  if (grad_out->ndim != 4 || memcmp(grad_out->sizes, yshape, sizeof yshape))
+    return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match the output shape "
+                     "[%lld,%lld,%lld,%lld]", op, emi_tshape(S, grad_out), (long long)g.N,
+                     (long long)g.O, (long long)g.OH, (long long)g.OW);
+  em_tensor *t[6] = {0};   /* gy, x, w, gx, gw, gb */
+  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
+      (st = nn_contig(S, weight, &t[2])))
+    goto done;
+  if (grad_input &&
+      (st = emi_tensor_new(S, op, input->sizes, 4, input->dtype, EM_CPU, &t[3])))
+    goto done;
+  if (grad_weight &&
+      (st = emi_tensor_new(S, op, weight->sizes, 4, input->dtype, EM_CPU, &t[4])))
+    goto done;
+  if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, EM_CPU, &t[5])))
+    goto done;
+  if (g.N == 0 || g.C == 0 || g.OH * g.OW == 0) {
+    for (int i = 3; i < 6 && !st; i++)
+      if (t[i] && t[i]->numel) st = emi_cpu_fill(S, t[i], 0);
+    if (!st && t[5] && g.C == 0 && g.N > 0 && g.OH * g.OW > 0) {
+      /* bias gradient still flows without input channels: do it the slow way */
+      for (int64_t o = 0; o < g.O; o++) {
+        double acc = 0;
+        for (int64_t n = 0; n < g.N; n++)
+          for (int64_t l = 0; l < g.OH * g.OW; l++)
+            acc += emi_load_f64((char *)em_tensor_data(t[0]) +
+                                ((n * g.O + o) * g.OH * g.OW + l) * em_dtype_size(input->dtype),
+                                input->dtype);
+        emi_store_f64((char *)em_tensor_data(t[5]) + o * em_dtype_size(input->dtype),
+                      input->dtype, acc);
+      }
+    }
+  } else {
+    st = emi_cpu_conv2d_backward(S, input->dtype, &g, em_tensor_data(t[0]),
+                                 em_tensor_data(t[1]), em_tensor_data(t[2]),
+                                 t[3] ? em_tensor_data(t[3]) : NULL,
+                                 t[4] ? em_tensor_data(t[4]) : NULL,
+                                 t[5] ? em_tensor_data(t[5]) : NULL);
+  }
+done:
+  if (st) { nn_release(t, 6); return st; }
+  if (grad_input) *grad_input = t[3];
+  if (grad_weight) *grad_weight = t[4];
+  if (grad_bias) *grad_bias = t[5];
+  nn_release(t, 3);
+  return EM_OK;
+}

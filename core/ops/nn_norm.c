@@ -1,0 +1,261 @@
+/*
+** nn_norm.c -- batch_norm and layer_norm, forward and backward: checks, the
+** running-statistics update (PyTorch's rule: biased variance normalises, the
+** unbiased one goes into running_var) and outputs; kernels in core/cpu/norm.c.
+*/
+#include "nn_util.h"
+#include <math.h>
+
+static em_status check_vec(em_state *S, const char *op, const char *what,
+                           const em_tensor *t, em_dtype dt, int64_t C) {
+  em_status st = nn_check_float(S, op, what, t, dt);
+  if (st) return st;
+  if (t->ndim != 1 || t->sizes[0] != C)
+    return emi_error(S, EM_ERR_SHAPE, "%s: %s %s must be [%lld]", op, what, emi_tshape(S, t),
+                     (long long)C);
+  return EM_OK;
+}
+
+static double vget(const em_tensor *t, int64_t i) {
+  return emi_load_f64((const char *)em_tensor_data(t) +
+                      i * t->strides[0] * (int64_t)em_dtype_size(t->dtype), t->dtype);
+}
+static void vset(em_tensor *t, int64_t i, double v) {
+  emi_store_f64((char *)em_tensor_data(t) + i * t->strides[0] * (int64_t)em_dtype_size(t->dtype),
+                t->dtype, v);
+}
+
+static em_status bn_input(em_state *S, const char *op, const em_tensor *input, int64_t *N,
+                          int64_t *C, int64_t *L) {
+  em_status st = nn_check_float(S, op, "input", input, -1);
+  if (st) return st;
+  if (input->ndim < 2)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have at least 2 dims (N, C, ...)",
+                     op, emi_tshape(S, input));
+  *N = input->sizes[0];
+  *C = input->sizes[1];
+  *L = 1;
+  for (int d = 2; d < input->ndim; d++) *L *= input->sizes[d];
+  return EM_OK;
+}
+
+em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *weight,
+                        const em_tensor *bias, em_tensor *running_mean,
+                        em_tensor *running_var, int training, double momentum,
+                        double eps, em_tensor **out, em_tensor **save_mean,
+                        em_tensor **save_invstd) {
+  const char *op = "batch_norm";
+  int64_t N = 0, C = 0, L = 0;
+  em_status st = bn_input(S, op, input, &N, &C, &L);
+  if (st) return st;
+  em_dtype dt = input->dtype;
+  if ((weight && (st = check_vec(S, op, "weight", weight, dt, C))) ||
+      (bias && (st = check_vec(S, op, "bias", bias, dt, C))) ||
+      (running_mean && (st = check_vec(S, op, "running_mean", running_mean, dt, C))) ||
+      (running_var && (st = check_vec(S, op, "running_var", running_var, dt, C))))
+    return st;
+  if (!training && (!running_mean || !running_var))
+    return emi_error(S, EM_ERR_ARG, "%s: running_mean and running_var are required when "
+                     "not training", op);
+  if (training && N * L <= 1)
+    return emi_error(S, EM_ERR_SHAPE, "%s: expected more than 1 value per channel when "
+                     "training, got input %s", op, emi_tshape(S, input));
+  if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
+  em_tensor *t[6] = {0};   /* x, w, b, y, save_mean, save_invstd */
+  size_t bytes = (size_t)C * 3 * sizeof(double) + 8;
+  double *mean = emi_malloc(S, bytes), *var = mean + C, *inv = var + C;
+  if (!mean) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
+  if ((st = nn_contig(S, input, &t[0])) || (weight && (st = nn_contig(S, weight, &t[1]))) ||
+      (bias && (st = nn_contig(S, bias, &t[2]))) ||
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, EM_CPU, &t[3])) ||
+      (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[4])) ||
+      (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[5])))
+    goto done;
+  if (training) {
+    emi_cpu_batch_norm_stats(S, dt, N, C, L, em_tensor_data(t[0]), mean, var);
+    double cnt = (double)(N * L);
+    for (int64_t c = 0; c < C; c++) {
+      inv[c] = 1 / sqrt(var[c] + eps);
+      if (running_mean) vset(running_mean, c, (1 - momentum) * vget(running_mean, c) + momentum * mean[c]);
+      if (running_var)
+        vset(running_var, c, (1 - momentum) * vget(running_var, c) +
+                                 momentum * var[c] * cnt / (cnt - 1));
+    }
+  } else {
+    for (int64_t c = 0; c < C; c++) {
+      mean[c] = vget(running_mean, c);
+      inv[c] = 1 / sqrt(vget(running_var, c) + eps);
+    }
+  }
+  for (int64_t c = 0; c < C; c++) {
+    vset(t[4], c, mean[c]);
+    vset(t[5], c, inv[c]);
+  }
+  emi_cpu_batch_norm_apply(S, dt, N, C, L, em_tensor_data(t[0]), mean, inv,
+                           t[1] ? em_tensor_data(t[1]) : NULL,
+                           t[2] ? em_tensor_data(t[2]) : NULL, em_tensor_data(t[3]));
+done:
+  emi_free(S, mean, bytes);
+  if (st) { nn_release(t, 6); return st; }
+  *out = t[3];
+  if (save_mean) *save_mean = t[4]; else em_tensor_release(t[4]);
+  if (save_invstd) *save_invstd = t[5]; else em_tensor_release(t[5]);
+  nn_release(t, 3);
+  return EM_OK;
+}
+
+em_status em_batch_norm_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, const em_tensor *weight,
+                                 const em_tensor *save_mean,
+                                 const em_tensor *save_invstd, int training,
+                                 em_tensor **grad_input, em_tensor **grad_weight,
+                                 em_tensor **grad_bias) {
+  const char *op = "batch_norm_backward";
+  int64_t N = 0, C = 0, L = 0;
+  em_status st = bn_input(S, op, input, &N, &C, &L);
+  if (st) return st;
+  em_dtype dt = input->dtype;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, dt)) ||
+      (weight && (st = check_vec(S, op, "weight", weight, dt, C))) ||
+      (st = check_vec(S, op, "save_mean", save_mean, dt, C)) ||
+      (st = check_vec(S, op, "save_invstd", save_invstd, dt, C)))
+    return st;
+  if (!nn_same_shape(grad_out, input))
+    return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match input %s", op,
+                     emi_tshape(S, grad_out), emi_tshape(S, input));
+  em_tensor *t[6] = {0};   /* gy, x, w, gx, gw, gb */
+  size_t bytes = (size_t)C * 2 * sizeof(double) + 8;
+  double *mean = emi_malloc(S, bytes), *inv = mean + C;
+  if (!mean) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
+  for (int64_t c = 0; c < C; c++) {
+    mean[c] = vget(save_mean, c);
+    inv[c] = vget(save_invstd, c);
+  }
+  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
+      (weight && (st = nn_contig(S, weight, &t[2]))) ||
+      (grad_input &&
+       (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, EM_CPU, &t[3]))) ||
+      (grad_weight && (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[4]))) ||
+      (grad_bias && (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[5]))))
+    goto done;
+  emi_cpu_batch_norm_backward(S, dt, N, C, L, em_tensor_data(t[0]), em_tensor_data(t[1]),
+                              mean, inv, t[2] ? em_tensor_data(t[2]) : NULL, training,
+                              t[3] ? em_tensor_data(t[3]) : NULL,
+                              t[4] ? em_tensor_data(t[4]) : NULL,
+                              t[5] ? em_tensor_data(t[5]) : NULL);
+done:
+  emi_free(S, mean, bytes);
+  if (st) { nn_release(t, 6); return st; }
+  if (grad_input) *grad_input = t[3];
+  if (grad_weight) *grad_weight = t[4];
+  if (grad_bias) *grad_bias = t[5];
+  nn_release(t, 3);
+  return EM_OK;
+}
+
+/* Rows M and row length K of layer norm, with weight/bias checked against the
+** normalized shape (input's last k dims). */
+static em_status ln_setup(em_state *S, const char *op, const em_tensor *input, int k,
+                          const em_tensor *weight, const em_tensor *bias, int64_t *M,
+                          int64_t *K) {
+  em_status st = nn_check_float(S, op, "input", input, -1);
+  if (st) return st;
+  if (k < 1 || k > input->ndim)
+    return emi_error(S, EM_ERR_ARG, "%s: normalized_ndim %d out of range for input %s", op,
+                     k, emi_tshape(S, input));
+  const em_tensor *wb[2] = {weight, bias};
+  const char *nm[2] = {"weight", "bias"};
+  for (int i = 0; i < 2; i++) {
+    if (!wb[i]) continue;
+    if ((st = nn_check_float(S, op, nm[i], wb[i], input->dtype))) return st;
+    if (wb[i]->ndim != k ||
+        memcmp(wb[i]->sizes, input->sizes + input->ndim - k, sizeof(int64_t) * k))
+      return emi_error(S, EM_ERR_SHAPE, "%s: %s %s does not match the last %d dims of "
+                       "input %s", op, nm[i], emi_tshape(S, wb[i]), k, emi_tshape(S, input));
+  }
+  *M = 1;
+  *K = 1;
+  for (int d = 0; d < input->ndim; d++) {
+    if (d < input->ndim - k) *M *= input->sizes[d];
+    else *K *= input->sizes[d];
+  }
+  return EM_OK;
+}
+
+em_status em_layer_norm(em_state *S, const em_tensor *input, int normalized_ndim,
+                        const em_tensor *weight, const em_tensor *bias, double eps,
+                        em_tensor **out, em_tensor **mean, em_tensor **rstd) {
+  const char *op = "layer_norm";
+  int64_t M = 0, K = 0;
+  em_status st = ln_setup(S, op, input, normalized_ndim, weight, bias, &M, &K);
+  if (st) return st;
+  if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
+  int64_t sshape[EM_MAX_DIMS];
+  memcpy(sshape, input->sizes, sizeof(int64_t) * input->ndim);
+  for (int d = input->ndim - normalized_ndim; d < input->ndim; d++) sshape[d] = 1;
+  em_tensor *t[6] = {0};   /* x, w, b, y, mean, rstd */
+  if ((st = nn_contig(S, input, &t[0])) || (weight && (st = nn_contig(S, weight, &t[1]))) ||
+      (bias && (st = nn_contig(S, bias, &t[2]))) ||
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, EM_CPU, &t[3])) ||
+      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, EM_CPU, &t[4])) ||
+      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, EM_CPU, &t[5]))) {
+    nn_release(t, 6);
+    return st;
+  }
+  if (K > 0)
+    emi_cpu_layer_norm(S, input->dtype, M, K, em_tensor_data(t[0]),
+                       t[1] ? em_tensor_data(t[1]) : NULL, t[2] ? em_tensor_data(t[2]) : NULL,
+                       eps, em_tensor_data(t[3]), em_tensor_data(t[4]), em_tensor_data(t[5]));
+  else if (M > 0) {
+    emi_cpu_fill(S, t[4], 0);
+    emi_cpu_fill(S, t[5], NAN);
+  }
+  *out = t[3];
+  if (mean) *mean = t[4]; else em_tensor_release(t[4]);
+  if (rstd) *rstd = t[5]; else em_tensor_release(t[5]);
+  nn_release(t, 3);
+  return EM_OK;
+}
+
+em_status em_layer_norm_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, int normalized_ndim,
+                                 const em_tensor *mean, const em_tensor *rstd,
+                                 const em_tensor *weight, em_tensor **grad_input,
+                                 em_tensor **grad_weight, em_tensor **grad_bias) {
+  const char *op = "layer_norm_backward";
+  int64_t M = 0, K = 0;
+  em_status st = ln_setup(S, op, input, normalized_ndim, weight, NULL, &M, &K);
+  if (st) return st;
+  em_dtype dt = input->dtype;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, dt)) ||
+      (st = nn_check_float(S, op, "mean", mean, dt)) ||
+      (st = nn_check_float(S, op, "rstd", rstd, dt)))
+    return st;
+  if (!nn_same_shape(grad_out, input) || mean->numel != M || rstd->numel != M)
+    return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s, mean %s or rstd %s do not fit "
+                     "input %s", op, emi_tshape(S, grad_out), emi_tshape(S, mean),
+                     emi_tshape(S, rstd), emi_tshape(S, input));
+  const int64_t *ns = input->sizes + input->ndim - normalized_ndim;
+  em_tensor *t[8] = {0};   /* gy, x, mean, rstd, w, gx, gw, gb */
+  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
+      (st = nn_contig(S, mean, &t[2])) || (st = nn_contig(S, rstd, &t[3])) ||
+      (weight && (st = nn_contig(S, weight, &t[4]))) ||
+      (grad_input && (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, EM_CPU, &t[5]))) ||
+      (grad_weight && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, EM_CPU, &t[6]))) ||
+      (grad_bias && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, EM_CPU, &t[7]))))
+    goto done;
+  if (K > 0)
+    st = emi_cpu_layer_norm_backward(S, dt, M, K, em_tensor_data(t[0]), em_tensor_data(t[1]),
+                                     em_tensor_data(t[2]), em_tensor_data(t[3]),
+                                     t[4] ? em_tensor_data(t[4]) : NULL,
+                                     t[5] ? em_tensor_data(t[5]) : NULL,
+                                     t[6] ? em_tensor_data(t[6]) : NULL,
+                                     t[7] ? em_tensor_data(t[7]) : NULL);
+done:
+  if (st) { nn_release(t, 8); return st; }
+  if (grad_input) *grad_input = t[5];
+  if (grad_weight) *grad_weight = t[6];
+  if (grad_bias) *grad_bias = t[7];
+  nn_release(t, 5);
+  return EM_OK;
+}

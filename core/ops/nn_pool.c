@@ -1,0 +1,261 @@
+/*
+** nn_pool.c -- max_pool2d, avg_pool2d and adaptive_avg_pool2d (forward and
+** backward) on (N,C,H,W) or (C,H,W): checks and output shapes as PyTorch; the
+** work is in core/cpu/pool.c.
+*/
+#include "nn_util.h"
+
+static em_status pool_input(em_state *S, const char *op, const em_tensor *input) {
+  em_status st = nn_check_float(S, op, "input", input, -1);
+  if (st) return st;
+  if (input->ndim != 3 && input->ndim != 4)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have 3 or 4 dims ((N,)C,H,W)", op,
+                     emi_tshape(S, input));
+  int nd = input->ndim;
+  if (input->sizes[nd - 2] < 1 || input->sizes[nd - 1] < 1)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s has an empty plane", op,
+                     emi_tshape(S, input));
+  return EM_OK;
+}
+
+/* PyTorch's pooling_output_shape. */
+static int64_t pool_out(int64_t in, int64_t k, int64_t p, int64_t s, int64_t d, int ceil) {
+  int64_t num = in + 2 * p - d * (k - 1) - 1 + (ceil ? s - 1 : 0);
+  int64_t o = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;
+  if (ceil && (o - 1) * s >= in + p) o--;
+  return o;
+}
+
+static em_status pool_geom(em_state *S, const char *op, const em_tensor *input,
+                           const int64_t *kernel, const int64_t *stride,
+                           const int64_t *padding, const int64_t *dilation, int ceil,
+                           emi_pool_geom *g) {
+  em_status st = pool_input(S, op, input);
+  if (st) return st;
+  if (!kernel || !padding)
+    return emi_error(S, EM_ERR_ARG, "%s: kernel and padding are required", op);
+  const int64_t *s = stride ? stride : kernel;
+  int64_t one[2] = {1, 1};
+  const int64_t *d = dilation ? dilation : one;
+  if (kernel[0] < 1 || kernel[1] < 1 || s[0] < 1 || s[1] < 1 || d[0] < 1 || d[1] < 1)
+    return emi_error(S, EM_ERR_ARG, "%s: kernel (%lld,%lld), stride (%lld,%lld) and "
+                     "dilation must be positive", op, (long long)kernel[0],
+                     (long long)kernel[1], (long long)s[0], (long long)s[1]);
+  if (padding[0] < 0 || padding[1] < 0 || padding[0] > kernel[0] / 2 ||
+      padding[1] > kernel[1] / 2)
+    return emi_error(S, EM_ERR_ARG, "%s: padding (%lld,%lld) must be >= 0 and at most half "
+                     "of kernel (%lld,%lld)", op, (long long)padding[0],
+                     (long long)padding[1], (long long)kernel[0], (long long)kernel[1]);
+  int nd = input->ndim;
+  *g = (emi_pool_geom){.H = input->sizes[nd - 2], .W = input->sizes[nd - 1],
+                       .kH = kernel[0], .kW = kernel[1], .sH = s[0], .sW = s[1],
+                       .pH = padding[0], .pW = padding[1], .dH = d[0], .dW = d[1]};
+  g->planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
+  g->OH = pool_out(g->H, g->kH, g->pH, g->sH, g->dH, ceil);
+  g->OW = pool_out(g->W, g->kW, g->pW, g->sW, g->dW, ceil);
+  if (g->OH < 1 || g->OW < 1)
+    return emi_error(S, EM_ERR_SHAPE, "%s: input %s is too small for kernel (%lld,%lld): "
+                     "output would be %lldx%lld", op, emi_tshape(S, input),
+                     (long long)kernel[0], (long long)kernel[1], (long long)g->OH,
+                     (long long)g->OW);
+  return EM_OK;
+}
+
+static void out_shape(const em_tensor *input, const emi_pool_geom *g, int64_t *shape) {
+  int nd = input->ndim;
+  memcpy(shape, input->sizes, sizeof(int64_t) * nd);
+  shape[nd - 2] = g->OH;
+  shape[nd - 1] = g->OW;
+}
+
+/* grad_out must have the output's shape. */
+static em_status check_grad(em_state *S, const char *op, const em_tensor *grad_out,
+                            const em_tensor *input, const emi_pool_geom *g) {
+  em_status st = nn_check_float(S, op, "grad_out", grad_out, input->dtype);
+  if (st) return st;
+  int64_t shape[EM_MAX_DIMS];
+  out_shape(input, g, shape);
+  if (grad_out->ndim != input->ndim ||
+      memcmp(grad_out->sizes, shape, sizeof(int64_t) * input->ndim))
+    return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match the output shape %s",
+                     op, emi_tshape(S, grad_out),
+                     emi_shape_str((char[EMI_SHAPE_STR]){0}, shape, input->ndim));
+  return EM_OK;
+}
+
+em_status em_max_pool2d(em_state *S, const em_tensor *input, const int64_t *kernel,
+                        const int64_t *stride, const int64_t *padding,
+                        const int64_t *dilation, int ceil_mode, int index_base,
+                        em_tensor **out, em_tensor **indices) {
+  const char *op = "max_pool2d";
+  emi_pool_geom g;
+  em_status st = pool_geom(S, op, input, kernel, stride, padding, dilation, ceil_mode, &g);
+  if (st) return st;
+  if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
+  int64_t shape[EM_MAX_DIMS];
+  out_shape(input, &g, shape);
+  em_tensor *t[3] = {0};
+  if ((st = nn_contig(S, input, &t[0])) ||
+      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, EM_CPU, &t[1])) ||
+      (st = emi_tensor_new(S, op, shape, input->ndim, EM_INT64, EM_CPU, &t[2]))) {
+    nn_release(t, 3);
+    return st;
+  }
+  emi_cpu_max_pool2d(S, input->dtype, &g, em_tensor_data(t[0]), em_tensor_data(t[1]),
+                     em_tensor_data(t[2]), index_base);
+  em_tensor_release(t[0]);
+  *out = t[1];
+  if (indices) *indices = t[2];
+  else em_tensor_release(t[2]);
+  return EM_OK;
+}
+
+em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, const em_tensor *indices,
+                                 int index_base, em_tensor **grad_input) {
+  const char *op = "max_pool2d_backward";
+  em_status st = pool_input(S, op, input);
+  if (st) return st;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input->dtype))) return st;
+  if ((st = emi_check_tensor(S, op, indices))) return st;
+  if (indices->dtype != EM_INT64)
+    return emi_error(S, EM_ERR_DTYPE, "%s: indices have dtype %s; int64 expected", op,
+                     em_dtype_name(indices->dtype));
+  int nd = input->ndim;
+  if (!nn_same_shape(grad_out, indices) || grad_out->ndim != nd ||
+      memcmp(grad_out->sizes, input->sizes, sizeof(int64_t) * (nd - 2)))
+    return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s and indices %s do not fit input %s",
+                     op, emi_tshape(S, grad_out), emi_tshape(S, indices),
+                     emi_tshape(S, input));
+  if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
+  emi_pool_geom g = {.H = input->sizes[nd - 2], .W = input->sizes[nd - 1],
+                     .OH = grad_out->sizes[nd - 2], .OW = grad_out->sizes[nd - 1]};
+  g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
+  em_tensor *t[3] = {0};   /* gy, ind, gx */
+  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, indices, &t[1])) ||
+      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, EM_CPU, &t[2]))) {
+    nn_release(t, 3);
+    return st;
+  }
+  const int64_t *ind = em_tensor_data(t[1]);
+  for (int64_t i = 0; i < t[1]->numel; i++)
+    if (ind[i] - index_base < 0 || ind[i] - index_base >= g.H * g.W) {
+      nn_release(t, 3);
+      return emi_error(S, EM_ERR_INDEX, "%s: index %lld out of range for a %lldx%lld plane "
+                       "(index_base %d)", op, (long long)ind[i], (long long)g.H,
+                       (long long)g.W, index_base);
+    }
+  emi_cpu_max_pool2d_backward(S, input->dtype, &g, em_tensor_data(t[0]), ind, index_base,
+                              em_tensor_data(t[2]));
+  *grad_input = t[2];
+  nn_release(t, 2);
+  return EM_OK;
+}
+
+em_status em_avg_pool2d(em_state *S, const em_tensor *input, const int64_t *kernel,
+                        const int64_t *stride, const int64_t *padding, int ceil_mode,
+                        int count_include_pad, em_tensor **out) {
+  const char *op = "avg_pool2d";
+  emi_pool_geom g;
+  em_status st = pool_geom(S, op, input, kernel, stride, padding, NULL, ceil_mode, &g);
+  if (st) return st;
+  if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
+  int64_t shape[EM_MAX_DIMS];
+  out_shape(input, &g, shape);
+  em_tensor *t[2] = {0};
+  if ((st = nn_contig(S, input, &t[0])) ||
+      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, EM_CPU, &t[1]))) {
+    nn_release(t, 2);
+    return st;
+  }
+  emi_cpu_avg_pool2d(S, input->dtype, &g, em_tensor_data(t[0]), em_tensor_data(t[1]),
+                     count_include_pad);
+  em_tensor_release(t[0]);
+  *out = t[1];
+  return EM_OK;
+}
+
+em_status em_avg_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                 const em_tensor *input, const int64_t *kernel,
+                                 const int64_t *stride, const int64_t *padding,
+                                 int ceil_mode, int count_include_pad,
+                                 em_tensor **grad_input) {
+  const char *op = "avg_pool2d_backward";
+  emi_pool_geom g;
+  em_status st = pool_geom(S, op, input, kernel, stride, padding, NULL, ceil_mode, &g);
+  if (st) return st;
+  if ((st = check_grad(S, op, grad_out, input, &g))) return st;
+  if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
+  em_tensor *t[2] = {0};
+  if ((st = nn_contig(S, grad_out, &t[0])) ||
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, EM_CPU, &t[1]))) {
+    nn_release(t, 2);
+    return st;
+  }
+  emi_cpu_avg_pool2d_backward(S, input->dtype, &g, em_tensor_data(t[0]),
+                              em_tensor_data(t[1]), count_include_pad);
+  em_tensor_release(t[0]);
+  *grad_input = t[1];
+  return EM_OK;
+}
+
+em_status em_adaptive_avg_pool2d(em_state *S, const em_tensor *input,
+                                 const int64_t *output_size, em_tensor **out) {
+  const char *op = "adaptive_avg_pool2d";
+  em_status st = pool_input(S, op, input);
+  if (st) return st;
+  if (!output_size || output_size[0] < 1 || output_size[1] < 1)
+    return emi_error(S, EM_ERR_ARG, "%s: output_size must be two positive ints", op);
+  if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
+  int nd = input->ndim;
+  emi_pool_geom g = {.H = input->sizes[nd - 2], .W = input->sizes[nd - 1],
+                     .OH = output_size[0], .OW = output_size[1], .kH = 1, .kW = 1};
+  g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
+  /* the grain estimate reads kH*kW: the average window covers about H/OH x W/OW */
+  g.kH = (g.H + g.OH - 1) / g.OH + 1;
+  g.kW = (g.W + g.OW - 1) / g.OW + 1;
+  int64_t shape[EM_MAX_DIMS];
+  out_shape(input, &g, shape);
+  em_tensor *t[2] = {0};
+  if ((st = nn_contig(S, input, &t[0])) ||
+      (st = emi_tensor_new(S, op, shape, nd, input->dtype, EM_CPU, &t[1]))) {
+    nn_release(t, 2);
+    return st;
+  }
+  emi_cpu_adaptive_avg_pool2d(S, input->dtype, &g, em_tensor_data(t[0]),
+                              em_tensor_data(t[1]));
+  em_tensor_release(t[0]);
+  *out = t[1];
+  return EM_OK;
+}
+
+em_status em_adaptive_avg_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                          const em_tensor *input,
+                                          em_tensor **grad_input) {
+  const char *op = "adaptive_avg_pool2d_backward";
+  em_status st = pool_input(S, op, input);
+  if (st) return st;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input->dtype))) return st;
+  int nd = input->ndim;
+  if (grad_out->ndim != nd || memcmp(grad_out->sizes, input->sizes, sizeof(int64_t) * (nd - 2)) ||
+      grad_out->sizes[nd - 2] < 1 || grad_out->sizes[nd - 1] < 1)
+    return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not fit input %s", op,
+                     emi_tshape(S, grad_out), emi_tshape(S, input));
+  if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
+  emi_pool_geom g = {.H = input->sizes[nd - 2], .W = input->sizes[nd - 1],
+                     .OH = grad_out->sizes[nd - 2], .OW = grad_out->sizes[nd - 1]};
+  g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
+  g.kH = (g.H + g.OH - 1) / g.OH + 1;
+  g.kW = (g.W + g.OW - 1) / g.OW + 1;
+  em_tensor *t[2] = {0};
+  if ((st = nn_contig(S, grad_out, &t[0])) ||
+      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, EM_CPU, &t[1]))) {
+    nn_release(t, 2);
+    return st;
+  }
+  emi_cpu_adaptive_avg_pool2d_backward(S, input->dtype, &g, em_tensor_data(t[0]),
+                                       em_tensor_data(t[1]));
+  em_tensor_release(t[0]);
+  *grad_input = t[1];
+  return EM_OK;
+}
