@@ -40,20 +40,30 @@ static void valid_range(int64_t OW, int64_t W, int64_t s, int64_t off, int64_t *
   *hi = b;
 }
 
+/* C = [C +] A*B with A of any strides (see nn_gemm.c); double goes to BLAS. */
+static void gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
+                     int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc, int acc) {
+  emi_nn_sgemm(M, N, K, A, ars, acs, B, ldb, C, ldc, acc);
+}
+static void gemm_f64(int64_t M, int64_t N, int64_t K, const double *A, int64_t ars,
+                     int64_t acs, const double *B, int64_t ldb, double *C, int64_t ldc,
+                     int acc) {
+  enum CBLAS_TRANSPOSE ta = acs == 1 ? CblasNoTrans : CblasTrans;
+  int64_t lda = acs == 1 ? ars : acs;
+  cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, (int)M, (int)N, (int)K, 1.0, A,
+              (int)(lda < 1 ? 1 : lda), B, (int)ldb, acc ? 1.0 : 0.0, C, (int)ldc);
+}
+
 #define NN_T float
 #define NN_S(x) x##_f32
-#define NN_GEMM cblas_sgemm
 #include "conv.c"
 #undef NN_T
 #undef NN_S
-#undef NN_GEMM
 #define NN_T double
 #define NN_S(x) x##_f64
-#define NN_GEMM cblas_dgemm
 #include "conv.c"
 #undef NN_T
 #undef NN_S
-#undef NN_GEMM
 
 /* OpenBLAS keeps one process-wide thread count: the shares run single-threaded
 ** BLAS calls side by side, then the state's count is put back. */
@@ -94,8 +104,8 @@ em_status emi_cpu_conv2d_backward(em_state *S, em_dtype dt, const emi_conv_geom 
   int64_t shares = plan_shares(S, g->N, g->N * g->O * K * L * 2);
   conv_job j = {.g = g, .x = x, .w = w, .gy = gy, .gx = gx, .shares = shares,
                 .want_gx = gx != NULL, .want_gw = gw != NULL, .want_gb = gb != NULL};
-  size_t col = (size_t)(g->C * g->kH * g->kW * L) * es;
-  size_t acc = (size_t)(g->O * K + g->O) * es;
+  size_t col = (size_t)(g->C * g->kH * g->kW * L + L * g->O) * es;  /* col, gy^T */
+  size_t acc = (size_t)(g->O * K + g->O) * es;                        /* gw^T, gb */
   j.share_bytes = (col + acc + 63) & ~(size_t)63;
   size_t total = j.share_bytes * (size_t)shares;
   if (!(j.scratch = emi_malloc(S, total)))
@@ -178,22 +188,23 @@ static void NN_S(conv_fwd)(void *ctx, int64_t s0, int64_t s1) {
          n++) {
       const NN_T *xn = (const NN_T *)j->x + n * g->C * g->H * g->W;
       NN_T *yn = (NN_T *)j->y + n * g->O * L;
-      if (conv_direct(g)) col = (NN_T *)xn;
-      else NN_S(im2col)(g, xn, col);
-      NN_T beta = 0;
-      if (b) {
+      const NN_T *c = xn;
+      if (!conv_direct(g)) {
+        NN_S(im2col)(g, xn, col);
+        c = col;
+      }
+      if (b)
         for (int64_t o = 0; o < g->O; o++)
           for (int64_t l = 0; l < L; l++) yn[o * L + l] = b[o];
-        beta = 1;
-      }
       for (int64_t gi = 0; gi < g->G; gi++)
-        NN_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Og, (int)L, (int)K, 1,
-                w + gi * Og * K, (int)K, col + gi * K * L, (int)L, beta, yn + gi * Og * L,
-                (int)L);
+        NN_S(gemm)(Og, L, K, w + gi * Og * K, K, 1, c + gi * K * L, L, yn + gi * Og * L, L,
+                   b != NULL);
     }
   }
 }
 
+/* Per share: col (C*kH*kW x L), gy^T (L x O), then gw^T (K x O) and gb (O), which
+** conv_reduce sums over the shares. gw^T = col * gy^T keeps B row-contiguous. */
 static void NN_S(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
   const conv_job *j = ctx;
   const emi_conv_geom *g = j->g;
@@ -202,8 +213,8 @@ static void NN_S(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
   size_t colsz = (size_t)(g->C * g->kH * g->kW * L);
   for (int64_t s = s0; s < s1; s++) {
     NN_T *col = (NN_T *)(j->scratch + j->share_bytes * (size_t)s);
-    NN_T *gw = col + colsz, *gb = gw + g->O * K;
-    for (int64_t i = 0; i < g->O * K + g->O; i++) gw[i] = 0;
+    NN_T *gyt = col + colsz, *gwt = gyt + L * g->O, *gb = gwt + g->O * K;
+    for (int64_t i = 0; i < g->O * K + g->O; i++) gwt[i] = 0;
     for (int64_t n = share_begin(g->N, j->shares, s); n < share_begin(g->N, j->shares, s + 1);
          n++) {
       const NN_T *xn = (const NN_T *)j->x + n * g->C * g->H * g->W;
@@ -218,18 +229,17 @@ static void NN_S(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
         const NN_T *c = col;
         if (conv_direct(g)) c = xn;
         else NN_S(im2col)(g, xn, col);
+        for (int64_t l0 = 0; l0 < L; l0 += 16)   /* gy^T, in tiles */
+          for (int64_t o = 0; o < g->O; o++)
+            for (int64_t l = l0; l < L && l < l0 + 16; l++) gyt[l * g->O + o] = gyn[o * L + l];
         for (int64_t gi = 0; gi < g->G; gi++)
-          NN_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Og, (int)K, (int)L, 1,
-                  gyn + gi * Og * L, (int)L, c + gi * K * L, (int)L, 1, gw + gi * Og * K,
-                  (int)K);
+          NN_S(gemm)(K, Og, L, c + gi * K * L, L, 1, gyt + gi * Og, g->O, gwt + gi * Og, g->O, 1);
       }
       if (j->want_gx) {
         NN_T *gxn = (NN_T *)j->gx + n * g->C * g->H * g->W;
         NN_T *c = conv_direct(g) ? gxn : col;
-        for (int64_t gi = 0; gi < g->G; gi++)
-          NN_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)L, (int)Og, 1,
-                  w + gi * Og * K, (int)K, gyn + gi * Og * L, (int)L, 0, c + gi * K * L,
-                  (int)L);
+        for (int64_t gi = 0; gi < g->G; gi++)  /* col = W^T gy: A = W^T by strides */
+          NN_S(gemm)(K, L, Og, w + gi * Og * K, 1, K, gyn + gi * Og * L, L, c + gi * K * L, L, 0);
         if (!conv_direct(g)) {
           for (int64_t i = 0; i < g->C * g->H * g->W; i++) gxn[i] = 0;
           NN_S(col2im)(g, col, gxn);
@@ -242,13 +252,15 @@ static void NN_S(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
 static void NN_S(conv_reduce)(const conv_job *j, void *gw_out, void *gb_out) {
   const emi_conv_geom *g = j->g;
   int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
-  size_t colsz = (size_t)(g->C * g->kH * g->kW * L);
+  size_t colsz = (size_t)(g->C * g->kH * g->kW * L + L * g->O);
   NN_T *gw = gw_out, *gb = gb_out;
   for (int64_t s = 0; s < j->shares; s++) {
     const NN_T *sw = (const NN_T *)(j->scratch + j->share_bytes * (size_t)s) + colsz;
     const NN_T *sb = sw + g->O * K;
     if (gw)
-      for (int64_t i = 0; i < g->O * K; i++) gw[i] = s ? gw[i] + sw[i] : sw[i];
+      for (int64_t o = 0; o < g->O; o++)
+        for (int64_t k = 0; k < K; k++)
+          gw[o * K + k] = s ? gw[o * K + k] + sw[k * g->O + o] : sw[k * g->O + o];
     if (gb)
       for (int64_t i = 0; i < g->O; i++) gb[i] = s ? gb[i] + sb[i] : sb[i];
   }

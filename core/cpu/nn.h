@@ -22,6 +22,12 @@ em_status emi_cpu_conv2d_backward(em_state *S, em_dtype dt, const emi_conv_geom 
                                   const void *gy, const void *x, const void *w, void *gx,
                                   void *gw, void *gb);
 
+/* nn_gemm.c -- C (MxN) = [C +] A (MxK, any strides) * B (KxN, rows of stride ldb),
+** single-threaded float32 (AVX-512 kernel where built with it, else cblas).
+** With the fallback, A must have acs == 1 or ars == 1. */
+void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
+                  const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
+
 /* pool.c -- planes = N*C independent (H, W) planes. */
 typedef struct emi_pool_geom {
   int64_t planes, H, W, OH, OW, kH, kW, sH, sW, pH, pW, dH, dW;

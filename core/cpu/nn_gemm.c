@@ -1,0 +1,115 @@
+/*
+** nn_gemm.c -- the single-threaded float32 GEMM under conv2d:
+** C (M x N) = [C +] A (M x K) * B (K x N), row-major, B and C with unit column
+** stride, A with any strides (its elements are only ever broadcast, so the
+** transposed weight of the backward needs no copy).
+**
+** Why not BLAS: the conv GEMMs are small (tens to hundreds of rows and columns,
+** one per sample and thread) and the OpenBLAS build here picks AVX2 kernels
+** even on CPUs with full-width AVX-512. With AVX-512 a register-blocked 8x32
+** kernel (16 accumulators; B columns stay in L1 while the row blocks pass over
+** them) does better; elsewhere this falls back to cblas_sgemm.
+*/
+#include "nn.h"
+#include <cblas.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/* 8 rows x 32 columns (two vectors, masked at the right edge). */
+static inline void kern8(int64_t K, const float *A, int64_t ars, int64_t acs, const float *B,
+                         int64_t ldb, float *C, int64_t ldc, int acc, __mmask16 m0,
+                         __mmask16 m1) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00,
+         c61 = c00, c70 = c00, c71 = c00;
+  for (int64_t k = 0; k < K; k++) {
+    const float *b = B + k * ldb, *a = A + k * acs;
+    __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16), av;
+#define ROW(r)                                                                           \
+    av = _mm512_set1_ps(a[r * ars]);                                                     \
+    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);                                           \
+    c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1);
+    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+#undef ROW
+  }
+#define OUT(r)                                                                           \
+  {                                                                                      \
+    float *c = C + r * ldc;                                                              \
+    if (acc) {                                                                           \
+      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
+      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
+    }                                                                                    \
+    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
+    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
+  }
+  OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7)
+#undef OUT
+}
+
+/* Fewer than 8 rows: one row at a time, 32 columns. */
+static inline void kern1(int64_t K, const float *A, int64_t acs, const float *B, int64_t ldb,
+                         float *C, int acc, __mmask16 m0, __mmask16 m1) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, t0 = s0, t1 = s0;
+  int64_t k = 0;
+  for (; k + 1 < K; k += 2) {   /* two k at a time: independent chains */
+    const float *b = B + k * ldb;
+    s0 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m0, b), s0);
+    s1 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m1, b + 16), s1);
+    t0 = _mm512_fmadd_ps(_mm512_set1_ps(A[(k + 1) * acs]), _mm512_maskz_loadu_ps(m0, b + ldb), t0);
+    t1 = _mm512_fmadd_ps(_mm512_set1_ps(A[(k + 1) * acs]),
+                         _mm512_maskz_loadu_ps(m1, b + ldb + 16), t1);
+  }
+  if (k < K) {
+    const float *b = B + k * ldb;
+    s0 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m0, b), s0);
+    s1 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m1, b + 16), s1);
+  }
+  s0 = _mm512_add_ps(s0, t0);
+  s1 = _mm512_add_ps(s1, t1);
+  if (acc) {
+    s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m0, C));
+    s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps(m1, C + 16));
+  }
+  _mm512_mask_storeu_ps(C, m0, s0);
+  _mm512_mask_storeu_ps(C + 16, m1, s1);
+}
+
+static __mmask16 mask_of(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1); }
+
+void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
+                  const float *B, int64_t ldb, float *C, int64_t ldc, int acc) {
+  if (K == 0) {
+    if (!acc)
+      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
+    return;
+  }
+  /* K in slices so that a 32-column panel of B stays in L1 across the row blocks */
+  const int64_t KB = 256;
+  for (int64_t k0 = 0; k0 < K; k0 += KB) {
+    int64_t kb = K - k0 < KB ? K - k0 : KB;
+    int a2 = acc || k0 > 0;
+    for (int64_t j = 0; j < N; j += 32) {
+      __mmask16 m0 = mask_of(N - j), m1 = mask_of(N - j - 16);
+      int64_t i = 0;
+      for (; i + 8 <= M; i += 8)
+        kern8(kb, A + i * ars + k0 * acs, ars, acs, B + k0 * ldb + j, ldb, C + i * ldc + j, ldc,
+              a2, m0, m1);
+      for (; i < M; i++)
+        kern1(kb, A + i * ars + k0 * acs, acs, B + k0 * ldb + j, ldb, C + i * ldc + j, a2, m0,
+              m1);
+    }
+  }
+}
+
+#else
+
+void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
+                  const float *B, int64_t ldb, float *C, int64_t ldc, int acc) {
+  enum CBLAS_TRANSPOSE ta = acs == 1 ? CblasNoTrans : CblasTrans;
+  int lda = (int)(acs == 1 ? ars : acs);
+  if (lda < 1) lda = 1;
+  cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, A, lda, B,
+              (int)ldb, acc ? 1.0f : 0.0f, C, (int)ldc);
+}
+
+#endif
