@@ -22,9 +22,15 @@
 **           return emi_ag_fail(out, st);
 **         return EM_OK;
 **
-**     emi_ag_node_new links the node to the inputs that require grad and makes
-**     it *out's grad_fn. emi_ag_save keeps a detached view of a tensor and its
-**     storage version (a later in-place write to it is reported at backward).
+**     Declare it below beside the others. emi_ag_node_new links the node to the
+**     inputs that require grad (integer inputs never do) and makes it *out's
+**     grad_fn; n->in[i] keeps each input's shape and dtype. emi_ag_save keeps a
+**     detached view of a tensor and its storage version (a later in-place write
+**     to it is reported at backward). Save only what the formula reads: saved
+**     tensors keep activations alive until backward, and a node that saved
+**     nothing may run again in a second backward. An op with several outputs
+**     (batch_norm's mean/rstd) records on the differentiable one and saves the
+**     others for its backward.
 **  3. The backward function gets the gradient g of the output (same shape and
 **     dtype as the output) and writes a NEW reference into gin[i] for every
 **     input i with emi_ag_needs(n, i) (others may stay NULL). Compute it with
@@ -32,8 +38,14 @@
 **     recorded and every backend works); emi_ag_saved(S, n, k, &t) fetches saved
 **     tensor k (borrowed) after checking its version. A gradient may be
 **     broadcast-shaped or of another floating dtype: the engine sums it back to
-**     the input's shape and casts it to the input's dtype. The emi_f helpers
-**     below chain ops with one error check at the end.
+**     the input's shape and casts it to the input's dtype. An op that has a
+**     public backward kernel (em_conv2d_backward, em_max_pool2d_backward, ...)
+**     just calls it. The emi_f helpers below chain ops with one error check at
+**     the end (see grad_elementwise.c for examples). On error, return it: the
+**     engine releases whatever gin already holds.
+**
+** In-place ops call emi_ag_inplace(S, name, t) before writing t: it bumps t's
+** storage version and refuses writes into tensors autograd is tracking.
 */
 #ifndef EMBER_AUTOGRAD_H
 #define EMBER_AUTOGRAD_H
@@ -59,7 +71,7 @@ struct emi_ag_node {
   em_state *S;
   const char *name;
   emi_ag_fn backward;
-  int freed;                             /* backward ran; saved tensors dropped */
+  int freed;                             /* backward ran and dropped saved tensors */
   int nsaved;
   em_tensor *saved[EMI_AG_SAVED];
   uint32_t saved_version[EMI_AG_SAVED];
@@ -112,7 +124,8 @@ typedef struct emi_f {
   em_tensor *t[EMI_F_MAX];
 } emi_f;
 void emi_f_init(emi_f *f, em_state *S);
-em_tensor *emi_f_keep(emi_f *f, em_status st, em_tensor *t);
+/* Call as emi_f_keep(f, em_op(..., &r), &r): r is read after the call. */
+em_tensor *emi_f_keep(emi_f *f, em_status st, em_tensor **t);
 em_tensor *emi_f_un(emi_f *f, em_unop op, const em_tensor *a);
 em_tensor *emi_f_bin(emi_f *f, em_binop op, const em_tensor *a, const em_tensor *b);
 em_tensor *emi_f_sc(emi_f *f, em_binop op, const em_tensor *a, double s);   /* a op s */

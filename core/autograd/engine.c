@@ -274,11 +274,17 @@ static em_status run_hooks(em_state *S, em_tensor *leaf) {
 static em_status leaf_accumulate(em_state *S, em_tensor *leaf, em_tensor *g) {
   em_status st = EM_OK;
   if (!leaf->grad) {
-    /* own the memory: g may alias a saved tensor or another gradient */
-    em_tensor *c;
-    if ((st = em_clone(S, g, &c))) { em_tensor_release(g); return st; }
-    em_tensor_release(g);
-    leaf->grad = c;
+    /* .grad must own its memory: g is taken as it is only when nothing else can
+    ** see it (one handle, one storage reference, a plain contiguous layout) */
+    if (g->refcount == 1 && g->storage->refcount == 1 && g->offset == 0 &&
+        em_tensor_is_contiguous(g)) {
+      leaf->grad = g;
+    } else {
+      em_tensor *c;
+      if ((st = em_clone(S, g, &c))) { em_tensor_release(g); return st; }
+      em_tensor_release(g);
+      leaf->grad = c;
+    }
   } else {
     st = em_binary_(S, EM_ADD, leaf->grad, g);
     em_tensor_release(g);
@@ -348,7 +354,8 @@ static em_status run_node(em_state *S, emi_ag_node *n, emi_ag_node **ready) {
   n->gbuf = NULL;
   if (g) st = n->backward(S, n, g, gin);
   em_tensor_release(g);
-  n->freed = 1;
+  /* as in PyTorch, only a node that needed saved values can't run again */
+  if (n->nsaved) n->freed = 1;
   drop_saved(n);
   for (int i = 0; i < n->ninputs; i++) {
     emi_ag_edge *e = &n->in[i];

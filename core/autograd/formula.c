@@ -11,7 +11,8 @@ void emi_f_init(emi_f *f, em_state *S) {
   f->n = 0;
 }
 
-em_tensor *emi_f_keep(emi_f *f, em_status st, em_tensor *t) {
+em_tensor *emi_f_keep(emi_f *f, em_status st, em_tensor **tp) {
+  em_tensor *t = *tp;
   if (st) { if (!f->st) f->st = st; return NULL; }
   if (f->n == EMI_F_MAX) {
     em_tensor_release(t);
@@ -28,42 +29,42 @@ em_tensor *emi_f_un(emi_f *f, em_unop op, const em_tensor *a) {
   F_GUARD(!a);
   em_tensor *r = NULL;
   em_status st = em_unary(f->S, op, a, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 em_tensor *emi_f_bin(emi_f *f, em_binop op, const em_tensor *a, const em_tensor *b) {
   F_GUARD(!a || !b);
   em_tensor *r = NULL;
   em_status st = em_binary(f->S, op, a, b, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 em_tensor *emi_f_sc(emi_f *f, em_binop op, const em_tensor *a, double s) {
   F_GUARD(!a);
   em_tensor *r = NULL;
   em_status st = em_binary_scalar(f->S, op, a, s, 0, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 em_tensor *emi_f_rsc(emi_f *f, em_binop op, double s, const em_tensor *a) {
   F_GUARD(!a);
   em_tensor *r = NULL;
   em_status st = em_binary_scalar(f->S, op, a, s, 1, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 em_tensor *emi_f_zeros(emi_f *f, const int64_t *sizes, int ndim, em_dtype dt) {
   F_GUARD(0);
   em_tensor *r = NULL;
   em_status st = em_full(f->S, sizes, ndim, 0.0, dt, EM_CPU, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 em_tensor *emi_f_reshape(emi_f *f, const em_tensor *a, const int64_t *sizes, int ndim) {
   F_GUARD(!a);
   em_tensor *r = NULL;
   em_status st = em_reshape(f->S, a, sizes, ndim, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 em_tensor *emi_f_unreduce(emi_f *f, const em_tensor *g, unsigned mask, int keepdim,
@@ -75,7 +76,7 @@ em_tensor *emi_f_unreduce(emi_f *f, const em_tensor *g, unsigned mask, int keepd
   F_GUARD(!k);
   em_tensor *r = NULL;
   em_status st = em_expand(f->S, k, sizes, ndim, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 em_status emi_f_end(emi_f *f, em_tensor *r, em_tensor **out) {

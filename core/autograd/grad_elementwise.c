@@ -23,9 +23,10 @@ static em_status record(em_state *S, const char *name, emi_ag_fn fn, em_tensor *
 
 static em_status unary_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                 em_tensor **gin) {
-  em_tensor *x, *y;
+  em_tensor *x = NULL, *y = NULL;
   em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &y))) return st;
+  if (n->nsaved && ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &y))))
+    return st;
   emi_f F, *f = &F;
   emi_f_init(f, S);
   em_tensor *r = NULL, *t;
@@ -107,8 +108,10 @@ static em_status unary_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
 em_status emi_ag_record_unary(em_state *S, em_unop op, const em_tensor *a, em_tensor **out) {
   if (op == EM_LOGICAL_NOT) return EM_OK;
   const em_tensor *in[1] = {a}, *sv[2] = {a, *out};
+  /* saved values keep memory alive: only formulas that read them save them */
+  int nsave = op == EM_NEG || (op >= EM_FLOOR && op <= EM_SIGN) ? 0 : 2;
   emi_ag_node *n = NULL;
-  em_status st = record(S, em_unop_name(op), unary_backward, out, in, 1, sv, 2, &n);
+  em_status st = record(S, em_unop_name(op), unary_backward, out, in, 1, sv, nsave, &n);
   if (n) n->op = op;
   return st;
 }
@@ -117,10 +120,10 @@ em_status emi_ag_record_unary(em_state *S, em_unop op, const em_tensor *a, em_te
 
 static em_status binary_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                  em_tensor **gin) {
-  em_tensor *a, *b, *y;
+  em_tensor *a = NULL, *b = NULL, *y = NULL;
   em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &a)) || (st = emi_ag_saved(S, n, 1, &b)) ||
-      (st = emi_ag_saved(S, n, 2, &y)))
+  if (n->nsaved && ((st = emi_ag_saved(S, n, 0, &a)) || (st = emi_ag_saved(S, n, 1, &b)) ||
+                    (st = emi_ag_saved(S, n, 2, &y))))
     return st;
   emi_f F, *f = &F;
   emi_f_init(f, S);
@@ -140,7 +143,7 @@ static em_status binary_backward(em_state *S, emi_ag_node *n, const em_tensor *g
       em_tensor *z = emi_f_bin(f, EM_LOGICAL_AND, emi_f_sc(f, EM_EQ, a, 0), emi_f_sc(f, EM_GE, b, 0));
       em_tensor *zero = emi_f_zeros(f, NULL, 0, g->dtype);
       em_tensor *w = NULL;
-      if (!f->st && z && zero && t) emi_f_keep(f, em_where(S, z, zero, t, &w), w);
+      if (!f->st && z && zero && t) emi_f_keep(f, em_where(S, z, zero, t, &w), &w);
       gb = emi_f_bin(f, EM_MUL, g, w);
     }
     break;
@@ -176,8 +179,9 @@ em_status emi_ag_record_binary(em_state *S, em_binop op, const em_tensor *a,
   if (op >= EM_EQ && op <= EM_GE) return EM_OK;
   if (op == EM_LOGICAL_AND || op == EM_LOGICAL_OR) return EM_OK;
   const em_tensor *in[2] = {a, b}, *sv[3] = {a, b, *out};
+  int nsave = op == EM_ADD || op == EM_SUB ? 0 : 3;
   emi_ag_node *n = NULL;
-  em_status st = record(S, em_binop_name(op), binary_backward, out, in, 2, sv, 3, &n);
+  em_status st = record(S, em_binop_name(op), binary_backward, out, in, 2, sv, nsave, &n);
   if (n) n->op = op;
   return st;
 }
@@ -186,9 +190,10 @@ em_status emi_ag_record_binary(em_state *S, em_binop op, const em_tensor *a,
 
 static em_status scalar_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                  em_tensor **gin) {
-  em_tensor *a, *y;
+  em_tensor *a = NULL, *y = NULL;
   em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &a)) || (st = emi_ag_saved(S, n, 1, &y))) return st;
+  if (n->nsaved && ((st = emi_ag_saved(S, n, 0, &a)) || (st = emi_ag_saved(S, n, 1, &y))))
+    return st;
   double s = n->darg[0];
   int rev = (int)n->iarg[0];
   emi_f F, *f = &F;
@@ -238,8 +243,10 @@ em_status emi_ag_record_scalar(em_state *S, em_binop op, const em_tensor *a, dou
   if ((op >= EM_EQ && op <= EM_GE) || op == EM_LOGICAL_AND || op == EM_LOGICAL_OR)
     return EM_OK;
   const em_tensor *in[1] = {a}, *sv[2] = {a, *out};
+  int nsave = op == EM_ADD || op == EM_SUB || op == EM_MUL ||
+              (!reverse && (op == EM_DIV || op == EM_REMAINDER)) ? 0 : 2;
   emi_ag_node *n = NULL;
-  em_status st = record(S, em_binop_name(op), scalar_backward, out, in, 1, sv, 2, &n);
+  em_status st = record(S, em_binop_name(op), scalar_backward, out, in, 1, sv, nsave, &n);
   if (n) { n->op = op; n->darg[0] = s; n->iarg[0] = reverse; }
   return st;
 }
@@ -294,8 +301,8 @@ static em_status where_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
   emi_f F, *f = &F;
   emi_f_init(f, S);
   em_tensor *zero = emi_f_zeros(f, NULL, 0, g->dtype), *ga = NULL, *gb = NULL;
-  if (!f->st && emi_ag_needs(n, 1)) emi_f_keep(f, em_where(S, c, g, zero, &ga), ga);
-  if (!f->st && emi_ag_needs(n, 2)) emi_f_keep(f, em_where(S, c, zero, g, &gb), gb);
+  if (!f->st && emi_ag_needs(n, 1)) emi_f_keep(f, em_where(S, c, g, zero, &ga), &ga);
+  if (!f->st && emi_ag_needs(n, 2)) emi_f_keep(f, em_where(S, c, zero, g, &gb), &gb);
   if (ga) emi_f_out(f, ga, &gin[1]);
   if (gb) emi_f_out(f, gb, &gin[2]);
   return emi_f_done(f);

@@ -1,7 +1,5 @@
 /*
 ** grad_join.c -- recording and backward of cat, stack, index_select and gather.
-** The scatter-adds that index_select and gather need are done with one_hot and
-** a matmul / a sum, so they run wherever those ops run.
 */
 #include "autograd.h"
 
@@ -42,26 +40,22 @@ em_status emi_ag_record_join(em_state *S, int stack, em_tensor *const *list, int
   return EM_OK;
 }
 
+/* The scatter-adds: a zero gradient of the input's shape, then index_add_ /
+** scatter_add_ of g at the recorded indices (repeated indices accumulate). */
 static em_status index_select_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                        em_tensor **gin) {
   em_tensor *idx;
   em_status st = emi_ag_saved(S, n, 0, &idx);
   if (st) return st;
   const emi_ag_edge *e = &n->in[0];
-  int dim = (int)n->iarg[0];
   if (e->ndim == 0) return em_reshape(S, g, NULL, 0, &gin[0]);
   emi_f F, *f = &F;
   emi_f_init(f, S);
-  em_tensor *oh = NULL, *ohf = NULL, *gt = NULL, *r = NULL, *rt = NULL, *i1 = NULL;
   int64_t m = idx->numel;
-  /* idx as 1-D, then one_hot -> (m, size) */
-  emi_f_keep(f, em_reshape(S, idx, &m, 1, &i1), i1);
-  if (!f->st) emi_f_keep(f, em_one_hot(S, i1, e->sizes[dim], (int)n->iarg[1], &oh), oh);
-  if (!f->st) emi_f_keep(f, em_to(S, oh, g->dtype, g->device, &ohf), ohf);
-  if (!f->st) emi_f_keep(f, em_transpose(S, g, dim, -1, &gt), gt);
-  if (!f->st) emi_f_keep(f, em_matmul(S, gt, ohf, &r), r);
-  if (!f->st) emi_f_keep(f, em_transpose(S, r, dim, -1, &rt), rt);
-  return emi_f_end(f, rt, &gin[0]);
+  em_tensor *i1 = emi_f_reshape(f, idx, &m, 1);
+  em_tensor *z = emi_f_zeros(f, e->sizes, e->ndim, g->dtype);
+  if (!f->st) f->st = em_index_add_(S, z, (int)n->iarg[0], i1, g, (int)n->iarg[1]);
+  return emi_f_end(f, z, &gin[0]);
 }
 
 static em_status gather_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
@@ -70,26 +64,11 @@ static em_status gather_backward(em_state *S, emi_ag_node *n, const em_tensor *g
   em_status st = emi_ag_saved(S, n, 0, &idx);
   if (st) return st;
   const emi_ag_edge *e = &n->in[0];
-  int dim = (int)n->iarg[0];
   if (e->ndim == 0) return em_reshape(S, g, NULL, 0, &gin[0]);
   emi_f F, *f = &F;
   emi_f_init(f, S);
-  em_tensor *oh = NULL, *ohf = NULL, *gu = NULL, *p, *s = NULL, *st2 = NULL, *r = NULL;
-  emi_f_keep(f, em_one_hot(S, idx, e->sizes[dim], (int)n->iarg[1], &oh), oh);
-  if (!f->st) emi_f_keep(f, em_to(S, oh, g->dtype, g->device, &ohf), ohf);
-  if (!f->st) emi_f_keep(f, em_unsqueeze(S, g, -1, &gu), gu);
-  p = emi_f_bin(f, EM_MUL, gu, ohf);                   /* idx.shape + [size] */
-  if (!f->st) emi_f_keep(f, em_reduce(S, EM_SUM, p, &dim, 1, 1, &s), s);
-  if (!f->st) emi_f_keep(f, em_transpose(S, s, dim, -1, &st2), st2);
-  if (!f->st) emi_f_keep(f, em_squeeze(S, st2, -1, 0, &r), r);
-  if (f->st) return emi_f_done(f);
-  /* the index may be smaller than the input outside dim: pad with zeros */
-  int same = 1;
-  for (int d = 0; d < e->ndim; d++) same &= r->sizes[d] == e->sizes[d];
-  if (same) return emi_f_end(f, r, &gin[0]);
-  em_tensor *z = emi_f_zeros(f, e->sizes, e->ndim, g->dtype), *zv = NULL;
-  if (!f->st) emi_f_keep(f, em_as_strided(S, z, r->sizes, z->strides, z->ndim, 0, &zv), zv);
-  if (!f->st) f->st = em_copy_(S, zv, r);
+  em_tensor *z = emi_f_zeros(f, e->sizes, e->ndim, g->dtype);
+  if (!f->st) f->st = em_scatter_add_(S, z, (int)n->iarg[0], idx, g, (int)n->iarg[1]);
   return emi_f_end(f, z, &gin[0]);
 }
 

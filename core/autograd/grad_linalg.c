@@ -9,25 +9,25 @@ static em_tensor *f_unsq(emi_f *f, const em_tensor *a, int dim) {
   if (f->st || !a) return NULL;
   em_tensor *r = NULL;
   em_status st = em_unsqueeze(f->S, a, dim, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 static em_tensor *f_sq(emi_f *f, const em_tensor *a, int dim) {
   if (f->st || !a) return NULL;
   em_tensor *r = NULL;
   em_status st = em_squeeze(f->S, a, dim, 0, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 static em_tensor *f_mT(emi_f *f, const em_tensor *a) {
   if (f->st || !a) return NULL;
   em_tensor *r = NULL;
   em_status st = em_transpose(f->S, a, -1, -2, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 static em_tensor *f_mm(emi_f *f, const em_tensor *a, const em_tensor *b) {
   if (f->st || !a || !b) return NULL;
   em_tensor *r = NULL;
   em_status st = em_matmul(f->S, a, b, &r);
-  return emi_f_keep(f, st, r);
+  return emi_f_keep(f, st, &r);
 }
 
 static em_status matmul_backward(em_state *S, emi_ag_node *n, const em_tensor *g,

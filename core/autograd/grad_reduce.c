@@ -8,13 +8,13 @@
 
 /* iarg[0] = mask of reduced dims, iarg[1] = keepdim; darg as each op needs. */
 static em_status record(em_state *S, const char *name, emi_ag_fn fn, int op,
-                        const em_tensor *a, unsigned mask, int keepdim, int save_out,
+                        const em_tensor *a, unsigned mask, int keepdim, int save,
                         em_tensor **out, emi_ag_node **node) {
   if (!em_dtype_is_floating((*out)->dtype)) return EM_OK;
   const em_tensor *in[1] = {a};
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, name, fn, *out, in, 1, &n);
-  if (st || (st = emi_ag_save(S, n, a)) || (save_out && (st = emi_ag_save(S, n, *out))))
+  if (st || (save && ((st = emi_ag_save(S, n, a)) || (st = emi_ag_save(S, n, *out)))))
     return emi_ag_fail(out, st);
   n->op = op;
   n->iarg[0] = mask;
@@ -41,22 +41,23 @@ static em_tensor *f_sum_back(emi_f *f, const em_tensor *t, unsigned mask, const 
   int dims[EM_MAX_DIMS], nd = mask_dims(mask, e->ndim, dims);
   em_tensor *r = NULL;
   if (nd == 0) return (em_tensor *)t;
-  emi_f_keep(f, em_reduce(f->S, EM_SUM, t, dims, nd, 1, &r), r);
+  emi_f_keep(f, em_reduce(f->S, EM_SUM, t, dims, nd, 1, &r), &r);
   return emi_f_unreduce(f, r, mask, 1, e->sizes, e->ndim);
 }
 
 static em_status reduce_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                  em_tensor **gin) {
-  em_tensor *x, *y;
+  em_tensor *x = NULL, *y = NULL;
   em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &y))) return st;
+  if (n->nsaved && ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &y))))
+    return st;
   const emi_ag_edge *e = &n->in[0];
   unsigned mask = (unsigned)n->iarg[0];
   int keep = (int)n->iarg[1];
   emi_f F, *f = &F;
   emi_f_init(f, S);
   em_tensor *gE = emi_f_unreduce(f, g, mask, keep, e->sizes, e->ndim), *r = NULL;
-  em_tensor *yE = emi_f_unreduce(f, y, mask, keep, e->sizes, e->ndim);
+  em_tensor *yE = y ? emi_f_unreduce(f, y, mask, keep, e->sizes, e->ndim) : NULL;
   switch ((em_redop)n->op) {
   case EM_SUM: r = gE; break;
   case EM_MEAN: r = emi_f_sc(f, EM_DIV, gE, count_of(e, mask)); break;
@@ -66,7 +67,7 @@ static em_status reduce_backward(em_state *S, emi_ag_node *n, const em_tensor *g
     em_tensor *hf = emi_f_sc(f, EM_MUL, hit, 1.0);
     if (hf && hf->dtype != g->dtype) {
       em_tensor *c = NULL;
-      emi_f_keep(f, em_to(S, hf, g->dtype, g->device, &c), c);
+      emi_f_keep(f, em_to(S, hf, g->dtype, g->device, &c), &c);
       hf = c;
     }
     r = emi_f_bin(f, EM_DIV, emi_f_bin(f, EM_MUL, gE, hf), f_sum_back(f, hf, mask, e));
@@ -83,7 +84,8 @@ em_status emi_ag_record_reduce(em_state *S, em_redop op, const em_tensor *a, uns
                                int keepdim, em_tensor **out) {
   static const char *names[] = {"sum", "mean", "prod", "amax", "amin", "logsumexp"};
   if ((int)op > EM_LOGSUMEXP) return EM_OK;
-  return record(S, names[op], reduce_backward, op, a, mask, keepdim, 1, out, NULL);
+  return record(S, names[op], reduce_backward, op, a, mask, keepdim,
+                op != EM_SUM && op != EM_MEAN, out, NULL);
 }
 
 /* var: 2 (x - mean) / (N - correction); std: that / (2 std) */
@@ -101,7 +103,7 @@ static em_status var_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
   int dims[EM_MAX_DIMS], nd = mask_dims(mask, e->ndim, dims);
   em_tensor *mean = NULL;
   if (nd == 0) mean = x;
-  else emi_f_keep(f, em_reduce(S, EM_MEAN, x, dims, nd, 1, &mean), mean);
+  else emi_f_keep(f, em_reduce(S, EM_MEAN, x, dims, nd, 1, &mean), &mean);
   em_tensor *gE = emi_f_unreduce(f, g, mask, keep, e->sizes, e->ndim);
   em_tensor *d = emi_f_bin(f, EM_SUB, x, mean), *r;
   if (!take_sqrt) {
@@ -143,7 +145,7 @@ static em_status norm_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
   } else if (isinf(p)) {   /* the extreme |x| elements share the gradient */
     em_tensor *hit = emi_f_sc(f, EM_MUL, emi_f_bin(f, EM_EQ, emi_f_un(f, EM_ABS, x), yE), 1.0);
     em_tensor *hf = NULL;
-    if (hit) emi_f_keep(f, em_to(S, hit, x->dtype, x->device, &hf), hf);
+    if (hit) emi_f_keep(f, em_to(S, hit, x->dtype, x->device, &hf), &hf);
     r = emi_f_bin(f, EM_DIV, emi_f_bin(f, EM_MUL, emi_f_bin(f, EM_MUL, gE, sg), hf),
                   f_sum_back(f, hf, mask, e));
   } else if (p == 2) {
@@ -180,13 +182,13 @@ static em_status arg_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
   em_tensor *i2 = keep ? emi_f_reshape(f, ix, rs, k) : ix;
   em_tensor *g2 = keep ? emi_f_reshape(f, g, rs, k) : (em_tensor *)g;
   em_tensor *oh = NULL, *ohf = NULL, *gu = NULL, *r = NULL;
-  if (!f->st) emi_f_keep(f, em_one_hot(S, i2, e->sizes[dim], (int)n->iarg[3], &oh), oh);
-  if (!f->st) emi_f_keep(f, em_to(S, oh, g->dtype, g->device, &ohf), ohf);
-  if (!f->st) emi_f_keep(f, em_unsqueeze(S, g2, -1, &gu), gu);
+  if (!f->st) emi_f_keep(f, em_one_hot(S, i2, e->sizes[dim], (int)n->iarg[3], &oh), &oh);
+  if (!f->st) emi_f_keep(f, em_to(S, oh, g->dtype, g->device, &ohf), &ohf);
+  if (!f->st) emi_f_keep(f, em_unsqueeze(S, g2, -1, &gu), &gu);
   em_tensor *p = emi_f_bin(f, EM_MUL, gu, ohf);
   int perm[EM_MAX_DIMS];
   for (int d = 0; d < nd; d++) perm[d] = d < dim ? d : d == dim ? nd - 1 : d - 1;
-  if (!f->st) emi_f_keep(f, em_permute(S, p, perm, nd, &r), r);
+  if (!f->st) emi_f_keep(f, em_permute(S, p, perm, nd, &r), &r);
   return emi_f_end(f, r, &gin[0]);
 }
 

@@ -81,6 +81,8 @@ em_status emi_cpu_conv2d(em_state *S, em_dtype dt, const emi_conv_geom *g, const
   size_t es = dt == EM_FLOAT32 ? 4 : 8;
   int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
   int64_t shares = plan_shares(S, g->N, g->N * g->O * K * L);
+  if (dt == EM_FLOAT32 && emi_conv_fast_ok(g))
+    return emi_conv_fast_fwd(S, g, x, w, b, y, shares);
   conv_job j = {.g = g, .x = x, .w = w, .b = b, .y = y, .shares = shares};
   j.share_bytes = conv_direct(g) ? 0 : (size_t)(g->C * g->kH * g->kW * L) * es;
   size_t total = j.share_bytes * (size_t)shares;
@@ -102,6 +104,8 @@ em_status emi_cpu_conv2d_backward(em_state *S, em_dtype dt, const emi_conv_geom 
   size_t es = dt == EM_FLOAT32 ? 4 : 8;
   int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
   int64_t shares = plan_shares(S, g->N, g->N * g->O * K * L * 2);
+  if (dt == EM_FLOAT32 && emi_conv_fast_ok(g))
+    return emi_conv_fast_bwd(S, g, gy, x, w, gx, gw, gb, shares);
   conv_job j = {.g = g, .x = x, .w = w, .gy = gy, .gx = gx, .shares = shares,
                 .want_gx = gx != NULL, .want_gw = gw != NULL, .want_gb = gb != NULL};
   size_t col = (size_t)(g->C * g->kH * g->kW * L + L * g->O) * es;  /* col, gy^T */
@@ -221,19 +225,38 @@ static void NN_S(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
       const NN_T *gyn = (const NN_T *)j->gy + n * g->O * L;
       if (j->want_gb)
         for (int64_t o = 0; o < g->O; o++) {
-          NN_T acc = 0;
-          for (int64_t l = 0; l < L; l++) acc += gyn[o * L + l];
+          NN_T part[16] = {0}, acc = 0;
+          int64_t l = 0;
+          for (; l + 16 <= L; l += 16)
+            for (int q = 0; q < 16; q++) part[q] += gyn[o * L + l + q];
+          for (; l < L; l++) acc += gyn[o * L + l];
+          for (int q = 0; q < 16; q++) acc += part[q];
           gb[o] += acc;
         }
       if (j->want_gw) {
         const NN_T *c = col;
         if (conv_direct(g)) c = xn;
         else NN_S(im2col)(g, xn, col);
+        if (K <= 16) {   /* few weight columns (e.g. one input channel): plain dots */
+          for (int64_t gi = 0; gi < g->G; gi++)
+            for (int64_t o = 0; o < Og; o++)
+              for (int64_t k = 0; k < K; k++) {
+                const NN_T *a = gyn + (gi * Og + o) * L, *bb = c + (gi * K + k) * L;
+                NN_T part[16] = {0}, acc = 0;
+                int64_t l = 0;
+                for (; l + 16 <= L; l += 16)
+                  for (int q = 0; q < 16; q++) part[q] += a[l + q] * bb[l + q];
+                for (; l < L; l++) acc += a[l] * bb[l];
+                for (int q = 0; q < 16; q++) acc += part[q];
+                gwt[k * g->O + gi * Og + o] += acc;
+              }
+        } else {
         for (int64_t l0 = 0; l0 < L; l0 += 16)   /* gy^T, in tiles */
           for (int64_t o = 0; o < g->O; o++)
             for (int64_t l = l0; l < L && l < l0 + 16; l++) gyt[l * g->O + o] = gyn[o * L + l];
         for (int64_t gi = 0; gi < g->G; gi++)
           NN_S(gemm)(K, Og, L, c + gi * K * L, L, 1, gyt + gi * Og, g->O, gwt + gi * Og, g->O, 1);
+        }
       }
       if (j->want_gx) {
         NN_T *gxn = (NN_T *)j->gx + n * g->C * g->H * g->W;

@@ -28,6 +28,18 @@ em_status emi_cpu_conv2d_backward(em_state *S, em_dtype dt, const emi_conv_geom 
 void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                   const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
 
+/* The same with rows given by pointers: A row i element k at A[i][k*acs], B row
+** k at B[k] (conv_fast.c reads shifted windows of a padded image this way). */
+void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
+                       const float *const *B, float *C, int64_t ldc, int acc);
+/* conv_fast.c -- float32 stride-1 conv2d without im2col (AVX-512 builds). */
+bool emi_conv_fast_ok(const emi_conv_geom *g);
+em_status emi_conv_fast_fwd(em_state *S, const emi_conv_geom *g, const float *x,
+                            const float *w, const float *b, float *y, int64_t shares);
+em_status emi_conv_fast_bwd(em_state *S, const emi_conv_geom *g, const float *gy,
+                            const float *x, const float *w, float *gx, float *gw, float *gb,
+                            int64_t shares);
+
 /* pool.c -- planes = N*C independent (H, W) planes. */
 typedef struct emi_pool_geom {
   int64_t planes, H, W, OH, OW, kH, kW, sH, sW, pH, pW, dH, dW;

@@ -101,6 +101,75 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
   }
 }
 
+/* The same 8x32 kernel with rows given by pointers: A row r element k at
+** A[r][k*acs], B row k at B[k]. This lets conv read shifted windows of a padded
+** image in place of an im2col copy. */
+static inline void kern8p(int64_t K, const float *const *A, int64_t acs, const float *const *B,
+                          int64_t j, float *C, int64_t ldc, int acc, __mmask16 m0,
+                          __mmask16 m1) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00,
+         c61 = c00, c70 = c00, c71 = c00;
+  const float *a0 = A[0], *a1 = A[1], *a2 = A[2], *a3 = A[3], *a4 = A[4], *a5 = A[5],
+              *a6 = A[6], *a7 = A[7];
+  for (int64_t k = 0; k < K; k++) {
+    const float *b = B[k] + j;
+    __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16), av;
+#define ROW(r)                                                                           \
+    av = _mm512_set1_ps(a##r[k * acs]);                                                  \
+    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);                                           \
+    c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1);
+    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
+#undef ROW
+  }
+#define OUT(r)                                                                           \
+  {                                                                                      \
+    float *c = C + r * ldc;                                                              \
+    if (acc) {                                                                           \
+      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
+      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
+    }                                                                                    \
+    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
+    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
+  }
+  OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7)
+#undef OUT
+}
+
+void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
+                       const float *const *B, float *C, int64_t ldc, int acc) {
+  const int64_t KB = 256;
+  if (K == 0) {
+    if (!acc)
+      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
+    return;
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += KB) {
+    int64_t kb = K - k0 < KB ? K - k0 : KB;
+    int a2 = acc || k0 > 0;
+    for (int64_t j = 0; j < N; j += 32) {
+      __mmask16 m0 = mask_of(N - j), m1 = mask_of(N - j - 16);
+      int64_t i = 0;
+      for (; i + 8 <= M; i += 8) {
+        const float *ar[8];
+        for (int r = 0; r < 8; r++) ar[r] = A[i + r] + k0 * acs;
+        kern8p(kb, ar, acs, B + k0, j, C + i * ldc + j, ldc, a2, m0, m1);
+      }
+      for (; i < M; i++) {   /* row tail: one row, 16 columns at a time */
+        for (int64_t jj = j; jj < j + 32 && jj < N; jj += 16) {
+          __mmask16 m = mask_of(N - jj);
+          __m512 s = _mm512_setzero_ps();
+          for (int64_t k = k0; k < k0 + kb; k++)
+            s = _mm512_fmadd_ps(_mm512_set1_ps(A[i][k * acs]), _mm512_maskz_loadu_ps(m, B[k] + jj), s);
+          float *c = C + i * ldc + jj;
+          if (a2) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, c));
+          _mm512_mask_storeu_ps(c, m, s);
+        }
+      }
+    }
+  }
+}
+
 #else
 
 void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
@@ -110,6 +179,19 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
   if (lda < 1) lda = 1;
   cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, A, lda, B,
               (int)ldb, acc ? 1.0f : 0.0f, C, (int)ldc);
+}
+
+void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
+                       const float *const *B, float *C, int64_t ldc, int acc) {
+  for (int64_t i = 0; i < M; i++) {
+    float *c = C + i * ldc;
+    if (!acc) memset(c, 0, sizeof(float) * (size_t)N);
+    for (int64_t k = 0; k < K; k++) {
+      float a = A[i][k * acs];
+      const float *b = B[k];
+      for (int64_t j = 0; j < N; j++) c[j] += a * b[j];
+    }
+  }
 }
 
 #endif

@@ -89,6 +89,25 @@ static void NN_S(maxp_fwd)(void *ctx, int64_t p0, int64_t p1) {
         int64_t h0 = oh * g->sH - g->pH, w0 = ow * g->sW - g->pW;
         NN_T best = -INFINITY;
         int64_t bi = -1;
+        if (h0 >= 0 && w0 >= 0 && h0 + (g->kH - 1) * g->dH < g->H &&
+            w0 + (g->kW - 1) * g->dW < g->W) {
+          /* window inside the plane: branch-free selects (random data would make
+          ** "v > best" a coin flip for the branch predictor). A NaN is taken and
+          ** then only replaced by a later NaN, as PyTorch does. */
+          best = x[h0 * g->W + w0];
+          bi = h0 * g->W + w0;
+          for (int64_t kh = 0; kh < g->kH; kh++) {
+            int64_t base = (h0 + kh * g->dH) * g->W + w0;
+            for (int64_t kw = 0; kw < g->kW; kw++) {
+              int64_t at = base + kw * g->dW;
+              NN_T v = x[at];
+              int take = (v > best) | (v != v);
+              best = take ? v : best;
+              bi = take ? at : bi;
+            }
+          }
+          goto found;
+        }
         for (int64_t kh = 0; kh < g->kH; kh++) {
           int64_t ih = h0 + kh * g->dH;
           if (ih < 0 || ih >= g->H) continue;
@@ -96,10 +115,9 @@ static void NN_S(maxp_fwd)(void *ctx, int64_t p0, int64_t p1) {
             int64_t iw = w0 + kw * g->dW;
             if (iw < 0 || iw >= g->W) continue;
             NN_T v = x[ih * g->W + iw];
-            if (bi < 0 || v > best || isnan(v)) {
+            if (bi < 0 || v > best || v != v) {
               best = v;
               bi = ih * g->W + iw;
-              if (isnan(v)) goto found;
             }
           }
         }

@@ -1,27 +1,33 @@
 /*
 ** reduce.c -- CPU reductions over any set of dims of any strided tensor: sum,
 ** mean, prod, amax, amin, logsumexp, any, all (emi_cpu_reduce), var/std
-** (emi_cpu_var) and p-norms (emi_cpu_norm). arg_reduce and softmax live in
-** softmax.c.
+** (emi_cpu_var) and p-norms (emi_cpu_norm). max/min along a dim are in
+** reduce_arg.c, softmax in softmax.c; the plan and loop helpers they share are
+** in reduce.h.
 **
 ** How it works. A reduction is "res[k] = COMB over r of f(a[k, r])" for K
-** outputs of R elements each. plan_init splits a's dims into kept dims (in
-** logical order, so that the linear index k over them is the offset into the
-** contiguous `out`) and reduced dims (sorted by stride, innermost last), drops
-** size-1 dims and merges neighbours whose strides allow. Then one of two shapes:
+** outputs of R elements each. emi_reduce_plan splits a's dims into kept dims
+** (in logical order, so that the linear index k over them is the offset into
+** the contiguous `out`) and reduced dims (sorted by stride, innermost last),
+** drops size-1 dims and merges neighbours whose strides allow. Then one of two
+** shapes:
 **
 **   INNER  the innermost reduced dim is walked as segments: each output reduces
-**          its segments with a kernel of 16 independent lanes (vectorises
-**          without -ffast-math, since no lane's sum is reassociated).
+**          its segments with a kernel of independent lanes (vectorises without
+**          -ffast-math, since no lane's sum is reassociated). When a kept dim
+**          lies between reduced ones (mean over (0, 2, 3) of NCHW), a block of
+**          outputs is walked together in memory order.
 **   OUTER  a kept dim is contiguous in a (column sums, sum(0) of (N, C), mean
 **          over a batch): whole rows are folded into a vector of per-column
 **          accumulators, acc[j] op= f(row[j]), again vectorisable. When rows are
 **          short and back to back, q rows are taken as one longer row and the
 **          lanes folded by column at the end.
 **
-** Precision: float inputs accumulate in double (float32 converts on the fly, so
-** a 4M-element sum is exact to float32 rounding); integer sums and products are
-** exact in int64 with two's complement wrap-around, as PyTorch's.
+** Precision: float inputs accumulate in double. The float32 sums (sum, mean,
+** the 2- and 1-norms) first add short runs in float (16 elements per lane, or
+** 4 rows), then go to double: as accurate as PyTorch's cascade sum and at
+** memory speed; the other kinds convert every element. Integer sums and
+** products are exact in int64 with two's complement wrap-around, as PyTorch's.
 **
 ** Determinism: a long reduction is cut into blocks of a fixed number of
 ** elements (BLOCK) whatever the thread count; each block gives a partial and
@@ -39,8 +45,8 @@
 enum {
   LANES = 16,        /* independent accumulators of the segment kernels */
   BLOCK = 65536,     /* elements per partial of a long reduction */
-  CB = EMX_CB,
-  CHUNK = EMX_CHUNK,
+  CB = EMI_CB,
+  CHUNK = EMI_CHUNK,
 };
 
 /* -- Accumulation kinds -------------------------------------------------------
@@ -70,56 +76,60 @@ static inline double comb(int c, double a, double b) {
   }
 }
 
+/* The macros below define kernels for every kind; the table keeps only those
+** it uses. */
+#define UNUSED __attribute__((unused))
+
 /* Segment kernel: COMB-reduce n contiguous T values into one double. */
-#define DEF_SEG(NAME, T, EXPR, COMB, ID)                                          \
-  static __attribute__((unused)) double NAME(const T *restrict a, int64_t n, double s, double p) {        \
-    double acc[LANES];                                                            \
-    (void)s; (void)p;                                                             \
-    if (n <= LANES) {            /* short rows: skip the lanes' set-up and fold */\
-      double r = (ID);                                                            \
-      for (int64_t i = 0; i < n; i++) {                                           \
-        double x = a[i];                                                          \
-        r = COMB(r, (EXPR));                                                      \
-      }                                                                           \
-      return r;                                                                   \
-    }                                                                             \
-    for (int j = 0; j < LANES; j++) acc[j] = (ID);                                \
-    int64_t i = 0;                                                                \
-    for (; i + LANES <= n; i += LANES)                                            \
-      for (int j = 0; j < LANES; j++) {                                           \
-        double x = a[i + j];                                                      \
-        acc[j] = COMB(acc[j], (EXPR));                                            \
-      }                                                                           \
-    for (int j = 0; i < n; i++, j++) {                                            \
-      double x = a[i];                                                            \
-      acc[j] = COMB(acc[j], (EXPR));                                              \
-    }                                                                             \
-    for (int w = LANES / 2; w > 0; w /= 2)                                        \
-      for (int j = 0; j < w; j++) acc[j] = COMB(acc[j], acc[j + w]);              \
-    return acc[0];                                                                \
+#define DEF_SEG(NAME, T, EXPR, COMB, ID)                                            \
+  static UNUSED double NAME(const T *restrict a, int64_t n, double s, double p) {   \
+    double acc[LANES];                                                              \
+    (void)s; (void)p;                                                               \
+    if (n <= LANES) {            /* short rows: skip the lanes' set-up and fold */  \
+      double r = (ID);                                                              \
+      for (int64_t i = 0; i < n; i++) {                                             \
+        double x = a[i];                                                            \
+        r = COMB(r, (EXPR));                                                        \
+      }                                                                             \
+      return r;                                                                     \
+    }                                                                               \
+    for (int j = 0; j < LANES; j++) acc[j] = (ID);                                  \
+    int64_t i = 0;                                                                  \
+    for (; i + LANES <= n; i += LANES)                                              \
+      for (int j = 0; j < LANES; j++) {                                             \
+        double x = a[i + j];                                                        \
+        acc[j] = COMB(acc[j], (EXPR));                                              \
+      }                                                                             \
+    for (int j = 0; i < n; i++, j++) {                                              \
+      double x = a[i];                                                              \
+      acc[j] = COMB(acc[j], (EXPR));                                                \
+    }                                                                               \
+    for (int w = LANES / 2; w > 0; w /= 2)                                          \
+      for (int j = 0; j < w; j++) acc[j] = COMB(acc[j], acc[j + w]);                \
+    return acc[0];                                                                  \
   }
 
 /* Rows kernel: acc[j] = COMB(acc[j], EXPR(row_r[j])) for nrows rows of M
 ** contiguous T values, rs bytes apart; sh[j] is column j's shift. */
-#define DEF_ROWS(NAME, T, EXPR, COMB)                                             \
-  static __attribute__((unused)) void NAME(double *restrict acc, const char *base, int64_t M,             \
-                   int64_t nrows, int64_t rs, const double *restrict sh,          \
-                   double p) {                                                    \
-    (void)p; (void)sh;                                                            \
-    for (int64_t r = 0; r < nrows; r++) {                                         \
-      const T *restrict a = (const T *)(base + r * rs);                           \
-      for (int64_t j = 0; j < M; j++) {                                           \
-        double x = a[j], s = sh[j];                                               \
-        (void)s;                                                                  \
-        acc[j] = COMB(acc[j], (EXPR));                                            \
-      }                                                                           \
-    }                                                                             \
+#define DEF_ROWS(NAME, T, EXPR, COMB)                                               \
+  static UNUSED void NAME(double *restrict acc, const char *base, int64_t M,        \
+                   int64_t nrows, int64_t rs, const double *restrict sh,            \
+                   double p) {                                                      \
+    (void)p; (void)sh;                                                              \
+    for (int64_t r = 0; r < nrows; r++) {                                           \
+      const T *restrict a = (const T *)(base + r * rs);                             \
+      for (int64_t j = 0; j < M; j++) {                                             \
+        double x = a[j], s = sh[j];                                                 \
+        (void)s;                                                                    \
+        acc[j] = COMB(acc[j], (EXPR));                                              \
+      }                                                                             \
+    }                                                                               \
   }
 
-#define DEF_KIND(NAME, EXPR, COMB, ID)                                            \
-  DEF_SEG(NAME##_seg32, float, EXPR, COMB, ID)                                    \
-  DEF_SEG(NAME##_seg64, double, EXPR, COMB, ID)                                   \
-  DEF_ROWS(NAME##_rows32, float, EXPR, COMB)                                      \
+#define DEF_KIND(NAME, EXPR, COMB, ID)                                              \
+  DEF_SEG(NAME##_seg32, float, EXPR, COMB, ID)                                      \
+  DEF_SEG(NAME##_seg64, double, EXPR, COMB, ID)                                     \
+  DEF_ROWS(NAME##_rows32, float, EXPR, COMB)                                        \
   DEF_ROWS(NAME##_rows64, double, EXPR, COMB)
 
 DEF_KIND(k_sum, x, COMB_ADD, 0.0)
@@ -138,45 +148,45 @@ DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
 /* float32 fast kernels for the hot kinds. Sums: 64 float lanes add blocks of
 ** 1024 elements (16 per lane, so float rounding stays tiny), then each block
 ** is added into 16 double lanes; this runs at memory speed where converting
-** every element to double would not. max/min: emx_extreme_f32 (vecmath.h). */
-#define DEF_FSUM32(NAME, EXPR)                                                    \
-  static double NAME(const float *restrict a, int64_t n, double s, double p) {    \
-    int64_t i = 0;                                                                \
-    (void)s; (void)p;                                                             \
-    if (n <= 16) {                                                                \
-      double r = 0;                                                               \
-      for (; i < n; i++) {                                                        \
-        double x = a[i];                                                          \
-        r += (EXPR);                                                              \
-      }                                                                           \
-      return r;                                                                   \
-    }                                                                             \
-    double d[16] = {0};                                                           \
-    while (i + 256 <= n) {          /* blocks of up to 1024, whole 64s */         \
-      int64_t blk = n - i >= 1024 ? 1024 : (n - i) & ~(int64_t)63;                \
-      float f[64] = {0};                                                          \
-      for (int64_t k = 0; k < blk; k += 64)                                       \
-        for (int j = 0; j < 64; j++) {                                            \
-          float x = a[i + k + j];                                                 \
-          f[j] += (EXPR);                                                         \
-        }                                                                         \
-      float g[16];                                                                \
+** every element to double would not. max/min: emi_extreme_f32 (vecmath.h). */
+#define DEF_FSUM32(NAME, EXPR)                                                      \
+  static double NAME(const float *restrict a, int64_t n, double s, double p) {      \
+    int64_t i = 0;                                                                  \
+    (void)s; (void)p;                                                               \
+    if (n <= 16) {                                                                  \
+      double r = 0;                                                                 \
+      for (; i < n; i++) {                                                          \
+        double x = a[i];                                                            \
+        r += (EXPR);                                                                \
+      }                                                                             \
+      return r;                                                                     \
+    }                                                                               \
+    double d[16] = {0};                                                             \
+    while (i + 256 <= n) {          /* blocks of up to 1024, whole 64s */           \
+      int64_t blk = n - i >= 1024 ? 1024 : (n - i) & ~(int64_t)63;                  \
+      float f[64] = {0};                                                            \
+      for (int64_t k = 0; k < blk; k += 64)                                         \
+        for (int j = 0; j < 64; j++) {                                              \
+          float x = a[i + k + j];                                                   \
+          f[j] += (EXPR);                                                           \
+        }                                                                           \
+      float g[16];                                                                  \
       for (int j = 0; j < 16; j++) g[j] = (f[j] + f[j + 16]) + (f[j + 32] + f[j + 48]); \
-      for (int j = 0; j < 8; j++) d[j] += (double)(g[j] + g[j + 8]);              \
-      i += blk;                                                                   \
-    }                                                                             \
-    for (; i + 16 <= n; i += 16)                                                  \
-      for (int j = 0; j < 16; j++) {                                              \
-        double x = a[i + j];                                                      \
-        d[j] += (EXPR);                                                           \
-      }                                                                           \
-    for (int j = 0; i < n; i++, j++) {                                            \
-      double x = a[i];                                                            \
-      d[j] += (EXPR);                                                             \
-    }                                                                             \
-    for (int j = 0; j < 8; j++) d[j] += d[j + 8];                                 \
-    for (int j = 0; j < 4; j++) d[j] += d[j + 4];                                 \
-    return (d[0] + d[2]) + (d[1] + d[3]);                                         \
+      for (int j = 0; j < 8; j++) d[j] += (double)(g[j] + g[j + 8]);                \
+      i += blk;                                                                     \
+    }                                                                               \
+    for (; i + 16 <= n; i += 16)                                                    \
+      for (int j = 0; j < 16; j++) {                                                \
+        double x = a[i + j];                                                        \
+        d[j] += (EXPR);                                                             \
+      }                                                                             \
+    for (int j = 0; i < n; i++, j++) {                                              \
+      double x = a[i];                                                              \
+      d[j] += (EXPR);                                                               \
+    }                                                                               \
+    for (int j = 0; j < 8; j++) d[j] += d[j + 8];                                   \
+    for (int j = 0; j < 4; j++) d[j] += d[j + 4];                                   \
+    return (d[0] + d[2]) + (d[1] + d[3]);                                           \
   }
 DEF_FSUM32(fsum32, x)
 DEF_FSUM32(fsumsq32, x * x)
@@ -185,35 +195,35 @@ DEF_FSUM32(fsumabs32, fabs(x))
 /* Rows of float32 summed into double column accumulators: four rows are
 ** added in float first (pairwise), so the accumulator row is loaded and stored
 ** once per four input rows. */
-#define DEF_FROWS32(NAME, EXPR)                                                   \
-  static void NAME(double *restrict acc, const char *base, int64_t M,             \
-                   int64_t nrows, int64_t rs, const double *restrict sh,          \
-                   double p) {                                                    \
-    (void)p; (void)sh;                                                            \
-    int64_t r = 0;                                                                \
-    for (; r + 4 <= nrows; r += 4) {                                              \
-      const float *restrict a0 = (const float *)(base + r * rs);                  \
-      const float *restrict a1 = (const float *)(base + (r + 1) * rs);            \
-      const float *restrict a2 = (const float *)(base + (r + 2) * rs);            \
-      const float *restrict a3 = (const float *)(base + (r + 3) * rs);            \
-      for (int64_t j = 0; j < M; j++) {                                           \
-        float x = a0[j], t0 = (EXPR);                                             \
-        x = a1[j];                                                                \
-        float t1 = (EXPR);                                                        \
-        x = a2[j];                                                                \
-        float t2 = (EXPR);                                                        \
-        x = a3[j];                                                                \
-        float t3 = (EXPR);                                                        \
-        acc[j] += (double)((t0 + t1) + (t2 + t3));                                \
-      }                                                                           \
-    }                                                                             \
-    for (; r < nrows; r++) {                                                      \
-      const float *restrict a = (const float *)(base + r * rs);                   \
-      for (int64_t j = 0; j < M; j++) {                                           \
-        double x = a[j];                                                          \
-        acc[j] += (EXPR);                                                         \
-      }                                                                           \
-    }                                                                             \
+#define DEF_FROWS32(NAME, EXPR)                                                     \
+  static void NAME(double *restrict acc, const char *base, int64_t M,               \
+                   int64_t nrows, int64_t rs, const double *restrict sh,            \
+                   double p) {                                                      \
+    (void)p; (void)sh;                                                              \
+    int64_t r = 0;                                                                  \
+    for (; r + 4 <= nrows; r += 4) {                                                \
+      const float *restrict a0 = (const float *)(base + r * rs);                    \
+      const float *restrict a1 = (const float *)(base + (r + 1) * rs);              \
+      const float *restrict a2 = (const float *)(base + (r + 2) * rs);              \
+      const float *restrict a3 = (const float *)(base + (r + 3) * rs);              \
+      for (int64_t j = 0; j < M; j++) {                                             \
+        float x = a0[j], t0 = (EXPR);                                               \
+        x = a1[j];                                                                  \
+        float t1 = (EXPR);                                                          \
+        x = a2[j];                                                                  \
+        float t2 = (EXPR);                                                          \
+        x = a3[j];                                                                  \
+        float t3 = (EXPR);                                                          \
+        acc[j] += (double)((t0 + t1) + (t2 + t3));                                  \
+      }                                                                             \
+    }                                                                               \
+    for (; r < nrows; r++) {                                                        \
+      const float *restrict a = (const float *)(base + r * rs);                     \
+      for (int64_t j = 0; j < M; j++) {                                             \
+        double x = a[j];                                                            \
+        acc[j] += (EXPR);                                                           \
+      }                                                                             \
+    }                                                                               \
   }
 DEF_FROWS32(frows_sum32, x)
 DEF_FROWS32(frows_sumsq32, x * x)
@@ -221,14 +231,14 @@ DEF_FROWS32(frows_sumabs32, fabs(x))
 
 static double fmax32(const float *restrict a, int64_t n, double s, double p) {
   (void)s; (void)p;
-  return emx_extreme_f32(a, n, 1);
+  return emi_extreme_f32(a, n, 1);
 }
 static double fmin32(const float *restrict a, int64_t n, double s, double p) {
   (void)s; (void)p;
-  return emx_extreme_f32(a, n, 0);
+  return emi_extreme_f32(a, n, 0);
 }
 
-/* exp(x - s) summed, float32: the exps come from the vectorisable emx_expf
+/* exp(x - s) summed, float32: the exps come from the vectorisable emi_expf
 ** (about 1 ulp) in blocks, and are added in double lanes. */
 static double fsumexp32(const float *restrict a, int64_t n, double s, double p) {
   float sf = (float)s, e[256];
@@ -236,7 +246,7 @@ static double fsumexp32(const float *restrict a, int64_t n, double s, double p) 
   (void)p;
   for (int64_t i = 0; i < n; i += 256) {
     int64_t m = n - i < 256 ? n - i : 256, k = 0;
-    for (int64_t c = 0; c < m; c++) e[c] = emx_expf(a[i + c] - sf);
+    for (int64_t c = 0; c < m; c++) e[c] = emi_expf(a[i + c] - sf);
     for (; k + 32 <= m; k += 32)
       for (int j = 0; j < 32; j++) d[j] += e[k + j];
     for (int j = 0; k < m; k++, j++) d[j] += e[k];
@@ -254,7 +264,7 @@ static void fsumexp_rows32(double *restrict acc, const char *base, int64_t M,
   for (int64_t c = 0; c < M; c++) shf[c] = (float)sh[c];
   for (int64_t r = 0; r < nrows; r++) {
     const float *restrict a = (const float *)(base + r * rs);
-    for (int64_t c = 0; c < M; c++) e[c] = emx_expf(a[c] - shf[c]);
+    for (int64_t c = 0; c < M; c++) e[c] = emi_expf(a[c] - shf[c]);
     for (int64_t c = 0; c < M; c++) acc[c] += e[c];
   }
 }
@@ -271,7 +281,10 @@ typedef struct fkind {
   double id;
 } fkind;
 
-#define FK(NAME, C, ID) {NAME##_seg32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
+/* FK: the macro-made kernels; FK32 / FKS32: a float32 fast segment kernel
+** (and rows kernel) in place of the generic one. */
+#define FK(NAME, C, ID) \
+  {NAME##_seg32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
 #define FK32(NAME, SEG32, C, ID) {SEG32, NAME##_seg64, NAME##_rows32, NAME##_rows64, C, ID}
 #define FKS32(NAME, SEG32, ROWS32) {SEG32, NAME##_seg64, ROWS32, NAME##_rows64, C_ADD, 0.0}
 static const fkind FKINDS[K_NF] = {
@@ -281,9 +294,12 @@ static const fkind FKINDS[K_NF] = {
   [K_SUMABS] = FKS32(k_sumabs, fsumabs32, frows_sumabs32),
   [K_SUMSQ] = FKS32(k_sumsq, fsumsq32, frows_sumsq32),
   [K_SUMPOW] = FK(k_sumpow, C_ADD, 0.0),
-  [K_CNTNZ] = FK(k_cntnz, C_ADD, 0.0),        [K_PROD] = FK(k_prod, C_MUL, 1.0),
-  [K_MAX] = FK32(k_max, fmax32, C_MAX, -INFINITY), [K_MIN] = FK32(k_min, fmin32, C_MIN, INFINITY),
-  [K_MAXABS] = FK(k_maxabs, C_MAX, 0.0),      [K_MINABS] = FK(k_minabs, C_MIN, INFINITY),
+  [K_CNTNZ] = FK(k_cntnz, C_ADD, 0.0),
+  [K_PROD] = FK(k_prod, C_MUL, 1.0),
+  [K_MAX] = FK32(k_max, fmax32, C_MAX, -INFINITY),
+  [K_MIN] = FK32(k_min, fmin32, C_MIN, INFINITY),
+  [K_MAXABS] = FK(k_maxabs, C_MAX, 0.0),
+  [K_MINABS] = FK(k_minabs, C_MIN, INFINITY),
 };
 
 /* Integer kinds: wrap-around arithmetic through uint64 (no signed overflow). */
@@ -303,55 +319,56 @@ static int64_t iident(int kind) {
   default: return INT64_MAX;
   }
 }
+/* The kind is a constant inside each loop, so icomb's switch folds away. */
+#define ILOOP(KIND, N, STMT) \
+  case KIND: for (int64_t i = 0; i < (N); i++) { STMT; } break
 static int64_t iseg(int kind, const int64_t *a, int64_t n, int64_t acc) {
   switch (kind) {
-  case K_ISUM: for (int64_t i = 0; i < n; i++) acc = icomb(K_ISUM, acc, a[i]); break;
-  case K_IPROD: for (int64_t i = 0; i < n; i++) acc = icomb(K_IPROD, acc, a[i]); break;
-  case K_IMAX: for (int64_t i = 0; i < n; i++) acc = icomb(K_IMAX, acc, a[i]); break;
+  ILOOP(K_ISUM, n, acc = icomb(K_ISUM, acc, a[i]));
+  ILOOP(K_IPROD, n, acc = icomb(K_IPROD, acc, a[i]));
+  ILOOP(K_IMAX, n, acc = icomb(K_IMAX, acc, a[i]));
   default: for (int64_t i = 0; i < n; i++) acc = icomb(K_IMIN, acc, a[i]); break;
   }
   return acc;
 }
 static void irows(int kind, int64_t *acc, const int64_t *a, int64_t M) {
   switch (kind) {
-  case K_ISUM: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_ISUM, acc[j], a[j]); break;
-  case K_IPROD: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_IPROD, acc[j], a[j]); break;
-  case K_IMAX: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_IMAX, acc[j], a[j]); break;
-  default: for (int64_t j = 0; j < M; j++) acc[j] = icomb(K_IMIN, acc[j], a[j]); break;
+  ILOOP(K_ISUM, M, acc[i] = icomb(K_ISUM, acc[i], a[i]));
+  ILOOP(K_IPROD, M, acc[i] = icomb(K_IPROD, acc[i], a[i]));
+  ILOOP(K_IMAX, M, acc[i] = icomb(K_IMAX, acc[i], a[i]));
+  default: for (int64_t i = 0; i < M; i++) acc[i] = icomb(K_IMIN, acc[i], a[i]); break;
   }
 }
 
 /* -- Loading any dtype ---------------------------------------------------------
 ** n elements st bytes apart, into a double or int64 buffer. */
+#define LOAD(T, CONV) for (int64_t i = 0; i < n; i++) buf[i] = CONV(*(const T *)(p + i * st))
+#define AS_IS(v) (v)
+#define NONZERO(v) ((v) != 0)
 void emi_load_row_f64(double *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
   switch (dt) {
-  case EM_FLOAT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const float *)(p + i * st); break;
-  case EM_FLOAT64: for (int64_t i = 0; i < n; i++) buf[i] = *(const double *)(p + i * st); break;
-  case EM_FLOAT16:
-    for (int64_t i = 0; i < n; i++) buf[i] = emi_half_to_float(*(const uint16_t *)(p + i * st));
-    break;
-  case EM_BFLOAT16:
-    for (int64_t i = 0; i < n; i++) buf[i] = emi_bf16_to_float(*(const uint16_t *)(p + i * st));
-    break;
-  case EM_INT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const int32_t *)(p + i * st); break;
-  case EM_INT64:
-    for (int64_t i = 0; i < n; i++) buf[i] = (double)*(const int64_t *)(p + i * st);
-    break;
-  case EM_UINT8: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st); break;
-  case EM_BOOL: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st) != 0; break;
+  case EM_FLOAT32: LOAD(float, AS_IS); break;
+  case EM_FLOAT64: LOAD(double, AS_IS); break;
+  case EM_FLOAT16: LOAD(uint16_t, emi_half_to_float); break;
+  case EM_BFLOAT16: LOAD(uint16_t, emi_bf16_to_float); break;
+  case EM_INT32: LOAD(int32_t, AS_IS); break;
+  case EM_INT64: LOAD(int64_t, (double)); break;
+  case EM_UINT8: LOAD(uint8_t, AS_IS); break;
+  case EM_BOOL: LOAD(uint8_t, NONZERO); break;
   default: for (int64_t i = 0; i < n; i++) buf[i] = 0; break;
   }
 }
 
 void emi_load_row_i64(int64_t *buf, const char *p, int64_t n, int64_t st, em_dtype dt) {
   switch (dt) {
-  case EM_INT32: for (int64_t i = 0; i < n; i++) buf[i] = *(const int32_t *)(p + i * st); break;
-  case EM_INT64: for (int64_t i = 0; i < n; i++) buf[i] = *(const int64_t *)(p + i * st); break;
-  case EM_UINT8: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st); break;
-  case EM_BOOL: for (int64_t i = 0; i < n; i++) buf[i] = *(const uint8_t *)(p + i * st) != 0; break;
+  case EM_INT32: LOAD(int32_t, AS_IS); break;
+  case EM_INT64: LOAD(int64_t, AS_IS); break;
+  case EM_UINT8: LOAD(uint8_t, AS_IS); break;
+  case EM_BOOL: LOAD(uint8_t, NONZERO); break;
   default: for (int64_t i = 0; i < n; i++) buf[i] = (int64_t)emi_load_f64(p + i * st, dt); break;
   }
 }
+#undef LOAD
 
 static void store_i64(void *p, em_dtype dt, int64_t v) {
   switch (dt) {
@@ -366,7 +383,7 @@ static void store_i64(void *p, em_dtype dt, int64_t v) {
 /* -- Plan -------------------------------------------------------------------- */
 
 
-void emi_reduce_plan(rplan *pl, const em_tensor *a, unsigned mask) {
+void emi_reduce_plan(emi_rplan *pl, const em_tensor *a, unsigned mask) {
   int64_t esz = (int64_t)em_dtype_size(a->dtype);
   int64_t ost[EM_MAX_DIMS], s = 1;
   pl->base = em_tensor_data(a);
@@ -431,7 +448,7 @@ enum { FIN_ID, FIN_MEAN, FIN_SQRT, FIN_ROOT, FIN_LSE, FIN_LSESHIFT, FIN_VAR, FIN
        FIN_ANY, FIN_ALL };
 
 typedef struct rjob {
-  rplan pl;
+  emi_rplan pl;
   int kind, icls;
   double p;              /* norm exponent */
   const double *shift;   /* per output (indexed by out offset), or NULL */
@@ -445,7 +462,6 @@ typedef struct rjob {
   int64_t nb, rb;        /* blocks per output and reduced elements per block */
   int64_t kblk;          /* INNER, nb == 1: outputs per task (inner_block) when > 1 */
   int64_t M, W, ncb, Ko; /* OUTER: vector length, task width, column blocks, rows of k */
-  walker kw0;            /* OUTER: template walker over the kept dims except vk */
   int kon;
   int64_t kosz[EM_MAX_DIMS], kost[EM_MAX_DIMS], kooo[EM_MAX_DIMS];
 } rjob;
@@ -480,7 +496,7 @@ static inline void finish(const rjob *j, int64_t k, racc acc) {
 /* Fold one segment of n elements, sst bytes apart, into acc. */
 static inline racc seg_acc(const rjob *j, const char *p, int64_t n, int64_t sst, racc acc,
                            double s) {
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   if (j->icls) {
     int64_t buf[CHUNK];
     for (int64_t c = 0; c < n; c += CHUNK) {
@@ -515,11 +531,11 @@ static inline racc ident(const rjob *j) {
 /* Reduce the reduced elements [r0, r1) of the output whose input starts at p0:
 ** segments along the innermost reduced dim, the outer reduced dims walked. */
 static racc inner_range(const rjob *j, const char *p0, int64_t r0, int64_t r1, double s) {
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   int nr = pl->nr;
   int64_t L = pl->rsz[nr - 1], sst = pl->rst[nr - 1];
-  walker w;
-  walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 ? r0 / L : 0);
+  emi_walker w;
+  emi_walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 ? r0 / L : 0);
   int64_t ri = r0 ? r0 % L : 0;
   racc acc = ident(j);
   for (int64_t r = r0; r < r1;) {
@@ -527,7 +543,7 @@ static racc inner_range(const rjob *j, const char *p0, int64_t r0, int64_t r1, d
     acc = seg_acc(j, p0 + w.off + ri * sst, n, sst, acc, s);
     r += n;
     ri = 0;
-    walk_next(&w);
+    emi_walk_next(&w);
   }
   return acc;
 }
@@ -539,24 +555,24 @@ static racc inner_range(const rjob *j, const char *p0, int64_t r0, int64_t r1, d
 ** segments in the same order, so results are those of inner_range. */
 static void inner_block(const rjob *j, int64_t k0, int64_t k1) {
   enum { KB = 64 };
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   int nr = pl->nr;
   int64_t L = pl->rsz[nr - 1], sst = pl->rst[nr - 1], Ro = pl->R / L;
-  walker kw;
-  walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k0);
+  emi_walker kw;
+  emi_walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k0);
   for (int64_t kb = k0; kb < k1; kb += KB) {
     int64_t nk = k1 - kb < KB ? k1 - kb : KB;
     int64_t koff[KB];
     racc acc[KB];
     double sh[KB];
-    for (int64_t i = 0; i < nk; i++, walk_next(&kw)) {
+    for (int64_t i = 0; i < nk; i++, emi_walk_next(&kw)) {
       koff[i] = kw.off;
       acc[i] = ident(j);
       sh[i] = j->shift ? j->shift[kb + i] : 0;
     }
-    walker rw;
-    walk_init(&rw, nr - 1, pl->rsz, pl->rst, NULL, 0);
-    for (int64_t ro = 0; ro < Ro; ro++, walk_next(&rw))
+    emi_walker rw;
+    emi_walk_init(&rw, nr - 1, pl->rsz, pl->rst, NULL, 0);
+    for (int64_t ro = 0; ro < Ro; ro++, emi_walk_next(&rw))
       for (int64_t i = 0; i < nk; i++)
         acc[i] = seg_acc(j, pl->base + koff[i] + rw.off, L, sst, acc[i], sh[i]);
     for (int64_t i = 0; i < nk; i++) finish(j, kb + i, acc[i]);
@@ -566,16 +582,16 @@ static void inner_block(const rjob *j, int64_t k0, int64_t k1) {
 /* INNER tasks: t = k * nb + b. */
 static void inner_task(void *ctx, int64_t t0, int64_t t1) {
   const rjob *j = ctx;
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   if (j->nb == 1) {
-    walker kw;
-    walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, t0);
+    emi_walker kw;
+    emi_walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, t0);
     int64_t L = pl->rsz[0];
     if (!j->icls && pl->nr == 1 && pl->rst[0] == pl->esz &&
         (pl->dt == EM_FLOAT32 || pl->dt == EM_FLOAT64)) {
       /* One contiguous segment per output (sum(-1) of a matrix): no walking. */
       const fkind *fk = &FKINDS[j->kind];
-      for (int64_t k = t0; k < t1; k++, walk_next(&kw)) {
+      for (int64_t k = t0; k < t1; k++, emi_walk_next(&kw)) {
         const char *p = pl->base + kw.off;
         double s = j->shift ? j->shift[k] : 0;
         racc acc;
@@ -590,7 +606,7 @@ static void inner_task(void *ctx, int64_t t0, int64_t t1) {
       inner_block(j, t0 * j->kblk, k1);
       return;
     }
-    for (int64_t k = t0; k < t1; k++, walk_next(&kw)) {
+    for (int64_t k = t0; k < t1; k++, emi_walk_next(&kw)) {
       racc acc = inner_range(j, pl->base + kw.off, 0, pl->R, j->shift ? j->shift[k] : 0);
       finish(j, k, acc);
     }
@@ -598,8 +614,8 @@ static void inner_task(void *ctx, int64_t t0, int64_t t1) {
   }
   for (int64_t t = t0; t < t1; t++) {
     int64_t k = t / j->nb, b = t % j->nb;
-    walker kw;
-    walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k);
+    emi_walker kw;
+    emi_walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k);
     int64_t r0 = b * j->rb, r1 = r0 + j->rb < pl->R ? r0 + j->rb : pl->R;
     j->partial[b * pl->K + k] =
         inner_range(j, pl->base + kw.off, r0, r1, j->shift ? j->shift[k] : 0);
@@ -609,11 +625,11 @@ static void inner_task(void *ctx, int64_t t0, int64_t t1) {
 /* Fold rows [r0, r1) of the reduced space into acc[0..W): columns start at p0. */
 static void outer_rows(const rjob *j, const char *p0, int64_t W, int64_t r0, int64_t r1,
                        racc *acc, const double *sh) {
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   int nr = pl->nr;
   int64_t L = pl->rsz[nr - 1], rs = pl->rst[nr - 1], esz = pl->esz;
-  walker w;
-  walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 / L);
+  emi_walker w;
+  emi_walk_init(&w, nr - 1, pl->rsz, pl->rst, NULL, r0 / L);
   int64_t ri = r0 % L;
   const fkind *fk = j->icls ? NULL : &FKINDS[j->kind];
   int native = !j->icls && (pl->dt == EM_FLOAT32 || pl->dt == EM_FLOAT64);
@@ -623,7 +639,7 @@ static void outer_rows(const rjob *j, const char *p0, int64_t W, int64_t r0, int
     const char *p = p0 + w.off + ri * rs;
     r += n;
     ri = 0;
-    walk_next(&w);
+    emi_walk_next(&w);
     if (native) {
       double *da = &acc[0].f;
       /* Short rows back to back: take q rows as one row of M*q columns. */
@@ -658,14 +674,14 @@ static void outer_rows(const rjob *j, const char *p0, int64_t W, int64_t r0, int
 /* OUTER tasks: t = (ko * ncb + cb) * nb + b. */
 static void outer_task(void *ctx, int64_t t0, int64_t t1) {
   const rjob *j = ctx;
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   int64_t vos = pl->kos[pl->vk];
   static const double zeros[CB];
   for (int64_t t = t0; t < t1; t++) {
     int64_t b = t % j->nb, cb = t / j->nb % j->ncb, ko = t / j->nb / j->ncb;
     int64_t c0 = cb * CB, W = j->M - c0 < CB ? j->M - c0 : CB;
-    walker kw;
-    walk_init(&kw, j->kon, j->kosz, j->kost, j->kooo, ko);
+    emi_walker kw;
+    emi_walk_init(&kw, j->kon, j->kosz, j->kost, j->kooo, ko);
     int64_t obase = kw.off2 + c0 * vos;        /* out offset of column c0 */
     const char *p0 = pl->base + kw.off + c0 * pl->esz;
     racc acc[CB];
@@ -711,7 +727,7 @@ static void combine_task(void *ctx, int64_t k0, int64_t k1) {
 }
 
 /* Run one pass: kind/fin over plan pl into out (or into dres). */
-static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind, double p,
+static em_status run_job(em_state *S, const char *op, const emi_rplan *pl, int kind, double p,
                          const double *shift, int fin, double fin_arg, em_tensor *out,
                          double *dres) {
   rjob j;
@@ -772,9 +788,9 @@ static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind,
       return emi_error(S, EM_ERR_NOMEM, "%s: out of memory for %lld partial results", op,
                        (long long)(K * j.nb));
   }
-  emx_parallel_dynamic(S, ntask, per, pl->outer ? outer_task : inner_task, &j);
+  emi_parallel_dynamic(S, ntask, per, pl->outer ? outer_task : inner_task, &j);
   if (j.partial) {
-    emx_parallel_dynamic(S, K, j.nb, combine_task, &j);
+    emi_parallel_dynamic(S, K, j.nb, combine_task, &j);
     emi_free(S, j.partial, sizeof(racc) * (size_t)(K * j.nb));
   }
   return EM_OK;
@@ -782,9 +798,15 @@ static em_status run_job(em_state *S, const char *op, const rplan *pl, int kind,
 
 static int is_int(em_dtype dt) { return !em_dtype_is_floating(dt); }
 
+/* One pass with no shift and no parameter: most ops. */
+static em_status run_one(em_state *S, const char *op, const emi_rplan *pl, int kind, int fin,
+                         em_tensor *out) {
+  return run_job(S, op, pl, kind, 0, NULL, fin, 0, out, NULL);
+}
+
 /* Two passes: first (kind1, fin1) into a K-double temporary, then kind2 with it
 ** as the shift. */
-static em_status run_two(em_state *S, const char *op, const rplan *pl, int kind1,
+static em_status run_two(em_state *S, const char *op, const emi_rplan *pl, int kind1,
                          int fin1, int kind2, int fin2, double fin_arg, em_tensor *out) {
   int64_t K = pl->K;
   double small[64], *tmp = small;
@@ -805,18 +827,17 @@ static em_status run_two(em_state *S, const char *op, const rplan *pl, int kind1
 
 em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tensor *a,
                          unsigned mask) {
-  rplan pl;
+  emi_rplan pl;
   emi_reduce_plan(&pl, a, mask);
   int ic = is_int(a->dtype);
   switch (op) {
-  case EM_SUM: return run_job(S, "sum", &pl, ic ? K_ISUM : K_SUM, 0, NULL, FIN_ID, 0, out, NULL);
-  case EM_MEAN: return run_job(S, "mean", &pl, K_SUM, 0, NULL, FIN_MEAN, 0, out, NULL);
-  case EM_PROD:
-    return run_job(S, "prod", &pl, ic ? K_IPROD : K_PROD, 0, NULL, FIN_ID, 0, out, NULL);
-  case EM_AMAX: return run_job(S, "amax", &pl, ic ? K_IMAX : K_MAX, 0, NULL, FIN_ID, 0, out, NULL);
-  case EM_AMIN: return run_job(S, "amin", &pl, ic ? K_IMIN : K_MIN, 0, NULL, FIN_ID, 0, out, NULL);
-  case EM_ANY: return run_job(S, "any", &pl, K_CNTNZ, 0, NULL, FIN_ANY, 0, out, NULL);
-  case EM_ALL: return run_job(S, "all", &pl, K_CNTNZ, 0, NULL, FIN_ALL, 0, out, NULL);
+  case EM_SUM: return run_one(S, "sum", &pl, ic ? K_ISUM : K_SUM, FIN_ID, out);
+  case EM_MEAN: return run_one(S, "mean", &pl, K_SUM, FIN_MEAN, out);
+  case EM_PROD: return run_one(S, "prod", &pl, ic ? K_IPROD : K_PROD, FIN_ID, out);
+  case EM_AMAX: return run_one(S, "amax", &pl, ic ? K_IMAX : K_MAX, FIN_ID, out);
+  case EM_AMIN: return run_one(S, "amin", &pl, ic ? K_IMIN : K_MIN, FIN_ID, out);
+  case EM_ANY: return run_one(S, "any", &pl, K_CNTNZ, FIN_ANY, out);
+  case EM_ALL: return run_one(S, "all", &pl, K_CNTNZ, FIN_ALL, out);
   case EM_LOGSUMEXP:
     return run_two(S, "logsumexp", &pl, K_MAX, FIN_LSESHIFT, K_SUMEXP, FIN_LSE, 0, out);
   default:
@@ -826,7 +847,7 @@ em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tens
 
 em_status emi_cpu_var(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
                       double correction, int take_sqrt) {
-  rplan pl;
+  emi_rplan pl;
   emi_reduce_plan(&pl, a, mask);
   return run_two(S, take_sqrt ? "std" : "var", &pl, K_SUM, FIN_MEAN, K_SUMSQDEV,
                  take_sqrt ? FIN_STD : FIN_VAR, correction, out);
@@ -834,13 +855,12 @@ em_status emi_cpu_var(em_state *S, em_tensor *out, const em_tensor *a, unsigned 
 
 em_status emi_cpu_norm(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
                        double p) {
-  rplan pl;
+  emi_rplan pl;
   emi_reduce_plan(&pl, a, mask);
   if (pl.R == 0) p = 1;      /* PyTorch: the norm of nothing is 0 for every p */
-  if (p == 2) return run_job(S, "norm", &pl, K_SUMSQ, 0, NULL, FIN_SQRT, 0, out, NULL);
-  if (p == 1) return run_job(S, "norm", &pl, K_SUMABS, 0, NULL, FIN_ID, 0, out, NULL);
-  if (p == 0) return run_job(S, "norm", &pl, K_CNTNZ, 0, NULL, FIN_ID, 0, out, NULL);
-  if (isinf(p) && p > 0) return run_job(S, "norm", &pl, K_MAXABS, 0, NULL, FIN_ID, 0, out, NULL);
-  if (isinf(p)) return run_job(S, "norm", &pl, K_MINABS, 0, NULL, FIN_ID, 0, out, NULL);
+  if (p == 2) return run_one(S, "norm", &pl, K_SUMSQ, FIN_SQRT, out);
+  if (p == 1) return run_one(S, "norm", &pl, K_SUMABS, FIN_ID, out);
+  if (p == 0) return run_one(S, "norm", &pl, K_CNTNZ, FIN_ID, out);
+  if (isinf(p)) return run_one(S, "norm", &pl, p > 0 ? K_MAXABS : K_MINABS, FIN_ID, out);
   return run_job(S, "norm", &pl, K_SUMPOW, p, NULL, FIN_ROOT, 1.0 / p, out, NULL);
 }

@@ -8,12 +8,12 @@
 #include "cpu.h"
 
 enum {
-  EMX_CB = 256,             /* columns per OUTER task: a 2 KB accumulator row in L1 */
-  EMX_CHUNK = 256,          /* conversion buffer for dtypes without a native kernel */
-  EMX_CHUNK_WORK = 32768,   /* elements a thread takes at a time */
+  EMI_CB = 256,             /* columns per OUTER task: a 2 KB accumulator row in L1 */
+  EMI_CHUNK = 256,          /* conversion buffer for dtypes without a native kernel */
+  EMI_CHUNK_WORK = 32768,   /* elements a thread takes at a time */
   /* Below this much work (in elements of a plain sum) everything stays on the
   ** calling thread: waking the pool costs about 10 us on this kind of VM. */
-  EMX_PAR_MIN = 262144,
+  EMI_PAR_MIN = 262144,
 };
 
 /* -- Plan ----------------------------------------------------------------------
@@ -23,7 +23,7 @@ enum {
 ** innermost last; size-1 dims are dropped and neighbours merged when their
 ** strides allow. There is always at least one reduced dim (size 1, stride 0 if
 ** nothing is reduced). */
-typedef struct rplan {
+typedef struct emi_rplan {
   const char *base;
   em_dtype dt;
   int64_t esz;
@@ -33,9 +33,9 @@ typedef struct rplan {
   int64_t K, R;
   int outer;     /* OUTER shape: kept dim vk is contiguous in a */
   int vk;
-} rplan;
+} emi_rplan;
 
-void emi_reduce_plan(rplan *pl, const em_tensor *a, unsigned mask);
+void emi_reduce_plan(emi_rplan *pl, const em_tensor *a, unsigned mask);
 
 /* n elements st bytes apart into a double / int64 buffer, from any dtype. */
 void emi_load_row_f64(double *buf, const char *p, int64_t n, int64_t st, em_dtype dt);
@@ -43,13 +43,13 @@ void emi_load_row_i64(int64_t *buf, const char *p, int64_t n, int64_t st, em_dty
 
 /* A multi-index over n dims that tracks two offsets (e.g. input bytes and
 ** output elements) as it steps, so hot loops never divide. */
-typedef struct walker {
+typedef struct emi_walker {
   int n;
   int64_t sz[EM_MAX_DIMS], idx[EM_MAX_DIMS], st[EM_MAX_DIMS], st2[EM_MAX_DIMS];
   int64_t off, off2;
-} walker;
+} emi_walker;
 
-static inline void walk_init(walker *w, int n, const int64_t *sz, const int64_t *st,
+static inline void emi_walk_init(emi_walker *w, int n, const int64_t *sz, const int64_t *st,
                       const int64_t *st2, int64_t lin) {
   w->n = n;
   w->off = w->off2 = 0;
@@ -64,7 +64,7 @@ static inline void walk_init(walker *w, int n, const int64_t *sz, const int64_t 
   }
 }
 
-static inline void walk_next(walker *w) {
+static inline void emi_walk_next(emi_walker *w) {
   for (int d = w->n - 1; d >= 0; d--) {
     w->off += w->st[d];
     w->off2 += w->st2[d];
@@ -84,19 +84,19 @@ static inline void walk_next(walker *w) {
 ** just does less. Which thread runs a task never changes a result: every task
 ** writes its own outputs, or its own partial that is combined later in a fixed
 ** order. */
-typedef struct emx_dyn {
+typedef struct emi_dyn {
   emi_range_fn fn;
   void *ctx;
   int64_t n, grain;
   int64_t next;            /* atomic: first task not yet taken */
-} emx_dyn;
+} emi_dyn;
 
 /* Share b == 0 is the calling thread. The pool makes the caller sleep until
 ** every worker is done, and that wake-up costs several microseconds, so the
 ** workers leave the last chunk to the caller: it then finishes last and finds
 ** them done. */
-static void emx_dyn_worker(void *ctx, int64_t b, int64_t e) {
-  emx_dyn *d = ctx;
+static void emi_dyn_worker(void *ctx, int64_t b, int64_t e) {
+  emi_dyn *d = ctx;
   (void)e;
   int64_t stop = b == 0 ? d->n : d->n - d->grain;
   for (;;) {
@@ -110,17 +110,17 @@ static void emx_dyn_worker(void *ctx, int64_t b, int64_t e) {
 }
 
 /* fn(ctx, begin, end) over tasks [0, n), each worth `per` elements of work. */
-static inline void emx_parallel_dynamic(em_state *S, int64_t n, int64_t per,
+static inline void emi_parallel_dynamic(em_state *S, int64_t n, int64_t per,
                                         emi_range_fn fn, void *ctx) {
   if (n <= 0) return;
   if (per < 1) per = 1;
   int nt = S->num_threads;
-  if (nt <= 1 || n < 2 || (double)n * (double)per < EMX_PAR_MIN) { fn(ctx, 0, n); return; }
-  int64_t grain = per >= EMX_CHUNK_WORK ? 1 : EMX_CHUNK_WORK / per;
-  emx_dyn d = {fn, ctx, n, grain, 0};
+  if (nt <= 1 || n < 2 || (double)n * (double)per < EMI_PAR_MIN) { fn(ctx, 0, n); return; }
+  int64_t grain = per >= EMI_CHUNK_WORK ? 1 : EMI_CHUNK_WORK / per;
+  emi_dyn d = {fn, ctx, n, grain, 0};
   int64_t chunks = (n + grain - 1) / grain;
   if (chunks < (int64_t)nt) nt = (int)chunks;
-  emi_parallel_for(S, nt, 1, emx_dyn_worker, &d);
+  emi_parallel_for(S, nt, 1, emi_dyn_worker, &d);
 }
 
 #endif

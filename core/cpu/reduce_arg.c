@@ -13,10 +13,10 @@
 #include "reduce.h"
 #include "vecmath.h"
 
-enum { CB = EMX_CB, CHUNK = EMX_CHUNK };
+enum { CB = EMI_CB, CHUNK = EMI_CHUNK };
 
 typedef struct ajob {
-  rplan pl;
+  emi_rplan pl;
   int want_max, ibase, i64;
   char *vbase;             /* values data or NULL */
   int64_t *ibase_out;      /* indices data */
@@ -32,13 +32,13 @@ static inline int abetter_f(double x, double best, int want_max) {
 
 /* Index of the winner among n elements st bytes apart. */
 static int64_t arg_scan(const ajob *j, const char *p, int64_t n, int64_t st) {
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   int64_t bi = 0;
   if (pl->dt == EM_FLOAT32 && st == 4) {
     /* Fast path: the extreme value by the vectorised kernel, then its first
     ** position (or the first NaN's). */
     const float *a = (const float *)p;
-    double m = j->want_max ? emx_extreme_f32(a, n, 1) : emx_extreme_f32(a, n, 0);
+    double m = j->want_max ? emi_extreme_f32(a, n, 1) : emi_extreme_f32(a, n, 0);
     if (m != m) { while (a[bi] == a[bi]) bi++; }
     else { float mf = (float)m; while (a[bi] != mf) bi++; }
     return bi;
@@ -68,7 +68,7 @@ static int64_t arg_scan(const ajob *j, const char *p, int64_t n, int64_t st) {
 }
 
 static void arg_put(const ajob *j, int64_t k, const char *p0, int64_t idx) {
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   j->ibase_out[k] = idx + j->ibase;
   if (j->vbase)
     memcpy(j->vbase + k * pl->esz, p0 + idx * pl->rst[0], (size_t)pl->esz);
@@ -76,10 +76,10 @@ static void arg_put(const ajob *j, int64_t k, const char *p0, int64_t idx) {
 
 static void arg_inner_task(void *ctx, int64_t k0, int64_t k1) {
   const ajob *j = ctx;
-  const rplan *pl = &j->pl;
-  walker kw;
-  walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k0);
-  for (int64_t k = k0; k < k1; k++, walk_next(&kw)) {
+  const emi_rplan *pl = &j->pl;
+  emi_walker kw;
+  emi_walk_init(&kw, pl->nk, pl->ksz, pl->kst, NULL, k0);
+  for (int64_t k = k0; k < k1; k++, emi_walk_next(&kw)) {
     const char *p0 = pl->base + kw.off;
     arg_put(j, k, p0, arg_scan(j, p0, pl->R, pl->rst[0]));
   }
@@ -88,13 +88,13 @@ static void arg_inner_task(void *ctx, int64_t k0, int64_t k1) {
 /* Columns contiguous in a: best[c] and idx[c] per column, rows along dim. */
 static void arg_outer_task(void *ctx, int64_t t0, int64_t t1) {
   const ajob *j = ctx;
-  const rplan *pl = &j->pl;
+  const emi_rplan *pl = &j->pl;
   int64_t vos = pl->kos[pl->vk], esz = pl->esz, rs = pl->rst[0];
   for (int64_t t = t0; t < t1; t++) {
     int64_t cb = t % j->ncb, ko = t / j->ncb;
     int64_t c0 = cb * CB, W = j->M - c0 < CB ? j->M - c0 : CB;
-    walker kw;
-    walk_init(&kw, j->kon, j->kosz, j->kost, j->kooo, ko);
+    emi_walker kw;
+    emi_walk_init(&kw, j->kon, j->kosz, j->kost, j->kooo, ko);
     const char *p0 = pl->base + kw.off + c0 * esz;
     int64_t idx[CB];
     for (int64_t c = 0; c < W; c++) idx[c] = 0;
@@ -145,7 +145,7 @@ em_status emi_cpu_arg_reduce(em_state *S, em_tensor *values, em_tensor *indices,
                              const em_tensor *a, int dim, int want_max, int index_base) {
   ajob j;
   emi_reduce_plan(&j.pl, a, a->ndim ? 1u << dim : 0);
-  const rplan *pl = &j.pl;
+  const emi_rplan *pl = &j.pl;
   j.want_max = want_max;
   j.ibase = index_base;
   j.i64 = !em_dtype_is_floating(a->dtype);
@@ -166,9 +166,9 @@ em_status emi_cpu_arg_reduce(em_state *S, em_tensor *values, em_tensor *indices,
       j.kooo[j.kon++] = pl->kos[i];
     }
     int64_t per = (j.M < CB ? j.M : CB) * pl->R;
-    emx_parallel_dynamic(S, pl->K / j.M * j.ncb, 4 * per, arg_outer_task, &j);
+    emi_parallel_dynamic(S, pl->K / j.M * j.ncb, 4 * per, arg_outer_task, &j);
   } else {
-    emx_parallel_dynamic(S, pl->K, 4 * pl->R, arg_inner_task, &j);
+    emi_parallel_dynamic(S, pl->K, 4 * pl->R, arg_inner_task, &j);
   }
   return EM_OK;
 }

@@ -9,7 +9,7 @@
 ** Three shapes, fastest first:
 **   rows     float32, the dim contiguous in a and in out (softmax over the last
 **            dim of (B, C) logits: every classifier's loss). exp is a
-**            vectorisable float polynomial (emx_expf below), sums are in double.
+**            vectorisable float polynomial (emi_expf, vecmath.h), sums in double.
 **   columns  a contiguous and the dim not last: (P, n, Q) with Q > 1; blocks of
 **            up to CB columns go through the n rows three times (max, exp-sum,
 **            scale), each pass a vectorisable loop over contiguous columns.
@@ -42,8 +42,8 @@ static double sum_f32(const float *restrict a, int64_t n) {
 /* One slice, contiguous in a and in out. The exps go to o first (a plain
 ** loop that vectorises), then are summed; log_softmax overwrites them. */
 static void row_f32(float *restrict o, const float *restrict a, int64_t n, int lg) {
-  float m = emx_extreme_f32(a, n, 1);
-  for (int64_t i = 0; i < n; i++) o[i] = emx_expf(a[i] - m);
+  float m = emi_extreme_f32(a, n, 1);
+  for (int64_t i = 0; i < n; i++) o[i] = emi_expf(a[i] - m);
   double s = sum_f32(o, n);
   if (lg) {
     float ls = (float)log(s);
@@ -71,9 +71,9 @@ typedef struct sjob {
 
 static void rows_task(void *ctx, int64_t r0, int64_t r1) {
   const sjob *j = ctx;
-  walker w;
-  walk_init(&w, j->no, j->osz, j->ist, j->oost, r0);
-  for (int64_t r = r0; r < r1; r++, walk_next(&w))
+  emi_walker w;
+  emi_walk_init(&w, j->no, j->osz, j->ist, j->oost, r0);
+  for (int64_t r = r0; r < r1; r++, emi_walk_next(&w))
     row_f32((float *)j->obase + w.off2, (const float *)(j->base + w.off), j->n, j->log);
 }
 
@@ -81,9 +81,9 @@ static void generic_task(void *ctx, int64_t r0, int64_t r1) {
   const sjob *j = ctx;
   double buf[CHUNK];
   int64_t n = j->n, st = j->st, osz = (int64_t)em_dtype_size(j->dt);
-  walker w;
-  walk_init(&w, j->no, j->osz, j->ist, j->oost, r0);
-  for (int64_t r = r0; r < r1; r++, walk_next(&w)) {
+  emi_walker w;
+  emi_walk_init(&w, j->no, j->osz, j->ist, j->oost, r0);
+  for (int64_t r = r0; r < r1; r++, emi_walk_next(&w)) {
     const char *p = j->base + w.off;
     char *o = j->obase + w.off2 * osz;
     double m = -INFINITY, s = 0;
@@ -124,7 +124,7 @@ static void cols_task(void *ctx, int64_t t0, int64_t t1) {
     for (int64_t i = 0; i < n; i++) {
       float *restrict oi = o + i * Q;
       const float *restrict ai = a + i * Q;
-      for (int64_t c = 0; c < W; c++) oi[c] = emx_expf(ai[c] - m[c]);
+      for (int64_t c = 0; c < W; c++) oi[c] = emi_expf(ai[c] - m[c]);
       for (int64_t c = 0; c < W; c++) s[c] += oi[c];
     }
     float f[CB];
@@ -173,12 +173,12 @@ em_status emi_cpu_softmax(em_state *S, em_tensor *out, const em_tensor *a, int d
   ** one calls libm per element. */
   int64_t rows = a->numel / j.n;
   if (j.dt == EM_FLOAT32 && (j.st == 4 || j.n == 1) && (j.ost == 1 || j.n == 1)) {
-    emx_parallel_dynamic(S, rows, 8 * j.n, rows_task, &j);
+    emi_parallel_dynamic(S, rows, 8 * j.n, rows_task, &j);
   } else if (j.dt == EM_FLOAT32 && em_tensor_is_contiguous(a) && j.Q > 1) {
     int64_t ncb = (j.Q + CB - 1) / CB;
-    emx_parallel_dynamic(S, j.P * ncb, 8 * j.n * (j.Q < CB ? j.Q : CB), cols_task, &j);
+    emi_parallel_dynamic(S, j.P * ncb, 8 * j.n * (j.Q < CB ? j.Q : CB), cols_task, &j);
   } else {
-    emx_parallel_dynamic(S, rows, 32 * j.n, generic_task, &j);
+    emi_parallel_dynamic(S, rows, 32 * j.n, generic_task, &j);
   }
   return EM_OK;
 }

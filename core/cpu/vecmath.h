@@ -12,7 +12,7 @@
 ** call it: Cody-Waite reduction x = n*ln2 + r, a degree-7 polynomial for e^r,
 ** and 2^n built from bits in two halves so that results down to the subnormal
 ** range stay right. exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN. */
-static inline float emx_expf(float x) {
+static inline float emi_expf(float x) {
   x = x > 100.0f ? 100.0f : x;
   x = x < -110.0f ? -110.0f : x;
   const float magic = 12582912.0f;       /* 1.5 * 2^23: adding it rounds to int */
@@ -38,7 +38,7 @@ static inline float emx_expf(float x) {
 /* max (want_max) or min of n floats; NaN if any is NaN. 64 float lanes with a
 ** NaN flag per lane keep the main loop a plain vmaxps/vminps; rows of up to 16
 ** take a scalar loop (no set-up or fold to pay). */
-static inline float emx_extreme_f32(const float *restrict a, int64_t n, int want_max) {
+static inline float emi_extreme_f32(const float *restrict a, int64_t n, int want_max) {
   if (n <= 16) {
     float r = want_max ? -INFINITY : INFINITY;
     int rn = 0;

@@ -14,6 +14,7 @@
 ** index_base.
 */
 #include "../internal.h"
+#include "../autograd/autograd.h"
 #include <math.h>
 
 static const char *const REDOP_NAMES[EM_NUM_REDOPS] = {
@@ -32,8 +33,10 @@ static em_status get_backend(em_state *S, const char *op, const em_tensor *a,
 /* The dims list as a bit mask; ndims == 0 means every dim. */
 static em_status dims_mask(em_state *S, const char *op, const em_tensor *a,
                            const int *dims, int ndims, unsigned *mask) {
-  if (ndims < 0 || (ndims > 0 && !dims))
-    return emi_error(S, EM_ERR_ARG, "%s: bad dims list (%d entries)", op, ndims);
+  if (ndims < 0)
+    return emi_error(S, EM_ERR_ARG, "%s: ndims is %d (0 = every dim)", op, ndims);
+  if (ndims > 0 && !dims)
+    return emi_error(S, EM_ERR_ARG, "%s: dims is NULL but ndims is %d", op, ndims);
   if (ndims == 0) { *mask = (1u << a->ndim) - 1; return EM_OK; }
   unsigned seen = 0;
   for (int i = 0; i < ndims; i++) {
@@ -114,6 +117,7 @@ em_status em_reduce(em_state *S, em_redop op, const em_tensor *a, const int *dim
   if ((st = be->reduce(S, op, r, a, mask))) { em_tensor_release(r); return st; }
   if (!keepdim) squeeze_in_place(r, mask);
   *out = r;
+  if (emi_ag_wanted1(S, a)) return emi_ag_record_reduce(S, op, a, mask, keepdim, out);
   return EM_OK;
 }
 
@@ -138,6 +142,8 @@ em_status em_var(em_state *S, const em_tensor *a, const int *dims, int ndims,
   if ((st = be->var(S, r, a, mask, correction, take_sqrt))) { em_tensor_release(r); return st; }
   if (!keepdim) squeeze_in_place(r, mask);
   *out = r;
+  if (emi_ag_wanted1(S, a))
+    return emi_ag_record_var(S, a, mask, correction, keepdim, take_sqrt, out);
   return EM_OK;
 }
 
@@ -158,6 +164,7 @@ em_status em_norm(em_state *S, const em_tensor *a, double p, const int *dims, in
   if ((st = be->norm(S, r, a, mask, p))) { em_tensor_release(r); return st; }
   if (!keepdim) squeeze_in_place(r, mask);
   *out = r;
+  if (emi_ag_wanted1(S, a)) return emi_ag_record_norm(S, a, p, mask, keepdim, out);
   return EM_OK;
 }
 
@@ -189,7 +196,16 @@ static em_status arg_common(em_state *S, const char *name, const em_tensor *a, i
     if (v) squeeze_in_place(v, mask);
   }
   *indices = ix;
-  if (values) *values = v;
+  if (!values) return EM_OK;
+  *values = v;
+  if (emi_ag_wanted1(S, a)) {
+    /* on failure the recorder drops *values; the indices go with them */
+    if ((st = emi_ag_record_arg(S, a, dim, keepdim, index_base, values, ix))) {
+      em_tensor_release(ix);
+      *indices = NULL;
+      return st;
+    }
+  }
   return EM_OK;
 }
 
@@ -268,5 +284,6 @@ em_status em_softmax(em_state *S, const em_tensor *a, int dim, int log, em_tenso
     return st;
   }
   *out = r;
+  if (emi_ag_wanted1(S, a)) return emi_ag_record_softmax(S, a, dim, log, out);
   return EM_OK;
 }

@@ -89,7 +89,7 @@ static void rel(em_tensor **ts, int n) { for (int i = 0; i < n; i++) em_tensor_r
 
 /* -- conv2d ---------------------------------------------------------------------- */
 static void test_conv2d(em_state *S) {
-  for (int i = 0; i < 6; i++)
+  for (int i = 0; i < 9; i++)
     for (int k = 0; k < 4; k++) {
       em_dtype dt = DTS[k & 1];
       int nc = k >> 1;
@@ -488,6 +488,88 @@ static void test_errors(em_state *S) {
   rel(all, 8);
 }
 
+
+/* -- allocation failures ------------------------------------------------------------
+** Every op under an allocator that refuses the Nth request: the call either works
+** or returns EM_ERR_NOMEM with a message (AddressSanitizer checks for leaks). */
+static long fa_left;
+static void *fa_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  (void)ud; (void)osize;
+  if (nsize == 0) { free(ptr); return NULL; }
+  if (fa_left-- == 0) return NULL;
+  return realloc(ptr, nsize);
+}
+
+static em_status run_all(em_state *S, em_tensor **in) {
+  em_tensor *r[12] = {0};
+  int64_t one[2] = {1, 1}, two[2] = {2, 2}, zero[2] = {0, 0};
+  em_status st;
+  em_tensor *tg = in[5];
+  if ((st = em_conv2d(S, in[0], in[1], in[2], one, one, one, 1, &r[0]))) goto out;
+  if ((st = em_conv2d_backward(S, r[0], in[0], in[1], one, one, one, 1, &r[1], &r[2], &r[3]))) goto out;
+  rel(r, 4); memset(r, 0, sizeof r);
+  if ((st = em_conv2d(S, in[0], in[1], NULL, two, one, one, 1, &r[0]))) goto out;
+  if ((st = em_conv2d_backward(S, r[0], in[0], in[1], two, one, one, 1, &r[1], &r[2], &r[3]))) goto out;
+  rel(r, 4); memset(r, 0, sizeof r);
+  if ((st = em_max_pool2d(S, in[0], two, NULL, zero, NULL, 0, 0, &r[0], &r[1]))) goto out;
+  if ((st = em_max_pool2d_backward(S, r[0], in[0], r[1], 0, &r[2]))) goto out;
+  if ((st = em_avg_pool2d(S, in[0], two, NULL, zero, 0, 1, &r[3]))) goto out;
+  if ((st = em_avg_pool2d_backward(S, r[3], in[0], two, NULL, zero, 0, 1, &r[4]))) goto out;
+  if ((st = em_adaptive_avg_pool2d(S, in[0], two, &r[5]))) goto out;
+  if ((st = em_adaptive_avg_pool2d_backward(S, r[5], in[0], &r[6]))) goto out;
+  rel(r, 7); memset(r, 0, sizeof r);
+  if ((st = em_cross_entropy(S, in[4], tg, 0, -100, 0.1, EM_REDUCE_MEAN, &r[0], &r[1]))) goto out;
+  if ((st = em_cross_entropy_backward(S, r[0], in[4], tg, r[1], 0, -100, 0.1, EM_REDUCE_MEAN, &r[2]))) goto out;
+  if ((st = em_nll_loss(S, in[4], tg, 0, -100, EM_REDUCE_SUM, &r[3]))) goto out;
+  if ((st = em_nll_loss_backward(S, r[3], in[4], tg, 0, -100, EM_REDUCE_SUM, &r[4]))) goto out;
+  if ((st = em_mse_loss(S, in[4], in[4], EM_REDUCE_NONE, &r[5]))) goto out;
+  if ((st = em_mse_loss_backward(S, r[5], in[4], in[4], EM_REDUCE_NONE, &r[6]))) goto out;
+  if ((st = em_bce_with_logits(S, in[4], in[4], EM_REDUCE_MEAN, &r[7]))) goto out;
+  if ((st = em_bce_with_logits_backward(S, r[7], in[4], in[4], EM_REDUCE_MEAN, &r[8]))) goto out;
+  rel(r, 9); memset(r, 0, sizeof r);
+  if ((st = em_batch_norm(S, in[0], NULL, NULL, NULL, NULL, 1, 0.1, 1e-5, &r[0], &r[1], &r[2]))) goto out;
+  if ((st = em_batch_norm_backward(S, r[0], in[0], NULL, r[1], r[2], 1, &r[3], NULL, NULL))) goto out;
+  if ((st = em_layer_norm(S, in[0], 2, NULL, NULL, 1e-5, &r[4], &r[5], &r[6]))) goto out;
+  if ((st = em_layer_norm_backward(S, r[4], in[0], 2, r[5], r[6], NULL, &r[7], NULL, NULL))) goto out;
+  rel(r, 8); memset(r, 0, sizeof r);
+  if ((st = em_index_add_(S, in[4], 0, tg, in[4], 0))) goto out;
+out:
+  rel(r, 12);
+  return st;
+}
+
+static void test_failalloc(em_state *S0) {
+  (void)S0;
+  em_config cfg;
+  em_config_init(&cfg);
+  cfg.num_threads = 2;
+  cfg.alloc = fa_alloc;
+  cfg.cache_limit = -1;
+  em_state *S;
+  fa_left = -1;
+  REQUIRE(em_open(&S, &cfg) == EM_OK, "em_open");
+  em_tensor *in[6] = {0};
+  REQUIRE_OK(S, em_full(S, (int64_t[]){2, 3, 6, 6}, 4, 0.5, EM_FLOAT32, EM_CPU, &in[0]));
+  REQUIRE_OK(S, em_full(S, (int64_t[]){4, 3, 3, 3}, 4, 0.25, EM_FLOAT32, EM_CPU, &in[1]));
+  REQUIRE_OK(S, em_full(S, (int64_t[]){4}, 1, 0.1, EM_FLOAT32, EM_CPU, &in[2]));
+  REQUIRE_OK(S, em_full(S, (int64_t[]){3, 3}, 2, 0.3, EM_FLOAT32, EM_CPU, &in[4]));
+  REQUIRE_OK(S, t_make(S, &in[5], EM_INT64, SHP(3), V(0, 2, 1)));
+  int bad = 0, n;
+  for (n = 0; n < 2000; n++) {
+    fa_left = n;
+    em_status st = run_all(S, in);
+    fa_left = -1;
+    if (st == EM_OK) break;
+    if (st != EM_ERR_NOMEM || !strlen(em_errmsg(S))) {
+      printf("  failing allocation %d: status %d, \"%s\"\n", n, (int)st, em_errmsg(S));
+      bad++;
+    }
+  }
+  CHECK(!bad && n > 10 && n < 2000, "%d allocation failure points, %d bad", n, bad);
+  rel(in, 6);
+  em_close(S);
+}
+
 int main(void) {
   const char *tests = getenv("EMBER_TESTS");
   char path[512];
@@ -509,6 +591,7 @@ int main(void) {
   RUN(test_scatter, S);
   RUN(test_finite_diff, S);
   RUN(test_errors, S);
+  RUN(test_failalloc, S);
   em_close(S);
   for (int i = 0; i < nfx; i++) free(fx[i].v);
   free(fx);

@@ -1,0 +1,239 @@
+/*
+** test_autograd.c -- the C side of autograd: gradients of a small graph,
+** accumulation, gradient hooks (called once per backward, when the leaf's
+** gradient is final), grad mode, detach, the error cases, and a failing
+** allocator over forward + backward (every refusal reported, nothing leaked).
+*/
+#include "check.h"
+#include <pthread.h>
+
+static em_tensor *mk(em_state *S, const int64_t *shape, int nd, const double *v, int64_t n,
+                     int rg) {
+  em_tensor *t = NULL;
+  if (t_make(S, &t, EM_FLOAT64, shape, nd, v, n) == EM_OK && rg)
+    em_tensor_set_requires_grad(S, t, 1);
+  return t;
+}
+
+static int grad_is(em_tensor *t, const double *want, int64_t n) {
+  char why[128];
+  em_tensor *g = em_tensor_grad(t);
+  int ok = t_values(g, want, n, 1e-12, why, sizeof why);
+  if (!ok) printf("     grad: %s\n", why);
+  em_tensor_release(g);
+  return ok;
+}
+
+static void test_basic(em_state *S) {
+  em_tensor *x = mk(S, SHP(2, 2), V(1, 2, 3, 4), 1), *w = mk(S, SHP(2), V(10, 20), 1);
+  em_tensor *a = NULL, *b = NULL, *c = NULL, *ones = NULL;
+  REQUIRE(x && w);
+  CHECK(em_tensor_is_leaf(x) && em_tensor_requires_grad(x));
+  REQUIRE_OK(S, em_binary(S, EM_MUL, x, w, &a));     /* broadcast w */
+  REQUIRE_OK(S, em_binary(S, EM_ADD, a, x, &b));
+  REQUIRE_OK(S, em_unary(S, EM_SQUARE, b, &c));
+  CHECK(!em_tensor_is_leaf(c) && em_tensor_requires_grad(c));
+  REQUIRE_OK(S, em_full(S, SHP(2, 2), 1.0, EM_FLOAT64, EM_CPU, &ones));
+  CHECK_OK(S, em_backward(S, c, ones));
+  /* c = (x (w + 1))^2: dx = 2 x (w+1)^2, dw = sum over rows of 2 x^2 (w+1) */
+  CHECK(grad_is(x, V(2 * 1 * 121, 2 * 2 * 441, 2 * 3 * 121, 2 * 4 * 441)));
+  CHECK(grad_is(w, V(2 * 11 * (1 + 9), 2 * 21 * (4 + 16))));
+  /* a second graph accumulates into the same .grad */
+  em_tensor *d = NULL;
+  REQUIRE_OK(S, em_binary(S, EM_MUL, x, x, &d));
+  CHECK_OK(S, em_backward(S, d, ones));
+  CHECK(grad_is(x, V(242 + 2, 1764 + 4, 726 + 6, 3528 + 8)));
+  /* the graph is freed: a second backward is an error */
+  CHECK_ERR(S, em_backward(S, c, ones), EM_ERR_ARG, "second time");
+  em_tensor_release(a); em_tensor_release(b); em_tensor_release(c);
+  em_tensor_release(d); em_tensor_release(ones);
+  em_tensor_release(x); em_tensor_release(w);
+}
+
+/* views by geometry: the gradient lands on the elements the view reads */
+static void test_strided_views(em_state *S) {
+  em_tensor *x = mk(S, SHP(2, 3), V(1, 2, 3, 4, 5, 6), 1), *v = NULL, *n = NULL, *s = NULL;
+  em_tensor *a = NULL, *b = NULL, *ones = NULL;
+  REQUIRE(x);
+  REQUIRE_OK(S, em_as_strided(S, x, (const int64_t[]){2, 2}, (const int64_t[]){1, 3}, 2, 1, &v));
+  REQUIRE_OK(S, em_narrow(S, x, 1, 1, 2, &n));
+  REQUIRE_OK(S, em_select(S, x, 0, 1, &s));
+  REQUIRE_OK(S, em_full(S, SHP(2, 2), 1.0, EM_FLOAT64, EM_CPU, &ones));
+  REQUIRE_OK(S, em_binary(S, EM_ADD, v, n, &a));          /* [2,2] */
+  REQUIRE_OK(S, em_binary(S, EM_MUL, a, ones, &b));
+  CHECK_OK(S, em_backward(S, b, ones));
+  /* as_strided reads flat 1,4,2,5; narrow reads columns 1..2: the same elements */
+  CHECK(grad_is(x, V(0, 2, 2, 0, 2, 2)));
+  em_tensor *g3 = NULL, *c = NULL;
+  REQUIRE_OK(S, em_full(S, SHP(3), 2.0, EM_FLOAT64, EM_CPU, &g3));
+  REQUIRE_OK(S, em_unary(S, EM_NEG, s, &c));
+  CHECK_OK(S, em_backward(S, c, g3));
+  CHECK(grad_is(x, V(0, 2, 2, -2, 0, 0)));
+  em_tensor_release(c); em_tensor_release(g3);
+  em_tensor_release(v); em_tensor_release(n); em_tensor_release(s);
+  em_tensor_release(a); em_tensor_release(b); em_tensor_release(ones); em_tensor_release(x);
+}
+
+typedef struct hook_log { int calls; double first; } hook_log;
+static em_status hook(em_state *S, em_tensor *t, void *ud) {
+  hook_log *h = ud;
+  h->calls++;
+  em_tensor *g = em_tensor_grad(t);
+  h->first = g ? t_get(g, 0) : -1;
+  em_tensor_release(g);
+  return EM_OK;
+}
+
+static void test_hooks(em_state *S) {
+  em_tensor *x = mk(S, SHP(3), V(1, 2, 3), 1), *a = NULL, *b = NULL, *c = NULL, *ones = NULL;
+  REQUIRE(x);
+  hook_log h = {0, 0};
+  REQUIRE_OK(S, em_tensor_add_grad_hook(S, x, hook, &h));
+  /* x reaches c through three paths; the hook sees the complete gradient once */
+  REQUIRE_OK(S, em_binary_scalar(S, EM_MUL, x, 3, 0, &a));
+  REQUIRE_OK(S, em_binary(S, EM_MUL, a, x, &b));            /* 3x^2 */
+  REQUIRE_OK(S, em_binary(S, EM_ADD, b, x, &c));            /* 3x^2 + x */
+  REQUIRE_OK(S, em_full(S, SHP(3), 1.0, EM_FLOAT64, EM_CPU, &ones));
+  CHECK_OK(S, em_backward(S, c, ones));
+  CHECK(h.calls == 1, "hook called %d times", h.calls);
+  CHECK_CLOSE(h.first, 7, 1e-12);                           /* 6x + 1 at x = 1 */
+  CHECK(grad_is(x, V(7, 13, 19)));
+  CHECK_ERR(S, em_tensor_add_grad_hook(S, c, hook, &h), EM_ERR_ARG, "leaf");
+  em_tensor_release(a); em_tensor_release(b); em_tensor_release(c);
+  em_tensor_release(ones); em_tensor_release(x);
+}
+
+static void test_modes_and_errors(em_state *S) {
+  em_tensor *x = mk(S, SHP(2), V(1, 2), 1), *a = NULL, *b = NULL, *d = NULL, *i = NULL;
+  REQUIRE(x);
+  /* grad mode off: nothing recorded; in-place on a leaf allowed */
+  CHECK_OK(S, em_set_grad_enabled(S, 0));
+  CHECK(!em_is_grad_enabled(S));
+  REQUIRE_OK(S, em_unary(S, EM_EXP, x, &a));
+  CHECK(!em_tensor_requires_grad(a) && em_tensor_is_leaf(a));
+  CHECK_OK(S, em_binary_scalar_(S, EM_ADD, x, 1));
+  CHECK_OK(S, em_set_grad_enabled(S, 1));
+  em_tensor_release(a); a = NULL;
+  CHECK_ERR(S, em_binary_scalar_(S, EM_ADD, x, 1), EM_ERR_ARG, "leaf", "in-place");
+  /* non-scalar root without a gradient */
+  REQUIRE_OK(S, em_unary(S, EM_EXP, x, &a));
+  CHECK_ERR(S, em_backward(S, a, NULL), EM_ERR_SHAPE, "scalar outputs");
+  /* a saved tensor modified in place */
+  REQUIRE_OK(S, em_detach(S, a, &d));
+  CHECK(em_tensor_same_storage(a, d) && !em_tensor_requires_grad(d));
+  REQUIRE_OK(S, em_unary(S, EM_SIN, a, &b));              /* saves a */
+  CHECK_OK(S, em_fill_(S, d, 0));
+  em_tensor *ones = NULL;
+  REQUIRE_OK(S, em_full(S, SHP(2), 1.0, EM_FLOAT64, EM_CPU, &ones));
+  CHECK_ERR(S, em_backward(S, b, ones), EM_ERR_ARG, "modified by an inplace operation");
+  /* only floating tensors require grad; a tensor without history can't backward */
+  REQUIRE_OK(S, em_full(S, SHP(2), 1.0, EM_INT64, EM_CPU, &i));
+  CHECK_ERR(S, em_tensor_set_requires_grad(S, i, 1), EM_ERR_DTYPE, "floating");
+  CHECK_ERR(S, em_backward(S, ones, NULL), EM_ERR_ARG, "does not require grad");
+  CHECK_ERR(S, em_tensor_set_requires_grad(S, a, 0), EM_ERR_ARG, "leaf");
+  em_tensor_release(a); em_tensor_release(b); em_tensor_release(d);
+  em_tensor_release(i); em_tensor_release(ones); em_tensor_release(x);
+}
+
+/* -- Failing allocator ---------------------------------------------------------------- */
+typedef struct fa_state {
+  long count, fail_at;
+  int injected;
+  int64_t live_bytes;
+  long live_blocks;
+} fa_state;
+enum { HDR = 16 };
+static void *fa_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  fa_state *f = ud;
+  char *h = ptr ? (char *)ptr - HDR : NULL;
+  size_t old = h ? *(size_t *)h : 0;
+  if (nsize == 0) {
+    if (h) { f->live_bytes -= (int64_t)old; f->live_blocks--; free(h); }
+    return NULL;
+  }
+  if (++f->count == f->fail_at) { f->injected = 1; return NULL; }
+  char *n = realloc(h, nsize + HDR);
+  if (!n) return NULL;
+  *(size_t *)n = nsize;
+  f->live_bytes += (int64_t)nsize - (int64_t)old;
+  if (!h) f->live_blocks++;
+  return n + HDR;
+}
+
+/* forward + backward of a small graph touching each formula family */
+static em_status graph_run(fa_state *f, double *out) {
+  em_state *S = NULL;
+  em_config cfg;
+  em_config_init(&cfg);
+  cfg.alloc = fa_alloc;
+  cfg.alloc_ud = f;
+  cfg.num_threads = 1;
+  em_tensor *t[16] = {0};
+  em_status st;
+  static const int d1[1] = {1};
+  static const double xv[6] = {1, -2, 3, 0.5, 2, -1}, wv[3] = {0.5, 1, -1};
+  if ((st = em_open(&S, &cfg))) return st;
+  if ((st = em_from_data(S, (const int64_t[]){2, 3}, 2, EM_FLOAT64, xv, EM_FLOAT64, &t[0])) ||
+      (st = em_from_data(S, (const int64_t[]){3}, 1, EM_FLOAT64, wv, EM_FLOAT64, &t[1])) ||
+      (st = em_tensor_set_requires_grad(S, t[0], 1)) ||
+      (st = em_tensor_set_requires_grad(S, t[1], 1)) ||
+      (st = em_binary(S, EM_MUL, t[0], t[1], &t[2])) ||
+      (st = em_unary(S, EM_TANH, t[2], &t[3])) ||
+      (st = em_transpose(S, t[3], 0, 1, &t[4])) ||
+      (st = em_matmul(S, t[4], t[0], &t[5])) ||
+      (st = em_softmax(S, t[5], 1, 0, &t[6])) ||
+      (st = em_reduce(S, EM_SUM, t[6], d1, 1, 0, &t[7])) ||
+      (st = em_binary(S, EM_MUL, t[7], t[7], &t[8])) ||
+      (st = em_reduce(S, EM_MEAN, t[8], NULL, 0, 0, &t[9])) ||
+      (st = em_binary_scalar(S, EM_ADD, t[9], 1, 0, &t[10])) ||
+      (st = em_backward(S, t[10], NULL)))
+    goto done;
+  *out = 0;
+  for (int k = 0; k < 2; k++) {
+    em_tensor *g = em_tensor_grad(t[k]);
+    for (int64_t i = 0; g && i < em_tensor_numel(g); i++) *out += t_get(g, i) * (i + 1);
+    em_tensor_release(g);
+  }
+done:
+  for (int k = 0; k < 16; k++) em_tensor_release(t[k]);
+  em_close(S);
+  return st;
+}
+
+static void test_failalloc(void) {
+  fa_state f;
+  memset(&f, 0, sizeof f);
+  double want = 0, got = 0;
+  REQUIRE(graph_run(&f, &want) == EM_OK);
+  CHECK(f.live_bytes == 0 && f.live_blocks == 0);
+  long n;
+  int bad = 0;
+  for (n = 1; n < 5000; n++) {
+    memset(&f, 0, sizeof f);
+    f.fail_at = n;
+    em_status st = graph_run(&f, &got);
+    if (f.live_bytes || f.live_blocks) {
+      if (!bad++) printf("     N=%ld: %lld bytes in %ld blocks leaked\n", n,
+                         (long long)f.live_bytes, f.live_blocks);
+    }
+    if (!f.injected) {
+      CHECK(st == EM_OK && got == want, "N=%ld: status %d, %.17g vs %.17g", n, (int)st, got, want);
+      break;
+    }
+    if (st != EM_ERR_NOMEM && !bad++) printf("     N=%ld: status %d\n", n, (int)st);
+  }
+  CHECK(bad == 0, "%d runs leaked or did not report NOMEM", bad);
+  CHECK(n < 5000);
+}
+
+int main(void) {
+  em_state *S;
+  if (em_open(&S, NULL) != EM_OK) return 1;
+  RUN(test_basic, S);
+  RUN(test_strided_views, S);
+  RUN(test_hooks, S);
+  RUN(test_modes_and_errors, S);
+  em_close(S);
+  RUN(test_failalloc);
+  return check_done();
+}
