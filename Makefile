@@ -40,7 +40,7 @@ BLAS_LIBS     := -L/usr/lib/x86_64-linux-gnu/openblas-pthread -lopenblas
 CFLAGS_BASE := -std=gnu11 -MMD -MP -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
                -fPIC -pthread -Icore/include -Icore $(BLAS_CFLAGS)
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
-LDLIBS  := $(BLAS_LIBS) -lm -lpthread -ldl
+LDLIBS  := $(BLAS_LIBS) -lz -lm -lpthread -ldl
 
 CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)

@@ -271,6 +271,11 @@ em_status em_gather(em_state *S, const em_tensor *a, int dim, const em_tensor *i
 em_status em_one_hot(em_state *S, const em_tensor *labels, int64_t n, int index_base,
                      em_tensor **out);
 
+/* -- Dataset files ------------------------------------------------------------
+** An IDX file (MNIST's format), gzip-compressed or raw, as one tensor of the
+** file's shape: uint8, int32, float32 or float64 by the file's type code. */
+em_status em_idx_load(em_state *S, const char *path, em_tensor **out);
+
 /* -- Saving ---------------------------------------------------------------------
 ** safetensors files: an 8-byte little-endian header length N, N bytes of JSON
 ** {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,

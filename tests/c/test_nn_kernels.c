@@ -511,6 +511,10 @@ static em_status run_all(em_state *S, em_tensor **in) {
   if ((st = em_conv2d(S, in[0], in[1], NULL, two, one, one, 1, &r[0]))) goto out;
   if ((st = em_conv2d_backward(S, r[0], in[0], in[1], two, one, one, 1, &r[1], &r[2], &r[3]))) goto out;
   rel(r, 4); memset(r, 0, sizeof r);
+  /* stride 1 with 8 input channels: the im2col-free path where built with AVX-512 */
+  if ((st = em_conv2d(S, in[3], in[6], NULL, one, one, one, 1, &r[0]))) goto out;
+  if ((st = em_conv2d_backward(S, r[0], in[3], in[6], one, one, one, 1, &r[1], &r[2], &r[3]))) goto out;
+  rel(r, 4); memset(r, 0, sizeof r);
   if ((st = em_max_pool2d(S, in[0], two, NULL, zero, NULL, 0, 0, &r[0], &r[1]))) goto out;
   if ((st = em_max_pool2d_backward(S, r[0], in[0], r[1], 0, &r[2]))) goto out;
   if ((st = em_avg_pool2d(S, in[0], two, NULL, zero, 0, 1, &r[3]))) goto out;
@@ -548,10 +552,12 @@ static void test_failalloc(em_state *S0) {
   em_state *S;
   fa_left = -1;
   REQUIRE(em_open(&S, &cfg) == EM_OK, "em_open");
-  em_tensor *in[6] = {0};
+  em_tensor *in[7] = {0};
   REQUIRE_OK(S, em_full(S, (int64_t[]){2, 3, 6, 6}, 4, 0.5, EM_FLOAT32, EM_CPU, &in[0]));
   REQUIRE_OK(S, em_full(S, (int64_t[]){4, 3, 3, 3}, 4, 0.25, EM_FLOAT32, EM_CPU, &in[1]));
   REQUIRE_OK(S, em_full(S, (int64_t[]){4}, 1, 0.1, EM_FLOAT32, EM_CPU, &in[2]));
+  REQUIRE_OK(S, em_full(S, (int64_t[]){2, 8, 5, 5}, 4, 0.5, EM_FLOAT32, EM_CPU, &in[3]));
+  REQUIRE_OK(S, em_full(S, (int64_t[]){4, 8, 3, 3}, 4, 0.25, EM_FLOAT32, EM_CPU, &in[6]));
   REQUIRE_OK(S, em_full(S, (int64_t[]){3, 3}, 2, 0.3, EM_FLOAT32, EM_CPU, &in[4]));
   REQUIRE_OK(S, t_make(S, &in[5], EM_INT64, SHP(3), V(0, 2, 1)));
   int bad = 0, n;
@@ -566,7 +572,7 @@ static void test_failalloc(em_state *S0) {
     }
   }
   CHECK(!bad && n > 10 && n < 2000, "%d allocation failure points, %d bad", n, bad);
-  rel(in, 6);
+  rel(in, 7);
   em_close(S);
 }
 
