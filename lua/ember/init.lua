@@ -75,6 +75,15 @@ local function load_core()
   function em.memory_allocated() return tonumber(C.em_memory_allocated(S)) end
   function em.memory_peak() return tonumber(C.em_memory_peak(S)) end
 
+  -- Wall-clock seconds from a monotonic clock, for timing loops (os.clock counts
+  -- CPU time of every thread, which overstates a multi-threaded step).
+  ffi.cdef 'typedef struct { long sec, nsec; } em_lua_timespec; int clock_gettime(int, em_lua_timespec *);'
+  local ts = ffi.new('em_lua_timespec')
+  function em.clock()
+    ffi.C.clock_gettime(1, ts)          -- CLOCK_MONOTONIC
+    return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
+  end
+
   -- Run a full collection now and hand the memory of dead tensors back to C.
   em.collect = handles.collect
 

@@ -1,0 +1,308 @@
+--[[
+ember.nn.module -- em.nn.Module, the base class of every layer and model.
+
+  local Net = em.nn.Module:extend('Net')
+  function Net:init(n) self.fc = em.nn.Linear(n, 2) end
+  function Net:forward(x) return self.fc(x) end
+  local m = Net(4); local y = m(x)
+
+Assigning a module, an em.nn.Parameter or any tensor that requires grad to a
+field registers it (in order of assignment); self:register_buffer(name, t)
+registers state that is saved but not trained (BatchNorm's running stats).
+Registered things live in per-instance ordered tables, so every assignment to
+them goes through __newindex (a plain field would bypass it after the first).
+]]
+local ffi = require 'ffi'
+local em = require 'ember'
+local core = require 'ember.ffi'
+local raise, box_t, istype = core.raise, core.box_t, ffi.istype
+
+local Module = { __name = 'Module' }
+local is_class = {}            -- class table -> true
+
+local function is_tensor(x) return istype(box_t, x) end
+local function is_module(x)
+  return type(x) == 'table' and is_class[getmetatable(x)] == true
+end
+
+-- -- Per-instance registry: ordered names per kind ---------------------------------
+local function reg(self) return rawget(self, '_reg') end
+
+local function instance_index(self, k)
+  local r = reg(self)
+  local v = r.params[k]
+  if v ~= nil then return v end
+  v = r.modules[k]
+  if v ~= nil then return v end
+  v = r.buffers[k]
+  if v ~= nil then return v end
+  return getmetatable(self)[k]
+end
+
+local function put(list, set, k, v)
+  if set[k] == nil then list[#list + 1] = k end
+  set[k] = v
+end
+
+local function remove(list, set, k)
+  if set[k] == nil then return end
+  set[k] = nil
+  for i = 1, #list do if list[i] == k then table.remove(list, i) break end end
+end
+
+local function instance_newindex(self, k, v)
+  local r = reg(self)
+  if is_module(v) then
+    remove(r.pnames, r.params, k); remove(r.bnames, r.buffers, k)
+    return put(r.mnames, r.modules, k, v)
+  elseif is_tensor(v) and (v.requires_grad or r.params[k] ~= nil) then
+    remove(r.mnames, r.modules, k); remove(r.bnames, r.buffers, k)
+    return put(r.pnames, r.params, k, v)
+  elseif is_tensor(v) and r.buffers[k] ~= nil then
+    return put(r.bnames, r.buffers, k, v)
+  elseif v == nil and (r.params[k] or r.modules[k] or r.buffers[k]) then
+    remove(r.pnames, r.params, k); remove(r.mnames, r.modules, k)
+    return remove(r.bnames, r.buffers, k)
+  end
+  if r.params[k] or r.modules[k] or r.buffers[k] then
+    raise(('%s: cannot assign a %s to %s, which holds a registered %s'):format(
+      self.__name, core.kind(v), k, r.params[k] and 'parameter' or
+      (r.modules[k] and 'module' or 'buffer')))
+  end
+  rawset(self, k, v)
+end
+
+-- -- Classes -----------------------------------------------------------------------------
+-- cls:extend(name) makes a subclass; calling a class makes an instance.
+function Module:extend(name)
+  if type(name) ~= 'string' then raise('Module:extend: expected a class name (string)') end
+  local cls = { __name = name, super = self }
+  for _, mm in ipairs({ '__tostring', '__call' }) do cls[mm] = rawget(Module, mm) end
+  cls.__index = instance_index
+  cls.__newindex = instance_newindex
+  is_class[cls] = true
+  return setmetatable(cls, { __index = self, __call = function(c, ...) return c.new(c, ...) end,
+    __tostring = function() return 'class ' .. name end })
+end
+
+function Module.new(cls, ...)
+  local self = setmetatable({ _reg = { params = {}, pnames = {}, modules = {}, mnames = {},
+    buffers = {}, bnames = {} }, training = true }, cls)
+  self:init(...)
+  return self
+end
+
+function Module:init() end
+function Module:forward()
+  raise(self.__name .. ': forward is not defined')
+end
+Module.__call = function(self, ...) return self:forward(...) end
+
+function Module:register_buffer(name, t)
+  local r = reg(self)
+  remove(r.pnames, r.params, name); remove(r.mnames, r.modules, name)
+  if t == nil then return remove(r.bnames, r.buffers, name) end
+  put(r.bnames, r.buffers, name, t)
+end
+
+function Module:register_parameter(name, t)
+  local r = reg(self)
+  remove(r.bnames, r.buffers, name); remove(r.mnames, r.modules, name)
+  if t == nil then return remove(r.pnames, r.params, name) end
+  put(r.pnames, r.params, name, t)
+end
+
+-- -- Traversal ----------------------------------------------------------------------------
+-- Visits (prefix, module) depth first, self first, children in registration order.
+local function walk(m, prefix, fn)
+  fn(prefix, m)
+  local r = reg(m)
+  for _, k in ipairs(r.mnames) do walk(r.modules[k], prefix .. k .. '.', fn) end
+end
+
+function Module:named_parameters()
+  local list = {}
+  walk(self, '', function(prefix, m)
+    local r = reg(m)
+    for _, k in ipairs(r.pnames) do list[#list + 1] = { prefix .. k, r.params[k] } end
+  end)
+  return list
+end
+
+function Module:parameters()
+  local list = {}
+  for i, np in ipairs(self:named_parameters()) do list[i] = np[2] end
+  return list
+end
+
+function Module:named_buffers()
+  local list = {}
+  walk(self, '', function(prefix, m)
+    local r = reg(m)
+    for _, k in ipairs(r.bnames) do list[#list + 1] = { prefix .. k, r.buffers[k] } end
+  end)
+  return list
+end
+
+function Module:buffers()
+  local list = {}
+  for i, nb in ipairs(self:named_buffers()) do list[i] = nb[2] end
+  return list
+end
+
+function Module:named_children()
+  local r, list = reg(self), {}
+  for _, k in ipairs(r.mnames) do list[#list + 1] = { k, r.modules[k] } end
+  return list
+end
+
+function Module:children()
+  local list = {}
+  for i, nc in ipairs(self:named_children()) do list[i] = nc[2] end
+  return list
+end
+
+function Module:modules()
+  local list = {}
+  walk(self, '', function(_, m) list[#list + 1] = m end)
+  return list
+end
+
+function Module:apply(fn)
+  for _, c in ipairs(self:children()) do c:apply(fn) end
+  fn(self)
+  return self
+end
+
+function Module:train(flag)
+  if flag == nil then flag = true end
+  walk(self, '', function(_, m) rawset(m, 'training', flag and true or false) end)
+  return self
+end
+function Module:eval() return self:train(false) end
+
+function Module:zero_grad()
+  for _, p in ipairs(self:parameters()) do p.grad = nil end
+end
+
+function Module:num_parameters()
+  local n = 0
+  for _, p in ipairs(self:parameters()) do n = n + p:numel() end
+  return n
+end
+
+-- to(dtype | device | {dtype=, device=}): parameters stay leaves that require grad.
+function Module:to(...)
+  local args = { ... }
+  walk(self, '', function(_, m)
+    local r = reg(m)
+    for _, k in ipairs(r.pnames) do
+      local p = r.params[k]
+      local q = p:to(unpack(args))
+      if q ~= p then
+        q = q:detach():requires_grad_(p.requires_grad)
+        r.params[k] = q
+      end
+    end
+    for _, k in ipairs(r.bnames) do
+      local b = r.buffers[k]
+      -- integer buffers (num_batches_tracked) keep their dtype
+      if b:is_floating_point() or type(args[1]) ~= 'string' or args[1]:match('^cuda') or args[1] == 'cpu' then
+        r.buffers[k] = b:to(unpack(args))
+      end
+    end
+  end)
+  return self
+end
+
+-- -- State -----------------------------------------------------------------------------------
+function Module:state_dict()
+  local sd = {}
+  for _, np in ipairs(self:named_parameters()) do sd[np[1]] = np[2]:detach() end
+  for _, nb in ipairs(self:named_buffers()) do sd[nb[1]] = nb[2] end
+  return sd
+end
+
+local function shape_str(t) return '[' .. table.concat(t.shape, ',') .. ']' end
+
+function Module:load_state_dict(sd, strict)
+  if type(sd) ~= 'table' then raise('load_state_dict: expected a table of tensors, got ' .. core.kind(sd)) end
+  if strict == nil then strict = true end
+  local own = {}
+  for _, np in ipairs(self:named_parameters()) do own[np[1]] = np[2] end
+  for _, nb in ipairs(self:named_buffers()) do own[nb[1]] = nb[2] end
+  local missing, unexpected = {}, {}
+  for k in pairs(own) do if sd[k] == nil then missing[#missing + 1] = k end end
+  for k in pairs(sd) do if own[k] == nil then unexpected[#unexpected + 1] = k end end
+  table.sort(missing); table.sort(unexpected)
+  if strict and (#missing > 0 or #unexpected > 0) then
+    local parts = {}
+    if #missing > 0 then parts[#parts + 1] = 'missing keys: ' .. table.concat(missing, ', ') end
+    if #unexpected > 0 then parts[#parts + 1] = 'unexpected keys: ' .. table.concat(unexpected, ', ') end
+    raise('load_state_dict: ' .. table.concat(parts, '; '))
+  end
+  for k, dst in pairs(own) do
+    local src = sd[k]
+    if src ~= nil then
+      if not is_tensor(src) then
+        raise(('load_state_dict: %s is a %s, expected a tensor'):format(k, core.kind(src)))
+      end
+      local a, b = shape_str(dst), shape_str(src)
+      if a ~= b then
+        raise(('load_state_dict: shape mismatch for %s: the model has %s, the state %s')
+          :format(k, a, b))
+      end
+    end
+  end
+  em.no_grad(function()
+    for k, dst in pairs(own) do
+      if sd[k] ~= nil then dst:copy_(sd[k]) end
+    end
+  end)
+  return { missing_keys = missing, unexpected_keys = unexpected }
+end
+
+-- -- Printing -------------------------------------------------------------------------------
+function Module:extra_repr() return '' end
+
+local function count_str(n)
+  local s = tostring(n):reverse():gsub('(%d%d%d)', '%1,'):reverse()
+  return (s:gsub('^,', ''))
+end
+
+local function repr(m, indent)
+  local r = reg(m)
+  local head = m.__name .. '(' .. m:extra_repr()
+  local own = {}
+  for _, k in ipairs(r.pnames) do own[#own + 1] = k .. ' ' .. shape_str(r.params[k]) end
+  if #r.mnames == 0 then
+    local s = head .. ')'
+    if #own > 0 then
+      local n = 0
+      for _, k in ipairs(r.pnames) do n = n + r.params[k]:numel() end
+      s = s .. '  -- ' .. table.concat(own, ', ') .. ' (' .. count_str(n) .. ' params)'
+    end
+    return s
+  end
+  local lines = { head .. (head:sub(-1) == '(' and '' or ',') }
+  if head:sub(-1) ~= '(' then lines[1] = head .. ')(' end
+  local pad = indent .. '  '
+  for _, k in ipairs(r.pnames) do lines[#lines + 1] = pad .. k .. ': ' .. shape_str(r.params[k]) end
+  for _, k in ipairs(r.mnames) do
+    lines[#lines + 1] = pad .. '(' .. k .. '): ' .. repr(r.modules[k], pad)
+  end
+  lines[#lines + 1] = indent .. ')'
+  return table.concat(lines, '\n')
+end
+
+Module.__tostring = function(self)
+  return repr(self, '') .. '\n' .. count_str(self:num_parameters()) .. ' parameters'
+end
+Module.__call = Module.__call
+
+is_class[Module] = true
+Module.__index = instance_index
+Module.__newindex = instance_newindex
+Module.is_module = is_module
+
+return Module
