@@ -39,6 +39,7 @@
 */
 #include "reduce.h"
 #include "vecmath.h"
+#include "vmath.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -238,7 +239,7 @@ static double fmin32(const float *restrict a, int64_t n, double s, double p) {
   return emi_extreme_f32(a, n, 0);
 }
 
-/* exp(x - s) summed, float32: the exps come from the vectorisable emi_expf
+/* exp(x - s) summed, float32: the exps come from the vectorisable emi_vexpf
 ** (about 1 ulp) in blocks, and are added in double lanes. */
 static double fsumexp32(const float *restrict a, int64_t n, double s, double p) {
   float sf = (float)s, e[256];
@@ -246,7 +247,7 @@ static double fsumexp32(const float *restrict a, int64_t n, double s, double p) 
   (void)p;
   for (int64_t i = 0; i < n; i += 256) {
     int64_t m = n - i < 256 ? n - i : 256, k = 0;
-    for (int64_t c = 0; c < m; c++) e[c] = emi_expf(a[i + c] - sf);
+    for (int64_t c = 0; c < m; c++) e[c] = emi_vexpf(a[i + c] - sf);
     for (; k + 32 <= m; k += 32)
       for (int j = 0; j < 32; j++) d[j] += e[k + j];
     for (int j = 0; k < m; k++, j++) d[j] += e[k];
@@ -264,7 +265,7 @@ static void fsumexp_rows32(double *restrict acc, const char *base, int64_t M,
   for (int64_t c = 0; c < M; c++) shf[c] = (float)sh[c];
   for (int64_t r = 0; r < nrows; r++) {
     const float *restrict a = (const float *)(base + r * rs);
-    for (int64_t c = 0; c < M; c++) e[c] = emi_expf(a[c] - shf[c]);
+    for (int64_t c = 0; c < M; c++) e[c] = emi_vexpf(a[c] - shf[c]);
     for (int64_t c = 0; c < M; c++) acc[c] += e[c];
   }
 }

@@ -9,7 +9,7 @@
 ** Three shapes, fastest first:
 **   rows     float32, the dim contiguous in a and in out (softmax over the last
 **            dim of (B, C) logits: every classifier's loss). exp is a
-**            vectorisable float polynomial (emi_expf, vecmath.h), sums in double.
+**            vectorisable float polynomial (emi_vexpf, vmath.h), sums in double.
 **   columns  a contiguous and the dim not last: (P, n, Q) with Q > 1; blocks of
 **            up to CB columns go through the n rows three times (max, exp-sum,
 **            scale), each pass a vectorisable loop over contiguous columns.
@@ -18,6 +18,7 @@
 */
 #include "reduce.h"
 #include "vecmath.h"
+#include "vmath.h"
 #include <math.h>
 
 enum { CB = 256, CHUNK = 256, LANES = 16 };
@@ -43,7 +44,7 @@ static double sum_f32(const float *restrict a, int64_t n) {
 ** loop that vectorises), then are summed; log_softmax overwrites them. */
 static void row_f32(float *restrict o, const float *restrict a, int64_t n, int lg) {
   float m = emi_extreme_f32(a, n, 1);
-  for (int64_t i = 0; i < n; i++) o[i] = emi_expf(a[i] - m);
+  for (int64_t i = 0; i < n; i++) o[i] = emi_vexpf(a[i] - m);
   double s = sum_f32(o, n);
   if (lg) {
     float ls = (float)log(s);
@@ -124,7 +125,7 @@ static void cols_task(void *ctx, int64_t t0, int64_t t1) {
     for (int64_t i = 0; i < n; i++) {
       float *restrict oi = o + i * Q;
       const float *restrict ai = a + i * Q;
-      for (int64_t c = 0; c < W; c++) oi[c] = emi_expf(ai[c] - m[c]);
+      for (int64_t c = 0; c < W; c++) oi[c] = emi_vexpf(ai[c] - m[c]);
       for (int64_t c = 0; c < W; c++) s[c] += oi[c];
     }
     float f[CB];

@@ -1,6 +1,6 @@
 --[[
 ember.nn.container -- Sequential(m1, m2, ...) (or Sequential{m1, m2, ...}):
-children named "1", "2", ... run in order; seq[i] is child i, #seq the count,
+children named "1", "2", ... run in order; seq[i] is child i, #seq the count (raw array entries),
 seq:add(m) appends.
 ]]
 return function(nn)
@@ -20,6 +20,7 @@ return function(nn)
     local n = rawget(self, 'n') + 1
     rawset(self, 'n', n)
     self[tostring(n)] = m
+    rawset(self, n, m)     -- seq[i] and #seq (LuaJIT ignores __len on tables)
     return self
   end
   function Sequential:forward(x)

@@ -32,7 +32,7 @@ local function instance_index(self, k)
   local r = reg(self)
   local v = r.params[k]
   if v ~= nil then return v end
-  v = r.modules[k]
+  v = r.modules[type(k) == 'number' and tostring(k) or k]
   if v ~= nil then return v end
   v = r.buffers[k]
   if v ~= nil then return v end
@@ -77,7 +77,7 @@ end
 function Module:extend(name)
   if type(name) ~= 'string' then raise('Module:extend: expected a class name (string)') end
   local cls = { __name = name, super = self }
-  for _, mm in ipairs({ '__tostring', '__call' }) do cls[mm] = rawget(Module, mm) end
+  for _, mm in ipairs({ '__tostring', '__call' }) do cls[mm] = rawget(self, mm) end
   cls.__index = instance_index
   cls.__newindex = instance_newindex
   is_class[cls] = true
