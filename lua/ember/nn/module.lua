@@ -296,7 +296,9 @@ local function repr(m, indent)
 end
 
 Module.__tostring = function(self)
-  return repr(self, '') .. '\n' .. count_str(self:num_parameters()) .. ' parameters'
+  local n = self:num_parameters()
+  if n == 0 and #reg(self).mnames == 0 then return repr(self, '') end
+  return repr(self, '') .. '\n' .. count_str(n) .. ' parameters'
 end
 Module.__call = Module.__call
 
