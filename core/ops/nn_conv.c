@@ -3,6 +3,7 @@
 ** contiguous inputs; the work is in core/cpu/conv.c.
 */
 #include "nn_util.h"
+#include "../autograd/grad_nn.h"
 
 static em_status conv_setup(em_state *S, const char *op, const em_tensor *input,
                             const em_tensor *weight, const int64_t *stride,
@@ -95,6 +96,8 @@ done:
   if (st) { nn_release(t, 4); return st; }
   *out = t[3];
   nn_release(t, 3);
+  if (emi_ag_wanted_opt(S, input, weight, bias))
+    return emi_ag_record_conv2d(S, input, weight, bias, stride, padding, dilation, groups, out);
   return EM_OK;
 }
 

@@ -7,6 +7,7 @@
 ** (1-eps)*nll + eps*mean_c(-log p_c).
 */
 #include "nn_util.h"
+#include "../autograd/grad_nn.h"
 #include <math.h>
 
 static em_status check_reduction(em_state *S, const char *op, int reduction) {
@@ -135,6 +136,12 @@ done:
   emi_free(S, tg.t, tg.bytes);
   if (st) { nn_release(t, 3); return st; }
   *loss = t[2];
+  if (emi_ag_wanted1(S, logits) &&
+      (st = emi_ag_record_cross_entropy(S, logits, target, t[1], index_base, ignore_index,
+                                        label_smoothing, reduction, loss))) {
+    nn_release(t, 2);
+    return st;
+  }
   if (lse) *lse = t[1];
   else em_tensor_release(t[1]);
   em_tensor_release(t[0]);
@@ -211,6 +218,8 @@ em_status em_nll_loss(em_state *S, const em_tensor *logp, const em_tensor *targe
   st = make_loss(S, op, logp->dtype, rows, N, (double)tg.count, reduction, loss);
   emi_free(S, rows, rbytes);
   emi_free(S, tg.t, tg.bytes);
+  if (!st && emi_ag_wanted1(S, logp))
+    return emi_ag_record_nll_loss(S, logp, target, index_base, ignore_index, reduction, loss);
   return st;
 }
 
@@ -320,7 +329,10 @@ static em_status pointwise_backward(em_state *S, const char *op, int kind,
 
 em_status em_mse_loss(em_state *S, const em_tensor *input, const em_tensor *target,
                       int reduction, em_tensor **loss) {
-  return pointwise(S, "mse_loss", EMI_LOSS_MSE, input, target, reduction, loss);
+  em_status st = pointwise(S, "mse_loss", EMI_LOSS_MSE, input, target, reduction, loss);
+  if (!st && emi_ag_wanted2(S, input, target))
+    return emi_ag_record_pointwise_loss(S, 0, input, target, reduction, loss);
+  return st;
 }
 em_status em_mse_loss_backward(em_state *S, const em_tensor *grad_loss,
                                const em_tensor *input, const em_tensor *target,
@@ -330,7 +342,11 @@ em_status em_mse_loss_backward(em_state *S, const em_tensor *grad_loss,
 }
 em_status em_bce_with_logits(em_state *S, const em_tensor *input, const em_tensor *target,
                              int reduction, em_tensor **loss) {
-  return pointwise(S, "bce_with_logits", EMI_LOSS_BCE_LOGITS, input, target, reduction, loss);
+  em_status st = pointwise(S, "bce_with_logits", EMI_LOSS_BCE_LOGITS, input, target,
+                           reduction, loss);
+  if (!st && emi_ag_wanted2(S, input, target))
+    return emi_ag_record_pointwise_loss(S, 1, input, target, reduction, loss);
+  return st;
 }
 em_status em_bce_with_logits_backward(em_state *S, const em_tensor *grad_loss,
                                       const em_tensor *input, const em_tensor *target,

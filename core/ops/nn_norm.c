@@ -4,6 +4,7 @@
 ** unbiased one goes into running_var) and outputs; kernels in core/cpu/norm.c.
 */
 #include "nn_util.h"
+#include "../autograd/grad_nn.h"
 #include <math.h>
 
 static em_status check_vec(em_state *S, const char *op, const char *what,
@@ -98,6 +99,12 @@ done:
   emi_free(S, mean, bytes);
   if (st) { nn_release(t, 6); return st; }
   *out = t[3];
+  if (emi_ag_wanted_opt(S, input, weight, bias) &&
+      (st = emi_ag_record_batch_norm(S, input, weight, bias, t[4], t[5], training, out))) {
+    t[3] = NULL;
+    nn_release(t, 6);
+    return st;
+  }
   if (save_mean) *save_mean = t[4]; else em_tensor_release(t[4]);
   if (save_invstd) *save_invstd = t[5]; else em_tensor_release(t[5]);
   nn_release(t, 3);
@@ -211,6 +218,13 @@ em_status em_layer_norm(em_state *S, const em_tensor *input, int normalized_ndim
     emi_cpu_fill(S, t[5], NAN);
   }
   *out = t[3];
+  if (emi_ag_wanted_opt(S, input, weight, bias) &&
+      (st = emi_ag_record_layer_norm(S, input, normalized_ndim, weight, bias, t[4], t[5],
+                                     out))) {
+    t[3] = NULL;
+    nn_release(t, 6);
+    return st;
+  }
   if (mean) *mean = t[4]; else em_tensor_release(t[4]);
   if (rstd) *rstd = t[5]; else em_tensor_release(t[5]);
   nn_release(t, 3);

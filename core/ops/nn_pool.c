@@ -4,6 +4,7 @@
 ** work is in core/cpu/pool.c.
 */
 #include "nn_util.h"
+#include "../autograd/grad_nn.h"
 
 static em_status pool_input(em_state *S, const char *op, const em_tensor *input) {
   em_status st = nn_check_float(S, op, "input", input, -1);
@@ -105,6 +106,11 @@ em_status em_max_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
                      em_tensor_data(t[2]), index_base);
   em_tensor_release(t[0]);
   *out = t[1];
+  if (emi_ag_wanted1(S, input) &&
+      (st = emi_ag_record_max_pool2d(S, input, t[2], index_base, out))) {
+    em_tensor_release(t[2]);
+    return st;
+  }
   if (indices) *indices = t[2];
   else em_tensor_release(t[2]);
   return EM_OK;
@@ -172,6 +178,9 @@ em_status em_avg_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
                      count_include_pad);
   em_tensor_release(t[0]);
   *out = t[1];
+  if (emi_ag_wanted1(S, input))
+    return emi_ag_record_avg_pool2d(S, input, kernel, stride, padding, ceil_mode,
+                                    count_include_pad, out);
   return EM_OK;
 }
 
@@ -226,6 +235,7 @@ em_status em_adaptive_avg_pool2d(em_state *S, const em_tensor *input,
                               em_tensor_data(t[1]));
   em_tensor_release(t[0]);
   *out = t[1];
+  if (emi_ag_wanted1(S, input)) return emi_ag_record_adaptive_avg_pool2d(S, input, out);
   return EM_OK;
 }
 

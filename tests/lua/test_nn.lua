@@ -9,7 +9,6 @@ MLP training run with em.optim.Adam whose loss must fall.
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local H = dofile(dir .. 'harness.lua')
-if os.getenv("H10PRE") then dofile(os.getenv("H10PRE")) end
 local em = require 'ember'
 local nn = em.nn
 local flat = H.flat
