@@ -81,8 +81,16 @@ print(model)
 
 -- -- Progress ------------------------------------------------------------------------------------
 local tty = os.getenv('TERM') and io.stdout.seek and os.execute('test -t 1') == 0
+local last_line = 0
 local function progress(epoch, done, total, loss, rate)
-  if not tty then return end
+  if not tty then                     -- a log file gets a plain line every ~15k samples
+    if done - last_line >= 15000 or done < last_line then
+      last_line = done
+      print(('epoch %d/%d  %d/%d  loss %.4f  %.0f samples/s'):format(epoch, opt.epochs, done,
+        total, loss, rate))
+    end
+    return
+  end
   local width = 30
   local fill = math.floor(width * done / total)
   io.stdout:write(('\repoch %d/%d [%s%s] %5d/%d  loss %.4f  %6.0f samples/s '):format(epoch,
