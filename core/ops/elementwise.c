@@ -73,13 +73,10 @@ static em_status unary_like(em_state *S, const char *op, const ucall *c,
                             em_tensor **out) {
   emi_temps tp;
   emi_temps_init(&tp);
-  em_tensor *r = NULL, *conv;
+  em_tensor *r = NULL;
   const em_tensor *ac = a;
   em_status st = EM_OK;
-  if (a->dtype != ct) {
-    if ((st = emi_convert(S, op, a, ct, &tp, &conv))) goto done;
-    ac = conv;
-  }
+  if ((st = emi_as_dtype(S, op, a, ct, &tp, &ac))) goto done;
   if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) goto done;
   if ((st = ucall_run(S, c, r, ac))) { em_tensor_release(r); goto done; }
   *out = r;
@@ -97,12 +94,9 @@ static em_status unary_like_(em_state *S, const char *op, const ucall *c, em_ten
   if (ct == a->dtype && rt == a->dtype) return ucall_run(S, c, a, a);
   emi_temps tp;
   emi_temps_init(&tp);
-  em_tensor *conv, *r;
+  em_tensor *r;
   const em_tensor *ac = a;
-  if (a->dtype != ct) {
-    if ((st = emi_convert(S, op, a, ct, &tp, &conv))) goto done;
-    ac = conv;
-  }
+  if ((st = emi_as_dtype(S, op, a, ct, &tp, &ac))) goto done;
   if (rt == a->dtype) {
     st = ucall_run(S, c, a, ac);
   } else {
@@ -154,16 +148,9 @@ static em_status binary_like(em_state *S, const char *op, const bcall *c,
   emi_temps tp;
   emi_temps_init(&tp);
   const em_tensor *ax = a, *bx = b;
-  em_tensor *conv;
   r = NULL;
-  if (a->dtype != ct) {
-    if ((st = emi_convert(S, op, a, ct, &tp, &conv))) goto done;
-    ax = conv;
-  }
-  if (b->dtype != ct) {
-    if ((st = emi_convert(S, op, b, ct, &tp, &conv))) goto done;
-    bx = conv;
-  }
+  if ((st = emi_as_dtype(S, op, a, ct, &tp, &ax))) goto done;
+  if ((st = emi_as_dtype(S, op, b, ct, &tp, &bx))) goto done;
   if ((st = emi_expand_tmp(S, op, ax, shape, nd, &tp, &ax)) ||
       (st = emi_expand_tmp(S, op, bx, shape, nd, &tp, &bx)) ||
       (st = emi_tensor_new(S, op, shape, nd, rt, a->device, &r)))
@@ -213,10 +200,7 @@ static em_status binary_like_(em_state *S, const char *op, const bcall *c, em_te
     if ((st = emi_convert(S, op, b, ct, &tp, &conv))) goto done;
     bx = conv;
   }
-  if (a->dtype != ct) {
-    if ((st = emi_convert(S, op, a, ct, &tp, &conv))) goto done;
-    ax = conv;
-  }
+  if ((st = emi_as_dtype(S, op, a, ct, &tp, &ax))) goto done;
   if ((st = emi_expand_tmp(S, op, bx, a->sizes, a->ndim, &tp, &bx))) goto done;
   if (rt == a->dtype) {
     st = bcall_run(S, c, a, ax, bx);
@@ -380,19 +364,10 @@ em_status em_where(em_state *S, const em_tensor *cond, const em_tensor *a,
   emi_temps tp;
   emi_temps_init(&tp);
   const em_tensor *cx = cond, *ax = a, *bx = b;
-  em_tensor *conv, *r = NULL;
-  if (cond->dtype != EM_BOOL) {
-    if ((st = emi_convert(S, op, cond, EM_BOOL, &tp, &conv))) goto done;
-    cx = conv;
-  }
-  if (a->dtype != ct) {
-    if ((st = emi_convert(S, op, a, ct, &tp, &conv))) goto done;
-    ax = conv;
-  }
-  if (b->dtype != ct) {
-    if ((st = emi_convert(S, op, b, ct, &tp, &conv))) goto done;
-    bx = conv;
-  }
+  em_tensor *r = NULL;
+  if ((st = emi_as_dtype(S, op, cond, EM_BOOL, &tp, &cx))) goto done;
+  if ((st = emi_as_dtype(S, op, a, ct, &tp, &ax))) goto done;
+  if ((st = emi_as_dtype(S, op, b, ct, &tp, &bx))) goto done;
   if ((st = emi_expand_tmp(S, op, cx, shape, nd, &tp, &cx)) ||
       (st = emi_expand_tmp(S, op, ax, shape, nd, &tp, &ax)) ||
       (st = emi_expand_tmp(S, op, bx, shape, nd, &tp, &bx)) ||

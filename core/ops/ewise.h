@@ -61,6 +61,9 @@ static inline void emi_temps_release(emi_temps *tp) {
 /* A new contiguous tensor holding t converted to dt (added to tp on success). */
 em_status emi_convert(em_state *S, const char *op, const em_tensor *t, em_dtype dt,
                       emi_temps *tp, em_tensor **out);
+/* t itself when it already has dtype dt, else a converted copy (added to tp). */
+em_status emi_as_dtype(em_state *S, const char *op, const em_tensor *t, em_dtype dt,
+                       emi_temps *tp, const em_tensor **out);
 /* t viewed with shape (added to tp), or t itself when it already has that shape. */
 em_status emi_expand_tmp(em_state *S, const char *op, const em_tensor *t,
                          const int64_t *shape, int ndim, emi_temps *tp,

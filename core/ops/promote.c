@@ -203,6 +203,15 @@ em_status emi_convert(em_state *S, const char *op, const em_tensor *t, em_dtype 
   return EM_OK;
 }
 
+em_status emi_as_dtype(em_state *S, const char *op, const em_tensor *t, em_dtype dt,
+                       emi_temps *tp, const em_tensor **out) {
+  em_tensor *conv;
+  if (t->dtype == dt) { *out = t; return EM_OK; }
+  em_status st = emi_convert(S, op, t, dt, tp, &conv);
+  if (!st) *out = conv;
+  return st;
+}
+
 em_status emi_expand_tmp(em_state *S, const char *op, const em_tensor *t,
                          const int64_t *shape, int ndim, emi_temps *tp,
                          const em_tensor **out) {
