@@ -69,27 +69,21 @@ local function index_arg(op, idx)
   raise(('%s: expected an index tensor or a list of indices, got %s'):format(op, kind(idx)))
 end
 
-function Tensor.index_select(a, dim, idx)
-  -- The index first: making it may sweep, and a's handle is taken after.
-  local hi, keep = index_arg('index_select', idx)
-  local h = H(a, 'index_select', 0)
-  local d = cdim('index_select', h, dim)
-  if C.em_index_select(S, h, d, hi, 1, out) ~= 0 then fail() end
-  local r = wrap(out[0])
-  keep = nil
-  return r
+-- index_select and gather share their shape: an index argument, a dim, one C call.
+local function indexer(name, cfn)
+  return function(a, dim, idx)
+    -- The index first: making it may sweep, and a's handle is taken after.
+    local hi, keep = index_arg(name, idx)
+    local h = H(a, name, 0)
+    local d = cdim(name, h, dim)
+    if cfn(S, h, d, hi, 1, out) ~= 0 then fail() end
+    local r = wrap(out[0])
+    keep = nil          -- the index tensor stays alive until the call is done
+    return r
+  end
 end
-
-function Tensor.gather(a, dim, idx)
-  -- The index first: making it may sweep, and a's handle is taken after.
-  local hi, keep = index_arg('gather', idx)
-  local h = H(a, 'gather', 0)
-  local d = cdim('gather', h, dim)
-  if C.em_gather(S, h, d, hi, 1, out) ~= 0 then fail() end
-  local r = wrap(out[0])
-  keep = nil
-  return r
-end
+Tensor.index_select = indexer('index_select', C.em_index_select)
+Tensor.gather = indexer('gather', C.em_gather)
 
 -- one_hot(labels[, n]): labels are 1-based; n inferred from the largest label.
 function M.one_hot(labels, n)
