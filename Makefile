@@ -26,9 +26,10 @@ SANFLAGS :=
 OPT      := -O3 -g $(ARCH)
 endif
 
-DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev pkg-config
+DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev pkg-config \
+                libjpeg62-turbo-dev libpng-dev
 RUN_PACKAGES := dataset-fashion-mnist
-BENCH_PACKAGES := python3-torch
+BENCH_PACKAGES := python3-torch python3-torchvision python3-pil
 
 LUAJIT_CFLAGS := -I/usr/include/luajit-2.1
 LUAJIT_LIBS   := -lluajit-5.1
@@ -40,9 +41,9 @@ BLAS_LIBS     := -L/usr/lib/x86_64-linux-gnu/openblas-pthread -lopenblas
 CFLAGS_BASE := -std=gnu11 -MMD -MP -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
                -fPIC -pthread -Icore/include -Icore $(BLAS_CFLAGS)
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
-LDLIBS  := $(BLAS_LIBS) -lz -lm -lpthread -ldl
+LDLIBS  := $(BLAS_LIBS) -ljpeg -lpng -lz -lm -lpthread -ldl
 
-CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c)
+CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c core/data/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -53,7 +54,8 @@ CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
 .PHONY: all deps deps-run deps-bench report test test-c test-lua run bench install clean
 
-all: deps $(BUILD)/libember.so $(BUILD)/libember.a $(BUILD)/ember $(LUA_OUT) report
+all: deps $(BUILD)/libember.so $(BUILD)/libember.a $(BUILD)/ember $(BUILD)/libember_lua.so \
+     $(LUA_OUT) report
 
 # -- Dependencies ---------------------------------------------------------------
 # dpkg-query tells which packages are missing; only then is apt-get run.
@@ -115,6 +117,11 @@ $(BUILD)/ember: $(HOST_OBJ) $(BUILD)/libember.a
 	$(CC) $(SANFLAGS) -rdynamic -o $@ $(HOST_OBJ) -Wl,--whole-archive $(BUILD)/libember.a \
 	  -Wl,--no-whole-archive $(LUAJIT_LIBS) -ledit $(LDLIBS)
 
+# Worker LuaJIT states for ds:map(fn) from a plain `luajit` (the ember command
+# has these functions built in): the Lua layer loads this beside libember.so.
+$(BUILD)/libember_lua.so: $(BUILD)/obj/lua/host/luamap.o
+	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LUAJIT_LIBS) -lpthread
+
 # -- Lua layer: copied beside the binary; cdefs generated from the header -----------
 $(BUILD)/lua/%.lua: lua/%.lua
 	@mkdir -p $(dir $@)
@@ -153,7 +160,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/lua/5.1/ember
 	install -m 755 $(BUILD)/ember $(DESTDIR)$(PREFIX)/bin/ember
-	install -m 644 $(BUILD)/libember.a $(BUILD)/libember.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(BUILD)/libember.a $(BUILD)/libember.so $(BUILD)/libember_lua.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 core/include/ember.h $(DESTDIR)$(PREFIX)/include/
 	cp -R $(BUILD)/lua/ember/. $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \

@@ -27,6 +27,10 @@ typedef struct emi_storage {
   size_t nbytes;           /* bytes of tensor data */
   size_t block_size;       /* bytes of the whole block (header + data + padding) */
   uint32_t version;        /* autograd: bumped by every in-place write */
+  /* Data from an outside allocator (a loader's buffer_alloc): freed through this,
+  ** the header with emi_free. NULL for ordinary blocks. */
+  void (*ext_free)(void *ud, void *p, size_t nbytes);
+  void *ext_ud;
 } emi_storage;
 
 /* -- Tensor handle ---------------------------------------------------------- */
@@ -174,6 +178,16 @@ void emi_cache_release(em_state *S);
 ** emi_tensor_new makes a contiguous tensor with fresh, uninitialised storage. */
 em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int ndim,
                          em_dtype dt, int device, em_tensor **out);
+/* Silent forms for threads that must not touch S->errmsg (loader workers): NULL
+** on failure. Shapes must be valid; CPU only. The external form wraps data of
+** nbytes that free_fn(ud, data, nbytes) releases with the storage (on failure the
+** caller keeps it). */
+em_tensor *emi_tensor_try_new(em_state *S, const int64_t *sizes, int ndim, em_dtype dt);
+em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
+                                   void (*free_fn)(void *ud, void *p, size_t n), void *ud,
+                                   const int64_t *sizes, int ndim, em_dtype dt);
+em_tensor *emi_tensor_try_view(em_state *S, const em_tensor *src, const int64_t *sizes,
+                               const int64_t *strides, int ndim, int64_t offset);
 /* A new handle on t's storage with the given geometry (retains the storage). */
 em_status emi_tensor_view(em_state *S, const em_tensor *t, const int64_t *sizes,
                           const int64_t *strides, int ndim, int64_t offset,

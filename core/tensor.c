@@ -17,6 +17,15 @@ static size_t storage_block_size(size_t nbytes) {
   return sizeof(emi_storage) + STORAGE_ALIGN + nbytes;
 }
 
+/* Storages may be made on loader worker threads, so the counters are atomic. */
+static void account(em_state *S, size_t nbytes) {
+  int64_t now = __atomic_add_fetch(&S->mem_allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
+  int64_t peak = __atomic_load_n(&S->mem_peak, __ATOMIC_RELAXED);
+  while (now > peak &&
+         !__atomic_compare_exchange_n(&S->mem_peak, &peak, now, 1, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {}
+}
+
 static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
   if (device != EM_CPU) return NULL;  /* the CUDA backend hooks in here later */
   size_t total;
@@ -32,8 +41,9 @@ static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
   st->nbytes = nbytes;
   st->block_size = total;
   st->version = 0;
-  S->mem_allocated += (int64_t)nbytes;
-  if (S->mem_allocated > S->mem_peak) S->mem_peak = S->mem_allocated;
+  st->ext_free = NULL;
+  st->ext_ud = NULL;
+  account(S, nbytes);
   return st;
 }
 
@@ -48,6 +58,11 @@ static void storage_release(emi_storage *st) {
   if (!last_reference(&st->refcount)) return;
   em_state *S = st->S;
   __atomic_sub_fetch(&S->mem_allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
+  if (st->ext_free) {            /* data from a buffer allocator, header on its own */
+    st->ext_free(st->ext_ud, st->data, st->nbytes);
+    emi_free(S, st, sizeof *st);
+    return;
+  }
   emi_block_free(S, st, st->block_size);
 }
 
@@ -148,6 +163,58 @@ static em_status check_shape(em_state *S, const char *op, const int64_t *sizes, 
   return EM_OK;
 }
 
+/* A handle over st (whose reference it takes) with contiguous geometry. */
+static em_tensor *handle_new(em_state *S, emi_storage *st, const int64_t *sizes, int ndim,
+                             em_dtype dt) {
+  em_tensor *t = emi_malloc(S, sizeof *t);
+  if (!t) return NULL;
+  t->refcount = 1;
+  t->dtype = dt;
+  t->device = st->device;
+  t->ndim = ndim;
+  t->numel = emi_shape_numel(sizes, ndim);
+  t->offset = 0;
+  t->S = S;
+  t->storage = st;
+  emi_ag_clear_fields(t);
+  for (int d = 0; d < ndim; d++) t->sizes[d] = sizes[d];
+  emi_contiguous_strides(sizes, ndim, t->strides);
+  return t;
+}
+
+em_tensor *emi_tensor_try_new(em_state *S, const int64_t *sizes, int ndim, em_dtype dt) {
+  size_t nbytes = (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt);
+  emi_storage *st = storage_new(S, nbytes, EM_CPU);
+  if (!st) return NULL;
+  em_tensor *t = handle_new(S, st, sizes, ndim, dt);
+  if (!t) storage_release(st);
+  return t;
+}
+
+em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
+                                   void (*free_fn)(void *ud, void *p, size_t n), void *ud,
+                                   const int64_t *sizes, int ndim, em_dtype dt) {
+  emi_storage *st = emi_malloc(S, sizeof *st);
+  if (!st) return NULL;
+  memset(st, 0, sizeof *st);
+  st->refcount = 1;
+  st->device = EM_CPU;
+  st->S = S;
+  st->data = data;
+  st->nbytes = nbytes;
+  st->block_size = sizeof *st;
+  st->ext_free = free_fn;
+  st->ext_ud = ud;
+  account(S, nbytes);
+  em_tensor *t = handle_new(S, st, sizes, ndim, dt);
+  if (!t) {                       /* the caller still owns data on failure */
+    st->ext_free = NULL;
+    __atomic_sub_fetch(&S->mem_allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
+    emi_free(S, st, sizeof *st);
+  }
+  return t;
+}
+
 em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int ndim,
                          em_dtype dt, int device, em_tensor **out) {
   em_status st = check_shape(S, op, sizes, ndim);
@@ -157,37 +224,22 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
   if (device != EM_CPU)
     return emi_error(S, EM_ERR_DEVICE, "%s: device cuda:%d is not available (ember was "
                      "built without CUDA or no GPU is present)", op, device);
-  int64_t numel = emi_shape_numel(sizes, ndim);
-  em_tensor *t = emi_malloc(S, sizeof *t);
-  if (!t) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory allocating a tensor", op);
-  size_t nbytes = (size_t)numel * em_dtype_size(dt);
-  t->storage = storage_new(S, nbytes, device);
-  if (!t->storage) {
-    emi_free(S, t, sizeof *t);
+  em_tensor *t = emi_tensor_try_new(S, sizes, ndim, dt);
+  if (!t) {
     char b[EMI_SHAPE_STR];
     return emi_error(S, EM_ERR_NOMEM, "%s: out of memory allocating %zu bytes for a %s "
-                     "tensor of shape %s", op, nbytes, em_dtype_name(dt),
-                     emi_shape_str(b, sizes, ndim));
+                     "tensor of shape %s", op,
+                     (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt),
+                     em_dtype_name(dt), emi_shape_str(b, sizes, ndim));
   }
-  t->refcount = 1;
-  t->dtype = dt;
-  t->device = device;
-  t->ndim = ndim;
-  t->numel = numel;
-  t->offset = 0;
-  t->S = S;
-  emi_ag_clear_fields(t);
-  for (int d = 0; d < ndim; d++) t->sizes[d] = sizes[d];
-  emi_contiguous_strides(sizes, ndim, t->strides);
   *out = t;
   return EM_OK;
 }
 
-em_status emi_tensor_view(em_state *S, const em_tensor *src, const int64_t *sizes,
-                          const int64_t *strides, int ndim, int64_t offset,
-                          em_tensor **out) {
+em_tensor *emi_tensor_try_view(em_state *S, const em_tensor *src, const int64_t *sizes,
+                               const int64_t *strides, int ndim, int64_t offset) {
   em_tensor *t = emi_malloc(S, sizeof *t);
-  if (!t) return emi_error(S, EM_ERR_NOMEM, "view: out of memory allocating a tensor");
+  if (!t) return NULL;
   t->refcount = 1;
   t->dtype = src->dtype;
   t->device = src->device;
@@ -199,6 +251,14 @@ em_status emi_tensor_view(em_state *S, const em_tensor *src, const int64_t *size
   t->numel = emi_shape_numel(sizes, ndim);
   t->storage = src->storage;
   emi_atomic_inc(&t->storage->refcount);
+  return t;
+}
+
+em_status emi_tensor_view(em_state *S, const em_tensor *src, const int64_t *sizes,
+                          const int64_t *strides, int ndim, int64_t offset,
+                          em_tensor **out) {
+  em_tensor *t = emi_tensor_try_view(S, src, sizes, strides, ndim, offset);
+  if (!t) return emi_error(S, EM_ERR_NOMEM, "view: out of memory allocating a tensor");
   *out = t;
   return EM_OK;
 }

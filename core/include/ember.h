@@ -481,6 +481,164 @@ em_status em_index_add_(em_state *S, em_tensor *out, int dim, const em_tensor *i
 em_status em_scatter_add_(em_state *S, em_tensor *out, int dim, const em_tensor *idx,
                           const em_tensor *src, int index_base);
 
+
+/* -- Input pipeline (core/data/) ------------------------------------------------
+** A dataset is an immutable, refcounted node: a source (files, tensors, synthetic
+** data) or a stage over a parent (shuffle, map, batch, shard, take). Sample i
+** (0-based) is a tuple of up to EM_DATA_MAX_FIELDS tensors, e.g. (image, label).
+** Nothing is read or computed per sample until a loader or em_dataset_get asks.
+** Sources whose files hold 0-based class labels (IDX, CIFAR, image folders)
+** add label_base to them (the Lua layer passes 1).
+**
+** Randomness (shuffle order, random transforms, synthetic data) is a pure
+** function of the stage's seed, the epoch and the sample's index, so results
+** never depend on the worker count or on timing. */
+enum { EM_DATA_MAX_FIELDS = 4 };
+typedef struct em_dataset em_dataset;
+typedef struct em_transform em_transform;
+typedef struct em_loader em_loader;
+
+void em_dataset_retain(em_dataset *d);
+void em_dataset_release(em_dataset *d);
+int64_t em_dataset_len(const em_dataset *d);
+int em_dataset_nfields(const em_dataset *d);
+/* The stage's kind: "tensors", "idx", "shuffle", "batch", ... */
+const char *em_dataset_kind(const em_dataset *d);
+/* Sample i of `epoch` into out[0 .. nfields) (new references), on this thread. */
+em_status em_dataset_get(em_state *S, em_dataset *d, int64_t i, int64_t epoch,
+                         em_tensor **out);
+
+/* The whole tensor of field k (0-based) of an in-memory source (tensors, idx,
+** cifar10, csv): a new reference to what the samples are views of. */
+em_status em_dataset_tensor(em_state *S, em_dataset *d, int field, em_tensor **out);
+
+/* Sources. */
+/* Sample i is (fields[0][i], fields[1][i], ...): the tensors share their first
+** dim. They are retained, not copied; batches of consecutive samples are views. */
+em_status em_data_tensors(em_state *S, em_tensor *const *fields, int nfields,
+                          em_dataset **out);
+/* IDX image and label files (gzip or raw): uint8 (1, H, W) images, int64 labels. */
+em_status em_data_idx(em_state *S, const char *images, const char *labels,
+                      int label_base, em_dataset **out);
+/* CIFAR-10 binary batches: 3073-byte records, uint8 (3, 32, 32) and int64. */
+em_status em_data_cifar10(em_state *S, const char *const *files, int nfiles,
+                          int label_base, em_dataset **out);
+/* Numeric CSV: each row a float32 (F) feature vector and, when label_column >= 0
+** (0-based, or found by label_name in the header), a label: int64 when every
+** value of that column is integral, float32 otherwise. Values as written. */
+em_status em_data_csv(em_state *S, const char *path, int header,
+                      const char *label_name, int label_column, em_dataset **out);
+/* One subfolder per class (sorted by name = label order), JPEG and PNG files,
+** decoded in the workers to uint8 (3, H, W) RGB; resized (bilinear) to height x
+** width when both are > 0. */
+em_status em_data_image_folder(em_state *S, const char *root, int64_t height,
+                               int64_t width, int label_base, em_dataset **out);
+/* `size` samples of `shape` and dtype dt (uint8: 0..255, floating: uniform [0,1))
+** and labels in label_base .. label_base+classes-1, computed from seed and index. */
+em_status em_data_synthetic(em_state *S, const int64_t *shape, int ndim, em_dtype dt,
+                            int64_t classes, int64_t size, uint64_t seed,
+                            int label_base, em_dataset **out);
+
+/* Stages; each returns a new dataset over d (d is retained). */
+/* A fresh permutation per epoch, from seed and the epoch number. */
+em_status em_data_shuffle(em_state *S, em_dataset *d, uint64_t seed, em_dataset **out);
+/* Runs transform t on each sample; random transforms draw from (seed, epoch, i). */
+em_status em_data_map(em_state *S, em_dataset *d, em_transform *t, uint64_t seed,
+                      em_dataset **out);
+/* Stacks n consecutive samples: fields (B, ...). The last short batch is kept
+** unless drop_last. */
+em_status em_data_batch(em_state *S, em_dataset *d, int64_t n, int drop_last,
+                        em_dataset **out);
+/* Replica `rank` (0-based) of world_size gets samples rank, rank + world_size, ...
+** Every shard has ceil(len / world_size) samples: the remainder is padded by
+** wrapping around to the first samples (so a few repeat), or, with
+** drop_remainder, floor(len / world_size) samples and the tail is left out. */
+em_status em_data_shard(em_state *S, em_dataset *d, int64_t rank, int64_t world_size,
+                        int drop_remainder, em_dataset **out);
+/* The first n samples (all of them if there are fewer). */
+em_status em_data_take(em_state *S, em_dataset *d, int64_t n, em_dataset **out);
+
+/* -- Transforms (core/data/transforms*.c) ----------------------------------------
+** A transform works on field 0 of a sample (the image, (C, H, W) or (H, W)); a
+** custom one sees every field. Refcounted and immutable: one may serve many maps. */
+void em_transform_retain(em_transform *t);
+void em_transform_release(em_transform *t);
+const char *em_transform_name(const em_transform *t);
+/* uint8 -> float32 in [0, 1]; other dtypes -> float32 unscaled. */
+em_status em_transform_to_float(em_state *S, em_transform **out);
+/* (x - mean[c]) / std[c] per channel; n = 1 applies to every channel. */
+em_status em_transform_normalize(em_state *S, const double *mean, const double *std,
+                                 int n, em_transform **out);
+/* Zero-pads by `padding` on each side, then crops height x width at a random spot. */
+em_status em_transform_random_crop(em_state *S, int64_t height, int64_t width,
+                                   int64_t padding, em_transform **out);
+em_status em_transform_center_crop(em_state *S, int64_t height, int64_t width,
+                                   em_transform **out);
+/* Bilinear (half-pixel centres, no antialiasing, as torch's interpolate with
+** align_corners=False); uint8 results are rounded. */
+em_status em_transform_resize(em_state *S, int64_t height, int64_t width,
+                              em_transform **out);
+/* Mirrors the last dim with probability p. */
+em_status em_transform_hflip(em_state *S, double p, em_transform **out);
+/* Zeroes a size x size square centred at a random pixel (clipped at the edges). */
+em_status em_transform_cutout(em_state *S, int64_t size, em_transform **out);
+em_status em_transform_compose(em_state *S, em_transform *const *ts, int n,
+                               em_transform **out);
+/* A host function run per sample: it may replace fields[i] (releasing the old
+** reference) and returns 0, or non-zero with a message in err. worker is the
+** worker's number (0 ..), or -1 on the thread that called the loader; calls for
+** different workers run concurrently. release(ud) runs when the transform dies. */
+typedef int (*em_sample_fn)(void *ud, int worker, em_tensor **fields, int nfields,
+                            char *err, size_t errlen);
+em_status em_transform_custom(em_state *S, const char *name, em_sample_fn fn, void *ud,
+                              void (*release)(void *ud), em_transform **out);
+/* Applies t to fields[0 .. nfields) in place, drawing randomness from (seed, index). */
+em_status em_transform_apply(em_state *S, em_transform *t, em_tensor **fields,
+                             int nfields, uint64_t seed, int64_t index);
+
+/* -- Loader (core/data/loader.c) -------------------------------------------------
+** Worker threads compute the items of a dataset (usually batches) ahead of the
+** consumer into a bounded queue; items come out in index order whatever the
+** timing. buffer_alloc, when set, provides the memory of assembled batches
+** (pinned host memory for the CUDA backend): it returns NULL to refuse, and
+** buffer_free gets the pointer and size back. */
+typedef struct em_loader_config {
+  int workers;            /* 0 = compute items on the calling thread */
+  int prefetch;           /* items computed ahead; 0 = 2 per worker */
+  void *(*buffer_alloc)(void *ud, size_t nbytes);
+  void (*buffer_free)(void *ud, void *p, size_t nbytes);
+  void *buffer_ud;
+} em_loader_config;
+typedef struct em_loader_stats {
+  int64_t epoch;          /* the current (or last) epoch */
+  int64_t items;          /* items (batches) handed out this epoch */
+  int64_t samples;        /* samples in them (batch sizes summed) */
+  int64_t total_items;    /* items in the epoch */
+  double elapsed_s;       /* since the epoch started */
+  double wait_s;          /* time the consumer spent waiting in em_loader_next */
+} em_loader_stats;
+void em_loader_config_init(em_loader_config *cfg);
+em_status em_loader_new(em_state *S, em_dataset *d, const em_loader_config *cfg,
+                        em_loader **out);
+/* Starts an epoch (stopping one under way): workers begin computing item 0 on. */
+em_status em_loader_start(em_state *S, em_loader *l, int64_t epoch);
+/* The next item into out[0 .. nfields) (new references); *nfields = 0 at the end
+** of the epoch. An error in a worker stops the epoch and is returned here. */
+em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfields);
+/* Stops the workers (joins them); items computed ahead are dropped. */
+void em_loader_stop(em_loader *l);
+void em_loader_stats_get(const em_loader *l, em_loader_stats *out);
+/* Stops and frees. */
+void em_loader_free(em_loader *l);
+
+/* -- Images (core/io/image.c) ------------------------------------------------------ */
+/* Decodes a JPEG or PNG file (by its signature) into uint8 (C, H, W): C = 3 (RGB)
+** when channels is 3, the file's own (1 gray, 3 RGB, 4 RGBA) when channels is 0. */
+em_status em_image_load(em_state *S, const char *path, int channels, em_tensor **out);
+/* Writes a uint8 (C, H, W) tensor, C 1 or 3, as PNG or JPEG by the path's
+** extension (.png, .jpg/.jpeg); quality 1..100 for JPEG (0 = 90). */
+em_status em_image_save(em_state *S, const char *path, const em_tensor *img, int quality);
+
 #ifdef __cplusplus
 }
 #endif

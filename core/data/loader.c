@@ -1,0 +1,277 @@
+/*
+** loader.c -- worker threads that compute a dataset's items (usually batches)
+** ahead of the consumer, and hand them out in index order.
+**
+** Design. An epoch is the items 0 .. total-1 of the dataset. Workers claim the
+** next unclaimed index, but never more than `prefetch` beyond the consumer's
+** position: that bound is the whole of the flow control, and it also means
+** slot (i % prefetch) is free when a worker finishes item i (the item that
+** used it, i - prefetch, has been taken). The consumer waits only on the slot
+** of the item it wants next, so items come out in order however the workers
+** race, and since every item is a pure function of (epoch, index) the batches
+** are the same for any worker count.
+**
+** Threads live for one epoch: started by em_loader_start, they exit when the
+** last index is claimed; em_loader_stop (a new epoch, an error, a break out of
+** the loop followed by another epoch, em_loader_free from the Lua GC) raises
+** the stop flag and joins them. A worker finishes the item it is computing
+** first, so stopping takes at most one item's time; nothing is left running.
+**
+** Errors. A failed item is stored in its slot with its message; the consumer
+** gets it when it reaches that index, after every earlier item, and the epoch
+** is stopped. Workers stop claiming beyond a failed index.
+**
+** Time the consumer spends blocked in em_loader_next is summed as wait time;
+** with workers = 0 the whole computation of each item is wait time, since the
+** step waits for it either way.
+*/
+#include "data.h"
+#include <signal.h>
+#include <stdio.h>
+#include <time.h>
+
+typedef struct slot {
+  int64_t index;                 /* the item held, or -1 */
+  em_status st;                  /* its result */
+  em_tensor *f[EM_DATA_MAX_FIELDS];
+  char err[EMI_ERRMSG_SIZE];
+} slot;
+
+typedef struct worker_arg { em_loader *l; int id; } worker_arg;
+
+struct em_loader {
+  em_state *S;
+  em_dataset *d;
+  em_loader_config cfg;
+  int nworkers, prefetch;
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv;        /* workers wait for room or stop */
+  pthread_cond_t ready_cv;       /* the consumer waits for its slot */
+  slot *slots;                   /* prefetch of them */
+  pthread_t *threads;
+  worker_arg *args;
+  int nthreads;                  /* started and not yet joined */
+  int stop;
+  int64_t epoch, total, claim, pos, fail_at;
+  int64_t items, samples;
+  double t_start, wait_s, t_last;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void slot_clear(em_loader *l, slot *s) {
+  for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(s->f[k]); s->f[k] = NULL; }
+  s->index = -1;
+  s->st = EM_OK;
+  s->err[0] = 0;
+}
+
+/* Computes item i into out with a context for worker `id`. */
+static em_status compute(em_loader *l, int id, int64_t i, em_tensor **out, char *err) {
+  emi_dctx c;
+  emi_dctx_init(&c, l->S, id, l->epoch);
+  c.buffer_alloc = l->cfg.buffer_alloc;
+  c.buffer_free = l->cfg.buffer_free;
+  c.buffer_ud = l->cfg.buffer_ud;
+  em_status st = emi_dataset_get(l->d, &c, i, out);
+  if (st) memcpy(err, c.err, sizeof c.err);
+  return st;
+}
+
+static void *worker_main(void *arg) {
+  worker_arg *a = arg;
+  em_loader *l = a->l;
+  pthread_mutex_lock(&l->mu);
+  for (;;) {
+    while (!l->stop && l->claim < l->total && l->claim < l->fail_at &&
+           l->claim >= l->pos + l->prefetch)
+      pthread_cond_wait(&l->work_cv, &l->mu);
+    if (l->stop || l->claim >= l->total || l->claim >= l->fail_at) break;
+    int64_t i = l->claim++;
+    pthread_mutex_unlock(&l->mu);
+
+    em_tensor *f[EM_DATA_MAX_FIELDS] = {0};
+    char err[EMI_ERRMSG_SIZE];
+    em_status st = compute(l, a->id, i, f, err);
+
+    pthread_mutex_lock(&l->mu);
+    slot *s = &l->slots[i % l->prefetch];
+    if (l->stop) {                     /* nobody will take it */
+      for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) em_tensor_release(f[k]);
+      continue;
+    }
+    s->index = i;
+    s->st = st;
+    memcpy(s->f, f, sizeof f);
+    if (st) {
+      memcpy(s->err, err, sizeof err);
+      if (i < l->fail_at) l->fail_at = i;
+    }
+    pthread_cond_signal(&l->ready_cv);
+  }
+  pthread_mutex_unlock(&l->mu);
+  return NULL;
+}
+
+/* -- Public ------------------------------------------------------------------------------ */
+
+void em_loader_config_init(em_loader_config *cfg) { memset(cfg, 0, sizeof *cfg); }
+
+em_status em_loader_new(em_state *S, em_dataset *d, const em_loader_config *cfg,
+                        em_loader **out) {
+  if (!out) return emi_error(S, EM_ERR_ARG, "loader: out is required");
+  *out = NULL;
+  if (!d) return emi_error(S, EM_ERR_ARG, "loader: no dataset given");
+  em_loader_config def;
+  if (!cfg) { em_loader_config_init(&def); cfg = &def; }
+  if (cfg->workers < 0 || cfg->workers > 256)
+    return emi_error(S, EM_ERR_ARG, "loader: workers must be 0 .. 256, got %d", cfg->workers);
+  if (cfg->prefetch < 0)
+    return emi_error(S, EM_ERR_ARG, "loader: prefetch must be >= 0, got %d", cfg->prefetch);
+  if (!cfg->buffer_alloc != !cfg->buffer_free)
+    return emi_error(S, EM_ERR_ARG, "loader: buffer_alloc and buffer_free go together");
+  em_loader *l = emi_malloc(S, sizeof *l);
+  if (!l) return emi_error(S, EM_ERR_NOMEM, "loader: out of memory");
+  memset(l, 0, sizeof *l);
+  l->S = S;
+  l->cfg = *cfg;
+  l->nworkers = cfg->workers;
+  l->prefetch = cfg->prefetch ? cfg->prefetch : 2 * (cfg->workers ? cfg->workers : 1);
+  if (l->prefetch < l->nworkers) l->prefetch = l->nworkers;   /* else workers idle */
+  l->slots = emi_malloc(S, (size_t)l->prefetch * sizeof *l->slots);
+  l->threads = emi_malloc(S, (size_t)(l->nworkers ? l->nworkers : 1) * sizeof *l->threads);
+  l->args = emi_malloc(S, (size_t)(l->nworkers ? l->nworkers : 1) * sizeof *l->args);
+  if (!l->slots || !l->threads || !l->args) {
+    emi_free(S, l->slots, (size_t)l->prefetch * sizeof *l->slots);
+    emi_free(S, l->threads, (size_t)(l->nworkers ? l->nworkers : 1) * sizeof *l->threads);
+    emi_free(S, l->args, (size_t)(l->nworkers ? l->nworkers : 1) * sizeof *l->args);
+    emi_free(S, l, sizeof *l);
+    return emi_error(S, EM_ERR_NOMEM, "loader: out of memory");
+  }
+  memset(l->slots, 0, (size_t)l->prefetch * sizeof *l->slots);
+  for (int k = 0; k < l->prefetch; k++) l->slots[k].index = -1;
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->work_cv, NULL);
+  pthread_cond_init(&l->ready_cv, NULL);
+  l->d = d;
+  em_dataset_retain(d);
+  l->epoch = -1;
+  *out = l;
+  return EM_OK;
+}
+
+void em_loader_stop(em_loader *l) {
+  if (!l) return;
+  pthread_mutex_lock(&l->mu);
+  l->stop = 1;
+  pthread_cond_broadcast(&l->work_cv);
+  pthread_mutex_unlock(&l->mu);
+  for (int k = 0; k < l->nthreads; k++) pthread_join(l->threads[k], NULL);
+  l->nthreads = 0;
+  for (int k = 0; k < l->prefetch; k++) slot_clear(l, &l->slots[k]);
+  l->pos = l->total;                 /* the epoch is over */
+}
+
+em_status em_loader_start(em_state *S, em_loader *l, int64_t epoch) {
+  if (!l) return emi_error(S, EM_ERR_ARG, "loader: no loader given");
+  em_loader_stop(l);
+  l->stop = 0;
+  l->epoch = epoch;
+  l->total = l->d->len;
+  l->claim = l->pos = 0;
+  l->fail_at = INT64_MAX;
+  l->items = l->samples = 0;
+  l->wait_s = 0;
+  l->t_start = l->t_last = now_s();
+  /* Workers must not take the host's signals (Ctrl-C belongs to the consumer). */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  int started = 0, rc = 0;
+  for (; started < l->nworkers; started++) {
+    l->args[started] = (worker_arg){l, started};
+    rc = pthread_create(&l->threads[started], NULL, worker_main, &l->args[started]);
+    if (rc) break;
+    l->nthreads = started + 1;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc) {
+    em_loader_stop(l);
+    return emi_error(S, EM_ERR_NOMEM, "loader: could not start worker thread %d of %d",
+                     started + 1, l->nworkers);
+  }
+  return EM_OK;
+}
+
+em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfields) {
+  if (!l || !out || !nfields) return emi_error(S, EM_ERR_ARG, "loader next: bad arguments");
+  *nfields = 0;
+  for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) out[k] = NULL;
+  if (l->epoch < 0)
+    return emi_error(S, EM_ERR_ARG, "loader next: no epoch started (em_loader_start)");
+  if (l->pos >= l->total) {          /* end of the epoch: the workers have exited */
+    em_loader_stop(l);
+    return EM_OK;
+  }
+  double t0 = now_s();
+  em_status st;
+  char err[EMI_ERRMSG_SIZE];
+  if (l->nworkers == 0) {
+    st = compute(l, -1, l->pos, out, err);
+  } else {
+    pthread_mutex_lock(&l->mu);
+    slot *s = &l->slots[l->pos % l->prefetch];
+    while (s->index != l->pos) pthread_cond_wait(&l->ready_cv, &l->mu);
+    st = s->st;
+    memcpy(out, s->f, sizeof s->f);
+    if (st) memcpy(err, s->err, sizeof err);
+    for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) s->f[k] = NULL;
+    s->index = -1;
+    pthread_cond_signal(&l->work_cv);  /* one slot is free: one more claim fits */
+    pthread_mutex_unlock(&l->mu);
+  }
+  double t1 = now_s();
+  l->wait_s += t1 - t0;
+  l->t_last = t1;
+  if (st) {
+    em_loader_stop(l);
+    for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(out[k]); out[k] = NULL; }
+    return emi_error(S, st, "%s", err);
+  }
+  l->pos++;
+  l->items++;
+  const em_tensor *x = out[0];
+  l->samples += l->d->batched && x && x->ndim > 0 ? x->sizes[0] : 1;
+  *nfields = l->d->nfields;
+  return EM_OK;
+}
+
+void em_loader_stats_get(const em_loader *l, em_loader_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (!l) return;
+  out->epoch = l->epoch;
+  out->items = l->items;
+  out->samples = l->samples;
+  out->total_items = l->total;
+  out->elapsed_s = l->epoch < 0 ? 0 : (l->pos < l->total ? now_s() : l->t_last) - l->t_start;
+  out->wait_s = l->wait_s;
+}
+
+void em_loader_free(em_loader *l) {
+  if (!l) return;
+  em_loader_stop(l);
+  em_state *S = l->S;
+  pthread_mutex_destroy(&l->mu);
+  pthread_cond_destroy(&l->work_cv);
+  pthread_cond_destroy(&l->ready_cv);
+  em_dataset_release(l->d);
+  int nw = l->nworkers ? l->nworkers : 1;
+  emi_free(S, l->slots, (size_t)l->prefetch * sizeof *l->slots);
+  emi_free(S, l->threads, (size_t)nw * sizeof *l->threads);
+  emi_free(S, l->args, (size_t)nw * sizeof *l->args);
+  emi_free(S, l, sizeof *l);
+}

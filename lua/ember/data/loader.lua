@@ -1,0 +1,171 @@
+--[[
+ember.data.loader -- ds:loader{...}: the Lua face of core/data/loader.c, plus
+what the user sees while it runs: a progress bar per epoch, loader:stats(), and
+a one-line warning when the training loop waits for data too long.
+
+  local loader = ds:loader{workers = 2, prefetch = 4, progress = true}
+  for x, y in loader:epoch([n]) do ... end      -- epoch n (1, 2, ... by default)
+  loader:stats() -> {epoch, batches, samples, samples_per_s, wait_s, wait_fraction,
+                     elapsed_s}
+  loader:note('loss 0.31')                       -- text at the end of the bar
+  #loader                                        -- batches per epoch
+
+The bar: redrawn in place at most 10 times a second when stdout is a terminal;
+otherwise a plain line every 10 seconds (none for epochs shorter than that), so
+logs stay readable. progress = false turns both off.
+
+pin_memory and device: batches go to `device` with :to() (the CUDA backend
+will hand the loader a pinned buffer allocator through em_loader_config; on a
+CPU-only build pin_memory changes nothing).
+]]
+local ffi = require 'ffi'
+local core = require 'ember.ffi'
+local C, S, wrap, raise = core.C, core.S, core.wrap, core.raise
+
+pcall(ffi.cdef, 'int isatty(int fd);')
+local WAIT_WARN = 0.10
+
+local Loader = {}
+Loader.__index = Loader
+
+local function now() return require('ember').clock() end
+
+local function is_tty()
+  local ok, r = pcall(function() return ffi.C.isatty(1) end)
+  return ok and r == 1
+end
+
+local function nproc()
+  local f = io.open('/proc/cpuinfo', 'r')
+  if not f then return nil end
+  local n = 0
+  for line in f:lines() do if line:match('^processor') then n = n + 1 end end
+  f:close()
+  return n > 0 and n or nil
+end
+
+function Loader.new(ds, o)
+  local data = require 'ember.data'
+  local h = data._handle('loader', ds)
+  local workers = o.workers or 0
+  if type(workers) ~= 'number' or workers % 1 ~= 0 or workers < 0 then
+    raise('loader: workers must be an integer >= 0, got ' .. tostring(workers))
+  end
+  local prefetch = o.prefetch or 0
+  if type(prefetch) ~= 'number' or prefetch % 1 ~= 0 or prefetch < 0 then
+    raise('loader: prefetch must be an integer >= 0, got ' .. tostring(prefetch))
+  end
+  local device = o.device or 'cpu'
+  core.device_id(device, 'loader')
+  local cfg = ffi.new('em_loader_config')
+  C.em_loader_config_init(cfg)
+  cfg.workers, cfg.prefetch = workers, prefetch
+  local lout = ffi.new('em_loader*[1]')
+  if C.em_loader_new(S, h, cfg, lout) ~= 0 then core.fail() end
+  local self = setmetatable({
+    _l = ffi.gc(lout[0], C.em_loader_free),
+    ds = ds, workers = workers, device = device, pin_memory = o.pin_memory and true or false,
+    progress = o.progress ~= false, next_epoch = 1, warned = false, _note = '',
+    nfields = tonumber(C.em_dataset_nfields(h)),
+  }, Loader)
+  return self
+end
+
+function Loader:__len() return tonumber(C.em_dataset_len(self.ds._h)) end
+function Loader:note(s) self._note = s and tostring(s) or '' end
+
+local stats_buf = ffi.new('em_loader_stats')
+function Loader:stats()
+  C.em_loader_stats_get(self._l, stats_buf)
+  local s = stats_buf
+  local el = tonumber(s.elapsed_s)
+  return {
+    epoch = tonumber(s.epoch), batches = tonumber(s.items), samples = tonumber(s.samples),
+    total_batches = tonumber(s.total_items), elapsed_s = el, wait_s = tonumber(s.wait_s),
+    samples_per_s = el > 0 and tonumber(s.samples) / el or 0,
+    wait_fraction = el > 0 and tonumber(s.wait_s) / el or 0,
+  }
+end
+
+-- -- Progress ---------------------------------------------------------------------------
+local function draw(self, st, final)
+  if not self.progress then return end
+  local t = now()
+  if not final and t - self.last_draw < (self.tty and 0.1 or 10) then return end
+  st = st or self:stats()
+  if self.tty then
+    self.last_draw = t
+    if final then io.stdout:write('\r' .. (' '):rep(self.width or 0) .. '\r'); io.stdout:flush(); return end
+    local w = 24
+    local fill = st.total_batches > 0 and math.floor(w * st.batches / st.total_batches) or w
+    local line = ('epoch %d [%s%s] %d/%d  %.0f samples/s  wait %2.0f%%  %s'):format(st.epoch,
+      ('='):rep(fill), (' '):rep(w - fill), st.batches, st.total_batches, st.samples_per_s,
+      100 * st.wait_fraction, self._note)
+    self.width = math.max(self.width or 0, #line)
+    io.stdout:write('\r' .. line .. (' '):rep(self.width - #line))
+    io.stdout:flush()
+  elseif not final then
+    self.last_draw = t
+    print(('epoch %d  %d/%d batches  %.0f samples/s  wait %.0f%%  %s'):format(st.epoch,
+      st.batches, st.total_batches, st.samples_per_s, 100 * st.wait_fraction, self._note))
+  end
+end
+
+local function warn_wait(self, st)
+  if self.warned or st.wait_fraction <= WAIT_WARN or st.elapsed_s < 1 then return end
+  self.warned = true
+  local cores = nproc()
+  local hint
+  if self.workers == 0 then
+    hint = 'start worker threads: ds:loader{workers = ' .. math.max(1, (cores or 2) - 1) .. '}'
+  elseif cores and self.workers < cores then
+    hint = ('raise workers (now %d, this machine has %d cores) or prefetch'):format(self.workers, cores)
+  else
+    hint = ('make the per-sample work cheaper (all %d cores already have a worker), or raise '
+      .. 'prefetch if the wait comes in bursts'):format(cores or self.workers)
+  end
+  io.stderr:write(('ember: the loop waited for data %.0f%% of epoch %d (%.1f of %.1f s); %s\n')
+    :format(100 * st.wait_fraction, st.epoch, st.wait_s, st.elapsed_s, hint))
+end
+
+-- -- Epochs -------------------------------------------------------------------------------
+local outs = ffi.new('em_tensor*[4]')
+local nout = ffi.new('int[1]')
+
+function Loader:epoch(n)
+  if n == nil then n = self.next_epoch end
+  if type(n) ~= 'number' or n % 1 ~= 0 then raise('loader:epoch: n must be an integer epoch number') end
+  self.next_epoch = n + 1
+  if C.em_loader_start(S, self._l, n) ~= 0 then core.fail() end
+  self.tty = self.progress and is_tty()
+  self.last_draw, self.width = now(), 0
+  local l, nf, dev = self._l, self.nfields, self.device
+  local done = false
+  return function()
+    if done then return nil end
+    if C.em_loader_next(S, l, outs, nout) ~= 0 then
+      done = true
+      draw(self, nil, true)
+      core.fail()
+    end
+    if nout[0] == 0 then
+      done = true
+      local st = self:stats()
+      draw(self, st, true)
+      warn_wait(self, st)
+      return nil
+    end
+    local x, y, z, w = wrap(outs[0]), nf > 1 and wrap(outs[1]) or nil,
+      nf > 2 and wrap(outs[2]) or nil, nf > 3 and wrap(outs[3]) or nil
+    if self.progress then draw(self, nil, false) end
+    if dev ~= 'cpu' then
+      x = x:to(dev); y = y and y:to(dev); z = z and z:to(dev); w = w and w:to(dev)
+    end
+    return x, y, z, w
+  end
+end
+
+-- Stops the workers now (they also stop when the loader is collected).
+function Loader:close() C.em_loader_stop(self._l) end
+
+return Loader
