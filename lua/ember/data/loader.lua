@@ -8,7 +8,7 @@ a one-line warning when the training loop waits for data too long.
   loader:stats() -> {epoch, batches, samples, samples_per_s, wait_s, wait_fraction,
                      elapsed_s}
   loader:note('loss 0.31')                       -- text at the end of the bar
-  #loader                                        -- batches per epoch
+  loader:size()                                  -- batches per epoch
 
 The bar: redrawn in place at most 10 times a second when stdout is a terminal;
 otherwise a plain line every 10 seconds (none for epochs shorter than that), so
@@ -71,7 +71,7 @@ function Loader.new(ds, o)
   return self
 end
 
-function Loader:__len() return tonumber(C.em_dataset_len(self.ds._h)) end
+function Loader:size() return tonumber(C.em_dataset_len(self.ds._h)) end
 function Loader:note(s) self._note = s and tostring(s) or '' end
 
 local stats_buf = ffi.new('em_loader_stats')
