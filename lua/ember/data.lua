@@ -31,6 +31,26 @@ ffi.cdef [[ typedef struct em_dsbox { em_dataset *_h; } em_dsbox; ]]
 local fields = ffi.new('em_tensor*[4]')
 local dsout = ffi.new('em_dataset*[1]')
 
+-- -- Lifetime ---------------------------------------------------------------------------
+-- Every live C object of this package (dataset, transform, loader) is released
+-- before the state closes: finalizers at lua_close run in no guaranteed order, and
+-- a dataset released after em_close, or a loader whose threads outlive it, would
+-- touch freed memory. Boxes register here; a release nils the handle so the
+-- object's own finalizer, whichever comes first, does nothing twice.
+local live = setmetatable({}, { __mode = 'k' })
+function M._track(obj, release) live[obj] = release; return obj end
+core.on_close[#core.on_close + 1] = function()
+  for obj, release in pairs(live) do release(obj) end
+end
+
+local function release_ds(b)
+  if b._h ~= nil then
+    local h = b._h
+    b._h = nil
+    C.em_dataset_release(h)
+  end
+end
+
 -- -- Helpers ----------------------------------------------------------------------------
 local function kindof(x)
   return core.kind(x) == 'cdata' and ffi.istype('em_dsbox', x) and 'dataset' or core.kind(x)
@@ -65,11 +85,12 @@ local box_t
 local function wrap_ds()
   local b = box_t(dsout[0])
   dsout[0] = nil
-  return b
+  return M._track(b, release_ds)
 end
 
 local function handle(op, ds)
   if not ffi.istype(box_t, ds) then raise(('%s: expected a dataset, got %s'):format(op, kindof(ds))) end
+  if ds._h == nil then raise(op .. ': the dataset was released (the state is closing)') end
   return ds._h
 end
 M._handle = handle
@@ -154,7 +175,7 @@ box_t = ffi.metatype('em_dsbox', {
     return nil
   end,
   __len = function(self) return tonumber(C.em_dataset_len(self._h)) end,
-  __gc = function(self) C.em_dataset_release(self._h) end,
+  __gc = release_ds,
   __tostring = function(self)
     return ('dataset(%s, %d %s)'):format(self:kind(), #self,
       C.em_dataset_nfields(self._h) == 1 and 'samples of 1 field' or 'samples')

@@ -63,12 +63,14 @@ function Loader.new(ds, o)
   local lout = ffi.new('em_loader*[1]')
   if C.em_loader_new(S, h, cfg, lout) ~= 0 then core.fail() end
   local self = setmetatable({
-    _l = ffi.gc(lout[0], C.em_loader_free),
+    _l = ffi.gc(lout[0], C.em_loader_free),   -- a collected loader stops its threads
     ds = ds, workers = workers, device = device, pin_memory = o.pin_memory and true or false,
     progress = o.progress ~= false, next_epoch = 1, warned = false, _note = '',
     nfields = tonumber(C.em_dataset_nfields(h)),
   }, Loader)
-  return self
+  return data._track(self, function(l)
+    if l._l ~= nil then C.em_loader_free(ffi.gc(l._l, nil)); l._l = nil end
+  end)
 end
 
 function Loader:size() return tonumber(C.em_dataset_len(self.ds._h)) end

@@ -17,10 +17,18 @@ local tout = ffi.new('em_transform*[1]')
 local fields = ffi.new('em_tensor*[4]')
 local box_t
 
+local function release(b)
+  if b._h ~= nil then
+    local h = b._h
+    b._h = nil
+    C.em_transform_release(h)
+  end
+end
+
 local function new()
   local b = box_t(tout[0])
   tout[0] = nil
-  return b
+  return require('ember.data')._track(b, release)
 end
 
 local function check(st) if st ~= 0 then core.fail() end return new() end
@@ -41,7 +49,7 @@ end
 
 -- The C handle of a transform argument.
 function T.handle(op, t)
-  if ffi.istype(box_t, t) then return t._h end
+  if ffi.istype(box_t, t) and t._h ~= nil then return t._h end
   raise(('%s: expected a transform (em.data.T.*) or a Lua function, got %s'):format(op,
     core.kind(t)))
 end
@@ -116,7 +124,7 @@ box_t = ffi.metatype('em_tbox', {
     end
     return wrap(h)
   end,
-  __gc = function(self) C.em_transform_release(self._h) end,
+  __gc = release,
   __tostring = function(self) return 'transform(' .. ffi.string(C.em_transform_name(self._h)) .. ')' end,
 })
 
