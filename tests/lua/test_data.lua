@@ -267,6 +267,18 @@ H.test('an error in a worker reaches the consumer; the next epoch runs again', f
   H.raises(function() em.data.tensors(em.zeros(2)):loader{ prefetch = 'x' } end, 'loader', 'prefetch')
 end)
 
+H.test('loader state_dict: a resumed loader continues with the next epoch', function()
+  local ds = em.data.tensors(em.arange(1, 21)):shuffle{ seed = 5 }:batch(20)
+  local a = ds:loader{}
+  epoch_labels(a)
+  local sd = a:state_dict()
+  local want = epoch_labels(a)
+  local b = ds:loader{}
+  b:load_state_dict(sd)
+  H.eq(epoch_labels(b), want)
+  H.raises(function() b:load_state_dict(3) end, 'load_state_dict')
+end)
+
 H.test('ds:map runs per sample; T objects apply to one tensor', function()
   local x = em.tensor({ { { 0, 51 }, { 102, 255 } } }, { dtype = 'uint8' })   -- (1, 2, 2)
   local ds = em.data.tensors(x:view(1, 1, 2, 2)):map(T.to_float())

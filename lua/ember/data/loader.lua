@@ -9,6 +9,7 @@ a one-line warning when the training loop waits for data too long.
                      elapsed_s}
   loader:note('loss 0.31')                       -- text at the end of the bar
   loader:size()                                  -- batches per epoch
+  loader:state_dict() / load_state_dict(t)       -- the next epoch, for em.checkpoint
 
 The bar: redrawn in place at most 10 times a second when stdout is a terminal;
 otherwise a plain line every 10 seconds (none for epochs shorter than that), so
@@ -165,6 +166,16 @@ function Loader:epoch(n)
     end
     return x, y, z, w
   end
+end
+
+-- For em.checkpoint: which epoch comes next, so a resumed run reshuffles as the
+-- original would have. (A resumed run restarts the interrupted epoch from its start.)
+function Loader:state_dict() return { next_epoch = self.next_epoch } end
+function Loader:load_state_dict(sd)
+  if type(sd) ~= 'table' or type(sd.next_epoch) ~= 'number' then
+    raise('loader:load_state_dict: expected a table from loader:state_dict()')
+  end
+  self.next_epoch = sd.next_epoch
 end
 
 -- Stops the workers now (they also stop when the loader is collected).
