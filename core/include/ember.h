@@ -622,8 +622,10 @@ em_status em_loader_new(em_state *S, em_dataset *d, const em_loader_config *cfg,
                         em_loader **out);
 /* Starts an epoch (stopping one under way): workers begin computing item 0 on. */
 em_status em_loader_start(em_state *S, em_loader *l, int64_t epoch);
-/* The next item into out[0 .. nfields) (new references); *nfields = 0 at the end
-** of the epoch. An error in a worker stops the epoch and is returned here. */
+/* The next item into out[0 .. nfields) (new references); out must have room for
+** EM_DATA_MAX_FIELDS (the rest are set to NULL). *nfields = 0 at the end of the
+** epoch. An error in a worker stops the epoch and is returned here, after every
+** item before it. */
 em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfields);
 /* Stops the workers (joins them); items computed ahead are dropped. */
 void em_loader_stop(em_loader *l);

@@ -18,18 +18,27 @@ static em_status idx_fail(em_state *S, gzFile f, em_tensor *t, em_status code,
   return emi_error(S, code, "idx: '%s': %s", path, what);
 }
 
-/* Reads exactly n bytes or reports how the file fell short. */
-static int read_full(gzFile f, void *buf, size_t n) {
+/* Reads up to n bytes, at most `step` per gzread; returns how many were read (n
+** unless the file is short). A gzread that meets the end of a truncated gzip
+** stream returns an error, dropping what it had inflated, so the count is exact
+** only to within one step: callers wanting the exact record pass its size. */
+static size_t read_some(gzFile f, void *buf, size_t n, size_t step) {
   char *p = buf;
+  size_t total = 0;
+  if (step == 0 || step > (1u << 30)) step = 1u << 30;
   while (n > 0) {
-    unsigned chunk = n > (1u << 30) ? (1u << 30) : (unsigned)n;
+    unsigned chunk = n > step ? (unsigned)step : (unsigned)n;
     int got = gzread(f, p, chunk);
-    if (got <= 0) return 0;
+    if (got <= 0) break;
     p += got;
     n -= (size_t)got;
+    total += (size_t)got;
   }
-  return 1;
+  return total;
 }
+
+/* Reads exactly n bytes or reports how the file fell short. */
+static int read_full(gzFile f, void *buf, size_t n) { return read_some(f, buf, n, 0) == n; }
 
 static void swap_bytes(void *data, int64_t count, size_t size) {
   unsigned char *p = data;
@@ -73,10 +82,16 @@ em_status em_idx_load(em_state *S, const char *path, em_tensor **out) {
   em_status st = em_empty(S, shape, ndim, dt, EM_CPU, &t);
   if (st) { gzclose(f); return st; }
   size_t esz = em_dtype_size(dt), nbytes = (size_t)t->numel * esz;
-  if (!read_full(f, em_tensor_data(t), nbytes)) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "truncated: the header promises %lld records of %zu bytes",
-             (long long)shape[0], shape[0] ? nbytes / (size_t)shape[0] : 0);
+  /* Compressed files are read a record at a time so that a truncation is placed
+  ** exactly (see read_some); plain ones in one go. */
+  size_t rec = shape[0] ? nbytes / (size_t)shape[0] : 0;
+  size_t got = read_some(f, em_tensor_data(t), nbytes, gzdirect(f) ? 0 : rec);
+  if (got != nbytes) {
+    /* Name the first record cut short: a prefix of whole records is intact. */
+    char msg[200];
+    snprintf(msg, sizeof msg, "truncated at record %lld of %lld (the header promises %lld "
+             "records of %zu bytes)", (long long)(rec ? got / rec + 1 : 1),
+             (long long)shape[0], (long long)shape[0], rec);
     return idx_fail(S, f, t, EM_ERR_IO, path, msg);
   }
   char extra;

@@ -33,10 +33,12 @@ local dsout = ffi.new('em_dataset*[1]')
 
 -- -- Lifetime ---------------------------------------------------------------------------
 -- Every live C object of this package (dataset, transform, loader) is released
--- before the state closes: finalizers at lua_close run in no guaranteed order, and
--- a dataset released after em_close, or a loader whose threads outlive it, would
--- touch freed memory. Boxes register here; a release nils the handle so the
--- object's own finalizer, whichever comes first, does nothing twice.
+-- before the state closes: at lua_close LuaJIT runs the state's closer (a userdata
+-- finalizer) and the boxes' cdata finalizers in an order of its own, and a dataset
+-- released after em_close, or a loader whose threads outlive it, would touch freed
+-- memory. So each object lives in a cdata box whose finalizer releases it and nils
+-- the handle, and the boxes register here so that the closer releases those still
+-- alive first; whichever comes first, the other finds nil and does nothing.
 local live = setmetatable({}, { __mode = 'k' })
 function M._track(obj, release) live[obj] = release; return obj end
 core.on_close[#core.on_close + 1] = function()
@@ -126,6 +128,8 @@ end
 
 function Dataset:map(t, o)
   o = opts_table('map', o)
+  local h = handle('map', self)
+  local seed = seed_of('map', o.seed)
   local T = require 'ember.data.transforms'
   local th, own
   if type(t) == 'function' then
@@ -133,7 +137,7 @@ function Dataset:map(t, o)
   else
     th = T.handle('map', t)
   end
-  local st = C.em_data_map(S, handle('map', self), th, seed_of('map', o.seed), dsout)
+  local st = C.em_data_map(S, h, th, seed, dsout)
   if own then C.em_transform_release(th) end
   if st ~= 0 then core.fail() end
   return wrap_ds()

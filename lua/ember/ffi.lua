@@ -73,6 +73,9 @@ core.C, core.libpath = C, libpath
 local cfg = ffi.new('em_config')
 C.em_config_init(cfg)
 cfg.num_threads = tonumber(os.getenv('EMBER_NUM_THREADS') or '') or 0
+-- A ds:map worker's Lua state (lua/host/luamap.c sets EMBER_WORKER): the loader's
+-- worker threads are the parallelism, so its ops run on the calling thread.
+if rawget(_G, 'EMBER_WORKER') ~= nil then cfg.num_threads = 1 end
 do  -- the host's caching allocator, when the process has one (the ember command)
   local ok, fn = pcall(function() return ffi.C.ember_host_alloc end)
   if ok and os.getenv('EMBER_MALLOC') ~= '1' then cfg.alloc = fn end

@@ -267,6 +267,20 @@ H.test('an error in a worker reaches the consumer; the next epoch runs again', f
   H.raises(function() em.data.tensors(em.zeros(2)):loader{ prefetch = 'x' } end, 'loader', 'prefetch')
 end)
 
+H.test('a script that ends mid-epoch exits cleanly (threads stopped before the state closes)', function()
+  local ember = arg and arg[-1]
+  if not ember then return H.skip('no ember binary in arg[-1]') end
+  local code = "l = em.data.synthetic{shape = {3, 32, 32}, size = 5000, seed = 1}" ..
+    ":map(em.data.T.hflip(0.5)):batch(16):loader{workers = 3}; local it = l:epoch(); it(); it(); " ..
+    "g = em.data.tensors(em.zeros(4, 2)):shuffle(); io.write('done')"
+  for _ = 1, 3 do
+    local p = io.popen(ember .. ' -e "' .. code .. '"; echo " rc=$?"')
+    local out = p:read('*a')
+    p:close()
+    H.eq(out, 'done rc=0\n')
+  end
+end)
+
 H.test('loader state_dict: a resumed loader continues with the next epoch', function()
   local ds = em.data.tensors(em.arange(1, 21)):shuffle{ seed = 5 }:batch(20)
   local a = ds:loader{}

@@ -24,6 +24,16 @@ local core = require 'ember.ffi'
 local C, S, wrap, raise = core.C, core.S, core.wrap, core.raise
 
 pcall(ffi.cdef, 'int isatty(int fd);')
+ffi.cdef [[ typedef struct em_ldbox { em_loader *_h; } em_ldbox; ]]
+-- The box's finalizer frees the loader (stopping its threads): see data.lua, Lifetime.
+local function free_loader(b)
+  if b._h ~= nil then
+    local h = b._h
+    b._h = nil
+    C.em_loader_free(h)
+  end
+end
+local ldbox_t = ffi.metatype('em_ldbox', { __gc = free_loader })
 local WAIT_WARN = 0.10
 
 local Loader = {}
@@ -63,15 +73,14 @@ function Loader.new(ds, o)
   cfg.workers, cfg.prefetch = workers, prefetch
   local lout = ffi.new('em_loader*[1]')
   if C.em_loader_new(S, h, cfg, lout) ~= 0 then core.fail() end
+  local box = data._track(ldbox_t(lout[0]), free_loader)
   local self = setmetatable({
-    _l = ffi.gc(lout[0], C.em_loader_free),   -- a collected loader stops its threads
+    _box = box, _l = box._h,
     ds = ds, workers = workers, device = device, pin_memory = o.pin_memory and true or false,
     progress = o.progress ~= false, next_epoch = 1, warned = false, _note = '',
     nfields = tonumber(C.em_dataset_nfields(h)),
   }, Loader)
-  return data._track(self, function(l)
-    if l._l ~= nil then C.em_loader_free(ffi.gc(l._l, nil)); l._l = nil end
-  end)
+  return self
 end
 
 function Loader:size() return tonumber(C.em_dataset_len(self.ds._h)) end
