@@ -587,9 +587,11 @@ em_status em_transform_compose(em_state *S, em_transform *const *ts, int n,
 /* A host function run per sample: it may replace fields[i] (releasing the old
 ** reference) and returns 0, or non-zero with a message in err. worker is the
 ** worker's number (0 ..), or -1 on the thread that called the loader; calls for
-** different workers run concurrently. release(ud) runs when the transform dies. */
-typedef int (*em_sample_fn)(void *ud, int worker, em_tensor **fields, int nfields,
-                            char *err, size_t errlen);
+** different workers run concurrently. seed is the sample's own random seed (from
+** the map's seed, the epoch and the index), for randomness that must not depend
+** on which worker runs the sample. release(ud) runs when the transform dies. */
+typedef int (*em_sample_fn)(void *ud, int worker, uint64_t seed, em_tensor **fields,
+                            int nfields, char *err, size_t errlen);
 em_status em_transform_custom(em_state *S, const char *name, em_sample_fn fn, void *ud,
                               void (*release)(void *ud), em_transform **out);
 /* Applies t to fields[0 .. nfields) in place, drawing randomness from (seed, index). */

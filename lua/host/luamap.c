@@ -50,8 +50,8 @@ typedef struct ember_luamap {
 } ember_luamap;
 
 void *ember_luamap_new(const char *blob, size_t len, const char *path, const char *cpath);
-int ember_luamap_call(void *ud, int worker, em_tensor **fields, int nfields, char *err,
-                      size_t errlen);
+int ember_luamap_call(void *ud, int worker, uint64_t seed, em_tensor **fields, int nfields,
+                      char *err, size_t errlen);
 void ember_luamap_release(void *ud);
 int ember_luamap_live(void);
 
@@ -182,8 +182,8 @@ static int open_slot(ember_luamap *m, luamap_slot *s, int worker, char *err, siz
   return 0;
 }
 
-int ember_luamap_call(void *ud, int worker, em_tensor **fields, int nfields, char *err,
-                      size_t errlen) {
+int ember_luamap_call(void *ud, int worker, uint64_t seed, em_tensor **fields, int nfields,
+                      char *err, size_t errlen) {
   ember_luamap *m = ud;
   char who[64];
   prefix(who, sizeof who, worker);
@@ -206,7 +206,8 @@ int ember_luamap_call(void *ud, int worker, em_tensor **fields, int nfields, cha
     lua_rawgeti(L, LUA_REGISTRYINDEX, s->runner);
     lua_pushlightuserdata(L, fields);
     lua_pushinteger(L, nfields);
-    if (lua_pcall(L, 2, 0, 0) != 0) {
+    lua_pushnumber(L, (lua_Number)(seed >> 11));   /* 53 bits: exact in a double */
+    if (lua_pcall(L, 3, 0, 0) != 0) {
       snprintf(err, errlen, "%s: %s", who, message(L));
       rc = 1;
     }

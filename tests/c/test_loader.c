@@ -221,14 +221,14 @@ static void test_failing_allocations(void) {
 }
 
 /* -- Custom transforms: a failing sample, and out-of-order completion ------------------------ */
-static int fail_on_7(void *ud, int worker, em_tensor **fields, int nfields, char *err,
+static int fail_on_7(void *ud, int worker, uint64_t seed, em_tensor **fields, int nfields, char *err,
                      size_t errlen) {
   int64_t label = (int64_t)t_get(fields[1], 0);
   if (label == 7) { snprintf(err, errlen, "sample with label 7 is bad"); return 1; }
   return 0;
 }
 
-static int slow_early(void *ud, int worker, em_tensor **fields, int nfields, char *err,
+static int slow_early(void *ud, int worker, uint64_t seed, em_tensor **fields, int nfields, char *err,
                       size_t errlen) {
   int64_t label = (int64_t)t_get(fields[1], 0);
   struct timespec ts = {0, (long)(20 - label) * 300000L};   /* earlier = slower */

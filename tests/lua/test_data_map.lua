@@ -243,4 +243,23 @@ H.test('a plain luajit host uses libember_lua.so', function()
   H.check(out:find('live 0', 1, true), out)
 end)
 
+H.test('randomness inside fn is per sample: same for any worker count, new each epoch', function()
+  local ds = em.data.tensors(em.zeros(12, 3), em.arange(1, 13))
+    :map(function(x, y) return x + em.rand(3), y end, { seed = 4 }):batch(4)
+  local function run(workers)
+    local l = ds:loader{ workers = workers }
+    local r = {}
+    for e = 1, 2 do
+      for x in l:epoch(e) do r[#r + 1] = x:clone() end
+    end
+    return r
+  end
+  local a, b = run(0), run(3)
+  local same = #a == #b
+  for i = 1, #a do same = same and a[i]:eq(b[i]):all():item() end
+  H.check(same, 'workers 0 and 3 give the same random values')
+  H.check(not a[1]:eq(a[4]):all():item(), 'epoch 2 draws other values than epoch 1')
+  H.check(not a[1][1]:eq(a[1][2]):all():item(), 'samples draw different values')
+end)
+
 H.done()

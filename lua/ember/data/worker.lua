@@ -7,8 +7,9 @@ workers already are the parallelism). load(blob) rebuilds the user's function
 from what ember.data.luamap serialized in the main state and returns the
 runner the C side calls per sample:
 
-  runner(fields, n)   fields: lightuserdata em_tensor*[n], the sample's fields
-                      (owned by the loader, belonging to the main em_state)
+  runner(fields, n, seed)   fields: lightuserdata em_tensor*[n], the sample's
+                      fields (owned by the loader, belonging to the main em_state);
+                      seed: the sample's seed, given to em.manual_seed first
 
 It copies each field into this state (em_clone: nothing of the main state's is
 referenced once the call returns), calls fn(x, y, ...) and writes its results
@@ -24,6 +25,8 @@ local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap = core.C, core.S, core.wrap
 local box_t, istype = core.box_t, ffi.istype
+
+local manual_seed = require('ember').manual_seed
 
 local M = {}
 
@@ -140,7 +143,10 @@ function M.load(blob, worker)
     end
   end
 
-  return function(lud, n)
+  -- em's generator is seeded per sample, so em.rand & co. inside fn give the same
+  -- values whichever worker runs the sample.
+  return function(lud, n, seed)
+    manual_seed(seed)
     local fields = ffi.cast('em_tensor **', lud)
     local args = {}
     for i = 1, n do
