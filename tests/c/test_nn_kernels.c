@@ -8,44 +8,7 @@
 #include "check.h"
 
 /* -- Fixture file: "name ndim sizes... values..." per line ---------------------- */
-typedef struct fx_arr { char name[48]; int ndim; int64_t sizes[8]; int64_t n; double *v; } fx_arr;
-static fx_arr *fx;
-static int nfx;
-
-static int fx_load(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  int cap = 0;
-  char name[48];
-  while (fscanf(f, "%47s", name) == 1) {
-    if (nfx == cap) { cap = cap ? cap * 2 : 256; fx = realloc(fx, sizeof *fx * cap); }
-    fx_arr *a = &fx[nfx++];
-    memset(a, 0, sizeof *a);
-    snprintf(a->name, sizeof a->name, "%s", name);
-    if (fscanf(f, "%d", &a->ndim) != 1) break;
-    a->n = 1;
-    for (int d = 0; d < a->ndim; d++) {
-      long long s;
-      if (fscanf(f, "%lld", &s) != 1) break;
-      a->sizes[d] = s;
-      a->n *= s;
-    }
-    a->v = malloc(sizeof(double) * (a->n + 1));
-    for (int64_t i = 0; i < a->n; i++)
-      if (fscanf(f, "%lf", &a->v[i]) != 1) break;
-  }
-  fclose(f);
-  return nfx > 0;
-}
-
-static const fx_arr *get(const char *fmt, int i) {
-  char name[64];
-  snprintf(name, sizeof name, fmt, i);
-  for (int k = 0; k < nfx; k++)
-    if (!strcmp(fx[k].name, name)) return &fx[k];
-  printf("  missing fixture %s\n", name);
-  return NULL;
-}
+#include "fixtures.h"
 
 /* A tensor of dtype dt from fixture array; nc: a non-contiguous view (last two
 ** dims transposed in memory) holding the same values. */

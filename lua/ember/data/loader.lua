@@ -26,13 +26,7 @@ local C, S, wrap, raise = core.C, core.S, core.wrap, core.raise
 pcall(ffi.cdef, 'int isatty(int fd);')
 ffi.cdef [[ typedef struct em_ldbox { em_loader *_h; } em_ldbox; ]]
 -- The box's finalizer frees the loader (stopping its threads): see data.lua, Lifetime.
-local function free_loader(b)
-  if b._h ~= nil then
-    local h = b._h
-    b._h = nil
-    C.em_loader_free(h)
-  end
-end
+local free_loader = require('ember.data')._releaser(C.em_loader_free)
 local ldbox_t = ffi.metatype('em_ldbox', { __gc = free_loader })
 local WAIT_WARN = 0.10
 

@@ -17,13 +17,7 @@ local tout = ffi.new('em_transform*[1]')
 local fields = ffi.new('em_tensor*[4]')
 local box_t
 
-local function release(b)
-  if b._h ~= nil then
-    local h = b._h
-    b._h = nil
-    C.em_transform_release(h)
-  end
-end
+local release = require('ember.data')._releaser(C.em_transform_release)
 
 local function new()
   local b = box_t(tout[0])
