@@ -281,6 +281,42 @@ H.test('a script that ends mid-epoch exits cleanly (threads stopped before the s
   end
 end)
 
+H.test('fashion_mnist / mnist: files found under root, gzip or raw, split names', function()
+  local base = os.tmpname()
+  os.remove(base)
+  local root = base .. '-fmnist'
+  os.execute('mkdir -p ' .. root)
+  local function be32(n)
+    return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
+      math.floor(n / 256) % 256, n % 256)
+  end
+  local function write(name, bytes)
+    local f = assert(io.open(root .. '/' .. name, 'wb')); f:write(bytes); f:close()
+  end
+  local px = {}
+  for i = 0, 2 * 28 * 28 - 1 do px[#px + 1] = string.char(i % 251) end
+  write('t10k-images-idx3-ubyte', '\0\0\8\3' .. be32(2) .. be32(28) .. be32(28) .. table.concat(px))
+  write('t10k-labels-idx1-ubyte', '\0\0\8\1' .. be32(2) .. '\9\0')
+  local ds = em.data.fashion_mnist{ split = 'test', root = root }
+  H.eq(#ds, 2)
+  H.eq(ds[1][1].shape, { 1, 28, 28 })
+  H.eq(ds[1][1].dtype, 'uint8')
+  H.eq({ ds[1][2]:item(), ds[2][2]:item() }, { 10, 1 }, 'labels shifted to 1-based')
+  H.eq(ds[2][1]:view(-1)[1], 784 % 251)
+  H.eq(ds.images.shape, { 2, 1, 28, 28 })
+  H.eq(#em.data.mnist{ split = 'test', root = root }, 2)
+  if os.execute('gzip -q ' .. root .. '/t10k-images-idx3-ubyte') == 0 or
+     os.execute('test -f ' .. root .. '/t10k-images-idx3-ubyte.gz') then
+    H.eq(em.data.fashion_mnist{ split = 'test', root = root }[2][1]:sum():item(),
+      ds[2][1]:sum():item(), 'the gzipped file reads the same')
+  end
+  H.raises(function() em.data.fashion_mnist{ split = 'train', root = root } end,
+    'fashion_mnist', 'train-images-idx3-ubyte', root)
+  H.raises(function() em.data.fashion_mnist{ split = 'validation', root = root } end,
+    'fashion_mnist', 'split')
+  os.execute('rm -rf ' .. root)
+end)
+
 H.test('loader state_dict: a resumed loader continues with the next epoch', function()
   local ds = em.data.tensors(em.arange(1, 21)):shuffle{ seed = 5 }:batch(20)
   local a = ds:loader{}
