@@ -14,6 +14,7 @@ holding one reference to its C node, released by the box's finalizer.
   ds:shuffle{seed}          ds:map(T or fn)        ds:batch(n, {drop_last})
   ds:shard(rank, world_size, {drop_remainder})      ds:take(n)
   ds:loader{workers, prefetch, pin_memory, device, progress}
+  em.data.load_image(path, {channels}) / save_image(t, path, {quality})
 
 Seeds. A stage given no seed draws one from em's generator when it is built, so
 em.manual_seed(n) before building the pipeline makes every epoch reproducible.
@@ -209,6 +210,22 @@ local function data_root(opts, folder)
   local env = os.getenv('EMBER_DATA')
   if env and env ~= '' then return env .. '/' .. folder end
   return '/usr/share/datasets/' .. folder
+end
+
+-- Images one at a time (core/io/image.c): uint8 (C, H, W).
+function M.load_image(path, o)
+  if type(path) ~= 'string' then raise('load_image: expected a file path, got ' .. kindof(path)) end
+  o = opts_table('load_image', o)
+  local ch = o.channels or 3
+  if ch ~= 0 and ch ~= 3 then raise('load_image: channels must be 3 (RGB) or 0 (as stored)') end
+  if C.em_image_load(S, path, ch, out) ~= 0 then core.fail() end
+  return wrap(out[0])
+end
+
+function M.save_image(t, path, o)
+  if type(path) ~= 'string' then raise('save_image: expected a file path, got ' .. kindof(path)) end
+  o = opts_table('save_image', o)
+  if C.em_image_save(S, path, core.H(t, 'save_image', 1), o.quality or 0) ~= 0 then core.fail() end
 end
 
 function M.idx(images, labels)

@@ -317,6 +317,22 @@ H.test('fashion_mnist / mnist: files found under root, gzip or raw, split names'
   os.execute('rm -rf ' .. root)
 end)
 
+H.test('load_image / save_image: PNG exact, JPEG close, errors name the file', function()
+  local base = os.tmpname()
+  local img = em.arange(0, 3 * 5 * 7):remainder(256):to('uint8'):view(3, 5, 7)
+  em.data.save_image(img, base .. '.png')
+  local back = em.data.load_image(base .. '.png')
+  H.eq(back.shape, { 3, 5, 7 })
+  H.check(back:eq(img):all():item(), 'PNG round trip is exact')
+  local smooth = (em.arange(0, 64):view(1, 8, 8):expand(3, 8, 8) * 2):to('uint8')
+  em.data.save_image(smooth, base .. '.jpg', { quality = 95 })
+  local j = em.data.load_image(base .. '.jpg')
+  H.check((j:float() - smooth:float()):abs():mean():item() < 3, 'JPEG close to the original')
+  H.raises(function() em.data.load_image(base .. '.missing.png') end, base .. '.missing.png')
+  H.raises(function() em.data.save_image(img, base .. '.bmp') end, '.bmp', '.png, .jpg or .jpeg')
+  os.remove(base .. '.png'); os.remove(base .. '.jpg'); os.remove(base)
+end)
+
 H.test('loader state_dict: a resumed loader continues with the next epoch', function()
   local ds = em.data.tensors(em.arange(1, 21)):shuffle{ seed = 5 }:batch(20)
   local a = ds:loader{}
