@@ -111,7 +111,7 @@ awk -v torch=$torch '
     n = split(target, w, " "); verdict = ""
     if (w[1] == "ratio" && n >= 3 && rs !~ /n\/a/) verdict = cmp(r, w[2], w[3])
     else if (w[1] != "ratio" && n >= 2) verdict = cmp(v, w[1], w[2])
-    printf "%-13s ember %9.4g %-8s %s %s  (target %s)%s\n", name, v, unit, t, rs, target,
+    printf "%-24s ember %9.4g %-8s %s %s  (target %s)%s\n", name, v, unit, t, rs, target,
            verdict == "" ? "" : "  " verdict
   }
 ' "$TMP/torch.best" "$TMP/ember"
