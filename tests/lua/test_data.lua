@@ -333,6 +333,25 @@ H.test('load_image / save_image: PNG exact, JPEG close, errors name the file', f
   os.remove(base .. '.png'); os.remove(base .. '.jpg'); os.remove(base)
 end)
 
+H.test('telling the user: plain progress lines off a terminal, the >10% wait warning', function()
+  local ember = arg and arg[-1]
+  if not ember then return H.skip('no ember binary in arg[-1]') end
+  -- every sample busy-waits 10 ms on the consumer's thread (workers = 0): the loop
+  -- waits for data nearly all of the 1.2 s epoch
+  local code = "local ds = em.data.tensors(em.zeros(120, 2)):map(function(x) " ..
+    "local t = os.clock() while os.clock() - t < 0.01 do end return x end):batch(10); " ..
+    "local l = ds:loader{workers = 0, progress = 0.3}; for x in l:epoch() do end; " ..
+    "io.stdout:write(('frac %.2f'):format(l:stats().wait_fraction))"
+  local p = io.popen(ember .. ' -e "' .. code .. '" 2>&1 | cat')
+  local out = p:read('*a')
+  p:close()
+  H.check(out:find('epoch 1  %d+/12 batches'), 'a plain progress line: ' .. out)
+  H.check(out:find('waited for data %d+%% of epoch 1'), 'the warning: ' .. out)
+  H.check(out:find('ds:loader{workers = ', 1, true), 'it says what to raise: ' .. out)
+  local frac = tonumber(out:match('frac ([%d.]+)'))
+  H.check(frac and frac > 0.9, 'wait fraction near 1: ' .. tostring(frac))
+end)
+
 H.test('loader state_dict: a resumed loader continues with the next epoch', function()
   local ds = em.data.tensors(em.arange(1, 21)):shuffle{ seed = 5 }:batch(20)
   local a = ds:loader{}

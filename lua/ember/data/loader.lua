@@ -13,7 +13,7 @@ a one-line warning when the training loop waits for data too long.
 
 The bar: redrawn in place at most 10 times a second when stdout is a terminal;
 otherwise a plain line every 10 seconds (none for epochs shorter than that), so
-logs stay readable. progress = false turns both off.
+logs stay readable; progress = n (seconds) sets that interval, false turns both off.
 
 pin_memory and device: batches go to `device` with :to() (the CUDA backend
 will hand the loader a pinned buffer allocator through em_loader_config; on a
@@ -71,7 +71,8 @@ function Loader.new(ds, o)
   local self = setmetatable({
     _box = box, _l = box._h,
     ds = ds, workers = workers, device = device, pin_memory = o.pin_memory and true or false,
-    progress = o.progress ~= false, next_epoch = 1, warned = false, _note = '',
+    progress = o.progress ~= false, next_epoch = 1,
+    interval = type(o.progress) == 'number' and o.progress or 10, warned = false, _note = '',
     nfields = tonumber(C.em_dataset_nfields(h)),
   }, Loader)
   return self
@@ -97,7 +98,7 @@ end
 local function draw(self, st, final)
   if not self.progress then return end
   local t = now()
-  if not final and t - self.last_draw < (self.tty and 0.1 or 10) then return end
+  if not final and t - self.last_draw < (self.tty and 0.1 or self.interval) then return end
   st = st or self:stats()
   if self.tty then
     self.last_draw = t
