@@ -222,6 +222,7 @@ em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfield
   char err[EMI_ERRMSG_SIZE];
   if (l->nworkers == 0) {
     st = compute(l, -1, l->pos, out, err);
+    if (!st) l->pos++;
   } else {
     pthread_mutex_lock(&l->mu);
     slot *s = &l->slots[l->pos % l->prefetch];
@@ -231,6 +232,7 @@ em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfield
     if (st) memcpy(err, s->err, sizeof err);
     for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) s->f[k] = NULL;
     s->index = -1;
+    if (!st) l->pos++;                 /* under the lock: workers read pos */
     pthread_cond_signal(&l->work_cv);  /* one slot is free: one more claim fits */
     pthread_mutex_unlock(&l->mu);
   }
@@ -242,7 +244,6 @@ em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfield
     for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(out[k]); out[k] = NULL; }
     return emi_error(S, st, "%s", err);
   }
-  l->pos++;
   l->items++;
   const em_tensor *x = out[0];
   l->samples += l->d->batched && x && x->ndim > 0 ? x->sizes[0] : 1;
