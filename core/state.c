@@ -87,8 +87,11 @@ em_status em_set_num_threads(em_state *S, int n) {
 
 int em_get_num_threads(em_state *S) { return S->num_threads; }
 
-int64_t em_memory_allocated(em_state *S) { return S->mem_allocated; }
-int64_t em_memory_peak(em_state *S) { return S->mem_peak; }
+/* Loader workers allocate concurrently: the counters are read atomically. */
+int64_t em_memory_allocated(em_state *S) {
+  return __atomic_load_n(&S->mem_allocated, __ATOMIC_RELAXED);
+}
+int64_t em_memory_peak(em_state *S) { return __atomic_load_n(&S->mem_peak, __ATOMIC_RELAXED); }
 
 const char *em_version(void) { return "0.1.0"; }
 

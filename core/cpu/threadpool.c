@@ -99,7 +99,7 @@ emi_pool *emi_pool_new(em_state *S, int nthreads) {
 void emi_pool_free(emi_pool *p) {
   if (!p) return;
   pthread_mutex_lock(&p->mu);
-  p->stop = 1;
+  __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);   // spinning workers read it unlocked
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->mu);
   for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
