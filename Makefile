@@ -3,6 +3,7 @@
 #   make            build/libember.so, build/libember.a, build/ember
 #   make test       C and Lua tests; ends with "N passed, N failed"
 #   make test SANITIZE=1   the C tests under AddressSanitizer + UBSan
+#   make test SANITIZE=thread   the input pipeline's tests under ThreadSanitizer
 #   make run        the main example
 #   make bench      tests/bench/ (ember beside PyTorch where it is installed)
 #   make install PREFIX=/usr/local
@@ -19,6 +20,10 @@ CC       ?= cc
 ifeq ($(SANITIZE),1)
 BUILD    := build-asan
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT      := -O1 -g
+else ifeq ($(SANITIZE),thread)
+BUILD    := build-tsan
+SANFLAGS := -fsanitize=thread
 OPT      := -O1 -g
 else
 BUILD    := build
@@ -141,6 +146,10 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a
 ifeq ($(SANITIZE),1)
 test: deps $(CTEST_BIN)
 	@sh tests/run.sh --c-only $(BUILD)
+else ifeq ($(SANITIZE),thread)
+# The code that runs on several threads: the loader, its stages and transforms.
+test: all $(CTEST_BIN)
+	@sh tests/run.sh --only 'loader|data|transforms' $(BUILD)
 else
 test: all $(CTEST_BIN)
 	@sh tests/run.sh $(BUILD)
@@ -167,6 +176,6 @@ install: all
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ember.pc
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d)

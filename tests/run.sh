@@ -1,8 +1,10 @@
 #!/bin/sh
 # run.sh -- runs the test programs and adds up their results.
 #
-#   sh tests/run.sh [--c-only] BUILD_DIR
+#   sh tests/run.sh [--c-only] [--only REGEX] BUILD_DIR
 #
+# --only runs just the programs whose names match the extended regex (the
+# ThreadSanitizer pass runs the tests of the concurrent code this way).
 # Runs every BUILD_DIR/tests/test_* C program and, unless --c-only, every
 # tests/lua/test_*.lua with BUILD_DIR/ember. Each program prints one line per check
 # group or failure and ends with `#counts PASSED FAILED`; this script prints their
@@ -12,8 +14,9 @@
 # its counts adds one failure, reported by name. The exit status is non-zero when
 # anything failed.
 
-c_only=0
+c_only=0 only=""
 if [ "$1" = "--c-only" ]; then c_only=1; shift; fi
+if [ "$1" = "--only" ]; then only=$2; shift 2; fi
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TIMEOUT=${EMBER_TEST_TIMEOUT:-600}
@@ -30,6 +33,7 @@ command -v timeout >/dev/null 2>&1 && have_timeout=1
 # run_one NAME COMMAND...: runs it, streams its output, adds its counts.
 run_one() {
   name=$1; shift
+  if [ -n "$only" ] && ! echo "$name" | grep -Eq "$only"; then return; fi
   echo "== $name"
   # The exit status travels through a file: in a pipeline sh keeps only tee's.
   {
