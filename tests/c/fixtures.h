@@ -1,7 +1,8 @@
 /*
 ** fixtures.h -- reads the plain-text fixture files that tests/fixtures/gen_*.py
 ** write with PyTorch ("name ndim sizes... values..." per array), for the C tests
-** that compare against them (test_nn_kernels.c, test_transforms.c).
+** that compare against them (test_nn_kernels.c, test_transforms.c), and where the
+** fixtures are (fx_locate, for every C test that reads tests/fixtures/).
 */
 #ifndef EMBER_TEST_FIXTURES_H
 #define EMBER_TEST_FIXTURES_H
@@ -9,13 +10,30 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The path of tests/<rel>: under $EMBER_TESTS, else tests/ in the current folder,
+** else the source tree this program was built in (BUILD/tests/ -> ../../tests). */
+static inline void fx_locate(char *out, size_t n, const char *rel) {
+  const char *tests = getenv("EMBER_TESTS");
+  struct stat sb;
+  snprintf(out, n, "%s/%s", tests ? tests : "tests", rel);
+  if (tests || stat(out, &sb) == 0) return;
+  char exe[256];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[k > 0 ? k : 0] = 0;
+  char *slash = strrchr(exe, '/');
+  if (slash) *slash = 0;
+  snprintf(out, n, "%s/../../tests/%s", exe, rel);
+}
 
 typedef struct fx_arr { char name[48]; int ndim; int64_t sizes[8]; int64_t n; double *v; } fx_arr;
-static fx_arr *fx;
-static int nfx;
+static fx_arr *fx __attribute__((unused));
+static int nfx __attribute__((unused));
 
 /* Loads every array of the file; 0 when it is missing or empty. */
-static int fx_load(const char *path) {
+static inline int fx_load(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return 0;
   int cap = 0;
@@ -42,7 +60,7 @@ static int fx_load(const char *path) {
 }
 
 /* The array named by printf(fmt, i), or NULL (and a line saying it is missing). */
-static const fx_arr *get(const char *fmt, int i) {
+static inline const fx_arr *get(const char *fmt, int i) {
   char name[64];
   snprintf(name, sizeof name, fmt, i);
   for (int k = 0; k < nfx; k++)

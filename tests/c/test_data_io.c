@@ -18,6 +18,7 @@
 **     files, gray to RGB, bilinear resize, batching, a corrupt file named.
 */
 #include "check.h"
+#include "fixtures.h"
 #include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -735,19 +736,7 @@ static void remove_tree(const char *path, int depth) {
 }
 
 int main(void) {
-  /* The fixtures: $EMBER_TESTS, else tests/ under the current folder, else the
-  ** source tree this program was built in (BUILD/tests/ -> ../../tests). */
-  const char *tests = getenv("EMBER_TESTS");
-  struct stat sb;
-  snprintf(fixtures, sizeof fixtures, "%s/fixtures/data", tests ? tests : "tests");
-  if (!tests && stat(fixtures, &sb) != 0) {
-    char exe[256];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = 0;
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = 0;
-    snprintf(fixtures, sizeof fixtures, "%s/../../tests/fixtures/data", exe);
-  }
+  fx_locate(fixtures, sizeof fixtures, "fixtures/data");
   snprintf(dir, sizeof dir, "/tmp/ember-dio-XXXXXX");
   if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
   em_state *S;

@@ -540,9 +540,8 @@ static void test_failalloc(em_state *S0) {
 }
 
 int main(void) {
-  const char *tests = getenv("EMBER_TESTS");
   char path[512];
-  snprintf(path, sizeof path, "%s/fixtures/nn_kernels.txt", tests ? tests : "tests");
+  fx_locate(path, sizeof path, "fixtures/nn_kernels.txt");
   em_state *S;
   em_config cfg;
   em_config_init(&cfg);

@@ -17,6 +17,7 @@
 **     EM_ERR_NOMEM for every N and give every byte back.
 */
 #include "check.h"
+#include "fixtures.h"
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
@@ -650,19 +651,7 @@ static void cleanup(void) {
 }
 
 int main(void) {
-  /* The fixtures: $EMBER_TESTS, else tests/ under the current folder, else the
-  ** source tree this program was built in (BUILD/tests/ -> ../../tests). */
-  const char *tests = getenv("EMBER_TESTS");
-  struct stat sb;
-  snprintf(fixtures, sizeof fixtures, "%s/fixtures/safetensors", tests ? tests : "tests");
-  if (!tests && stat(fixtures, &sb) != 0) {
-    char exe[256];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = 0;
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = 0;
-    snprintf(fixtures, sizeof fixtures, "%s/../../tests/fixtures/safetensors", exe);
-  }
+  fx_locate(fixtures, sizeof fixtures, "fixtures/safetensors");
   /* tmpfs when there is one: thousands of small files, and fsync costs nothing */
   snprintf(dir, sizeof dir, "/dev/shm/ember-st-XXXXXX");
   if (!mkdtemp(dir)) {

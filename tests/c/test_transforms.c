@@ -891,9 +891,8 @@ static void test_failalloc(void) {
 }
 
 int main(void) {
-  const char *tests = getenv("EMBER_TESTS");
   char path[512];
-  snprintf(path, sizeof path, "%s/fixtures/transforms.txt", tests ? tests : "tests");
+  fx_locate(path, sizeof path, "fixtures/transforms.txt");
   em_state *S;
   em_config cfg;
   em_config_init(&cfg);
