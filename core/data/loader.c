@@ -177,14 +177,22 @@ void em_loader_stop(em_loader *l) {
 }
 
 em_status em_loader_start(em_state *S, em_loader *l, int64_t epoch) {
+  return em_loader_start_at(S, l, epoch, 0);
+}
+
+em_status em_loader_start_at(em_state *S, em_loader *l, int64_t epoch, int64_t first) {
   if (!l) return emi_error(S, EM_ERR_ARG, "loader: no loader given");
+  if (first < 0 || first > l->d->len)
+    return emi_error(S, EM_ERR_INDEX, "loader: can't start at item %lld of an epoch of %lld",
+                     (long long)first, (long long)l->d->len);
   em_loader_stop(l);
   l->stop = 0;
   l->epoch = epoch;
   l->total = l->d->len;
-  l->claim = l->pos = 0;
+  l->claim = l->pos = first;
   l->fail_at = INT64_MAX;
-  l->items = l->samples = 0;
+  l->items = first;                  /* the bar counts skipped items as done */
+  l->samples = 0;
   l->wait_s = 0;
   l->t_start = l->t_last = now_s();
   /* Workers must not take the host's signals (Ctrl-C belongs to the consumer). */

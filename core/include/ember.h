@@ -613,7 +613,8 @@ typedef struct em_loader_config {
 } em_loader_config;
 typedef struct em_loader_stats {
   int64_t epoch;          /* the current (or last) epoch */
-  int64_t items;          /* items (batches) handed out this epoch */
+  int64_t items;          /* items (batches) of the epoch done: handed out, and
+                          ** skipped by em_loader_start_at */
   int64_t samples;        /* samples in them (batch sizes summed) */
   int64_t total_items;    /* items in the epoch */
   double elapsed_s;       /* since the epoch started */
@@ -624,6 +625,9 @@ em_status em_loader_new(em_state *S, em_dataset *d, const em_loader_config *cfg,
                         em_loader **out);
 /* Starts an epoch (stopping one under way): workers begin computing item 0 on. */
 em_status em_loader_start(em_state *S, em_loader *l, int64_t epoch);
+/* The same from item `first` (resuming an interrupted epoch: the items before it
+** are skipped without being computed). */
+em_status em_loader_start_at(em_state *S, em_loader *l, int64_t epoch, int64_t first);
 /* The next item into out[0 .. nfields) (new references); out must have room for
 ** EM_DATA_MAX_FIELDS (the rest are set to NULL). *nfields = 0 at the end of the
 ** epoch. An error in a worker stops the epoch and is returned here, after every

@@ -362,6 +362,33 @@ H.test('loader state_dict: a resumed loader continues with the next epoch', func
   b:load_state_dict(sd)
   H.eq(epoch_labels(b), want)
   H.raises(function() b:load_state_dict(3) end, 'load_state_dict')
+  -- interrupted mid-epoch: the restored loader goes on with the same order
+  local ds2 = em.data.tensors(em.arange(1, 31)):shuffle{ seed = 6 }:batch(4)
+  local c = ds2:loader{ workers = 2 }
+  epoch_labels(c)
+  local whole = epoch_labels(ds2:loader{}, 2)
+  local seen, k = {}, 0
+  for y in c:epoch() do
+    k = k + 1
+    for _, v in ipairs(y:totable()) do seen[#seen + 1] = v end
+    if k == 3 then break end
+  end
+  local sd2 = c:state_dict()
+  H.eq({ sd2.epoch, sd2.position, sd2.next_epoch }, { 2, 3, 3 })
+  local d = ds2:loader{ workers = 2 }
+  d:load_state_dict(sd2)
+  for _, v in ipairs(epoch_labels(d)) do seen[#seen + 1] = v end
+  H.eq(seen, whole, 'the first 3 batches, then the rest of epoch 2')
+  H.eq(d:stats().batches, 8)
+  H.eq(#epoch_labels(d), 30, 'then epoch 3 whole')
+  H.eq(d:stats().epoch, 3)
+  -- through a checkpoint file
+  local path = os.tmpname()
+  em.checkpoint.save(path, { loader = c })
+  local e = ds2:loader{}
+  em.checkpoint.load(path, { loader = e })
+  H.eq(e:state_dict().next_epoch, 3)
+  os.remove(path)
 end)
 
 H.test('ds:map runs per sample; T objects apply to one tensor', function()

@@ -9,7 +9,7 @@ a one-line warning when the training loop waits for data too long.
                      elapsed_s}
   loader:note('loss 0.31')                       -- text at the end of the bar
   loader:size()                                  -- batches per epoch
-  loader:state_dict() / load_state_dict(t)       -- the next epoch, for em.checkpoint
+  loader:state_dict() / load_state_dict(t)       -- where it is, for em.checkpoint
 
 The bar: redrawn in place at most 10 times a second when stdout is a terminal;
 otherwise a plain line every 10 seconds (none for epochs shorter than that), so
@@ -140,10 +140,14 @@ local outs = ffi.new('em_tensor*[4]')
 local nout = ffi.new('int[1]')
 
 function Loader:epoch(n)
-  if n == nil then n = self.next_epoch end
+  local first, r = 0, self.resume
+  if n == nil then n = r and r.epoch or self.next_epoch end
   if type(n) ~= 'number' or n % 1 ~= 0 then raise('loader:epoch: n must be an integer epoch number') end
+  if r and r.epoch == n then first = r.position end     -- a restored, interrupted epoch
+  self.resume = nil
   self.next_epoch = n + 1
-  if C.em_loader_start(S, self._l, n) ~= 0 then core.fail() end
+  if C.em_loader_start_at(S, self._l, n, first) ~= 0 then core.fail() end
+  self.running = true
   self.tty = self.progress and is_tty()
   self.last_draw, self.width = now(), 0
   local l, nf, dev = self._l, self.nfields, self.device
@@ -151,12 +155,12 @@ function Loader:epoch(n)
   return function()
     if done then return nil end
     if C.em_loader_next(S, l, outs, nout) ~= 0 then
-      done = true
+      done, self.running = true, false
       draw(self, nil, true)
       core.fail()
     end
     if nout[0] == 0 then
-      done = true
+      done, self.running = true, false
       local st = self:stats()
       draw(self, st, true)
       warn_wait(self, st)
@@ -172,14 +176,24 @@ function Loader:epoch(n)
   end
 end
 
--- For em.checkpoint: which epoch comes next, so a resumed run reshuffles as the
--- original would have. (A resumed run restarts the interrupted epoch from its start.)
-function Loader:state_dict() return { next_epoch = self.next_epoch } end
+-- For em.checkpoint: the epoch under way and how many batches of it were taken,
+-- or the next epoch. A restored loader's next epoch() goes on from there: the same
+-- order (a function of seed and epoch), the batches already seen skipped without
+-- being computed.
+function Loader:state_dict()
+  if self.running then
+    local st = self:stats()
+    return { next_epoch = self.next_epoch, epoch = st.epoch, position = st.batches }
+  end
+  return { next_epoch = self.next_epoch }
+end
+
 function Loader:load_state_dict(sd)
   if type(sd) ~= 'table' or type(sd.next_epoch) ~= 'number' then
     raise('loader:load_state_dict: expected a table from loader:state_dict()')
   end
   self.next_epoch = sd.next_epoch
+  self.resume = sd.position and { epoch = sd.epoch, position = sd.position } or nil
 end
 
 -- Stops the workers now (they also stop when the loader is collected).
