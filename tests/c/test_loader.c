@@ -9,7 +9,8 @@
 **  - a custom transform that fails on one sample: the consumer gets every item
 **    before it, then the error naming the sample, then the epoch is over;
 **  - items in order under workers that finish out of order (custom transforms
-**    that sleep longer for earlier samples).
+**    that sleep longer for earlier samples);
+**  - starting an epoch part-way (resuming from a checkpoint).
 */
 #include "check.h"
 #include <pthread.h>
@@ -289,11 +290,40 @@ static void test_worker_errors_and_order(em_state *S) {
   em_transform_release(bad); em_transform_release(slow);
 }
 
+/* em_loader_start_at: items from `first` on, the count of done items includes the
+** skipped ones, and a start past the end is refused. */
+static void test_start_at(em_state *S) {
+  em_dataset *src = NULL;
+  em_loader *l = NULL;
+  REQUIRE_OK(S, make_source(S, &src));
+  em_loader_config cfg;
+  em_loader_config_init(&cfg);
+  cfg.workers = 2;
+  REQUIRE_OK(S, em_loader_new(S, src, &cfg, &l));
+  REQUIRE_OK(S, em_loader_start_at(S, l, 1, 15));
+  em_tensor *out[EM_DATA_MAX_FIELDS];
+  int nf, got = 0;
+  double first = 0;
+  while (em_loader_next(S, l, out, &nf) == EM_OK && nf > 0) {
+    if (got++ == 0) first = t_get(out[1], 0);
+    for (int k = 0; k < nf; k++) em_tensor_release(out[k]);
+  }
+  CHECK(got == 5 && first == 16, "items 16..20: %d items from label %g", got, first);
+  em_loader_stats stats;
+  em_loader_stats_get(l, &stats);
+  CHECK(stats.items == 20 && stats.samples == 5, "stats %lld items, %lld samples",
+        (long long)stats.items, (long long)stats.samples);
+  CHECK_ERR(S, em_loader_start_at(S, l, 1, 21), EM_ERR_INDEX, "loader", "21");
+  em_loader_free(l);
+  em_dataset_release(src);
+}
+
 int main(void) {
   em_state *S;
   if (em_open(&S, NULL) != EM_OK) return 1;
   RUN(test_buffer_allocator, S);
   RUN(test_worker_errors_and_order, S);
+  RUN(test_start_at, S);
   RUN(test_failing_allocations);
   em_close(S);
   return check_done();
