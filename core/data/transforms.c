@@ -194,27 +194,30 @@ static em_status normalize_apply(em_transform *t, emi_dctx *c, emi_drng *rng,
     return emi_dfail(c, EM_ERR_DTYPE, "normalize: the image %s is %s; normalize needs "
                      "a floating image (put to_float before it)", shp,
                      em_dtype_name(x->dtype));
-  if (x->ndim != 2 && x->ndim != 3)
-    return emi_dfail(c, EM_ERR_SHAPE, "normalize: expects a (C, H, W) or (H, W) image, "
-                     "got %s", shp);
-  int64_t C = x->ndim == 3 ? x->sizes[0] : 1;
+  if (x->ndim < 2 || x->ndim > 4)
+    return emi_dfail(c, EM_ERR_SHAPE, "normalize: expects a (C, H, W) or (H, W) image or a "
+                     "(B, C, H, W) batch, got %s", shp);
+  /* A batch (after ds:batch) is normalized in one pass: B images of (C, H, W). */
+  int64_t B = x->ndim == 4 ? x->sizes[0] : 1, sb = x->ndim == 4 ? x->strides[0] : 0;
+  int64_t C = x->ndim >= 3 ? x->sizes[x->ndim - 3] : 1;
   if (nm->n != 1 && nm->n != C)
     return emi_dfail(c, EM_ERR_SHAPE, "normalize: %d means for an image with %lld "
                      "channel%s %s", nm->n, (long long)C, C == 1 ? "" : "s", shp);
   em_tensor *out;
   if ((st = emi_dtensor_new(c, "normalize", x->sizes, x->ndim, x->dtype, &out))) return st;
   int64_t H = x->sizes[x->ndim - 2], W = x->sizes[x->ndim - 1];
-  int64_t sc = x->ndim == 3 ? x->strides[0] : 0;
+  int64_t sc = x->ndim >= 3 ? x->strides[x->ndim - 3] : 0;
   int64_t sh = x->strides[x->ndim - 2], sw = x->strides[x->ndim - 1];
   size_t es = em_dtype_size(x->dtype);
   const char *base = em_tensor_data(x);
   char *o = em_tensor_data(out);
-  for (int64_t ch = 0; ch < C; ch++) {
+  for (int64_t bc = 0; bc < B * C; bc++) {
+    int64_t b = bc / C, ch = bc % C;
     int k = nm->n == 1 ? 0 : (int)ch;
     double m = nm->mean[k], s = nm->mean[nm->n + k];
     for (int64_t y = 0; y < H; y++) {
-      const char *src = base + (ch * sc + y * sh) * (int64_t)es;
-      char *dst = o + (ch * H + y) * W * (int64_t)es;
+      const char *src = base + (b * sb + ch * sc + y * sh) * (int64_t)es;
+      char *dst = o + (bc * H + y) * W * (int64_t)es;
       if (x->dtype == EM_FLOAT32) {
         float mf = (float)m, sf = (float)s;
         float *d = (float *)dst;

@@ -566,7 +566,8 @@ void em_transform_release(em_transform *t);
 const char *em_transform_name(const em_transform *t);
 /* uint8 -> float32 in [0, 1]; other dtypes -> float32 unscaled. */
 em_status em_transform_to_float(em_state *S, em_transform **out);
-/* (x - mean[c]) / std[c] per channel; n = 1 applies to every channel. */
+/* (x - mean[c]) / std[c] per channel; n = 1 applies to every channel. Also takes a
+** (B, C, H, W) batch: ds:batch(n):map(normalize) works on whole batches at once. */
 em_status em_transform_normalize(em_state *S, const double *mean, const double *std,
                                  int n, em_transform **out);
 /* Zero-pads by `padding` on each side, then crops height x width at a random spot. */

@@ -391,6 +391,25 @@ H.test('loader state_dict: a resumed loader continues with the next epoch', func
   os.remove(path)
 end)
 
+H.test('to_float and normalize also work on whole batches (map after batch)', function()
+  local x = em.randint(0, 256, { 12, 3, 4, 5 }, { dtype = 'uint8' })
+  local ds = em.data.tensors(x)
+  local norm = em.data.T.compose{ em.data.T.to_float(), em.data.T.normalize({ 0.4, 0.5, 0.6 }, { 0.2, 0.25, 0.3 }) }
+  local per_sample, per_batch = {}, {}
+  for b in ds:map(norm):batch(4):loader{}:epoch() do per_sample[#per_sample + 1] = b end
+  for b in ds:batch(4):map(norm):loader{ workers = 2 }:epoch() do per_batch[#per_batch + 1] = b end
+  H.eq(#per_batch, 3)
+  for i = 1, 3 do
+    H.eq(per_batch[i].shape, { 4, 3, 4, 5 })
+    H.close((per_batch[i] - per_sample[i]):abs():max():item(), 0, 1e-6)
+  end
+  -- a strided batch (channels last in memory) gives the same values
+  local cl = x:permute(1, 3, 4, 2):contiguous():permute(1, 4, 2, 3)
+  local s = em.data.tensors(cl):batch(12):map(norm):loader{}:epoch()()
+  H.close((s - em.cat(per_sample, 1)):abs():max():item(), 0, 1e-6)
+  H.raises(function() em.data.T.normalize(0, 1)(em.zeros(2, 2, 2, 2, 2)) end, 'normalize', '(B, C, H, W)')
+end)
+
 H.test('ds:map runs per sample; T objects apply to one tensor', function()
   local x = em.tensor({ { { 0, 51 }, { 102, 255 } } }, { dtype = 'uint8' })   -- (1, 2, 2)
   local ds = em.data.tensors(x:view(1, 1, 2, 2)):map(T.to_float())
