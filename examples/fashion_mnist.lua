@@ -35,8 +35,8 @@ end
 em.manual_seed(opt.seed)
 
 -- -- Data ----------------------------------------------------------------------------------
--- The input pipeline of em.data: shuffled each epoch, u8 -> normalised float32 in
--- C worker threads, batched ahead of the step.
+-- The input pipeline of em.data: shuffled each epoch, batched, and u8 -> normalised
+-- float32 (a whole batch at a time) in C worker threads, ahead of the step.
 local T = em.data.T
 local MEAN, STD = 0.2860, 0.3530
 local norm = T.compose{ T.to_float(), T.normalize(MEAN, STD) }
@@ -46,9 +46,9 @@ local function split(name)
   return ds
 end
 local train = split('train')
-local train_loader = train:shuffle():map(norm):batch(opt.batch)
+local train_loader = train:shuffle():batch(opt.batch):map(norm)
   :loader{ workers = opt.workers }
-local test_loader = split('test'):map(norm):batch(1000):loader{ workers = opt.workers, progress = false }
+local test_loader = split('test'):batch(1000):map(norm):loader{ workers = opt.workers, progress = false }
 
 -- -- Model -------------------------------------------------------------------------------------
 local function build(kind)
