@@ -5,8 +5,10 @@
 ** worker that asks for it).
 **
 ** Image folder layout: root/<class>/<file>, classes sorted by name (class k gets
-** label label_base + k), files sorted by name within a class. Only .jpg, .jpeg
-** and .png files count (any case); other files are skipped, hidden entries too.
+** label label_base + k), files sorted by name within a class; files in folders
+** nested inside a class folder belong to that class (as torchvision's ImageFolder).
+** Only .jpg, .jpeg and .png files count (any case); other files are skipped,
+** hidden entries too.
 ** A listed file that turns out not to be a valid image fails the sample that
 ** reads it, naming the file: it is never silently dropped.
 */
@@ -121,26 +123,42 @@ static char *join(const char *a, const char *b) {
   return p;
 }
 
-/* Names in dir (not hidden) that are directories (want_dirs) or image files,
-** sorted. Returns 0 when dir can't be read. */
-static int list_dir(const char *dir, int want_dirs, strlist *out, int *nomem) {
+/* Nested folders inside a class folder are searched this deep (as torchvision's
+** ImageFolder walks them); the limit stops symlink loops. */
+enum { MAX_DEPTH = 8 };
+
+/* Adds the names in dir (not hidden) that are directories (want_dirs), or the
+** image files in dir and, to MAX_DEPTH, its subfolders (as paths relative to the
+** first dir, prefixed by prefix). Returns 0 when dir can't be read. */
+static int walk_dir(const char *dir, const char *prefix, int want_dirs, int depth,
+                    strlist *out, int *nomem) {
   DIR *d = opendir(dir);
   if (!d) return 0;
   struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
+  while (!*nomem && (e = readdir(d)) != NULL) {
     if (e->d_name[0] == '.') continue;
-    if (!want_dirs && !is_image_name(e->d_name)) continue;
     char *p = join(dir, e->d_name);
+    char *rel = *prefix ? join(prefix, e->d_name) : strdup(e->d_name);
     struct stat sb;
-    int keep = p && stat(p, &sb) == 0 && (want_dirs ? S_ISDIR(sb.st_mode) : !S_ISDIR(sb.st_mode));
-    if (!p || (keep && !strlist_push(out, e->d_name))) {
-      free(p);
+    if (!p || !rel) *nomem = 1;
+    else if (stat(p, &sb) != 0) {}                    /* a dangling link: skipped */
+    else if (S_ISDIR(sb.st_mode)) {
+      if (want_dirs) { if (!strlist_push(out, rel)) *nomem = 1; }
+      else if (depth < MAX_DEPTH) walk_dir(p, rel, 0, depth + 1, out, nomem);
+    } else if (!want_dirs && is_image_name(e->d_name) && !strlist_push(out, rel)) {
       *nomem = 1;
-      break;
     }
     free(p);
+    free(rel);
   }
   closedir(d);
+  return 1;
+}
+
+/* The class folders of root, or the images of one class (nested folders
+** included), sorted by (relative) name. */
+static int list_dir(const char *dir, int want_dirs, strlist *out, int *nomem) {
+  if (!walk_dir(dir, "", want_dirs, 0, out, nomem)) return 0;
   if (out->n) qsort(out->v, out->n, sizeof *out->v, cmp_str);
   return 1;
 }

@@ -352,6 +352,25 @@ H.test('telling the user: plain progress lines off a terminal, the >10% wait war
   H.check(frac and frac > 0.9, 'wait fraction near 1: ' .. tostring(frac))
 end)
 
+H.test('image_folder: images in folders nested inside a class folder belong to it', function()
+  local base = os.tmpname()
+  os.remove(base)
+  local root = base .. '-nested'
+  os.execute(('mkdir -p %s/a/sub/deeper %s/b/.hidden'):format(root, root))
+  local function img(v) return em.full({ 3, 2, 2 }, v, { dtype = 'uint8' }) end
+  em.data.save_image(img(10), root .. '/a/x.png')
+  em.data.save_image(img(20), root .. '/a/sub/y.png')
+  em.data.save_image(img(30), root .. '/a/sub/deeper/z.png')
+  em.data.save_image(img(40), root .. '/b/w.png')
+  em.data.save_image(img(50), root .. '/b/.hidden/v.png')
+  local ds = em.data.image_folder(root)
+  H.eq(#ds, 4, 'hidden folders skipped')
+  local got = {}
+  for i = 1, #ds do got[i] = { ds[i][1][1][1][1], ds[i][2]:item() } end
+  H.eq(got, { { 30, 1 }, { 20, 1 }, { 10, 1 }, { 40, 2 } }, 'sorted by path within a class')
+  os.execute('rm -rf ' .. root)
+end)
+
 H.test('loader state_dict: a resumed loader continues with the next epoch', function()
   local ds = em.data.tensors(em.arange(1, 21)):shuffle{ seed = 5 }:batch(20)
   local a = ds:loader{}
