@@ -191,8 +191,16 @@ static void test_normalize(em_state *S) {
   REQUIRE_OK(S, t_make(S, &x, EM_UINT8, SHP(3, 1, 1), V(1, 2, 3)));
   CHECK_ERR(S, run1(S, t, x, 0, 0, &y), EM_ERR_DTYPE, "normalize", "uint8", "to_float");
   em_tensor_release(x);
-  REQUIRE_OK(S, t_make(S, &x, EM_FLOAT32, SHP(1, 3, 1, 1), V(1, 2, 3)));
-  CHECK_ERR(S, run1(S, t, x, 0, 0, &y), EM_ERR_SHAPE, "normalize", "(C, H, W)", "[1,3,1,1]");
+  /* a (B, C, H, W) batch is normalized image by image */
+  REQUIRE_OK(S, t_make(S, &x, EM_FLOAT32, SHP(2, 3, 1, 1), V(1, 2, 3, 4, 5, 6)));
+  if (CHECK_OK(S, run1(S, t, x, 0, 0, &y))) {
+    static const double want[6] = {0.9, 1.8, 2.7, 3.9, 4.8, 5.7};
+    for (int i = 0; i < 6; i++) CHECK_CLOSE(t_get(y, i), want[i], 1e-6);
+    em_tensor_release(y);
+  }
+  em_tensor_release(x);
+  REQUIRE_OK(S, em_full(S, SHP(1, 1, 3, 1, 1), 1, EM_FLOAT32, EM_CPU, &x));
+  CHECK_ERR(S, run1(S, t, x, 0, 0, &y), EM_ERR_SHAPE, "normalize", "(B, C, H, W)", "[1,1,3,1,1]");
   em_tensor_release(x);
   em_transform_release(t);
   CHECK_ERR(S, em_transform_normalize(S, (double[]){0, 0}, (double[]){1, 0}, 2, &t),
@@ -753,6 +761,7 @@ static void test_errors(em_state *S) {
   for (int k = 0; k < 6; k++) {
     CHECK(!strcmp(em_transform_name(ts[k]), names[k]), "name %s", em_transform_name(ts[k]));
     CHECK_ERR(S, run1(S, ts[k], v1, 0, 0, &y), EM_ERR_SHAPE, names[k], "(C, H, W)", "[4]");
+    if (k == 5) continue;        /* normalize takes (B, C, H, W) batches */
     CHECK_ERR(S, run1(S, ts[k], v4, 0, 0, &y), EM_ERR_SHAPE, names[k], "[1,1,3,3]");
   }
   /* random transforms need a stream; errors go to the context, not to S */
