@@ -3,7 +3,7 @@
 ** tensors, and em_image_save / em_image_load.
 **
 ** Both libraries report errors by calling a function that must not return; their
-** defaults print to stderr and exit(). Here every decoder and encoder installs an
+** defaults print to stderr and end the process. Here every decoder and encoder installs an
 ** error function that keeps the message and longjmps back to the call, which
 ** frees what it holds and returns EM_ERR_IO. Locals changed after setjmp and read
 ** on the error path are volatile, as C requires.

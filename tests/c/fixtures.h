@@ -13,6 +13,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* A test's scratch folder (made by the test) and its fixtures folder (fx_locate),
+** and paths inside them: rotating buffers, so a few may be used in one call. */
+static char dir[64] __attribute__((unused));
+static char fixtures[512] __attribute__((unused));
+
+static inline const char *tmp_path(const char *name) {
+  static char buf[4][256];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+  return buf[k];
+}
+
+static inline const char *fixture(const char *name) {
+  static char buf[2][768];
+  static int k;
+  k = (k + 1) % 2;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", fixtures, name);
+  return buf[k];
+}
+
 /* The path of tests/<rel>: under $EMBER_TESTS, else tests/ in the current folder,
 ** else the source tree this program was built in (BUILD/tests/ -> ../../tests). */
 static inline void fx_locate(char *out, size_t n, const char *rel) {

@@ -26,25 +26,6 @@
 #include <zlib.h>
 #include <png.h>
 
-static char dir[64];          /* this run's scratch folder */
-static char fixtures[512];
-
-static const char *tmp_path(const char *name) {
-  static char buf[4][256];
-  static int k;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-  return buf[k];
-}
-
-static const char *fixture(const char *name) {
-  static char buf[2][768];
-  static int k;
-  k = (k + 1) % 2;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", fixtures, name);
-  return buf[k];
-}
-
 static void write_bytes(const char *path, const void *b, size_t n) {
   FILE *f = fopen(path, "wb");
   if (!f) { printf("  test bug: can't write %s\n", path); return; }

@@ -26,23 +26,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char dir[64];               /* this run's scratch folder */
-static char fixtures[512];
-
-static const char *tmp_path(const char *name) {
-  static char buf[4][256];
-  static int k;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-  return buf[k];
-}
-
-static const char *fixture(const char *name) {
-  static char buf[768];
-  snprintf(buf, sizeof buf, "%s/%s", fixtures, name);
-  return buf;
-}
-
 static int write_file(const char *path, const void *data, size_t n) {
   FILE *f = fopen(path, "wb");
   if (!f) return -1;
