@@ -32,7 +32,7 @@ OPT      := -O3 -g $(ARCH)
 endif
 
 DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev pkg-config \
-                libjpeg62-turbo-dev libpng-dev
+                libjpeg62-turbo-dev libpng-dev libopenmpi-dev openmpi-bin iproute2
 RUN_PACKAGES := dataset-fashion-mnist
 BENCH_PACKAGES := python3-torch python3-torchvision python3-pil
 
@@ -48,7 +48,8 @@ CFLAGS_BASE := -std=gnu11 -MMD -MP -fno-math-errno -Wall -Wextra -Wno-unused-par
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
 LDLIBS  := $(BLAS_LIBS) -ljpeg -lpng -lz -lm -lpthread -ldl
 
-CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c core/data/*.c)
+CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c core/data/*.c \
+                      core/dist/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -104,6 +105,13 @@ $(BUILD):
 $(BUILD)/obj/%.o: %.c core/include/ember.h core/internal.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# The MPI communicator takes only mpi.h's types from Debian's OpenMPI; libmpi itself
+# is loaded at run time (dlopen), so libember never requires it.
+MPI_CFLAGS := $(shell pkg-config --cflags-only-I ompi-c 2>/dev/null || echo -I/usr/lib/x86_64-linux-gnu/openmpi/include)
+$(BUILD)/obj/core/dist/%.o: core/dist/%.c core/dist/comm.h core/include/ember.h core/internal.h | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/lua/host/%.o: lua/host/%.c lua/host/host.h core/include/ember.h | deps
 	@mkdir -p $(dir $@)

@@ -147,6 +147,7 @@ struct em_state {
   size_t cache_bytes, cache_limit;
   const emi_backend *cpu;
   int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
+  struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
   char errmsg[EMI_ERRMSG_SIZE];
 };
 
@@ -251,5 +252,11 @@ static inline void emi_ag_clear_fields(em_tensor *t) {
   t->hooks = NULL;
 }
 void emi_ag_release_fields(em_tensor *t);
+void emi_backward_callbacks_free(em_state *S);
+
+/* -- OpenBLAS threads (cpu/matmul.c) ---------------------------------------------------
+** Sets OpenBLAS's process-wide count to n, or to the pinned count when a host
+** pinned one (em_blas_pin_threads): replicas in threads must not fight over it. */
+void emi_blas_set_threads(int n);
 
 #endif

@@ -64,6 +64,7 @@ em_status em_open(em_state **out, const em_config *cfg) {
 
 void em_close(em_state *S) {
   if (!S) return;
+  emi_backward_callbacks_free(S);
   emi_pool_free(S->pool);
   emi_cache_release(S);
   pthread_mutex_destroy(&S->cache_mu);

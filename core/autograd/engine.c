@@ -83,6 +83,71 @@ em_status em_tensor_add_grad_hook(em_state *S, em_tensor *t, em_grad_hook_fn fn,
   return EM_OK;
 }
 
+void em_tensor_remove_grad_hook(em_tensor *t, em_grad_hook_fn fn, void *ud) {
+  if (!t) return;
+  for (struct emi_ag_hook **p = &t->hooks; *p; p = &(*p)->next) {
+    if ((*p)->fn == fn && (*p)->ud == ud) {
+      struct emi_ag_hook *h = *p;
+      *p = h->next;
+      emi_free(t->S, h, sizeof *h);
+      return;
+    }
+  }
+}
+
+/* -- End-of-backward callbacks ----------------------------------------------------
+** em.distribute's reducer waits for its bucket allreduces here, so that every
+** replica holds the averaged gradients when em_backward returns. */
+struct emi_bw_callback {
+  em_backward_callback_fn fn;
+  void *ud;
+  struct emi_bw_callback *next;
+};
+
+em_status em_backward_add_callback(em_state *S, em_backward_callback_fn fn, void *ud) {
+  if (!fn) return emi_error(S, EM_ERR_ARG, "backward_add_callback: NULL function");
+  struct emi_bw_callback *cb = emi_malloc(S, sizeof *cb), **p = &S->backward_callbacks;
+  if (!cb) return emi_error(S, EM_ERR_NOMEM, "backward_add_callback: out of memory");
+  cb->fn = fn;
+  cb->ud = ud;
+  cb->next = NULL;
+  while (*p) p = &(*p)->next;
+  *p = cb;
+  return EM_OK;
+}
+
+void em_backward_remove_callback(em_state *S, em_backward_callback_fn fn, void *ud) {
+  for (struct emi_bw_callback **p = &S->backward_callbacks; *p; p = &(*p)->next) {
+    if ((*p)->fn == fn && (*p)->ud == ud) {
+      struct emi_bw_callback *cb = *p;
+      *p = cb->next;
+      emi_free(S, cb, sizeof *cb);
+      return;
+    }
+  }
+}
+
+void emi_backward_callbacks_free(em_state *S) {
+  for (struct emi_bw_callback *cb = S->backward_callbacks, *nx; cb; cb = nx) {
+    nx = cb->next;
+    emi_free(S, cb, sizeof *cb);
+  }
+  S->backward_callbacks = NULL;
+}
+
+/* Every callback runs, even after one failed (each may hold work to finish);
+** the first error is the one reported. */
+static em_status run_backward_callbacks(em_state *S, em_status st) {
+  char first[EMI_ERRMSG_SIZE];
+  if (st) memcpy(first, S->errmsg, sizeof first);
+  for (struct emi_bw_callback *cb = S->backward_callbacks; cb; cb = cb->next) {
+    em_status cst = cb->fn(S, st != EM_OK, cb->ud);
+    if (cst && !st) { st = cst; memcpy(first, S->errmsg, sizeof first); }
+  }
+  if (st) memcpy(S->errmsg, first, sizeof first);
+  return st;
+}
+
 void emi_ag_release_fields(em_tensor *t) {
   em_state *S = t->S;
   emi_ag_node_release(t->grad_fn);
@@ -407,6 +472,7 @@ em_status em_backward(em_state *S, em_tensor *root, const em_tensor *grad) {
     root->ag_pending = 1;
     st = leaf_accumulate(S, root, g);
     root->ag_pending = 0;
+    st = run_backward_callbacks(S, st);
     S->grad_disabled = was_disabled;
     return st;
   }
@@ -432,6 +498,7 @@ done:
   for (int k = 0; k < w.nl; k++) w.leaves[k]->ag_pending = 0;
   emi_free(S, w.nodes, sizeof *w.nodes * (size_t)w.cn);
   emi_free(S, w.leaves, sizeof *w.leaves * (size_t)w.cl);
+  st = run_backward_callbacks(S, st);
   S->grad_disabled = was_disabled;
   return st;
 }

@@ -73,7 +73,7 @@ static int64_t plan_shares(em_state *S, int64_t N, int64_t work) {
   return N < nt ? N : nt;
 }
 static void blas_threads(em_state *S, int64_t shares) {
-  openblas_set_num_threads(shares > 1 ? 1 : (S->num_threads > 0 ? S->num_threads : 1));
+  emi_blas_set_threads(shares > 1 ? 1 : (S->num_threads > 0 ? S->num_threads : 1));
 }
 
 em_status emi_cpu_conv2d(em_state *S, em_dtype dt, const emi_conv_geom *g, const void *x,

@@ -27,18 +27,31 @@
 ** machines where OpenBLAS has a better kernel). */
 enum { SMALL_MACS = 64 * 64 * 64 };
 
-/* OpenBLAS keeps one thread count for the whole process, not per caller. Set it to
-** the state's count before each call when it differs from what we last set, so
-** that BLAS never runs more threads than the state was given (two states that
-** want different counts will flip it back and forth -- correct, only slower). */
-static void blas_use_threads(em_state *S) {
-  static int last_set = 0;
-  int n = S->num_threads;
-  if (__atomic_load_n(&last_set, __ATOMIC_RELAXED) != n) {
+/* OpenBLAS keeps one thread count for the whole process, not per caller. It is
+** set to the state's count before each call when it differs from what was last
+** set, so that BLAS never runs more threads than the state was given (two states
+** that want different counts flip it back and forth -- correct, only slower).
+** Replicas that are threads of one process pin it instead: then nobody flips it. */
+static int blas_pinned, blas_last_set;
+
+void em_blas_pin_threads(int n) {
+  __atomic_store_n(&blas_pinned, n > 0 ? n : 0, __ATOMIC_RELAXED);
+  if (n > 0) {
     openblas_set_num_threads(n);
-    __atomic_store_n(&last_set, n, __ATOMIC_RELAXED);
+    __atomic_store_n(&blas_last_set, n, __ATOMIC_RELAXED);
   }
 }
+
+void emi_blas_set_threads(int n) {
+  int pin = __atomic_load_n(&blas_pinned, __ATOMIC_RELAXED);
+  if (pin) n = pin;
+  if (__atomic_load_n(&blas_last_set, __ATOMIC_RELAXED) != n) {
+    openblas_set_num_threads(n);
+    __atomic_store_n(&blas_last_set, n, __ATOMIC_RELAXED);
+  }
+}
+
+static void blas_use_threads(em_state *S) { emi_blas_set_threads(S->num_threads); }
 
 static em_dtype compute_type(em_dtype dt) {
   if (dt == EM_FLOAT64) return EM_FLOAT64;

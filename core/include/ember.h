@@ -640,6 +640,127 @@ void em_loader_stats_get(const em_loader *l, em_loader_stats *out);
 /* Stops and frees. */
 void em_loader_free(em_loader *l);
 
+/* -- Collectives (core/dist/) ------------------------------------------------------
+** A communicator joins the replicas of one job: threads of this process (a local
+** group), or MPI processes on any number of hosts. Every replica calls the same
+** collectives in the same order. Tensors: CPU, any strides (a non-contiguous
+** tensor is staged through a contiguous copy), float32, float64, float16,
+** bfloat16 (reduced in float32, rounded once), int32, int64; mean needs a
+** floating dtype.
+**
+** Each collective runs on the communicator's own thread. With work == NULL the
+** call returns when it is done; otherwise it returns at once and *work is a
+** handle to wait on or test, freed with em_comm_work_free; the tensors must not
+** be touched until then.
+**
+** Failure never hangs: when a replica aborts (em_comm_abort, or its host saw an
+** error), every other replica's pending and later collectives fail with
+** "replica K failed: <message>"; a collective that waits longer than the
+** communicator's timeout fails naming the replicas that did not arrive. Failure
+** is final for a communicator: every later call returns the same error.
+**
+** Threads: a communicator belongs to the thread of its state; em_comm_abort may be
+** called from any thread. */
+typedef struct em_comm em_comm;
+typedef struct em_comm_work em_comm_work;
+typedef struct em_local_group em_local_group;
+typedef enum em_comm_op {
+  EM_COMM_SUM = 0, EM_COMM_MEAN = 1, EM_COMM_MAX = 2, EM_COMM_MIN = 3
+} em_comm_op;
+
+/* A local group of world_size replicas in this process (threads, one em_state
+** each). Refcounted: each communicator made from it holds a reference. */
+em_local_group *em_local_group_new(int world_size);
+void em_local_group_retain(em_local_group *g);
+void em_local_group_release(em_local_group *g);
+/* Marks the group failed on behalf of replica `rank` (its host saw an error): the
+** other replicas' collectives fail with "replica <rank> failed: <message>". Any
+** thread; the first failure wins. */
+void em_local_group_abort(em_local_group *g, int rank, const char *message);
+
+/* Rank `rank` of a local group; timeout_s <= 0 means 300 s. */
+em_status em_comm_local(em_state *S, em_local_group *g, int rank, double timeout_s,
+                        em_comm **out);
+/* This process's rank of an MPI job (MPI_COMM_WORLD). libmpi is loaded on first
+** use; EM_ERR_UNSUPPORTED when it cannot be (the message says why). */
+em_status em_comm_mpi(em_state *S, double timeout_s, em_comm **out);
+/* 1 when this process looks started by mpirun, srun or another MPI launcher (from
+** the environment); *rank and *size are read from there (either may be NULL). */
+int em_mpi_launched(int *rank, int *size);
+/* Finishes the pending work and frees (an MPI communicator finalizes MPI when the
+** job ended cleanly). */
+void em_comm_free(em_comm *c);
+int em_comm_rank(const em_comm *c);
+int em_comm_size(const em_comm *c);
+/* "local" or "mpi". */
+const char *em_comm_backend(const em_comm *c);
+/* Fails this replica's communicator and tells the others (see above). Any thread. */
+void em_comm_abort(em_comm *c, const char *message);
+/* EM_OK, or the failure this communicator has seen (message into S). */
+em_status em_comm_status(em_state *S, em_comm *c);
+
+/* t is reduced in place across replicas. */
+em_status em_comm_allreduce(em_state *S, em_comm *c, em_tensor *t, em_comm_op op,
+                            em_comm_work **work);
+/* t takes rank root's values, in place. */
+em_status em_comm_broadcast(em_state *S, em_comm *c, em_tensor *t, int root,
+                            em_comm_work **work);
+/* *out (new) is the replicas' t concatenated along dim 0 in rank order; every
+** replica must pass the same shape. */
+em_status em_comm_allgather(em_state *S, em_comm *c, const em_tensor *t, em_tensor **out,
+                            em_comm_work **work);
+/* *out (new) is this replica's part of the reduction: dim 0 of t split into
+** world_size equal parts (dim 0 must divide evenly), in rank order. */
+em_status em_comm_reduce_scatter(em_state *S, em_comm *c, const em_tensor *t,
+                                 em_comm_op op, em_tensor **out, em_comm_work **work);
+em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work);
+em_status em_comm_work_wait(em_state *S, em_comm_work *w);
+/* *done = 1 once w has finished (wait still reports how). */
+em_status em_comm_work_test(em_state *S, em_comm_work *w, int *done);
+/* Waits first when the work is still running (its memory is in use). */
+void em_comm_work_free(em_comm_work *w);
+
+/* -- Gradient averaging (core/dist/reducer.c) ---------------------------------------
+** The engine of em.distribute's wrap: gradients of the parameters are averaged
+** across replicas during backward, in buckets (reverse order of params, the first
+** about first_bucket_bytes, the others about bucket_bytes), each bucket's
+** allreduce started once all its gradients are final and waited for before
+** em_backward returns. Gradients become views into the bucket memory. Hooks act
+** only in a backward that follows em_reducer_prepare. A parameter that got no
+** gradient is an error naming it (names[i]), unless find_unused. */
+typedef struct em_reducer em_reducer;
+typedef struct em_reducer_stats {
+  int64_t buckets;           /* per step */
+  int64_t steps;             /* backwards that averaged gradients */
+  double comm_s;             /* time the bucket collectives ran */
+  double overlap_s;          /* of which before backward's computation ended */
+  double wait_s;             /* time backward spent waiting for them at the end */
+} em_reducer_stats;
+em_status em_reducer_new(em_state *S, em_comm *c, em_tensor *const *params,
+                         const char *const *names, int nparams, double bucket_bytes,
+                         double first_bucket_bytes, int find_unused, em_reducer **out);
+/* Arms the hooks for the next backward (the wrapped model's forward calls it). */
+em_status em_reducer_prepare(em_state *S, em_reducer *r);
+/* Buckets: how many, and bucket b's parameter count (for tests and reports). */
+int em_reducer_num_buckets(const em_reducer *r);
+int em_reducer_bucket_size(const em_reducer *r, int b);
+void em_reducer_stats_get(const em_reducer *r, em_reducer_stats *out);
+void em_reducer_free(em_reducer *r);
+
+/* Runs fn(S, failed, ud) at the end of every em_backward of S (failed = 1 when the
+** backward failed); an error it returns is the backward's. Removed by the same
+** (fn, ud). */
+typedef em_status (*em_backward_callback_fn)(em_state *S, int failed, void *ud);
+em_status em_backward_add_callback(em_state *S, em_backward_callback_fn fn, void *ud);
+void em_backward_remove_callback(em_state *S, em_backward_callback_fn fn, void *ud);
+/* Removes the hook added with the same (fn, ud); nothing when there is none. */
+void em_tensor_remove_grad_hook(em_tensor *t, em_grad_hook_fn fn, void *ud);
+
+/* OpenBLAS keeps one thread count for the whole process: replicas that are threads
+** of one process pin it once (n >= 1) instead of each state setting its own;
+** 0 unpins. Process-wide, any thread. */
+void em_blas_pin_threads(int n);
+
 /* -- Images (core/io/image.c) ------------------------------------------------------ */
 /* Decodes a JPEG or PNG file (by its signature) into uint8 (C, H, W): C = 3 (RGB)
 ** when channels is 3, the file's own (1 gray, 3 RGB, 4 RGBA) when channels is 0. */

@@ -73,6 +73,9 @@ core.C, core.libpath = C, libpath
 local cfg = ffi.new('em_config')
 C.em_config_init(cfg)
 cfg.num_threads = tonumber(os.getenv('EMBER_NUM_THREADS') or '') or 0
+-- A replica of `ember --replicas N` gets its share of the cores (lua/host/replicas.c).
+local replica = rawget(_G, 'EMBER_REPLICA')
+if type(replica) == 'table' and (replica.threads or 0) > 0 then cfg.num_threads = replica.threads end
 -- A ds:map worker's Lua state (lua/host/luamap.c sets EMBER_WORKER): the loader's
 -- worker threads are the parallelism, so its ops run on the calling thread.
 if rawget(_G, 'EMBER_WORKER') ~= nil then cfg.num_threads = 1 end

@@ -26,6 +26,30 @@ int ember_host_docall(lua_State *L, int nargs, int nresults);
 /* Prints the message on top of the stack (and pops it) to stderr. */
 void ember_host_report(lua_State *L, int status);
 
+/* main.c: the command line. */
+typedef struct opts {
+  int interactive, version, info, help;
+  int script;        /* index of the script in argv, or 0 */
+  int has_e;         /* any -e */
+  int stdin_script;  /* '-' given */
+  int replicas;      /* --replicas N, or 0 */
+} opts;
+
+/* Which replica a Lua state is: rank, world size, intra-op threads (0 = the
+** default), and the local group joining replicas that are threads (NULL for an
+** MPI process). */
+typedef struct ember_replica {
+  int rank, world_size, threads;
+  struct em_local_group *group;
+} ember_replica;
+
+/* main.c: runs the command in a new Lua state (replica NULL: a plain process).
+** Returns the exit status; a failure's message goes into failure. */
+int ember_host_run(int argc, char **argv, opts *o, const ember_replica *replica,
+                   char *failure, size_t failure_size);
+/* replicas.c: `ember --replicas N`: N threads, each ember_host_run as one replica. */
+int ember_replicas_main(int argc, char **argv, opts *o, const char *progname);
+
 /* repl.c: the interactive loop; returns the exit status. */
 int ember_repl(lua_State *L);
 /* main.c: set to 1 while no Lua code runs (Ctrl-C then cancels the input line). */

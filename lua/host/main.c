@@ -30,13 +30,17 @@
 #include <unistd.h>
 
 static const char *progname = "ember";
-static lua_State *globalL;
+/* Per thread: replicas (lua/host/replicas.c) run one Lua state per thread, and
+** each reports its errors as "[rank k] ember: ...". */
+static __thread lua_State *globalL;
+static __thread const char *report_prefix = "";
+static __thread char last_error[1024];   /* the last message reported, for replicas */
 
 /* -- Ctrl-C ------------------------------------------------------------------------
 ** running: Lua code is executing (arm the hook); otherwise the REPL is waiting
 ** for input and only records the interrupt, which cancels the line. */
 volatile int ember_host_interrupted;
-static volatile sig_atomic_t running, hook_armed;
+static __thread volatile sig_atomic_t running, hook_armed;
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
@@ -137,8 +141,9 @@ void ember_host_report(lua_State *L, int status) {
     const char *msg = lua_tostring(L, -1);
     if (!msg) msg = "(error object is not a string)";
     fflush(stdout);
-    fprintf(stderr, "%s: %s\n", progname, msg);
+    fprintf(stderr, "%s%s: %s\n", report_prefix, progname, msg);
     fflush(stderr);
+    snprintf(last_error, sizeof last_error, "%s", msg);
     lua_pop(L, 1);
   }
 }
@@ -158,6 +163,7 @@ static void usage(FILE *f) {
     "  -i          enter the REPL after running the script / code\n"
     "  -           run stdin\n"
     "  --          stop handling options\n"
+    "  --replicas N  run the script as N replicas (threads) of em.distribute\n"
     "  --version   print the version\n"
     "  --info      print version, threads, backends and libraries\n"
     "  --help      print this help\n"
@@ -193,12 +199,6 @@ static void make_arg(lua_State *L, char **argv, int argc, int script) {
   lua_setglobal(L, "arg");
 }
 
-typedef struct opts {
-  int interactive, version, info, help;
-  int script;        /* index of the script in argv, or 0 */
-  int has_e;         /* any -e */
-  int stdin_script;  /* '-' given */
-} opts;
 
 static int parse(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
@@ -217,8 +217,17 @@ static int parse(int argc, char **argv, opts *o) {
     else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) o->version = 1;
     else if (strcmp(a, "--info") == 0) o->info = 1;
     else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) o->help = 1;
-    else if (strcmp(a, "--replicas") == 0 || strcmp(a, "--profile") == 0 ||
-             strcmp(a, "--devices") == 0) {
+    else if (strcmp(a, "--replicas") == 0 || strncmp(a, "--replicas=", 11) == 0) {
+      const char *v = a[10] == '=' ? a + 11 : (++i < argc ? argv[i] : NULL);
+      char *end = NULL;
+      long n = v ? strtol(v, &end, 10) : 0;
+      if (!v || *end || n < 1 || n > 1024) {
+        fprintf(stderr, "%s: --replicas needs a number of replicas from 1 to 1024, got %s\n",
+                progname, v ? v : "nothing");
+        return -1;
+      }
+      o->replicas = (int)n;
+    } else if (strcmp(a, "--profile") == 0 || strcmp(a, "--devices") == 0) {
       fprintf(stderr, "%s: %s is not available in this build yet\n", progname, a);
       return -1;
     } else {
@@ -231,11 +240,12 @@ static int parse(int argc, char **argv, opts *o) {
   return 0;
 }
 
-/* Runs -e and -l in order. */
+/* Runs -e and -l in order (options that take a value are skipped whole). */
 static int run_options(lua_State *L, int argc, char **argv, int upto) {
   for (int i = 1; i < upto; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) break;
+    if (strcmp(a, "--replicas") == 0) { i++; continue; }
     if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
     const char *val = a[2] ? a + 2 : argv[++i];
     int status;
@@ -266,9 +276,88 @@ static int run_script(lua_State *L, int argc, char **argv, int script, int from_
   return status;
 }
 
+/* EMBER_REPLICA = {rank, world_size, group, threads} tells em.distribute which
+** replica this Lua state is (lua/host/replicas.c); under an MPI launcher only the
+** output prefix is set here, em.distribute finds the rest itself. */
+static void set_replica(lua_State *L, const ember_replica *r) {
+  if (!r) return;
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, r->rank);
+  lua_setfield(L, -2, "rank");
+  lua_pushinteger(L, r->world_size);
+  lua_setfield(L, -2, "world_size");
+  lua_pushinteger(L, r->threads);
+  lua_setfield(L, -2, "threads");
+  if (r->group) {
+    lua_pushlightuserdata(L, r->group);
+    lua_setfield(L, -2, "group");
+  }
+  lua_setglobal(L, "EMBER_REPLICA");
+}
+
+/* Lines printed by replica k > 0 start with "[rank k] " (print and io.write). */
+static const char PREFIX_LUA[] =
+  "local prefix = ...\n"
+  "local write, at_start = io.write, true\n"
+  "local function pre(s)\n"
+  "  local out = (at_start and prefix or '') .. s:gsub('\\n(.)', '\\n' .. prefix .. '%1')\n"
+  "  at_start = s:sub(-1) == '\\n'\n"
+  "  return out\n"
+  "end\n"
+  "io.write = function(...)\n"
+  "  local parts = {...}\n"
+  "  for i = 1, select('#', ...) do parts[i] = tostring(parts[i]) end\n"
+  "  return write(pre(table.concat(parts)))\n"
+  "end\n"
+  "print = function(...)\n"
+  "  local parts = {...}\n"
+  "  for i = 1, select('#', ...) do parts[i] = tostring(parts[i]) end\n"
+  "  write(pre(table.concat(parts, '\\t') .. '\\n'))\n"
+  "  io.stdout:flush()\n"
+  "end\n";
+
+static void prefix_output(lua_State *L, int rank) {
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
+  if (luaL_loadbuffer(L, PREFIX_LUA, sizeof PREFIX_LUA - 1, "=prefix") == 0) {
+    lua_pushstring(L, prefix);
+    lua_call(L, 1, 0);
+  } else {
+    lua_pop(L, 1);
+  }
+}
+
+/* After a failed script: em.distribute tells the other replicas (MPI peers
+** hear it through their communicator; a local group is also told by the host). */
+static void tell_replicas(lua_State *L, const char *msg) {
+  lua_getglobal(L, "package");
+  if (!lua_istable(L, -1)) { lua_pop(L, 1); return; }
+  lua_getfield(L, -1, "loaded");
+  lua_getfield(L, -1, "ember.distribute");
+  if (lua_istable(L, -1)) {
+    lua_getfield(L, -1, "_abort");
+    if (lua_isfunction(L, -1)) {
+      lua_pushstring(L, msg);
+      if (lua_pcall(L, 1, 0, 0)) lua_pop(L, 1);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 3);
+}
+
 /* Everything that runs inside the Lua state, under lua_cpcall so that an
 ** out-of-memory error while setting up cannot escape. */
-struct smain { int argc; char **argv; opts *o; int status; };
+struct smain { int argc; char **argv; opts *o; int status; const ember_replica *replica;
+               char *failure; size_t failure_size; };
+
+/* Reports a failed chunk, keeps its message for the replicas' host, and tells
+** the other replicas. */
+static void record_failure(lua_State *L, struct smain *s, const char *msg) {
+  if (s->failure && s->failure_size && !s->failure[0])
+    snprintf(s->failure, s->failure_size, "%s", msg ? msg : "error");
+  tell_replicas(L, msg ? msg : "error");
+}
 
 static int pmain(lua_State *L) {
   struct smain *s = lua_touserdata(L, 1);
@@ -279,6 +368,9 @@ static int pmain(lua_State *L) {
   luaL_openlibs(L);
   lua_gc(L, LUA_GCRESTART, -1);
   make_arg(L, argv, argc, o->script ? o->script : 0);
+  set_replica(L, s->replica);
+  if (s->replica && s->replica->world_size > 1 && s->replica->rank > 0)
+    prefix_output(L, s->replica->rank);
 
   lua_pushcfunction(L, luaopen_ember);
   int status = ember_host_docall(L, 0, 1);
@@ -291,10 +383,11 @@ static int pmain(lua_State *L) {
     return 0;
   }
   status = run_options(L, argc, argv, o->script ? o->script : argc);
-  if (status) { s->status = 1; return 0; }
-  if (o->script) {
-    status = run_script(L, argc, argv, o->script, o->stdin_script);
-    if (status) { s->status = 1; return 0; }
+  if (!status && o->script) status = run_script(L, argc, argv, o->script, o->stdin_script);
+  if (status) {
+    record_failure(L, s, last_error);
+    s->status = 1;
+    return 0;
   }
   if (o->interactive) {
     s->status = ember_repl(L);
@@ -309,6 +402,36 @@ static int pmain(lua_State *L) {
   return 0;
 }
 
+/* One Lua state runs the command: the whole process, or one replica's thread. */
+int ember_host_run(int argc, char **argv, opts *o, const ember_replica *replica,
+                   char *failure, size_t failure_size) {
+  char prefix[32] = "";
+  if (replica && replica->world_size > 1 && replica->rank > 0)
+    snprintf(prefix, sizeof prefix, "[rank %d] ", replica->rank);
+  report_prefix = prefix;
+  if (failure && failure_size) failure[0] = 0;
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    fprintf(stderr, "%s%s: cannot create a Lua state (out of memory)\n", prefix, progname);
+    if (failure) snprintf(failure, failure_size, "cannot create a Lua state (out of memory)");
+    return 1;
+  }
+  globalL = L;
+  int sigint = !replica || replica->group == NULL;   /* threads: Ctrl-C ends the process */
+  if (sigint) signal(SIGINT, on_sigint);
+  struct smain s = { argc, argv, o, 0, replica, failure, failure_size };
+  int status = lua_cpcall(L, pmain, &s);
+  if (status) {
+    ember_host_report(L, status);
+    if (failure && !failure[0]) snprintf(failure, failure_size, "%s", last_error);
+    s.status = 1;
+  }
+  if (sigint) signal(SIGINT, SIG_DFL);  /* from here on Ctrl-C just stops a slow close */
+  lua_close(L);
+  report_prefix = "";
+  return s.status;
+}
+
 int main(int argc, char **argv) {
   if (argv[0] && argv[0][0]) {
     const char *slash = strrchr(argv[0], '/');
@@ -318,15 +441,13 @@ int main(int argc, char **argv) {
   if (parse(argc, argv, &o)) return 1;
   if (o.help) { usage(stdout); return 0; }
   if (o.version) { print_version(); return 0; }
-
-  lua_State *L = luaL_newstate();
-  if (!L) { fprintf(stderr, "%s: cannot create a Lua state (out of memory)\n", progname); return 1; }
-  globalL = L;
-  signal(SIGINT, on_sigint);
-  struct smain s = { argc, argv, &o, 0 };
-  int status = lua_cpcall(L, pmain, &s);
-  if (status) { ember_host_report(L, status); s.status = 1; }
-  signal(SIGINT, SIG_DFL);  /* from here on Ctrl-C just stops a slow close */
-  lua_close(L);
-  return s.status;
+  if (o.replicas > 0) return ember_replicas_main(argc, argv, &o, progname);
+  /* Under mpirun (or another MPI launcher) this process is one replica: its lines
+  ** get the rank prefix; em.distribute joins the job when the script asks. */
+  int rank = 0, size = 1;
+  if (em_mpi_launched(&rank, &size) && size > 1) {
+    ember_replica r = { rank, size, 0, NULL };
+    return ember_host_run(argc, argv, &o, &r, NULL, 0);
+  }
+  return ember_host_run(argc, argv, &o, NULL, NULL, 0);
 }

@@ -71,7 +71,9 @@ function Loader.new(ds, o)
   local self = setmetatable({
     _box = box, _l = box._h,
     ds = ds, workers = workers, device = device, pin_memory = o.pin_memory and true or false,
-    progress = o.progress ~= false, next_epoch = 1,
+    -- under a strategy only replica 0 draws progress, unless asked
+    progress = o.progress == nil and require('ember.distribute').replica() == 0 or
+      (o.progress ~= nil and o.progress ~= false), next_epoch = 1,
     interval = type(o.progress) == 'number' and o.progress or 10, warned = false, _note = '',
     nfields = tonumber(C.em_dataset_nfields(h)),
   }, Loader)

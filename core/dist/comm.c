@@ -1,0 +1,412 @@
+/*
+** comm.c -- the public em_comm_* calls and what every backend shares: argument
+** checks, staging of strided tensors, the work queue and the comm thread, work
+** handles, and failure (see comm.h for the model).
+**
+** Why one thread per communicator rather than running collectives on the
+** caller's thread: gradient buckets are allreduced while backward goes on
+** computing, and MPI's non-blocking collectives only progress while somebody
+** calls into MPI. The comm thread is that somebody, and as it runs the items in
+** call order, every replica meets every collective in the same order without
+** any further agreement.
+*/
+#include "comm.h"
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+double emi_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *emi_coll_name(emi_coll_kind k) {
+  static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
+                                "barrier"};
+  return names[k];
+}
+
+const char *emi_coll_describe(char *buf, const em_comm_work *w) {
+  if (w->kind == EMI_COLL_BARRIER)
+    snprintf(buf, EMI_COMM_MSG, "barrier #%llu", (unsigned long long)w->seq);
+  else
+    snprintf(buf, EMI_COMM_MSG, "%s #%llu (%s x %lld)", emi_coll_name(w->kind),
+             (unsigned long long)w->seq, em_dtype_name(w->dtype), (long long)w->count);
+  return buf;
+}
+
+void emi_comm_fail(em_comm *c, int own, const char *fmt, ...) {
+  pthread_mutex_lock(&c->mu);
+  int first = !c->failed;
+  if (first) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->failure, sizeof c->failure, fmt, ap);
+    va_end(ap);
+    __atomic_store_n(&c->failed, 1, __ATOMIC_RELEASE);
+  }
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (first && c->be->abort_notify) c->be->abort_notify(c, own);
+}
+
+/* -- The comm thread ------------------------------------------------------------- */
+
+static void finish(em_comm *c, em_comm_work *w, em_status st) {
+  pthread_mutex_lock(&c->mu);
+  w->status = st;
+  w->t_end = emi_now();
+  w->done = 1;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void *comm_thread(void *arg) {
+  em_comm *c = arg;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while (!c->head && !c->stopping) {
+      if (c->be->idle) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = ts.tv_nsec + (long)(EMI_COMM_IDLE_S * 1e9);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) == ETIMEDOUT && !c->head) {
+          pthread_mutex_unlock(&c->mu);
+          c->be->idle(c);
+          pthread_mutex_lock(&c->mu);
+        }
+      } else {
+        pthread_cond_wait(&c->cv, &c->mu);
+      }
+    }
+    if (!c->head) break;                      /* stopping, queue drained */
+    em_comm_work *w = c->head;
+    c->head = w->next;
+    if (!c->head) c->tail = NULL;
+    int failed = c->failed;
+    pthread_mutex_unlock(&c->mu);
+    em_status st;
+    w->t_begin = emi_now();
+    if (failed) {
+      st = EM_ERR_IO;
+    } else {
+      st = c->be->run(c, w);
+    }
+    if (st && emi_comm_failed(c)) {           /* the communicator's failure says it best */
+      pthread_mutex_lock(&c->mu);
+      snprintf(w->errmsg, sizeof w->errmsg, "%s", c->failure);
+      pthread_mutex_unlock(&c->mu);
+    }
+    finish(c, w, st);
+    pthread_mutex_lock(&c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (c->be->thread_stop) c->be->thread_stop(c);
+  return NULL;
+}
+
+struct start_ctx { em_comm *c; em_status st; char err[EMI_COMM_MSG]; int ready; };
+
+static void *comm_thread_entry(void *arg) {
+  struct start_ctx *sc = arg;
+  em_comm *c = sc->c;
+  em_status st = c->be->thread_start ? c->be->thread_start(c, sc->err) : EM_OK;
+  pthread_mutex_lock(&c->mu);
+  sc->st = st;
+  sc->ready = 1;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (st) return NULL;                     /* sc belongs to the creator from here */
+  return comm_thread(c);
+}
+
+em_status emi_comm_new(em_state *S, const emi_comm_backend *be, void *impl, int rank,
+                       int size, double timeout_s, em_comm **out) {
+  *out = NULL;
+  em_comm *c = calloc(1, sizeof *c);
+  if (!c) return emi_error(S, EM_ERR_NOMEM, "comm: out of memory");
+  c->be = be;
+  c->impl = impl;
+  c->rank = rank;
+  c->size = size;
+  c->timeout_s = timeout_s > 0 ? timeout_s : 300;
+  c->next_seq = 1;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  struct start_ctx sc = {.c = c};
+  /* The thread blocks every signal: Ctrl-C stays with the host's threads. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&c->thread, NULL, comm_thread_entry, &sc);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc) {
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return emi_error(S, EM_ERR_NOMEM, "comm: could not start the communicator's thread");
+  }
+  pthread_mutex_lock(&c->mu);
+  while (!sc.ready) pthread_cond_wait(&c->cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+  if (sc.st) {
+    pthread_join(c->thread, NULL);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return emi_error(S, sc.st, "%s", sc.err);
+  }
+  c->thread_started = 1;
+  *out = c;
+  return EM_OK;
+}
+
+void em_comm_free(em_comm *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->stopping = 1;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (c->be->abort_notify && c->failed) c->be->abort_notify(c, 0);
+  if (c->thread_started) pthread_join(c->thread, NULL);
+  if (c->be->destroy) c->be->destroy(c);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+int em_comm_rank(const em_comm *c) { return c ? c->rank : 0; }
+int em_comm_size(const em_comm *c) { return c ? c->size : 1; }
+const char *em_comm_backend(const em_comm *c) { return c ? c->be->name : "none"; }
+
+void em_comm_abort(em_comm *c, const char *message) {
+  if (!c) return;
+  emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, message ? message : "aborted");
+}
+
+em_status em_comm_status(em_state *S, em_comm *c) {
+  if (!c) return emi_error(S, EM_ERR_ARG, "comm: NULL communicator");
+  if (!emi_comm_failed(c)) return EM_OK;
+  pthread_mutex_lock(&c->mu);
+  emi_error(S, EM_ERR_IO, "%s", c->failure);
+  pthread_mutex_unlock(&c->mu);
+  return EM_ERR_IO;
+}
+
+/* -- Submitting work ------------------------------------------------------------------ */
+
+static em_status check_comm_tensor(em_state *S, const char *op, em_comm *c,
+                                   const em_tensor *t) {
+  em_status st = emi_check_tensor(S, op, t);
+  if (st) return st;
+  if (!c) return emi_error(S, EM_ERR_ARG, "%s: NULL communicator", op);
+  if (t->device != EM_CPU) {
+    char b[16];
+    return emi_error(S, EM_ERR_DEVICE, "%s: the %s communicator takes CPU tensors, got one "
+                     "on %s", op, c->be->name, emi_device_name(b, t->device));
+  }
+  switch (t->dtype) {
+  case EM_FLOAT32: case EM_FLOAT64: case EM_FLOAT16: case EM_BFLOAT16: case EM_INT32:
+  case EM_INT64: return EM_OK;
+  default:
+    return emi_error(S, EM_ERR_DTYPE, "%s: dtype %s is not supported (float32, float64, "
+                     "float16, bfloat16, int32, int64)", op, em_dtype_name(t->dtype));
+  }
+}
+
+static em_status check_op(em_state *S, const char *op, em_comm_op rop, em_dtype dt) {
+  if ((int)rop < EM_COMM_SUM || rop > EM_COMM_MIN)
+    return emi_error(S, EM_ERR_ARG, "%s: unknown reduction %d", op, (int)rop);
+  if (rop == EM_COMM_MEAN && !em_dtype_is_floating(dt))
+    return emi_error(S, EM_ERR_DTYPE, "%s: 'mean' needs a floating dtype, got %s (use 'sum')",
+                     op, em_dtype_name(dt));
+  return EM_OK;
+}
+
+static void work_release_tensors(em_comm_work *w) {
+  em_tensor_release(w->in_t);
+  em_tensor_release(w->out_t);
+  em_tensor_release(w->user);
+  w->in_t = w->out_t = w->user = NULL;
+}
+
+/* A contiguous tensor holding t's values: t itself (retained) when it already is. */
+static em_status contiguous_of(em_state *S, const em_tensor *t, em_tensor **out) {
+  if (em_tensor_is_contiguous(t)) {
+    em_tensor_retain((em_tensor *)t);
+    *out = (em_tensor *)t;
+    return EM_OK;
+  }
+  return em_contiguous(S, t, out);
+}
+
+/* Copies the result back into a strided user tensor (in-place collectives). */
+static em_status work_copy_back(em_state *S, em_comm_work *w) {
+  if (!w->user || w->status) return EM_OK;
+  int was = em_is_grad_enabled(S);
+  em_set_grad_enabled(S, 0);
+  em_status st = em_copy_(S, w->user, w->in_t);
+  em_set_grad_enabled(S, was);
+  return st;
+}
+
+static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work **work) {
+  w->comm = c;
+  w->t_queued = emi_now();
+  pthread_mutex_lock(&c->mu);
+  w->seq = c->next_seq++;
+  if (c->tail) c->tail->next = w;
+  else c->head = w;
+  c->tail = w;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (work) { *work = w; return EM_OK; }
+  em_status st = em_comm_work_wait(S, w);
+  em_comm_work_free(w);
+  return st;
+}
+
+static em_comm_work *work_new(em_state *S, const char *op, emi_coll_kind kind) {
+  em_comm_work *w = calloc(1, sizeof *w);
+  if (!w) { emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op); return NULL; }
+  w->kind = kind;
+  return w;
+}
+
+/* in place: allreduce and broadcast */
+static em_status submit_inplace(em_state *S, const char *op, em_comm *c, em_tensor *t,
+                                emi_coll_kind kind, em_comm_op rop, int root,
+                                em_comm_work **work) {
+  if (work) *work = NULL;
+  em_status st = check_comm_tensor(S, op, c, t);
+  if (st) return st;
+  if (kind == EMI_COLL_ALLREDUCE && (st = check_op(S, op, rop, t->dtype))) return st;
+  if (kind == EMI_COLL_BROADCAST && (root < 0 || root >= c->size))
+    return emi_error(S, EM_ERR_ARG, "%s: root %d is not a rank of this job (0..%d)", op, root,
+                     c->size - 1);
+  if ((st = em_comm_status(S, c))) return st;
+  em_comm_work *w = work_new(S, op, kind);
+  if (!w) return EM_ERR_NOMEM;
+  if ((st = contiguous_of(S, t, &w->in_t))) { free(w); return st; }
+  if (w->in_t != t) { em_tensor_retain(t); w->user = t; }
+  w->op = rop;
+  w->root = root;
+  w->dtype = t->dtype;
+  w->count = t->numel;
+  w->in = w->out = (char *)w->in_t->storage->data + w->in_t->offset * em_dtype_size(t->dtype);
+  return submit(S, c, w, work);
+}
+
+em_status em_comm_allreduce(em_state *S, em_comm *c, em_tensor *t, em_comm_op op,
+                            em_comm_work **work) {
+  return submit_inplace(S, "allreduce", c, t, EMI_COLL_ALLREDUCE, op, 0, work);
+}
+
+em_status em_comm_broadcast(em_state *S, em_comm *c, em_tensor *t, int root,
+                            em_comm_work **work) {
+  return submit_inplace(S, "broadcast", c, t, EMI_COLL_BROADCAST, EM_COMM_SUM, root, work);
+}
+
+/* allgather and reduce_scatter: a new output */
+static em_status submit_out(em_state *S, const char *op, em_comm *c, const em_tensor *t,
+                            emi_coll_kind kind, em_comm_op rop, em_tensor **out,
+                            em_comm_work **work) {
+  if (work) *work = NULL;
+  em_status st = check_comm_tensor(S, op, c, t);
+  if (st) return st;
+  if (!out) return emi_error(S, EM_ERR_ARG, "%s: NULL output", op);
+  *out = NULL;
+  if (kind == EMI_COLL_REDUCE_SCATTER && (st = check_op(S, op, rop, t->dtype))) return st;
+  int64_t sizes[EM_MAX_DIMS];
+  int nd = t->ndim > 0 ? t->ndim : 1;
+  for (int d = 0; d < nd; d++) sizes[d] = t->ndim > 0 ? t->sizes[d] : 1;
+  if (kind == EMI_COLL_ALLGATHER) {
+    sizes[0] *= c->size;
+  } else {
+    if (t->ndim == 0 || sizes[0] % c->size != 0)
+      return emi_error(S, EM_ERR_SHAPE, "%s: dimension 0 of a tensor of shape %s does not "
+                       "split into %d equal parts (one per replica)", op, emi_tshape(S, t),
+                       c->size);
+    sizes[0] /= c->size;
+  }
+  if ((st = em_comm_status(S, c))) return st;
+  em_comm_work *w = work_new(S, op, kind);
+  if (!w) return EM_ERR_NOMEM;
+  if ((st = contiguous_of(S, t, &w->in_t))) { free(w); return st; }
+  if ((st = emi_tensor_new(S, op, sizes, nd, t->dtype, EM_CPU, &w->out_t))) {
+    work_release_tensors(w);
+    free(w);
+    return st;
+  }
+  size_t es = em_dtype_size(t->dtype);
+  w->op = rop;
+  w->dtype = t->dtype;
+  w->count = t->numel;
+  w->in = (char *)w->in_t->storage->data + w->in_t->offset * es;
+  w->out = (char *)w->out_t->storage->data;
+  em_tensor_retain(w->out_t);
+  *out = w->out_t;
+  st = submit(S, c, w, work);
+  if (st) { em_tensor_release(*out); *out = NULL; }
+  return st;
+}
+
+em_status em_comm_allgather(em_state *S, em_comm *c, const em_tensor *t, em_tensor **out,
+                            em_comm_work **work) {
+  return submit_out(S, "allgather", c, t, EMI_COLL_ALLGATHER, EM_COMM_SUM, out, work);
+}
+
+em_status em_comm_reduce_scatter(em_state *S, em_comm *c, const em_tensor *t,
+                                 em_comm_op op, em_tensor **out, em_comm_work **work) {
+  return submit_out(S, "reduce_scatter", c, t, EMI_COLL_REDUCE_SCATTER, op, out, work);
+}
+
+em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work) {
+  if (work) *work = NULL;
+  if (!c) return emi_error(S, EM_ERR_ARG, "barrier: NULL communicator");
+  em_status st = em_comm_status(S, c);
+  if (st) return st;
+  em_comm_work *w = work_new(S, "barrier", EMI_COLL_BARRIER);
+  if (!w) return EM_ERR_NOMEM;
+  w->dtype = EM_FLOAT32;
+  return submit(S, c, w, work);
+}
+
+/* -- Handles ---------------------------------------------------------------------------- */
+
+em_status em_comm_work_wait(em_state *S, em_comm_work *w) {
+  if (!w) return emi_error(S, EM_ERR_ARG, "wait: NULL work handle");
+  em_comm *c = w->comm;
+  pthread_mutex_lock(&c->mu);
+  while (!w->done) pthread_cond_wait(&c->cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+  if (w->status) return emi_error(S, w->status, "%s", w->errmsg);
+  em_status st = work_copy_back(S, w);
+  em_tensor_release(w->user);       /* copied once: a second wait does not repeat it */
+  w->user = NULL;
+  return st;
+}
+
+em_status em_comm_work_test(em_state *S, em_comm_work *w, int *done) {
+  if (!w || !done) return emi_error(S, EM_ERR_ARG, "test: NULL argument");
+  em_comm *c = w->comm;
+  pthread_mutex_lock(&c->mu);
+  *done = w->done;
+  pthread_mutex_unlock(&c->mu);
+  return EM_OK;
+}
+
+void em_comm_work_free(em_comm_work *w) {
+  if (!w) return;
+  em_comm *c = w->comm;
+  pthread_mutex_lock(&c->mu);
+  while (!w->done) pthread_cond_wait(&c->cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+  work_release_tensors(w);
+  free(w);
+}

@@ -1,0 +1,301 @@
+/*
+** local.c -- the `local` communicator: replicas that are threads of one process
+** (`ember --replicas N`, or a C host running its own), joined through shared
+** memory.
+**
+** How a collective runs. Each replica's comm thread posts its work item (buffer
+** pointers, kind, dtype, count) in the group's slot for its rank, then waits at
+** the group's barrier. Once all N have arrived every replica can read every
+** other replica's buffers, and each does 1/N of the work:
+**   allreduce       replica r reduces slice r of all N inputs, in rank order, and
+**                   writes the result into slice r of all N buffers;
+**   broadcast       replica r copies slice r of the root's buffer to the others;
+**   allgather       replica r copies its input into part r of every output;
+**   reduce_scatter  replica r reduces part r of all inputs into its own output.
+** A second barrier then says that nobody reads or writes a buffer any more, and
+** each replica's work is done. So every byte is read once and written once per
+** replica (bandwidth-optimal), no replica waits for a lock while it computes, and
+** a sum is always buf0 + buf1 + ... in that order: results never depend on
+** which thread came first. The last replica to arrive also checks that all N
+** called the same collective with the same dtype and size.
+**
+** Failure. The group holds one failure message, set by the first of: a host
+** reporting that its replica failed (em_local_group_abort, or em_comm_abort on
+** a communicator of the group), a barrier that waited longer than the
+** communicator's timeout (the message names the replicas that did not arrive and
+** the collective they were missing), or replicas that called different
+** collectives. Every replica waiting at a barrier wakes up, and every later
+** collective fails at once with the same message.
+*/
+#include "comm.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+struct em_local_group {
+  int refcount;              /* atomic */
+  int size;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t gen;              /* barrier generation */
+  int count;                 /* arrived at the current barrier */
+  em_comm_work **posted;     /* [size]: each rank's current work item */
+  uint64_t *arrived_seq;     /* [size]: the last collective each rank reached */
+  int failed;
+  char failure[EMI_COMM_MSG];
+};
+
+typedef struct local_comm {
+  em_local_group *g;
+} local_comm;
+
+/* -- The group ------------------------------------------------------------------ */
+
+em_local_group *em_local_group_new(int world_size) {
+  if (world_size < 1) return NULL;
+  em_local_group *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->posted = calloc((size_t)world_size, sizeof *g->posted);
+  g->arrived_seq = calloc((size_t)world_size, sizeof *g->arrived_seq);
+  if (!g->posted || !g->arrived_seq) {
+    free(g->posted);
+    free(g->arrived_seq);
+    free(g);
+    return NULL;
+  }
+  g->refcount = 1;
+  g->size = world_size;
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  return g;
+}
+
+void em_local_group_retain(em_local_group *g) {
+  if (g) emi_atomic_inc(&g->refcount);
+}
+
+void em_local_group_release(em_local_group *g) {
+  if (!g || emi_atomic_dec(&g->refcount) != 0) return;
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+  free(g->posted);
+  free(g->arrived_seq);
+  free(g);
+}
+
+/* Sets the group's failure under g->mu (first one wins) and wakes every waiter. */
+static void group_fail_locked(em_local_group *g, const char *msg) {
+  if (!g->failed) {
+    snprintf(g->failure, sizeof g->failure, "%s", msg);
+    g->failed = 1;
+  }
+  pthread_cond_broadcast(&g->cv);
+}
+
+void em_local_group_abort(em_local_group *g, int rank, const char *message) {
+  if (!g) return;
+  char msg[EMI_COMM_MSG];
+  snprintf(msg, sizeof msg, "replica %d failed: %s", rank, message ? message : "aborted");
+  pthread_mutex_lock(&g->mu);
+  group_fail_locked(g, msg);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* -- Barriers ------------------------------------------------------------------------ */
+
+static const char *op_name(em_comm_op op) {
+  static const char *names[] = {"sum", "mean", "max", "min"};
+  return names[op];
+}
+
+/* Called by the last replica to arrive: do all N work items describe the same
+** collective? Returns 0 or writes the mismatch into msg. */
+static int mismatch(em_local_group *g, char *msg) {
+  const em_comm_work *a = g->posted[0];
+  for (int r = 1; r < g->size; r++) {
+    const em_comm_work *b = g->posted[r];
+    if (b->kind == a->kind && b->dtype == a->dtype && b->count == a->count && b->op == a->op &&
+        b->root == a->root)
+      continue;
+    char da[EMI_COMM_MSG], db[EMI_COMM_MSG];
+    emi_coll_describe(da, a);
+    emi_coll_describe(db, b);
+    snprintf(msg, EMI_COMM_MSG, "replicas called different collectives: replica 0 called %s "
+             "(%s, root %d), replica %d called %s (%s, root %d); every replica must call the "
+             "same collectives in the same order", da, op_name(a->op), a->root, r, db,
+             op_name(b->op), b->root);
+    return 1;
+  }
+  return 0;
+}
+
+static void timeout_message(em_local_group *g, em_comm *c, const em_comm_work *w, int phase,
+                            char *msg) {
+  char what[EMI_COMM_MSG];
+  emi_coll_describe(what, w);
+  int n = snprintf(msg, EMI_COMM_MSG, "%s timed out after %g s: ", what, c->timeout_s);
+  if (phase == 1) {
+    snprintf(msg + n, EMI_COMM_MSG - (size_t)n, "replicas did not finish copying out");
+    return;
+  }
+  int missing = 0;
+  for (int r = 0; r < g->size; r++) if (g->arrived_seq[r] < w->seq) missing++;
+  n += snprintf(msg + n, EMI_COMM_MSG - (size_t)n, "replica%s ", missing > 1 ? "s" : "");
+  int k = 0;
+  for (int r = 0; r < g->size && n < EMI_COMM_MSG - 40; r++) {
+    if (g->arrived_seq[r] >= w->seq) continue;
+    n += snprintf(msg + n, EMI_COMM_MSG - (size_t)n, "%s%d (at collective #%llu)",
+                  k++ ? ", " : "", r, (unsigned long long)g->arrived_seq[r]);
+  }
+  snprintf(msg + n, EMI_COMM_MSG - (size_t)n, " did not arrive");
+}
+
+/* Phase 0: arrival (posting w); phase 1: everyone is done with the buffers. */
+static em_status group_barrier(em_comm *c, em_comm_work *w, int phase) {
+  em_local_group *g = ((local_comm *)c->impl)->g;
+  char msg[EMI_COMM_MSG];
+  pthread_mutex_lock(&g->mu);
+  if (phase == 0) {
+    g->posted[c->rank] = w;
+    g->arrived_seq[c->rank] = w->seq;
+  }
+  if (!g->failed && !emi_comm_failed(c)) {
+    uint64_t gen = g->gen;
+    if (++g->count == g->size) {
+      g->count = 0;
+      g->gen++;
+      if (phase == 0 && g->size > 1 && mismatch(g, msg)) group_fail_locked(g, msg);
+      pthread_cond_broadcast(&g->cv);
+    } else {
+      double deadline = w->t_begin + c->timeout_s;
+      struct timespec now_rt;
+      clock_gettime(CLOCK_REALTIME, &now_rt);
+      double wait_s = deadline - emi_now();
+      double abs_s = (double)now_rt.tv_sec + now_rt.tv_nsec * 1e-9 + (wait_s > 0 ? wait_s : 0);
+      struct timespec ts = {(time_t)abs_s, (long)((abs_s - (double)(time_t)abs_s) * 1e9)};
+      while (g->gen == gen && !g->failed && !emi_comm_failed(c)) {
+        if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && g->gen == gen &&
+            !g->failed) {
+          timeout_message(g, c, w, phase, msg);
+          group_fail_locked(g, msg);
+        }
+      }
+    }
+  }
+  int gfailed = g->failed;
+  if (gfailed) snprintf(msg, sizeof msg, "%s", g->failure);
+  pthread_mutex_unlock(&g->mu);
+  if (gfailed) {
+    emi_comm_fail(c, 0, "%s", msg);
+    return EM_ERR_IO;
+  }
+  return emi_comm_failed(c) ? EM_ERR_IO : EM_OK;
+}
+
+/* -- The collectives ----------------------------------------------------------------- */
+
+static em_status local_run(em_comm *c, em_comm_work *w) {
+  em_local_group *g = ((local_comm *)c->impl)->g;
+  em_status st = group_barrier(c, w, 0);
+  if (st || w->kind == EMI_COLL_BARRIER) return st;
+  int N = g->size, r = c->rank;
+  size_t es = em_dtype_size(w->dtype);
+  em_comm_work *const *p = g->posted;   /* stable until the second barrier */
+  /* this replica's slice of an allreduce / broadcast */
+  int64_t lo = w->count * r / N, hi = w->count * (r + 1) / N;
+  enum { STACK = 16 };
+  void *outs_s[STACK];
+  const void *ins_s[STACK];
+  void **outs = outs_s;
+  const void **ins = ins_s;
+  if (N > STACK) {
+    outs = malloc(sizeof *outs * (size_t)N);
+    ins = malloc(sizeof *ins * (size_t)N);
+    if (!outs || !ins) {
+      free(outs);
+      free(ins);
+      snprintf(w->errmsg, sizeof w->errmsg, "%s: out of memory", emi_coll_name(w->kind));
+      emi_comm_fail(c, 1, "replica %d failed: out of memory in %s", r, emi_coll_name(w->kind));
+      group_barrier(c, w, 1);
+      return EM_ERR_NOMEM;
+    }
+  }
+  switch (w->kind) {
+  case EMI_COLL_ALLREDUCE:
+    for (int k = 0; k < N; k++) {
+      ins[k] = (const char *)p[k]->in + lo * (int64_t)es;
+      outs[k] = (char *)p[k]->out + lo * (int64_t)es;
+    }
+    if (hi > lo) emi_reduce_buffers_to(w->dtype, w->op, outs, N, ins, N, hi - lo);
+    break;
+  case EMI_COLL_BROADCAST:
+    for (int k = 0; k < N; k++)
+      if (k != w->root && hi > lo)
+        memcpy((char *)p[k]->out + lo * (int64_t)es,
+               (const char *)p[w->root]->in + lo * (int64_t)es, (size_t)(hi - lo) * es);
+    break;
+  case EMI_COLL_ALLGATHER:
+    for (int k = 0; k < N; k++)
+      memcpy((char *)p[k]->out + (int64_t)r * w->count * (int64_t)es, w->in,
+             (size_t)w->count * es);
+    break;
+  case EMI_COLL_REDUCE_SCATTER: {
+    int64_t part = w->count / N;
+    for (int k = 0; k < N; k++) ins[k] = (const char *)p[k]->in + (int64_t)r * part * (int64_t)es;
+    emi_reduce_buffers(w->dtype, w->op, w->out, ins, N, part);
+    break;
+  }
+  case EMI_COLL_BARRIER: break;
+  }
+  if (outs != outs_s) { free(outs); free(ins); }
+  return group_barrier(c, w, 1);
+}
+
+static void local_abort_notify(em_comm *c, int own) {
+  em_local_group *g = ((local_comm *)c->impl)->g;
+  pthread_mutex_lock(&g->mu);
+  if (own) {
+    char msg[EMI_COMM_MSG];
+    pthread_mutex_lock(&c->mu);
+    snprintf(msg, sizeof msg, "%s", c->failure);
+    pthread_mutex_unlock(&c->mu);
+    group_fail_locked(g, msg);
+  } else {
+    pthread_cond_broadcast(&g->cv);
+  }
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void local_destroy(em_comm *c) {
+  local_comm *lc = c->impl;
+  em_local_group_release(lc->g);
+  free(lc);
+}
+
+static const emi_comm_backend local_backend = {
+  .name = "local",
+  .run = local_run,
+  .abort_notify = local_abort_notify,
+  .destroy = local_destroy,
+};
+
+em_status em_comm_local(em_state *S, em_local_group *g, int rank, double timeout_s,
+                        em_comm **out) {
+  if (!out) return emi_error(S, EM_ERR_ARG, "comm_local: NULL output");
+  *out = NULL;
+  if (!g) return emi_error(S, EM_ERR_ARG, "comm_local: NULL group");
+  if (rank < 0 || rank >= g->size)
+    return emi_error(S, EM_ERR_ARG, "comm_local: rank %d is not in a group of %d replicas",
+                     rank, g->size);
+  local_comm *lc = calloc(1, sizeof *lc);
+  if (!lc) return emi_error(S, EM_ERR_NOMEM, "comm_local: out of memory");
+  lc->g = g;
+  em_local_group_retain(g);
+  em_status st = emi_comm_new(S, &local_backend, lc, rank, g->size, timeout_s, out);
+  if (st) {
+    em_local_group_release(g);
+    free(lc);
+  }
+  return st;
+}

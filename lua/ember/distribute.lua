@@ -1,0 +1,326 @@
+--[[
+ember.distribute -- the mirrored strategy (API.md, "em.distribute"): one script
+runs as N replicas, each training a full copy of the model on its share of the
+data, with gradients averaged across replicas during backward.
+
+  local s = em.distribute.mirrored{backend = 'auto', timeout = 300}
+  local dm = s:wrap(model)                -- ember.distribute.wrap
+  local loader = s:shard(ds):batch(128):loader{}
+  s:allreduce(t, 'mean'); s:broadcast(t, 0); s:allgather(t); s:reduce_scatter(t)
+  s:barrier(); s:check_replicas(model); s.rank, s.world_size, s:is_main()
+
+Which replica this Lua state is. `ember --replicas N` runs N threads and gives
+each Lua state the global EMBER_REPLICA = {rank, world_size, group, threads}; the
+communicator is then `local` (shared memory through that group). Under mpirun (or
+another MPI launcher, recognised from the environment by em_mpi_launched) it is
+`mpi`. Otherwise the script is a single replica: a local group of one, where every
+collective is a copy at most, so the same script runs unchanged on 1 to N
+replicas. 'nccl' arrives with the CUDA backend.
+
+One communicator per backend and Lua state: a second mirrored{} shares it (MPI
+can be initialised only once per process). Communicators and reducers are freed
+before the state closes (core.on_close), and when the script fails the host calls
+_abort(message), which fails them so that the other replicas hear about it.
+]]
+local ffi = require 'ffi'
+local em = require 'ember'
+local core = require 'ember.ffi'
+local C, S = core.C, core.S
+local raise = core.raise
+
+local M = {}
+
+ffi.cdef [[ typedef struct em_commbox { em_comm *_h; } em_commbox;
+            typedef struct em_workbox { em_comm_work *_h; } em_workbox; ]]
+local commbox_t, workbox_t = ffi.typeof('em_commbox'), ffi.typeof('em_workbox')
+
+-- -- Lifetime ----------------------------------------------------------------------------
+local live = setmetatable({}, { __mode = 'k' })   -- box -> release function
+function M._track(obj, release) live[obj] = release; return obj end
+local function releaser(cfree)
+  return function(b)
+    if b._h ~= nil then
+      local h = b._h
+      b._h = nil
+      cfree(h)
+    end
+  end
+end
+M._releaser = releaser
+local free_comm, free_work = releaser(C.em_comm_free), releaser(C.em_comm_work_free)
+-- Works first (they hold tensors and wait for their collective), then reducers
+-- (registered by wrap.lua), then communicators.
+local comms = {}            -- backend name -> comm box
+core.on_close[#core.on_close + 1] = function()
+  for obj, release in pairs(live) do if release == free_work then release(obj) end end
+  for obj, release in pairs(live) do if release ~= free_work and release ~= free_comm then release(obj) end end
+  for obj, release in pairs(live) do release(obj) end
+end
+
+-- -- Where this replica is -----------------------------------------------------------------
+local replica = rawget(_G, 'EMBER_REPLICA')
+local mpi_rank, mpi_size = ffi.new('int[1]'), ffi.new('int[1]')
+local function mpi_launched()
+  return C.em_mpi_launched(mpi_rank, mpi_size) ~= 0 and mpi_size[0] > 1
+end
+
+-- The backend 'auto' picks, and why.
+local function auto_backend()
+  if replica and replica.group then return 'local' end
+  if mpi_launched() then return 'mpi' end
+  return 'local'
+end
+
+local single_group   -- a local group of one, for a plain `ember script.lua`
+
+local function open_comm(backend, timeout)
+  if comms[backend] then return comms[backend] end
+  local out = ffi.new('em_comm*[1]')
+  local st
+  if backend == 'local' then
+    local g, rank
+    if replica and replica.group then
+      g, rank = ffi.cast('em_local_group *', replica.group), replica.rank
+    else
+      if mpi_launched() then
+        raise('mirrored: this process was started by an MPI launcher as one of ' ..
+          mpi_size[0] .. " processes; the 'local' backend joins threads of one process " ..
+          "(ember --replicas N); use backend = 'mpi' or 'auto'")
+      end
+      single_group = single_group or ffi.gc(C.em_local_group_new(1), C.em_local_group_release)
+      g, rank = single_group, 0
+    end
+    st = C.em_comm_local(S, g, rank, timeout, out)
+  elseif backend == 'mpi' then
+    if replica and replica.group then
+      raise("mirrored: backend 'mpi' was asked for, but this script runs as threads of one " ..
+        "process (ember --replicas); use backend = 'local' or 'auto'")
+    end
+    st = C.em_comm_mpi(S, timeout, out)
+  elseif backend == 'nccl' then
+    raise("mirrored: backend 'nccl' needs GPU replicas, which come with the CUDA backend " ..
+      "(not in this build); use 'auto', 'local' or 'mpi'")
+  else
+    raise(("mirrored: unknown backend %s (expected 'auto', 'local', 'mpi' or 'nccl')")
+      :format(type(backend) == 'string' and "'" .. backend .. "'" or core.kind(backend)))
+  end
+  if st ~= 0 then core.fail() end
+  local box = M._track(commbox_t(out[0]), free_comm)
+  comms[backend] = box
+  return box
+end
+
+-- -- The strategy ------------------------------------------------------------------------------
+local Strategy = {}
+Strategy.__index = Strategy
+M.Strategy = Strategy
+
+function M.mirrored(o)
+  o = o or {}
+  if type(o) ~= 'table' then raise('mirrored: expected an options table, got ' .. core.kind(o)) end
+  for k in pairs(o) do
+    if k ~= 'backend' and k ~= 'timeout' then
+      raise(("mirrored: unknown option '%s' (backend, timeout)"):format(tostring(k)))
+    end
+  end
+  local timeout = o.timeout or 300
+  if type(timeout) ~= 'number' or timeout <= 0 then
+    raise('mirrored: timeout must be a number of seconds > 0, got ' .. tostring(timeout))
+  end
+  local backend = o.backend or 'auto'
+  if backend == 'auto' then backend = auto_backend() end
+  local box = open_comm(backend, timeout)
+  local c = box._h
+  return setmetatable({
+    _box = box, backend = backend, timeout = timeout,
+    rank = C.em_comm_rank(c), world_size = C.em_comm_size(c), device = 'cpu',
+  }, Strategy)
+end
+
+function Strategy:is_main() return self.rank == 0 end
+function Strategy:__tostring()
+  return ('mirrored strategy: replica %d of %d (%s, %s)'):format(self.rank, self.world_size,
+    self.backend, self.device)
+end
+
+local function comm(self, op)
+  local c = self._box._h
+  if c == nil then raise(op .. ': the strategy was closed') end
+  return c
+end
+
+function Strategy:shard(ds, o)
+  if type(ds) ~= 'table' or not ds.shard then
+    raise('shard: expected a dataset, got ' .. core.kind(ds))
+  end
+  return ds:shard(self.rank, self.world_size, o)
+end
+
+-- -- Collectives ---------------------------------------------------------------------------------
+local ops = { sum = 0, mean = 1, max = 2, min = 3 }
+local function op_id(name, where)
+  local id = ops[name or 'sum']
+  if not id then
+    raise(("%s: unknown reduction %s (expected 'sum', 'mean', 'max' or 'min')"):format(where,
+      type(name) == 'string' and "'" .. name .. "'" or core.kind(name)))
+  end
+  return id
+end
+
+-- Trailing arguments: (x, opts) or (opts) or (x) where opts = {async = true}.
+local function split_opts(a, b)
+  if type(a) == 'table' and b == nil then return nil, a end
+  if b ~= nil and type(b) ~= 'table' then raise('expected an options table {async = true}') end
+  return a, b or {}
+end
+
+local Work = {}
+Work.__index = Work
+local workout = ffi.new('em_comm_work*[1]')
+local done_buf = ffi.new('int[1]')
+
+-- Runs a collective: synchronously, or as a handle whose wait() returns result.
+local function run(self, async, start, result)
+  if not async then
+    if start(nil) ~= 0 then core.fail() end
+    return result and result() or nil
+  end
+  if start(workout) ~= 0 then core.fail() end
+  local box = M._track(workbox_t(workout[0]), free_work)
+  return setmetatable({ _box = box, _result = result }, Work)
+end
+
+function Work:wait()
+  local h = self._box._h
+  if h ~= nil then
+    local st = C.em_comm_work_wait(S, h)
+    if st ~= 0 then
+      local msg = core.errmsg()
+      free_work(self._box)
+      error(msg, core.blame_level())
+    end
+    free_work(self._box)
+  end
+  return self._result and self._result() or nil
+end
+
+function Work:done()
+  local h = self._box._h
+  if h == nil then return true end
+  C.em_comm_work_test(S, h, done_buf)
+  return done_buf[0] ~= 0
+end
+
+function Strategy:allreduce(t, op, o)
+  op, o = split_opts(op, o)
+  local h = core.H(t, 'allreduce', 1)
+  local id, c = op_id(op, 'allreduce'), comm(self, 'allreduce')
+  return run(self, o.async, function(w) return C.em_comm_allreduce(S, c, h, id, w) end,
+    function() return t end)
+end
+
+function Strategy:broadcast(t, root, o)
+  root, o = split_opts(root, o)
+  local h = core.H(t, 'broadcast', 1)
+  root = root or 0
+  if type(root) ~= 'number' or root % 1 ~= 0 then
+    raise('broadcast: root must be a rank (0-based integer), got ' .. tostring(root))
+  end
+  local c = comm(self, 'broadcast')
+  return run(self, o.async, function(w) return C.em_comm_broadcast(S, c, h, root, w) end,
+    function() return t end)
+end
+
+local function out_collective(self, name, t, start, o)
+  local h = core.H(t, name, 1)
+  local c = comm(self, name)
+  local out = ffi.new('em_tensor*[1]')
+  local result
+  local r = run(self, o.async, function(w)
+    local st = start(c, h, out, w)
+    if st == 0 then result = core.wrap(out[0]) end
+    return st
+  end, function() return result end)
+  return r
+end
+
+function Strategy:allgather(t, o)
+  local _, opts = split_opts(o, nil)
+  return out_collective(self, 'allgather', t, function(c, h, out, w)
+    return C.em_comm_allgather(S, c, h, out, w)
+  end, opts or {})
+end
+
+function Strategy:reduce_scatter(t, op, o)
+  op, o = split_opts(op, o)
+  local id = op_id(op, 'reduce_scatter')
+  return out_collective(self, 'reduce_scatter', t, function(c, h, out, w)
+    return C.em_comm_reduce_scatter(S, c, h, id, out, w)
+  end, o)
+end
+
+function Strategy:barrier(o)
+  o = o or {}
+  local c = comm(self, 'barrier')
+  return run(self, o.async, function(w) return C.em_comm_barrier(S, c, w) end, nil)
+end
+
+-- -- Checks ---------------------------------------------------------------------------------------
+-- Do all replicas hold the same parameters (and buffers)? One float64 checksum per
+-- tensor (the sum of its values and of its values weighted by position, so that
+-- a permutation shows too), allgathered: every replica sees every checksum and
+-- reaches the same verdict. Returns true, or false and a message naming the first
+-- tensor that differs and the replicas that disagree.
+function Strategy:check_replicas(model)
+  if type(model) ~= 'table' or not model.named_parameters then
+    raise('check_replicas: expected a model (em.nn.Module or a wrapped model), got ' ..
+      core.kind(model))
+  end
+  local m = model.module or model
+  local named = m:named_parameters()
+  for _, nb in ipairs(m:named_buffers()) do named[#named + 1] = nb end
+  local sums = em.zeros(#named * 2, { dtype = 'float64' })
+  em.no_grad(function()
+    for i, np in ipairs(named) do
+      local v = np[2]:detach():double():flatten()
+      local n = v:numel()
+      sums[2 * i - 1] = v:sum():item()
+      sums[2 * i] = n > 0 and (v * em.arange(1, n + 1, { dtype = 'float64' })):sum():item() or 0
+    end
+  end)
+  local all = self:allgather(sums:view(1, -1))    -- (world_size, 2 * #named)
+  local rows = all:totable()
+  for i, np in ipairs(named) do
+    local bad = {}
+    for r = 2, #rows do
+      if rows[r][2 * i - 1] ~= rows[1][2 * i - 1] or rows[r][2 * i] ~= rows[1][2 * i] then
+        bad[#bad + 1] = r - 1
+      end
+    end
+    if #bad > 0 then
+      return false, ('check_replicas: %s differs between replicas: replica%s %s disagree%s ' ..
+        'with replica 0'):format(np[1], #bad > 1 and 's' or '', table.concat(bad, ', '),
+        #bad > 1 and '' or 's')
+    end
+  end
+  return true
+end
+
+-- -- Wrapping -------------------------------------------------------------------------------------
+function Strategy:wrap(model, o)
+  return require('ember.distribute.wrap').wrap(self, model, o)
+end
+
+-- Called by the ember command when the script failed: every communicator of this
+-- state fails, and the other replicas hear "replica K failed: <message>".
+function M._abort(message)
+  for _, box in pairs(comms) do
+    if box._h ~= nil then C.em_comm_abort(box._h, tostring(message)) end
+  end
+end
+
+-- Facts for scripts that run with or without a strategy.
+function M.replica() return replica and replica.rank or (mpi_launched() and mpi_rank[0]) or 0 end
+function M.world_size() return replica and replica.world_size or (mpi_launched() and mpi_size[0]) or 1 end
+
+return M
