@@ -16,6 +16,7 @@
 #include "host.h"
 #include <lauxlib.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,18 +25,20 @@
 #define EMBER_PREFIX "/usr/local"
 #endif
 
+/* Once per process: replicas (threads) all ask at start-up. */
+static char exe_dir[PATH_MAX];
+static void find_exe_dir(void) {
+  ssize_t n = readlink("/proc/self/exe", exe_dir, sizeof exe_dir - 1);
+  exe_dir[n > 0 ? n : 0] = 0;
+  char *slash = strrchr(exe_dir, '/');
+  if (slash) *slash = 0;
+  else exe_dir[0] = 0;
+}
+
 const char *ember_host_exe_dir(void) {
-  static char dir[PATH_MAX];
-  static int done;
-  if (!done) {
-    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
-    dir[n > 0 ? n : 0] = 0;
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else dir[0] = 0;
-    done = 1;
-  }
-  return dir;
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, find_exe_dir);
+  return exe_dir;
 }
 
 void ember_host_paths(lua_State *L) {

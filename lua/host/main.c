@@ -143,7 +143,10 @@ void ember_host_report(lua_State *L, int status) {
     fflush(stdout);
     fprintf(stderr, "%s%s: %s\n", report_prefix, progname, msg);
     fflush(stderr);
-    snprintf(last_error, sizeof last_error, "%s", msg);
+    /* the message without its traceback: what other replicas are told */
+    const char *tb = strstr(msg, "\nstack traceback:");
+    int len = tb ? (int)(tb - msg) : (int)strlen(msg);
+    snprintf(last_error, sizeof last_error, "%.*s", len, msg);
     lua_pop(L, 1);
   }
 }
