@@ -150,7 +150,7 @@ local function comm(self, op)
 end
 
 function Strategy:shard(ds, o)
-  if type(ds) ~= 'table' or not ds.shard then
+  if (type(ds) ~= 'table' and type(ds) ~= 'cdata') or not pcall(function() return ds.shard end) then
     raise('shard: expected a dataset, got ' .. core.kind(ds))
   end
   return ds:shard(self.rank, self.world_size, o)
