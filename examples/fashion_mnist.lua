@@ -6,15 +6,24 @@
 --                                    [--lr 1e-3] [--resume] [--checkpoint path]
 --                                    [--root dir] [--limit n] [--workers 2]
 --
+-- The same script runs data-parallel, unchanged (em.distribute.mirrored):
+--   ember --replicas 2 examples/fashion_mnist.lua      2 replicas, threads of one process
+--   mpirun -np 2 ember examples/fashion_mnist.lua      2 processes, any number of hosts
+-- Each replica trains on its shard of every epoch with --batch samples per step;
+-- gradients are averaged across replicas during backward. Replica 0 evaluates,
+-- prints and saves the checkpoint; the epoch line counts the samples of all
+-- replicas.
+--
 -- The recipe is the plain one of the benchmark (Adam 1e-3, batch 128), so that the
 -- figures compare with PyTorch doing the same work.
 
 local nn, F = em.nn, em.nn.F
 
 -- -- Options ---------------------------------------------------------------------------
+local strategy = em.distribute.mirrored{}
 local opt = { model = 'cnn', epochs = 5, batch = 128, lr = 1e-3, resume = false,
               checkpoint = 'fashion_mnist.ckpt', root = nil, limit = nil, seed = 1,
-              workers = 2 }
+              workers = strategy.world_size > 1 and 1 or 2 }
 do
   local i = 1
   while arg and arg[i] do
@@ -46,9 +55,11 @@ local function split(name)
   return ds
 end
 local train = split('train')
-local train_loader = train:shuffle():batch(opt.batch):map(norm)
+-- every replica shuffles the same way (same seed) and takes its own shard
+local train_loader = strategy:shard(train:shuffle()):batch(opt.batch):map(norm)
   :loader{ workers = opt.workers }
-local test_loader = split('test'):batch(1000):map(norm):loader{ workers = opt.workers, progress = false }
+local test_loader = strategy:is_main() and
+  split('test'):batch(1000):map(norm):loader{ workers = opt.workers, progress = false }
 
 -- -- Model -------------------------------------------------------------------------------------
 local function build(kind)
@@ -64,12 +75,19 @@ end
 local model = build(opt.model)
 local optimizer = em.optim.Adam(model:parameters(), { lr = opt.lr })
 local first_epoch = 1
-if opt.resume then
+if opt.resume then        -- every replica reads the checkpoint replica 0 wrote
   local rest = em.checkpoint.load(opt.checkpoint, { model = model, optimizer = optimizer })
   first_epoch = (rest.epoch or 0) + 1
-  print(('resumed from %s after epoch %d'):format(opt.checkpoint, first_epoch - 1))
+  if strategy:is_main() then
+    print(('resumed from %s after epoch %d'):format(opt.checkpoint, first_epoch - 1))
+  end
 end
-print(model)
+-- replica 0's parameters everywhere; gradients averaged during backward
+local dmodel = strategy:wrap(model)
+if strategy:is_main() then
+  print(model)
+  if strategy.world_size > 1 then print(tostring(strategy)) end
+end
 
 -- -- Training and evaluation -------------------------------------------------------------------------
 local function evaluate()
@@ -90,7 +108,7 @@ for epoch = first_epoch, opt.epochs do
   local loss_sum, batches = 0, 0
   train_loader:note('')
   for x, y in train_loader:epoch(epoch) do     -- the loader shows a progress bar
-    local loss = F.cross_entropy(model(x), y)
+    local loss = F.cross_entropy(dmodel(x), y)
     optimizer:zero_grad()
     loss:backward()
     optimizer:step()
@@ -99,11 +117,19 @@ for epoch = first_epoch, opt.epochs do
     if batches % 20 == 0 then train_loader:note(('loss %.4f'):format(loss_sum / batches)) end
   end
   local st = train_loader:stats()
-  accuracy = evaluate()
-  print(('epoch %d/%d  loss %.4f  test %.2f%%  %d samples/s  (waited for data %.1f%%)'):format(
-    epoch, opt.epochs, loss_sum / batches, accuracy, math.floor(st.samples_per_s),
-    100 * st.wait_fraction))
-  em.checkpoint.save(opt.checkpoint, { model = model, optimizer = optimizer, epoch = epoch })
+  -- all replicas together: mean loss, summed throughput, the worst data wait
+  local mean_loss = strategy:allreduce(em.tensor({ loss_sum / batches }, { dtype = 'float64' }), 'mean')
+  local speed = strategy:allreduce(em.tensor({ st.samples_per_s }, { dtype = 'float64' }))
+  local wait = strategy:allreduce(em.tensor({ st.wait_fraction }, { dtype = 'float64' }), 'max')
+  if strategy:is_main() then
+    accuracy = evaluate()
+    print(('epoch %d/%d  loss %.4f  test %.2f%%  %d samples/s  (waited for data %.1f%%)'):format(
+      epoch, opt.epochs, mean_loss:item(), accuracy, math.floor(speed:item()),
+      100 * wait:item()))
+    em.checkpoint.save(opt.checkpoint, { model = model, optimizer = optimizer, epoch = epoch })
+  end
 end
-accuracy = accuracy or evaluate()
-print(('test accuracy: %.2f%%'):format(accuracy))
+if strategy:is_main() then
+  accuracy = accuracy or evaluate()
+  print(('test accuracy: %.2f%%'):format(accuracy))
+end
