@@ -56,8 +56,9 @@ struct em_comm_work {
 
 typedef struct emi_comm_backend {
   const char *name;
-  /* On the comm thread, before any work (MPI initialises here). Error: text into
-  ** err (EMI_COMM_MSG bytes). */
+  /* On the comm thread, before any work (MPI initialises here, and sets c->rank
+  ** and c->size, which the creator reads only after this returned). Error: text
+  ** into err (EMI_COMM_MSG bytes). */
   em_status (*thread_start)(em_comm *c, char *err);
   /* On the comm thread: the whole collective, on this replica. Returns EM_OK, or
   ** an error with the text in w->errmsg; a failure that is final for the

@@ -118,11 +118,11 @@ static int mismatch(em_local_group *g, char *msg) {
     if (b->kind == a->kind && b->dtype == a->dtype && b->count == a->count && b->op == a->op &&
         b->root == a->root)
       continue;
-    char da[EMI_COMM_MSG], db[EMI_COMM_MSG];
+    char da[EMI_COMM_MSG], db[EMI_COMM_MSG];   /* descriptions are short; %.120s bounds them */
     emi_coll_describe(da, a);
     emi_coll_describe(db, b);
-    snprintf(msg, EMI_COMM_MSG, "replicas called different collectives: replica 0 called %s "
-             "(%s, root %d), replica %d called %s (%s, root %d); every replica must call the "
+    snprintf(msg, EMI_COMM_MSG, "replicas called different collectives: replica 0 called %.120s "
+             "(%s, root %d), replica %d called %.120s (%s, root %d); every replica must call the "
              "same collectives in the same order", da, op_name(a->op), a->root, r, db,
              op_name(b->op), b->root);
     return 1;

@@ -13,16 +13,15 @@
 
 enum { CHUNK = 2048 };
 
-#define OP_LOOP(ACC, X, N, OP)                                                     \
-  do {                                                                             \
-    switch (OP) {                                                                  \
-    case EM_COMM_SUM: case EM_COMM_MEAN:                                       \
-      for (int64_t i = 0; i < (N); i++) ACC[i] += X[i]; break;                     \
-    case EM_COMM_MAX:                                                            \
-      for (int64_t i = 0; i < (N); i++) ACC[i] = X[i] > ACC[i] || X[i] != X[i] ? X[i] : ACC[i]; break; \
-    case EM_COMM_MIN:                                                            \
-      for (int64_t i = 0; i < (N); i++) ACC[i] = X[i] < ACC[i] || X[i] != X[i] ? X[i] : ACC[i]; break; \
-    }                                                                              \
+#define OP_LOOP(ACC, X, N, OP)                                                       \
+  do {                                                                               \
+    if ((OP) == EM_COMM_SUM || (OP) == EM_COMM_MEAN) {                               \
+      for (int64_t i = 0; i < (N); i++) ACC[i] += X[i];                              \
+    } else if ((OP) == EM_COMM_MAX) {   /* a NaN anywhere wins, as in torch.max */   \
+      for (int64_t i = 0; i < (N); i++) ACC[i] = X[i] > ACC[i] || X[i] != X[i] ? X[i] : ACC[i]; \
+    } else {                                                                         \
+      for (int64_t i = 0; i < (N); i++) ACC[i] = X[i] < ACC[i] || X[i] != X[i] ? X[i] : ACC[i]; \
+    }                                                                                \
   } while (0)
 
 /* float32 accumulation of float32 / float16 / bfloat16 inputs */

@@ -76,6 +76,18 @@ cfg.num_threads = tonumber(os.getenv('EMBER_NUM_THREADS') or '') or 0
 -- A replica of `ember --replicas N` gets its share of the cores (lua/host/replicas.c).
 local replica = rawget(_G, 'EMBER_REPLICA')
 if type(replica) == 'table' and (replica.threads or 0) > 0 then cfg.num_threads = replica.threads end
+-- One of several MPI processes on this host (mpirun sets the local count): the
+-- same share, so that the processes don't oversubscribe the cores.
+if cfg.num_threads == 0 and replica == nil then
+  local here = tonumber(os.getenv('OMPI_COMM_WORLD_LOCAL_SIZE') or os.getenv('MPI_LOCALNRANKS') or
+    os.getenv('PMIX_LOCAL_SIZE') or '')
+  if here and here > 1 then
+    local f = io.open('/proc/cpuinfo')
+    local cores = 0
+    if f then for line in f:lines() do if line:match('^processor') then cores = cores + 1 end end f:close() end
+    if cores > 0 then cfg.num_threads = math.max(1, math.floor(cores / here)) end
+  end
+end
 -- A ds:map worker's Lua state (lua/host/luamap.c sets EMBER_WORKER): the loader's
 -- worker threads are the parallelism, so its ops run on the calling thread.
 if rawget(_G, 'EMBER_WORKER') ~= nil then cfg.num_threads = 1 end
