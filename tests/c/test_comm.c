@@ -1,0 +1,328 @@
+/*
+** test_comm.c -- the local communicator and the gradient reducer through the C
+** API, as an embedding host would use them: replicas are threads of this program,
+** each with its own em_state, joined by one em_local_group.
+**
+** Each group starts N threads that run a job and record what they saw (the
+** harness's counters are not thread-safe, so the checks happen on the main
+** thread after the join): collectives against values computed in double,
+** bit-identical sums across replicas, a replica that aborts while the others wait,
+** a replica that never arrives (timeout naming it), replicas that call different
+** collectives, and the reducer averaging gradients in several buckets during
+** em_backward. Runs under ThreadSanitizer in `make test SANITIZE=thread`.
+*/
+#include "check.h"
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { MAXR = 4, N_ELEMS = 1001 };
+
+typedef struct job {
+  int rank, size, mode;
+  em_local_group *g;
+  em_status st;                    /* the status the job ended with */
+  char msg[512];                   /* its message */
+  double secs;                     /* how long the failing call took */
+  double out[N_ELEMS];             /* a result to compare across replicas */
+  int64_t nout;
+  int bad;                         /* value mismatches found in the thread */
+  char why[256];
+} job;
+
+static double input(int r, int64_t i) { return (double)((r + 1) * (i % 13) - 6 + r); }
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static em_status make_input(em_state *S, int r, em_dtype dt, int64_t n, em_tensor **t) {
+  double *v = malloc(sizeof *v * (size_t)n);
+  if (!v) return EM_ERR_NOMEM;
+  for (int64_t i = 0; i < n; i++) v[i] = input(r, i);
+  em_status st = em_from_data(S, &n, 1, dt, v, EM_FLOAT64, t);
+  free(v);
+  return st;
+}
+
+static void note_bad(job *j, const char *what, int64_t i, double got, double want) {
+  if (j->bad++ == 0)
+    snprintf(j->why, sizeof j->why, "%s [%lld]: got %g, want %g", what, (long long)i, got, want);
+}
+
+/* mode 0: collectives and their values */
+static em_status run_collectives(em_state *S, em_comm *c, job *j) {
+  static const em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16, EM_INT32,
+                                 EM_INT64};
+  em_status st = EM_OK;
+  for (size_t d = 0; d < sizeof dts / sizeof *dts && !st; d++) {
+    em_dtype dt = dts[d];
+    for (int op = EM_COMM_SUM; op <= EM_COMM_MIN && !st; op++) {
+      if (op == EM_COMM_MEAN && !em_dtype_is_floating(dt)) continue;
+      em_tensor *t;
+      if ((st = make_input(S, j->rank, dt, N_ELEMS, &t))) break;
+      em_comm_work *w = NULL;
+      st = em_comm_allreduce(S, c, t, (em_comm_op)op, op == EM_COMM_MAX ? &w : NULL);
+      if (!st && w) st = em_comm_work_wait(S, w);
+      em_comm_work_free(w);
+      for (int64_t i = 0; i < N_ELEMS && !st; i++) {
+        double want = op == EM_COMM_MAX ? -1e300 : op == EM_COMM_MIN ? 1e300 : 0;
+        for (int r = 0; r < j->size; r++) {
+          double x = input(r, i);
+          if (op == EM_COMM_MAX) want = x > want ? x : want;
+          else if (op == EM_COMM_MIN) want = x < want ? x : want;
+          else want += x;
+        }
+        if (op == EM_COMM_MEAN) want /= j->size;
+        double got = t_get(t, i), tol = dt == EM_FLOAT16 || dt == EM_BFLOAT16 ? 0.02 : 1e-6;
+        if (!chk_close(got, want, tol)) note_bad(j, em_dtype_name(dt), i, got, want);
+      }
+      if (!st && dt == EM_FLOAT32 && op == EM_COMM_MEAN) {
+        j->nout = N_ELEMS;
+        for (int64_t i = 0; i < N_ELEMS; i++) j->out[i] = t_get(t, i);
+      }
+      em_tensor_release(t);
+    }
+  }
+  /* allgather of a transposed (strided) (2, 3) view: rank order along dim 0 */
+  em_tensor *base = NULL, *tt = NULL, *g = NULL;
+  if (!st) st = make_input(S, j->rank, EM_FLOAT64, 6, &base);
+  if (!st) st = em_reshape(S, base, (int64_t[]){3, 2}, 2, &tt);
+  if (!st) {
+    em_tensor *tr;
+    st = em_transpose(S, tt, 0, 1, &tr);
+    em_tensor_release(tt);
+    tt = tr;
+  }
+  if (!st) st = em_comm_allgather(S, c, tt, &g, NULL);
+  if (!st) {
+    if (em_tensor_sizes(g)[0] != 2 * j->size) note_bad(j, "allgather rows", 0, em_tensor_sizes(g)[0], 2 * j->size);
+    for (int r = 0; r < j->size; r++)
+      for (int64_t i = 0; i < 6; i++) {
+        int64_t row = i / 3, col = i % 3;      /* of the transposed (2, 3) */
+        double want = input(r, col * 2 + row), got = t_get(g, r * 6 + i);
+        if (got != want) note_bad(j, "allgather", r * 6 + i, got, want);
+      }
+  }
+  em_tensor_release(base);
+  em_tensor_release(tt);
+  em_tensor_release(g);
+  if (!st) st = em_comm_barrier(S, c, NULL);
+  return st;
+}
+
+/* mode 3: the reducer. loss = sum(x_r * w1) + sum(x_r * w2) + sum(x_r * w3):
+** d loss / d w_k = x_r, averaged = mean over r of x_r. Small buckets: several. */
+static em_status run_reducer(em_state *S, em_comm *c, job *j) {
+  em_tensor *w[3] = {0}, *x = NULL, *loss = NULL;
+  const char *names[3] = {"w1", "w2", "w3"};
+  em_reducer *red = NULL;
+  em_status st = EM_OK;
+  for (int k = 0; k < 3 && !st; k++) {
+    st = em_full(S, (int64_t[]){300}, 1, 0.5, EM_FLOAT32, EM_CPU, &w[k]);
+    if (!st) st = em_tensor_set_requires_grad(S, w[k], 1);
+  }
+  if (!st) st = make_input(S, j->rank, EM_FLOAT32, 300, &x);
+  if (!st) st = em_reducer_new(S, c, w, names, 3, 1500, 1200, 0, &red);
+  if (!st && em_reducer_num_buckets(red) != 3)
+    note_bad(j, "buckets", 0, em_reducer_num_buckets(red), 3);
+  for (int step = 0; step < 2 && !st; step++) {
+    st = em_reducer_prepare(S, red);
+    em_tensor *acc = NULL;
+    for (int k = 0; k < 3 && !st; k++) {
+      em_tensor *p, *s, *sum;
+      if ((st = em_binary(S, EM_MUL, x, w[k], &p))) break;
+      st = em_reduce(S, EM_SUM, p, (int[]){0}, 1, 0, &s);
+      em_tensor_release(p);
+      if (st) break;
+      if (acc) {
+        st = em_binary(S, EM_ADD, acc, s, &sum);
+        em_tensor_release(acc);
+        em_tensor_release(s);
+        acc = sum;
+      } else {
+        acc = s;
+      }
+    }
+    if (!st) st = em_backward(S, acc, NULL);
+    em_tensor_release(acc);
+    for (int k = 0; k < 3 && !st; k++) {
+      em_tensor *gk = em_tensor_grad(w[k]);
+      for (int64_t i = 0; i < 300 && gk; i++) {
+        double want = 0;
+        for (int r = 0; r < j->size; r++) want += input(r, i);
+        want = want / j->size * (step + 1);      /* grads accumulate: not zeroed */
+        double got = t_get(gk, i);
+        if (!chk_close(got, want, 1e-5)) note_bad(j, names[k], i, got, want);
+      }
+      if (!gk) note_bad(j, "no grad", k, 0, 1);
+      em_tensor_release(gk);
+    }
+  }
+  em_reducer_free(red);
+  for (int k = 0; k < 3; k++) em_tensor_release(w[k]);
+  em_tensor_release(x);
+  em_tensor_release(loss);
+  return st;
+}
+
+static void *replica(void *arg) {
+  job *j = arg;
+  em_config cfg;
+  em_config_init(&cfg);
+  cfg.num_threads = 1;
+  em_state *S;
+  if (em_open(&S, &cfg)) { j->st = EM_ERR_NOMEM; return NULL; }
+  em_comm *c = NULL;
+  double timeout = j->mode == 2 ? 1.0 : 60;
+  j->st = em_comm_local(S, j->g, j->rank, timeout, &c);
+  if (!j->st) {
+    em_tensor *t = NULL;
+    double t0 = now();
+    switch (j->mode) {
+    case 0: j->st = run_collectives(S, c, j); break;
+    case 1:               /* replica 1 aborts, the others wait in an allreduce */
+      if (j->rank == 1) { usleep(100000); em_comm_abort(c, "boom"); j->st = EM_OK; break; }
+      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+        j->st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+      break;
+    case 2:               /* replica 1 never arrives */
+      if (j->rank == 1) { j->st = EM_OK; break; }
+      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+        j->st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+      break;
+    case 3: j->st = run_reducer(S, c, j); break;
+    case 4:               /* replica 1 broadcasts while the others allreduce */
+      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+        j->st = j->rank == 1 ? em_comm_broadcast(S, c, t, 0, NULL)
+                             : em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+      break;
+    }
+    j->secs = now() - t0;
+    em_tensor_release(t);
+    if (j->st) snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
+    /* after a failure every later call fails the same way */
+    if (j->st && j->mode != 0 && j->mode != 3) {
+      em_status again = em_comm_barrier(S, c, NULL);
+      if (!again) note_bad(j, "a later collective succeeded", 0, 0, 1);
+    }
+  } else {
+    snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
+  }
+  em_comm_free(c);
+  em_close(S);
+  return NULL;
+}
+
+static void run_group(int n, int mode, job *jobs) {
+  em_local_group *g = em_local_group_new(n);
+  pthread_t th[MAXR];
+  for (int r = 0; r < n; r++) {
+    memset(&jobs[r], 0, sizeof jobs[r]);
+    jobs[r] = (job){.rank = r, .size = n, .mode = mode, .g = g};
+    pthread_create(&th[r], NULL, replica, &jobs[r]);
+  }
+  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+  em_local_group_release(g);
+}
+
+static void test_collectives(void) {
+  static job jobs[MAXR];
+  for (int n = 1; n <= MAXR; n++) {
+    run_group(n, 0, jobs);
+    for (int r = 0; r < n; r++) {
+      CHECK(jobs[r].st == EM_OK, "%d replicas, replica %d: %s", n, r, jobs[r].msg);
+      CHECK(jobs[r].bad == 0, "%d replicas, replica %d: %d wrong values, first %s", n, r,
+            jobs[r].bad, jobs[r].why);
+      CHECK(jobs[r].nout == N_ELEMS &&
+            memcmp(jobs[r].out, jobs[0].out, sizeof jobs[0].out) == 0,
+            "%d replicas: replica %d's mean differs from replica 0's", n, r);
+    }
+  }
+}
+
+static void test_abort(void) {
+  static job jobs[3];
+  run_group(3, 1, jobs);
+  for (int r = 0; r < 3; r += 2) {
+    CHECK(jobs[r].st != EM_OK, "replica %d's allreduce failed", r);
+    CHECK(strstr(jobs[r].msg, "replica 1 failed: boom") != NULL, "message: %s", jobs[r].msg);
+    CHECK(jobs[r].secs < 5, "ended after %.2f s", jobs[r].secs);
+    CHECK(jobs[r].bad == 0, "%s", jobs[r].why);
+  }
+}
+
+static void test_timeout(void) {
+  static job jobs[3];
+  run_group(3, 2, jobs);
+  for (int r = 0; r < 3; r += 2) {
+    CHECK(jobs[r].st != EM_OK, "replica %d's allreduce failed", r);
+    CHECK(strstr(jobs[r].msg, "allreduce #1 (float32 x 8) timed out after 1 s: replica 1 "
+                               "(at collective #0) did not arrive") != NULL,
+          "message: %s", jobs[r].msg);
+    CHECK(jobs[r].secs >= 0.9 && jobs[r].secs < 5, "ended after %.2f s", jobs[r].secs);
+  }
+}
+
+static void test_mismatch(void) {
+  static job jobs[3];
+  run_group(3, 4, jobs);
+  for (int r = 0; r < 3; r++) {
+    CHECK(jobs[r].st != EM_OK, "replica %d failed", r);
+    CHECK(strstr(jobs[r].msg, "replicas called different collectives") &&
+          strstr(jobs[r].msg, "replica 1 called broadcast"), "message: %s", jobs[r].msg);
+  }
+}
+
+static void test_reducer(void) {
+  static job jobs[MAXR];
+  for (int n = 1; n <= MAXR; n += 2) {
+    run_group(n, 3, jobs);
+    for (int r = 0; r < n; r++) {
+      CHECK(jobs[r].st == EM_OK, "%d replicas, replica %d: %s", n, r, jobs[r].msg);
+      CHECK(jobs[r].bad == 0, "%d replicas, replica %d: %d wrong, first %s", n, r, jobs[r].bad,
+            jobs[r].why);
+    }
+  }
+}
+
+static void test_bad_arguments(em_state *S) {
+  em_local_group *g = em_local_group_new(1);
+  em_comm *c = NULL;
+  CHECK_ERR(S, em_comm_local(S, g, 1, 0, &c), EM_ERR_ARG, "rank 1", "1 replicas");
+  REQUIRE_OK(S, em_comm_local(S, g, 0, 0, &c));
+  em_tensor *t, *u;
+  REQUIRE_OK(S, em_full(S, (int64_t[]){4}, 1, 1, EM_UINT8, EM_CPU, &t));
+  CHECK_ERR(S, em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL), EM_ERR_DTYPE, "allreduce", "uint8");
+  em_tensor_release(t);
+  REQUIRE_OK(S, em_full(S, (int64_t[]){4}, 1, 1, EM_INT32, EM_CPU, &t));
+  CHECK_ERR(S, em_comm_allreduce(S, c, t, EM_COMM_MEAN, NULL), EM_ERR_DTYPE, "'mean'", "int32");
+  CHECK_ERR(S, em_comm_broadcast(S, c, t, 2, NULL), EM_ERR_ARG, "root 2");
+  em_tensor_release(t);
+  REQUIRE_OK(S, em_full(S, (int64_t[]){0}, 1, 1, EM_FLOAT32, EM_CPU, &t));
+  CHECK_OK(S, em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL));     /* empty is fine */
+  CHECK_OK(S, em_comm_allgather(S, c, t, &u, NULL));
+  em_tensor_release(u);
+  em_tensor_release(t);
+  em_comm_abort(c, "stop");
+  CHECK_ERR(S, em_comm_barrier(S, c, NULL), EM_ERR_IO, "replica 0 failed: stop");
+  em_comm_free(c);
+  em_local_group_release(g);
+}
+
+int main(void) {
+  em_state *S;
+  if (em_open(&S, NULL)) return 1;
+  RUN(test_collectives);
+  RUN(test_abort);
+  RUN(test_timeout);
+  RUN(test_mismatch);
+  RUN(test_reducer);
+  RUN(test_bad_arguments, S);
+  em_close(S);
+  return check_done();
+}
