@@ -3,7 +3,7 @@
 #   make            build/libember.so, build/libember.a, build/ember
 #   make test       C and Lua tests; ends with "N passed, N failed"
 #   make test SANITIZE=1   the C tests under AddressSanitizer + UBSan
-#   make test SANITIZE=thread   the input pipeline's tests under ThreadSanitizer
+#   make test SANITIZE=thread   the tests of threaded code (loader, communicators, replicas) under ThreadSanitizer
 #   make run        the main example
 #   make bench      tests/bench/ (ember beside PyTorch where it is installed)
 #   make install PREFIX=/usr/local
@@ -155,9 +155,10 @@ ifeq ($(SANITIZE),1)
 test: deps $(CTEST_BIN)
 	@sh tests/run.sh --c-only $(BUILD)
 else ifeq ($(SANITIZE),thread)
-# The code that runs on several threads: the loader, its stages and transforms.
+# The code that runs on several threads: the loader, its stages and transforms,
+# the communicators and replicas.
 test: all $(CTEST_BIN)
-	@sh tests/run.sh --only 'loader|data|transforms' $(BUILD)
+	@sh tests/run.sh --only 'loader|data|transforms|^test_comm|distribute' $(BUILD)
 else
 test: all $(CTEST_BIN)
 	@sh tests/run.sh $(BUILD)
