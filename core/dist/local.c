@@ -102,6 +102,15 @@ void em_local_group_abort(em_local_group *g, int rank, const char *message) {
   pthread_mutex_unlock(&g->mu);
 }
 
+int em_local_group_failure(em_local_group *g, char *buf, size_t size) {
+  if (!g) return 0;
+  pthread_mutex_lock(&g->mu);
+  int failed = g->failed;
+  if (failed && buf && size) snprintf(buf, size, "%s", g->failure);
+  pthread_mutex_unlock(&g->mu);
+  return failed;
+}
+
 /* -- Barriers ------------------------------------------------------------------------ */
 
 static const char *op_name(em_comm_op op) {

@@ -678,6 +678,10 @@ void em_local_group_release(em_local_group *g);
 ** thread; the first failure wins. */
 void em_local_group_abort(em_local_group *g, int rank, const char *message);
 
+/* 1 when the group has failed, with the first failure's message copied into buf
+** (size bytes): "replica K failed: ..." or the timeout that found a replica missing. */
+int em_local_group_failure(em_local_group *g, char *buf, size_t size);
+
 /* Rank `rank` of a local group; timeout_s <= 0 means 300 s. */
 em_status em_comm_local(em_state *S, em_local_group *g, int rank, double timeout_s,
                         em_comm **out);

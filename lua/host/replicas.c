@@ -15,8 +15,8 @@
 ** replica has failed, the others get EMBER_REPLICA_GRACE seconds (default 10) to
 ** end; a replica still running then (stuck outside any collective) cannot be
 ** stopped from outside its thread, so the process exits -- no thread is left
-** behind either way. The exit status is 1 after any failure, with the first
-** failure's message as the last line on stderr.
+** behind either way. The exit status is 1 after any failure, with the root
+** cause -- the group's first failure -- as the last line on stderr.
 */
 #include "host.h"
 #include "ember.h"
@@ -147,7 +147,13 @@ int ember_replicas_main(int argc, char **argv, opts *o, const char *progname) {
   int status = failed >= 0 ? 1 : 0;
   if (failed >= 0) {
     fflush(stdout);
-    fprintf(stderr, "%s: replica %d failed: %s\n", progname, failed, ts[failed].failure);
+    /* The group knows the root cause (the first failure, or the timeout that
+    ** found a replica missing); the first thread to end may only have heard of it. */
+    char cause[1024];
+    if (em_local_group_failure(g, cause, sizeof cause))
+      fprintf(stderr, "%s: %s\n", progname, cause);
+    else
+      fprintf(stderr, "%s: replica %d failed: %s\n", progname, failed, ts[failed].failure);
     if (stuck) {
       fprintf(stderr, "%s: replica", progname);
       int first = 1;
