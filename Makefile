@@ -156,9 +156,11 @@ test: deps $(CTEST_BIN)
 	@sh tests/run.sh --c-only $(BUILD)
 else ifeq ($(SANITIZE),thread)
 # The code that runs on several threads: the loader, its stages and transforms,
-# the communicators and replicas.
+# the communicators and replicas. (Not test_comm_mpi: Open MPI's uninstrumented
+# plugins trip ThreadSanitizer inside libmpi; all of ember's MPI calls are made on
+# one thread, the communicator's, whose queue test_comm covers.)
 test: all $(CTEST_BIN)
-	@sh tests/run.sh --only 'loader|data|transforms|^test_comm|distribute' $(BUILD)
+	@sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute' $(BUILD)
 else
 test: all $(CTEST_BIN)
 	@sh tests/run.sh $(BUILD)
