@@ -162,7 +162,8 @@ else ifeq ($(SANITIZE),thread)
 test: all $(CTEST_BIN)
 	@sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute' $(BUILD)
 else
-test: all $(CTEST_BIN)
+# deps-run: test_distribute trains the example on a slice of Fashion-MNIST.
+test: all deps-run $(CTEST_BIN)
 	@sh tests/run.sh $(BUILD)
 endif
 

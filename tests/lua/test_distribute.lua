@@ -29,6 +29,21 @@ local function replicas(n, script, args, env)
   return out, rc, em.clock() - t0
 end
 
+-- The same under mpirun (as root it needs Open MPI's allow-run-as-root variables);
+-- nil when mpirun is missing.
+local function have_mpirun() return os.execute('command -v mpirun >/dev/null 2>&1') == 0 end
+local function mpirun(n, script, args)
+  local cmd = ('OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun ' ..
+    '--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo ' ..
+    '--mca oob_tcp_if_include lo -np %d %s %s %s 2>&1; echo "exit=$?"')
+    :format(n, ember, script:match('^/') and script or dir .. 'dist/' .. script, args or '')
+  local t0 = em.clock()
+  local p = io.popen(cmd)
+  local out = p:read('*a')
+  p:close()
+  return out, tonumber(out:match('exit=(%d+)%s*$')), em.clock() - t0
+end
+
 H.test('a plain script is one replica', function()
   local s = em.distribute.mirrored{}
   H.eq(s.rank, 0)
@@ -181,6 +196,74 @@ H.test('a hanging replica is reported after the timeout', function()
   H.check(out:find('timed out after 2 s: replica 1 %(at collective #1%) did not arrive'),
     'names the replica and the collective')
   H.check(out:find('replica 1 did not stop', 1, true), 'the stuck replica is named at exit')
+end)
+
+H.test('under mpirun: collectives, training equivalence, a failing process', function()
+  if not have_mpirun() then H.skip('mpirun not found (Debian: openmpi-bin)') return end
+  local out, rc = mpirun(3, 'collectives.lua')
+  H.eq(rc, 0, 'collectives exit status')
+  local ranks = 0
+  for _, p, f in out:gmatch('rank (%d+) checks (%d+) failed (%d+)') do
+    ranks = ranks + 1
+    H.check(tonumber(p) > 100 and f == '0', 'checks ' .. p .. ' failed ' .. f)
+  end
+  H.eq(ranks, 3)
+  out, rc = mpirun(2, 'equivalence.lua', 'adam 4 0.002')
+  H.eq(rc, 0, 'equivalence exit status')
+  local k = 0
+  for d, agree in out:gmatch('maxdiff (%S+) checksum %S+ replicas_agree (%a+)') do
+    k = k + 1
+    H.check(tonumber(d) < 1e-5, 'max difference ' .. d)
+    H.eq(agree, 'true')
+  end
+  H.eq(k, 2)
+  local secs
+  out, rc, secs = mpirun(3, 'cases.lua', 'error')
+  H.check(rc ~= 0, 'the job exits non-zero')
+  H.check(secs < 60, 'and ends: ' .. secs .. ' s')
+  H.check(out:find('replica 1 failed: [^\n]*boom in replica one'), 'the others hear of it')
+  H.check(not out:find('not reached', 1, true), 'no process went on')
+end)
+
+-- The example trains under all three launches (a small slice of the data).
+local function fashion_mnist_here()
+  local f = io.open('/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz') or
+    io.open((os.getenv('EMBER_DATA') or '/nonexistent') .. '/train-images-idx3-ubyte.gz')
+  if f then f:close() return true end
+end
+H.test('examples/fashion_mnist.lua on 1 and 2 replicas, and --resume', function()
+  if not fashion_mnist_here() then H.skip('Fashion-MNIST not installed (make deps-run)') return end
+  local example = dir .. '../../examples/fashion_mnist.lua'
+  local ckpt = os.tmpname()
+  local args = ' --epochs 1 --limit 1024 --batch 64 --checkpoint ' .. ckpt
+  local function run(prefix, extra)
+    local p = io.popen(prefix .. ' ' .. example .. args .. (extra or '') .. ' 2>&1; echo "exit=$?"')
+    local out = p:read('*a')
+    p:close()
+    return out, tonumber(out:match('exit=(%d+)%s*$'))
+  end
+  local out, rc = run(ember)
+  H.eq(rc, 0, out)
+  H.check(out:find('test accuracy: %d+%.%d%d%%'), 'one replica prints its accuracy')
+  out, rc = run(ember .. ' --replicas 2')
+  H.eq(rc, 0, out)
+  H.eq(select(2, out:gsub('test accuracy:', '')), 1, 'only replica 0 evaluates')
+  H.check(out:find('replica 0 of 2'), 'the strategy is shown')
+  H.check(not out:find('%[rank 1%] epoch'), 'replica 1 prints no epoch lines')
+  out, rc = run(ember .. ' --replicas 2', ' --resume --epochs 2')
+  H.eq(rc, 0, out)
+  H.check(out:find('resumed from .* after epoch 1'), 'resumed')
+  H.check(out:find('epoch 2/2'), 'went on with epoch 2')
+  if have_mpirun() then
+    out, rc = run(('OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 ' ..
+      'mpirun --oversubscribe --bind-to none -np 2 %s'):format(ember))
+    H.eq(rc, 0, out)
+    H.eq(select(2, out:gsub('test accuracy:', '')), 1, 'mpirun: only replica 0 evaluates')
+    H.check(out:find('replica 0 of 2 %(mpi'), 'mpirun: the mpi backend')
+  else
+    H.skip('mpirun not found')
+  end
+  os.remove(ckpt)
 end)
 
 H.done()
