@@ -52,6 +52,7 @@ struct em_reducer {
   em_state *S;
   em_comm *c;
   int nparams, nbuckets;
+  size_t cap;                /* entries of each per-parameter array (>= 1) */
   em_tensor **params;        /* retained */
   char **names;
   em_tensor **home;          /* [nparams] views into the buckets (NULL with one replica) */
@@ -69,9 +70,9 @@ struct em_reducer {
 static em_status plan(em_reducer *r, double bucket_bytes, double first_bytes) {
   em_state *S = r->S;
   int np = r->nparams;
-  r->b = emi_malloc(S, sizeof *r->b * (size_t)(np > 0 ? np : 1));
+  r->b = emi_malloc(S, sizeof *r->b * r->cap);
   if (!r->b) return emi_error(S, EM_ERR_NOMEM, "wrap: out of memory");
-  memset(r->b, 0, sizeof *r->b * (size_t)(np > 0 ? np : 1));
+  memset(r->b, 0, sizeof *r->b * r->cap);
   int nb = 0, k = 0;
   double cap = first_bytes, filled = 0;
   for (int i = np - 1; i >= 0; i--) {
@@ -247,7 +248,7 @@ void em_reducer_free(em_reducer *r) {
     em_tensor_release(r->home[i]);
     if (r->names[i]) emi_free(S, r->names[i], strlen(r->names[i]) + 1);
   }
-  size_t n = (size_t)(r->nparams > 0 ? r->nparams : 1);
+  size_t n = r->cap;
   emi_free(S, r->b, sizeof *r->b * n);
   emi_free(S, r->params, sizeof *r->params * n);
   emi_free(S, r->names, sizeof *r->names * n);
@@ -302,17 +303,11 @@ em_status em_reducer_new(em_state *S, em_comm *c, em_tensor *const *params,
   r->ready = emi_malloc(S, n);
   r->slots = emi_malloc(S, sizeof *r->slots * n);
   em_status st = EM_OK;
+  r->cap = n;
   if (!r->params || !r->names || !r->home || !r->bucket_of || !r->order || !r->ready ||
       !r->slots) {
-    /* free what came, with nparams = 0 so that em_reducer_free touches no entry */
-    emi_free(S, r->params, sizeof *r->params * n);
-    emi_free(S, r->names, sizeof *r->names * n);
-    emi_free(S, r->home, sizeof *r->home * n);
-    emi_free(S, r->bucket_of, sizeof *r->bucket_of * n);
-    emi_free(S, r->order, sizeof *r->order * n);
-    emi_free(S, r->ready, n);
-    emi_free(S, r->slots, sizeof *r->slots * n);
-    emi_free(S, r, sizeof *r);
+    r->nparams = 0;            /* em_reducer_free then touches no entry, frees what came */
+    em_reducer_free(r);
     return emi_error(S, EM_ERR_NOMEM, "wrap: out of memory");
   }
   memset(r->params, 0, sizeof *r->params * n);

@@ -46,16 +46,7 @@ core.on_close[#core.on_close + 1] = function()
   for obj, release in pairs(live) do release(obj) end
 end
 
--- The finalizer of a box whose _h the C function cfree releases.
-function M._releaser(cfree)
-  return function(b)
-    if b._h ~= nil then
-      local h = b._h
-      b._h = nil
-      cfree(h)
-    end
-  end
-end
+M._releaser = core.releaser
 local release_ds = M._releaser(C.em_dataset_release)
 
 -- -- Helpers ----------------------------------------------------------------------------

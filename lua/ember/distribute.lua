@@ -37,16 +37,7 @@ local commbox_t, workbox_t = ffi.typeof('em_commbox'), ffi.typeof('em_workbox')
 -- -- Lifetime ----------------------------------------------------------------------------
 local live = setmetatable({}, { __mode = 'k' })   -- box -> release function
 function M._track(obj, release) live[obj] = release; return obj end
-local function releaser(cfree)
-  return function(b)
-    if b._h ~= nil then
-      local h = b._h
-      b._h = nil
-      cfree(h)
-    end
-  end
-end
-M._releaser = releaser
+local releaser = core.releaser
 local free_comm, free_work = releaser(C.em_comm_free), releaser(C.em_comm_work_free)
 -- Works first (they hold tensors and wait for their collective), then reducers
 -- (registered by wrap.lua), then communicators.

@@ -306,6 +306,19 @@ function core.cdim(op, h, d, extra)
     n - (extra or 0), core.shape_str(h), range))
 end
 
+-- The finalizer of a cdata box whose _h the C function cfree releases: it nils the
+-- handle first, so that a box released early (before the state closes) and again
+-- by its finalizer frees once.
+function core.releaser(cfree)
+  return function(b)
+    if b._h ~= nil then
+      local h = b._h
+      b._h = nil
+      cfree(h)
+    end
+  end
+end
+
 -- Free the registry etc. when the Lua state closes: set by handles.lua.
 core.on_close = {}
 local closer = newproxy(true)

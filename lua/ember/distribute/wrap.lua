@@ -30,7 +30,7 @@ local M = {}
 
 ffi.cdef [[ typedef struct em_reducerbox { em_reducer *_h; } em_reducerbox; ]]
 local reducerbox_t = ffi.typeof('em_reducerbox')
-local free_reducer = dist._releaser(C.em_reducer_free)
+local free_reducer = core.releaser(C.em_reducer_free)
 
 local MB = 1024 * 1024
 local FIRST_BUCKET_MB = 1      -- small, so that communication starts early
