@@ -13,6 +13,16 @@
 # ember/torch for throughputs -- above 1 means ember is faster. Startup compares
 # `ember -e ''` with `python3 -c 'import torch'` (median of 11 runs).
 # Benchmarks are never part of `make test`.
+#
+# The em.distribute benchmarks (bench_allreduce, bench_ddp_*; see dist_common.lua)
+# start their own replicas: `ember --replicas 2`, `mpirun -np 2 ember` and 1
+# replica x 2 threads, with the thread counts they need; their PyTorch twins
+# spawn 2 gloo processes x 1 thread. There the twin's figure is printed under
+# each ember column's name, so the ratio is ember's configuration against the
+# same PyTorch figure (local/gloo, mpi/gloo, ember/DDP). A configuration that
+# could not run (no mpirun, say) prints a SKIP line with the reason, shown below
+# the table. EMBER_BENCH_PEER=0 tells their drivers not to run the twin
+# themselves, as they do when started by hand.
 
 BUILD=${1:-build}
 DIR=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +30,7 @@ EMBER="$BUILD/ember"
 PY=/usr/bin/python3
 THREADS=2
 export EMBER_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS \
-       MKL_NUM_THREADS=$THREADS PYTHONDONTWRITEBYTECODE=1
+       MKL_NUM_THREADS=$THREADS PYTHONDONTWRITEBYTECODE=1 EMBER_BENCH_PEER=0
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/ember-bench.XXXXXX") || exit 2
 trap 'rm -rf "$TMP"' EXIT INT TERM
 
@@ -35,6 +45,7 @@ echo
 
 : > "$TMP/ember"
 : > "$TMP/torch"
+: > "$TMP/skip"
 # The two sides alternate, ROUNDS times, and each keeps its best figure: on a
 # shared machine the load changes between runs, and the best of a few is the
 # figure least disturbed by it.
@@ -48,11 +59,13 @@ while [ $r -lt "$ROUNDS" ]; do
       echo "$name: ember failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
     fi
     grep '^RESULT ' "$TMP/out" >> "$TMP/ember"
+    grep '^SKIP ' "$TMP/out" >> "$TMP/skip"
     if [ $torch = 1 ] && [ -f "$DIR/$name.py" ]; then
       if ! "$PY" "$DIR/$name.py" > "$TMP/out" 2>&1; then
         echo "$name: torch failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
       fi
       grep '^RESULT ' "$TMP/out" >> "$TMP/torch"
+      grep '^SKIP ' "$TMP/out" | sed 's/^SKIP /SKIP torch: /' >> "$TMP/skip"
     fi
   done
 done
@@ -115,3 +128,5 @@ awk -v torch=$torch '
            verdict == "" ? "" : "  " verdict
   }
 ' "$TMP/torch.best" "$TMP/ember"
+# Skipped configurations, once each.
+if [ -s "$TMP/skip" ]; then echo; sort -u "$TMP/skip"; fi
