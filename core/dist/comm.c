@@ -91,7 +91,7 @@ static void *comm_thread(void *arg) {
     int failed = c->failed;
     pthread_mutex_unlock(&c->mu);
     em_status st;
-    w->t_begin = emi_now();
+    w->t_begin = w->t_ready = emi_now();
     if (failed) {
       st = EM_ERR_IO;
     } else {

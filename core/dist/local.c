@@ -207,6 +207,7 @@ static em_status group_barrier(em_comm *c, em_comm_work *w, int phase) {
 static em_status local_run(em_comm *c, em_comm_work *w) {
   em_local_group *g = ((local_comm *)c->impl)->g;
   em_status st = group_barrier(c, w, 0);
+  w->t_ready = emi_now();
   if (st || w->kind == EMI_COLL_BARRIER) return st;
   int N = g->size, r = c->rank;
   size_t es = em_dtype_size(w->dtype);

@@ -79,8 +79,10 @@ static em_status plan(em_reducer *r, double bucket_bytes, double first_bytes) {
     em_tensor *p = r->params[i];
     size_t bytes = (size_t)p->numel * em_dtype_size(p->dtype);
     bucket *cur = nb ? &r->b[nb - 1] : NULL;
-    int fits = cur && r->params[r->order[cur->first]]->dtype == p->dtype &&
-               filled + (double)bytes <= cap;
+    /* a bucket takes parameters until it holds cap bytes (the last one may take
+    ** it past cap: a big weight joins the small ones before it rather than
+    ** waiting alone for the next bucket) */
+    int fits = cur && r->params[r->order[cur->first]]->dtype == p->dtype && filled < cap;
     if (!fits) {
       if (cur) cap = bucket_bytes;
       cur = &r->b[nb++];
@@ -166,9 +168,9 @@ static em_status wait_all(em_reducer *r, double t_compute_end) {
     em_status st = em_comm_work_wait(r->S, bk->work);
     if (st && !first) { first = st; memcpy(msg, r->S->errmsg, sizeof msg); }
     em_comm_work *w = bk->work;
-    if (!st) {
-      r->stats.comm_s += w->t_end - w->t_begin;
-      double hidden = (t_compute_end < w->t_end ? t_compute_end : w->t_end) - w->t_begin;
+    if (!st) {   /* from the time every replica was there: the transfer itself */
+      r->stats.comm_s += w->t_end - w->t_ready;
+      double hidden = (t_compute_end < w->t_end ? t_compute_end : w->t_end) - w->t_ready;
       if (hidden > 0) r->stats.overlap_s += hidden;
     }
     em_comm_work_free(w);

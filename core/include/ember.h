@@ -736,7 +736,8 @@ typedef struct em_reducer em_reducer;
 typedef struct em_reducer_stats {
   int64_t buckets;           /* per step */
   int64_t steps;             /* backwards that averaged gradients */
-  double comm_s;             /* time the bucket collectives ran */
+  double comm_s;             /* time the bucket collectives ran (from the moment
+                                every replica was there, where the backend knows) */
   double overlap_s;          /* of which before backward's computation ended */
   double wait_s;             /* time backward spent waiting for them at the end */
 } em_reducer_stats;

@@ -127,7 +127,7 @@ static em_status run_reducer(em_state *S, em_comm *c, job *j) {
     if (!st) st = em_tensor_set_requires_grad(S, w[k], 1);
   }
   if (!st) st = make_input(S, j->rank, EM_FLOAT32, 300, &x);
-  if (!st) st = em_reducer_new(S, c, w, names, 3, 1500, 1200, 0, &red);
+  if (!st) st = em_reducer_new(S, c, w, names, 3, 1000, 1000, 0, &red);
   if (!st && em_reducer_num_buckets(red) != 3)
     note_bad(j, "buckets", 0, em_reducer_num_buckets(red), 3);
   for (int step = 0; step < 2 && !st; step++) {
@@ -290,7 +290,7 @@ static void test_reducer(void) {
   }
 }
 
-static void test_bad_arguments(em_state *S) {
+static void test_arguments_and_plan(em_state *S) {
   em_local_group *g = em_local_group_new(1);
   em_comm *c = NULL;
   CHECK_ERR(S, em_comm_local(S, g, 1, 0, &c), EM_ERR_ARG, "rank 1", "1 replicas");
@@ -308,6 +308,22 @@ static void test_bad_arguments(em_state *S) {
   CHECK_OK(S, em_comm_allgather(S, c, t, &u, NULL));
   em_tensor_release(u);
   em_tensor_release(t);
+  /* the plan: buckets close once they hold their cap (first 1000 bytes, then
+  ** 2400), in reverse order of the parameters: {w3}, {w2, w1} */
+  em_tensor *w[3];
+  const char *names[3] = {"w1", "w2", "w3"};
+  for (int k = 0; k < 3; k++) {
+    REQUIRE_OK(S, em_full(S, (int64_t[]){300}, 1, 0.5, EM_FLOAT32, EM_CPU, &w[k]));
+    REQUIRE_OK(S, em_tensor_set_requires_grad(S, w[k], 1));
+  }
+  em_reducer *red;
+  REQUIRE_OK(S, em_reducer_new(S, c, w, names, 3, 2400, 1000, 0, &red));
+  CHECK(em_reducer_num_buckets(red) == 2 && em_reducer_bucket_size(red, 0) == 1 &&
+        em_reducer_bucket_size(red, 1) == 2, "buckets %d: %d, %d", em_reducer_num_buckets(red),
+        em_reducer_bucket_size(red, 0), em_reducer_bucket_size(red, 1));
+  em_reducer_free(red);
+  CHECK_ERR(S, em_reducer_new(S, c, w, NULL, 3, 0, 0, 0, NULL), EM_ERR_ARG, "wrap");
+  for (int k = 0; k < 3; k++) em_tensor_release(w[k]);
   em_comm_abort(c, "stop");
   CHECK_ERR(S, em_comm_barrier(S, c, NULL), EM_ERR_IO, "replica 0 failed: stop");
   em_comm_free(c);
@@ -322,7 +338,7 @@ int main(void) {
   RUN(test_timeout);
   RUN(test_mismatch);
   RUN(test_reducer);
-  RUN(test_bad_arguments, S);
+  RUN(test_arguments_and_plan, S);
   em_close(S);
   return check_done();
 }
