@@ -510,6 +510,11 @@ static em_status mpi_thread_start(em_comm *c, char *err) {
       return EM_ERR_UNSUPPORTED;
     }
   } else {
+    /* Open MPI's default non-blocking allreduce (libnbc) moves about 1 GB/s on
+    ** 2 ranks here, whatever the size; Rabenseifner's (reduce-scatter, then
+    ** allgather: bandwidth-optimal, as the local communicator) 3-8 GB/s
+    ** (tests/bench/bench_allreduce.lua). A choice the user made stays. */
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
     if ((rc = L.Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided)) != MPI_SUCCESS) {
       snprintf(err, EMI_COMM_MSG, "comm_mpi: MPI_Init_thread failed: %s", mpi_err(rc, e));
       return EM_ERR_IO;
