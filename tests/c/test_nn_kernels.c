@@ -539,6 +539,24 @@ static void test_failalloc(em_state *S0) {
   em_close(S);
 }
 
+/* The 2x2 / stride 2 fast path makes the general loop's choices: the first of
+** equal maxima, a NaN over any number, a later NaN over an earlier one. Planes
+** (2, 4) and (2, 5) (the last column is left out). */
+static void test_pool_2x2_ties_nan(em_state *S) {
+  em_tensor *x, *y, *ind;
+  double v[] = {2, 2, NAN, 2, 9,
+                2, 1, 3, NAN, 9};
+  REQUIRE_OK(S, t_make(S, &x, EM_FLOAT32, SHP(1, 1, 2, 5), v, 10));
+  REQUIRE_OK(S, em_max_pool2d(S, x, (int64_t[]){2, 2}, (int64_t[]){2, 2}, (int64_t[]){0, 0},
+                              (int64_t[]){1, 1}, 0, 0, &y, &ind));
+  CHECK(em_tensor_numel(y) == 2, "2 outputs, got %lld", (long long)em_tensor_numel(y));
+  CHECK(t_get(y, 0) == 2 && t_get(ind, 0) == 0, "ties: %g at %g", t_get(y, 0), t_get(ind, 0));
+  CHECK(isnan(t_get(y, 1)) && t_get(ind, 1) == 8, "NaN: %g at %g", t_get(y, 1), t_get(ind, 1));
+  em_tensor_release(x);
+  em_tensor_release(y);
+  em_tensor_release(ind);
+}
+
 int main(void) {
   char path[512];
   fx_locate(path, sizeof path, "fixtures/nn_kernels.txt");
@@ -554,6 +572,7 @@ int main(void) {
   }
   RUN(test_conv2d, S);
   RUN(test_pool, S);
+  RUN(test_pool_2x2_ties_nan, S);
   RUN(test_losses, S);
   RUN(test_norms, S);
   RUN(test_scatter, S);
