@@ -298,7 +298,10 @@ static void set_replica(lua_State *L, const ember_replica *r) {
   lua_setglobal(L, "EMBER_REPLICA");
 }
 
-/* Lines printed by replica k > 0 start with "[rank k] " (print and io.write). */
+/* Lines printed by replica k > 0 start with "[rank k] " (print and io.write), and
+** every replica's print writes its whole line at once: Lua's own print writes
+** each argument and the newline separately, and replicas that are threads share
+** stdout, so their lines would interleave mid-line. */
 static const char PREFIX_LUA[] =
   "local prefix = ...\n"
   "local write, at_start = io.write, true\n"
@@ -320,8 +323,8 @@ static const char PREFIX_LUA[] =
   "end\n";
 
 static void prefix_output(lua_State *L, int rank) {
-  char prefix[32];
-  snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
+  char prefix[32] = "";
+  if (rank > 0) snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
   if (luaL_loadbuffer(L, PREFIX_LUA, sizeof PREFIX_LUA - 1, "=prefix") == 0) {
     lua_pushstring(L, prefix);
     lua_call(L, 1, 0);
@@ -372,8 +375,7 @@ static int pmain(lua_State *L) {
   lua_gc(L, LUA_GCRESTART, -1);
   make_arg(L, argv, argc, o->script ? o->script : 0);
   set_replica(L, s->replica);
-  if (s->replica && s->replica->world_size > 1 && s->replica->rank > 0)
-    prefix_output(L, s->replica->rank);
+  if (s->replica && s->replica->world_size > 1) prefix_output(L, s->replica->rank);
 
   lua_pushcfunction(L, luaopen_ember);
   int status = ember_host_docall(L, 0, 1);
