@@ -166,6 +166,9 @@ const char *emi_device_name(char *buf, int device);
 em_status emi_check_tensor(em_state *S, const char *op, const em_tensor *t);
 em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim);
 
+/* Monotonic seconds, for timing (loader stats, collectives). */
+double emi_now(void);
+
 /* -- Memory (state.c) ------------------------------------------------------------- */
 void *emi_malloc(em_state *S, size_t n);          /* NULL on failure, no message */
 void emi_free(em_state *S, void *p, size_t n);

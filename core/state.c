@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 /* -- Allocator -------------------------------------------------------------- */
@@ -95,6 +96,12 @@ int64_t em_memory_allocated(em_state *S) {
 int64_t em_memory_peak(em_state *S) { return __atomic_load_n(&S->mem_peak, __ATOMIC_RELAXED); }
 
 const char *em_version(void) { return "0.1.0"; }
+
+double emi_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* -- Errors --------------------------------------------------------------------- */
 

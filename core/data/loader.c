@@ -57,12 +57,6 @@ struct em_loader {
   double t_start, wait_s, t_last;
 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void slot_clear(em_loader *l, slot *s) {
   for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(s->f[k]); s->f[k] = NULL; }
   s->index = -1;
@@ -194,7 +188,7 @@ em_status em_loader_start_at(em_state *S, em_loader *l, int64_t epoch, int64_t f
   l->items = first;                  /* the bar counts skipped items as done */
   l->samples = 0;
   l->wait_s = 0;
-  l->t_start = l->t_last = now_s();
+  l->t_start = l->t_last = emi_now();
   /* Workers must not take the host's signals (Ctrl-C belongs to the consumer). */
   sigset_t all, old;
   sigfillset(&all);
@@ -225,7 +219,7 @@ em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfield
     em_loader_stop(l);
     return EM_OK;
   }
-  double t0 = now_s();
+  double t0 = emi_now();
   em_status st;
   char err[EMI_ERRMSG_SIZE];
   if (l->nworkers == 0) {
@@ -244,7 +238,7 @@ em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfield
     pthread_cond_signal(&l->work_cv);  /* one slot is free: one more claim fits */
     pthread_mutex_unlock(&l->mu);
   }
-  double t1 = now_s();
+  double t1 = emi_now();
   l->wait_s += t1 - t0;
   l->t_last = t1;
   if (st) {
@@ -266,7 +260,7 @@ void em_loader_stats_get(const em_loader *l, em_loader_stats *out) {
   out->items = l->items;
   out->samples = l->samples;
   out->total_items = l->total;
-  out->elapsed_s = l->epoch < 0 ? 0 : (l->pos < l->total ? now_s() : l->t_last) - l->t_start;
+  out->elapsed_s = l->epoch < 0 ? 0 : (l->pos < l->total ? emi_now() : l->t_last) - l->t_start;
   out->wait_s = l->wait_s;
 }
 

@@ -17,12 +17,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-double emi_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 const char *emi_coll_name(emi_coll_kind k) {
   static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
                                 "barrier"};
@@ -172,7 +166,7 @@ void em_comm_free(em_comm *c) {
   c->stopping = 1;
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
-  if (c->be->abort_notify && c->failed) c->be->abort_notify(c, 0);
+  if (c->be->abort_notify && emi_comm_failed(c)) c->be->abort_notify(c, 0);
   if (c->thread_started) pthread_join(c->thread, NULL);
   if (c->be->destroy) c->be->destroy(c);
   pthread_cond_destroy(&c->cv);

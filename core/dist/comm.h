@@ -97,8 +97,6 @@ struct em_comm {
   char failure[EMI_COMM_MSG];
 };
 
-/* Monotonic seconds. */
-double emi_now(void);
 /* Sets the communicator's final failure (first caller wins) and wakes everyone.
 ** own = 1 when this replica itself failed (the backend then tells the others). */
 void emi_comm_fail(em_comm *c, int own, const char *fmt, ...)

@@ -236,10 +236,10 @@ local function out_collective(self, name, t, start, o)
 end
 
 function Strategy:allgather(t, o)
-  local _, opts = split_opts(o, nil)
+  if o ~= nil and type(o) ~= 'table' then raise('allgather: expected an options table {async = true}') end
   return out_collective(self, 'allgather', t, function(c, h, out, w)
     return C.em_comm_allgather(S, c, h, out, w)
-  end, opts or {})
+  end, o or {})
 end
 
 function Strategy:reduce_scatter(t, op, o)

@@ -23,16 +23,8 @@ local dir = debug.getinfo(1, 'S').source:sub(2):match('(.*/)')
 local W = dofile(dir .. 'ddp_common.lua')
 local D = W.D
 
-local w = D.worker_args()
-if w then return W.train(w) end
-
-local ok, err = pcall(em.data.fashion_mnist, { split = 'train' })
-if not ok then
-  print('SKIP ddp_cnn: ' .. tostring(err))
-  return
-end
-
-local args = W.driver_args()
+local args = W.start('ddp_cnn')
+if not args then return end
 local epochs
 for i = 1, #args, 2 do if args[i] == '--epochs' then epochs = args[i + 1] end end
 local configs = {

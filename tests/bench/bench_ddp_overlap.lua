@@ -26,16 +26,8 @@ local dir = debug.getinfo(1, 'S').source:sub(2):match('(.*/)')
 local W = dofile(dir .. 'ddp_common.lua')
 local D = W.D
 
-local w = D.worker_args()
-if w then return W.train(w) end
-
-local ok, err = pcall(em.data.fashion_mnist, { split = 'train' })
-if not ok then
-  print('SKIP ddp_overlap: ' .. tostring(err))
-  return
-end
-
-local args = W.driver_args()
+local args = W.start('ddp_overlap')
+if not args then return end
 local plans = {
   { 'b25', {}, 'bucket_mb 25, first 1 (default)' },
   { 'b0.25', { '--bucket_mb', 0.25 }, 'bucket_mb 0.25' },

@@ -111,4 +111,18 @@ function W.driver_args()
 end
 
 W.D = D
+-- The start of every data-parallel bench: a worker (started by the driver as one
+-- replica) trains its share and gets nil; a driver gets its arguments, or nil
+-- after a SKIP line when Fashion-MNIST is not installed.
+function W.start(name)
+  local w = D.worker_args()
+  if w then W.train(w) return nil end
+  local ok, err = pcall(em.data.fashion_mnist, { split = 'train' })
+  if not ok then
+    print('SKIP ' .. name .. ': ' .. tostring(err))
+    return nil
+  end
+  return W.driver_args()
+end
+
 return W
