@@ -251,7 +251,6 @@ static em_status work_copy_back(em_state *S, em_comm_work *w) {
 
 static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work **work) {
   w->comm = c;
-  w->t_queued = emi_now();
   pthread_mutex_lock(&c->mu);
   w->seq = c->next_seq++;
   if (c->tail) c->tail->next = w;

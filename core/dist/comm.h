@@ -50,9 +50,9 @@ struct em_comm_work {
   int done;                  /* under comm->mu */
   em_status status;
   char errmsg[EMI_COMM_MSG];
-  /* Monotonic seconds (emi_now): queued by the caller, begun by the comm thread,
-  ** every replica there (the local backend knows; others leave t_begin), done. */
-  double t_queued, t_begin, t_ready, t_end;
+  /* Monotonic seconds (emi_now): begun by the comm thread, every replica there
+  ** (the local backend knows; others leave t_begin), done. */
+  double t_begin, t_ready, t_end;
   struct em_comm_work *next;
 };
 

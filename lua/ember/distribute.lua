@@ -310,8 +310,7 @@ function M._abort(message)
   end
 end
 
--- Facts for scripts that run with or without a strategy.
+-- This replica's rank without making a strategy (the loader draws progress on 0).
 function M.replica() return replica and replica.rank or (mpi_launched() and mpi_rank[0]) or 0 end
-function M.world_size() return replica and replica.world_size or (mpi_launched() and mpi_size[0]) or 1 end
 
 return M
