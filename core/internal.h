@@ -54,69 +54,88 @@ struct em_tensor {
   struct emi_ag_hook *hooks;     /* gradient hooks of a leaf (owned list) */
 };
 
+/* -- Devices ------------------------------------------------------------------------
+** The state owns one context per device it uses: the backend table that serves the
+** device and whatever that backend keeps per device (for CUDA: streams, library
+** handles). The CPU's is built into the state; others are added as backends
+** register. */
+struct emi_backend;
+typedef struct emi_device {
+  em_state *S;
+  int index;                          /* EM_CPU or a CUDA ordinal */
+  const struct emi_backend *backend;
+  void *impl;                         /* the backend's own per-device data */
+} emi_device;
+enum { EMI_MAX_DEVICES = 16 };
+
 /* -- Backend table ---------------------------------------------------------------
-** One per device kind. Every entry returns EM_OK or an error with the message set.
+** One per device kind. Every entry takes the device context first, then tensors
+** (raw pointers never cross this line), and returns EM_OK or an error with the
+** message set. An entry may be NULL: the dispatch point reports it (below).
 ** Shapes: "out-shaped" inputs are strided views already expanded to out's shape
 ** (broadcast dims have stride 0). */
 typedef struct emi_backend {
   const char *name;
-  void *(*alloc)(em_state *S, int device, size_t nbytes);
-  void (*free)(em_state *S, int device, void *p, size_t nbytes);
+  /* A storage of nbytes on this device: the backend lays out the header and the
+  ** data (the CPU puts both in one block) and sets data, nbytes and block_size;
+  ** tensor.c sets the rest. NULL when the device is out of memory. */
+  emi_storage *(*alloc)(emi_device *d, size_t nbytes);
+  void (*free)(emi_device *d, emi_storage *st);
   /* out[i] = (out.dtype) src[i]; src out-shaped, any dtype. */
-  em_status (*copy)(em_state *S, em_tensor *out, const em_tensor *src);
-  em_status (*fill)(em_state *S, em_tensor *out, double value);
+  em_status (*copy)(emi_device *d, em_tensor *out, const em_tensor *src);
+  em_status (*fill)(emi_device *d, em_tensor *out, double value);
   /* a is out-shaped and has out's dtype (the ops layer converts first). */
-  em_status (*unary)(em_state *S, em_unop op, em_tensor *out, const em_tensor *a);
+  em_status (*unary)(emi_device *d, em_unop op, em_tensor *out, const em_tensor *a);
   /* a, b out-shaped and of the compute dtype; out is that dtype, or bool for
   ** comparisons and logical ops. */
-  em_status (*binary)(em_state *S, em_binop op, em_tensor *out, const em_tensor *a,
+  em_status (*binary)(emi_device *d, em_binop op, em_tensor *out, const em_tensor *a,
                       const em_tensor *b);
-  em_status (*binary_scalar)(em_state *S, em_binop op, em_tensor *out,
+  em_status (*binary_scalar)(emi_device *d, em_binop op, em_tensor *out,
                              const em_tensor *a, double s, int reverse);
   /* out = a + alpha*b, all out-shaped and out's dtype. */
-  em_status (*add_scaled)(em_state *S, em_tensor *out, const em_tensor *a,
+  em_status (*add_scaled)(emi_device *d, em_tensor *out, const em_tensor *a,
                           const em_tensor *b, double alpha);
-  em_status (*clamp)(em_state *S, em_tensor *out, const em_tensor *a, double lo,
+  em_status (*clamp)(emi_device *d, em_tensor *out, const em_tensor *a, double lo,
                      double hi);
   /* cond (bool), a, b out-shaped; a, b of out's dtype. */
-  em_status (*where)(em_state *S, em_tensor *out, const em_tensor *cond,
+  em_status (*where)(emi_device *d, em_tensor *out, const em_tensor *cond,
                      const em_tensor *a, const em_tensor *b);
   /* Reduce a over the dims flagged in mask (bit d set = reduce dim d) into out,
   ** which has a's ndim with reduced dims of size 1 (the ops layer squeezes). */
-  em_status (*reduce)(em_state *S, em_redop op, em_tensor *out, const em_tensor *a,
+  em_status (*reduce)(emi_device *d, em_redop op, em_tensor *out, const em_tensor *a,
                       unsigned mask);
-  em_status (*var)(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+  em_status (*var)(emi_device *d, em_tensor *out, const em_tensor *a, unsigned mask,
                    double correction, int take_sqrt);
-  em_status (*norm)(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+  em_status (*norm)(emi_device *d, em_tensor *out, const em_tensor *a, unsigned mask,
                     double p);
   /* values/indices have a's shape with dim of size 1; want_max picks max or min.
   ** values may be NULL (argmax). */
-  em_status (*arg_reduce)(em_state *S, em_tensor *values, em_tensor *indices,
+  em_status (*arg_reduce)(emi_device *d, em_tensor *values, em_tensor *indices,
                           const em_tensor *a, int dim, int want_max, int index_base);
-  em_status (*softmax)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+  em_status (*softmax)(emi_device *d, em_tensor *out, const em_tensor *a, int dim,
                        int log);
   /* Batched: a (*batch, M, K), b (*batch, K, N) strided views with the same batch
   ** dims (0 or more; stride 0 where broadcast), out (*batch, M, N) contiguous.
   ** a and b may have any dtype: out's dtype decides the arithmetic (ops/linalg.c). */
-  em_status (*matmul)(em_state *S, em_tensor *out, const em_tensor *a,
+  em_status (*matmul)(emi_device *d, em_tensor *out, const em_tensor *a,
                       const em_tensor *b);
   /* a has >= 1 dim, idx is 1-D or 0-D int32/int64 (strided), out (contiguous) is a's
   ** shape with dim resized to idx's numel. Indices are range-checked here. */
-  em_status (*index_select)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+  em_status (*index_select)(emi_device *d, em_tensor *out, const em_tensor *a, int dim,
                             const em_tensor *idx, int index_base);
   /* a, idx (int32/int64) strided with the same ndim >= 1, idx no larger than a
   ** outside dim; out (contiguous) has idx's shape. Indices are range-checked here. */
-  em_status (*gather)(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+  em_status (*gather)(emi_device *d, em_tensor *out, const em_tensor *a, int dim,
                       const em_tensor *idx, int index_base);
   /* Random fills at Philox counter base `offset` with key `seed`, any strides,
   ** following the stream layout in philox.h. arange's out is contiguous. */
-  em_status (*uniform)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+  em_status (*uniform)(emi_device *d, em_tensor *out, uint64_t seed, uint64_t offset,
                        double lo, double hi);
-  em_status (*normal)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+  em_status (*normal)(emi_device *d, em_tensor *out, uint64_t seed, uint64_t offset,
                       double mean, double std);
-  em_status (*randint)(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+  em_status (*randint)(emi_device *d, em_tensor *out, uint64_t seed, uint64_t offset,
                        int64_t lo, int64_t hi);
-  em_status (*arange)(em_state *S, em_tensor *out, double start, double step);
+  em_status (*arange)(emi_device *d, em_tensor *out, double start, double step);
 } emi_backend;
 
 extern const emi_backend emi_cpu_backend;
@@ -145,7 +164,9 @@ struct em_state {
   pthread_mutex_t cache_mu;
   void *cache[EMI_CACHE_CLASSES];
   size_t cache_bytes, cache_limit;
-  const emi_backend *cpu;
+  emi_device cpu;                          /* the CPU's context, always there */
+  emi_device *devices[EMI_MAX_DEVICES];    /* CUDA ordinals, NULL until used */
+  struct emi_profiler *profiler;           /* NULL unless recording (core/profile/) */
   int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
   char errmsg[EMI_ERRMSG_SIZE];
@@ -168,6 +189,31 @@ em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim);
 
 /* Monotonic seconds, for timing (loader stats, collectives). */
 double emi_now(void);
+
+/* -- The dispatch point -------------------------------------------------------------
+** Every op reaches a kernel here and nowhere else: EMI_DISPATCH(S, op, t, entry, ...)
+** calls `entry` of the backend serving tensor t's device with that device's context
+** and the remaining arguments, and yields its em_status. t also names what the
+** profiler records (op name, t's shape, dtype and device). A device without a
+** backend, or a backend without the entry, is a clear EM_ERR_DEVICE naming the op
+** and the device. Profiling off costs the one test of S->profiler. */
+em_status emi_no_kernel(em_state *S, const char *op, const char *entry, int device);
+double emi_profile_op_begin(em_state *S);
+void emi_profile_op_end(em_state *S, const char *op, const em_tensor *t, double t0);
+#define EMI_DISPATCH(S, op, t, entry, ...) __extension__({                           \
+    em_state *S_ = (S);                                                             \
+    const em_tensor *t_ = (t);                                                      \
+    emi_device *d_ = emi_device_of(S_, t_->device);                                 \
+    em_status st_;                                                                  \
+    if (__builtin_expect(!d_ || !d_->backend->entry, 0))                            \
+      st_ = emi_no_kernel(S_, (op), #entry, t_->device);                            \
+    else if (__builtin_expect(S_->profiler != NULL, 0)) {                           \
+      double t0_ = emi_profile_op_begin(S_);                                        \
+      st_ = d_->backend->entry(d_, __VA_ARGS__);                                    \
+      emi_profile_op_end(S_, (op), t_, t0_);                                        \
+    } else                                                                          \
+      st_ = d_->backend->entry(d_, __VA_ARGS__);                                    \
+    st_; })
 
 /* -- Memory (state.c) ------------------------------------------------------------- */
 void *emi_malloc(em_state *S, size_t n);          /* NULL on failure, no message */
@@ -204,7 +250,11 @@ em_status emi_broadcast_shape(em_state *S, const char *op, const int64_t *a, int
 /* A stride-0 view of t expanded to shape (t must broadcast to it). */
 em_status emi_expand_to(em_state *S, const char *op, const em_tensor *t,
                         const int64_t *shape, int ndim, em_tensor **out);
-const emi_backend *emi_backend_of(em_state *S, int device);
+/* The context of a device, or NULL when no backend serves it. */
+static inline emi_device *emi_device_of(em_state *S, int device) {
+  if (device == EM_CPU) return &S->cpu;
+  return device >= 0 && device < EMI_MAX_DEVICES ? S->devices[device] : NULL;
+}
 
 /* -- Strided iteration (tensor.c) --------------------------------------------------
 ** Kernels walk out-shaped operands as a loop over "rows": the dims are coalesced

@@ -43,7 +43,7 @@ em_status em_open(em_state **out, const em_config *cfg) {
   memset(S, 0, sizeof *S);
   S->alloc = alloc;
   S->alloc_ud = cfg->alloc_ud;
-  S->cpu = &emi_cpu_backend;
+  S->cpu = (emi_device){S, EM_CPU, &emi_cpu_backend, NULL};
   S->rng_seed = cfg->seed;
   S->cache_limit = cfg->cache_limit < 0 ? 0
                  : cfg->cache_limit == 0 ? (size_t)512 << 20 : (size_t)cfg->cache_limit;
@@ -142,6 +142,16 @@ const char *emi_device_name(char *buf, int device) {
   if (device == EM_CPU) strcpy(buf, "cpu");
   else sprintf(buf, "cuda:%d", device);
   return buf;
+}
+
+em_status emi_no_kernel(em_state *S, const char *op, const char *entry, int device) {
+  char b[32];
+  emi_device *d = emi_device_of(S, device);
+  if (!d)
+    return emi_error(S, EM_ERR_DEVICE, "%s: no backend serves device %s (ember was built "
+                     "without it, or it is not present)", op, emi_device_name(b, device));
+  return emi_error(S, EM_ERR_DEVICE, "%s: the %s backend has no '%s' kernel (device %s)",
+                   op, d->backend->name, entry, emi_device_name(b, device));
 }
 
 em_status emi_check_tensor(em_state *S, const char *op, const em_tensor *t) {

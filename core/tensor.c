@@ -2,9 +2,8 @@
 ** tensor.c -- tensor handles and storages: creation, refcounting, accessors,
 ** broadcasting helpers and the strided iterator the kernels walk with.
 **
-** A CPU storage is one allocation: the emi_storage header followed by the data,
-** 64-byte aligned. One block instead of two halves the allocator traffic of the
-** small temporaries that dominate scripting workloads (a + b on tiny tensors).
+** Storages come from the backend of their device (emi_backend.alloc), which
+** decides the layout: the CPU's is one block, header then data (cpu/backend.c).
 */
 #include "internal.h"
 #include <stdint.h>
@@ -12,10 +11,6 @@
 enum { STORAGE_ALIGN = 64 };
 
 /* -- Storage ------------------------------------------------------------------- */
-
-static size_t storage_block_size(size_t nbytes) {
-  return sizeof(emi_storage) + STORAGE_ALIGN + nbytes;
-}
 
 /* Storages may be made on loader worker threads, so the counters are atomic. */
 static void account(em_state *S, size_t nbytes) {
@@ -27,19 +22,13 @@ static void account(em_state *S, size_t nbytes) {
 }
 
 static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
-  if (device != EM_CPU) return NULL;  /* the CUDA backend hooks in here later */
-  size_t total;
-  char *block = emi_block_alloc(S, storage_block_size(nbytes), &total);
-  if (!block) return NULL;
-  emi_storage *st = (emi_storage *)block;
-  uintptr_t d = (uintptr_t)(block + sizeof(emi_storage));
-  d = (d + STORAGE_ALIGN - 1) & ~(uintptr_t)(STORAGE_ALIGN - 1);
+  emi_device *d = emi_device_of(S, device);
+  if (!d) return NULL;
+  emi_storage *st = d->backend->alloc(d, nbytes);
+  if (!st) return NULL;
   st->refcount = 1;
   st->device = device;
   st->S = S;
-  st->data = (void *)d;
-  st->nbytes = nbytes;
-  st->block_size = total;
   st->version = 0;
   st->ext_free = NULL;
   st->ext_ud = NULL;
@@ -63,7 +52,8 @@ static void storage_release(emi_storage *st) {
     emi_free(S, st, sizeof *st);
     return;
   }
-  emi_block_free(S, st, st->block_size);
+  emi_device *d = emi_device_of(S, st->device);
+  d->backend->free(d, st);
 }
 
 /* -- Handles -------------------------------------------------------------------- */
@@ -182,13 +172,18 @@ static em_tensor *handle_new(em_state *S, emi_storage *st, const int64_t *sizes,
   return t;
 }
 
-em_tensor *emi_tensor_try_new(em_state *S, const int64_t *sizes, int ndim, em_dtype dt) {
+static em_tensor *tensor_alloc(em_state *S, const int64_t *sizes, int ndim, em_dtype dt,
+                               int device) {
   size_t nbytes = (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt);
-  emi_storage *st = storage_new(S, nbytes, EM_CPU);
+  emi_storage *st = storage_new(S, nbytes, device);
   if (!st) return NULL;
   em_tensor *t = handle_new(S, st, sizes, ndim, dt);
   if (!t) storage_release(st);
   return t;
+}
+
+em_tensor *emi_tensor_try_new(em_state *S, const int64_t *sizes, int ndim, em_dtype dt) {
+  return tensor_alloc(S, sizes, ndim, dt, EM_CPU);
 }
 
 em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
@@ -221,10 +216,14 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
   if (st) return st;
   if ((unsigned)dt >= EM_NUM_DTYPES)
     return emi_error(S, EM_ERR_DTYPE, "%s: invalid dtype %d", op, (int)dt);
-  if (device != EM_CPU)
+  if (!emi_device_of(S, device)) {
+    if (device < EM_CPU)
+      return emi_error(S, EM_ERR_DEVICE, "%s: invalid device %d (cpu is %d, CUDA "
+                       "devices are 0, 1, ...)", op, device, EM_CPU);
     return emi_error(S, EM_ERR_DEVICE, "%s: device cuda:%d is not available (ember was "
                      "built without CUDA or no GPU is present)", op, device);
-  em_tensor *t = emi_tensor_try_new(S, sizes, ndim, dt);
+  }
+  em_tensor *t = tensor_alloc(S, sizes, ndim, dt, device);
   if (!t) {
     char b[EMI_SHAPE_STR];
     return emi_error(S, EM_ERR_NOMEM, "%s: out of memory allocating %zu bytes for a %s "
@@ -268,9 +267,6 @@ em_status em_empty(em_state *S, const int64_t *shape, int ndim, em_dtype dt, int
   return emi_tensor_new(S, "empty", shape, ndim, dt, device, out);
 }
 
-const emi_backend *emi_backend_of(em_state *S, int device) {
-  return device == EM_CPU ? S->cpu : NULL;
-}
 
 /* -- Broadcasting ------------------------------------------------------------------ */
 

@@ -3,9 +3,30 @@
 ** of its op family (copy.c, elementwise.c, reduce.c, matmul.c, index.c, random.c).
 */
 #include "cpu.h"
+#include <stdint.h>
 
-static void *cpu_alloc(em_state *S, int device, size_t n) { (void)device; return emi_malloc(S, n); }
-static void cpu_free(em_state *S, int device, void *p, size_t n) { (void)device; emi_free(S, p, n); }
+/* A CPU storage is one allocation: the header followed by the data, 64-byte
+** aligned. One block instead of two halves the allocator traffic of the small
+** temporaries that dominate scripting workloads (a + b on tiny tensors); large
+** blocks go through the state's cache (alloc.c). */
+enum { DATA_ALIGN = 64 };
+
+static emi_storage *cpu_alloc(emi_device *d, size_t nbytes) {
+  size_t total;
+  char *block = emi_block_alloc(d->S, sizeof(emi_storage) + DATA_ALIGN + nbytes, &total);
+  if (!block) return NULL;
+  emi_storage *st = (emi_storage *)block;
+  uintptr_t p = (uintptr_t)(block + sizeof(emi_storage));
+  p = (p + DATA_ALIGN - 1) & ~(uintptr_t)(DATA_ALIGN - 1);
+  st->data = (void *)p;
+  st->nbytes = nbytes;
+  st->block_size = total;
+  return st;
+}
+
+static void cpu_free(emi_device *d, emi_storage *st) {
+  emi_block_free(d->S, st, st->block_size);
+}
 
 const emi_backend emi_cpu_backend = {
   .name = "cpu",

@@ -223,8 +223,9 @@ static void bin_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
   c->f(p[0], p[1], p[2], n, s[0], s[1], s[2], &c->kp);
 }
 
-em_status emi_cpu_binary(em_state *S, em_binop op, em_tensor *out, const em_tensor *a,
+em_status emi_cpu_binary(emi_device *dev, em_binop op, em_tensor *out, const em_tensor *a,
                          const em_tensor *b) {
+  em_state *S = dev->S;
   if ((unsigned)op >= EM_NUM_BINOPS)
     return emi_error(S, EM_ERR_ARG, "binary: invalid op %d", (int)op);
   bin_ctx c;
@@ -238,8 +239,9 @@ em_status emi_cpu_binary(em_state *S, em_binop op, em_tensor *out, const em_tens
 
 /* -- a + alpha*b ----------------------------------------------------------------------- */
 
-em_status emi_cpu_add_scaled(em_state *S, em_tensor *out, const em_tensor *a,
+em_status emi_cpu_add_scaled(emi_device *dev, em_tensor *out, const em_tensor *a,
                              const em_tensor *b, double alpha) {
+  em_state *S = dev->S;
   bin_ctx c;
   c.f = ADDS[out->dtype];
   if (!c.f) return unsupported(S, "add", EM_ADD, out->dtype);
@@ -317,8 +319,9 @@ static emi_loop1 pow_special(em_dtype ct, double s) {
   return NULL;
 }
 
-em_status emi_cpu_binary_scalar(em_state *S, em_binop op, em_tensor *out,
+em_status emi_cpu_binary_scalar(emi_device *dev, em_binop op, em_tensor *out,
                                 const em_tensor *a, double s, int reverse) {
+  em_state *S = dev->S;
   if ((unsigned)op >= EM_NUM_BINOPS)
     return emi_error(S, EM_ERR_ARG, "binary: invalid op %d", (int)op);
   em_dtype dt = a->dtype;

@@ -129,7 +129,8 @@ static void cp_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
   }
 }
 
-em_status emi_cpu_copy(em_state *S, em_tensor *out, const em_tensor *src) {
+em_status emi_cpu_copy(emi_device *dev, em_tensor *out, const em_tensor *src) {
+  em_state *S = dev->S;
   if ((unsigned)out->dtype >= EM_NUM_DTYPES || (unsigned)src->dtype >= EM_NUM_DTYPES)
     return emi_error(S, EM_ERR_DTYPE, "copy: invalid dtype");
   cp_ctx c;
@@ -175,7 +176,8 @@ static void fill_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
   else c->f(p[0], n, s[0], &c->v);
 }
 
-em_status emi_cpu_fill(em_state *S, em_tensor *out, double value) {
+em_status emi_cpu_fill(emi_device *dev, em_tensor *out, double value) {
+  em_state *S = dev->S;
   fill_ctx c;
   c.v = 0;
   emi_store_f64(&c.v, out->dtype, value);

@@ -247,8 +247,9 @@ static void where_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
   ((where_ctx *)ctx)->fn(p, s, n);
 }
 
-em_status emi_cpu_where(em_state *S, em_tensor *out, const em_tensor *cond,
+em_status emi_cpu_where(emi_device *dev, em_tensor *out, const em_tensor *cond,
                         const em_tensor *a, const em_tensor *b) {
+  em_state *S = dev->S;
   where_fn fn;
   switch (em_dtype_size(out->dtype)) {
   case 1: fn = where_1; break;

@@ -100,8 +100,9 @@ static void isel_range(void *ctx, int64_t u0, int64_t u1) {
   }
 }
 
-em_status emi_cpu_index_select(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+em_status emi_cpu_index_select(emi_device *dev, em_tensor *out, const em_tensor *a, int dim,
                                const em_tensor *idx, int index_base) {
+  em_state *S = dev->S;
   int64_t n = idx->numel, size = a->sizes[dim];
   int64_t stack[64], *ind = n <= 64 ? stack : emi_malloc(S, (size_t)n * sizeof(int64_t));
   if (!ind)
@@ -179,8 +180,9 @@ static void gather_range(void *ctx, int64_t r0, int64_t r1) {
   }
 }
 
-em_status emi_cpu_gather(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+em_status emi_cpu_gather(emi_device *dev, em_tensor *out, const em_tensor *a, int dim,
                          const em_tensor *idx, int index_base) {
+  em_state *S = dev->S;
   if (out->numel == 0) return EM_OK;
   gather_ctx c = {.a = a, .idx = idx, .out = out, .dim = dim, .index_base = index_base,
                   .bad_pos = INT64_MAX};

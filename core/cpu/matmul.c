@@ -420,7 +420,8 @@ nomem:
 
 /* -- Entry --------------------------------------------------------------------------- */
 
-em_status emi_cpu_matmul(em_state *S, em_tensor *out, const em_tensor *a, const em_tensor *b) {
+em_status emi_cpu_matmul(emi_device *dev, em_tensor *out, const em_tensor *a, const em_tensor *b) {
+  em_state *S = dev->S;
   int nb = out->ndim - 2;
   mm_problem p = {.nb = nb, .M = out->sizes[nb], .N = out->sizes[nb + 1],
                   .K = a->sizes[nb + 1]};

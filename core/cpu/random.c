@@ -283,8 +283,9 @@ static void make_randint64(const fill_ctx *c, const uint32_t *w, int64_t n, void
 
 /* -- Entries ------------------------------------------------------------------------ */
 
-em_status emi_cpu_uniform(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+em_status emi_cpu_uniform(emi_device *dev, em_tensor *out, uint64_t seed, uint64_t offset,
                           double lo, double hi) {
+  em_state *S = dev->S;
   fill_ctx c = {.out = out, .seed = seed, .offset = offset, .a = lo, .b = hi - lo,
                 .words = emi_rng_words(out->dtype)};
   c.kind = out->dtype == EM_FLOAT64 ? VAL_F64 : VAL_F32;
@@ -293,8 +294,9 @@ em_status emi_cpu_uniform(em_state *S, em_tensor *out, uint64_t seed, uint64_t o
   return run_fill(S, &c, 32768);
 }
 
-em_status emi_cpu_normal(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+em_status emi_cpu_normal(emi_device *dev, em_tensor *out, uint64_t seed, uint64_t offset,
                          double mean, double std) {
+  em_state *S = dev->S;
   fill_ctx c = {.out = out, .seed = seed, .offset = offset, .a = mean, .b = std,
                 .words = emi_rng_words(out->dtype)};
   if (out->dtype == EM_FLOAT64) { c.make = make_normal_f64; c.kind = VAL_F64; }
@@ -302,8 +304,9 @@ em_status emi_cpu_normal(em_state *S, em_tensor *out, uint64_t seed, uint64_t of
   return run_fill(S, &c, 8192);
 }
 
-em_status emi_cpu_randint(em_state *S, em_tensor *out, uint64_t seed, uint64_t offset,
+em_status emi_cpu_randint(emi_device *dev, em_tensor *out, uint64_t seed, uint64_t offset,
                           int64_t lo, int64_t hi) {
+  em_state *S = dev->S;
   uint64_t range = (uint64_t)hi - (uint64_t)lo;
   fill_ctx c = {.out = out, .seed = seed, .offset = offset, .lo = lo, .range = range,
                 .words = emi_rng_randint_words(range), .kind = VAL_I64};
@@ -350,7 +353,8 @@ static void arange_range(void *ctx, int64_t b, int64_t e) {
   }
 }
 
-em_status emi_cpu_arange(em_state *S, em_tensor *out, double start, double step) {
+em_status emi_cpu_arange(emi_device *dev, em_tensor *out, double start, double step) {
+  em_state *S = dev->S;
   arange_ctx c = {out, start, step};
   emi_parallel_for(S, out->numel, 65536, arange_range, &c);
   return EM_OK;

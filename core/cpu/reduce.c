@@ -826,8 +826,9 @@ static em_status run_two(em_state *S, const char *op, const emi_rplan *pl, int k
 
 /* -- Entries ------------------------------------------------------------------- */
 
-em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tensor *a,
+em_status emi_cpu_reduce(emi_device *dev, em_redop op, em_tensor *out, const em_tensor *a,
                          unsigned mask) {
+  em_state *S = dev->S;
   emi_rplan pl;
   emi_reduce_plan(&pl, a, mask);
   int ic = is_int(a->dtype);
@@ -846,16 +847,18 @@ em_status emi_cpu_reduce(em_state *S, em_redop op, em_tensor *out, const em_tens
   }
 }
 
-em_status emi_cpu_var(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+em_status emi_cpu_var(emi_device *dev, em_tensor *out, const em_tensor *a, unsigned mask,
                       double correction, int take_sqrt) {
+  em_state *S = dev->S;
   emi_rplan pl;
   emi_reduce_plan(&pl, a, mask);
   return run_two(S, take_sqrt ? "std" : "var", &pl, K_SUM, FIN_MEAN, K_SUMSQDEV,
                  take_sqrt ? FIN_STD : FIN_VAR, correction, out);
 }
 
-em_status emi_cpu_norm(em_state *S, em_tensor *out, const em_tensor *a, unsigned mask,
+em_status emi_cpu_norm(emi_device *dev, em_tensor *out, const em_tensor *a, unsigned mask,
                        double p) {
+  em_state *S = dev->S;
   emi_rplan pl;
   emi_reduce_plan(&pl, a, mask);
   if (pl.R == 0) p = 1;      /* PyTorch: the norm of nothing is 0 for every p */

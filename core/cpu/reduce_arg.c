@@ -141,8 +141,9 @@ static void arg_outer_task(void *ctx, int64_t t0, int64_t t1) {
   }
 }
 
-em_status emi_cpu_arg_reduce(em_state *S, em_tensor *values, em_tensor *indices,
+em_status emi_cpu_arg_reduce(emi_device *dev, em_tensor *values, em_tensor *indices,
                              const em_tensor *a, int dim, int want_max, int index_base) {
+  em_state *S = dev->S;
   ajob j;
   emi_reduce_plan(&j.pl, a, a->ndim ? 1u << dim : 0);
   const emi_rplan *pl = &j.pl;

@@ -141,8 +141,9 @@ static void cols_task(void *ctx, int64_t t0, int64_t t1) {
   }
 }
 
-em_status emi_cpu_softmax(em_state *S, em_tensor *out, const em_tensor *a, int dim,
+em_status emi_cpu_softmax(emi_device *dev, em_tensor *out, const em_tensor *a, int dim,
                           int log) {
+  em_state *S = dev->S;
   sjob j;
   j.base = em_tensor_data(a);
   j.obase = em_tensor_data(out);

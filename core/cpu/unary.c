@@ -227,7 +227,8 @@ static void un_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
   c->f(p[0], p[1], n, s[0], s[1], &c->kp);
 }
 
-em_status emi_cpu_unary(em_state *S, em_unop op, em_tensor *out, const em_tensor *a) {
+em_status emi_cpu_unary(emi_device *dev, em_unop op, em_tensor *out, const em_tensor *a) {
+  em_state *S = dev->S;
   un_ctx c;
   c.f = emi_cpu_unary_loop(op, a->dtype);
   if (!c.f)
@@ -264,8 +265,9 @@ static int64_t bound_i64(double v) {
   return emi_f2i(v);
 }
 
-em_status emi_cpu_clamp(em_state *S, em_tensor *out, const em_tensor *a, double lo,
+em_status emi_cpu_clamp(emi_device *dev, em_tensor *out, const em_tensor *a, double lo,
                         double hi) {
+  em_state *S = dev->S;
   un_ctx c;
   c.f = CLAMPS[a->dtype];
   c.kp.d0 = lo;

@@ -30,7 +30,7 @@ em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
         (st = emi_expand_tmp(S, op, conv, dst->sizes, dst->ndim, &tp, &sx)))
       goto done;
   }
-  st = emi_backend_of(S, dst->device)->copy(S, dst, sx);
+  st = EMI_DISPATCH(S, op, dst, copy, dst, sx);
 done:
   emi_temps_release(&tp);
   return st;
@@ -42,7 +42,7 @@ em_status em_clone(em_state *S, const em_tensor *a, em_tensor **out) {
   em_tensor *r;
   if ((st = emi_tensor_new(S, "clone", a->sizes, a->ndim, a->dtype, a->device, &r)))
     return st;
-  if ((st = emi_backend_of(S, a->device)->copy(S, r, a))) { em_tensor_release(r); return st; }
+  if ((st = EMI_DISPATCH(S, "clone", a, copy, r, a))) { em_tensor_release(r); return st; }
   *out = r;
   if (emi_ag_wanted1(S, a)) return emi_ag_record_copy(S, "copy", a, out);
   return EM_OK;
@@ -75,7 +75,7 @@ em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_ten
   }
   em_tensor *r;
   if ((st = emi_tensor_new(S, "to", a->sizes, a->ndim, dt, device, &r))) return st;
-  if ((st = emi_backend_of(S, a->device)->copy(S, r, a))) { em_tensor_release(r); return st; }
+  if ((st = EMI_DISPATCH(S, "to", a, copy, r, a))) { em_tensor_release(r); return st; }
   *out = r;
   if (emi_ag_wanted1(S, a)) return emi_ag_record_copy(S, "copy", a, out);
   return EM_OK;
@@ -87,7 +87,7 @@ em_status em_full(em_state *S, const int64_t *shape, int ndim, double value, em_
   em_tensor *r;
   em_status st = emi_tensor_new(S, "full", shape, ndim, dt, device, &r);
   if (st) return st;
-  if ((st = emi_backend_of(S, device)->fill(S, r, value))) { em_tensor_release(r); return st; }
+  if ((st = EMI_DISPATCH(S, "full", r, fill, r, value))) { em_tensor_release(r); return st; }
   *out = r;
   return EM_OK;
 }
@@ -115,7 +115,7 @@ em_status em_from_data(em_state *S, const int64_t *shape, int ndim, em_dtype dt,
   src.dtype = src_dt;
   src.storage = &st_src;
   src.offset = 0;
-  if ((st = emi_backend_of(S, EM_CPU)->copy(S, r, &src))) { em_tensor_release(r); return st; }
+  if ((st = EMI_DISPATCH(S, "from_data", r, copy, r, &src))) { em_tensor_release(r); return st; }
   *out = r;
   return EM_OK;
 }

@@ -30,13 +30,12 @@ typedef struct ucall {
   int reverse;
 } ucall;
 
-static em_status ucall_run(em_state *S, const ucall *c, em_tensor *out,
+static em_status ucall_run(em_state *S, const char *op, const ucall *c, em_tensor *out,
                            const em_tensor *a) {
-  const emi_backend *be = emi_backend_of(S, out->device);
   switch (c->kind) {
-  case K_UNARY: return be->unary(S, c->uop, out, a);
-  case K_SCALAR: return be->binary_scalar(S, c->bop, out, a, c->s, c->reverse);
-  default: return be->clamp(S, out, a, c->s, c->s2);
+  case K_UNARY: return EMI_DISPATCH(S, op, out, unary, c->uop, out, a);
+  case K_SCALAR: return EMI_DISPATCH(S, op, out, binary_scalar, c->bop, out, a, c->s, c->reverse);
+  default: return EMI_DISPATCH(S, op, out, clamp, out, a, c->s, c->s2);
   }
 }
 
@@ -46,11 +45,10 @@ typedef struct bcall {
   double alpha;
 } bcall;
 
-static em_status bcall_run(em_state *S, const bcall *c, em_tensor *out,
+static em_status bcall_run(em_state *S, const char *op, const bcall *c, em_tensor *out,
                            const em_tensor *a, const em_tensor *b) {
-  const emi_backend *be = emi_backend_of(S, out->device);
-  return c->add_scaled ? be->add_scaled(S, out, a, b, c->alpha)
-                       : be->binary(S, c->op, out, a, b);
+  return c->add_scaled ? EMI_DISPATCH(S, op, out, add_scaled, out, a, b, c->alpha)
+                       : EMI_DISPATCH(S, op, out, binary, c->op, out, a, b);
 }
 
 static int same_shape(const em_tensor *a, const em_tensor *b) {
@@ -78,7 +76,7 @@ static em_status unary_like(em_state *S, const char *op, const ucall *c,
   em_status st = EM_OK;
   if ((st = emi_as_dtype(S, op, a, ct, &tp, &ac))) goto done;
   if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) goto done;
-  if ((st = ucall_run(S, c, r, ac))) { em_tensor_release(r); goto done; }
+  if ((st = ucall_run(S, op, c, r, ac))) { em_tensor_release(r); goto done; }
   *out = r;
 done:
   emi_temps_release(&tp);
@@ -91,19 +89,19 @@ static em_status unary_like_(em_state *S, const char *op, const ucall *c, em_ten
   if (!emi_can_cast(rt, a->dtype)) return emi_cast_error(S, op, rt, a->dtype);
   em_status st = check_inplace_target(S, op, a);
   if (st || (st = emi_ag_inplace(S, op, a))) return st;
-  if (ct == a->dtype && rt == a->dtype) return ucall_run(S, c, a, a);
+  if (ct == a->dtype && rt == a->dtype) return ucall_run(S, op, c, a, a);
   emi_temps tp;
   emi_temps_init(&tp);
   em_tensor *r;
   const em_tensor *ac = a;
   if ((st = emi_as_dtype(S, op, a, ct, &tp, &ac))) goto done;
   if (rt == a->dtype) {
-    st = ucall_run(S, c, a, ac);
+    st = ucall_run(S, op, c, a, ac);
   } else {
     if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) goto done;
     emi_temps_add(&tp, r);
-    if (!(st = ucall_run(S, c, r, ac)))
-      st = emi_backend_of(S, a->device)->copy(S, a, r);
+    if (!(st = ucall_run(S, op, c, r, ac)))
+      st = EMI_DISPATCH(S, op, a, copy, a, r);
   }
 done:
   emi_temps_release(&tp);
@@ -137,7 +135,7 @@ static em_status binary_like(em_state *S, const char *op, const bcall *c,
   /* fast path: one dtype, one shape -- no temporaries */
   if (a->dtype == ct && b->dtype == ct && same_shape(a, b)) {
     if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) return st;
-    if ((st = bcall_run(S, c, r, a, b))) { em_tensor_release(r); return st; }
+    if ((st = bcall_run(S, op, c, r, a, b))) { em_tensor_release(r); return st; }
     *out = r;
     return EM_OK;
   }
@@ -155,7 +153,7 @@ static em_status binary_like(em_state *S, const char *op, const bcall *c,
       (st = emi_expand_tmp(S, op, bx, shape, nd, &tp, &bx)) ||
       (st = emi_tensor_new(S, op, shape, nd, rt, a->device, &r)))
     goto done;
-  if ((st = bcall_run(S, c, r, ax, bx))) { em_tensor_release(r); goto done; }
+  if ((st = bcall_run(S, op, c, r, ax, bx))) { em_tensor_release(r); goto done; }
   *out = r;
 done:
   emi_temps_release(&tp);
@@ -190,7 +188,7 @@ static em_status binary_like_(em_state *S, const char *op, const bcall *c, em_te
   /* fast path: same dtype and shape, b not overlapping a (or exactly a) */
   if (a->dtype == ct && b->dtype == ct && rt == ct && same_shape(a, b) &&
       !emi_needs_copy(a, b))
-    return bcall_run(S, c, a, a, b);
+    return bcall_run(S, op, c, a, a, b);
   emi_temps tp;
   emi_temps_init(&tp);
   const em_tensor *ax = a, *bx = b;
@@ -203,12 +201,12 @@ static em_status binary_like_(em_state *S, const char *op, const bcall *c, em_te
   if ((st = emi_as_dtype(S, op, a, ct, &tp, &ax))) goto done;
   if ((st = emi_expand_tmp(S, op, bx, a->sizes, a->ndim, &tp, &bx))) goto done;
   if (rt == a->dtype) {
-    st = bcall_run(S, c, a, ax, bx);
+    st = bcall_run(S, op, c, a, ax, bx);
   } else {
     if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) goto done;
     emi_temps_add(&tp, r);
-    if (!(st = bcall_run(S, c, r, ax, bx)))
-      st = emi_backend_of(S, a->device)->copy(S, a, r);
+    if (!(st = bcall_run(S, op, c, r, ax, bx)))
+      st = EMI_DISPATCH(S, op, a, copy, a, r);
   }
 done:
   emi_temps_release(&tp);
@@ -373,7 +371,7 @@ em_status em_where(em_state *S, const em_tensor *cond, const em_tensor *a,
       (st = emi_expand_tmp(S, op, bx, shape, nd, &tp, &bx)) ||
       (st = emi_tensor_new(S, op, shape, nd, ct, a->device, &r)))
     goto done;
-  if ((st = emi_backend_of(S, r->device)->where(S, r, cx, ax, bx))) {
+  if ((st = EMI_DISPATCH(S, op, r, where, r, cx, ax, bx))) {
     em_tensor_release(r);
     goto done;
   }
@@ -389,5 +387,5 @@ done:
 em_status em_fill_(em_state *S, em_tensor *t, double value) {
   em_status st = emi_check_tensor(S, "fill_", t);
   if (st || (st = emi_ag_inplace(S, "fill_", t))) return st;
-  return emi_backend_of(S, t->device)->fill(S, t, value);
+  return EMI_DISPATCH(S, "fill_", t, fill, t, value);
 }

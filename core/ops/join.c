@@ -192,7 +192,7 @@ em_status em_index_select(em_state *S, const em_tensor *a, int dim, const em_ten
     em_tensor_release(a1);
     return st;
   }
-  st = emi_backend_of(S, a->device)->index_select(S, o, a, dim, idx, index_base);
+  st = EMI_DISPATCH(S, "index_select", a, index_select, o, a, dim, idx, index_base);
   em_tensor_release(a1);
   if (st) { em_tensor_release(o); return st; }
   /* a 0-D input with one index gives a 0-D result, as in PyTorch */
@@ -229,7 +229,7 @@ em_status em_gather(em_state *S, const em_tensor *a, int dim, const em_tensor *i
     /* out's data seen with iv's (1-D) shape for a 0-D gather */
     em_tensor *ov = o;
     if (i1) st = emi_tensor_view(S, o, i1->sizes, i1->strides, 1, 0, &ov);
-    if (!st) st = emi_backend_of(S, a->device)->gather(S, ov, av, dim, iv, index_base);
+    if (!st) st = EMI_DISPATCH(S, "gather", a, gather, ov, av, dim, iv, index_base);
     if (ov != o) em_tensor_release(ov);
     if (st) em_tensor_release(o);
   }

@@ -114,7 +114,7 @@ em_status em_matmul(em_state *S, const em_tensor *a, const em_tensor *b, em_tens
   geom_view(&av, a, &ga);
   geom_view(&bv, b, &gb);
   geom_view(&ov, o, &go);
-  if ((st = emi_backend_of(S, a->device)->matmul(S, &ov, &av, &bv))) {
+  if ((st = EMI_DISPATCH(S, "matmul", a, matmul, &ov, &av, &bv))) {
     em_tensor_release(o);
     return st;
   }

@@ -78,7 +78,7 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
       (st = emi_tensor_new(S, op, shape, 4, input->dtype, EM_CPU, &t[3])))
     goto done;
   if (t[3]->numel) {
-    if (g.C == 0) st = emi_cpu_fill(S, t[3], 0);  /* no input channels: y = bias */
+    if (g.C == 0) st = EMI_DISPATCH(S, op, t[3], fill, t[3], 0);  /* no input channels: y = bias */
     if (!st)
       st = g.C ? emi_cpu_conv2d(S, input->dtype, &g, em_tensor_data(t[0]),
                                 em_tensor_data(t[1]), bias ? em_tensor_data(t[2]) : NULL,
@@ -88,7 +88,7 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
       em_tensor *bv = NULL;
       int64_t bs[4] = {g.N, g.O, g.OH, g.OW}, bst[4] = {0, 1, 0, 0};
       if (!(st = emi_tensor_view(S, t[2], bs, bst, 4, t[2]->offset, &bv)))
-        st = emi_cpu_copy(S, t[3], bv);
+        st = EMI_DISPATCH(S, op, t[3], copy, t[3], bv);
       em_tensor_release(bv);
     }
   }
@@ -131,7 +131,7 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
     goto done;
   if (g.N == 0 || g.C == 0 || g.OH * g.OW == 0) {
     for (int i = 3; i < 6 && !st; i++)
-      if (t[i] && t[i]->numel) st = emi_cpu_fill(S, t[i], 0);
+      if (t[i] && t[i]->numel) st = EMI_DISPATCH(S, op, t[i], fill, t[i], 0);
     if (!st && t[5] && g.C == 0 && g.N > 0 && g.OH * g.OW > 0) {
       /* bias gradient still flows without input channels: do it the slow way */
       for (int64_t o = 0; o < g.O; o++) {

@@ -214,8 +214,8 @@ em_status em_layer_norm(em_state *S, const em_tensor *input, int normalized_ndim
                        t[1] ? em_tensor_data(t[1]) : NULL, t[2] ? em_tensor_data(t[2]) : NULL,
                        eps, em_tensor_data(t[3]), em_tensor_data(t[4]), em_tensor_data(t[5]));
   else if (M > 0) {
-    emi_cpu_fill(S, t[4], 0);
-    emi_cpu_fill(S, t[5], NAN);
+    EMI_DISPATCH(S, "layer_norm", t[4], fill, t[4], 0);
+    EMI_DISPATCH(S, "layer_norm", t[5], fill, t[5], NAN);
   }
   *out = t[3];
   if (emi_ag_wanted_opt(S, input, weight, bias) &&

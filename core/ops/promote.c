@@ -197,7 +197,7 @@ em_status emi_convert(em_state *S, const char *op, const em_tensor *t, em_dtype 
   em_tensor *r;
   em_status st = emi_tensor_new(S, op, t->sizes, t->ndim, dt, t->device, &r);
   if (st) return st;
-  st = emi_backend_of(S, t->device)->copy(S, r, t);
+  st = EMI_DISPATCH(S, op, t, copy, r, t);
   if (st) { em_tensor_release(r); return st; }
   *out = emi_temps_add(tp, r);
   return EM_OK;

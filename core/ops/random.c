@@ -48,7 +48,7 @@ em_status em_uniform_(em_state *S, em_tensor *t, double lo, double hi) {
                      "lo <= hi, got lo=%g, hi=%g", lo, hi);
   if (t->numel == 0) return EM_OK;
   uint64_t used = emi_rng_counters(t->numel, emi_rng_words(t->dtype));
-  if ((st = emi_backend_of(S, t->device)->uniform(S, t, S->rng_seed, S->rng_offset, lo, hi)))
+  if ((st = EMI_DISPATCH(S, "uniform_", t, uniform, t, S->rng_seed, S->rng_offset, lo, hi)))
     return st;
   S->rng_offset += used;
   return EM_OK;
@@ -62,7 +62,7 @@ em_status em_normal_(em_state *S, em_tensor *t, double mean, double std) {
                      "mean=%g, std=%g", mean, std);
   if (t->numel == 0) return EM_OK;
   uint64_t used = emi_rng_counters(t->numel, emi_rng_words(t->dtype));
-  if ((st = emi_backend_of(S, t->device)->normal(S, t, S->rng_seed, S->rng_offset, mean, std)))
+  if ((st = EMI_DISPATCH(S, "normal_", t, normal, t, S->rng_seed, S->rng_offset, mean, std)))
     return st;
   S->rng_offset += used;
   return EM_OK;
@@ -96,7 +96,7 @@ em_status em_randint_(em_state *S, em_tensor *t, int64_t lo, int64_t hi) {
   if (t->numel == 0) return EM_OK;
   uint64_t range = (uint64_t)hi - (uint64_t)lo;
   uint64_t used = emi_rng_counters(t->numel, emi_rng_randint_words(range));
-  if ((st = emi_backend_of(S, t->device)->randint(S, t, S->rng_seed, S->rng_offset, lo, hi)))
+  if ((st = EMI_DISPATCH(S, "randint_", t, randint, t, S->rng_seed, S->rng_offset, lo, hi)))
     return st;
   S->rng_offset += used;
   return EM_OK;
@@ -130,7 +130,7 @@ em_status em_arange(em_state *S, double start, double stop, double step, em_dtyp
   em_tensor *t;
   em_status st = emi_tensor_new(S, "arange", &n, 1, dt, device, &t);
   if (st) return st;
-  if (n > 0 && (st = emi_backend_of(S, device)->arange(S, t, start, step))) {
+  if (n > 0 && (st = EMI_DISPATCH(S, "arange", t, arange, t, start, step))) {
     em_tensor_release(t);
     return st;
   }
@@ -151,12 +151,12 @@ em_status em_eye(em_state *S, int64_t n, int64_t m, em_dtype dt, int device,
   if (st) return st;
   if (t->numel > 0) {
     /* the diagonal as a handle on the stack: fill only uses it during the call */
-    const emi_backend *be = emi_backend_of(S, device);
     em_tensor diag = *t;
     diag.ndim = 1;
     diag.sizes[0] = diag.numel = n < m ? n : m;
     diag.strides[0] = m + 1;
-    if ((st = be->fill(S, t, 0)) || (st = be->fill(S, &diag, 1))) {
+    if ((st = EMI_DISPATCH(S, "eye", t, fill, t, 0)) ||
+        (st = EMI_DISPATCH(S, "eye", t, fill, &diag, 1))) {
       em_tensor_release(t);
       return st;
     }

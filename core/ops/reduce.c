@@ -21,15 +21,6 @@ static const char *const REDOP_NAMES[EM_NUM_REDOPS] = {
   "sum", "mean", "prod", "amax", "amin", "logsumexp", "any", "all",
 };
 
-static em_status get_backend(em_state *S, const char *op, const em_tensor *a,
-                             const emi_backend **be) {
-  *be = emi_backend_of(S, a->device);
-  if (*be) return EM_OK;
-  char dev[32];
-  return emi_error(S, EM_ERR_DEVICE, "%s: no backend for device %s", op,
-                   emi_device_name(dev, a->device));
-}
-
 /* The dims list as a bit mask; ndims == 0 means every dim. */
 static em_status dims_mask(em_state *S, const char *op, const em_tensor *a,
                            const int *dims, int ndims, unsigned *mask) {
@@ -96,9 +87,8 @@ em_status em_reduce(em_state *S, em_redop op, const em_tensor *a, const int *dim
   const char *name = REDOP_NAMES[op];
   em_status st = emi_check_tensor(S, name, a);
   if (st) return st;
-  const emi_backend *be;
   unsigned mask;
-  if ((st = get_backend(S, name, a, &be)) || (st = dims_mask(S, name, a, dims, ndims, &mask)))
+  if ((st = dims_mask(S, name, a, dims, ndims, &mask)))
     return st;
   em_dtype dt = a->dtype;
   int fl = em_dtype_is_floating(dt);
@@ -114,7 +104,7 @@ em_status em_reduce(em_state *S, em_redop op, const em_tensor *a, const int *dim
   }
   em_tensor *r;
   if ((st = alloc_reduced(S, name, a, mask, dt, &r))) return st;
-  if ((st = be->reduce(S, op, r, a, mask))) { em_tensor_release(r); return st; }
+  if ((st = EMI_DISPATCH(S, name, a, reduce, op, r, a, mask))) { em_tensor_release(r); return st; }
   if (!keepdim) squeeze_in_place(r, mask);
   *out = r;
   if (emi_ag_wanted1(S, a)) return emi_ag_record_reduce(S, op, a, mask, keepdim, out);
@@ -130,16 +120,15 @@ em_status em_var(em_state *S, const em_tensor *a, const int *dims, int ndims,
   *out = NULL;
   em_status st = emi_check_tensor(S, name, a);
   if (st) return st;
-  const emi_backend *be;
   unsigned mask;
-  if ((st = get_backend(S, name, a, &be)) || (st = dims_mask(S, name, a, dims, ndims, &mask)) ||
+  if ((st = dims_mask(S, name, a, dims, ndims, &mask)) ||
       (st = need_float(S, name, a)))
     return st;
   if (correction != correction)
     return emi_error(S, EM_ERR_ARG, "%s: correction is NaN", name);
   em_tensor *r;
   if ((st = alloc_reduced(S, name, a, mask, a->dtype, &r))) return st;
-  if ((st = be->var(S, r, a, mask, correction, take_sqrt))) { em_tensor_release(r); return st; }
+  if ((st = EMI_DISPATCH(S, name, a, var, r, a, mask, correction, take_sqrt))) { em_tensor_release(r); return st; }
   if (!keepdim) squeeze_in_place(r, mask);
   *out = r;
   if (emi_ag_wanted1(S, a))
@@ -153,15 +142,13 @@ em_status em_norm(em_state *S, const em_tensor *a, double p, const int *dims, in
   *out = NULL;
   em_status st = emi_check_tensor(S, "norm", a);
   if (st) return st;
-  const emi_backend *be;
   unsigned mask;
-  if ((st = get_backend(S, "norm", a, &be)) ||
-      (st = dims_mask(S, "norm", a, dims, ndims, &mask)) || (st = need_float(S, "norm", a)))
+  if ((st = dims_mask(S, "norm", a, dims, ndims, &mask)) || (st = need_float(S, "norm", a)))
     return st;
   if (p != p) return emi_error(S, EM_ERR_ARG, "norm: p is NaN");
   em_tensor *r;
   if ((st = alloc_reduced(S, "norm", a, mask, a->dtype, &r))) return st;
-  if ((st = be->norm(S, r, a, mask, p))) { em_tensor_release(r); return st; }
+  if ((st = EMI_DISPATCH(S, "norm", a, norm, r, a, mask, p))) { em_tensor_release(r); return st; }
   if (!keepdim) squeeze_in_place(r, mask);
   *out = r;
   if (emi_ag_wanted1(S, a)) return emi_ag_record_norm(S, a, p, mask, keepdim, out);
@@ -175,8 +162,7 @@ static em_status arg_common(em_state *S, const char *name, const em_tensor *a, i
                             em_tensor **indices) {
   em_status st = emi_check_tensor(S, name, a);
   if (st) return st;
-  const emi_backend *be;
-  if ((st = get_backend(S, name, a, &be)) || (st = emi_wrap_dim(S, name, &dim, a->ndim)))
+  if ((st = emi_wrap_dim(S, name, &dim, a->ndim)))
     return st;
   unsigned mask = a->ndim ? 1u << dim : 0;
   if ((st = check_nonempty(S, name, a, mask))) return st;
@@ -186,7 +172,7 @@ static em_status arg_common(em_state *S, const char *name, const em_tensor *a, i
     em_tensor_release(ix);
     return st;
   }
-  if ((st = be->arg_reduce(S, v, ix, a, dim, want_max, index_base))) {
+  if ((st = EMI_DISPATCH(S, name, a, arg_reduce, v, ix, a, dim, want_max, index_base))) {
     em_tensor_release(ix);
     em_tensor_release(v);
     return st;
@@ -273,13 +259,12 @@ em_status em_softmax(em_state *S, const em_tensor *a, int dim, int log, em_tenso
   *out = NULL;
   em_status st = emi_check_tensor(S, name, a);
   if (st) return st;
-  const emi_backend *be;
-  if ((st = get_backend(S, name, a, &be)) || (st = emi_wrap_dim(S, name, &dim, a->ndim)) ||
+  if ((st = emi_wrap_dim(S, name, &dim, a->ndim)) ||
       (st = need_float(S, name, a)))
     return st;
   em_tensor *r;
   if ((st = emi_tensor_new(S, name, a->sizes, a->ndim, a->dtype, a->device, &r))) return st;
-  if ((st = be->softmax(S, r, a, a->ndim ? dim : 0, log))) {
+  if ((st = EMI_DISPATCH(S, name, a, softmax, r, a, a->ndim ? dim : 0, log))) {
     em_tensor_release(r);
     return st;
   }
