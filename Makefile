@@ -35,6 +35,8 @@ DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev 
                 libjpeg62-turbo-dev libpng-dev libopenmpi-dev openmpi-bin iproute2
 RUN_PACKAGES := dataset-fashion-mnist
 BENCH_PACKAGES := python3-torch python3-torchvision python3-pil
+# test_profile_page opens the profiler's HTML page in headless Chromium.
+TEST_PACKAGES := chromium
 
 LUAJIT_CFLAGS := -I/usr/include/luajit-2.1
 LUAJIT_LIBS   := -lluajit-5.1
@@ -58,7 +60,7 @@ LUA_OUT  := $(LUA_SRC:lua/%=$(BUILD)/lua/%) $(BUILD)/lua/ember/cdefs.lua
 CTEST_SRC := $(wildcard tests/c/test_*.c)
 CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps deps-run deps-bench report test test-c test-lua run bench install clean
+.PHONY: all deps deps-run deps-bench deps-test report test test-c test-lua run bench install clean
 
 all: deps $(BUILD)/libember.so $(BUILD)/libember.a $(BUILD)/ember $(BUILD)/libember_lua.so \
      $(LUA_OUT) report
@@ -80,6 +82,8 @@ deps-run:
 	$(call install_missing,$(RUN_PACKAGES))
 deps-bench:
 	$(call install_missing,$(BENCH_PACKAGES))
+deps-test:
+	$(call install_missing,$(TEST_PACKAGES))
 
 # What optional engines this machine has (reported; the CPU build never needs them).
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -163,8 +167,9 @@ test: all $(CTEST_BIN)
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
 	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute' $(BUILD)
 else
-# deps-run: test_distribute trains the example on a slice of Fashion-MNIST.
-test: all deps-run $(CTEST_BIN)
+# deps-run: test_distribute trains the example on a slice of Fashion-MNIST;
+# deps-test: test_profile_page renders the profiler's page in headless Chromium.
+test: all deps-run deps-test $(CTEST_BIN)
 	@sh tests/run.sh $(BUILD)
 endif
 

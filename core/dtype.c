@@ -89,6 +89,13 @@ uint16_t emi_float_to_half(float f) {
   return (uint16_t)(sign | (r >> 13));
 }
 
+/* The public names: hosts (the Lua layer reading t[i] of a float16 tensor)
+** convert exactly as the ops do. */
+float em_half_to_float(uint16_t h) { return emi_half_to_float(h); }
+uint16_t em_float_to_half(float f) { return emi_float_to_half(f); }
+float em_bfloat16_to_float(uint16_t b) { return emi_bf16_to_float(b); }
+uint16_t em_float_to_bfloat16(float f) { return emi_float_to_bf16(f); }
+
 double emi_load_f64(const void *p, em_dtype dt) {
   switch (dt) {
   case EM_FLOAT32: return *(const float *)p;

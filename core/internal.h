@@ -68,6 +68,23 @@ typedef struct emi_device {
 } emi_device;
 enum { EMI_MAX_DEVICES = 16 };
 
+/* -- nn geometry ----------------------------------------------------------------------
+** Shared by the nn ops (core/ops/nn_*.c), which work them out and check them, and
+** the backends' nn entries below, which may trust them. */
+typedef struct emi_conv_geom {
+  int64_t N, C, H, W;        /* input (N, C, H, W) */
+  int64_t O, kH, kW;         /* weight (O, C/G, kH, kW) */
+  int64_t OH, OW;            /* output (N, O, OH, OW) */
+  int64_t sH, sW, pH, pW, dH, dW, G;
+} emi_conv_geom;
+/* 2-d pooling over planes = N*C independent (H, W) -> (OH, OW) planes. Adaptive
+** pooling sets only planes, H, W, OH, OW (kH, kW: a window-size estimate). */
+typedef struct emi_pool_geom {
+  int64_t planes, H, W, OH, OW, kH, kW, sH, sW, pH, pW, dH, dW;
+} emi_pool_geom;
+/* The pointwise losses (pointwise_loss entries). */
+enum { EMI_LOSS_MSE = 0, EMI_LOSS_BCE_LOGITS = 1 };
+
 /* -- Backend table ---------------------------------------------------------------
 ** One per device kind. Every entry takes the device context first, then tensors
 ** (raw pointers never cross this line), and returns EM_OK or an error with the
@@ -136,18 +153,124 @@ typedef struct emi_backend {
   em_status (*randint)(emi_device *d, em_tensor *out, uint64_t seed, uint64_t offset,
                        int64_t lo, int64_t hi);
   em_status (*arange)(emi_device *d, em_tensor *out, double start, double step);
+
+  /* -- nn (core/ops/nn_*.c) and optimizers (core/ops/optim.c) ---------------------
+  ** Unless said otherwise: float tensors are contiguous, float32 or float64, all of
+  ** one dtype; shapes are checked against the geometry; outputs are fresh and every
+  ** element of them is written. */
+  /* x (N, C, H, W) with C >= 1, w (O, C/G, kH, kW), b (O) or NULL; y (N, O, OH, OW). */
+  em_status (*conv2d)(emi_device *d, const emi_conv_geom *g, em_tensor *y,
+                      const em_tensor *x, const em_tensor *w, const em_tensor *b);
+  /* Shapes as conv2d, N, C and OH*OW all >= 1; gx, gw, gb may each be NULL. */
+  em_status (*conv2d_backward)(emi_device *d, const emi_conv_geom *g, em_tensor *gx,
+                               em_tensor *gw, em_tensor *gb, const em_tensor *gy,
+                               const em_tensor *x, const em_tensor *w);
+  /* x: g->planes (H, W) planes, y and ind (int64): (OH, OW) planes; ind holds the
+  ** position of each maximum in its plane (h*W + w) plus index_base. */
+  em_status (*max_pool2d)(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                          em_tensor *ind, const em_tensor *x, int index_base);
+  /* gy, ind (int64) (OH, OW) planes, gx (H, W) planes; only planes, H, W, OH, OW
+  ** of g are set. Indices are range-checked here, before gx is written. */
+  em_status (*max_pool2d_backward)(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                   const em_tensor *gy, const em_tensor *ind,
+                                   int index_base);
+  em_status (*avg_pool2d)(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                          const em_tensor *x, int count_include_pad);
+  em_status (*avg_pool2d_backward)(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                   const em_tensor *gy, int count_include_pad);
+  em_status (*adaptive_avg_pool2d)(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                                   const em_tensor *x);
+  em_status (*adaptive_avg_pool2d_backward)(emi_device *d, const emi_pool_geom *g,
+                                            em_tensor *gx, const em_tensor *gy);
+  /* x, y (N, C, ...) seen as (N, C, L); w, b (C) or NULL; mean, invstd (C) receive
+  ** the statistics used. Training (N*L >= 2): the batch's mean and 1/sqrt(biased
+  ** var + eps), and running_mean / running_var (C, any strides, x's dtype; each
+  ** may be NULL) move by momentum towards the mean and the unbiased variance. Not
+  ** training: from running_mean and running_var, both given. */
+  em_status (*batch_norm)(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor *invstd,
+                          em_tensor *running_mean, em_tensor *running_var,
+                          const em_tensor *x, const em_tensor *w, const em_tensor *b,
+                          int training, double momentum, double eps);
+  /* gy, x, gx (N, C, ...); mean, invstd (C) as batch_norm gave; w (C) or NULL;
+  ** gx, gw, gb may each be NULL. */
+  em_status (*batch_norm_backward)(emi_device *d, em_tensor *gx, em_tensor *gw,
+                                   em_tensor *gb, const em_tensor *gy, const em_tensor *x,
+                                   const em_tensor *mean, const em_tensor *invstd,
+                                   const em_tensor *w, int training);
+  /* x, y: M = mean.numel rows of K = x.numel / M >= 1 elements; w, b (K) or NULL;
+  ** mean, rstd receive each row's mean and 1/sqrt(var + eps). */
+  em_status (*layer_norm)(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor *rstd,
+                          const em_tensor *x, const em_tensor *w, const em_tensor *b,
+                          double eps);
+  /* Rows as layer_norm (M may be 0: then gw, gb are zeros of their numel K >= 1);
+  ** gx, gw, gb may each be NULL. */
+  em_status (*layer_norm_backward)(emi_device *d, em_tensor *gx, em_tensor *gw,
+                                   em_tensor *gb, const em_tensor *gy, const em_tensor *x,
+                                   const em_tensor *mean, const em_tensor *rstd,
+                                   const em_tensor *w);
+  /* x (N, C) with C >= 1, lse (N) receives each row's logsumexp, loss is (N) for
+  ** EM_REDUCE_NONE else 0-d. target (N): int32/int64, any strides, range-checked
+  ** here (a target equal to ignore_index is skipped and not counted by the mean). */
+  em_status (*cross_entropy)(emi_device *d, em_tensor *loss, em_tensor *lse,
+                             const em_tensor *x, const em_tensor *target, int index_base,
+                             int64_t ignore_index, double label_smoothing, int reduction);
+  /* gx (N, C); grad_loss: (N) any strides for EM_REDUCE_NONE, else one element. */
+  em_status (*cross_entropy_backward)(emi_device *d, em_tensor *gx,
+                                      const em_tensor *grad_loss, const em_tensor *x,
+                                      const em_tensor *target, const em_tensor *lse,
+                                      int index_base, int64_t ignore_index,
+                                      double label_smoothing, int reduction);
+  /* As cross_entropy on log-probabilities logp (N, C), which may be strided. */
+  em_status (*nll_loss)(emi_device *d, em_tensor *loss, const em_tensor *logp,
+                        const em_tensor *target, int index_base, int64_t ignore_index,
+                        int reduction);
+  em_status (*nll_loss_backward)(emi_device *d, em_tensor *gx, const em_tensor *grad_loss,
+                                 const em_tensor *target, int index_base,
+                                 int64_t ignore_index, int reduction);
+  /* kind: EMI_LOSS_*. x, y of one shape; loss has it for EM_REDUCE_NONE, else is 0-d
+  ** (the sum, or the mean over x's elements). */
+  em_status (*pointwise_loss)(emi_device *d, int kind, em_tensor *loss, const em_tensor *x,
+                              const em_tensor *y, int reduction);
+  /* grad_loss has x's shape for EM_REDUCE_NONE, else one element. */
+  em_status (*pointwise_loss_backward)(emi_device *d, int kind, em_tensor *gx,
+                                       const em_tensor *grad_loss, const em_tensor *x,
+                                       const em_tensor *y, int reduction);
+  /* In place, any dtype and strides (src has out's dtype; out and src may share
+  ** storage): out[.., idx[i], ..] += src[.., i, ..] along dim. 0-d out and src act as
+  ** [1]; idx 0-D or 1-D int32/int64; shapes checked. Indices are range-checked
+  ** here before out is touched. */
+  em_status (*index_add)(emi_device *d, em_tensor *out, int dim, const em_tensor *idx,
+                         const em_tensor *src, int index_base);
+  /* In place: out[.., idx[p], ..] += src[p] at every position p of idx; idx, src, out
+  ** of one ndim, idx no larger than src (nor than out outside dim). Indices are
+  ** range-checked here before out is touched. */
+  em_status (*scatter_add)(emi_device *d, em_tensor *out, int dim, const em_tensor *idx,
+                           const em_tensor *src, int index_base);
+  /* One fused step per parameter: p, g, buf (NULL when momentum is 0) contiguous,
+  ** one shape and dtype (float32/float64); numel >= 1. */
+  em_status (*sgd_step)(emi_device *d, em_tensor *p, const em_tensor *g, em_tensor *buf,
+                        double lr, double momentum, double dampening, double wd,
+                        int nesterov, int first_step);
+  /* As sgd_step with moments m, v. step_size = lr / (1 - beta1^step), bc2_sqrt =
+  ** sqrt(1 - beta2^step), decay: the factor p is multiplied by first (AdamW; 1 for
+  ** Adam), wd: the L2 term added to g (Adam). */
+  em_status (*adam_step)(emi_device *d, em_tensor *p, const em_tensor *g, em_tensor *m,
+                         em_tensor *v, double beta1, double beta2, double eps, double wd,
+                         double decay, double step_size, double bc2_sqrt);
 } emi_backend;
 
 extern const emi_backend emi_cpu_backend;
 
-/* -- Thread pool (cpu/threadpool.c) ------------------------------------------------
-** fn(ctx, begin, end) over [0, n) in chunks of at least `grain` items; runs
-** inline when one chunk covers it. Not reentrant: kernels do not nest it. */
+/* -- Workers (cpu/workers.c) ------------------------------------------------------
+** The state's CPU threads: nthreads - 1 workers plus the caller (none for 1).
+** emi_parallel_for runs fn(ctx, begin, end) over [0, n) in chunks of at least
+** `grain` items; inline when one chunk covers it. Not reentrant: kernels do not
+** nest it. */
 typedef void (*emi_range_fn)(void *ctx, int64_t begin, int64_t end);
-typedef struct emi_pool emi_pool;
-emi_pool *emi_pool_new(em_state *S, int nthreads);
-void emi_pool_free(emi_pool *p);
-int emi_pool_size(const emi_pool *p);
+typedef struct emi_workers emi_workers;
+emi_workers *emi_workers_new(em_state *S, int nthreads);   /* NULL: out of memory */
+void emi_workers_free(emi_workers *w);
+int emi_workers_size(const emi_workers *w);
 void emi_parallel_for(em_state *S, int64_t n, int64_t grain, emi_range_fn fn,
                       void *ctx);
 
@@ -157,7 +280,7 @@ struct em_state {
   em_alloc_fn alloc;
   void *alloc_ud;
   int num_threads;
-  emi_pool *pool;
+  emi_workers *workers;
   uint64_t rng_seed, rng_offset;   /* Philox key and next free counter */
   int64_t mem_allocated, mem_peak;
   /* alloc.c: freed large blocks by size class, at most cache_limit bytes */
@@ -167,7 +290,9 @@ struct em_state {
   emi_device cpu;                          /* the CPU's context, always there */
   emi_device *devices[EMI_MAX_DEVICES];    /* CUDA ordinals, NULL until used */
   struct emi_profiler *profiler;           /* NULL unless recording (core/profile/) */
+  struct emi_profiler *profile_last;       /* the stopped profile, kept for reading */
   int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
+  int index_base;          /* messages number dims, positions, indices from it (0|1) */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
   char errmsg[EMI_ERRMSG_SIZE];
 };
@@ -200,6 +325,8 @@ double emi_now(void);
 em_status emi_no_kernel(em_state *S, const char *op, const char *entry, int device);
 double emi_profile_op_begin(em_state *S);
 void emi_profile_op_end(em_state *S, const char *op, const em_tensor *t, double t0);
+void emi_profile_free(em_state *S);      /* em_close */
+void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
 #define EMI_DISPATCH(S, op, t, entry, ...) __extension__({                           \
     em_state *S_ = (S);                                                             \
     const em_tensor *t_ = (t);                                                      \
@@ -207,7 +334,7 @@ void emi_profile_op_end(em_state *S, const char *op, const em_tensor *t, double 
     em_status st_;                                                                  \
     if (__builtin_expect(!d_ || !d_->backend->entry, 0))                            \
       st_ = emi_no_kernel(S_, (op), #entry, t_->device);                            \
-    else if (__builtin_expect(S_->profiler != NULL, 0)) {                           \
+    else if (__builtin_expect(__atomic_load_n(&S_->profiler, __ATOMIC_RELAXED) != NULL, 0)) {                           \
       double t0_ = emi_profile_op_begin(S_);                                        \
       st_ = d_->backend->entry(d_, __VA_ARGS__);                                    \
       emi_profile_op_end(S_, (op), t_, t0_);                                        \
@@ -295,6 +422,16 @@ void emi_store_f64(void *p, em_dtype dt, double v);
 static inline void emi_atomic_inc(int *p) { __atomic_add_fetch(p, 1, __ATOMIC_RELAXED); }
 static inline int emi_atomic_dec(int *p) { return __atomic_sub_fetch(p, 1, __ATOMIC_ACQ_REL); }
 
+/* Autograd's storage versions: every in-place write bumps its storage's (saved
+** tensors compare it at backward). Atomic: views of one storage may be written
+** from several threads (replicas, loader workers). */
+static inline void emi_bump_version(const em_tensor *t) {
+  __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);
+}
+static inline uint32_t emi_version(const em_tensor *t) {
+  return __atomic_load_n(&t->storage->version, __ATOMIC_RELAXED);
+}
+
 /* -- Autograd hooks on handles (core/autograd/) ----------------------------------
 ** New handles start with no history; a release drops grad, grad_fn and hooks. */
 static inline void emi_ag_clear_fields(em_tensor *t) {
@@ -307,9 +444,19 @@ static inline void emi_ag_clear_fields(em_tensor *t) {
 void emi_ag_release_fields(em_tensor *t);
 void emi_backward_callbacks_free(em_state *S);
 
-/* -- OpenBLAS threads (cpu/matmul.c) ---------------------------------------------------
-** Sets OpenBLAS's process-wide count to n, or to the pinned count when a host
-** pinned one (em_blas_pin_threads): replicas in threads must not fight over it. */
-void emi_blas_set_threads(int n);
+/* -- Numbering in messages (state.c); copies on the calling thread (cpu/strided.c) --
+** Messages show dims, list positions and indices in the caller's numbering:
+** S->index_base, 0 unless the host set it (em_set_index_base; the Lua layer sets
+** 1). emi_ix(S, v) is v, 0-based as C holds it, in that numbering; a negative v
+** (counted from the end) is shown as given. */
+static inline long long emi_ix(const em_state *S, long long v) {
+  return v < 0 ? v : v + S->index_base;
+}
+/* Same-dtype copies that never use the state's workers, so loader threads can
+** run them. emi_copy_row: n elements of es bytes from src, ss bytes apart
+** (negative walks backwards), to contiguous dst. emi_copy_strided: src (CPU,
+** any strides) into the contiguous bytes at dst. */
+void emi_copy_row(void *dst, const void *src, int64_t n, int64_t ss, size_t es);
+void emi_copy_strided(void *dst, const em_tensor *src);
 
 #endif

@@ -66,23 +66,23 @@ em_status em_open(em_state **out, const em_config *cfg) {
 void em_close(em_state *S) {
   if (!S) return;
   emi_backward_callbacks_free(S);
-  emi_pool_free(S->pool);
+  emi_profile_free(S);
+  emi_workers_free(S->workers);
   emi_cache_release(S);
   pthread_mutex_destroy(&S->cache_mu);
   S->alloc(S->alloc_ud, S, sizeof *S, 0);
 }
 
-/* The pool holds n-1 workers: the calling thread does a share of each job. */
+/* n-1 workers: the calling thread does a share of each job. A state always has
+** its workers object (with none for n = 1): it also holds the state's wish for
+** OpenBLAS's process-wide thread count (cpu/blas.c). */
 em_status em_set_num_threads(em_state *S, int n) {
   if (n < 1) return emi_error(S, EM_ERR_ARG, "set_num_threads: need at least 1 thread, got %d", n);
-  if (S->pool && emi_pool_size(S->pool) == n) return EM_OK;
-  emi_pool *p = NULL;
-  if (n > 1) {
-    p = emi_pool_new(S, n);
-    if (!p) return emi_error(S, EM_ERR_NOMEM, "set_num_threads: could not start %d threads", n);
-  }
-  emi_pool_free(S->pool);
-  S->pool = p;
+  if (S->workers && emi_workers_size(S->workers) == n) return EM_OK;
+  emi_workers *w = emi_workers_new(S, n);
+  if (!w) return emi_error(S, EM_ERR_NOMEM, "set_num_threads: could not start %d threads", n);
+  emi_workers_free(S->workers);
+  S->workers = w;
   S->num_threads = n;
   return EM_OK;
 }
@@ -159,12 +159,22 @@ em_status emi_check_tensor(em_state *S, const char *op, const em_tensor *t) {
   return EM_OK;
 }
 
+/* How messages number dims, positions and indices: the caller's numbering rather
+** than a rewrite of the text afterwards (emi_ix). */
+em_status em_set_index_base(em_state *S, int base) {
+  if (base != 0 && base != 1)
+    return emi_error(S, EM_ERR_ARG, "set_index_base: the base must be 0 or 1, got %d", base);
+  S->index_base = base;
+  return EM_OK;
+}
+int em_get_index_base(em_state *S) { return S->index_base; }
+
 em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim) {
   int d = *dim, n = ndim > 0 ? ndim : 1;
   if (d < -n || d >= n)
     return emi_error(S, EM_ERR_INDEX,
-                     "%s: dimension %d out of range for a %d-D tensor (0-based in C)",
-                     op, d, ndim);
+                     "%s: dimension %lld out of range for a %d-D tensor (dims count from %d)",
+                     op, emi_ix(S, d), ndim, S->index_base);
   *dim = d < 0 ? d + n : d;
   return EM_OK;
 }

@@ -144,8 +144,8 @@ static em_status check_shape(em_state *S, const char *op, const int64_t *sizes, 
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) {
     if (sizes[d] < 0)
-      return emi_error(S, EM_ERR_SHAPE, "%s: negative size %lld in dimension %d", op,
-                       (long long)sizes[d], d);
+      return emi_error(S, EM_ERR_SHAPE, "%s: negative size %lld in dimension %lld", op,
+                       (long long)sizes[d], emi_ix(S, d));
     if (sizes[d] && n > INT64_MAX / 16 / sizes[d])
       return emi_error(S, EM_ERR_SHAPE, "%s: shape too large", op);
     n *= sizes[d];
@@ -279,8 +279,8 @@ em_status emi_broadcast_shape(em_state *S, const char *op, const int64_t *a, int
     if (x != y && x != 1 && y != 1) {
       char sa[EMI_SHAPE_STR], sb[EMI_SHAPE_STR];
       return emi_error(S, EM_ERR_SHAPE,
-                       "%s: shapes %s and %s can't be broadcast (dimension %d: %lld vs %lld)",
-                       op, emi_shape_str(sa, a, na), emi_shape_str(sb, b, nb), i,
+                       "%s: shapes %s and %s can't be broadcast (dimension %lld: %lld vs %lld)",
+                       op, emi_shape_str(sa, a, na), emi_shape_str(sb, b, nb), emi_ix(S, i),
                        (long long)x, (long long)y);
     }
     out[i] = x == 1 ? y : x;

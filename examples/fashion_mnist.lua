@@ -3,8 +3,12 @@
 -- a checkpoint at the end and `test accuracy: NN.NN%` as the last line.
 --
 --   ember examples/fashion_mnist.lua [--model mlp|cnn] [--epochs 5] [--batch 128]
---                                    [--lr 1e-3] [--resume] [--checkpoint path]
+--                                    [--lr 1e-3] [--resume] [--checkpoint PATH]
 --                                    [--root dir] [--limit n] [--workers 2]
+--
+-- The checkpoint goes to PATH, by default $XDG_CACHE_HOME/ember/fashion_mnist.ckpt
+-- (~/.cache/ember/... when XDG_CACHE_HOME is unset), never into the source tree;
+-- its folder is created when missing.
 --
 -- The same script runs data-parallel, unchanged (em.distribute.mirrored):
 --   ember --replicas 2 examples/fashion_mnist.lua      2 replicas, threads of one process
@@ -18,11 +22,34 @@
 -- figures compare with PyTorch doing the same work.
 
 local nn, F = em.nn, em.nn.F
+local ffi = require 'ffi'
+
+-- -- Where the checkpoint goes -----------------------------------------------------------
+local function default_checkpoint()
+  local cache = os.getenv('XDG_CACHE_HOME')
+  if not cache or cache == '' then
+    local home = os.getenv('HOME')
+    cache = (home and home ~= '') and home .. '/.cache' or (os.getenv('TMPDIR') or '/tmp')
+  end
+  return cache .. '/ember/fashion_mnist.ckpt'
+end
+
+-- mkdir -p of the folder that holds path.
+pcall(ffi.cdef, 'int mkdir(const char *path, unsigned int mode);')
+local function make_parent(path)
+  local dir = path:match('^(.*)/[^/]*$')
+  if not dir or dir == '' then return end
+  local sofar = dir:sub(1, 1) == '/' and '' or '.'
+  for part in dir:gmatch('[^/]+') do
+    sofar = sofar .. '/' .. part
+    ffi.C.mkdir(sofar, tonumber('755', 8))     -- fails harmlessly where it exists
+  end
+end
 
 -- -- Options ---------------------------------------------------------------------------
 local strategy = em.distribute.mirrored{}
 local opt = { model = 'cnn', epochs = 5, batch = 128, lr = 1e-3, resume = false,
-              checkpoint = 'fashion_mnist.ckpt', root = nil, limit = nil, seed = 1,
+              checkpoint = default_checkpoint(), root = nil, limit = nil, seed = 1,
               workers = strategy.world_size > 1 and 1 or 2 }
 do
   local i = 1
@@ -40,7 +67,9 @@ do
     end
   end
   if opt.model ~= 'mlp' and opt.model ~= 'cnn' then error('--model must be mlp or cnn', 0) end
+  opt.checkpoint = tostring(opt.checkpoint)
 end
+if strategy:is_main() then make_parent(opt.checkpoint) end
 em.manual_seed(opt.seed)
 
 -- -- Data ----------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ em_tensor *emi_f_un(emi_f *f, em_unop op, const em_tensor *a);
 em_tensor *emi_f_bin(emi_f *f, em_binop op, const em_tensor *a, const em_tensor *b);
 em_tensor *emi_f_sc(emi_f *f, em_binop op, const em_tensor *a, double s);   /* a op s */
 em_tensor *emi_f_rsc(emi_f *f, em_binop op, double s, const em_tensor *a);  /* s op a */
-em_tensor *emi_f_zeros(emi_f *f, const int64_t *sizes, int ndim, em_dtype dt);
+em_tensor *emi_f_zeros(emi_f *f, const int64_t *sizes, int ndim, em_dtype dt, int device);
 em_tensor *emi_f_reshape(emi_f *f, const em_tensor *a, const int64_t *sizes, int ndim);
 /* g (reduced over mask, keepdim or not) expanded back to sizes. */
 em_tensor *emi_f_unreduce(emi_f *f, const em_tensor *g, unsigned mask, int keepdim,
@@ -193,7 +193,7 @@ em_status emi_ag_record_softmax(em_state *S, const em_tensor *a, int dim, int lo
 ** and bumps the storage version so saved tensors notice the write. */
 em_status emi_ag_inplace_error(em_state *S, const char *op, const em_tensor *t);
 static inline em_status emi_ag_inplace(em_state *S, const char *op, const em_tensor *t) {
-  t->storage->version++;
+  emi_bump_version(t);
   if (t->requires_grad & !S->grad_disabled) return emi_ag_inplace_error(S, op, t);
   return EM_OK;
 }

@@ -5,6 +5,7 @@
 ** frees each node's saved tensors as it runs and accumulates into leaf .grad.
 */
 #include "autograd.h"
+#include "../profile/profile.h"
 
 struct emi_ag_hook {
   em_grad_hook_fn fn;
@@ -248,7 +249,7 @@ em_status emi_ag_save(em_state *S, emi_ag_node *n, const em_tensor *t) {
   em_tensor *v;
   em_status st = em_detach(S, t, &v);
   if (st) return st;
-  n->saved_version[n->nsaved] = t->storage->version;
+  n->saved_version[n->nsaved] = emi_version(t);
   n->saved[n->nsaved++] = v;
   return EM_OK;
 }
@@ -257,11 +258,12 @@ em_status emi_ag_saved(em_state *S, emi_ag_node *n, int k, em_tensor **t) {
   if (k >= n->nsaved)
     return emi_error(S, EM_ERR_INTERNAL, "%s: saved tensor %d missing", n->name, k);
   em_tensor *v = n->saved[k];
-  if (v->storage->version != n->saved_version[k])
+  uint32_t now = emi_version(v);
+  if (now != n->saved_version[k])
     return emi_error(S, EM_ERR_ARG, "backward: one of the variables needed for gradient "
                      "computation has been modified by an inplace operation: a tensor of "
                      "shape %s saved by %s is at version %u; expected version %u instead",
-                     emi_tshape(S, v), n->name, v->storage->version, n->saved_version[k]);
+                     emi_tshape(S, v), n->name, now, n->saved_version[k]);
   *t = v;
   return EM_OK;
 }
@@ -355,7 +357,14 @@ static em_status leaf_accumulate(em_state *S, em_tensor *leaf, em_tensor *g) {
     em_tensor_release(g);
     if (st) return st;
   }
-  if (--leaf->ag_pending == 0) st = run_hooks(S, leaf);
+  if (--leaf->ag_pending == 0) {
+    if (__builtin_expect(S->profiler != NULL, 0)) {  /* gradient bytes per step */
+      double t = emi_now();
+      emi_profile_span(S, EM_PROF_GRAD, "grad", t, t,
+                       leaf->grad->numel * (int64_t)em_dtype_size(leaf->grad->dtype));
+    }
+    st = run_hooks(S, leaf);
+  }
   return st;
 }
 
@@ -417,7 +426,15 @@ static em_status run_node(em_state *S, emi_ag_node *n, emi_ag_node **ready) {
   }
   em_tensor *g = n->gbuf;
   n->gbuf = NULL;
-  if (g) st = n->backward(S, n, g, gin);
+  if (g) {
+    if (__builtin_expect(S->profiler != NULL, 0)) {   /* the node, around its ops */
+      double t0 = emi_now();
+      st = n->backward(S, n, g, gin);
+      emi_profile_span(S, EM_PROF_BACKWARD, n->name, t0, emi_now(), 0);
+    } else {
+      st = n->backward(S, n, g, gin);
+    }
+  }
   em_tensor_release(g);
   /* as in PyTorch, only a node that needed saved values can't run again */
   if (n->nsaved) n->freed = 1;

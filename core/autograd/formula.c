@@ -53,10 +53,10 @@ em_tensor *emi_f_rsc(emi_f *f, em_binop op, double s, const em_tensor *a) {
   return emi_f_keep(f, st, &r);
 }
 
-em_tensor *emi_f_zeros(emi_f *f, const int64_t *sizes, int ndim, em_dtype dt) {
+em_tensor *emi_f_zeros(emi_f *f, const int64_t *sizes, int ndim, em_dtype dt, int device) {
   F_GUARD(0);
   em_tensor *r = NULL;
-  em_status st = em_full(f->S, sizes, ndim, 0.0, dt, EM_CPU, &r);
+  em_status st = em_full(f->S, sizes, ndim, 0.0, dt, device, &r);
   return emi_f_keep(f, st, &r);
 }
 

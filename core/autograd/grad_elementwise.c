@@ -141,7 +141,7 @@ static em_status binary_backward(em_state *S, emi_ag_node *n, const em_tensor *g
     if (emi_ag_needs(n, 1)) {
       t = emi_f_bin(f, EM_MUL, y, emi_f_un(f, EM_LOG, a));
       em_tensor *z = emi_f_bin(f, EM_LOGICAL_AND, emi_f_sc(f, EM_EQ, a, 0), emi_f_sc(f, EM_GE, b, 0));
-      em_tensor *zero = emi_f_zeros(f, NULL, 0, g->dtype);
+      em_tensor *zero = emi_f_zeros(f, NULL, 0, g->dtype, g->device);
       em_tensor *w = NULL;
       if (!f->st && z && zero && t) emi_f_keep(f, em_where(S, z, zero, t, &w), &w);
       gb = emi_f_bin(f, EM_MUL, g, w);
@@ -300,7 +300,7 @@ static em_status where_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
   if (st) return st;
   emi_f F, *f = &F;
   emi_f_init(f, S);
-  em_tensor *zero = emi_f_zeros(f, NULL, 0, g->dtype), *ga = NULL, *gb = NULL;
+  em_tensor *zero = emi_f_zeros(f, NULL, 0, g->dtype, g->device), *ga = NULL, *gb = NULL;
   if (!f->st && emi_ag_needs(n, 1)) emi_f_keep(f, em_where(S, c, g, zero, &ga), &ga);
   if (!f->st && emi_ag_needs(n, 2)) emi_f_keep(f, em_where(S, c, zero, g, &gb), &gb);
   if (ga) emi_f_out(f, ga, &gin[1]);

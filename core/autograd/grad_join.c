@@ -53,7 +53,7 @@ static em_status index_select_backward(em_state *S, emi_ag_node *n, const em_ten
   emi_f_init(f, S);
   int64_t m = idx->numel;
   em_tensor *i1 = emi_f_reshape(f, idx, &m, 1);
-  em_tensor *z = emi_f_zeros(f, e->sizes, e->ndim, g->dtype);
+  em_tensor *z = emi_f_zeros(f, e->sizes, e->ndim, g->dtype, g->device);
   if (!f->st) f->st = em_index_add_(S, z, (int)n->iarg[0], i1, g, (int)n->iarg[1]);
   return emi_f_end(f, z, &gin[0]);
 }
@@ -67,7 +67,7 @@ static em_status gather_backward(em_state *S, emi_ag_node *n, const em_tensor *g
   if (e->ndim == 0) return em_reshape(S, g, NULL, 0, &gin[0]);
   emi_f F, *f = &F;
   emi_f_init(f, S);
-  em_tensor *z = emi_f_zeros(f, e->sizes, e->ndim, g->dtype);
+  em_tensor *z = emi_f_zeros(f, e->sizes, e->ndim, g->dtype, g->device);
   if (!f->st) f->st = em_scatter_add_(S, z, (int)n->iarg[0], idx, g, (int)n->iarg[1]);
   return emi_f_end(f, z, &gin[0]);
 }

@@ -1,9 +1,9 @@
 /*
-** grad_nn.c -- autograd for the nn kernels (conv, pooling, losses, norms): each
-** recorder makes a node that saves what the kernel's public backward needs
-** (em_conv2d_backward, em_max_pool2d_backward, ...) and the backward just calls
-** it. Optional inputs (weight, bias) are recorded only when given; iarg holds
-** their presence so the input positions can be found again.
+** grad_nn.c -- autograd for the nn kernels (conv, pooling, losses, normalization
+** layers): each recorder makes a node that saves what the kernel's public
+** backward needs (em_conv2d_backward, em_max_pool2d_backward, ...) and the
+** backward just calls it. Optional inputs (weight, bias) are recorded only when
+** given; iarg holds their presence so the input positions can be found again.
 */
 #include "grad_nn.h"
 
@@ -220,7 +220,7 @@ em_status emi_ag_record_pointwise_loss(em_state *S, int bce, const em_tensor *in
   return EM_OK;
 }
 
-/* -- normalisation ------------------------------------------------------------------------ */
+/* -- normalization layers ----------------------------------------------------------------- */
 /* iarg: has_w has_b training; saved: x, mean, invstd[, w] */
 static em_status batch_norm_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                      em_tensor **gin) {

@@ -1,6 +1,7 @@
 /*
 ** backend.c -- the CPU backend's function table. Each entry lives in the file
-** of its op family (copy.c, elementwise.c, reduce.c, matmul.c, index.c, random.c).
+** of its op family (copy.c, elementwise.c, reduce.c, matmul.c, index.c, random.c;
+** for nn: conv.c, pool.c, normalize.c, nn_loss.c, scatter.c, optim.c).
 */
 #include "cpu.h"
 #include <stdint.h>
@@ -52,4 +53,26 @@ const emi_backend emi_cpu_backend = {
   .normal = emi_cpu_normal,
   .randint = emi_cpu_randint,
   .arange = emi_cpu_arange,
+  .conv2d = emi_cpu_conv2d,
+  .conv2d_backward = emi_cpu_conv2d_backward,
+  .max_pool2d = emi_cpu_max_pool2d,
+  .max_pool2d_backward = emi_cpu_max_pool2d_backward,
+  .avg_pool2d = emi_cpu_avg_pool2d,
+  .avg_pool2d_backward = emi_cpu_avg_pool2d_backward,
+  .adaptive_avg_pool2d = emi_cpu_adaptive_avg_pool2d,
+  .adaptive_avg_pool2d_backward = emi_cpu_adaptive_avg_pool2d_backward,
+  .batch_norm = emi_cpu_batch_norm,
+  .batch_norm_backward = emi_cpu_batch_norm_backward,
+  .layer_norm = emi_cpu_layer_norm,
+  .layer_norm_backward = emi_cpu_layer_norm_backward,
+  .cross_entropy = emi_cpu_cross_entropy,
+  .cross_entropy_backward = emi_cpu_cross_entropy_backward,
+  .nll_loss = emi_cpu_nll_loss,
+  .nll_loss_backward = emi_cpu_nll_loss_backward,
+  .pointwise_loss = emi_cpu_pointwise_loss,
+  .pointwise_loss_backward = emi_cpu_pointwise_loss_backward,
+  .index_add = emi_cpu_index_add,
+  .scatter_add = emi_cpu_scatter_add,
+  .sgd_step = emi_cpu_sgd_step,
+  .adam_step = emi_cpu_adam_step,
 };

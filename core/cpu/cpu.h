@@ -1,6 +1,7 @@
 /*
 ** cpu.h -- the CPU backend's kernels, one declaration per backend table entry
-** (see emi_backend in internal.h for what each one may assume).
+** (see emi_backend in internal.h for what each one may assume), and the
+** process-wide OpenBLAS thread-count registry (blas.c). Only core/cpu/ includes it.
 */
 #ifndef EMBER_CPU_H
 #define EMBER_CPU_H
@@ -48,5 +49,89 @@ em_status emi_cpu_normal(emi_device *dev, em_tensor *out, uint64_t seed, uint64_
 em_status emi_cpu_randint(emi_device *dev, em_tensor *out, uint64_t seed, uint64_t offset,
                           int64_t lo, int64_t hi);
 em_status emi_cpu_arange(emi_device *dev, em_tensor *out, double start, double step);
+
+/* conv.c */
+em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
+                         const em_tensor *x, const em_tensor *w, const em_tensor *b);
+em_status emi_cpu_conv2d_backward(emi_device *dev, const emi_conv_geom *g, em_tensor *gx,
+                                  em_tensor *gw, em_tensor *gb, const em_tensor *gy,
+                                  const em_tensor *x, const em_tensor *w);
+/* pool.c */
+em_status emi_cpu_max_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
+                             em_tensor *ind, const em_tensor *x, int index_base);
+em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
+                                      const em_tensor *gy, const em_tensor *ind,
+                                      int index_base);
+em_status emi_cpu_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
+                             const em_tensor *x, int count_include_pad);
+em_status emi_cpu_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
+                                      const em_tensor *gy, int count_include_pad);
+em_status emi_cpu_adaptive_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
+                                      const em_tensor *x);
+em_status emi_cpu_adaptive_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g,
+                                               em_tensor *gx, const em_tensor *gy);
+/* normalize.c */
+em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
+                             em_tensor *invstd, em_tensor *running_mean,
+                             em_tensor *running_var, const em_tensor *x, const em_tensor *w,
+                             const em_tensor *b, int training, double momentum, double eps);
+em_status emi_cpu_batch_norm_backward(emi_device *dev, em_tensor *gx, em_tensor *gw,
+                                      em_tensor *gb, const em_tensor *gy, const em_tensor *x,
+                                      const em_tensor *mean, const em_tensor *invstd,
+                                      const em_tensor *w, int training);
+em_status emi_cpu_layer_norm(emi_device *dev, em_tensor *y, em_tensor *mean, em_tensor *rstd,
+                             const em_tensor *x, const em_tensor *w, const em_tensor *b,
+                             double eps);
+em_status emi_cpu_layer_norm_backward(emi_device *dev, em_tensor *gx, em_tensor *gw,
+                                      em_tensor *gb, const em_tensor *gy, const em_tensor *x,
+                                      const em_tensor *mean, const em_tensor *rstd,
+                                      const em_tensor *w);
+/* nn_loss.c */
+em_status emi_cpu_cross_entropy(emi_device *dev, em_tensor *loss, em_tensor *lse,
+                                const em_tensor *x, const em_tensor *target, int index_base,
+                                int64_t ignore_index, double label_smoothing, int reduction);
+em_status emi_cpu_cross_entropy_backward(emi_device *dev, em_tensor *gx,
+                                         const em_tensor *grad_loss, const em_tensor *x,
+                                         const em_tensor *target, const em_tensor *lse,
+                                         int index_base, int64_t ignore_index,
+                                         double label_smoothing, int reduction);
+em_status emi_cpu_nll_loss(emi_device *dev, em_tensor *loss, const em_tensor *logp,
+                           const em_tensor *target, int index_base, int64_t ignore_index,
+                           int reduction);
+em_status emi_cpu_nll_loss_backward(emi_device *dev, em_tensor *gx, const em_tensor *grad_loss,
+                                    const em_tensor *target, int index_base,
+                                    int64_t ignore_index, int reduction);
+em_status emi_cpu_pointwise_loss(emi_device *dev, int kind, em_tensor *loss,
+                                 const em_tensor *x, const em_tensor *y, int reduction);
+em_status emi_cpu_pointwise_loss_backward(emi_device *dev, int kind, em_tensor *gx,
+                                          const em_tensor *grad_loss, const em_tensor *x,
+                                          const em_tensor *y, int reduction);
+/* scatter.c */
+em_status emi_cpu_index_add(emi_device *dev, em_tensor *out, int dim, const em_tensor *idx,
+                            const em_tensor *src, int index_base);
+em_status emi_cpu_scatter_add(emi_device *dev, em_tensor *out, int dim, const em_tensor *idx,
+                              const em_tensor *src, int index_base);
+/* optim.c */
+em_status emi_cpu_sgd_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *buf,
+                           double lr, double momentum, double dampening, double wd,
+                           int nesterov, int first_step);
+em_status emi_cpu_adam_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *m,
+                            em_tensor *v, double beta1, double beta2, double eps, double wd,
+                            double decay, double step_size, double bc2_sqrt);
+
+/* -- OpenBLAS's thread count (blas.c) ----------------------------------------------
+** One setting for the whole process: OpenBLAS runs the largest count wanted by a
+** live state (each state's workers register theirs), or the count a host pinned
+** (em_blas_pin_threads). It is set when that changes, never per call. Between
+** emi_blas_serial_begin and _end (conv2d's batch shares, each calling BLAS on its
+** own thread) it runs 1 thread. */
+typedef struct emi_blas_want {
+  int n, live;
+  struct emi_blas_want *next;
+} emi_blas_want;
+void emi_blas_register(emi_blas_want *w, int n);
+void emi_blas_unregister(emi_blas_want *w);
+void emi_blas_serial_begin(void);
+void emi_blas_serial_end(void);
 
 #endif

@@ -131,7 +131,7 @@ em_status emi_cpu_index_select(emi_device *dev, em_tensor *out, const em_tensor 
 
 /* -- gather ---------------------------------------------------------------------------
 ** out (contiguous, idx's shape): out[p] = a[p with p[dim] = idx[p] - base]. Rows
-** of the last dim are spread over the pool; each finds its offsets in a and idx
+** of the last dim are spread over the workers; each finds its offsets in a and idx
 ** from its row number. */
 typedef struct gather_ctx {
   const em_tensor *a, *idx, *out;

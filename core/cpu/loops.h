@@ -7,7 +7,7 @@
 ** has a branch for the contiguous case written so that the compiler vectorizes
 ** it, and a strided fallback. emi_cpu_foreach walks out-shaped operands as rows
 ** (coalesced by emi_iter, or one flat row when all are contiguous) and splits
-** the work over the thread pool when it is large.
+** the work over the state's workers when it is large.
 **
 ** float16 and bfloat16 have no loops of their own: the adapters below widen a
 ** chunk of each operand into float buffers, run the float32 loop on them and

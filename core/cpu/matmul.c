@@ -14,7 +14,7 @@
 **    copy; only a matrix whose neither stride is 1 is packed first.
 **  - a plain kernel (the readable reference, plus a register-tiled version of
 **    the same loop): blocks of rows of every batch matrix spread over the
-**    thread pool. It serves the integer types and stacks of small matrices,
+**    state's workers. It serves the integer types and stacks of small matrices,
 **    where per-call BLAS overhead would dominate.
 */
 #include "cpu.h"
@@ -27,31 +27,8 @@
 ** machines where OpenBLAS has a better kernel). */
 enum { SMALL_MACS = 64 * 64 * 64 };
 
-/* OpenBLAS keeps one thread count for the whole process, not per caller. It is
-** set to the state's count before each call when it differs from what was last
-** set, so that BLAS never runs more threads than the state was given (two states
-** that want different counts flip it back and forth -- correct, only slower).
-** Replicas that are threads of one process pin it instead: then nobody flips it. */
-static int blas_pinned, blas_last_set;
-
-void em_blas_pin_threads(int n) {
-  __atomic_store_n(&blas_pinned, n > 0 ? n : 0, __ATOMIC_RELAXED);
-  if (n > 0) {
-    openblas_set_num_threads(n);
-    __atomic_store_n(&blas_last_set, n, __ATOMIC_RELAXED);
-  }
-}
-
-void emi_blas_set_threads(int n) {
-  int pin = __atomic_load_n(&blas_pinned, __ATOMIC_RELAXED);
-  if (pin) n = pin;
-  if (__atomic_load_n(&blas_last_set, __ATOMIC_RELAXED) != n) {
-    openblas_set_num_threads(n);
-    __atomic_store_n(&blas_last_set, n, __ATOMIC_RELAXED);
-  }
-}
-
-static void blas_use_threads(em_state *S) { emi_blas_set_threads(S->num_threads); }
+/* OpenBLAS's thread count is process-wide and managed in blas.c (set to the
+** largest count wanted by a live state, never per call). */
 
 static em_dtype compute_type(em_dtype dt) {
   if (dt == EM_FLOAT64) return EM_FLOAT64;
@@ -391,7 +368,6 @@ static em_status run_blas(em_state *S, mm_problem *p) {
   size_t na = (size_t)(p->M * p->K) * es, nbb = (size_t)(p->K * p->N) * es;
   if (pa && !(sa = emi_malloc(S, na))) goto nomem;
   if (pb && !(sb = emi_malloc(S, nbb))) goto nomem;
-  blas_use_threads(S);
   int64_t last_ao = -1, last_bo = -1;
   for (int64_t bi = 0; bi < p->nbatch; bi++) {
     int64_t ao, bo;

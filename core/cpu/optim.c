@@ -5,10 +5,10 @@
 ** The arithmetic follows PyTorch 1.13's single-tensor rules operation by operation
 ** (each intermediate rounded to the parameter's dtype), so results agree to the
 ** last few ulps. Loops are branch-free inside, over restrict pointers, so they
-** vectorize; large parameters are split across the thread pool.
+** vectorize; large parameters are split across the state's workers.
 */
 #include <math.h>
-#include "optim.h"
+#include "cpu.h"
 
 /* Below this many elements a step runs on the calling thread. */
 enum { OPTIM_GRAIN = 32768 };
@@ -63,11 +63,12 @@ typedef struct sgd_ctx {
 SGD_KERNEL(sgd_f32, float)
 SGD_KERNEL(sgd_f64, double)
 
-em_status emi_cpu_sgd_step(em_state *S, em_tensor *p, const em_tensor *g, em_tensor *buf,
+em_status emi_cpu_sgd_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *buf,
                            double lr, double momentum, double dampening, double wd,
                            int nesterov, int first_step) {
+  em_state *S = dev->S;
   sgd_ctx c = { em_tensor_data(p), buf ? em_tensor_data(buf) : NULL, em_tensor_data(g),
-                lr, momentum, dampening, wd, nesterov, first_step, buf != NULL };
+                lr, momentum, dampening, wd, nesterov != 0, first_step != 0, buf != NULL };
   emi_parallel_for(S, p->numel, OPTIM_GRAIN, p->dtype == EM_FLOAT64 ? sgd_f64 : sgd_f32, &c);
   return EM_OK;
 }
@@ -105,10 +106,10 @@ typedef struct adam_ctx {
 ADAM_KERNEL(adam_f32, float, sqrtf)
 ADAM_KERNEL(adam_f64, double, sqrt)
 
-em_status emi_cpu_adam_step(em_state *S, em_tensor *p, const em_tensor *g,
-                            em_tensor *m, em_tensor *v, double beta1, double beta2,
-                            double eps, double wd, double decay, double step_size,
-                            double bc2_sqrt) {
+em_status emi_cpu_adam_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *m,
+                            em_tensor *v, double beta1, double beta2, double eps, double wd,
+                            double decay, double step_size, double bc2_sqrt) {
+  em_state *S = dev->S;
   adam_ctx c = { em_tensor_data(p), em_tensor_data(m), em_tensor_data(v),
                  em_tensor_data(g), beta1, beta2, eps, wd, decay, step_size, bc2_sqrt };
   emi_parallel_for(S, p->numel, OPTIM_GRAIN, p->dtype == EM_FLOAT64 ? adam_f64 : adam_f32,

@@ -1,11 +1,10 @@
 /*
 ** pool.c -- CPU 2-d pooling (max, average, adaptive average), forward and
-** backward, over independent (H, W) planes in parallel. Compiled twice (float,
-** double) by self-include. Backward of max pool scatters into its own plane
-** only, so planes never race.
+** backward, over independent (H, W) planes in parallel. The loops are written
+** once, in POOL_KERNELS, and stamped out for float and double. Backward of max
+** pool scatters into its own plane only, so planes never race.
 */
-#ifndef NN_T
-#include "nn.h"
+#include "cpu.h"
 #include <math.h>
 
 typedef struct pool_job {
@@ -27,256 +26,270 @@ static int64_t ada_end(int64_t o, int64_t in, int64_t out) {
   return ((o + 1) * in + out - 1) / out;
 }
 
-#define NN_T float
-#define NN_S(x) x##_f32
-#include "pool.c"
-#undef NN_T
-#undef NN_S
-#define NN_T double
-#define NN_S(x) x##_f64
-#include "pool.c"
-#undef NN_T
-#undef NN_S
+/* -- Per-dtype loops (T is float or double) ------------------------------------------ */
+#define POOL_KERNELS(T, SFX)                                                                \
+/* The common 2x2 window with stride 2 and no padding or dilation (every CNN's              \
+** MaxPool2d(2)): straight-line code over pairs of rows, same choices as the                \
+** general loop below (the first maximum wins; a NaN is taken, then only a later            \
+** NaN replaces it). The general loop spends most of its time on index arithmetic           \
+** for so small a window: this runs several times faster. */                                \
+static void maxp_fwd_2x2_##SFX(const pool_job *j, int64_t p0, int64_t p1) {                 \
+  const emi_pool_geom *g = j->g;                                                            \
+  int64_t W = g->W, OH = g->OH, OW = g->OW, base = j->base;                                 \
+  for (int64_t p = p0; p < p1; p++) {                                                       \
+    const T *x = (const T *)j->x + p * g->H * W;                                            \
+    T *y = (T *)j->y + p * OH * OW;                                                         \
+    int64_t *ind = j->ind + p * OH * OW;                                                    \
+    for (int64_t oh = 0; oh < OH; oh++) {                                                   \
+      const T *restrict r0 = x + 2 * oh * W, *restrict r1 = r0 + W;                         \
+      T *restrict yr = y + oh * OW;                                                         \
+      int64_t *restrict ir = ind + oh * OW;                                                 \
+      int64_t i0 = 2 * oh * W + base;                                                       \
+      /* selects rather than if-chains: random data would make every comparison a           \
+      ** coin flip for the branch predictor */                                              \
+      for (int64_t ow = 0; ow < OW; ow++) {                                                 \
+        T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];           \
+        int64_t off = 0;                                                                    \
+        T best = a;                                                                         \
+        int take = (b > best) | (b != b);                                                   \
+        best = take ? b : best;                                                             \
+        off = take ? 1 : off;                                                               \
+        take = (c > best) | (c != c);                                                       \
+        best = take ? c : best;                                                             \
+        off = take ? W : off;                                                               \
+        take = (d > best) | (d != d);                                                       \
+        best = take ? d : best;                                                             \
+        off = take ? W + 1 : off;                                                           \
+        yr[ow] = best;                                                                      \
+        ir[ow] = i0 + 2 * ow + off;                                                         \
+      }                                                                                     \
+    }                                                                                       \
+  }                                                                                         \
+}                                                                                           \
+                                                                                            \
+static void maxp_fwd_##SFX(void *ctx, int64_t p0, int64_t p1) {                             \
+  const pool_job *j = ctx;                                                                  \
+  const emi_pool_geom *g = j->g;                                                            \
+  if (g->kH == 2 && g->kW == 2 && g->sH == 2 && g->sW == 2 && g->pH == 0 && g->pW == 0 &&   \
+      g->dH == 1 && g->dW == 1 && 2 * g->OH <= g->H && 2 * g->OW <= g->W) {                 \
+    maxp_fwd_2x2_##SFX(j, p0, p1);                                                          \
+    return;                                                                                 \
+  }                                                                                         \
+  for (int64_t p = p0; p < p1; p++) {                                                       \
+    const T *x = (const T *)j->x + p * g->H * g->W;                                         \
+    T *y = (T *)j->y + p * g->OH * g->OW;                                                   \
+    int64_t *ind = j->ind + p * g->OH * g->OW;                                              \
+    for (int64_t oh = 0; oh < g->OH; oh++)                                                  \
+      for (int64_t ow = 0; ow < g->OW; ow++) {                                              \
+        int64_t h0 = oh * g->sH - g->pH, w0 = ow * g->sW - g->pW;                           \
+        T best = -INFINITY;                                                                 \
+        int64_t bi = -1;                                                                    \
+        if (h0 >= 0 && w0 >= 0 && h0 + (g->kH - 1) * g->dH < g->H &&                        \
+            w0 + (g->kW - 1) * g->dW < g->W) {                                              \
+          /* window inside the plane: branch-free selects (random data would make           \
+          ** "v > best" a coin flip for the branch predictor). A NaN is taken and           \
+          ** then only replaced by a later NaN, as PyTorch does. */                         \
+          best = x[h0 * g->W + w0];                                                         \
+          bi = h0 * g->W + w0;                                                              \
+          for (int64_t kh = 0; kh < g->kH; kh++) {                                          \
+            int64_t base = (h0 + kh * g->dH) * g->W + w0;                                   \
+            for (int64_t kw = 0; kw < g->kW; kw++) {                                        \
+              int64_t at = base + kw * g->dW;                                               \
+              T v = x[at];                                                                  \
+              int take = (v > best) | (v != v);                                             \
+              best = take ? v : best;                                                       \
+              bi = take ? at : bi;                                                          \
+            }                                                                               \
+          }                                                                                 \
+          goto found;                                                                       \
+        }                                                                                   \
+        for (int64_t kh = 0; kh < g->kH; kh++) {                                            \
+          int64_t ih = h0 + kh * g->dH;                                                     \
+          if (ih < 0 || ih >= g->H) continue;                                               \
+          for (int64_t kw = 0; kw < g->kW; kw++) {                                          \
+            int64_t iw = w0 + kw * g->dW;                                                   \
+            if (iw < 0 || iw >= g->W) continue;                                             \
+            T v = x[ih * g->W + iw];                                                        \
+            if (bi < 0 || v > best || v != v) {                                             \
+              best = v;                                                                     \
+              bi = ih * g->W + iw;                                                          \
+            }                                                                               \
+          }                                                                                 \
+        }                                                                                   \
+      found:                                                                                \
+        y[oh * g->OW + ow] = best;                                                          \
+        ind[oh * g->OW + ow] = (bi < 0 ? 0 : bi) + j->base;                                 \
+      }                                                                                     \
+  }                                                                                         \
+}                                                                                           \
+                                                                                            \
+static void maxp_bwd_##SFX(void *ctx, int64_t p0, int64_t p1) {                             \
+  const pool_job *j = ctx;                                                                  \
+  const emi_pool_geom *g = j->g;                                                            \
+  int64_t HW = g->H * g->W, L = g->OH * g->OW;                                              \
+  for (int64_t p = p0; p < p1; p++) {                                                       \
+    T *gx = (T *)j->gx + p * HW;                                                            \
+    const T *gy = (const T *)j->gy + p * L;                                                 \
+    const int64_t *ind = j->cind + p * L;                                                   \
+    for (int64_t i = 0; i < HW; i++) gx[i] = 0;                                             \
+    for (int64_t l = 0; l < L; l++) {                                                       \
+      int64_t k = ind[l] - j->base;                                                         \
+      if (k >= 0 && k < HW) gx[k] += gy[l];   /* the entry checked the range */            \
+    }                                                                                       \
+  }                                                                                         \
+}                                                                                           \
+                                                                                            \
+/* The window of output (oh, ow) clipped to the input, and torch's divisor. */              \
+static inline T avg_window_##SFX(const emi_pool_geom *g, int64_t oh, int64_t ow,            \
+                                    int include_pad, int64_t *h0, int64_t *h1, int64_t *w0, \
+                                    int64_t *w1) {                                          \
+  int64_t hs = oh * g->sH - g->pH, ws = ow * g->sW - g->pW;                                 \
+  int64_t he = hs + g->kH, we = ws + g->kW;                                                 \
+  if (he > g->H + g->pH) he = g->H + g->pH;                                                 \
+  if (we > g->W + g->pW) we = g->W + g->pW;                                                 \
+  int64_t padded = (he - hs) * (we - ws);                                                   \
+  *h0 = hs < 0 ? 0 : hs;                                                                    \
+  *w0 = ws < 0 ? 0 : ws;                                                                    \
+  *h1 = he > g->H ? g->H : he;                                                              \
+  *w1 = we > g->W ? g->W : we;                                                              \
+  int64_t n = include_pad ? padded : (*h1 - *h0) * (*w1 - *w0);                             \
+  return n > 0 ? (T)1 / (T)n : 0;                                                           \
+}                                                                                           \
+                                                                                            \
+static void avgp_fwd_##SFX(void *ctx, int64_t p0, int64_t p1) {                             \
+  const pool_job *j = ctx;                                                                  \
+  const emi_pool_geom *g = j->g;                                                            \
+  for (int64_t p = p0; p < p1; p++) {                                                       \
+    const T *x = (const T *)j->x + p * g->H * g->W;                                         \
+    T *y = (T *)j->y + p * g->OH * g->OW;                                                   \
+    for (int64_t oh = 0; oh < g->OH; oh++)                                                  \
+      for (int64_t ow = 0; ow < g->OW; ow++) {                                              \
+        int64_t h0, h1, w0, w1;                                                             \
+        T inv = avg_window_##SFX(g, oh, ow, j->include_pad, &h0, &h1, &w0, &w1);            \
+        T acc = 0;                                                                          \
+        for (int64_t ih = h0; ih < h1; ih++)                                                \
+          for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * g->W + iw];                    \
+        y[oh * g->OW + ow] = acc * inv;                                                     \
+      }                                                                                     \
+  }                                                                                         \
+}                                                                                           \
+                                                                                            \
+static void avgp_bwd_##SFX(void *ctx, int64_t p0, int64_t p1) {                             \
+  const pool_job *j = ctx;                                                                  \
+  const emi_pool_geom *g = j->g;                                                            \
+  for (int64_t p = p0; p < p1; p++) {                                                       \
+    T *gx = (T *)j->gx + p * g->H * g->W;                                                   \
+    const T *gy = (const T *)j->gy + p * g->OH * g->OW;                                     \
+    for (int64_t i = 0; i < g->H * g->W; i++) gx[i] = 0;                                    \
+    for (int64_t oh = 0; oh < g->OH; oh++)                                                  \
+      for (int64_t ow = 0; ow < g->OW; ow++) {                                              \
+        int64_t h0, h1, w0, w1;                                                             \
+        T v = gy[oh * g->OW + ow] *                                                         \
+                 avg_window_##SFX(g, oh, ow, j->include_pad, &h0, &h1, &w0, &w1);           \
+        for (int64_t ih = h0; ih < h1; ih++)                                                \
+          for (int64_t iw = w0; iw < w1; iw++) gx[ih * g->W + iw] += v;                     \
+      }                                                                                     \
+  }                                                                                         \
+}                                                                                           \
+                                                                                            \
+static void adap_fwd_##SFX(void *ctx, int64_t p0, int64_t p1) {                             \
+  const pool_job *j = ctx;                                                                  \
+  const emi_pool_geom *g = j->g;                                                            \
+  for (int64_t p = p0; p < p1; p++) {                                                       \
+    const T *x = (const T *)j->x + p * g->H * g->W;                                         \
+    T *y = (T *)j->y + p * g->OH * g->OW;                                                   \
+    for (int64_t oh = 0; oh < g->OH; oh++) {                                                \
+      int64_t h0 = ada_start(oh, g->H, g->OH), h1 = ada_end(oh, g->H, g->OH);               \
+      for (int64_t ow = 0; ow < g->OW; ow++) {                                              \
+        int64_t w0 = ada_start(ow, g->W, g->OW), w1 = ada_end(ow, g->W, g->OW);             \
+        T acc = 0;                                                                          \
+        for (int64_t ih = h0; ih < h1; ih++)                                                \
+          for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * g->W + iw];                    \
+        y[oh * g->OW + ow] = acc / (T)((h1 - h0) * (w1 - w0));                              \
+      }                                                                                     \
+    }                                                                                       \
+  }                                                                                         \
+}                                                                                           \
+                                                                                            \
+static void adap_bwd_##SFX(void *ctx, int64_t p0, int64_t p1) {                             \
+  const pool_job *j = ctx;                                                                  \
+  const emi_pool_geom *g = j->g;                                                            \
+  for (int64_t p = p0; p < p1; p++) {                                                       \
+    T *gx = (T *)j->gx + p * g->H * g->W;                                                   \
+    const T *gy = (const T *)j->gy + p * g->OH * g->OW;                                     \
+    for (int64_t i = 0; i < g->H * g->W; i++) gx[i] = 0;                                    \
+    for (int64_t oh = 0; oh < g->OH; oh++) {                                                \
+      int64_t h0 = ada_start(oh, g->H, g->OH), h1 = ada_end(oh, g->H, g->OH);               \
+      for (int64_t ow = 0; ow < g->OW; ow++) {                                              \
+        int64_t w0 = ada_start(ow, g->W, g->OW), w1 = ada_end(ow, g->W, g->OW);             \
+        T v = gy[oh * g->OW + ow] / (T)((h1 - h0) * (w1 - w0));                             \
+        for (int64_t ih = h0; ih < h1; ih++)                                                \
+          for (int64_t iw = w0; iw < w1; iw++) gx[ih * g->W + iw] += v;                     \
+      }                                                                                     \
+    }                                                                                       \
+  }                                                                                         \
+}
+
+POOL_KERNELS(float, f32)
+POOL_KERNELS(double, f64)
+#undef POOL_KERNELS
+
+/* -- Entries ---------------------------------------------------------------------------- */
 
 #define POOL_RUN(fnbase, S, dt, g, job)                                                  \
   emi_parallel_for(S, (g)->planes, pool_grain(g),                                        \
                    (dt) == EM_FLOAT32 ? fnbase##_f32 : fnbase##_f64, job)
 
-void emi_cpu_max_pool2d(em_state *S, em_dtype dt, const emi_pool_geom *g, const void *x,
-                        void *y, int64_t *ind, int index_base) {
-  pool_job j = {.g = g, .x = x, .y = y, .ind = ind, .base = index_base};
-  POOL_RUN(maxp_fwd, S, dt, g, &j);
-}
-void emi_cpu_max_pool2d_backward(em_state *S, em_dtype dt, const emi_pool_geom *g,
-                                 const void *gy, const int64_t *ind, int index_base,
-                                 void *gx) {
-  pool_job j = {.g = g, .gy = gy, .gx = gx, .cind = ind, .base = index_base};
-  POOL_RUN(maxp_bwd, S, dt, g, &j);
-}
-void emi_cpu_avg_pool2d(em_state *S, em_dtype dt, const emi_pool_geom *g, const void *x,
-                        void *y, int count_include_pad) {
-  pool_job j = {.g = g, .x = x, .y = y, .include_pad = count_include_pad};
-  POOL_RUN(avgp_fwd, S, dt, g, &j);
-}
-void emi_cpu_avg_pool2d_backward(em_state *S, em_dtype dt, const emi_pool_geom *g,
-                                 const void *gy, void *gx, int count_include_pad) {
-  pool_job j = {.g = g, .gy = gy, .gx = gx, .include_pad = count_include_pad};
-  POOL_RUN(avgp_bwd, S, dt, g, &j);
-}
-void emi_cpu_adaptive_avg_pool2d(em_state *S, em_dtype dt, const emi_pool_geom *g,
-                                 const void *x, void *y) {
-  pool_job j = {.g = g, .x = x, .y = y};
-  POOL_RUN(adap_fwd, S, dt, g, &j);
-}
-void emi_cpu_adaptive_avg_pool2d_backward(em_state *S, em_dtype dt,
-                                          const emi_pool_geom *g, const void *gy,
-                                          void *gx) {
-  pool_job j = {.g = g, .gy = gy, .gx = gx};
-  POOL_RUN(adap_bwd, S, dt, g, &j);
+em_status emi_cpu_max_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
+                             em_tensor *ind, const em_tensor *x, int index_base) {
+  pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y),
+                .ind = em_tensor_data(ind), .base = index_base};
+  POOL_RUN(maxp_fwd, dev->S, x->dtype, g, &j);
+  return EM_OK;
 }
 
-#else /* ---- typed body ---- */
-
-/* The common 2x2 window with stride 2 and no padding or dilation (every CNN's
-** MaxPool2d(2)): straight-line code over pairs of rows, same choices as the
-** general loop below (the first maximum wins; a NaN is taken, then only a later
-** NaN replaces it). The general loop spends most of its time on index arithmetic
-** for so small a window: this runs several times faster. */
-static void NN_S(maxp_fwd_2x2)(const pool_job *j, int64_t p0, int64_t p1) {
-  const emi_pool_geom *g = j->g;
-  int64_t W = g->W, OH = g->OH, OW = g->OW, base = j->base;
-  for (int64_t p = p0; p < p1; p++) {
-    const NN_T *x = (const NN_T *)j->x + p * g->H * W;
-    NN_T *y = (NN_T *)j->y + p * OH * OW;
-    int64_t *ind = j->ind + p * OH * OW;
-    for (int64_t oh = 0; oh < OH; oh++) {
-      const NN_T *restrict r0 = x + 2 * oh * W, *restrict r1 = r0 + W;
-      NN_T *restrict yr = y + oh * OW;
-      int64_t *restrict ir = ind + oh * OW;
-      int64_t i0 = 2 * oh * W + base;
-      /* selects rather than if-chains: random data would make every comparison a
-      ** coin flip for the branch predictor */
-      for (int64_t ow = 0; ow < OW; ow++) {
-        NN_T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-        int64_t off = 0;
-        NN_T best = a;
-        int take = (b > best) | (b != b);
-        best = take ? b : best;
-        off = take ? 1 : off;
-        take = (c > best) | (c != c);
-        best = take ? c : best;
-        off = take ? W : off;
-        take = (d > best) | (d != d);
-        best = take ? d : best;
-        off = take ? W + 1 : off;
-        yr[ow] = best;
-        ir[ow] = i0 + 2 * ow + off;
-      }
-    }
-  }
+em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
+                                      const em_tensor *gy, const em_tensor *ind,
+                                      int index_base) {
+  const int64_t *pi = em_tensor_data(ind);
+  int64_t HW = g->H * g->W;
+  for (int64_t i = 0; i < ind->numel; i++)   /* all checked before gx is written */
+    if (pi[i] - index_base < 0 || pi[i] - index_base >= HW)
+      return emi_error(dev->S, EM_ERR_INDEX, "max_pool2d_backward: index %lld out of range "
+                       "for a %lldx%lld plane (index_base %d)", (long long)pi[i],
+                       (long long)g->H, (long long)g->W, index_base);
+  pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx), .cind = pi,
+                .base = index_base};
+  POOL_RUN(maxp_bwd, dev->S, gx->dtype, g, &j);
+  return EM_OK;
 }
 
-static void NN_S(maxp_fwd)(void *ctx, int64_t p0, int64_t p1) {
-  const pool_job *j = ctx;
-  const emi_pool_geom *g = j->g;
-  if (g->kH == 2 && g->kW == 2 && g->sH == 2 && g->sW == 2 && g->pH == 0 && g->pW == 0 &&
-      g->dH == 1 && g->dW == 1 && 2 * g->OH <= g->H && 2 * g->OW <= g->W) {
-    NN_S(maxp_fwd_2x2)(j, p0, p1);
-    return;
-  }
-  for (int64_t p = p0; p < p1; p++) {
-    const NN_T *x = (const NN_T *)j->x + p * g->H * g->W;
-    NN_T *y = (NN_T *)j->y + p * g->OH * g->OW;
-    int64_t *ind = j->ind + p * g->OH * g->OW;
-    for (int64_t oh = 0; oh < g->OH; oh++)
-      for (int64_t ow = 0; ow < g->OW; ow++) {
-        int64_t h0 = oh * g->sH - g->pH, w0 = ow * g->sW - g->pW;
-        NN_T best = -INFINITY;
-        int64_t bi = -1;
-        if (h0 >= 0 && w0 >= 0 && h0 + (g->kH - 1) * g->dH < g->H &&
-            w0 + (g->kW - 1) * g->dW < g->W) {
-          /* window inside the plane: branch-free selects (random data would make
-          ** "v > best" a coin flip for the branch predictor). A NaN is taken and
-          ** then only replaced by a later NaN, as PyTorch does. */
-          best = x[h0 * g->W + w0];
-          bi = h0 * g->W + w0;
-          for (int64_t kh = 0; kh < g->kH; kh++) {
-            int64_t base = (h0 + kh * g->dH) * g->W + w0;
-            for (int64_t kw = 0; kw < g->kW; kw++) {
-              int64_t at = base + kw * g->dW;
-              NN_T v = x[at];
-              int take = (v > best) | (v != v);
-              best = take ? v : best;
-              bi = take ? at : bi;
-            }
-          }
-          goto found;
-        }
-        for (int64_t kh = 0; kh < g->kH; kh++) {
-          int64_t ih = h0 + kh * g->dH;
-          if (ih < 0 || ih >= g->H) continue;
-          for (int64_t kw = 0; kw < g->kW; kw++) {
-            int64_t iw = w0 + kw * g->dW;
-            if (iw < 0 || iw >= g->W) continue;
-            NN_T v = x[ih * g->W + iw];
-            if (bi < 0 || v > best || v != v) {
-              best = v;
-              bi = ih * g->W + iw;
-            }
-          }
-        }
-      found:
-        y[oh * g->OW + ow] = best;
-        ind[oh * g->OW + ow] = (bi < 0 ? 0 : bi) + j->base;
-      }
-  }
+em_status emi_cpu_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
+                             const em_tensor *x, int count_include_pad) {
+  pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y),
+                .include_pad = count_include_pad};
+  POOL_RUN(avgp_fwd, dev->S, x->dtype, g, &j);
+  return EM_OK;
 }
 
-static void NN_S(maxp_bwd)(void *ctx, int64_t p0, int64_t p1) {
-  const pool_job *j = ctx;
-  const emi_pool_geom *g = j->g;
-  int64_t HW = g->H * g->W, L = g->OH * g->OW;
-  for (int64_t p = p0; p < p1; p++) {
-    NN_T *gx = (NN_T *)j->gx + p * HW;
-    const NN_T *gy = (const NN_T *)j->gy + p * L;
-    const int64_t *ind = j->cind + p * L;
-    for (int64_t i = 0; i < HW; i++) gx[i] = 0;
-    for (int64_t l = 0; l < L; l++) {
-      int64_t k = ind[l] - j->base;
-      if (k >= 0 && k < HW) gx[k] += gy[l];   /* ops layer checked the range */
-    }
-  }
+em_status emi_cpu_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
+                                      const em_tensor *gy, int count_include_pad) {
+  pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx),
+                .include_pad = count_include_pad};
+  POOL_RUN(avgp_bwd, dev->S, gx->dtype, g, &j);
+  return EM_OK;
 }
 
-/* The window of output (oh, ow) clipped to the input, and torch's divisor. */
-static inline NN_T NN_S(avg_window)(const emi_pool_geom *g, int64_t oh, int64_t ow,
-                                    int include_pad, int64_t *h0, int64_t *h1, int64_t *w0,
-                                    int64_t *w1) {
-  int64_t hs = oh * g->sH - g->pH, ws = ow * g->sW - g->pW;
-  int64_t he = hs + g->kH, we = ws + g->kW;
-  if (he > g->H + g->pH) he = g->H + g->pH;
-  if (we > g->W + g->pW) we = g->W + g->pW;
-  int64_t padded = (he - hs) * (we - ws);
-  *h0 = hs < 0 ? 0 : hs;
-  *w0 = ws < 0 ? 0 : ws;
-  *h1 = he > g->H ? g->H : he;
-  *w1 = we > g->W ? g->W : we;
-  int64_t n = include_pad ? padded : (*h1 - *h0) * (*w1 - *w0);
-  return n > 0 ? (NN_T)1 / (NN_T)n : 0;
+em_status emi_cpu_adaptive_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
+                                      const em_tensor *x) {
+  pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y)};
+  POOL_RUN(adap_fwd, dev->S, x->dtype, g, &j);
+  return EM_OK;
 }
 
-static void NN_S(avgp_fwd)(void *ctx, int64_t p0, int64_t p1) {
-  const pool_job *j = ctx;
-  const emi_pool_geom *g = j->g;
-  for (int64_t p = p0; p < p1; p++) {
-    const NN_T *x = (const NN_T *)j->x + p * g->H * g->W;
-    NN_T *y = (NN_T *)j->y + p * g->OH * g->OW;
-    for (int64_t oh = 0; oh < g->OH; oh++)
-      for (int64_t ow = 0; ow < g->OW; ow++) {
-        int64_t h0, h1, w0, w1;
-        NN_T inv = NN_S(avg_window)(g, oh, ow, j->include_pad, &h0, &h1, &w0, &w1);
-        NN_T acc = 0;
-        for (int64_t ih = h0; ih < h1; ih++)
-          for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * g->W + iw];
-        y[oh * g->OW + ow] = acc * inv;
-      }
-  }
+em_status emi_cpu_adaptive_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g,
+                                               em_tensor *gx, const em_tensor *gy) {
+  pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx)};
+  POOL_RUN(adap_bwd, dev->S, gx->dtype, g, &j);
+  return EM_OK;
 }
-
-static void NN_S(avgp_bwd)(void *ctx, int64_t p0, int64_t p1) {
-  const pool_job *j = ctx;
-  const emi_pool_geom *g = j->g;
-  for (int64_t p = p0; p < p1; p++) {
-    NN_T *gx = (NN_T *)j->gx + p * g->H * g->W;
-    const NN_T *gy = (const NN_T *)j->gy + p * g->OH * g->OW;
-    for (int64_t i = 0; i < g->H * g->W; i++) gx[i] = 0;
-    for (int64_t oh = 0; oh < g->OH; oh++)
-      for (int64_t ow = 0; ow < g->OW; ow++) {
-        int64_t h0, h1, w0, w1;
-        NN_T v = gy[oh * g->OW + ow] *
-                 NN_S(avg_window)(g, oh, ow, j->include_pad, &h0, &h1, &w0, &w1);
-        for (int64_t ih = h0; ih < h1; ih++)
-          for (int64_t iw = w0; iw < w1; iw++) gx[ih * g->W + iw] += v;
-      }
-  }
-}
-
-static void NN_S(adap_fwd)(void *ctx, int64_t p0, int64_t p1) {
-  const pool_job *j = ctx;
-  const emi_pool_geom *g = j->g;
-  for (int64_t p = p0; p < p1; p++) {
-    const NN_T *x = (const NN_T *)j->x + p * g->H * g->W;
-    NN_T *y = (NN_T *)j->y + p * g->OH * g->OW;
-    for (int64_t oh = 0; oh < g->OH; oh++) {
-      int64_t h0 = ada_start(oh, g->H, g->OH), h1 = ada_end(oh, g->H, g->OH);
-      for (int64_t ow = 0; ow < g->OW; ow++) {
-        int64_t w0 = ada_start(ow, g->W, g->OW), w1 = ada_end(ow, g->W, g->OW);
-        NN_T acc = 0;
-        for (int64_t ih = h0; ih < h1; ih++)
-          for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * g->W + iw];
-        y[oh * g->OW + ow] = acc / (NN_T)((h1 - h0) * (w1 - w0));
-      }
-    }
-  }
-}
-
-static void NN_S(adap_bwd)(void *ctx, int64_t p0, int64_t p1) {
-  const pool_job *j = ctx;
-  const emi_pool_geom *g = j->g;
-  for (int64_t p = p0; p < p1; p++) {
-    NN_T *gx = (NN_T *)j->gx + p * g->H * g->W;
-    const NN_T *gy = (const NN_T *)j->gy + p * g->OH * g->OW;
-    for (int64_t i = 0; i < g->H * g->W; i++) gx[i] = 0;
-    for (int64_t oh = 0; oh < g->OH; oh++) {
-      int64_t h0 = ada_start(oh, g->H, g->OH), h1 = ada_end(oh, g->H, g->OH);
-      for (int64_t ow = 0; ow < g->OW; ow++) {
-        int64_t w0 = ada_start(ow, g->W, g->OW), w1 = ada_end(ow, g->W, g->OW);
-        NN_T v = gy[oh * g->OW + ow] / (NN_T)((h1 - h0) * (w1 - w0));
-        for (int64_t ih = h0; ih < h1; ih++)
-          for (int64_t iw = w0; iw < w1; iw++) gx[ih * g->W + iw] += v;
-      }
-    }
-  }
-}
-
-#endif

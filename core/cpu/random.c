@@ -6,7 +6,7 @@
 ** layout: element i uses words [i*w, i*w + w)), turns them into values in a small
 ** buffer, and stores the buffer into the tensor, converting to its dtype and
 ** following its strides. Tiles are independent, so they are spread over the
-** thread pool and the result is the same for any thread count.
+** workers and the result is the same for any thread count.
 */
 #include "cpu.h"
 #include "../philox.h"

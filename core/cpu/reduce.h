@@ -12,7 +12,7 @@ enum {
   EMI_CHUNK = 256,          /* conversion buffer for dtypes without a native kernel */
   EMI_CHUNK_WORK = 32768,   /* elements a thread takes at a time */
   /* Below this much work (in elements of a plain sum) everything stays on the
-  ** calling thread: waking the pool costs about 10 us on this kind of VM. */
+  ** calling thread: waking the workers costs about 10 us on this kind of VM. */
   EMI_PAR_MIN = 262144,
 };
 
@@ -91,7 +91,7 @@ typedef struct emi_dyn {
   int64_t next;            /* atomic: first task not yet taken */
 } emi_dyn;
 
-/* Share b == 0 is the calling thread. The pool makes the caller sleep until
+/* Share b == 0 is the calling thread. The workers make the caller sleep until
 ** every worker is done, and that wake-up costs several microseconds, so the
 ** workers leave the last chunk to the caller: it then finishes last and finds
 ** them done. */

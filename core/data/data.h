@@ -8,7 +8,7 @@
 ** never calls emi_error (S->errmsg belongs to the consumer): it reports through
 ** emi_dfail into its context's err buffer, and the loader hands that message to
 ** the consumer. It allocates tensors with emi_dtensor_new (which is silent) and
-** may use no other state-wide mutable thing (RNG offset, thread pool, grad mode).
+** may use no other state-wide mutable thing (RNG offset, worker threads, grad mode).
 **
 ** Datasets are immutable after construction, so many workers may `get` from one
 ** node at once; a node that caches something (shuffle's permutation) locks.
@@ -93,7 +93,6 @@ em_status emi_dataset_get_many(em_dataset *d, emi_dctx *c, const int64_t *idx,
                                int64_t n, em_tensor **out);
 
 /* Copies src (any strides, CPU) into contiguous bytes at dst, in src's dtype. */
-void emi_dcopy_into(void *dst, const em_tensor *src);
 
 /* An in-memory source over tensors sharing their first dim (retained), named
 ** `kind` in messages ("tensors", "idx", "cifar10", "csv"). Sample i is a view of

@@ -176,33 +176,8 @@ em_status em_dataset_get(em_state *S, em_dataset *d, int64_t i, int64_t epoch,
 
 /* -- Stacking samples -------------------------------------------------------------------- */
 
-/* Copies src (any strides, CPU) into the contiguous bytes at dst, same dtype. */
-static void copy_strided(char *dst, const em_tensor *src) {
-  size_t esz = em_dtype_size(src->dtype);
-  if (src->numel == 0) return;
-  if (em_tensor_is_contiguous(src)) {
-    memcpy(dst, em_tensor_data(src), (size_t)src->numel * esz);
-    return;
-  }
-  int nd = src->ndim;
-  int64_t idx[EM_MAX_DIMS] = {0};
-  int64_t inner = src->sizes[nd - 1], istride = src->strides[nd - 1] * (int64_t)esz;
-  const char *base = em_tensor_data(src);
-  for (int64_t done = 0; done < src->numel; done += inner) {
-    const char *p = base;
-    for (int d = 0; d < nd - 1; d++) p += idx[d] * src->strides[d] * (int64_t)esz;
-    if (istride == (int64_t)esz) memcpy(dst, p, (size_t)inner * esz);
-    else
-      for (int64_t j = 0; j < inner; j++) memcpy(dst + j * esz, p + j * istride, esz);
-    dst += inner * esz;
-    for (int d = nd - 2; d >= 0; d--) {          /* odometer over the outer dims */
-      if (++idx[d] < src->sizes[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
-
-void emi_dcopy_into(void *dst, const em_tensor *src) { copy_strided(dst, src); }
+/* Samples are copied into the batch with emi_copy_strided (cpu/strided.c): on
+** this thread, never the state's workers. */
 
 em_status emi_dataset_get_many(em_dataset *d, emi_dctx *c, const int64_t *idx, int64_t n,
                                em_tensor **out) {
@@ -247,7 +222,7 @@ em_status emi_dataset_get_many(em_dataset *d, emi_dctx *c, const int64_t *idx, i
         break;
       }
       size_t row = (size_t)s[k]->numel * em_dtype_size(s[k]->dtype);
-      copy_strided((char *)em_tensor_data(out[k]) + (size_t)j * row, s[k]);
+      emi_copy_strided((char *)em_tensor_data(out[k]) + (size_t)j * row, s[k]);
     }
     for (int k = 0; k < nf; k++) { em_tensor_release(s[k]); s[k] = NULL; }
   }

@@ -25,6 +25,7 @@
 ** with workers = 0 the whole computation of each item is wait time, since the
 ** step waits for it either way.
 */
+#include "../profile/profile.h"
 #include "data.h"
 #include <signal.h>
 #include <stdio.h>
@@ -79,6 +80,7 @@ static em_status compute(em_loader *l, int id, int64_t i, em_tensor **out, char 
 static void *worker_main(void *arg) {
   worker_arg *a = arg;
   em_loader *l = a->l;
+  emi_profile_thread_label("loader worker", a->id + 1);
   pthread_mutex_lock(&l->mu);
   for (;;) {
     while (!l->stop && l->claim < l->total && l->claim < l->fail_at &&
@@ -90,7 +92,9 @@ static void *worker_main(void *arg) {
 
     em_tensor *f[EM_DATA_MAX_FIELDS] = {0};
     char err[EMI_ERRMSG_SIZE];
+    double t0 = emi_now();
     em_status st = compute(l, a->id, i, f, err);
+    if (emi_profiler_of(l->S)) emi_profile_span(l->S, EM_PROF_LOADER_WORK, "batch", t0, emi_now(), 0);
 
     pthread_mutex_lock(&l->mu);
     slot *s = &l->slots[i % l->prefetch];
@@ -109,6 +113,22 @@ static void *worker_main(void *arg) {
   }
   pthread_mutex_unlock(&l->mu);
   return NULL;
+}
+
+/* The step thread's wait for this batch, with the settings a diagnosis would change;
+** the batch handed out may end a step (em_profile_config.auto_step). */
+static void profile_wait(em_state *S, em_loader *l, double t0, double t1) {
+  em_profile_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.t0 = t0;
+  ev.t1 = t1;
+  ev.name = "data wait";
+  ev.kind = EM_PROF_DATA_WAIT;
+  ev.device = EM_CPU;
+  ev.arg0 = l->nworkers;
+  ev.arg1 = l->prefetch;
+  emi_profile_record(S->profiler, &ev);
+  emi_profile_batch_out(S, t1);
 }
 
 /* -- Public ------------------------------------------------------------------------------ */
@@ -241,6 +261,7 @@ em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfield
   double t1 = emi_now();
   l->wait_s += t1 - t0;
   l->t_last = t1;
+  if (S->profiler) profile_wait(S, l, t0, t1);
   if (st) {
     em_loader_stop(l);
     for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(out[k]); out[k] = NULL; }

@@ -66,7 +66,7 @@ static em_status mem_get_many(em_dataset *d, emi_dctx *c, const int64_t *idx, in
       em_tensor *v = emi_tensor_try_view(c->S, t, t->sizes + 1, t->strides + 1, t->ndim - 1,
                                          t->offset + idx[j] * t->strides[0]);
       if (!v) return emi_dfail(c, EM_ERR_NOMEM, "%s: out of memory", m->kind);
-      emi_dcopy_into(dst, v);
+      emi_copy_strided(dst, v);
       em_tensor_release(v);
     }
   }

@@ -112,21 +112,7 @@ static em_status copy_contiguous(emi_dctx *c, const char *op, em_tensor *x,
                                  em_tensor **out) {
   em_status st = emi_dtensor_new(c, op, x->sizes, x->ndim, x->dtype, out);
   if (st) return st;
-  em_tensor *ops[2] = {*out, x};
-  emi_iter it;
-  emi_iter_init(&it, ops, 2);
-  size_t es = em_dtype_size(x->dtype);
-  int64_t ds = it.strides[0][it.ndim - 1], ss = it.strides[1][it.ndim - 1];
-  for (int64_t r = 0; r < it.nrows; r++) {
-    char *p[2];
-    emi_iter_row(&it, r, p);
-    if (ss == ds) {
-      memcpy(p[0], p[1], (size_t)it.inner * es);
-      continue;
-    }
-    for (int64_t i = 0; i < it.inner; i++)
-      memcpy(p[0] + i * ds, p[1] + i * ss, es);
-  }
+  emi_copy_strided(em_tensor_data(*out), x);
   return EM_OK;
 }
 

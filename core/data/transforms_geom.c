@@ -64,20 +64,6 @@ static void replace_field0(em_tensor **fields, em_tensor *out) {
   fields[0] = out;
 }
 
-/* n elements of es bytes from src (stride ss bytes) to contiguous dst. */
-static void copy_elems(char *dst, const char *src, int64_t n, int64_t ss, size_t es) {
-  if (ss == (int64_t)es) {
-    memcpy(dst, src, (size_t)n * es);
-    return;
-  }
-  switch (es) {
-  case 1: for (int64_t i = 0; i < n; i++) dst[i] = src[i * ss]; break;
-  case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = *(const uint16_t *)(src + i * ss); break;
-  case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = *(const uint32_t *)(src + i * ss); break;
-  default: for (int64_t i = 0; i < n; i++) memcpy(dst + i * es, src + i * ss, es); break;
-  }
-}
-
 static em_status need_rng(emi_dctx *c, const char *op, emi_drng *rng) {
   return rng ? EM_OK : emi_dfail(c, EM_ERR_ARG, "%s: is random and needs a random "
                                  "stream (none given)", op);
@@ -102,8 +88,8 @@ static void crop_pad(const image *m, int64_t top, int64_t left, int64_t h, int64
         continue;
       }
       if (x0 > 0) memset(out, 0, (size_t)x0 * es);
-      copy_elems(out + x0 * es, m->data + ch * m->sc + sy * m->sh + (left + x0) * m->sw,
-                 x1 - x0, m->sw, es);
+      emi_copy_row(out + x0 * es, m->data + ch * m->sc + sy * m->sh + (left + x0) * m->sw,
+                   x1 - x0, m->sw, es);
       if (x1 < w) memset(out + x1 * es, 0, (size_t)(w - x1) * es);
     }
   }
@@ -246,7 +232,7 @@ static void hpass_f32(const char *row, em_dtype dt, int64_t W, int64_t sw, float
     else
       for (int64_t i = 0; i < W; i++) r[i] = (float)s[i * sw];
   } else {
-    copy_elems((char *)r, row, W, sw * (int64_t)sizeof(float), sizeof(float));
+    emi_copy_row((char *)r, row, W, sw * (int64_t)sizeof(float), sizeof(float));
   }
   for (int64_t i = 0; i < o; i++) tmp[i] = FMAF(r[i0[i]], w0[i], r[i1[i]] * w1[i]);
 }
@@ -386,16 +372,9 @@ typedef struct hflip_impl {
   double p;
 } hflip_impl;
 
-/* dst[i] = src[(n - 1 - i) * ss], by element size. */
+/* dst[i] = src[(n - 1 - i) * ss]: a copy walking the row backwards. */
 static void reverse_elems(char *dst, const char *src, int64_t n, int64_t ss, size_t es) {
-  const char *last = src + (n - 1) * ss;
-  switch (es) {
-  case 1: for (int64_t i = 0; i < n; i++) dst[i] = last[-i * ss]; break;
-  case 2: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = *(const uint16_t *)(last - i * ss); break;
-  case 4: for (int64_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = *(const uint32_t *)(last - i * ss); break;
-  case 8: for (int64_t i = 0; i < n; i++) ((uint64_t *)dst)[i] = *(const uint64_t *)(last - i * ss); break;
-  default: for (int64_t i = 0; i < n; i++) memcpy(dst + i * es, last - i * ss, es); break;
-  }
+  if (n > 0) emi_copy_row(dst, src + (n - 1) * ss, n, -ss, es);
 }
 
 static em_status hflip_apply(em_transform *t, emi_dctx *c, emi_drng *rng,

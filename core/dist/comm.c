@@ -11,6 +11,7 @@
 ** any further agreement.
 */
 #include "comm.h"
+#include "../profile/profile.h"
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -49,17 +50,58 @@ void emi_comm_fail(em_comm *c, int own, const char *fmt, ...) {
 
 /* -- The comm thread ------------------------------------------------------------- */
 
+static void profile_collective(em_comm *c, const em_comm_work *w);
+
+/* The item is the waiter's once done is set (it may free it at once), so the
+** profiler reads it before. */
 static void finish(em_comm *c, em_comm_work *w, em_status st) {
+  w->t_end = emi_now();
+  if (!st && emi_profiler_of(c->S)) profile_collective(c, w);
   pthread_mutex_lock(&c->mu);
   w->status = st;
-  w->t_end = emi_now();
   w->done = 1;
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
 }
 
+static int64_t work_bytes(const em_comm_work *w) {
+  return w->count * (int64_t)em_dtype_size(w->dtype);
+}
+
+/* Test-only (EMBER_TEST_COMM_GBPS): stretches a collective so that its bytes move
+** at no more than the given rate once every replica is there, as a slow link would. */
+static void cap_bandwidth(em_comm *c, em_comm_work *w) {
+  double until = w->t_ready + (double)work_bytes(w) * 8 / (c->test_gbps * 1e9);
+  double left = until - emi_now();
+  if (left <= 0) return;
+  struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* The collective on the comm thread's track: how long it waited for the other
+** replicas (t_begin to t_ready) and moved data (to t_end); flow = its sequence
+** number, which the reducer's BUCKET_READY mark shares. */
+static void profile_collective(em_comm *c, const em_comm_work *w) {
+  em_profile_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.t0 = w->t_begin;
+  ev.t1 = w->t_end;
+  ev.name = emi_coll_name(w->kind);
+  ev.kind = EM_PROF_COLLECTIVE;
+  ev.dtype = w->dtype;
+  ev.device = EM_CPU;
+  ev.ndim = 1;
+  ev.sizes[0] = w->count;
+  ev.bytes = work_bytes(w);
+  ev.flow = (int64_t)w->seq;
+  ev.wait = w->t_ready - w->t_begin;
+  ev.arg0 = c->size;
+  emi_profile_record(emi_profiler_of(c->S), &ev);
+}
+
 static void *comm_thread(void *arg) {
   em_comm *c = arg;
+  emi_profile_thread_label("comm", 0);
   pthread_mutex_lock(&c->mu);
   for (;;) {
     while (!c->head && !c->stopping) {
@@ -90,6 +132,7 @@ static void *comm_thread(void *arg) {
       st = EM_ERR_IO;
     } else {
       st = c->be->run(c, w);
+      if (!st && c->test_gbps > 0) cap_bandwidth(c, w);
     }
     if (st && emi_comm_failed(c)) {           /* the communicator's failure says it best */
       pthread_mutex_lock(&c->mu);
@@ -124,8 +167,11 @@ em_status emi_comm_new(em_state *S, const emi_comm_backend *be, void *impl, int 
   *out = NULL;
   em_comm *c = calloc(1, sizeof *c);
   if (!c) return emi_error(S, EM_ERR_NOMEM, "comm: out of memory");
+  c->S = S;
   c->be = be;
   c->impl = impl;
+  const char *cap = getenv("EMBER_TEST_COMM_GBPS");
+  c->test_gbps = cap ? atof(cap) : 0;
   c->rank = rank;
   c->size = size;
   c->timeout_s = timeout_s > 0 ? timeout_s : 300;
@@ -322,9 +368,9 @@ static em_status submit_out(em_state *S, const char *op, em_comm *c, const em_te
     sizes[0] *= c->size;
   } else {
     if (t->ndim == 0 || sizes[0] % c->size != 0)
-      return emi_error(S, EM_ERR_SHAPE, "%s: dimension 0 of a tensor of shape %s does not "
-                       "split into %d equal parts (one per replica)", op, emi_tshape(S, t),
-                       c->size);
+      return emi_error(S, EM_ERR_SHAPE, "%s: dimension %lld of a tensor of shape %s does "
+                       "not split into %d equal parts (one per replica)", op, emi_ix(S, 0),
+                       emi_tshape(S, t), c->size);
     sizes[0] /= c->size;
   }
   if ((st = em_comm_status(S, c))) return st;
@@ -372,12 +418,32 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work) {
 
 /* -- Handles ---------------------------------------------------------------------------- */
 
+/* The caller blocked on a collective from t0 to t1: exposed communication; the
+** part of it before every replica was there is time spent waiting for peers. */
+static void profile_wait(em_state *S, const em_comm_work *w, double t0, double t1) {
+  em_profile_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.t0 = t0;
+  ev.t1 = t1;
+  ev.name = emi_coll_name(w->kind);
+  ev.kind = EM_PROF_COMM_WAIT;
+  ev.device = EM_CPU;
+  ev.bytes = work_bytes(w);
+  ev.flow = (int64_t)w->seq;
+  double peers_end = w->t_ready < t1 ? w->t_ready : t1;
+  double peers_begin = w->t_begin > t0 ? w->t_begin : t0;
+  ev.wait = peers_end > peers_begin ? peers_end - peers_begin : 0;
+  emi_profile_record(S->profiler, &ev);
+}
+
 em_status em_comm_work_wait(em_state *S, em_comm_work *w) {
   if (!w) return emi_error(S, EM_ERR_ARG, "wait: NULL work handle");
   em_comm *c = w->comm;
+  double t0 = S->profiler ? emi_now() : 0;
   pthread_mutex_lock(&c->mu);
   while (!w->done) pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
+  if (S->profiler) profile_wait(S, w, t0, emi_now());
   if (w->status) return emi_error(S, w->status, "%s", w->errmsg);
   em_status st = work_copy_back(S, w);
   em_tensor_release(w->user);       /* copied once: a second wait does not repeat it */

@@ -82,6 +82,7 @@ typedef struct emi_comm_backend {
 #define EMI_COMM_IDLE_S 0.005
 
 struct em_comm {
+  em_state *S;               /* the replica's state: its profiler records collectives */
   const emi_comm_backend *be;
   void *impl;                /* the backend's own */
   int rank, size;
@@ -94,6 +95,7 @@ struct em_comm {
   uint64_t next_seq;
   int stopping;
   int failed;                /* atomic reads; written under mu */
+  double test_gbps;          /* EMBER_TEST_COMM_GBPS: a bandwidth cap for tests */
   char failure[EMI_COMM_MSG];
 };
 

@@ -33,6 +33,7 @@
 ** only note which parameters got gradients (the unused check still holds).
 */
 #include "comm.h"
+#include "../profile/profile.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -125,6 +126,18 @@ static em_status launch_ready(em_reducer *r) {
     bucket *bk = &r->b[r->next_launch++];
     em_status st = em_comm_allreduce(r->S, r->c, bk->buf, EM_COMM_MEAN, &bk->work);
     if (st) return st;
+    if (r->S->profiler) {        /* the flow arrow's tail: this bucket's last gradient */
+      em_profile_event ev;
+      memset(&ev, 0, sizeof ev);
+      ev.t0 = ev.t1 = emi_now();
+      ev.name = "bucket ready";
+      ev.kind = EM_PROF_BUCKET_READY;
+      ev.device = EM_CPU;
+      ev.bytes = bk->buf->numel * (int64_t)em_dtype_size(bk->buf->dtype);
+      ev.flow = (int64_t)bk->work->seq;
+      ev.arg0 = r->next_launch - 1;
+      emi_profile_record(r->S->profiler, &ev);
+    }
   }
   return EM_OK;
 }

@@ -10,10 +10,57 @@
 **    em_tensor_release;
 **  - dimensions and indices are 0-based in C. Functions that take or return index
 **    values (argmax, gather, ...) have an `index_base` argument so that the Lua
-**    layer can speak 1-based without an extra pass over the data;
+**    layer can speak 1-based without an extra pass over the data, and messages
+**    number dims, list positions and indices from the state's index base
+**    (em_set_index_base: 0 by default, 1 from Lua) -- never rewritten afterwards;
 **  - the file is plain enough for LuaJIT's ffi.cdef: no structs by value, no
 **    varargs, no macros outside the guarded preprocessor block below (the build
 **    strips lines starting with '#' when it generates the Lua cdefs).
+**
+** Threads. ember has no global state (OpenBLAS's thread count aside: see
+** em_blas_pin_threads), so states on different threads never interfere; replicas
+** in threads are exactly that, one em_state per thread.
+**  - An em_state and everything made from it -- tensors, datasets, transforms,
+**    loaders, safetensors files, communicators, reducers, the profiler -- is used
+**    by one thread at a time (the host serialises its calls), except as below.
+**    em_errmsg is per state: the message of that state's last failed call.
+**  - Any thread, any time: em_tensor_retain / em_tensor_release and the
+**    retain / release of datasets, transforms and local groups (atomic counts;
+**    the last release frees through the owning state's allocator, which is why
+**    the hook below must be thread-safe, and runs a custom transform's
+**    release(ud) on that thread), em_memory_allocated / em_memory_peak,
+**    em_memory_release_cached, and the calls that take no state: em_config_init,
+**    em_open, em_version, em_build_info, em_dtype_name / _size / _is_floating /
+**    _promote, the float16 / bfloat16 conversions, em_json_quote, em_utf8_valid,
+**    em_mpi_launched, em_blas_pin_threads, em_local_group_new / _abort /
+**    _failure, em_comm_abort.
+**    Threads of different states may read one tensor's values through ops at
+**    once (replicas sharing a dataset's tensors) when none of them records
+**    autograd on it; writing a tensor (in place, or its .grad in em_backward)
+**    while another thread uses it is a race.
+**  - Threads ember starts itself: the state's workers (num_threads - 1; an op
+**    returns only when its kernel is done on all of them), a loader's workers
+**    (they compute samples and batches from the loader's immutable datasets,
+**    call custom transforms -- concurrently for different workers -- and the
+**    loader's buffer_alloc; buffer_free runs wherever a batch's last reference
+**    goes), and a communicator's thread (each collective runs there; with a
+**    local group it reads and writes the other replicas' staging buffers). None
+**    of them writes em_errmsg or runs host code other than those callbacks.
+**  - Communicators: one per replica, each used from its own state's thread;
+**    every replica calls the same collectives in the same order.
+**  - Callbacks run on the thread that caused them: gradient hooks and backward
+**    callbacks on the thread in em_backward (they may call ember on that state).
+**  - The allocator hook (em_config.alloc) is called from all of the threads above
+**    and from any thread that drops a tensor's last reference, concurrently, and
+**    sometimes while ember holds an internal lock (its cache of large blocks):
+**    it must be thread-safe and must never call back into ember. ember only
+**    allocates (ptr NULL) and frees (nsize 0, osize = the size it asked for);
+**    it never resizes. Blocks need malloc's alignment: ember aligns tensor data
+**    to 64 bytes itself. NULL is a clean EM_ERR_NOMEM (for a large block only
+**    after ember has handed its cached blocks back and asked once more).
+**  - em_close runs on the state's thread after its loaders, communicators and
+**    reducers are freed and every tensor, dataset and transform it made has
+**    been released (nothing may be released after it).
 */
 #ifndef EMBER_H
 #define EMBER_H
@@ -55,7 +102,8 @@ typedef struct em_tensor em_tensor;
 /* -- State ------------------------------------------------------------------
 ** alloc follows Lua's lua_Alloc contract: alloc(ud, ptr, osize, nsize) frees
 ** ptr when nsize == 0 and returns NULL; otherwise (re)allocates. It may return
-** NULL to refuse, and ember reports EM_ERR_NOMEM cleanly. */
+** NULL to refuse, and ember reports EM_ERR_NOMEM cleanly. It must be
+** thread-safe and must not call into ember (see "Threads" above). */
 typedef void *(*em_alloc_fn)(void *ud, void *ptr, size_t osize, size_t nsize);
 
 typedef struct em_config {
@@ -72,6 +120,11 @@ void em_config_init(em_config *cfg);
 em_status em_open(em_state **S, const em_config *cfg);
 void em_close(em_state *S);
 const char *em_errmsg(em_state *S);
+/* The numbering messages use for dims, list positions and indices: 0 (the
+** default, C's) or 1 (the Lua layer's); index values passed to ops keep their
+** own index_base argument. */
+em_status em_set_index_base(em_state *S, int base);
+int em_get_index_base(em_state *S);
 em_status em_set_num_threads(em_state *S, int n);
 int em_get_num_threads(em_state *S);
 const char *em_version(void);
@@ -92,6 +145,12 @@ int em_dtype_is_floating(em_dtype dt);
 em_status em_dtype_from_name(em_state *S, const char *name, em_dtype *dt);
 /* The dtype PyTorch's promotion rules give a binary op on a and b. */
 em_dtype em_dtype_promote(em_dtype a, em_dtype b);
+/* One float16 / bfloat16 value (its bits) to float and back, rounding to nearest
+** even, as every op converts them. */
+float em_half_to_float(uint16_t h);
+uint16_t em_float_to_half(float f);
+float em_bfloat16_to_float(uint16_t b);
+uint16_t em_float_to_bfloat16(float f);
 
 /* -- Tensor handles ------------------------------------------------------------ */
 void em_tensor_retain(em_tensor *t);
@@ -320,6 +379,13 @@ em_status em_safetensors_write(em_state *S, const char *path, const char *const 
                                em_tensor *const *tensors, int64_t n,
                                const char *const *meta_keys,
                                const char *const *meta_values, int64_t nmeta, int flags);
+/* The JSON string quoting the writer above uses, for hosts that write JSON
+** themselves (the Lua layer's checkpoint document): s[0..n) as a quoted JSON
+** string into dst when dst is not NULL; returns the quoted length (call with NULL
+** first to size dst). s must be valid UTF-8: em_utf8_valid(s, n) is 1 when it is
+** (no overlong forms, surrogates or values past U+10FFFF). */
+size_t em_json_quote(char *dst, const char *s, size_t n);
+int em_utf8_valid(const char *s, size_t n);
 
 /* -- Autograd --------------------------------------------------------------------
 ** Reverse-mode automatic differentiation (API.md, "Autograd"). With grad mode on
@@ -334,6 +400,12 @@ em_status em_tensor_set_requires_grad(em_state *S, em_tensor *t, int flag);
 int em_tensor_requires_grad(const em_tensor *t);
 /* A tensor with no recorded history (a leaf). */
 int em_tensor_is_leaf(const em_tensor *t);
+/* Call before writing a tensor's memory directly (through em_tensor_data), as
+** every in-place op does first: it bumps the version of t's storage, so that a
+** backward that saved t (or a view of its storage) fails instead of using the
+** changed values, and it refuses, naming op, when grad mode is on and t
+** requires grad (autograd can't follow such a write). */
+em_status em_tensor_bump_version(em_state *S, em_tensor *t, const char *op);
 /* A new reference to t's accumulated gradient, or NULL when there is none. */
 em_tensor *em_tensor_grad(const em_tensor *t);
 /* Replaces t's gradient (g may be NULL to clear it; same shape otherwise). */
@@ -765,6 +837,73 @@ void em_tensor_remove_grad_hook(em_tensor *t, em_grad_hook_fn fn, void *ud);
 ** of one process pin it once (n >= 1) instead of each state setting its own;
 ** 0 unpins. Process-wide, any thread. */
 void em_blas_pin_threads(int n);
+
+/* -- Profiler (core/profile/) -------------------------------------------------------
+** Records what a state does between em_profile_start and em_profile_stop: ops at
+** the dispatch point, backward nodes, loader waits and the loader workers' batches,
+** collectives (on the communicator's thread) and the waits on them, user ranges and
+** step marks. One track per thread. Off, it costs one branch per op. The analysis
+** (step breakdown, diagnosis) is lua/ember/profile.lua's; C hosts read the events. */
+typedef enum em_profile_kind {
+  EM_PROF_OP,            /* a kernel: name, shape/dtype/device of its main tensor */
+  EM_PROF_BACKWARD,      /* one autograd node's backward (contains its ops) */
+  EM_PROF_DATA_WAIT,     /* the step thread blocked in em_loader_next; arg0 workers,
+                            arg1 prefetch */
+  EM_PROF_LOADER_WORK,   /* a loader worker producing one item; arg0 its index */
+  EM_PROF_COLLECTIVE,    /* on the comm thread: bytes, wait = seconds until every
+                            replica was there, flow = the work's sequence number */
+  EM_PROF_COMM_WAIT,     /* the step thread blocked on a collective; wait = the part
+                            of it spent waiting for peers */
+  EM_PROF_BUCKET_READY,  /* instant: a gradient bucket launched (flow, bytes) */
+  EM_PROF_GRAD,          /* instant: a leaf gradient accumulated (bytes) */
+  EM_PROF_RANGE,         /* a user range (em_profile_range_push/pop) */
+  EM_PROF_OPTIMIZER,     /* an optimizer step (a range of this kind) */
+  EM_PROF_STEP,          /* instant: the end of a training step */
+  EM_PROF_COPY           /* a copy between devices */
+} em_profile_kind;
+
+typedef struct em_profile_event {
+  double t0, t1;           /* seconds on the profile's clock (em_profile_origin) */
+  const char *name;
+  int32_t kind, track;
+  int32_t dtype, device, ndim, reserved;
+  int64_t sizes[8];
+  int64_t bytes;           /* collectives, buckets, gradients */
+  int64_t flow;            /* joins a BUCKET_READY to its COLLECTIVE; 0 = none */
+  int64_t mem;             /* ops: bytes allocated by the state after the op */
+  int64_t arg0, arg1;
+  double wait;
+} em_profile_event;
+
+typedef struct em_profile_config {
+  int auto_step;           /* each batch em_loader_next hands out ends a step, until
+                              the first em_profile_step */
+} em_profile_config;
+
+/* Starts recording (discarding a previous profile); cfg may be NULL. */
+em_status em_profile_start(em_state *S, const em_profile_config *cfg);
+/* Stops recording and keeps the events until the next start or em_close. */
+em_status em_profile_stop(em_state *S);
+int em_profile_active(em_state *S);
+/* After stop: every event, sorted by t0 (the array belongs to S). */
+em_status em_profile_events(em_state *S, const em_profile_event **events, int64_t *n);
+/* Seconds on the monotonic clock that t0 = 0 stands for, and the tracks. */
+double em_profile_origin(em_state *S);
+int em_profile_num_tracks(em_state *S);
+const char *em_profile_track_name(em_state *S, int track);
+/* Events dropped because a buffer was full (then the profile says so). */
+int64_t em_profile_dropped(em_state *S);
+/* Peak bytes the state held while recording (device: EM_CPU). */
+int64_t em_profile_peak_bytes(em_state *S, int device);
+/* The profiler's clock: monotonic seconds (shared by the threads and processes
+** of one host). */
+double em_profile_clock(void);
+/* Marks the end of a training step (now). */
+em_status em_profile_step(em_state *S);
+/* A named span on the calling thread: kind EM_PROF_RANGE or EM_PROF_OPTIMIZER;
+** ranges nest (at most 32 deep). No-ops when not recording. */
+em_status em_profile_range_push(em_state *S, const char *name, int kind);
+em_status em_profile_range_pop(em_state *S);
 
 /* -- Images (core/io/image.c) ------------------------------------------------------ */
 /* Decodes a JPEG or PNG file (by its signature) into uint8 (C, H, W): C = 3 (RGB)

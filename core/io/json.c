@@ -4,6 +4,7 @@
 ** than max_depth levels, so a hostile text costs at most one pass over its bytes.
 */
 #include "json.h"
+#include "ember.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -347,3 +348,9 @@ size_t emi_json_quote(char *dst, const char *s, size_t n) {
 #undef PUT
   return k;
 }
+
+/* The public names (ember.h): one quoting and one UTF-8 check for every JSON
+** ember writes, the safetensors header here and the Lua layer's checkpoint
+** document alike. */
+size_t em_json_quote(char *dst, const char *s, size_t n) { return emi_json_quote(dst, s, n); }
+int em_utf8_valid(const char *s, size_t n) { return emi_utf8_valid(s, n); }

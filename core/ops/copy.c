@@ -6,6 +6,14 @@
 #include "ewise.h"
 #include "../autograd/autograd.h"
 
+/* For hosts that write a tensor's memory themselves (the Lua layer's t[i] = v on
+** a CPU vector): the same check and version bump as every in-place op. */
+em_status em_tensor_bump_version(em_state *S, em_tensor *t, const char *op) {
+  if (!op) op = "write";
+  em_status st = emi_check_tensor(S, op, t);
+  return st ? st : emi_ag_inplace(S, op, t);
+}
+
 em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
   const char *op = "copy_";
   em_status st;
@@ -62,10 +70,10 @@ em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_ten
   if (st) return st;
   if ((unsigned)dt >= EM_NUM_DTYPES)
     return emi_error(S, EM_ERR_DTYPE, "to: invalid dtype %d", (int)dt);
-  if (device != EM_CPU) {
+  if (!emi_device_of(S, device)) {
     char b[16];
-    return emi_error(S, EM_ERR_DEVICE, "to: can't move a tensor to %s: CUDA is not "
-                     "available in this build (CPU only)",
+    return emi_error(S, EM_ERR_DEVICE, "to: can't move a tensor to %s: no backend serves "
+                     "it (CUDA is not available in this build or on this machine)",
                      device < EM_CPU ? "an invalid device" : emi_device_name(b, device));
   }
   if (a->dtype == dt && a->device == device) {
@@ -75,7 +83,9 @@ em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_ten
   }
   em_tensor *r;
   if ((st = emi_tensor_new(S, "to", a->sizes, a->ndim, dt, device, &r))) return st;
-  if ((st = EMI_DISPATCH(S, "to", a, copy, r, a))) { em_tensor_release(r); return st; }
+  /* between the host and a device, the device's backend copies (it knows both) */
+  const em_tensor *side = a->device != r->device && a->device == EM_CPU ? r : a;
+  if ((st = EMI_DISPATCH(S, "to", side, copy, r, a))) { em_tensor_release(r); return st; }
   *out = r;
   if (emi_ag_wanted1(S, a)) return emi_ag_record_copy(S, "copy", a, out);
   return EM_OK;
@@ -101,6 +111,7 @@ em_status em_from_data(em_state *S, const int64_t *shape, int ndim, em_dtype dt,
   if ((unsigned)src_dt >= EM_NUM_DTYPES)
     return emi_error(S, EM_ERR_DTYPE, "from_data: invalid source dtype %d", (int)src_dt);
   em_tensor *r;
+  /* the caller's buffer is host memory, so the tensor is a CPU one by contract */
   em_status st = emi_tensor_new(S, "from_data", shape, ndim, dt, EM_CPU, &r);
   if (st) return st;
   if (r->numel == 0) { *out = r; return EM_OK; }

@@ -17,13 +17,13 @@ static em_status check_list(em_state *S, const char *op, em_tensor *const *list,
                      op, list ? n : 0);
   for (int i = 0; i < n; i++) {
     if (!list[i])
-      return emi_error(S, EM_ERR_ARG, "%s: tensor at position %d is NULL", op, i);
+      return emi_error(S, EM_ERR_ARG, "%s: tensor at position %lld is NULL", op, emi_ix(S, i));
     if (list[i]->device != list[0]->device) {
       char d0[16], d1[16];
       return emi_error(S, EM_ERR_DEVICE, "%s: tensors on different devices (%s at "
-                       "position 0, %s at position %d)", op,
-                       emi_device_name(d0, list[0]->device),
-                       emi_device_name(d1, list[i]->device), i);
+                       "position %lld, %s at position %lld)", op,
+                       emi_device_name(d0, list[0]->device), emi_ix(S, 0),
+                       emi_device_name(d1, list[i]->device), emi_ix(S, i));
     }
     *dt = i ? em_dtype_promote(*dt, list[i]->dtype) : list[i]->dtype;
   }
@@ -61,8 +61,8 @@ em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim, em_tensor 
   }
   const em_tensor *r = list[ref];
   if (r->ndim == 0)
-    return emi_error(S, EM_ERR_SHAPE, "cat: zero-dimensional tensor (at position %d) "
-                     "can't be concatenated", ref);
+    return emi_error(S, EM_ERR_SHAPE, "cat: zero-dimensional tensor (at position %lld) "
+                     "can't be concatenated", emi_ix(S, ref));
   if ((st = emi_wrap_dim(S, "cat", &dim, r->ndim))) return st;
   int64_t sizes[EM_MAX_DIMS];
   memcpy(sizes, r->sizes, sizeof sizes);
@@ -72,13 +72,13 @@ em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim, em_tensor 
     if (legacy_empty(t)) continue;
     if (t->ndim != r->ndim)
       return emi_error(S, EM_ERR_SHAPE, "cat: tensors must have the same number of "
-                       "dimensions: shape %s at position %d vs %s at position %d",
-                       emi_tshape(S, r), ref, emi_tshape(S, t), i);
+                       "dimensions: shape %s at position %lld vs %s at position %lld",
+                       emi_tshape(S, r), emi_ix(S, ref), emi_tshape(S, t), emi_ix(S, i));
     for (int d = 0; d < r->ndim; d++)
       if (d != dim && t->sizes[d] != r->sizes[d])
-        return emi_error(S, EM_ERR_SHAPE, "cat: sizes must match except in dimension %d: "
-                         "shape %s at position %d vs %s at position %d", dim,
-                         emi_tshape(S, r), ref, emi_tshape(S, t), i);
+        return emi_error(S, EM_ERR_SHAPE, "cat: sizes must match except in dimension %lld: "
+                         "shape %s at position %lld vs %s at position %lld", emi_ix(S, dim),
+                         emi_tshape(S, r), emi_ix(S, ref), emi_tshape(S, t), emi_ix(S, i));
     sizes[dim] += t->sizes[dim];
   }
   em_tensor *o, slice;
@@ -122,8 +122,8 @@ em_status em_stack(em_state *S, em_tensor *const *list, int n, int dim, em_tenso
     for (int d = 0; same && d < r->ndim; d++) same = t->sizes[d] == r->sizes[d];
     if (!same)
       return emi_error(S, EM_ERR_SHAPE, "stack: expected tensors of equal shape, got %s at "
-                       "position 0 and %s at position %d", emi_tshape(S, r),
-                       emi_tshape(S, t), i);
+                       "position %lld and %s at position %lld", emi_tshape(S, r), emi_ix(S, 0),
+                       emi_tshape(S, t), emi_ix(S, i));
   }
   int64_t sizes[EM_MAX_DIMS], vstrides[EM_MAX_DIMS];
   for (int d = 0, k = 0; d <= r->ndim; d++) sizes[d] = d == dim ? n : r->sizes[k++];
@@ -218,7 +218,7 @@ em_status em_gather(em_state *S, const em_tensor *a, int dim, const em_tensor *i
   for (int d = 0; d < a->ndim; d++)
     if (d != dim && idx->sizes[d] > a->sizes[d])
       return emi_error(S, EM_ERR_SHAPE, "gather: index shape %s is larger than input shape "
-                       "%s in dimension %d", emi_tshape(S, idx), emi_tshape(S, a), d);
+                       "%s in dimension %lld", emi_tshape(S, idx), emi_tshape(S, a), emi_ix(S, d));
   em_tensor *a1 = NULL, *i1 = NULL, *o;
   if (a->ndim == 0 && ((st = as_1d(S, a, &a1)) || (st = as_1d(S, idx, &i1)))) {
     em_tensor_release(a1);

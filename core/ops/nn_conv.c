@@ -1,6 +1,8 @@
 /*
 ** nn_conv.c -- conv2d forward and backward: argument checks, output shapes and
-** contiguous inputs; the work is in core/cpu/conv.c.
+** contiguous inputs, then the device's conv2d entries (the CPU backend's conv.c).
+** Convs without input channels (the output is the bias) or with empty outputs
+** never reach the kernels: fills, copies and sums do them.
 */
 #include "nn_util.h"
 #include "../autograd/grad_nn.h"
@@ -10,8 +12,8 @@ static em_status conv_setup(em_state *S, const char *op, const em_tensor *input,
                             const int64_t *padding, const int64_t *dilation,
                             int64_t groups, emi_conv_geom *g) {
   em_status st;
-  if ((st = nn_check_float(S, op, "input", input, -1))) return st;
-  if ((st = nn_check_float(S, op, "weight", weight, input->dtype))) return st;
+  if ((st = nn_check_float(S, op, "input", input, NULL))) return st;
+  if ((st = nn_check_float(S, op, "weight", weight, input))) return st;
   if (input->ndim != 4)
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have 4 dims (N,C,H,W)", op,
                      emi_tshape(S, input));
@@ -65,7 +67,7 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
   em_status st = conv_setup(S, op, input, weight, stride, padding, dilation, groups, &g);
   if (st) return st;
   if (bias) {
-    if ((st = nn_check_float(S, op, "bias", bias, input->dtype))) return st;
+    if ((st = nn_check_float(S, op, "bias", bias, input))) return st;
     if (bias->ndim != 1 || bias->sizes[0] != g.O)
       return emi_error(S, EM_ERR_SHAPE, "%s: bias %s must be [%lld] for weight %s", op,
                        emi_tshape(S, bias), (long long)g.O, emi_tshape(S, weight));
@@ -75,15 +77,11 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
   int64_t shape[4] = {g.N, g.O, g.OH, g.OW};
   if ((st = nn_contig(S, input, &t[0])) || (st = nn_contig(S, weight, &t[1])) ||
       (bias && (st = nn_contig(S, bias, &t[2]))) ||
-      (st = emi_tensor_new(S, op, shape, 4, input->dtype, EM_CPU, &t[3])))
+      (st = emi_tensor_new(S, op, shape, 4, input->dtype, input->device, &t[3])))
     goto done;
   if (t[3]->numel) {
-    if (g.C == 0) st = EMI_DISPATCH(S, op, t[3], fill, t[3], 0);  /* no input channels: y = bias */
-    if (!st)
-      st = g.C ? emi_cpu_conv2d(S, input->dtype, &g, em_tensor_data(t[0]),
-                                em_tensor_data(t[1]), bias ? em_tensor_data(t[2]) : NULL,
-                                em_tensor_data(t[3]))
-               : EM_OK;
+    if (g.C) st = EMI_DISPATCH(S, op, t[0], conv2d, &g, t[3], t[0], t[1], t[2]);
+    else st = EMI_DISPATCH(S, op, t[3], fill, t[3], 0);  /* no input channels: y = bias */
     if (!st && !g.C && bias) {
       em_tensor *bv = NULL;
       int64_t bs[4] = {g.N, g.O, g.OH, g.OW}, bst[4] = {0, 1, 0, 0};
@@ -111,7 +109,7 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
   emi_conv_geom g;
   em_status st = conv_setup(S, op, input, weight, stride, padding, dilation, groups, &g);
   if (st) return st;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, input->dtype))) return st;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input))) return st;
   int64_t yshape[4] = {g.N, g.O, g.OH, g.OW};
   if (grad_out->ndim != 4 || memcmp(grad_out->sizes, yshape, sizeof yshape))
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match the output shape "
@@ -121,36 +119,29 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
   if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
       (st = nn_contig(S, weight, &t[2])))
     goto done;
+  int dev = input->device;
   if (grad_input &&
-      (st = emi_tensor_new(S, op, input->sizes, 4, input->dtype, EM_CPU, &t[3])))
+      (st = emi_tensor_new(S, op, input->sizes, 4, input->dtype, dev, &t[3])))
     goto done;
   if (grad_weight &&
-      (st = emi_tensor_new(S, op, weight->sizes, 4, input->dtype, EM_CPU, &t[4])))
+      (st = emi_tensor_new(S, op, weight->sizes, 4, input->dtype, dev, &t[4])))
     goto done;
-  if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, EM_CPU, &t[5])))
+  if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, dev, &t[5])))
     goto done;
   if (g.N == 0 || g.C == 0 || g.OH * g.OW == 0) {
     for (int i = 3; i < 6 && !st; i++)
       if (t[i] && t[i]->numel) st = EMI_DISPATCH(S, op, t[i], fill, t[i], 0);
     if (!st && t[5] && g.C == 0 && g.N > 0 && g.OH * g.OW > 0) {
-      /* bias gradient still flows without input channels: do it the slow way */
-      for (int64_t o = 0; o < g.O; o++) {
-        double acc = 0;
-        for (int64_t n = 0; n < g.N; n++)
-          for (int64_t l = 0; l < g.OH * g.OW; l++)
-            acc += emi_load_f64((char *)em_tensor_data(t[0]) +
-                                ((n * g.O + o) * g.OH * g.OW + l) * em_dtype_size(input->dtype),
-                                input->dtype);
-        emi_store_f64((char *)em_tensor_data(t[5]) + o * em_dtype_size(input->dtype),
-                      input->dtype, acc);
-      }
+      /* the bias gradient still flows without input channels: gy summed over
+      ** (N, OH, OW) into gb seen as [1,O,1,1] */
+      em_tensor *gb4 = NULL;
+      int64_t s4[4] = {1, g.O, 1, 1}, st4[4] = {g.O, 1, 1, 1};
+      if (!(st = emi_tensor_view(S, t[5], s4, st4, 4, t[5]->offset, &gb4)))
+        st = EMI_DISPATCH(S, op, t[0], reduce, EM_SUM, gb4, t[0], 1u | 4u | 8u);
+      em_tensor_release(gb4);
     }
   } else {
-    st = emi_cpu_conv2d_backward(S, input->dtype, &g, em_tensor_data(t[0]),
-                                 em_tensor_data(t[1]), em_tensor_data(t[2]),
-                                 t[3] ? em_tensor_data(t[3]) : NULL,
-                                 t[4] ? em_tensor_data(t[4]) : NULL,
-                                 t[5] ? em_tensor_data(t[5]) : NULL);
+    st = EMI_DISPATCH(S, op, t[1], conv2d_backward, &g, t[3], t[4], t[5], t[0], t[1], t[2]);
   }
 done:
   if (st) { nn_release(t, 6); return st; }

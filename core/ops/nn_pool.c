@@ -1,13 +1,13 @@
 /*
 ** nn_pool.c -- max_pool2d, avg_pool2d and adaptive_avg_pool2d (forward and
-** backward) on (N,C,H,W) or (C,H,W): checks and output shapes as PyTorch; the
-** work is in core/cpu/pool.c.
+** backward) on (N,C,H,W) or (C,H,W): checks and output shapes as PyTorch, then
+** the device's pooling entries (the CPU backend's pool.c).
 */
 #include "nn_util.h"
 #include "../autograd/grad_nn.h"
 
 static em_status pool_input(em_state *S, const char *op, const em_tensor *input) {
-  em_status st = nn_check_float(S, op, "input", input, -1);
+  em_status st = nn_check_float(S, op, "input", input, NULL);
   if (st) return st;
   if (input->ndim != 3 && input->ndim != 4)
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have 3 or 4 dims ((N,)C,H,W)", op,
@@ -72,7 +72,7 @@ static void out_shape(const em_tensor *input, const emi_pool_geom *g, int64_t *s
 /* grad_out must have the output's shape. */
 static em_status check_grad(em_state *S, const char *op, const em_tensor *grad_out,
                             const em_tensor *input, const emi_pool_geom *g) {
-  em_status st = nn_check_float(S, op, "grad_out", grad_out, input->dtype);
+  em_status st = nn_check_float(S, op, "grad_out", grad_out, input);
   if (st) return st;
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, g, shape);
@@ -97,13 +97,12 @@ em_status em_max_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
   out_shape(input, &g, shape);
   em_tensor *t[3] = {0};
   if ((st = nn_contig(S, input, &t[0])) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, EM_CPU, &t[1])) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, EM_INT64, EM_CPU, &t[2]))) {
+      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &t[1])) ||
+      (st = emi_tensor_new(S, op, shape, input->ndim, EM_INT64, input->device, &t[2])) ||
+      (st = EMI_DISPATCH(S, op, t[0], max_pool2d, &g, t[1], t[2], t[0], index_base))) {
     nn_release(t, 3);
     return st;
   }
-  emi_cpu_max_pool2d(S, input->dtype, &g, em_tensor_data(t[0]), em_tensor_data(t[1]),
-                     em_tensor_data(t[2]), index_base);
   em_tensor_release(t[0]);
   *out = t[1];
   if (emi_ag_wanted1(S, input) &&
@@ -122,11 +121,12 @@ em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
   const char *op = "max_pool2d_backward";
   em_status st = pool_input(S, op, input);
   if (st) return st;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, input->dtype))) return st;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input))) return st;
   if ((st = emi_check_tensor(S, op, indices))) return st;
   if (indices->dtype != EM_INT64)
     return emi_error(S, EM_ERR_DTYPE, "%s: indices have dtype %s; int64 expected", op,
                      em_dtype_name(indices->dtype));
+  if ((st = nn_check_device(S, op, "indices", indices, input))) return st;
   int nd = input->ndim;
   if (!nn_same_shape(grad_out, indices) || grad_out->ndim != nd ||
       memcmp(grad_out->sizes, input->sizes, sizeof(int64_t) * (nd - 2)))
@@ -139,20 +139,11 @@ em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
   g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
   em_tensor *t[3] = {0};   /* gy, ind, gx */
   if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, indices, &t[1])) ||
-      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, EM_CPU, &t[2]))) {
+      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &t[2])) ||
+      (st = EMI_DISPATCH(S, op, t[0], max_pool2d_backward, &g, t[2], t[0], t[1], index_base))) {
     nn_release(t, 3);
     return st;
   }
-  const int64_t *ind = em_tensor_data(t[1]);
-  for (int64_t i = 0; i < t[1]->numel; i++)
-    if (ind[i] - index_base < 0 || ind[i] - index_base >= g.H * g.W) {
-      nn_release(t, 3);
-      return emi_error(S, EM_ERR_INDEX, "%s: index %lld out of range for a %lldx%lld plane "
-                       "(index_base %d)", op, (long long)ind[i], (long long)g.H,
-                       (long long)g.W, index_base);
-    }
-  emi_cpu_max_pool2d_backward(S, input->dtype, &g, em_tensor_data(t[0]), ind, index_base,
-                              em_tensor_data(t[2]));
   *grad_input = t[2];
   nn_release(t, 2);
   return EM_OK;
@@ -170,12 +161,11 @@ em_status em_avg_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
   out_shape(input, &g, shape);
   em_tensor *t[2] = {0};
   if ((st = nn_contig(S, input, &t[0])) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, EM_CPU, &t[1]))) {
+      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &t[1])) ||
+      (st = EMI_DISPATCH(S, op, t[0], avg_pool2d, &g, t[1], t[0], count_include_pad))) {
     nn_release(t, 2);
     return st;
   }
-  emi_cpu_avg_pool2d(S, input->dtype, &g, em_tensor_data(t[0]), em_tensor_data(t[1]),
-                     count_include_pad);
   em_tensor_release(t[0]);
   *out = t[1];
   if (emi_ag_wanted1(S, input))
@@ -197,12 +187,12 @@ em_status em_avg_pool2d_backward(em_state *S, const em_tensor *grad_out,
   if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
   em_tensor *t[2] = {0};
   if ((st = nn_contig(S, grad_out, &t[0])) ||
-      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, EM_CPU, &t[1]))) {
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, input->device,
+                           &t[1])) ||
+      (st = EMI_DISPATCH(S, op, t[0], avg_pool2d_backward, &g, t[1], t[0], count_include_pad))) {
     nn_release(t, 2);
     return st;
   }
-  emi_cpu_avg_pool2d_backward(S, input->dtype, &g, em_tensor_data(t[0]),
-                              em_tensor_data(t[1]), count_include_pad);
   em_tensor_release(t[0]);
   *grad_input = t[1];
   return EM_OK;
@@ -227,12 +217,11 @@ em_status em_adaptive_avg_pool2d(em_state *S, const em_tensor *input,
   out_shape(input, &g, shape);
   em_tensor *t[2] = {0};
   if ((st = nn_contig(S, input, &t[0])) ||
-      (st = emi_tensor_new(S, op, shape, nd, input->dtype, EM_CPU, &t[1]))) {
+      (st = emi_tensor_new(S, op, shape, nd, input->dtype, input->device, &t[1])) ||
+      (st = EMI_DISPATCH(S, op, t[0], adaptive_avg_pool2d, &g, t[1], t[0]))) {
     nn_release(t, 2);
     return st;
   }
-  emi_cpu_adaptive_avg_pool2d(S, input->dtype, &g, em_tensor_data(t[0]),
-                              em_tensor_data(t[1]));
   em_tensor_release(t[0]);
   *out = t[1];
   if (emi_ag_wanted1(S, input)) return emi_ag_record_adaptive_avg_pool2d(S, input, out);
@@ -245,7 +234,7 @@ em_status em_adaptive_avg_pool2d_backward(em_state *S, const em_tensor *grad_out
   const char *op = "adaptive_avg_pool2d_backward";
   em_status st = pool_input(S, op, input);
   if (st) return st;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, input->dtype))) return st;
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input))) return st;
   int nd = input->ndim;
   if (grad_out->ndim != nd || memcmp(grad_out->sizes, input->sizes, sizeof(int64_t) * (nd - 2)) ||
       grad_out->sizes[nd - 2] < 1 || grad_out->sizes[nd - 1] < 1)
@@ -259,12 +248,11 @@ em_status em_adaptive_avg_pool2d_backward(em_state *S, const em_tensor *grad_out
   g.kW = (g.W + g.OW - 1) / g.OW + 1;
   em_tensor *t[2] = {0};
   if ((st = nn_contig(S, grad_out, &t[0])) ||
-      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, EM_CPU, &t[1]))) {
+      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &t[1])) ||
+      (st = EMI_DISPATCH(S, op, t[0], adaptive_avg_pool2d_backward, &g, t[1], t[0]))) {
     nn_release(t, 2);
     return st;
   }
-  emi_cpu_adaptive_avg_pool2d_backward(S, input->dtype, &g, em_tensor_data(t[0]),
-                                       em_tensor_data(t[1]));
   em_tensor_release(t[0]);
   *grad_input = t[1];
   return EM_OK;

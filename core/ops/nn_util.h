@@ -1,42 +1,45 @@
 /*
 ** nn_util.h -- argument checks shared by the nn ops (core/ops/nn_*.c): the
-** dtype rule (float32/float64, one dtype per call), device, and making inputs
-** contiguous. Header-only, static inline.
+** dtype rule (float32/float64, one dtype per call), one device per call, and
+** making inputs contiguous. Header-only, static inline. The kernels are reached
+** through the device's backend table (EMI_DISPATCH), never directly.
 */
 #ifndef EMBER_OPS_NN_UTIL_H
 #define EMBER_OPS_NN_UTIL_H
 #include "../internal.h"
-#include "../cpu/cpu.h"
-#include "../cpu/nn.h"
 
-/* t is a CPU float32/float64 tensor; with want >= 0 its dtype must be want. */
+/* t is on ref's device (always true without ref). */
+static inline em_status nn_check_device(em_state *S, const char *op, const char *what,
+                                        const em_tensor *t, const em_tensor *ref) {
+  if (!ref || t->device == ref->device) return EM_OK;
+  char a[32], b[32];
+  return emi_error(S, EM_ERR_DEVICE, "%s: %s is on %s but input is on %s", op, what,
+                   emi_device_name(a, t->device), emi_device_name(b, ref->device));
+}
+
+/* t is a float32/float64 tensor; with ref, of ref's dtype and on ref's device. */
 static inline em_status nn_check_float(em_state *S, const char *op, const char *what,
-                                       const em_tensor *t, int want) {
+                                       const em_tensor *t, const em_tensor *ref) {
   em_status st = emi_check_tensor(S, op, t);
   if (st) return st;
-  if (t->device != EM_CPU)
-    return emi_error(S, EM_ERR_UNSUPPORTED, "%s: %s is on a CUDA device; only CPU is "
-                     "supported", op, what);
   if (t->dtype != EM_FLOAT32 && t->dtype != EM_FLOAT64)
     return emi_error(S, EM_ERR_DTYPE, "%s: %s has dtype %s; float32 or float64 expected",
                      op, what, em_dtype_name(t->dtype));
-  if (want >= 0 && (int)t->dtype != want)
+  if (ref && t->dtype != ref->dtype)
     return emi_error(S, EM_ERR_DTYPE, "%s: %s has dtype %s but input is %s", op, what,
-                     em_dtype_name(t->dtype), em_dtype_name((em_dtype)want));
-  return EM_OK;
+                     em_dtype_name(t->dtype), em_dtype_name(ref->dtype));
+  return nn_check_device(S, op, what, t, ref);
 }
 
+/* t is an int32/int64 tensor on ref's device. */
 static inline em_status nn_check_index(em_state *S, const char *op, const char *what,
-                                       const em_tensor *t) {
+                                       const em_tensor *t, const em_tensor *ref) {
   em_status st = emi_check_tensor(S, op, t);
   if (st) return st;
-  if (t->device != EM_CPU)
-    return emi_error(S, EM_ERR_UNSUPPORTED, "%s: %s is on a CUDA device; only CPU is "
-                     "supported", op, what);
   if (t->dtype != EM_INT32 && t->dtype != EM_INT64)
     return emi_error(S, EM_ERR_DTYPE, "%s: %s has dtype %s; int32 or int64 expected", op,
                      what, em_dtype_name(t->dtype));
-  return EM_OK;
+  return nn_check_device(S, op, what, t, ref);
 }
 
 /* A contiguous version of t (a new reference; t itself when already so). */

@@ -1,11 +1,11 @@
 /*
 ** optim.c -- the optimizer update ops (em_sgd_step_, em_adam_step_): argument
-** checks, then one fused backend kernel per parameter (core/cpu/optim.c). The Lua
-** optimizers (lua/ember/optim/) keep the state tensors and hyper-parameters and
-** call these once per parameter per step.
+** checks, then one fused kernel per parameter from the device's backend table
+** (the CPU backend's optim.c). The Lua optimizers (lua/ember/optim/) keep the
+** state tensors and hyper-parameters and call these once per parameter per step.
 */
 #include <math.h>
-#include "../cpu/optim.h"
+#include "../internal.h"
 
 static const char *dtname(em_dtype dt) { return em_dtype_name(dt); }
 
@@ -41,11 +41,6 @@ static em_status check_param(em_state *S, const char *op, const em_tensor *p) {
   if (!em_tensor_is_contiguous(p))
     return emi_error(S, EM_ERR_ARG, "%s: the parameter of shape %s must be contiguous",
                      op, emi_tshape(S, p));
-  if (p->device != -1) {
-    char b[32];
-    return emi_error(S, EM_ERR_UNSUPPORTED, "%s: not implemented on %s", op,
-                     emi_device_name(b, p->device));
-  }
   return EM_OK;
 }
 
@@ -68,10 +63,11 @@ em_status em_sgd_step_(em_state *S, em_tensor *param, const em_tensor *grad,
   if (param->numel == 0) return EM_OK;
   /* Like every in-place write: saved copies of the parameter (autograd) see it.
   ** An optimizer step is not recorded, as under PyTorch's no_grad. */
-  param->storage->version++;
-  if (momentum != 0) momentum_buf->storage->version++;
-  return emi_cpu_sgd_step(S, param, grad, momentum != 0 ? momentum_buf : NULL, lr,
-                          momentum, dampening, weight_decay, nesterov != 0, first_step != 0);
+  emi_bump_version(param);
+  if (momentum != 0) emi_bump_version(momentum_buf);
+  return EMI_DISPATCH(S, "sgd_step", param, sgd_step, param, grad,
+                      momentum != 0 ? momentum_buf : NULL, lr, momentum, dampening,
+                      weight_decay, nesterov != 0, first_step != 0);
 }
 
 em_status em_adam_step_(em_state *S, em_tensor *param, const em_tensor *grad,
@@ -92,12 +88,13 @@ em_status em_adam_step_(em_state *S, em_tensor *param, const em_tensor *grad,
                      "[0, 1) (got lr %g, betas (%g, %g), eps %g, weight_decay %g)", op, lr,
                      beta1, beta2, eps, weight_decay);
   if (param->numel == 0) return EM_OK;
-  param->storage->version++;
-  exp_avg->storage->version++;
-  exp_avg_sq->storage->version++;
+  emi_bump_version(param);
+  emi_bump_version(exp_avg);
+  emi_bump_version(exp_avg_sq);
   double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
   double decay = decoupled ? 1 - lr * weight_decay : 1;
   double wd = decoupled ? 0 : weight_decay;
-  return emi_cpu_adam_step(S, param, grad, exp_avg, exp_avg_sq, beta1, beta2, eps, wd,
-                           decay, lr / bc1, sqrt(bc2));
+  return EMI_DISPATCH(S, decoupled ? "adamw_step" : "adam_step", param, adam_step, param,
+                      grad, exp_avg, exp_avg_sq, beta1, beta2, eps, wd, decay, lr / bc1,
+                      sqrt(bc2));
 }

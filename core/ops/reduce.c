@@ -35,8 +35,8 @@ static em_status dims_mask(em_state *S, const char *op, const em_tensor *a,
     em_status st = emi_wrap_dim(S, op, &d, a->ndim);
     if (st) return st;
     if (seen >> d & 1)
-      return emi_error(S, EM_ERR_ARG, "%s: dim %d appears multiple times in the list of "
-                       "dims", op, d);
+      return emi_error(S, EM_ERR_ARG, "%s: dim %lld appears multiple times in the list of "
+                       "dims", op, emi_ix(S, d));
     seen |= 1u << d;
   }
   *mask = a->ndim ? seen : 0;    /* a 0-dim tensor accepts dim 0 / -1 */
@@ -70,8 +70,8 @@ static em_status check_nonempty(em_state *S, const char *op, const em_tensor *a,
                                 unsigned mask) {
   for (int d = 0; d < a->ndim; d++)
     if ((mask >> d & 1) && a->sizes[d] == 0)
-      return emi_error(S, EM_ERR_SHAPE, "%s: cannot reduce over dimension %d of size 0 "
-                       "(shape %s): the result would have no value", op, d,
+      return emi_error(S, EM_ERR_SHAPE, "%s: cannot reduce over dimension %lld of size 0 "
+                       "(shape %s): the result would have no value", op, emi_ix(S, d),
                        emi_tshape(S, a));
   return EM_OK;
 }

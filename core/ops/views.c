@@ -136,7 +136,7 @@ em_status em_permute(em_state *S, const em_tensor *a, const int *perm, int ndim,
   for (int i = 0; i < ndim; i++) {
     int d = perm[i];
     if ((st = emi_wrap_dim(S, "permute", &d, ndim))) return st;
-    if (seen[d]) return emi_error(S, EM_ERR_ARG, "permute: dimension %d repeated", d);
+    if (seen[d]) return emi_error(S, EM_ERR_ARG, "permute: dimension %lld repeated", emi_ix(S, d));
     seen[d] = true;
     sizes[i] = a->sizes[d];
     strides[i] = a->strides[d];
@@ -156,8 +156,8 @@ em_status em_narrow(em_state *S, const em_tensor *a, int dim, int64_t start, int
   if (start < 0) start += n;
   if (start < 0 || len < 0 || start + len > n)
     return emi_error(S, EM_ERR_INDEX,
-                     "narrow: start %lld, length %lld out of range for dimension %d of size %lld",
-                     (long long)start, (long long)len, dim, (long long)n);
+                     "narrow: start %lld, length %lld out of range for dimension %lld of size %lld",
+                     emi_ix(S, start), (long long)len, emi_ix(S, dim), (long long)n);
   int64_t sizes[EM_MAX_DIMS];
   memcpy(sizes, a->sizes, sizeof sizes);
   sizes[dim] = len;
@@ -174,8 +174,8 @@ em_status em_select(em_state *S, const em_tensor *a, int dim, int64_t index,
   int64_t n = a->sizes[dim];
   if (index < -n || index >= n)
     return emi_error(S, EM_ERR_INDEX,
-                     "select: index %lld out of range for dimension %d of size %lld",
-                     (long long)index, dim, (long long)n);
+                     "select: index %lld out of range for dimension %lld of size %lld",
+                     emi_ix(S, index), emi_ix(S, dim), (long long)n);
   if (index < 0) index += n;
   int64_t sizes[EM_MAX_DIMS], strides[EM_MAX_DIMS];
   int k = 0;
@@ -209,8 +209,8 @@ em_status em_unsqueeze(em_state *S, const em_tensor *a, int dim, em_tensor **out
     return emi_error(S, EM_ERR_SHAPE, "unsqueeze: tensor already has %d dimensions", a->ndim);
   int n = a->ndim + 1;
   if (dim < -n || dim >= n)
-    return emi_error(S, EM_ERR_INDEX, "unsqueeze: dimension %d out of range for a %d-D result",
-                     dim, n);
+    return emi_error(S, EM_ERR_INDEX, "unsqueeze: dimension %lld out of range for a %d-D result",
+                     emi_ix(S, dim), n);
   if (dim < 0) dim += n;
   int64_t sizes[EM_MAX_DIMS], strides[EM_MAX_DIMS];
   for (int d = 0, k = 0; d < n; d++) {

@@ -31,7 +31,8 @@ Loading calls obj:load_state_dict(sd) for each object passed in, restores the
 RNG state last (so that the next random draw equals the one that followed the
 save), and returns the other fields. Nothing in the file is ever run: the JSON
 is parsed by a small strict decoder (ember/checkpoint/json.lua), with a depth
-limit.
+limit. Writing it, the strings are quoted and UTF-8-checked by the core
+(em_json_quote, em_utf8_valid: the safetensors writer's own rules).
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -48,36 +49,21 @@ local MAX_DEPTH = 100
 
 -- -- JSON out -------------------------------------------------------------------------------
 
-local ESC = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t' }
+-- Strings are quoted, and checked to be UTF-8, by the core's JSON writer (the
+-- one that writes safetensors headers): one implementation of both rules.
+local qbuf, qcap = nil, 0
 local function quote(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    return ESC[c] or fmt('\\u%04x', byte(c))
-  end) .. '"'
+  local n = C.em_json_quote(nil, s, #s)
+  if n > qcap then
+    qcap = tonumber(n) * 2
+    qbuf = ffi.new('char[?]', qcap)
+  end
+  C.em_json_quote(qbuf, s, #s)
+  return ffi.string(qbuf, n)
 end
 
 -- Well-formed UTF-8 (what the file format requires of its header).
-local function utf8_ok(s)
-  local i, n = 1, #s
-  while i <= n do
-    local c = byte(s, i)
-    local len, lo, hi = 1, 0x80, 0xbf
-    if c < 0x80 then len = 1
-    elseif c >= 0xc2 and c <= 0xdf then len = 2
-    elseif c >= 0xe0 and c <= 0xef then
-      len = 3
-      if c == 0xe0 then lo = 0xa0 elseif c == 0xed then hi = 0x9f end
-    elseif c >= 0xf0 and c <= 0xf4 then
-      len = 4
-      if c == 0xf0 then lo = 0x90 elseif c == 0xf4 then hi = 0x8f end
-    else return false end
-    for k = 1, len - 1 do
-      local d = byte(s, i + k)
-      if not d or d < (k == 1 and lo or 0x80) or d > (k == 1 and hi or 0xbf) then return false end
-    end
-    i = i + len
-  end
-  return true
-end
+local function utf8_ok(s) return C.em_utf8_valid(s, #s) ~= 0 end
 
 local function is_marker(k)
   return type(k) == 'string' and k:match('^__.*__$') ~= nil

@@ -101,6 +101,8 @@ if C.em_open(Sbox, cfg) ~= 0 then
 end
 local S = Sbox[0]
 core.S = S
+-- C messages then number dims, list positions and indices from 1, as Lua does.
+C.em_set_index_base(S, 1)
 
 -- -- Errors -------------------------------------------------------------------------
 local getinfo = debug.getinfo
@@ -128,17 +130,9 @@ local function raise(msg)
 end
 core.raise = raise
 
--- The state's last error message, in Lua's numbering: C messages name dims
--- and list positions 0-based ("dimension 0", "position 0"); users count from 1. (Messages that say "0-based"
--- are left alone; the Lua layer checks dims before C would produce them.)
-local function errmsg()
-  local msg = ffi.string(C.em_errmsg(S))
-  if not msg:find('0-based', 1, true) then
-    msg = msg:gsub('dimension (%d+)', function(d) return 'dimension ' .. (tonumber(d) + 1) end)
-      :gsub('position (%d+)', function(d) return 'position ' .. (tonumber(d) + 1) end)
-  end
-  return msg
-end
+-- The state's last error message, already in Lua's numbering (the state's
+-- index base is 1, so C numbers dims, positions and indices from 1 itself).
+local function errmsg() return ffi.string(C.em_errmsg(S)) end
 core.errmsg = errmsg
 
 -- Raise the state's last error message.

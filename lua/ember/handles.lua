@@ -197,23 +197,6 @@ local function wrap(h)
 end
 M.wrap = wrap
 
--- Drop b's handle now instead of at the next sweep (b becomes unusable).
-function M.free(b)
-  local id = b._id
-  local p = ptrs[id]
-  if p ~= nil and p == b._h then rel(p); ptrs[id] = nil end
-  b._h = nil
-end
-
--- Point b at another handle (taking ownership of h), releasing the old one.
-function M.reset(b, h)
-  local id = b._id
-  local p = ptrs[id]
-  ptrs[id] = h
-  b._h = h
-  if p ~= nil then rel(p) end
-end
-
 function M.stats()
   return { slots = hi, young = ny, old = nold, free = nfree, sweeps = sweeps,
     live = hi - nfree }

@@ -10,7 +10,6 @@ and check argument types with ffi.istype; C writes results through one shared
 `em_tensor*[1]` out-box, read into a local before anything else can run.
 ]]
 local ffi = require 'ffi'
-local bit = require 'bit'
 local core = require 'ember.ffi'
 require 'ember.handles'
 local C, S, wrap, fail, raise = core.C, core.S, core.wrap, core.fail, core.raise
@@ -46,34 +45,28 @@ local ptr_ct = {
 }
 core.ptr_ct = ptr_ct
 
-local function half_to_number(b)
-  local s = b >= 0x8000 and -1 or 1
-  local e = bit.band(bit.rshift(b, 10), 0x1f)
-  local m = bit.band(b, 0x3ff)
-  if e == 0 then return s * m * 2 ^ -24 end
-  if e == 31 then return m == 0 and s * math.huge or 0 / 0 end
-  return s * (1 + m / 1024) * 2 ^ (e - 15)
-end
-local function bf16_to_number(b)
-  local s = b >= 0x8000 and -1 or 1
-  local e = bit.band(bit.rshift(b, 7), 0xff)
-  local m = bit.band(b, 0x7f)
-  if e == 0 then return s * m * 2 ^ -133 end
-  if e == 255 then return m == 0 and s * math.huge or 0 / 0 end
-  return s * (1 + m / 128) * 2 ^ (e - 127)
-end
-
 -- Element k (0-based, in elements from the data pointer) of a CPU tensor.
+-- float16 / bfloat16 bits are converted by C, as every op converts them.
 local function load(h, dt, k)
   local v = ffi.cast(ptr_ct[dt], C.em_tensor_data(h))[k]
   if dt <= 1 then return v end
   if dt == 5 then return tonumber(v) end
   if dt == 7 then return v ~= 0 end
-  if dt == 2 then return half_to_number(v) end
-  if dt == 3 then return bf16_to_number(v) end
+  if dt == 2 then return C.em_half_to_float(v) end
+  if dt == 3 then return C.em_bfloat16_to_float(v) end
   return v
 end
 core.load = load
+
+-- Element k of a CPU tensor := number v (converted as fill_ converts it). The
+-- caller has called em_tensor_bump_version.
+local function store(h, dt, k, v)
+  local p = ffi.cast(ptr_ct[dt], C.em_tensor_data(h))
+  if dt == 2 then p[k] = C.em_float_to_half(v)
+  elseif dt == 3 then p[k] = C.em_float_to_bfloat16(v)
+  elseif dt == 7 then p[k] = v ~= 0 and 1 or 0
+  else p[k] = v end
+end
 
 -- A 1-based (or negative) index i into a dim of size n -> 0-based.
 local function cindex(op, i, n, d, h)
@@ -108,10 +101,13 @@ local function index_set(t, i, v)
   local j = cindex('index', i, tonumber(C.em_tensor_size(h, 0)), 1, h)
   if type(v) == 'boolean' then v = v and 1 or 0 end
   if type(v) == 'number' then
-    local dt = core.dtype_of(h)
-    if n == 1 and dt ~= 2 and dt ~= 3 and C.em_tensor_device(h) < 0 then
-      if dt == 7 then v = v ~= 0 and 1 or 0 end
-      ffi.cast(ptr_ct[dt], C.em_tensor_data(h))[j * C.em_tensor_stride(h, 0)] = v
+    -- A CPU vector that autograd does not track: write the element here, after
+    -- the version bump every in-place write makes (a backward that saved t
+    -- then fails). A tracked one takes the general path below, which refuses
+    -- in grad mode with fill_'s message, as it does for any other shape.
+    if n == 1 and C.em_tensor_device(h) < 0 and C.em_tensor_requires_grad(h) == 0 then
+      if C.em_tensor_bump_version(S, h, 'index') ~= 0 then fail() end
+      store(h, core.dtype_of(h), j * C.em_tensor_stride(h, 0), v)
       return
     end
   elseif not istype(box_t, v) then

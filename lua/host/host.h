@@ -33,6 +33,7 @@ typedef struct opts {
   int has_e;         /* any -e */
   int stdin_script;  /* '-' given */
   int replicas;      /* --replicas N, or 0 */
+  int profile;       /* --profile */
 } opts;
 
 /* Which replica a Lua state is: rank, world size, intra-op threads (0 = the

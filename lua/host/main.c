@@ -167,6 +167,8 @@ static void usage(FILE *f) {
     "  -           run stdin\n"
     "  --          stop handling options\n"
     "  --replicas N  run the script as N replicas (threads) of em.distribute\n"
+    "  --profile     profile the whole script: print a report at exit and write\n"
+    "                ember-trace.json and ember-profile.html (em.profile)\n"
     "  --version   print the version\n"
     "  --info      print version, threads, backends and libraries\n"
     "  --help      print this help\n"
@@ -230,7 +232,9 @@ static int parse(int argc, char **argv, opts *o) {
         return -1;
       }
       o->replicas = (int)n;
-    } else if (strcmp(a, "--profile") == 0 || strcmp(a, "--devices") == 0) {
+    } else if (strcmp(a, "--profile") == 0) {
+      o->profile = 1;
+    } else if (strcmp(a, "--devices") == 0) {
       fprintf(stderr, "%s: %s is not available in this build yet\n", progname, a);
       return -1;
     } else {
@@ -365,6 +369,11 @@ static void record_failure(lua_State *L, struct smain *s, const char *msg) {
   tell_replicas(L, msg ? msg : "error");
 }
 
+/* ember --profile: em.profile around the whole script (ember/profile.lua). */
+static const char PROFILE_START_LUA[] = "require('ember.profile')._host_start()";
+static const char PROFILE_STOP_LUA[] =
+    "require('ember.profile')._host_stop(_EMBER_PROFILE_FAILED); _EMBER_PROFILE_FAILED = nil";
+
 static int pmain(lua_State *L) {
   struct smain *s = lua_touserdata(L, 1);
   int argc = s->argc;
@@ -387,8 +396,18 @@ static int pmain(lua_State *L) {
     s->status = status ? 1 : 0;
     return 0;
   }
+  if (o->profile && (status = dochunk(L, luaL_loadstring(L, PROFILE_START_LUA)))) {
+    s->status = 1;
+    return 0;
+  }
   status = run_options(L, argc, argv, o->script ? o->script : argc);
   if (!status && o->script) status = run_script(L, argc, argv, o->script, o->stdin_script);
+  if (o->profile) {          /* the report, also for a failed script (its replicas
+                                may be gone: then this replica's view alone) */
+    lua_pushboolean(L, status != 0);
+    lua_setglobal(L, "_EMBER_PROFILE_FAILED");
+    if (dochunk(L, luaL_loadstring(L, PROFILE_STOP_LUA)) && !status) status = 1;
+  }
   if (status) {
     record_failure(L, s, last_error);
     s->status = 1;

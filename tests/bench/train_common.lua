@@ -28,7 +28,8 @@ function T.model(kind)
     nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 end
 
-function T.run(kind, steps)
+-- The model, its data and one training step: step(i) trains on batch i (of 40).
+function T.setup(kind)
   em.manual_seed(0)
   local batch = 128
   local ds = em.data.fashion_mnist{ split = 'train' }
@@ -46,6 +47,11 @@ function T.run(kind, steps)
     opt:step()
     return loss
   end
+  return step, batch
+end
+
+function T.run(kind, steps)
+  local step, batch = T.setup(kind)
   for i = 1, 5 do step(i) end
   local t0 = B.now()
   for i = 1, steps do step(i) end

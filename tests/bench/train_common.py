@@ -37,7 +37,8 @@ def peak_rss_mb():
                 return int(line.split()[1]) / 1024
 
 
-def run(kind, steps):
+def setup(kind):
+    """The model, its data and one training step: step(i) trains on batch i (of 40)."""
     torch.manual_seed(0)
     batch, n = 128, 128 * 40
     images = idx(ROOT + '/train-images-idx3-ubyte.gz', 16).reshape(-1, 1, 28, 28)[:n]
@@ -54,6 +55,11 @@ def run(kind, steps):
         loss.backward()
         opt.step()
 
+    return step, batch
+
+
+def run(kind, steps):
+    step, batch = setup(kind)
     for i in range(5):
         step(i)
     t0 = now()

@@ -1081,6 +1081,51 @@ static void test_threads(void) {
   }
 }
 
+/* Messages number dims, positions and indices from the state's index base (the Lua
+** layer sets 1); index_base arguments of ops stay what they are. */
+static void test_index_base(em_state *S) {
+  em_tensor *a = NULL, *b = NULL, *o = NULL;
+  REQUIRE_OK(S, iota34(S, &a));
+  CHECK(em_get_index_base(S) == 0, "index base starts at 0");
+  CHECK_ERR(S, em_select(S, a, 1, 4, &o), EM_ERR_INDEX, "index 4", "dimension 1 ");
+  CHECK_ERR(S, em_set_index_base(S, 2), EM_ERR_ARG, "set_index_base", "2");
+  REQUIRE_OK(S, em_set_index_base(S, 1));
+  CHECK(em_get_index_base(S) == 1, "index base set to 1");
+  CHECK_ERR(S, em_select(S, a, 1, 4, &o), EM_ERR_INDEX, "index 5", "dimension 2 ");
+  CHECK_ERR(S, em_select(S, a, 0, -4, &o), EM_ERR_INDEX, "index -4", "dimension 1 ");
+  CHECK_ERR(S, em_transpose(S, a, 0, 2, &o), EM_ERR_INDEX, "dimension 3 ", "count from 1");
+  CHECK_ERR(S, em_narrow(S, a, 1, 3, 2, &o), EM_ERR_INDEX, "start 4", "dimension 2 ");
+  REQUIRE_OK(S, em_empty(S, SHP(3, 5), EM_FLOAT32, EM_CPU, &b));
+  em_tensor *list[3] = {a, a, b};
+  CHECK_ERR(S, em_cat(S, list, 3, 0, &o), EM_ERR_SHAPE, "dimension 1:", "position 1 ",
+            "position 3");
+  CHECK_ERR(S, em_stack(S, list, 3, 0, &o), EM_ERR_SHAPE, "position 1 ", "position 3");
+  REQUIRE_OK(S, em_set_index_base(S, 0));
+  CHECK_ERR(S, em_cat(S, list, 3, 0, &o), EM_ERR_SHAPE, "dimension 0:", "position 0 ",
+            "position 2");
+  em_tensor_release(a); em_tensor_release(b);
+}
+
+/* Writing a tensor's memory directly: em_tensor_bump_version checks and counts it
+** like an in-place op; the float16 / bfloat16 conversions are the ops' own. */
+static void test_direct_writes(em_state *S) {
+  em_tensor *x = NULL, *y = NULL, *s = NULL, *v = NULL;
+  REQUIRE_OK(S, t_make(S, &x, EM_FLOAT64, SHP(3), V(1, 2, 3)));
+  REQUIRE_OK(S, em_tensor_set_requires_grad(S, x, 1));
+  CHECK_ERR(S, em_tensor_bump_version(S, x, "poke"), EM_ERR_ARG, "poke", "leaf");
+  REQUIRE_OK(S, em_binary(S, EM_MUL, x, x, &y));       /* saves x */
+  REQUIRE_OK(S, em_reduce(S, EM_SUM, y, NULL, 0, 0, &s));
+  REQUIRE_OK(S, em_detach(S, x, &v));                 /* x's storage, no history */
+  REQUIRE_OK(S, em_tensor_bump_version(S, v, "poke"));
+  ((double *)em_tensor_data(v))[0] = 0;
+  CHECK_ERR(S, em_backward(S, s, NULL), EM_ERR_ARG, "modified by an inplace operation");
+  em_tensor_release(v); em_tensor_release(s); em_tensor_release(y); em_tensor_release(x);
+  CHECK(em_half_to_float(0x3c00) == 1.0f && em_float_to_half(65520.0f) == 0x7c00 &&
+        em_half_to_float(0x0001) == 5.9604644775390625e-08f, "float16 conversions");
+  CHECK(em_bfloat16_to_float(0x3f80) == 1.0f && em_float_to_bfloat16(1.00390625f) == 0x3f80,
+        "bfloat16 conversions (1 + 2^-8 ties to even)");
+}
+
 int main(void) {
   RUN(test_state);
   em_state *S = open_state(2, 0);
@@ -1093,6 +1138,8 @@ int main(void) {
   RUN(test_promotion, S);
   RUN(test_half, S);
   RUN(test_errors, S);
+  RUN(test_index_base, S);
+  RUN(test_direct_writes, S);
   RUN(test_elementwise, S);
   RUN(test_reduce, S);
   RUN(test_matmul, S);

@@ -1,7 +1,8 @@
 /*
 ** test_autograd.c -- the C side of autograd: gradients of a small graph,
 ** accumulation, gradient hooks (called once per backward, when the leaf's
-** gradient is final), grad mode, detach, the error cases, and a failing
+** gradient is final), grad mode, detach, the error cases, storage versions
+** bumped by in-place nn and optimizer ops, and a failing
 ** allocator over forward + backward (every refusal reported, nothing leaked).
 */
 #include "check.h"
@@ -135,6 +136,96 @@ static void test_modes_and_errors(em_state *S) {
   em_tensor_release(i); em_tensor_release(ones); em_tensor_release(x);
 }
 
+/* -- In-place writes outside the element-wise ops bump the storage version ----------------
+** Each case saves t for backward (b = x * t saves t; t itself needs no grad), writes t in
+** place through the op under test, checks the values written, and then backward must
+** refuse with the version message. A control first shows the same graph works untouched. */
+typedef em_status (*inplace_fn)(em_state *S, em_tensor *t, em_tensor **aux);
+
+static void version_case(em_state *S, const char *name, inplace_fn fn, const double *want,
+                         int64_t n) {
+  em_tensor *x = mk(S, SHP(2), V(1, 2), 1), *t = mk(S, SHP(2), V(1, 2), 0);
+  em_tensor *b = NULL, *ones = NULL, *aux[4] = {0};
+  REQUIRE(x && t);
+  REQUIRE_OK(S, em_full(S, SHP(2), 1.0, EM_FLOAT64, EM_CPU, &ones));
+  REQUIRE_OK(S, em_binary(S, EM_MUL, x, t, &b));            /* saves t */
+  CHECK_OK(S, em_backward(S, b, ones));                      /* control: t untouched */
+  em_tensor_release(b); b = NULL;
+  REQUIRE_OK(S, em_binary(S, EM_MUL, x, t, &b));
+  CHECK_OK(S, fn(S, t, aux));
+  char why[128];
+  CHECK(t_values(t, want, n, 1e-12, why, sizeof why), "%s wrote: %s", name, why);
+  CHECK_ERR(S, em_backward(S, b, ones), EM_ERR_ARG, "modified by an inplace operation",
+            "version");
+  for (int i = 0; i < 4; i++) em_tensor_release(aux[i]);
+  em_tensor_release(b); em_tensor_release(ones); em_tensor_release(t); em_tensor_release(x);
+}
+
+static em_status w_index_add(em_state *S, em_tensor *t, em_tensor **aux) {
+  em_status st = t_make(S, &aux[0], EM_INT64, SHP(1), V(1));
+  if (!st) st = t_make(S, &aux[1], EM_FLOAT64, SHP(1), V(10));
+  return st ? st : em_index_add_(S, t, 0, aux[0], aux[1], 0);
+}
+static em_status w_scatter_add(em_state *S, em_tensor *t, em_tensor **aux) {
+  em_status st = t_make(S, &aux[0], EM_INT64, SHP(2), V(0, 0));
+  if (!st) st = t_make(S, &aux[1], EM_FLOAT64, SHP(2), V(3, 4));
+  return st ? st : em_scatter_add_(S, t, 0, aux[0], aux[1], 0);
+}
+/* t is batch norm's running_var, then (second variant) its running_mean: input (2, 2)
+** columns {1, 3} and {2, 6}: batch means 2, 4, unbiased variances 2, 8. */
+static em_status w_bn_var(em_state *S, em_tensor *t, em_tensor **aux) {
+  em_status st = t_make(S, &aux[0], EM_FLOAT64, SHP(2, 2), V(1, 2, 3, 6));
+  return st ? st : em_batch_norm(S, aux[0], NULL, NULL, NULL, t, 1, 0.1, 1e-5, &aux[1],
+                                 NULL, NULL);
+}
+static em_status w_bn_mean(em_state *S, em_tensor *t, em_tensor **aux) {
+  em_status st = t_make(S, &aux[0], EM_FLOAT64, SHP(2, 2), V(1, 2, 3, 6));
+  return st ? st : em_batch_norm(S, aux[0], NULL, NULL, t, NULL, 1, 0.5, 1e-5, &aux[1],
+                                 NULL, NULL);
+}
+/* t is the parameter; grad 0.5, -0.5 */
+static em_status w_sgd(em_state *S, em_tensor *t, em_tensor **aux) {
+  em_status st = t_make(S, &aux[0], EM_FLOAT64, SHP(2), V(0.5, -0.5));
+  return st ? st : em_sgd_step_(S, t, aux[0], NULL, 0.1, 0, 0, 0, 0, 1);
+}
+static em_status w_sgd_buf(em_state *S, em_tensor *t, em_tensor **aux) {
+  /* t is the momentum buffer this time: the parameter is aux[1] */
+  em_status st = t_make(S, &aux[0], EM_FLOAT64, SHP(2), V(0.5, -0.5));
+  if (!st) st = t_make(S, &aux[1], EM_FLOAT64, SHP(2), V(0, 0));
+  return st ? st : em_sgd_step_(S, aux[1], aux[0], t, 0.1, 0.9, 0, 0, 0, 0);
+}
+static em_status w_adam(em_state *S, em_tensor *t, em_tensor **aux) {
+  em_status st = t_make(S, &aux[0], EM_FLOAT64, SHP(2), V(0.5, -0.5));
+  if (!st) st = em_full(S, SHP(2), 0.0, EM_FLOAT64, EM_CPU, &aux[1]);
+  if (!st) st = em_full(S, SHP(2), 0.0, EM_FLOAT64, EM_CPU, &aux[2]);
+  return st ? st : em_adam_step_(S, t, aux[0], aux[1], aux[2], 0.1, 0.9, 0.999, 1e-8, 0, 0, 1);
+}
+
+static void test_inplace_versions(em_state *S) {
+  version_case(S, "index_add_", w_index_add, V(1, 12));
+  version_case(S, "scatter_add_", w_scatter_add, V(8, 2));
+  version_case(S, "batch_norm running_var", w_bn_var, V(0.9 + 0.2, 1.8 + 0.8));
+  version_case(S, "batch_norm running_mean", w_bn_mean, V(1.5, 3));
+  version_case(S, "sgd_step_", w_sgd, V(0.95, 2.05));
+  /* buf = 0.9*buf + g = (1.4, 1.3): then the parameter moves by -0.1*buf */
+  version_case(S, "sgd_step_ momentum_buf", w_sgd_buf, V(1.4, 1.3));
+  /* Adam's first step moves each element by lr against its gradient's sign */
+  version_case(S, "adam_step_", w_adam, V(1 - 0.1 * 0.5 / (0.5 + 1e-8),
+                                          2 + 0.1 * 0.5 / (0.5 + 1e-8)));
+  /* eval-mode batch norm reads the running statistics and leaves them alone */
+  em_tensor *x = mk(S, SHP(2), V(1, 2), 1), *rm = mk(S, SHP(2), V(0, 0), 0);
+  em_tensor *rv = mk(S, SHP(2), V(1, 1), 0), *in = NULL, *y = NULL, *b = NULL, *ones = NULL;
+  REQUIRE(x && rm && rv);
+  REQUIRE_OK(S, t_make(S, &in, EM_FLOAT64, SHP(2, 2), V(1, 2, 3, 6)));
+  REQUIRE_OK(S, em_full(S, SHP(2), 1.0, EM_FLOAT64, EM_CPU, &ones));
+  REQUIRE_OK(S, em_binary(S, EM_MUL, x, rm, &b));
+  CHECK_OK(S, em_batch_norm(S, in, NULL, NULL, rm, rv, 0, 0.1, 1e-5, &y, NULL, NULL));
+  CHECK_CLOSE(t_get(y, 3), 6 / sqrt(1 + 1e-5), 1e-12);
+  CHECK_OK(S, em_backward(S, b, ones));
+  em_tensor *all[7] = {x, rm, rv, in, y, b, ones};
+  for (int i = 0; i < 7; i++) em_tensor_release(all[i]);
+}
+
 /* -- Failing allocator ---------------------------------------------------------------- */
 typedef struct fa_state {
   long count, fail_at;
@@ -233,6 +324,7 @@ int main(void) {
   RUN(test_strided_views, S);
   RUN(test_hooks, S);
   RUN(test_modes_and_errors, S);
+  RUN(test_inplace_versions, S);
   em_close(S);
   RUN(test_failalloc);
   return check_done();

@@ -6,7 +6,7 @@
 ** 2, ... a fixed sequence of representative calls (opening the state, creation,
 ** broadcasting with promotion, reductions, matmul, joins, indexing, views, a
 ** reshape that copies, conversions, in-place ops, random fills, big ops that use
-** the thread pool) runs until the refusal comes; then everything is released and
+** the worker threads) runs until the refusal comes; then everything is released and
 ** the state closed. Each such run must:
 **   - stop with EM_ERR_NOMEM and a message (never crash, never abort);
 **   - leave an in-place op's input as it was when that op is the one refused;
@@ -187,7 +187,7 @@ static void run_sequence(fa_state *f, run_result *r) {
   STEP(em_normal_(S, t[57], 0, 1));
   STEP(em_empty(S, SHP(50), EM_INT64, EM_CPU, &t[58]));
   STEP(em_randint_(S, t[58], 0, 10));
-  /* big enough for the thread pool */
+  /* big enough for the worker threads */
   STEP(em_full(S, SHP(300, 1000), 1, EM_FLOAT32, EM_CPU, &t[59]));
   STEP(em_transpose(S, t[59], 0, 1, &t[60]));
   STEP(em_binary(S, EM_ADD, t[59], t[59], &t[61]));
@@ -195,7 +195,7 @@ static void run_sequence(fa_state *f, run_result *r) {
   STEP(em_reduce(S, EM_SUM, t[61], NULL, 0, 0, &t[63]));
   STEP(em_uniform_(S, t[61], 0, 1));
   STEP(em_contiguous(S, t[60], &t[64]));
-  /* thread pool restarts: a refused start keeps the old pool */
+  /* worker threads restart: a refused start keeps the old ones */
   STEP(em_set_num_threads(S, 3));
   STEP(em_set_num_threads(S, 2));
 

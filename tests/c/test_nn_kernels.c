@@ -194,8 +194,8 @@ static void test_losses(em_state *S) {
   }
 }
 
-/* -- norms ----------------------------------------------------------------------- */
-static void test_norms(em_state *S) {
+/* -- normalization layers -------------------------------------------------------- */
+static void test_normalize(em_state *S) {
   for (int k = 0; k < 4; k++) {
     em_dtype dt = DTS[k & 1];
     int nc = k >> 1;
@@ -574,7 +574,7 @@ int main(void) {
   RUN(test_pool, S);
   RUN(test_pool_2x2_ties_nan, S);
   RUN(test_losses, S);
-  RUN(test_norms, S);
+  RUN(test_normalize, S);
   RUN(test_scatter, S);
   RUN(test_finite_diff, S);
   RUN(test_errors, S);

@@ -203,4 +203,70 @@ H.test('composite graphs match PyTorch', function()
   end
 end)
 
+-- t[i] = v writes like fill_ on every shape: the 1-D fast path (a CPU vector
+-- written from Lua directly) refuses and bumps the version as the ops do.
+H.test('t[i] = v: refused on tensors autograd tracks, seen by saved tensors', function()
+  local function msg(fn)
+    return (H.raises(fn, 'fill_', 'in-place'):gsub('^[^:]*:%d+: ', ''))
+  end
+  local w = em.tensor({ 1, 2, 3 }, F64):requires_grad_()
+  local m = em.tensor({ { 1, 2 }, { 3, 4 } }, F64):requires_grad_()
+  H.eq(msg(function() w[1] = 0 end), msg(function() m[1] = 0 end),
+    'a vector and a matrix refuse with one message')
+  H.raises(function() w[2] = true end, 'fill_')
+  H.eq(w:totable(), { 1, 2, 3 }, 'refused writes leave the leaf alone')
+  em.no_grad(function() w[1] = 5 end)
+  H.eq(w:totable(), { 5, 2, 3 }, 'under no_grad the write is made')
+  for _, dt in ipairs({ 'float64', 'float32', 'float16', 'int64' }) do
+    local x = em.tensor({ 1, 2, 3 }, F64):requires_grad_()
+    local a = x:exp()
+    local b = a:sin()                         -- saves a
+    local v = a:detach():to(dt)
+    if dt == 'float64' then
+      v[2] = 0                                -- through a's storage, by the fast path
+      H.raises(function() b:sum():backward() end, 'modified by an inplace operation')
+    else                                      -- another storage: nothing to see
+      v[2] = 0
+      b:sum():backward()
+      H.eq(v:totable()[2], 0, dt .. ' element written')
+    end
+  end
+  -- a view of a vector that a node saved
+  local y = em.tensor({ 1, 2, 3, 4 }, F64):requires_grad_()
+  local p = y * 1
+  local q = p:pow(2)                          -- saves p
+  local pv = p:detach():narrow(1, 2, 2)
+  pv[1] = 7
+  H.raises(function() q:sum():backward() end, 'modified by an inplace operation')
+end)
+
+-- In-place writes made by the nn and optimizer kernels bump the storage version
+-- like the element-wise ops: a graph that saved the tensor refuses to run.
+H.test('optimizer steps and batch norm statistics bump versions', function()
+  local w = em.tensor({ 1, 2 }, F64):requires_grad_()
+  local x = em.tensor({ 3, 4 }, F64):requires_grad_()
+  local opt = em.optim.SGD({ w }, { lr = 0.1 })
+  ;(w * x):sum():backward()                   -- w.grad = x
+  local y = x * w                              -- saves w
+  opt:step()
+  H.close(w:totable(), { 0.7, 1.6 }, 1e-12, 'the step moved w')
+  H.raises(function() y:sum():backward() end, 'modified by an inplace operation', 'version')
+  local adam = em.optim.Adam({ w }, { lr = 0.1 })
+  y = x * w
+  adam:step()
+  H.close(w:totable(), { 0.6, 1.5 }, 1e-6, 'an Adam step moves w by lr')
+  H.raises(function() y:sum():backward() end, 'modified by an inplace operation')
+  -- batch norm's running mean, saved by a product
+  local F32 = { dtype = 'float32' }
+  local bn = em.nn.BatchNorm1d(2)
+  local z = em.tensor({ 1, 2 }, F32):requires_grad_()
+  local rm = bn.running_mean
+  local u = z * rm:clone()
+  local keep = z * rm                          -- saves the running mean itself
+  bn(em.tensor({ { 1, 2 }, { 3, 6 } }, F32))
+  H.close(rm:totable(), { 0.2, 0.4 }, 1e-6, 'running mean moved by momentum 0.1')
+  u:sum():backward()                           -- a copy: unaffected
+  H.raises(function() keep:sum():backward() end, 'modified by an inplace operation')
+end)
+
 H.done()

@@ -201,6 +201,43 @@ H.test('t[i] and #t', function()
   H.eq(t:numel(), 6, 'methods beside t[i]')
 end)
 
+H.test('t[i] on vectors of every dtype converts as the ops do', function()
+  local vals = { 0.1, -2.5, 65504, 1e-7, 3.3e38, 0 / 0 }
+  for _, dt in ipairs({ 'float32', 'float64', 'float16', 'bfloat16' }) do
+    local t = em.tensor(vals, { dtype = 'float64' }):to(dt)
+    local ref = t:double():totable()              -- C's conversions
+    for i = 1, #vals do
+      local v, r = t[i], ref[i]
+      H.check(v == r or (v ~= v and r ~= r), ('%s t[%d] = %s, C reads %s'):format(dt, i,
+        tostring(v), tostring(r)))
+    end
+    local n = #vals - 1                            -- NaN aside (it equals nothing)
+    local u = em.zeros(n, { dtype = dt })
+    for i = 1, n do u[i] = vals[i] end             -- the fast path's writes
+    local f = em.zeros(n, { dtype = dt })
+    for i = 1, n do f:narrow(1, i, 1):fill_(vals[i]) end
+    H.eq(u:double():totable(), f:double():totable(), dt .. ': t[i] = v writes what fill_ writes')
+    u[1] = 0 / 0
+    H.check(u[1] ~= u[1], dt .. ': NaN written')
+  end
+  local b = em.zeros(3, { dtype = 'bool' })
+  b[1], b[2] = 2, true
+  H.eq(b:totable(), { true, true, false }, 'bool vector')
+  local n = em.zeros(2, { dtype = 'int32' })
+  n[2] = -7
+  H.eq(n:totable(), { 0, -7 }, 'int32 vector')
+end)
+
+H.test('messages count dims, positions and indices from 1', function()
+  local a, b = em.zeros(2, 3), em.zeros(2, 4)
+  H.raises(function() return em.cat({ a, b }, 1) end,
+    'except in dimension 1', 'at position 1', 'at position 2')
+  H.raises(function() return em.stack({ a, b }) end, 'position 1', 'position 2')
+  H.raises(function() return em.stack({ a, a, b }) end, 'at position 3')
+  H.raises(function() return a:gather(1, em.zeros(1, 4):long() + 1) end, 'in dimension 2')
+  H.raises(function() return em.zeros(2, 0):amax(2) end, 'dimension 2 of size 0')
+end)
+
 -- -- Operators and in-place ops --------------------------------------------------------------
 
 H.test('operators with numbers on either side', function()

@@ -1,12 +1,10 @@
 --[[
 ember.nn.functional -- em.nn.F: the stateless layer functions the modules call.
 
-The fused C kernels (em_conv2d, em_max_pool2d, em_cross_entropy, em_batch_norm,
-...) are used whenever the C op records itself for autograd (the recorders are
-in core/autograd/grad_nn.c), or when no gradient is wanted. Where a kernel does
-not record yet and a gradient is wanted, the losses and norms fall back to
-compositions of differentiable core ops (same values, slower); conv and pooling
-have no fallback and say so. Class targets are 1-based (index_base 1 in C).
+Each is one fused C op (em_conv2d, em_max_pool2d, em_cross_entropy,
+em_batch_norm, ...) that records itself for autograd (the recorders are in
+core/autograd/grad_nn.c); linear, dropout and embedding are compositions of
+core ops. Class targets are 1-based (index_base 1 in C).
 ]]
 local ffi = require 'ffi'
 local em = require 'ember'
@@ -17,8 +15,6 @@ local H, box_t, istype = core.H, core.box_t, ffi.istype
 local F = {}
 
 local o1 = ffi.new('em_tensor*[1]')
-local o2 = ffi.new('em_tensor*[1]')
-local o3 = ffi.new('em_tensor*[1]')
 local pk, ps, pp, pd = ffi.new('int64_t[2]'), ffi.new('int64_t[2]'), ffi.new('int64_t[2]'),
   ffi.new('int64_t[2]')
 
@@ -34,34 +30,12 @@ local function pair(op, what, v, buf, def)
   return buf
 end
 
-local function wants_grad(...)
-  if not em.is_grad_enabled() then return false end
-  for i = 1, select('#', ...) do
-    local t = select(i, ...)
-    if t ~= nil and t.requires_grad then return true end
-  end
-  return false
-end
-
--- Is the op's C kernel recording itself? Learned on the first call that wanted a gradient.
-local records = {}
-local function fused_ok(name, result, ...)
-  if not wants_grad(...) then return true end
-  if records[name] == nil then records[name] = result.requires_grad end
-  return records[name]
-end
-F._records = records
-
 local reductions = { none = 0, mean = 1, sum = 2 }
 local function reduction_of(op, r)
   if r == nil then return 1 end
   local v = reductions[r]
   if not v then raise(("%s: reduction must be 'none', 'mean' or 'sum', got %s"):format(op, tostring(r))) end
   return v
-end
-local function reduce(x, r)
-  if r == 1 then return x:mean() elseif r == 2 then return x:sum() end
-  return x
 end
 
 -- -- Linear and activations -----------------------------------------------------------
@@ -97,11 +71,7 @@ function F.conv2d(x, w, b, stride, padding, dilation, groups)
   if C.em_conv2d(S, hx, hw, hb, pair('conv2d', 'stride', stride, ps, 1),
       pair('conv2d', 'padding', padding, pp, 0), pair('conv2d', 'dilation', dilation, pd, 1),
       groups or 1, o1) ~= 0 then fail() end
-  local y = wrap(o1[0])
-  if not fused_ok('conv2d', y, x, w, b) then
-    raise('conv2d: autograd for conv2d is not available in this build')
-  end
-  return y
+  return wrap(o1[0])
 end
 
 function F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)
@@ -111,11 +81,7 @@ function F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)
       pair('max_pool2d', 'dilation', dilation, pd, 1), ceil_mode and 1 or 0, 1, o1, nil) ~= 0 then
     fail()
   end
-  local y = wrap(o1[0])
-  if not fused_ok('max_pool2d', y, x) then
-    raise('max_pool2d: autograd for max_pool2d is not available in this build')
-  end
-  return y
+  return wrap(o1[0])
 end
 
 function F.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad)
@@ -123,11 +89,7 @@ function F.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad)
   if C.em_avg_pool2d(S, hx, pair('avg_pool2d', 'kernel_size', kernel, pk),
       pair('avg_pool2d', 'stride', stride, ps), pair('avg_pool2d', 'padding', padding, pp, 0),
       ceil_mode and 1 or 0, count_include_pad == false and 0 or 1, o1) ~= 0 then fail() end
-  local y = wrap(o1[0])
-  if not fused_ok('avg_pool2d', y, x) then
-    raise('avg_pool2d: autograd for avg_pool2d is not available in this build')
-  end
-  return y
+  return wrap(o1[0])
 end
 
 function F.adaptive_avg_pool2d(x, size)
@@ -135,11 +97,7 @@ function F.adaptive_avg_pool2d(x, size)
   if C.em_adaptive_avg_pool2d(S, hx, pair('adaptive_avg_pool2d', 'output_size', size, pk), o1) ~= 0 then
     fail()
   end
-  local y = wrap(o1[0])
-  if not fused_ok('adaptive_avg_pool2d', y, x) then
-    raise('adaptive_avg_pool2d: autograd for adaptive_avg_pool2d is not available in this build')
-  end
-  return y
+  return wrap(o1[0])
 end
 
 -- -- Losses --------------------------------------------------------------------------------
@@ -149,33 +107,13 @@ local function opts_of(op, o)
   return o
 end
 
--- Composition fallback of nll over log-probabilities (N, C); targets 1-based.
-local function nll_composed(logp, target, ignore_index, r)
-  local t = target:to('int64')
-  local keep = t:ne(ignore_index)
-  local safe = em.where(keep, t, em.ones_like(t))
-  local picked = -logp:gather(2, safe:unsqueeze(2)):squeeze(2) * keep:to(logp.dtype)
-  if r == 0 then return picked end
-  if r == 2 then return picked:sum() end
-  return picked:sum() / keep:to(logp.dtype):sum()
-end
-
 function F.cross_entropy(input, target, opts)
   opts = opts_of('cross_entropy', opts)
   local r = reduction_of('cross_entropy', opts.reduction)
   local ls, ign = opts.label_smoothing or 0, opts.ignore_index or -100
   local hx, ht = H(input, 'cross_entropy', 1), H(target, 'cross_entropy', 2)
   if C.em_cross_entropy(S, hx, ht, 1, ign, ls, r, o1, nil) ~= 0 then fail() end
-  local y = wrap(o1[0])
-  if fused_ok('cross_entropy', y, input) then return y end
-  local logp = input:log_softmax(2)
-  local nll = nll_composed(logp, target, ign, ls == 0 and r or 0)
-  if ls == 0 then return nll end
-  local keep = target:to('int64'):ne(ign):to(logp.dtype)
-  local smooth = -logp:mean(2) * keep
-  local per = nll * (1 - ls) + smooth * ls
-  if r == 0 then return per elseif r == 2 then return per:sum() end
-  return per:sum() / keep:sum()
+  return wrap(o1[0])
 end
 
 function F.nll_loss(input, target, opts)
@@ -185,18 +123,14 @@ function F.nll_loss(input, target, opts)
   if C.em_nll_loss(S, H(input, 'nll_loss', 1), H(target, 'nll_loss', 2), 1, ign, r, o1) ~= 0 then
     fail()
   end
-  local y = wrap(o1[0])
-  if fused_ok('nll_loss', y, input) then return y end
-  return nll_composed(input, target, ign, r)
+  return wrap(o1[0])
 end
 
 function F.mse_loss(input, target, opts)
   opts = opts_of('mse_loss', opts)
   local r = reduction_of('mse_loss', opts.reduction)
   if C.em_mse_loss(S, H(input, 'mse_loss', 1), H(target, 'mse_loss', 2), r, o1) ~= 0 then fail() end
-  local y = wrap(o1[0])
-  if fused_ok('mse_loss', y, input, target) then return y end
-  return reduce((input - target):square(), r)
+  return wrap(o1[0])
 end
 
 function F.binary_cross_entropy_with_logits(input, target, opts)
@@ -204,11 +138,7 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
   local r = reduction_of('binary_cross_entropy_with_logits', opts.reduction)
   if C.em_bce_with_logits(S, H(input, 'binary_cross_entropy_with_logits', 1),
       H(target, 'binary_cross_entropy_with_logits', 2), r, o1) ~= 0 then fail() end
-  local y = wrap(o1[0])
-  if fused_ok('bce_with_logits', y, input, target) then return y end
-  -- (1 - t) x + log(1 + exp(-x)), stable: max(x, 0) - x t + log1p(exp(-|x|))
-  local l = input:clamp_min(0) - input * target + (-input:abs()):exp():log1p()
-  return reduce(l, r)
+  return wrap(o1[0])
 end
 
 -- -- Normalisation ----------------------------------------------------------------------------
@@ -220,39 +150,10 @@ function F.batch_norm(x, rm, rv, w, b, training, momentum, eps)
   local hrv = rv ~= nil and H(rv, 'batch_norm', 3) or nil
   local hw = w ~= nil and H(w, 'batch_norm', 4) or nil
   local hb = b ~= nil and H(b, 'batch_norm', 5) or nil
-  local grad = wants_grad(x, w, b)
-  if not grad or records.batch_norm ~= false then
-    if C.em_batch_norm(S, h, hw, hb, hrm, hrv, training and 1 or 0, momentum, eps, o1, nil, nil) ~= 0 then
-      fail()
-    end
-    local y = wrap(o1[0])
-    if not grad then return y end
-    if records.batch_norm == nil then records.batch_norm = y.requires_grad end
-    if records.batch_norm then return y end
-    -- the running stats were updated by the call above: compose without touching them
-    rm, rv = nil, nil
+  if C.em_batch_norm(S, h, hw, hb, hrm, hrv, training and 1 or 0, momentum, eps, o1, nil, nil) ~= 0 then
+    fail()
   end
-  local nd = x:dim()
-  local dims, shape = { 1 }, { 1, x.shape[2] }
-  for d = 3, nd do dims[#dims + 1] = d; shape[d] = 1 end
-  local y
-  if training then
-    local mean = x:mean(dims, true)
-    local var = x:var(dims, true, { correction = 0 })
-    y = (x - mean) * (var + eps):rsqrt()
-    if rm ~= nil then
-      em.no_grad(function()
-        local n = x:numel() / x.shape[2]
-        rm:mul_(1 - momentum):add_(mean:reshape(rm.shape) * momentum)
-        rv:mul_(1 - momentum):add_(var:reshape(rv.shape) * (momentum * n / math.max(n - 1, 1)))
-      end)
-    end
-  else
-    y = (x - rm:reshape(shape)) * (rv:reshape(shape) + eps):rsqrt()
-  end
-  if w ~= nil then y = y * w:reshape(shape) end
-  if b ~= nil then y = y + b:reshape(shape) end
-  return y
+  return wrap(o1[0])
 end
 
 -- layer_norm(x, normalized_shape, weight, bias, eps)
@@ -261,23 +162,9 @@ function F.layer_norm(x, shape, w, b, eps)
   if type(shape) == 'number' then shape = { shape } end
   local nd = #shape
   local h = H(x, 'layer_norm', 1)
-  local grad = wants_grad(x, w, b)
-  if not grad or records.layer_norm ~= false then
-    if C.em_layer_norm(S, h, nd, w ~= nil and H(w, 'layer_norm', 3) or nil,
-        b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil) ~= 0 then fail() end
-    local y = wrap(o1[0])
-    if not grad then return y end
-    if records.layer_norm == nil then records.layer_norm = y.requires_grad end
-    if records.layer_norm then return y end
-  end
-  local dims = {}
-  for d = x:dim() - nd + 1, x:dim() do dims[#dims + 1] = d end
-  local mean = x:mean(dims, true)
-  local var = x:var(dims, true, { correction = 0 })
-  local y = (x - mean) * (var + eps):rsqrt()
-  if w ~= nil then y = y * w end
-  if b ~= nil then y = y + b end
-  return y
+  if C.em_layer_norm(S, h, nd, w ~= nil and H(w, 'layer_norm', 3) or nil,
+      b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil) ~= 0 then fail() end
+  return wrap(o1[0])
 end
 
 function F.embedding(idx, w)

@@ -148,6 +148,16 @@ end
 -- step([closure]): updates every parameter that has a gradient. With a closure
 -- (which recomputes the loss), calls it first and returns its result.
 function Optimizer:step(closure)
+  if C.em_profile_active(S) ~= 0 then    -- the step as one span on the profile
+    local res
+    require('ember.profile')._optimizer_step((self.class.name or 'optimizer') .. '.step',
+      function() res = self:_step(closure) end)
+    return res
+  end
+  return self:_step(closure)
+end
+
+function Optimizer:_step(closure)
   local loss
   if closure ~= nil then loss = closure() end
   local cls = self.class

@@ -1,15 +1,16 @@
 /*
-** nn_norm.c -- batch_norm and layer_norm, forward and backward: checks, the
-** running-statistics update (PyTorch's rule: biased variance normalises, the
-** unbiased one goes into running_var) and outputs; kernels in core/cpu/norm.c.
+** nn_normalize.c -- the normalization layers batch_norm and layer_norm, forward
+** and backward: checks, output shapes and contiguous inputs, then the device's
+** entries (the CPU backend's normalize.c), which also move batch norm's running
+** statistics -- an in-place write, so it bumps their storage versions here.
 */
 #include "nn_util.h"
 #include "../autograd/grad_nn.h"
 #include <math.h>
 
 static em_status check_vec(em_state *S, const char *op, const char *what,
-                           const em_tensor *t, em_dtype dt, int64_t C) {
-  em_status st = nn_check_float(S, op, what, t, dt);
+                           const em_tensor *t, const em_tensor *input, int64_t C) {
+  em_status st = nn_check_float(S, op, what, t, input);
   if (st) return st;
   if (t->ndim != 1 || t->sizes[0] != C)
     return emi_error(S, EM_ERR_SHAPE, "%s: %s %s must be [%lld]", op, what, emi_tshape(S, t),
@@ -17,18 +18,9 @@ static em_status check_vec(em_state *S, const char *op, const char *what,
   return EM_OK;
 }
 
-static double vget(const em_tensor *t, int64_t i) {
-  return emi_load_f64((const char *)em_tensor_data(t) +
-                      i * t->strides[0] * (int64_t)em_dtype_size(t->dtype), t->dtype);
-}
-static void vset(em_tensor *t, int64_t i, double v) {
-  emi_store_f64((char *)em_tensor_data(t) + i * t->strides[0] * (int64_t)em_dtype_size(t->dtype),
-                t->dtype, v);
-}
-
 static em_status bn_input(em_state *S, const char *op, const em_tensor *input, int64_t *N,
                           int64_t *C, int64_t *L) {
-  em_status st = nn_check_float(S, op, "input", input, -1);
+  em_status st = nn_check_float(S, op, "input", input, NULL);
   if (st) return st;
   if (input->ndim < 2)
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have at least 2 dims (N, C, ...)",
@@ -50,10 +42,10 @@ em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *we
   em_status st = bn_input(S, op, input, &N, &C, &L);
   if (st) return st;
   em_dtype dt = input->dtype;
-  if ((weight && (st = check_vec(S, op, "weight", weight, dt, C))) ||
-      (bias && (st = check_vec(S, op, "bias", bias, dt, C))) ||
-      (running_mean && (st = check_vec(S, op, "running_mean", running_mean, dt, C))) ||
-      (running_var && (st = check_vec(S, op, "running_var", running_var, dt, C))))
+  if ((weight && (st = check_vec(S, op, "weight", weight, input, C))) ||
+      (bias && (st = check_vec(S, op, "bias", bias, input, C))) ||
+      (running_mean && (st = check_vec(S, op, "running_mean", running_mean, input, C))) ||
+      (running_var && (st = check_vec(S, op, "running_var", running_var, input, C))))
     return st;
   if (!training && (!running_mean || !running_var))
     return emi_error(S, EM_ERR_ARG, "%s: running_mean and running_var are required when "
@@ -63,40 +55,20 @@ em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *we
                      "training, got input %s", op, emi_tshape(S, input));
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
   em_tensor *t[6] = {0};   /* x, w, b, y, save_mean, save_invstd */
-  size_t bytes = (size_t)C * 3 * sizeof(double) + 8;
-  double *mean = emi_malloc(S, bytes), *var = mean + C, *inv = var + C;
-  if (!mean) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
+  int dev = input->device;
   if ((st = nn_contig(S, input, &t[0])) || (weight && (st = nn_contig(S, weight, &t[1]))) ||
       (bias && (st = nn_contig(S, bias, &t[2]))) ||
-      (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, EM_CPU, &t[3])) ||
-      (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[4])) ||
-      (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[5])))
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &t[3])) ||
+      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[4])) ||
+      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[5])))
     goto done;
-  if (training) {
-    emi_cpu_batch_norm_stats(S, dt, N, C, L, em_tensor_data(t[0]), mean, var);
-    double cnt = (double)(N * L);
-    for (int64_t c = 0; c < C; c++) {
-      inv[c] = 1 / sqrt(var[c] + eps);
-      if (running_mean) vset(running_mean, c, (1 - momentum) * vget(running_mean, c) + momentum * mean[c]);
-      if (running_var)
-        vset(running_var, c, (1 - momentum) * vget(running_var, c) +
-                                 momentum * var[c] * cnt / (cnt - 1));
-    }
-  } else {
-    for (int64_t c = 0; c < C; c++) {
-      mean[c] = vget(running_mean, c);
-      inv[c] = 1 / sqrt(vget(running_var, c) + eps);
-    }
+  st = EMI_DISPATCH(S, op, t[0], batch_norm, t[3], t[4], t[5], running_mean, running_var,
+                    t[0], t[1], t[2], training, momentum, eps);
+  if (!st && training) {   /* the running statistics moved */
+    if (running_mean) emi_bump_version(running_mean);
+    if (running_var) emi_bump_version(running_var);
   }
-  for (int64_t c = 0; c < C; c++) {
-    vset(t[4], c, mean[c]);
-    vset(t[5], c, inv[c]);
-  }
-  emi_cpu_batch_norm_apply(S, dt, N, C, L, em_tensor_data(t[0]), mean, inv,
-                           t[1] ? em_tensor_data(t[1]) : NULL,
-                           t[2] ? em_tensor_data(t[2]) : NULL, em_tensor_data(t[3]));
 done:
-  emi_free(S, mean, bytes);
   if (st) { nn_release(t, 6); return st; }
   *out = t[3];
   if (emi_ag_wanted_opt(S, input, weight, bias) &&
@@ -122,41 +94,32 @@ em_status em_batch_norm_backward(em_state *S, const em_tensor *grad_out,
   em_status st = bn_input(S, op, input, &N, &C, &L);
   if (st) return st;
   em_dtype dt = input->dtype;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, dt)) ||
-      (weight && (st = check_vec(S, op, "weight", weight, dt, C))) ||
-      (st = check_vec(S, op, "save_mean", save_mean, dt, C)) ||
-      (st = check_vec(S, op, "save_invstd", save_invstd, dt, C)))
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input)) ||
+      (weight && (st = check_vec(S, op, "weight", weight, input, C))) ||
+      (st = check_vec(S, op, "save_mean", save_mean, input, C)) ||
+      (st = check_vec(S, op, "save_invstd", save_invstd, input, C)))
     return st;
   if (!nn_same_shape(grad_out, input))
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match input %s", op,
                      emi_tshape(S, grad_out), emi_tshape(S, input));
-  em_tensor *t[6] = {0};   /* gy, x, w, gx, gw, gb */
-  size_t bytes = (size_t)C * 2 * sizeof(double) + 8;
-  double *mean = emi_malloc(S, bytes), *inv = mean + C;
-  if (!mean) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
-  for (int64_t c = 0; c < C; c++) {
-    mean[c] = vget(save_mean, c);
-    inv[c] = vget(save_invstd, c);
-  }
+  em_tensor *t[8] = {0};   /* gy, x, w, mean, invstd, gx, gw, gb */
+  int dev = input->device;
   if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
       (weight && (st = nn_contig(S, weight, &t[2]))) ||
+      (st = nn_contig(S, save_mean, &t[3])) || (st = nn_contig(S, save_invstd, &t[4])) ||
       (grad_input &&
-       (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, EM_CPU, &t[3]))) ||
-      (grad_weight && (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[4]))) ||
-      (grad_bias && (st = emi_tensor_new(S, op, &C, 1, dt, EM_CPU, &t[5]))))
+       (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &t[5]))) ||
+      (grad_weight && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[6]))) ||
+      (grad_bias && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[7]))))
     goto done;
-  emi_cpu_batch_norm_backward(S, dt, N, C, L, em_tensor_data(t[0]), em_tensor_data(t[1]),
-                              mean, inv, t[2] ? em_tensor_data(t[2]) : NULL, training,
-                              t[3] ? em_tensor_data(t[3]) : NULL,
-                              t[4] ? em_tensor_data(t[4]) : NULL,
-                              t[5] ? em_tensor_data(t[5]) : NULL);
+  st = EMI_DISPATCH(S, op, t[1], batch_norm_backward, t[5], t[6], t[7], t[0], t[1], t[3], t[4],
+                    t[2], training);
 done:
-  emi_free(S, mean, bytes);
-  if (st) { nn_release(t, 6); return st; }
-  if (grad_input) *grad_input = t[3];
-  if (grad_weight) *grad_weight = t[4];
-  if (grad_bias) *grad_bias = t[5];
-  nn_release(t, 3);
+  if (st) { nn_release(t, 8); return st; }
+  if (grad_input) *grad_input = t[5];
+  if (grad_weight) *grad_weight = t[6];
+  if (grad_bias) *grad_bias = t[7];
+  nn_release(t, 5);
   return EM_OK;
 }
 
@@ -165,7 +128,7 @@ done:
 static em_status ln_setup(em_state *S, const char *op, const em_tensor *input, int k,
                           const em_tensor *weight, const em_tensor *bias, int64_t *M,
                           int64_t *K) {
-  em_status st = nn_check_float(S, op, "input", input, -1);
+  em_status st = nn_check_float(S, op, "input", input, NULL);
   if (st) return st;
   if (k < 1 || k > input->ndim)
     return emi_error(S, EM_ERR_ARG, "%s: normalized_ndim %d out of range for input %s", op,
@@ -174,7 +137,7 @@ static em_status ln_setup(em_state *S, const char *op, const em_tensor *input, i
   const char *nm[2] = {"weight", "bias"};
   for (int i = 0; i < 2; i++) {
     if (!wb[i]) continue;
-    if ((st = nn_check_float(S, op, nm[i], wb[i], input->dtype))) return st;
+    if ((st = nn_check_float(S, op, nm[i], wb[i], input))) return st;
     if (wb[i]->ndim != k ||
         memcmp(wb[i]->sizes, input->sizes + input->ndim - k, sizeof(int64_t) * k))
       return emi_error(S, EM_ERR_SHAPE, "%s: %s %s does not match the last %d dims of "
@@ -203,20 +166,16 @@ em_status em_layer_norm(em_state *S, const em_tensor *input, int normalized_ndim
   em_tensor *t[6] = {0};   /* x, w, b, y, mean, rstd */
   if ((st = nn_contig(S, input, &t[0])) || (weight && (st = nn_contig(S, weight, &t[1]))) ||
       (bias && (st = nn_contig(S, bias, &t[2]))) ||
-      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, EM_CPU, &t[3])) ||
-      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, EM_CPU, &t[4])) ||
-      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, EM_CPU, &t[5]))) {
-    nn_release(t, 6);
-    return st;
-  }
-  if (K > 0)
-    emi_cpu_layer_norm(S, input->dtype, M, K, em_tensor_data(t[0]),
-                       t[1] ? em_tensor_data(t[1]) : NULL, t[2] ? em_tensor_data(t[2]) : NULL,
-                       eps, em_tensor_data(t[3]), em_tensor_data(t[4]), em_tensor_data(t[5]));
-  else if (M > 0) {
-    EMI_DISPATCH(S, "layer_norm", t[4], fill, t[4], 0);
-    EMI_DISPATCH(S, "layer_norm", t[5], fill, t[5], NAN);
-  }
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, input->device,
+                           &t[3])) ||
+      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, input->device, &t[4])) ||
+      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, input->device, &t[5])))
+    goto fail;
+  if (K > 0 && M > 0)
+    st = EMI_DISPATCH(S, op, t[0], layer_norm, t[3], t[4], t[5], t[0], t[1], t[2], eps);
+  else if (M > 0 && !(st = EMI_DISPATCH(S, op, t[4], fill, t[4], 0)))   /* empty rows */
+    st = EMI_DISPATCH(S, op, t[5], fill, t[5], NAN);
+  if (st) goto fail;
   *out = t[3];
   if (emi_ag_wanted_opt(S, input, weight, bias) &&
       (st = emi_ag_record_layer_norm(S, input, normalized_ndim, weight, bias, t[4], t[5],
@@ -229,6 +188,9 @@ em_status em_layer_norm(em_state *S, const em_tensor *input, int normalized_ndim
   if (rstd) *rstd = t[5]; else em_tensor_release(t[5]);
   nn_release(t, 3);
   return EM_OK;
+fail:
+  nn_release(t, 6);
+  return st;
 }
 
 em_status em_layer_norm_backward(em_state *S, const em_tensor *grad_out,
@@ -241,30 +203,27 @@ em_status em_layer_norm_backward(em_state *S, const em_tensor *grad_out,
   em_status st = ln_setup(S, op, input, normalized_ndim, weight, NULL, &M, &K);
   if (st) return st;
   em_dtype dt = input->dtype;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, dt)) ||
-      (st = nn_check_float(S, op, "mean", mean, dt)) ||
-      (st = nn_check_float(S, op, "rstd", rstd, dt)))
+  if ((st = nn_check_float(S, op, "grad_out", grad_out, input)) ||
+      (st = nn_check_float(S, op, "mean", mean, input)) ||
+      (st = nn_check_float(S, op, "rstd", rstd, input)))
     return st;
   if (!nn_same_shape(grad_out, input) || mean->numel != M || rstd->numel != M)
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s, mean %s or rstd %s do not fit "
                      "input %s", op, emi_tshape(S, grad_out), emi_tshape(S, mean),
                      emi_tshape(S, rstd), emi_tshape(S, input));
   const int64_t *ns = input->sizes + input->ndim - normalized_ndim;
+  int dev = input->device;
   em_tensor *t[8] = {0};   /* gy, x, mean, rstd, w, gx, gw, gb */
   if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
       (st = nn_contig(S, mean, &t[2])) || (st = nn_contig(S, rstd, &t[3])) ||
       (weight && (st = nn_contig(S, weight, &t[4]))) ||
-      (grad_input && (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, EM_CPU, &t[5]))) ||
-      (grad_weight && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, EM_CPU, &t[6]))) ||
-      (grad_bias && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, EM_CPU, &t[7]))))
+      (grad_input && (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &t[5]))) ||
+      (grad_weight && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, dev, &t[6]))) ||
+      (grad_bias && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, dev, &t[7]))))
     goto done;
-  if (K > 0)
-    st = emi_cpu_layer_norm_backward(S, dt, M, K, em_tensor_data(t[0]), em_tensor_data(t[1]),
-                                     em_tensor_data(t[2]), em_tensor_data(t[3]),
-                                     t[4] ? em_tensor_data(t[4]) : NULL,
-                                     t[5] ? em_tensor_data(t[5]) : NULL,
-                                     t[6] ? em_tensor_data(t[6]) : NULL,
-                                     t[7] ? em_tensor_data(t[7]) : NULL);
+  if (K > 0)   /* M may be 0: then gw, gb are zeros */
+    st = EMI_DISPATCH(S, op, t[1], layer_norm_backward, t[5], t[6], t[7], t[0], t[1], t[2],
+                      t[3], t[4]);
 done:
   if (st) { nn_release(t, 8); return st; }
   if (grad_input) *grad_input = t[5];

@@ -1,0 +1,260 @@
+--[[
+ember.profile -- the profiler's Lua face (API.md, "em.profile"):
+
+  em.profile.start{trace = 'trace.json', html = 'profile.html'}
+  ... em.profile.step() at the end of each training step ...
+  em.profile.range('augment', fn, ...)     -- fn as a named span, its results returned
+  local r = em.profile.stop()              -- writes the files, returns the report
+  r:print(); r:project{replicas = 8, gbps = 370}; em.profile.project{...}
+
+Recording is core/profile/ (one buffer per thread, events at the dispatch point,
+in autograd, the loader and the communicators). Here: stopping, joining the
+replicas, and handing the numbers to summary.lua (per replica), report.lua (the
+breakdown and diagnosis), trace.lua and page.lua (the files).
+
+Replicas. Under a strategy (ember --replicas N, or mpirun) every replica records
+its own profile and calls stop() (as every replica runs the same script). stop()
+then measures the communicator with a calibration allreduce, and one allgather
+of text gives every replica every summary, timeline and trace part: threads and
+MPI processes alike. Only replica 0 writes the files and ember --profile prints
+only there.
+]]
+local ffi = require 'ffi'
+local core = require 'ember.ffi'
+local summary = require 'ember.profile.summary'
+local report = require 'ember.profile.report'
+local trace = require 'ember.profile.trace'
+local C, S = core.C, core.S
+
+local M = {}
+
+local active          -- the options of the recording in progress
+local last            -- the last report
+
+local function check(st) if st ~= 0 then core.fail() end end
+local function pack(...) return { n = select('#', ...), ... } end
+
+function M.start(o)
+  o = o or {}
+  if type(o) ~= 'table' then core.raise('profile.start: expected an options table, got ' .. type(o)) end
+  for k in pairs(o) do
+    if k ~= 'trace' and k ~= 'html' and k ~= 'auto_step' then
+      core.raise("profile.start: unknown option '" .. tostring(k) ..
+        "' (trace, html, auto_step)")
+    end
+  end
+  for _, k in ipairs({ 'trace', 'html' }) do
+    if o[k] ~= nil and type(o[k]) ~= 'string' then
+      core.raise('profile.start: ' .. k .. ' must be a file path, got ' .. type(o[k]))
+    end
+  end
+  local cfg = ffi.new('em_profile_config')
+  cfg.auto_step = o.auto_step and 1 or 0
+  check(C.em_profile_start(S, cfg))
+  active = { trace = o.trace, html = o.html, auto = o.auto_step and true or false,
+             t_start = C.em_profile_clock() }
+end
+
+function M.active() return active ~= nil end
+
+function M.step() check(C.em_profile_step(S)) end
+
+function M.range(name, fn, ...)
+  if type(name) ~= 'string' then core.raise('profile.range: name must be a string') end
+  if type(fn) ~= 'function' then core.raise('profile.range: expected a function after the name') end
+  if not active then return fn(...) end
+  check(C.em_profile_range_push(S, name, C.EM_PROF_RANGE))
+  local res = pack(pcall(fn, ...))
+  C.em_profile_range_pop(S)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- For the optimizers: their step() as a span of its own kind.
+function M._optimizer_step(name, fn, ...)
+  if not active then return fn(...) end
+  check(C.em_profile_range_push(S, name, C.EM_PROF_OPTIMIZER))
+  local ok, err = pcall(fn, ...)
+  C.em_profile_range_pop(S)
+  if not ok then error(err, 0) end
+end
+
+-- -- Joining replicas ---------------------------------------------------------------------
+
+-- Plain data (numbers, strings, booleans, tables of them) as Lua source, and back.
+local function ser(v, out)
+  local t = type(v)
+  if t == 'number' then
+    out[#out + 1] = v ~= v and '0/0' or v == math.huge and 'math.huge' or
+      v == -math.huge and '-math.huge' or string.format('%.17g', v)
+  elseif t == 'string' then out[#out + 1] = string.format('%q', v)
+  elseif t == 'boolean' then out[#out + 1] = tostring(v)
+  elseif t == 'table' then
+    out[#out + 1] = '{'
+    for k, x in pairs(v) do
+      out[#out + 1] = '['; ser(k, out); out[#out + 1] = ']='; ser(x, out); out[#out + 1] = ','
+    end
+    out[#out + 1] = '}'
+  else out[#out + 1] = 'nil' end
+  return out
+end
+local function serialize(v) return 'return ' .. table.concat(ser(v, {})) end
+local function deserialize(s)
+  local f = assert(loadstring(s, '=profile'))
+  setfenv(f, { math = math })
+  return f()
+end
+
+-- Every replica's string, in rank order: one allgather of the lengths, one of the
+-- bytes (padded to the longest, 4 per int32).
+local function gather_strings(strategy, str)
+  local em = require 'ember'
+  local len = em.tensor({ #str }, { dtype = 'int64' })
+  local lens_t = strategy:allgather(len)
+  local lens = ffi.cast('const int64_t *', lens_t:data_ptr())
+  local world, longest = strategy.world_size, 0
+  for r = 0, world - 1 do longest = math.max(longest, tonumber(lens[r])) end
+  local words = math.max(1, math.ceil(longest / 4))
+  local buf = em.zeros({ words }, { dtype = 'int32' })
+  ffi.copy(buf:data_ptr(), str, #str)
+  local all = strategy:allgather(buf)
+  local base = ffi.cast('const char *', all:data_ptr())
+  local out = {}
+  for r = 0, world - 1 do out[r + 1] = ffi.string(base + r * words * 4, tonumber(lens[r])) end
+  return out
+end
+
+-- Bus bandwidth (GB/s) and per-allreduce latency of this communicator: a 4-byte
+-- allreduce for latency, a 4 MB one for bandwidth.
+local function calibrate(strategy)
+  local em = require 'ember'
+  local n = strategy.world_size
+  local small, big = em.zeros(1), em.zeros(1048576)
+  strategy:barrier()
+  for _ = 1, 3 do strategy:allreduce(small, 'sum') end
+  local t0 = C.em_profile_clock()
+  for _ = 1, 10 do strategy:allreduce(small, 'sum') end
+  local lat = (C.em_profile_clock() - t0) / 10
+  strategy:allreduce(big, 'sum')
+  t0 = C.em_profile_clock()
+  for _ = 1, 3 do strategy:allreduce(big, 'sum') end
+  local t_big = (C.em_profile_clock() - t0) / 3
+  local moved = 2 * (n - 1) / n * 4 * 1048576
+  return { gbps = moved / math.max(t_big - lat, 1e-9) / 1e9, latency_s = lat }
+end
+
+local function world_size()
+  local rep = rawget(_G, 'EMBER_REPLICA')
+  if rep and rep.world_size and rep.world_size > 1 then return rep.world_size end
+  local r, n = ffi.new('int[1]'), ffi.new('int[1]')
+  if C.em_mpi_launched(r, n) ~= 0 and n[0] > 1 then return n[0] end
+  return 1
+end
+
+local function write_file(path, text)
+  local f, err = io.open(path, 'wb')
+  if not f then core.raise('profile.stop: cannot write ' .. path .. ': ' .. tostring(err)) end
+  local ok, werr = f:write(text)
+  f:close()
+  if not ok then core.raise('profile.stop: writing ' .. path .. ' failed: ' .. tostring(werr)) end
+end
+
+-- The timeline shown on the page: TIMELINE_STEPS steps from the middle of the run.
+local TIMELINE_STEPS, TIMELINE_EVENTS = 3, 20000
+
+local function merge_timelines(tls)
+  local out = { tracks = {}, steps = tls[1].steps, events = {} }
+  local zero = tls[1].start_abs
+  for r, tl in ipairs(tls) do
+    local base = #out.tracks
+    for _, name in ipairs(tl.tracks) do
+      out.tracks[#out.tracks + 1] = (#tls > 1 and ('rank ' .. (r - 1) .. ' ') or '') .. name
+    end
+    local shift = (tl.start_abs - zero) * 1e6
+    for _, e in ipairs(tl.events) do
+      if #out.events >= TIMELINE_EVENTS then out.truncated = true; break end
+      e.track = e.track + base
+      e.ts = e.ts + shift
+      out.events[#out.events + 1] = e
+    end
+    out.truncated = out.truncated or tl.truncated
+  end
+  return out
+end
+
+-- local_only: skip the join (the script failed; the other replicas may be gone).
+function M.stop(local_only)
+  if not active then core.raise('profile.stop: not recording (call em.profile.start first)') end
+  local o = active
+  active = nil
+  check(C.em_profile_stop(S))
+  local p = summary.read(S)
+  local stop_t = C.em_profile_clock() - p.origin
+  local world = local_only and 1 or world_size()
+  local strategy, rank = nil, 0
+  if world > 1 then
+    strategy = require('ember.distribute').mirrored {}
+    rank = strategy.rank
+  end
+  local mine = summary.summarize(p, stop_t, o.auto, rank)
+  local first = math.max(1, math.floor(mine.steps / 2))
+  local tl = summary.timeline(p, stop_t, o.auto, first, TIMELINE_STEPS, TIMELINE_EVENTS)
+  local peak = { cpu = mine.peak_cpu }
+  local reps, tls, parts, cal = { mine }, { tl }, nil, nil
+  if strategy then
+    cal = calibrate(strategy)
+    local op_table = mine.op_table
+    mine.op_table = nil
+    local all = gather_strings(strategy, serialize { summary = mine, timeline = tl,
+      origin = p.origin, trace = o.trace and trace.part(p, rank, 0) or '' })
+    mine.op_table = op_table
+    reps, tls, parts = {}, {}, {}
+    for r, s in ipairs(all) do
+      local x = deserialize(s)
+      reps[r], tls[r], parts[r] = x.summary, x.timeline, x.trace
+      peak[r == 1 and 'cpu' or ('cpu (rank ' .. (r - 1) .. ')')] = x.summary.peak_cpu
+    end
+    reps[rank + 1] = mine
+  end
+  local r = report.build(reps, cal, summary.top_ops(mine.op_table, 15), peak,
+                         { world_size = world, rank = rank })
+  r.timeline = merge_timelines(tls)
+  if rank == 0 then
+    if o.trace then
+      local text
+      if parts then text = trace.document(parts)     -- µs on the shared clock
+      else text = trace.document({ trace.part(p, 0, p.origin) }) end
+      write_file(o.trace, text)
+      r.trace = o.trace
+    end
+    if o.html then
+      write_file(o.html, require('ember.profile.page').render(r, r.timeline))
+      r.html = o.html
+    end
+  end
+  last = r
+  return r
+end
+
+-- The scaling projection from the last report (or opts.report).
+function M.project(opts)
+  opts = opts or {}
+  local r = opts.report or last
+  if not r then core.raise('profile.project: no profile yet (em.profile.stop() makes one)') end
+  return r:project(opts)
+end
+
+function M.last() return last end
+
+-- -- ember --profile ------------------------------------------------------------------------
+function M._host_start()
+  M.start { trace = 'ember-trace.json', html = 'ember-profile.html', auto_step = true }
+end
+
+function M._host_stop(failed)
+  if not active then return end
+  local r = M.stop(failed)
+  if r.rank == 0 then io.stdout:write('\n'); r:print() end
+end
+
+return M

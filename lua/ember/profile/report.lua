@@ -1,0 +1,317 @@
+--[[
+ember.profile.report -- from one summary per replica (summary.lua) to the report
+API.md describes: step time, breakdown, top ops, replicas, peak memory, the
+diagnosis and a scaling projection, and r:print().
+
+The diagnosis rules (the README lists them with these thresholds). Shares are of
+the step time of the slowest-looking replica's view (replica 0 when alone):
+  replica-skew         (2+ replicas) one replica's busy time per step (step minus
+                       its data wait minus its wait for peers) exceeds the
+                       fastest's by >= SKEW_SHARE of the step, and the others
+                       spend >= half that difference waiting for peers inside
+                       collectives. Names the slow replica and its extra time.
+  communication-bound  exposed communication, less the wait for peers, is
+                       >= COMM_SHARE of the step. The measured transfer time is
+                       set against gradient bytes / the bandwidth a calibration
+                       allreduce measured on this communicator, to tell
+                       latency (many small allreduces), missing overlap
+                       (exposed ~ all of it while backward would have hidden it)
+                       and bandwidth apart.
+  input-bound          data wait >= INPUT_SHARE of the step. Says whether to
+                       add workers, raise prefetch, or lighten per-sample work.
+  launch-bound         host >= HOST_SHARE of the step with >= MIN_OPS ops per
+                       step averaging <= SMALL_OP_US µs.
+  balanced             none of the above.
+Skew is tested before communication because a slow replica makes the others'
+collectives long: the waiting-for-peers part tells the two apart.
+
+The projection (M.project) models data-parallel steps at N replicas from the
+measured step: compute c (the step less its exposed communication), gradient
+bytes G per step in k allreduces, bus bandwidth B and per-allreduce latency a:
+  allreduce(N) = k*a + 2(N-1)/N * G / B                 (ring / Rabenseifner)
+  no overlap:   c + allreduce(N)
+  overlap:      c + max(allreduce(N) - backward, allreduce(N) / k)
+(overlap hides communication under backward, except at least the last bucket).
+Scaling efficiency = c / step(N): the share of ideal N-fold throughput.
+]]
+local M = {}
+
+M.INPUT_SHARE, M.HOST_SHARE, M.COMM_SHARE, M.SKEW_SHARE = 0.20, 0.35, 0.20, 0.10
+M.MIN_OPS, M.SMALL_OP_US = 50, 50
+M.DEFAULT_LATENCY_S = 20e-6
+M.ASSUMED_GBPS = 10      -- GB/s, when no communicator was measured and none given
+
+local function ms(s) return string.format('%.2f ms', s * 1e3) end
+local function pct(x) return string.format('%.0f%%', x * 100) end
+local function mb(b) return string.format('%.2f MB', b / 1e6) end
+
+-- -- Diagnosis -----------------------------------------------------------------------------
+
+local function diagnose_skew(reps)
+  if #reps < 2 then return nil end
+  local busy, slow, fast = {}, 1, 1
+  for i, r in ipairs(reps) do
+    busy[i] = r.step_s - r.input_s - r.peer_wait_s
+    if busy[i] > busy[slow] then slow = i end
+    if busy[i] < busy[fast] then fast = i end
+  end
+  local extra = busy[slow] - busy[fast]
+  local step = reps[slow].step_s
+  if extra < M.SKEW_SHARE * step then return nil end
+  local wait, others = 0, 0
+  for i, r in ipairs(reps) do
+    if i ~= slow then wait = wait + r.peer_wait_s; others = others + 1 end
+  end
+  wait = wait / others
+  if wait < 0.5 * extra then return nil end
+  return { kind = 'replica-skew', message = string.format(
+    'Replica %d is slower: it is busy %s more per step than replica %d (%s against %s), ' ..
+    'and the other replicas wait %s per step for it inside their collectives (%s of the ' ..
+    'step). Look at what differs on replica %d: its data shard (larger or harder ' ..
+    'samples), other work on its cores or device, or a slower device.',
+    reps[slow].rank, ms(extra), reps[fast].rank, ms(busy[slow]), ms(busy[fast]), ms(wait),
+    pct(wait / step), reps[slow].rank),
+    slow_rank = reps[slow].rank, extra_s = extra }
+end
+
+local function diagnose_comm(s, world, cal)
+  local exposed = s.comm_s - s.peer_wait_s
+  if world < 2 or exposed < M.COMM_SHARE * s.step_s then return nil end
+  local bw = cal and cal.gbps and cal.gbps * 1e9 or M.ASSUMED_GBPS * 1e9
+  local lat = cal and cal.latency_s or M.DEFAULT_LATENCY_S
+  local factor = 2 * (world - 1) / world
+  local expected = s.coll_count * lat + factor * s.coll_bytes / bw
+  local head = string.format('Communication is exposed for %s of the step (%s of a %s step): ' ..
+    '%d allreduce%s per step move %s in %s, against %s expected from %s at %.2f GB/s ' ..
+    '(%s) and %.0f µs latency each.', pct(exposed / s.step_s), ms(exposed), ms(s.step_s),
+    math.floor(s.coll_count + 0.5), s.coll_count >= 1.5 and 's' or '', mb(s.coll_bytes),
+    ms(s.coll_transfer_s), ms(expected), 'gradient bytes / bandwidth', bw / 1e9,
+    cal and cal.gbps and 'measured by a calibration allreduce on this communicator'
+      or 'assumed', lat * 1e6)
+  local cause
+  local per = s.coll_count > 0 and s.coll_bytes / s.coll_count or 0
+  if s.coll_count >= 8 and per < 1e6 and s.coll_count * lat >= 0.3 * s.coll_transfer_s then
+    cause = string.format(' Latency: too many small allreduces (%.0f KB each); raise ' ..
+      'bucket_mb in wrap{} so fewer, larger buckets go out.', per / 1e3)
+  elseif exposed >= 0.7 * s.coll_transfer_s and s.backward_s >= 0.5 * s.coll_transfer_s then
+    cause = ' Missing overlap: nearly all of it waits after backward although backward ' ..
+      'lasts long enough to hide it; average gradients with DistributedModel (buckets go ' ..
+      'out during backward) and keep bucket_mb small enough that the first bucket closes early.'
+  else
+    cause = ' Bandwidth: the link is the limit. Send fewer bytes (bfloat16 gradients, or ' ..
+      'no_sync() to accumulate several steps per allreduce), or use a faster interconnect; ' ..
+      'em.profile.project{} shows what more replicas would cost.'
+  end
+  return { kind = 'communication-bound', message = head .. cause,
+           expected_s = expected, measured_s = s.coll_transfer_s }
+end
+
+local function cores()
+  local f = io.popen('nproc 2>/dev/null')
+  local n = f and tonumber(f:read('*l') or '') or nil
+  if f then f:close() end
+  return n or 1
+end
+
+local function diagnose_input(s)
+  if s.breakdown.input < M.INPUT_SHARE then return nil end
+  local msg = string.format('Input-bound: the step waits for data %s of the time (%s per ' ..
+    'step). ', pct(s.breakdown.input), ms(s.input_s))
+  local w, p = s.loader_workers or 0, s.loader_prefetch or 0
+  if w == 0 then
+    msg = msg .. string.format('The loader has no workers, so the training thread makes ' ..
+      'every batch itself: pass workers = %d (this machine has %d cores) to loader{}.',
+      math.max(2, cores() - 1), cores())
+  else
+    local busy = s.loader_span_s > 0 and s.loader_busy_s / (w * s.loader_span_s) or 1
+    if busy >= 0.8 then
+      msg = msg .. string.format('Its %d workers are busy %s of the time: per-sample ' ..
+        'work (map, transforms, decoding) is too heavy for them. Raise workers (this ' ..
+        'machine has %d cores), or make each sample cheaper: decode or resize once ' ..
+        'ahead of training, batch before map, and keep maps in C transforms.', w,
+        pct(math.min(busy, 1)), cores())
+    else
+      msg = msg .. string.format('Its %d workers are idle %s of the time while the step ' ..
+        'waits, so batches are not requested early enough: raise prefetch (now %d).', w,
+        pct(1 - busy), p)
+    end
+  end
+  return { kind = 'input-bound', message = msg }
+end
+
+local function diagnose_launch(s)
+  if s.breakdown.host < M.HOST_SHARE or s.ops_per_step < M.MIN_OPS or
+     s.mean_op_us > M.SMALL_OP_US then return nil end
+  return { kind = 'launch-bound', message = string.format('Launch-bound: per-op overhead ' ..
+    'dominates. Each step runs %d ops averaging %.1f µs, and %s of the step is spent ' ..
+    'outside kernels (Lua, dispatch, allocation, autograd). Give each op more work: ' ..
+    'larger batches, fused ops (nn layers and functional ops instead of chains of small ' ..
+    'element-wise ones), fewer per-element Lua loops; on GPUs, CUDA graphs will remove ' ..
+    'the launches.', math.floor(s.ops_per_step + 0.5), s.mean_op_us, pct(s.breakdown.host)) }
+end
+
+function M.diagnose(reps, cal)
+  local out = {}
+  local skew = diagnose_skew(reps)
+  if skew then out[#out + 1] = skew end
+  local worst = reps[1]
+  for _, r in ipairs(reps) do
+    if r.comm_s - r.peer_wait_s > worst.comm_s - worst.peer_wait_s then worst = r end
+  end
+  if not skew then
+    local c = diagnose_comm(worst, #reps, cal)
+    if c then out[#out + 1] = c end
+  end
+  local d = diagnose_input(reps[1])
+  if d then out[#out + 1] = d end
+  d = diagnose_launch(reps[1])
+  if d then out[#out + 1] = d end
+  if #out == 0 then
+    local s = reps[1]
+    out[1] = { kind = 'balanced', message = string.format('Balanced: no bottleneck stands ' ..
+      'out. Of a %s step, compute takes %s, host %s, input %s and communication %s; ' ..
+      'to go faster, make the kernels themselves faster (larger or better-shaped ops) ' ..
+      'or add replicas (see the projection).', ms(s.step_s), pct(s.breakdown.compute),
+      pct(s.breakdown.host), pct(s.breakdown.input), pct(s.breakdown.communication)) }
+  end
+  return out
+end
+
+-- -- Projection --------------------------------------------------------------------------
+
+-- o: replicas (number or list), gbps (GB/s bus bandwidth), latency_us; base: the
+-- measured figures {compute_s, backward_s, grad_bytes, buckets, gbps, latency_s}.
+function M.project(base, o)
+  o = o or {}
+  local gbps = o.gbps or base.gbps
+  local measured = o.gbps == nil and base.gbps ~= nil
+  gbps = gbps or M.ASSUMED_GBPS
+  local lat = o.latency_us and o.latency_us * 1e-6 or base.latency_s or M.DEFAULT_LATENCY_S
+  local k = math.max(1, base.buckets or 1)
+  local function row(n)
+    local ar = n > 1 and k * lat + 2 * (n - 1) / n * base.grad_bytes / (gbps * 1e9) or 0
+    local hidden_left = math.max(ar - base.backward_s, ar / k)
+    local with = base.compute_s + (n > 1 and hidden_left or 0)
+    local without = base.compute_s + ar
+    return { replicas = n, step_s = with, step_s_no_overlap = without,
+             allreduce_s = ar,
+             efficiency = with > 0 and base.compute_s / with or 1,
+             efficiency_no_overlap = without > 0 and base.compute_s / without or 1 }
+  end
+  local ns = o.replicas or { 2, 4, 8, 16 }
+  local single = type(ns) == 'number'
+  if single then ns = { ns } end
+  local rows = {}
+  for i, n in ipairs(ns) do
+    if type(n) ~= 'number' or n < 1 or n ~= math.floor(n) then
+      error('profile.project: replicas must be whole numbers >= 1, got ' .. tostring(n), 3)
+    end
+    rows[i] = row(n)
+  end
+  local p = { gbps = gbps, measured = measured, latency_s = lat, grad_bytes = base.grad_bytes,
+              buckets = k, compute_s = base.compute_s, rows = rows }
+  if single then
+    for key, v in pairs(rows[1]) do p[key] = v end
+  end
+  return p
+end
+
+-- -- The report ------------------------------------------------------------------------------
+
+local Report = {}
+Report.__index = Report
+
+-- reps: summaries ordered by rank (reps[1] is this process's view when alone);
+-- cal: {gbps, latency_s} or nil; top_ops from rank 0.
+function M.build(reps, cal, top_ops, peak_bytes, extra)
+  local s = reps[1]
+  local r = setmetatable({
+    steps = s.steps, step_s = s.step_s, breakdown = s.breakdown, top_ops = top_ops,
+    replicas = {}, peak_bytes = peak_bytes, ops_per_step = s.ops_per_step,
+    mean_op_us = s.mean_op_us, dropped = s.dropped,
+  }, Report)
+  if #reps > 1 then
+    local worst = 0
+    for i, x in ipairs(reps) do
+      r.replicas[i] = { rank = x.rank, step_s = x.step_s, breakdown = x.breakdown,
+                        wait_s = x.peer_wait_s }
+      worst = math.max(worst, x.step_s)
+    end
+    r.step_s = worst          -- replicas move in lockstep: the slowest sets the pace
+  end
+  r.diagnosis = M.diagnose(reps, cal)
+  local exposed = s.comm_s
+  r._base = { compute_s = math.max(s.step_s - exposed, 1e-9), backward_s = s.backward_s,
+              grad_bytes = s.bucket_bytes > 0 and s.bucket_bytes or s.grad_bytes,
+              buckets = s.buckets > 0 and s.buckets or 1,
+              gbps = cal and cal.gbps, latency_s = cal and cal.latency_s }
+  r.projection = M.project(r._base, {})
+  for k, v in pairs(extra or {}) do r[k] = v end
+  return r
+end
+
+function Report:project(o) return M.project(self._base, o) end
+
+local function bytes_str(b)
+  if b >= 1e9 then return string.format('%.2f GB', b / 1e9) end
+  if b >= 1e6 then return string.format('%.1f MB', b / 1e6) end
+  return string.format('%.1f KB', b / 1e3)
+end
+
+function Report:lines()
+  local L = {}
+  local function add(...) L[#L + 1] = string.format(...) end
+  add('ember profile: %d step%s, %.2f ms per step%s', self.steps, self.steps == 1 and '' or 's',
+      self.step_s * 1e3, #self.replicas > 1 and (', ' .. #self.replicas .. ' replicas') or '')
+  local b = self.breakdown
+  add('  breakdown: compute %s, host %s, input %s, communication %s', pct(b.compute),
+      pct(b.host), pct(b.input), pct(b.communication))
+  add('  %d ops per step, %.1f µs per op on average', math.floor(self.ops_per_step + 0.5),
+      self.mean_op_us)
+  local mem = {}
+  for dev, v in pairs(self.peak_bytes or {}) do mem[#mem + 1] = dev .. ' ' .. bytes_str(v) end
+  table.sort(mem)
+  if #mem > 0 then add('  peak memory: %s', table.concat(mem, ', ')) end
+  if #self.replicas > 1 then
+    add('  replicas:')
+    for _, x in ipairs(self.replicas) do
+      add('    rank %d: %.2f ms per step; compute %s, host %s, input %s, communication %s ' ..
+          '(%.2f ms waiting for peers)', x.rank, x.step_s * 1e3, pct(x.breakdown.compute),
+          pct(x.breakdown.host), pct(x.breakdown.input), pct(x.breakdown.communication),
+          x.wait_s * 1e3)
+    end
+  end
+  if #self.top_ops > 0 then
+    add('  top ops:')
+    add('    %-24s %8s %11s %10s', 'op', 'calls', 'total ms', 'mean µs')
+    for i = 1, math.min(10, #self.top_ops) do
+      local o = self.top_ops[i]
+      add('    %-24s %8d %11.2f %10.1f', o.name, o.calls, o.total_s * 1e3, o.mean_us)
+    end
+  end
+  add('  diagnosis:')
+  for _, d in ipairs(self.diagnosis) do add('    [%s] %s', d.kind, d.message) end
+  local p = self.projection
+  if p then
+    add('  scaling projection (%s of gradients per step in %d allreduce%s, %.2f GB/s %s):',
+        bytes_str(p.grad_bytes), p.buckets, p.buckets == 1 and '' or 's', p.gbps,
+        p.measured and 'measured' or 'assumed; pass gbps= to project{}')
+    for _, row in ipairs(p.rows) do
+      add('    %3d replicas: %.2f ms per step with overlap (%s efficiency), %.2f ms without (%s)',
+          row.replicas, row.step_s * 1e3, pct(row.efficiency), row.step_s_no_overlap * 1e3,
+          pct(row.efficiency_no_overlap))
+    end
+  end
+  if (self.dropped or 0) > 0 then
+    add('  note: %d events were dropped (buffers full); the figures undercount', self.dropped)
+  end
+  if self.trace then add('  trace: %s (open in https://ui.perfetto.dev or chrome://tracing)', self.trace) end
+  if self.html then add('  page:  %s', self.html) end
+  return L
+end
+
+function Report:print() print(table.concat(self:lines(), '\n')) end
+Report.__tostring = function(self) return table.concat(self:lines(), '\n') end
+
+M.Report = Report
+return M

@@ -1,0 +1,194 @@
+--[[
+ember.profile.summary -- what one replica's events say, in numbers: the steps,
+where each step's time went, the ops, the collectives and the loader. The
+report (report.lua) joins one summary per replica and diagnoses.
+
+How a step's time is split. Only the step thread's track ("main") counts, over
+the step intervals (between step marks):
+  input          time blocked in the loader (DATA_WAIT),
+  compute        time inside op kernels, forward and backward (OP: ops never
+                 nest, so their durations add up without double counting),
+  communication  time blocked on collectives (COMM_WAIT): the part not hidden
+                 under compute; `peer_wait` is the share of it spent waiting
+                 for slower replicas rather than moving bytes,
+  host           the rest: Lua, dispatch, allocation, autograd bookkeeping.
+Events are attributed to the step their start falls in.
+
+Steps. With explicit em.profile.step() calls, step k runs from the previous
+mark (or start) to mark k. With auto steps (ember --profile: each batch the
+loader hands out ends a step) the interval before the first batch is set-up and
+is left out. Without any mark the whole recording is one step.
+]]
+local ffi = require 'ffi'
+local core = require 'ember.ffi'
+local C = core.C
+
+local M = {}
+
+local K = {
+  OP = C.EM_PROF_OP, BACKWARD = C.EM_PROF_BACKWARD, DATA_WAIT = C.EM_PROF_DATA_WAIT,
+  LOADER_WORK = C.EM_PROF_LOADER_WORK, COLLECTIVE = C.EM_PROF_COLLECTIVE,
+  COMM_WAIT = C.EM_PROF_COMM_WAIT, BUCKET_READY = C.EM_PROF_BUCKET_READY,
+  GRAD = C.EM_PROF_GRAD, RANGE = C.EM_PROF_RANGE, OPTIMIZER = C.EM_PROF_OPTIMIZER,
+  STEP = C.EM_PROF_STEP, COPY = C.EM_PROF_COPY,
+}
+M.KIND = K
+
+-- The category each kind shows as in the trace and on the page.
+M.CATEGORY = {
+  [K.OP] = 'op', [K.BACKWARD] = 'backward', [K.DATA_WAIT] = 'data',
+  [K.LOADER_WORK] = 'loader', [K.COLLECTIVE] = 'collective', [K.COMM_WAIT] = 'comm-wait',
+  [K.BUCKET_READY] = 'bucket', [K.GRAD] = 'grad', [K.RANGE] = 'range',
+  [K.OPTIMIZER] = 'optimizer', [K.STEP] = 'step', [K.COPY] = 'copy',
+}
+
+-- The finished profile of this state as a plain view: events (cdata array, 0-based),
+-- n, tracks (1-based names), main (the step thread's track number, 0-based).
+function M.read(S)
+  local ev, n = ffi.new('const em_profile_event*[1]'), ffi.new('int64_t[1]')
+  if C.em_profile_events(S, ev, n) ~= 0 then core.fail() end
+  local tracks, main = {}, 0
+  for t = 0, C.em_profile_num_tracks(S) - 1 do
+    tracks[t + 1] = ffi.string(C.em_profile_track_name(S, t))
+    if tracks[t + 1] == 'main' then main = t end
+  end
+  return { events = ev[0], n = tonumber(n[0]), tracks = tracks, main = main,
+           origin = C.em_profile_origin(S), dropped = tonumber(C.em_profile_dropped(S)),
+           peak_cpu = tonumber(C.em_profile_peak_bytes(S, -1)) }
+end
+
+-- Step boundaries on the main track: a list b[1..k+1] with step i = [b[i], b[i+1]).
+local function step_bounds(p, stop_t, auto)
+  local ev, marks = p.events, {}
+  for i = 0, p.n - 1 do
+    local e = ev[i]
+    if e.kind == K.STEP and e.track == p.main then marks[#marks + 1] = e.t0 end
+  end
+  if #marks == 0 then return { 0, stop_t } end
+  local b = {}
+  if not auto then b[1] = 0 end
+  for _, t in ipairs(marks) do b[#b + 1] = t end
+  if #b < 2 then return { 0, stop_t } end
+  return b
+end
+
+-- Index of the step containing t, by binary search; nil outside every step.
+local function step_of(b, t)
+  if t < b[1] or t >= b[#b] then return nil end
+  local lo, hi = 1, #b - 1
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if b[mid] <= t then lo = mid else hi = mid - 1 end
+  end
+  return lo
+end
+
+-- The summary of one replica's profile p (from M.read). stop_t: the recording's
+-- end on its clock; auto: steps were marked by the loader.
+function M.summarize(p, stop_t, auto, rank)
+  local b = step_bounds(p, stop_t, auto)
+  local nsteps = #b - 1
+  local span = b[#b] - b[1]
+  local s = {
+    rank = rank or 0, steps = nsteps, span_s = span, step_s = span / nsteps,
+    input_s = 0, compute_s = 0, comm_s = 0, peer_wait_s = 0, backward_s = 0,
+    ops = 0, op_s = 0, grad_bytes = 0, coll_count = 0, coll_bytes = 0,
+    coll_transfer_s = 0, coll_wait_s = 0, buckets = 0, bucket_bytes = 0,
+    loader_workers = nil, loader_prefetch = nil, loader_busy_s = 0, loader_span_s = span,
+    peak_cpu = p.peak_cpu, dropped = p.dropped, op_table = {},
+  }
+  local ev, main = p.events, p.main
+  local bw_end = -1          -- end of the enclosing backward node (they nest)
+  for i = 0, p.n - 1 do
+    local e = ev[i]
+    local k, d = e.kind, e.t1 - e.t0
+    if k == K.COLLECTIVE then
+      if step_of(b, e.t0) then
+        s.coll_count = s.coll_count + 1
+        s.coll_bytes = s.coll_bytes + tonumber(e.bytes)
+        s.coll_transfer_s = s.coll_transfer_s + (d - e.wait)
+        s.coll_wait_s = s.coll_wait_s + e.wait
+      end
+    elseif k == K.LOADER_WORK then
+      s.loader_busy_s = s.loader_busy_s + d
+    elseif e.track == main and step_of(b, e.t0) then
+      if k == K.OP then
+        s.compute_s = s.compute_s + d
+        s.ops = s.ops + 1
+        local name = ffi.string(e.name)
+        local o = s.op_table[name]
+        if not o then o = { calls = 0, total_s = 0 }; s.op_table[name] = o end
+        o.calls = o.calls + 1
+        o.total_s = o.total_s + d
+      elseif k == K.DATA_WAIT then
+        s.input_s = s.input_s + d
+        s.loader_workers, s.loader_prefetch = tonumber(e.arg0), tonumber(e.arg1)
+      elseif k == K.COMM_WAIT then
+        s.comm_s = s.comm_s + d
+        s.peer_wait_s = s.peer_wait_s + e.wait
+      elseif k == K.BACKWARD then
+        if e.t0 >= bw_end then s.backward_s = s.backward_s + d; bw_end = e.t1 end
+      elseif k == K.GRAD then
+        s.grad_bytes = s.grad_bytes + tonumber(e.bytes)
+      elseif k == K.BUCKET_READY then
+        s.buckets = s.buckets + 1
+        s.bucket_bytes = s.bucket_bytes + tonumber(e.bytes)
+      end
+    end
+  end
+  -- per step
+  for _, f in ipairs({ 'input_s', 'compute_s', 'comm_s', 'peer_wait_s', 'backward_s',
+                       'grad_bytes', 'coll_count', 'coll_bytes', 'coll_transfer_s',
+                       'coll_wait_s', 'buckets', 'bucket_bytes' }) do
+    s[f] = s[f] / nsteps
+  end
+  s.ops_per_step = s.ops / nsteps
+  s.mean_op_us = s.ops > 0 and s.compute_s * nsteps / s.ops * 1e6 or 0
+  local host = s.step_s - s.input_s - s.compute_s - s.comm_s
+  if host < 0 then host = 0 end
+  s.host_s = host
+  local total = s.input_s + s.compute_s + s.comm_s + host
+  if total <= 0 then total = 1 end
+  s.breakdown = { input = s.input_s / total, compute = s.compute_s / total,
+                  communication = s.comm_s / total, host = host / total }
+  return s
+end
+
+-- The summary's ops as {name, calls, total_s, mean_us}, largest total first.
+function M.top_ops(op_table, limit)
+  local list = {}
+  for name, o in pairs(op_table) do
+    list[#list + 1] = { name = name, calls = o.calls, total_s = o.total_s,
+                        mean_us = o.total_s / o.calls * 1e6 }
+  end
+  table.sort(list, function(a, b) return a.total_s > b.total_s end)
+  for i = #list, (limit or 15) + 1, -1 do list[i] = nil end
+  return list
+end
+
+-- A few steps of this replica's events for the page: the window starts at step
+-- `first` (clamped) and spans `count` steps; times in µs from the window's start
+-- on the shared clock (origin_abs is where that start is, so replicas line up).
+function M.timeline(p, stop_t, auto, first, count, max_events)
+  local b = step_bounds(p, stop_t, auto)
+  local nsteps = #b - 1
+  first = math.max(1, math.min(first, nsteps))
+  local last = math.min(nsteps, first + count - 1)
+  local t_lo, t_hi = b[first], b[last + 1]
+  local out = { tracks = p.tracks, start_abs = p.origin + t_lo, steps = {}, events = {} }
+  for i = first, last + 1 do out.steps[#out.steps + 1] = (b[i] - t_lo) * 1e6 end
+  local ev = p.events
+  for i = 0, p.n - 1 do
+    local e = ev[i]
+    if e.t1 >= t_lo and e.t0 <= t_hi and e.kind ~= K.STEP and e.kind ~= K.GRAD then
+      if #out.events >= (max_events or 20000) then out.truncated = true; break end
+      out.events[#out.events + 1] = {
+        track = e.track + 1, name = ffi.string(e.name), cat = M.CATEGORY[e.kind],
+        ts = (e.t0 - t_lo) * 1e6, dur = (e.t1 - e.t0) * 1e6,
+      }
+    end
+  end
+  return out
+end
+
+return M
