@@ -160,12 +160,12 @@ test: deps $(CTEST_BIN)
 	@sh tests/run.sh --c-only $(BUILD)
 else ifeq ($(SANITIZE),thread)
 # The code that runs on several threads: the loader, its stages and transforms,
-# the communicators and replicas. (Not test_comm_mpi: Open MPI's uninstrumented
+# the communicators and replicas, and the profiler recording from all of them. (Not test_comm_mpi: Open MPI's uninstrumented
 # plugins trip ThreadSanitizer inside libmpi; all of ember's MPI calls are made on
 # one thread, the communicator's, whose queue test_comm covers.)
 test: all $(CTEST_BIN)
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
-	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute' $(BUILD)
+	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute|^test_profile(\.lua)?$$' $(BUILD)
 else
 # deps-run: test_distribute trains the example on a slice of Fashion-MNIST;
 # deps-test: test_profile_page renders the profiler's page in headless Chromium.

@@ -115,8 +115,8 @@ em_status emi_cpu_index_select(emi_device *dev, em_tensor *out, const em_tensor 
     if (v - index_base < 0 || v - index_base >= size) {
       if (ind != stack) emi_free(S, ind, (size_t)n * sizeof(int64_t));
       return emi_error(S, EM_ERR_INDEX, "index_select: index %lld is out of range for "
-                       "dimension %d of size %lld (indices count from %d)", (long long)v,
-                       dim, (long long)size, index_base);
+                       "dimension %lld of size %lld (indices count from %d)", (long long)v,
+                       emi_ix(S, dim), (long long)size, index_base);
     }
     ind[i] = v - index_base;
   }
@@ -194,8 +194,8 @@ em_status emi_cpu_gather(emi_device *dev, em_tensor *out, const em_tensor *a, in
     for (int d = idx->ndim - 1; d >= 0; d--) { off += (p % idx->sizes[d]) * idx->strides[d]; p /= idx->sizes[d]; }
     int64_t v = load_index((const char *)em_tensor_data(idx) + off * (int64_t)em_dtype_size(idx->dtype),
                            idx->dtype);
-    return emi_error(S, EM_ERR_INDEX, "gather: index %lld is out of range for dimension %d "
-                     "of size %lld (indices count from %d)", (long long)v, dim,
+    return emi_error(S, EM_ERR_INDEX, "gather: index %lld is out of range for dimension %lld "
+                     "of size %lld (indices count from %d)", (long long)v, emi_ix(S, dim),
                      (long long)a->sizes[dim], index_base);
   }
   return EM_OK;

@@ -154,8 +154,8 @@ em_status emi_cpu_arg_reduce(emi_device *dev, em_tensor *values, em_tensor *indi
   j.ibase_out = em_tensor_data(indices);
   if (pl->K == 0) return EM_OK;
   if (pl->R == 0)
-    return emi_error(S, EM_ERR_SHAPE, "%s: cannot reduce over dimension %d of size 0 "
-                     "(shape %s)", want_max ? "argmax" : "argmin", dim, emi_tshape(S, a));
+    return emi_error(S, EM_ERR_SHAPE, "%s: cannot reduce over dimension %lld of size 0 "
+                     "(shape %s)", want_max ? "argmax" : "argmin", emi_ix(S, dim), emi_tshape(S, a));
   if (pl->outer && pl->R > 1) {
     j.M = pl->ksz[pl->vk];
     j.ncb = (j.M + CB - 1) / CB;
