@@ -21,13 +21,12 @@ static void account(em_state *S, size_t nbytes) {
                                       __ATOMIC_RELAXED)) {}
 }
 
-static emi_storage *storage_new(em_state *S, size_t nbytes, int device) {
-  emi_device *d = emi_device_of(S, device);
-  if (!d) return NULL;
+static emi_storage *storage_new(emi_device *d, size_t nbytes) {
+  em_state *S = d->S;
   emi_storage *st = d->backend->alloc(d, nbytes);
   if (!st) return NULL;
   st->refcount = 1;
-  st->device = device;
+  st->device = d->index;
   st->S = S;
   st->version = 0;
   st->ext_free = NULL;
@@ -172,10 +171,10 @@ static em_tensor *handle_new(em_state *S, emi_storage *st, const int64_t *sizes,
   return t;
 }
 
-static em_tensor *tensor_alloc(em_state *S, const int64_t *sizes, int ndim, em_dtype dt,
-                               int device) {
+static em_tensor *tensor_alloc(emi_device *d, const int64_t *sizes, int ndim, em_dtype dt) {
+  em_state *S = d->S;
   size_t nbytes = (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt);
-  emi_storage *st = storage_new(S, nbytes, device);
+  emi_storage *st = storage_new(d, nbytes);
   if (!st) return NULL;
   em_tensor *t = handle_new(S, st, sizes, ndim, dt);
   if (!t) storage_release(st);
@@ -183,7 +182,7 @@ static em_tensor *tensor_alloc(em_state *S, const int64_t *sizes, int ndim, em_d
 }
 
 em_tensor *emi_tensor_try_new(em_state *S, const int64_t *sizes, int ndim, em_dtype dt) {
-  return tensor_alloc(S, sizes, ndim, dt, EM_CPU);
+  return tensor_alloc(&S->cpu, sizes, ndim, dt);
 }
 
 em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
@@ -216,14 +215,15 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
   if (st) return st;
   if ((unsigned)dt >= EM_NUM_DTYPES)
     return emi_error(S, EM_ERR_DTYPE, "%s: invalid dtype %d", op, (int)dt);
-  if (!emi_device_of(S, device)) {
+  emi_device *d = emi_device_of(S, device);
+  if (__builtin_expect(!d, 0)) {
     if (device < EM_CPU)
       return emi_error(S, EM_ERR_DEVICE, "%s: invalid device %d (cpu is %d, CUDA "
                        "devices are 0, 1, ...)", op, device, EM_CPU);
     return emi_error(S, EM_ERR_DEVICE, "%s: device cuda:%d is not available (ember was "
                      "built without CUDA or no GPU is present)", op, device);
   }
-  em_tensor *t = tensor_alloc(S, sizes, ndim, dt, device);
+  em_tensor *t = tensor_alloc(d, sizes, ndim, dt);
   if (!t) {
     char b[EMI_SHAPE_STR];
     return emi_error(S, EM_ERR_NOMEM, "%s: out of memory allocating %zu bytes for a %s "
