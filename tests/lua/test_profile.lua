@@ -175,11 +175,22 @@ H.test('the projection: more replicas cost communication, overlap hides some', f
 end)
 
 -- -- Replicas -------------------------------------------------------------------------------
-local function run_replicas(mode, env)
-  local out = tmp .. '/' .. mode
+-- EMBER_TEST_NO_MPI: the ThreadSanitizer pass (Open MPI is not instrumented).
+local no_mpi = os.getenv('EMBER_TEST_NO_MPI')
+local have_mpirun = not no_mpi and os.execute('command -v mpirun >/dev/null 2>&1') == 0
+local MPIRUN = 'OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun ' ..
+  '-x EMBER_TEST_COMM_GBPS --oversubscribe --bind-to none --mca btl self,vader,tcp ' ..
+  '--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 '
+
+-- launcher: nil for `ember --replicas 2`, 'mpi' for mpirun -np 2.
+local function run_replicas(mode, env, launcher)
+  local out = tmp .. '/' .. mode .. (launcher or '')
   os.execute('mkdir -p ' .. out)
-  local cmd = ('%s %s --replicas 2 %sdist/profile_replicas.lua %s %s 2>&1; echo "exit=$?"')
-    :format(env or '', ember, dir, mode, out)
+  local cmd = launcher == 'mpi'
+    and ('EMBER_TEST_COMM_GBPS=%s %s %s %sdist/profile_replicas.lua %s %s 2>&1; echo "exit=$?"')
+      :format(env and env:match('=(.*)') or '', MPIRUN, ember, dir, mode, out)
+    or ('%s %s --replicas 2 %sdist/profile_replicas.lua %s %s 2>&1; echo "exit=$?"')
+      :format(env or '', ember, dir, mode, out)
   local p = io.popen(cmd)
   local text = p:read('*a')
   p:close()
@@ -223,6 +234,22 @@ H.test('2 replicas on a slow link: communication-bound', function()
   -- counts 2(n-1)/n = 1 of the bytes for 2 replicas)
   local gbps = tonumber(f.GBPS)
   H.check(gbps and gbps > 0.06 and gbps < 0.2, 'measured ' .. tostring(f.GBPS))
+end)
+
+H.test('under mpirun: skew told from slow communication without arrival times', function()
+  if not have_mpirun then
+    H.skip(no_mpi and ('mpirun runs skipped: ' .. no_mpi) or 'mpirun not found (Debian: openmpi-bin)')
+    return
+  end
+  local f, text = run_replicas('skew', nil, 'mpi')
+  H.eq(f.exit, '0', text)
+  H.eq(f.KIND, 'replica-skew', text)
+  H.check(f.MSG and f.MSG:find('Replica 1 is slower'), f.MSG)
+  local w0 = tonumber((f.REP0 or ''):match(' (%S+)$'))
+  H.check(w0 and w0 > 0.015, 'replica 0 waits for replica 1 (estimated): ' .. tostring(f.REP0))
+  f, text = run_replicas('comm', 'EMBER_TEST_COMM_GBPS=1', 'mpi')
+  H.eq(f.exit, '0', text)
+  H.eq(f.KIND, 'communication-bound', text)
 end)
 
 -- -- ember --profile ------------------------------------------------------------------------

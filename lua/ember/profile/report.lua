@@ -23,7 +23,11 @@ the step time of the slowest-looking replica's view (replica 0 when alone):
                        step averaging <= SMALL_OP_US µs.
   balanced             none of the above.
 Skew is tested before communication because a slow replica makes the others'
-collectives long: the waiting-for-peers part tells the two apart.
+collectives long: the waiting-for-peers part tells the two apart. The local
+communicator records when every replica had arrived; MPI does not say, and
+there each replica's wait for peers is estimated from the joined summaries as
+its exposed communication less the smallest any replica had (the last replica
+to arrive waits for nobody, so its wait is the transfer alone).
 
 The projection (M.project) models data-parallel steps at N replicas from the
 measured step: compute c (the step less its exposed communication), gradient
@@ -150,7 +154,23 @@ local function diagnose_launch(s)
     'the launches.', math.floor(s.ops_per_step + 0.5), s.mean_op_us, pct(s.breakdown.host)) }
 end
 
+-- Without a measured arrival time (MPI), a replica's wait for peers is what it
+-- spent blocked on collectives beyond the least any replica spent.
+local function estimate_peer_waits(reps)
+  if #reps < 2 then return end
+  for _, r in ipairs(reps) do
+    if r.coll_wait_s > 0 or r.peer_wait_s > 0 then return end   -- measured
+  end
+  local least = math.huge
+  for _, r in ipairs(reps) do least = math.min(least, r.comm_s) end
+  for _, r in ipairs(reps) do
+    r.peer_wait_s = r.comm_s - least
+    r.peer_wait_estimated = true
+  end
+end
+
 function M.diagnose(reps, cal)
+  estimate_peer_waits(reps)
   local out = {}
   local skew = diagnose_skew(reps)
   if skew then out[#out + 1] = skew end
@@ -224,6 +244,7 @@ Report.__index = Report
 -- reps: summaries ordered by rank (reps[1] is this process's view when alone);
 -- cal: {gbps, latency_s} or nil; top_ops from rank 0.
 function M.build(reps, cal, top_ops, peak_bytes, extra)
+  estimate_peer_waits(reps)
   local s = reps[1]
   local r = setmetatable({
     steps = s.steps, step_s = s.step_s, breakdown = s.breakdown, top_ops = top_ops,
@@ -294,7 +315,8 @@ function Report:lines()
   local p = self.projection
   if p then
     add('  scaling projection (%s of gradients per step in %d allreduce%s, %.2f GB/s %s):',
-        bytes_str(p.grad_bytes), p.buckets, p.buckets == 1 and '' or 's', p.gbps,
+        bytes_str(p.grad_bytes), math.floor(p.buckets + 0.5),
+        math.floor(p.buckets + 0.5) == 1 and '' or 's', p.gbps,
         p.measured and 'measured' or 'assumed; pass gbps= to project{}')
     for _, row in ipairs(p.rows) do
       add('    %3d replicas: %.2f ms per step with overlap (%s efficiency), %.2f ms without (%s)',

@@ -17,7 +17,9 @@ Events are attributed to the step their start falls in.
 Steps. With explicit em.profile.step() calls, step k runs from the previous
 mark (or start) to mark k. With auto steps (ember --profile: each batch the
 loader hands out ends a step) the interval before the first batch is set-up and
-is left out. Without any mark the whole recording is one step.
+is left out, and so are intervals without a backward when others have one
+(evaluation batches between training epochs are not training steps). Without
+any mark the whole recording is one step.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -72,23 +74,49 @@ local function step_bounds(p, stop_t, auto)
   return b
 end
 
--- Index of the step containing t, by binary search; nil outside every step.
-local function step_of(b, t)
+-- The steps: bounds b (step i = [b[i], b[i+1])), which of them count (keep[i]),
+-- how many count (n) and their total time (span).
+local function steps_of(p, stop_t, auto)
+  local b = step_bounds(p, stop_t, auto)
+  local keep = {}
+  for i = 1, #b - 1 do keep[i] = true end
+  if auto then
+    local trained, any = {}, false
+    local ev, lo = p.events, 1
+    for i = 0, p.n - 1 do
+      local e = ev[i]
+      if e.kind == K.BACKWARD and e.track == p.main then
+        while lo < #b and b[lo + 1] <= e.t0 do lo = lo + 1 end  -- events come sorted
+        if lo < #b and e.t0 >= b[lo] then trained[lo] = true; any = true end
+      end
+    end
+    if any then keep = trained end
+  end
+  local n, span = 0, 0
+  for i = 1, #b - 1 do
+    if keep[i] then n = n + 1; span = span + (b[i + 1] - b[i]) end
+  end
+  return { b = b, keep = keep, n = n, span = span }
+end
+
+-- Index of the counted step containing t, by binary search; nil outside them.
+local function step_of(st, t)
+  local b = st.b
   if t < b[1] or t >= b[#b] then return nil end
   local lo, hi = 1, #b - 1
   while lo < hi do
     local mid = math.floor((lo + hi + 1) / 2)
     if b[mid] <= t then lo = mid else hi = mid - 1 end
   end
-  return lo
+  return st.keep[lo] and lo or nil
 end
 
 -- The summary of one replica's profile p (from M.read). stop_t: the recording's
 -- end on its clock; auto: steps were marked by the loader.
 function M.summarize(p, stop_t, auto, rank)
-  local b = step_bounds(p, stop_t, auto)
-  local nsteps = #b - 1
-  local span = b[#b] - b[1]
+  local b = steps_of(p, stop_t, auto)
+  local nsteps = math.max(b.n, 1)
+  local span = b.span
   local s = {
     rank = rank or 0, steps = nsteps, span_s = span, step_s = span / nsteps,
     input_s = 0, compute_s = 0, comm_s = 0, peer_wait_s = 0, backward_s = 0,
@@ -170,9 +198,12 @@ end
 -- `first` (clamped) and spans `count` steps; times in µs from the window's start
 -- on the shared clock (origin_abs is where that start is, so replicas line up).
 function M.timeline(p, stop_t, auto, first, count, max_events)
-  local b = step_bounds(p, stop_t, auto)
+  local st = steps_of(p, stop_t, auto)
+  local b = st.b
   local nsteps = #b - 1
-  first = math.max(1, math.min(first, nsteps))
+  local kept = {}
+  for i = 1, nsteps do if st.keep[i] then kept[#kept + 1] = i end end
+  first = kept[math.max(1, math.min(first, #kept))] or 1
   local last = math.min(nsteps, first + count - 1)
   local t_lo, t_hi = b[first], b[last + 1]
   local out = { tracks = p.tracks, start_abs = p.origin + t_lo, steps = {}, events = {} }
