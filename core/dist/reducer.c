@@ -124,12 +124,14 @@ static em_status plan(em_reducer *r, double bucket_bytes, double first_bytes) {
 static em_status launch_ready(em_reducer *r) {
   while (r->next_launch < r->nbuckets && r->b[r->next_launch].pending == 0) {
     bucket *bk = &r->b[r->next_launch++];
+    double t0 = r->S->profiler ? emi_now() : 0;
     em_status st = em_comm_allreduce(r->S, r->c, bk->buf, EM_COMM_MEAN, &bk->work);
     if (st) return st;
-    if (r->S->profiler) {        /* the flow arrow's tail: this bucket's last gradient */
+    if (r->S->profiler) {        /* the flow arrow's tail: this bucket's launch */
       em_profile_event ev;
       memset(&ev, 0, sizeof ev);
-      ev.t0 = ev.t1 = emi_now();
+      ev.t0 = t0;
+      ev.t1 = emi_now();
       ev.name = "bucket ready";
       ev.kind = EM_PROF_BUCKET_READY;
       ev.device = EM_CPU;

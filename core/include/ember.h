@@ -854,7 +854,8 @@ typedef enum em_profile_kind {
                             replica was there, flow = the work's sequence number */
   EM_PROF_COMM_WAIT,     /* the step thread blocked on a collective; wait = the part
                             of it spent waiting for peers */
-  EM_PROF_BUCKET_READY,  /* instant: a gradient bucket launched (flow, bytes) */
+  EM_PROF_BUCKET_READY,  /* a gradient bucket's allreduce being launched, once its last
+                            gradient arrived (flow, bytes, arg0 its index) */
   EM_PROF_GRAD,          /* instant: a leaf gradient accumulated (bytes) */
   EM_PROF_RANGE,         /* a user range (em_profile_range_push/pop) */
   EM_PROF_OPTIMIZER,     /* an optimizer step (a range of this kind) */

@@ -219,6 +219,23 @@ H.test('2 replicas, one slower: replica-skew names it', function()
   end
   H.check(pids[0] and pids[1], 'a process per replica')
   H.check(flows.s > 0 and flows.s == flows.f, 'flow arrows from buckets to allreduces')
+  -- each arrow leaves a bucket's launch slice and lands on its allreduce, later
+  local starts, bound = {}, 0
+  for _, e in ipairs(doc.traceEvents) do if e.ph == 's' then starts[e.id] = e end end
+  for _, e in ipairs(doc.traceEvents) do
+    if e.ph == 'f' then
+      local st = starts[e.id]
+      local from, to = false, false
+      for _, x in ipairs(doc.traceEvents) do
+        if x.ph == 'X' and st and x.pid == st.pid and x.tid == st.tid and x.cat == 'bucket' and
+           x.ts <= st.ts and st.ts <= x.ts + x.dur then from = true end
+        if x.ph == 'X' and x.pid == e.pid and x.tid == e.tid and x.cat == 'collective' and
+           x.ts == e.ts then to = true end
+      end
+      if st and from and to and e.ts >= st.ts and st.pid == e.pid then bound = bound + 1 end
+    end
+  end
+  H.eq(bound, flows.f, 'every arrow bound at both ends, in time order')
   H.check(colls >= 20, 'collectives of both replicas: ' .. colls)
   local html = read(out .. '/page.html')
   H.check(html and html:find('Replica 1 is slower', 1, true), 'the page shows the diagnosis')

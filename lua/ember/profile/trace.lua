@@ -61,10 +61,11 @@ function M.part(p, rank, zero)
               rank, e.track, ts))
     elseif k == K.GRAD then
       -- counted in the report; one instant per parameter would only clutter the view
-    elseif k == K.BUCKET_READY then
-      add(fmt('{"ph":"i","s":"t","name":"bucket %d ready","cat":"bucket","pid":%d,"tid":%d,' ..
-              '"ts":%.3f,"args":{"bytes":%d}}', tonumber(e.arg0), rank, e.track, ts,
-              tonumber(e.bytes)))
+    elseif k == K.BUCKET_READY then     -- a slice, so that the arrow has one to leave
+      local dur = (e.t1 - e.t0) * 1e6
+      add(fmt('{"ph":"X","name":"bucket %d launch","cat":"bucket","pid":%d,"tid":%d,' ..
+              '"ts":%.3f,"dur":%.3f,"args":{"bytes":%d}}', tonumber(e.arg0), rank, e.track, ts,
+              dur, tonumber(e.bytes)))
       add(fmt('{"ph":"s","id":%d,"name":"gradient bucket","cat":"bucket","pid":%d,"tid":%d,' ..
               '"ts":%.3f}', flow_base + tonumber(e.flow), rank, e.track, ts))
     else
