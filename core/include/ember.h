@@ -32,8 +32,8 @@
 **    em_memory_release_cached, and the calls that take no state: em_config_init,
 **    em_open, em_version, em_build_info, em_dtype_name / _size / _is_floating /
 **    _promote, the float16 / bfloat16 conversions, em_json_quote, em_utf8_valid,
-**    em_mpi_launched, em_blas_pin_threads, em_local_group_new / _abort /
-**    _failure, em_comm_abort.
+**    em_mpi_launched, em_blas_pin_threads, em_profile_clock, em_local_group_new
+**    / _abort / _failure, em_comm_abort.
 **    Threads of different states may read one tensor's values through ops at
 **    once (replicas sharing a dataset's tensors) when none of them records
 **    autograd on it; writing a tensor (in place, or its .grad in em_backward)
@@ -46,6 +46,8 @@
 **    goes), and a communicator's thread (each collective runs there; with a
 **    local group it reads and writes the other replicas' staging buffers). None
 **    of them writes em_errmsg or runs host code other than those callbacks.
+**    While the state's profiler records, each of them appends to a buffer of its
+**    own (em_profile_events merges them after em_profile_stop).
 **  - Communicators: one per replica, each used from its own state's thread;
 **    every replica calls the same collectives in the same order.
 **  - Callbacks run on the thread that caused them: gradient hooks and backward
