@@ -51,7 +51,8 @@ CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
 LDLIBS  := $(BLAS_LIBS) -ljpeg -lpng -lz -lm -lpthread -ldl
 
 CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c core/data/*.c \
-                      core/dist/*.c core/profile/*.c)
+                      core/dist/*.c core/profile/*.c \
+                      kernels/*.c kernels/emu/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)

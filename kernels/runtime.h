@@ -1,0 +1,144 @@
+/*
+** runtime.h -- the device runtime table: every call the CUDA backend (kernels/)
+** makes to a device goes through one of these functions, and nothing else in
+** kernels/ talks to CUDA. Two implementations fill the table:
+**   - real (kernels/real/): the CUDA runtime, cuBLASLt, cuDNN and NCCL, loaded
+**     only when used, for machines with a GPU;
+**   - emulated (kernels/emu/): chosen by EMBER_CUDA_EMULATE=N[:MB]. Device memory
+**     is host memory that the host side of ember never touches directly (guard
+**     bytes around every block, a capacity per device, injectable failures), each
+**     stream is a worker thread running its queue in order, events are sequence
+**     numbers on a stream, and kernels run on the grid emulator (grid.h): the same
+**     kernel sources compiled for the host.
+** So the backend's own code -- its allocator, its stream discipline, its kernels
+** -- runs and is tested on a machine without a GPU (DESIGN.md, principle 8).
+**
+** Conventions. A runtime is an object (no globals): emk_runtime_open makes one,
+** the state owns it. Every entry returns EM_OK or an error code with a message in
+** rt->errmsg. Errors of asynchronous work (a kernel that failed on a stream, a
+** copy out of bounds) are kept by the stream and returned by its next
+** synchronising call (stream_sync, event_sync, or any call on that stream), as
+** CUDA does with sticky errors -- but a failed stream stays usable after it was
+** reported. Pointers are device pointers unless named host.
+*/
+#ifndef EMBER_KERNELS_RUNTIME_H
+#define EMBER_KERNELS_RUNTIME_H
+#include "ember.h"
+#include <stddef.h>
+#include <stdint.h>
+
+enum { EMK_ERRMSG_SIZE = 512, EMK_MAX_DEVICES = 16 };
+
+typedef struct emk_stream emk_stream;   /* in order; owned by the runtime */
+typedef struct emk_event emk_event;
+
+typedef struct emk_dim3 { unsigned x, y, z; } emk_dim3;
+
+typedef struct emk_device_props {
+  char name[128];
+  int major, minor;               /* compute capability */
+  int multiprocessors;
+  int warp_size;                  /* 32 */
+  int max_threads_per_block;      /* 1024 */
+  size_t shared_per_block;        /* bytes of shared memory a block may use */
+  size_t total_memory;            /* bytes */
+  int emulated;                   /* 1 for the emulated runtime */
+} emk_device_props;
+
+typedef enum emk_copy_kind {
+  EMK_HOST_TO_DEVICE, EMK_DEVICE_TO_HOST, EMK_DEVICE_TO_DEVICE
+} emk_copy_kind;
+
+/* A kernel, as grid.h's EMK_KERNEL defines it: one source, two bodies. */
+typedef struct emk_kernel {
+  const char *name;
+  /* The host-compiled body, run once per CUDA thread by the grid emulator with
+  ** that thread's indices current; args points at the kernel's argument struct. */
+  void (*host_body)(const void *args);
+  /* The __global__ function nvcc compiled (NULL in a host-only build); it takes
+  ** the argument struct by value. */
+  const void *device_fn;
+  int uses_barriers;       /* calls __syncthreads or warp shuffles: needs fibers */
+} emk_kernel;
+
+typedef struct emk_runtime emk_runtime;
+
+typedef struct emk_runtime_ops {
+  const char *name;                               /* "cuda" or "emulated" */
+  void (*close)(emk_runtime *rt);                 /* after every stream drained */
+  int (*device_count)(emk_runtime *rt);
+  em_status (*device_props)(emk_runtime *rt, int dev, emk_device_props *out);
+  em_status (*mem_info)(emk_runtime *rt, int dev, size_t *free_bytes, size_t *total);
+
+  /* Device memory: raw blocks for the caching allocator (kernels/alloc.c), which
+  ** is the only caller. n > 0; a refusal is EM_ERR_NOMEM. */
+  em_status (*malloc)(emk_runtime *rt, int dev, size_t n, void **out);
+  em_status (*free)(emk_runtime *rt, int dev, void *p);
+  /* Page-locked host memory for asynchronous copies. */
+  em_status (*host_alloc)(emk_runtime *rt, size_t n, void **out);
+  em_status (*host_free)(emk_runtime *rt, void *p);
+
+  /* Streams: work on one stream runs in the order it was queued. */
+  em_status (*stream_create)(emk_runtime *rt, int dev, emk_stream **out);
+  em_status (*stream_destroy)(emk_runtime *rt, emk_stream *s);   /* drains first */
+  em_status (*stream_sync)(emk_runtime *rt, emk_stream *s);
+  /* Asynchronous: host memory must stay valid until the copy ran (pinned, or
+  ** waited for); the call returns once the copy is queued. */
+  em_status (*memcpy_async)(emk_runtime *rt, void *dst, const void *src, size_t n,
+                            emk_copy_kind kind, emk_stream *s);
+  em_status (*memset_async)(emk_runtime *rt, void *dst, int byte, size_t n,
+                            emk_stream *s);
+  /* Runs fn(ud) on the stream's timeline, after the work queued before it (on the
+  ** emulator, on the stream's thread; on CUDA, as a host function): used to free
+  ** what the queued work still reads. fn must not call the runtime. */
+  em_status (*host_callback)(emk_runtime *rt, emk_stream *s, void (*fn)(void *ud),
+                             void *ud);
+
+  /* Events mark a point in a stream's work. */
+  em_status (*event_create)(emk_runtime *rt, int dev, emk_event **out);
+  em_status (*event_destroy)(emk_runtime *rt, emk_event *e);
+  em_status (*event_record)(emk_runtime *rt, emk_event *e, emk_stream *s);
+  /* Work queued on s after this waits until e's point was reached. */
+  em_status (*stream_wait_event)(emk_runtime *rt, emk_stream *s, emk_event *e);
+  /* *done = 1 once every piece of work before the recorded point has run (an
+  ** event never recorded counts as done). */
+  em_status (*event_query)(emk_runtime *rt, emk_event *e, int *done);
+  em_status (*event_sync)(emk_runtime *rt, emk_event *e);
+
+  /* Queues kernel k on s over grid x block threads with dyn_shared bytes of
+  ** dynamic shared memory; args (args_size bytes) is copied at the call. */
+  em_status (*launch)(emk_runtime *rt, const emk_kernel *k, emk_dim3 grid,
+                      emk_dim3 block, size_t dyn_shared, emk_stream *s,
+                      const void *args, size_t args_size);
+} emk_runtime_ops;
+
+struct emk_runtime {
+  const emk_runtime_ops *ops;
+  void *impl;
+  char errmsg[EMK_ERRMSG_SIZE];
+};
+
+/* Sets rt->errmsg and returns code (so: return emk_fail(rt, ...)). */
+em_status emk_fail(emk_runtime *rt, em_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* -- The emulated runtime (kernels/emu/) ------------------------------------------ */
+typedef struct emk_emu_config {
+  int devices;               /* 1 .. EMK_MAX_DEVICES */
+  size_t capacity;           /* bytes per device (0 = 1024 MiB) */
+} emk_emu_config;
+/* Parses EMBER_CUDA_EMULATE's text: "N" or "N:MB". 0 and a message on bad text. */
+em_status emk_emu_parse(const char *text, emk_emu_config *out, char *err, size_t errlen);
+em_status emk_emu_open(const emk_emu_config *cfg, emk_runtime **out, char *err,
+                       size_t errlen);
+/* Test hooks: the k-th device allocation from now fails (0 = none); bytes in
+** use on a device; whether any guard byte was overwritten (then a message). */
+void emk_emu_fail_nth_malloc(emk_runtime *rt, int k);
+size_t emk_emu_bytes_in_use(emk_runtime *rt, int dev);
+int emk_emu_check_guards(emk_runtime *rt, char *msg, size_t msglen);
+/* The emulator's host side may read and write device memory only through
+** these (tests, and the CPU stand-ins for the libraries, which run on the
+** stream's thread): they check that [p, p+n) lies inside one live block. */
+em_status emk_emu_check_range(emk_runtime *rt, const void *p, size_t n);
+
+#endif
