@@ -53,6 +53,17 @@ LDLIBS  := $(BLAS_LIBS) -ljpeg -lpng -lz -lm -lpthread -ldl
 CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c core/data/*.c \
                       core/dist/*.c core/profile/*.c \
                       kernels/*.c kernels/emu/*.c)
+# kernels/real/ talks to the real CUDA libraries, which it loads at run time
+# (dlopen): it takes only types and constants from the toolkit's headers. Without
+# them only libs.c is built, as a stub that says so at run time.
+CUDA_HOME ?= /usr/local/cuda
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),)
+CUDA_CFLAGS := -I$(CUDA_HOME)/include
+CORE_SRC += $(wildcard kernels/real/*.c)
+else
+CUDA_CFLAGS :=
+CORE_SRC += kernels/real/libs.c
+endif
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -118,6 +129,11 @@ $(BUILD)/obj/core/dist/%.o: core/dist/%.c core/dist/comm.h core/include/ember.h 
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
+$(BUILD)/obj/kernels/real/%.o: kernels/real/%.c kernels/real/libs.h kernels/real/libs_fn.h \
+                               core/include/ember.h | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
+
 $(BUILD)/obj/lua/host/%.o: lua/host/%.c lua/host/host.h core/include/ember.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -DEMBER_PREFIX='"$(PREFIX)"' -c $< -o $@
@@ -166,7 +182,7 @@ else ifeq ($(SANITIZE),thread)
 # one thread, the communicator's, whose queue test_comm covers.)
 test: all $(CTEST_BIN)
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
-	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute|^test_profile(\.lua)?$$' $(BUILD)
+	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc)$$|^test_grid_emu$$' $(BUILD)
 else
 # deps-run: test_distribute trains the example on a slice of Fashion-MNIST;
 # deps-test: test_profile_page renders the profiler's page in headless Chromium.

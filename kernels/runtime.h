@@ -136,6 +136,17 @@ em_status emk_emu_open(const emk_emu_config *cfg, emk_runtime **out, char *err,
 void emk_emu_fail_nth_malloc(emk_runtime *rt, int k);
 size_t emk_emu_bytes_in_use(emk_runtime *rt, int dev);
 int emk_emu_check_guards(emk_runtime *rt, char *msg, size_t msglen);
+/* More test hooks. For bytes_in_use and live_blocks, dev -1 means pinned host
+** memory. live_blocks: blocks not freed yet (what close would free: leaks).
+** pageable_copies: host<->device copies queued so far whose host side was not
+** inside pinned memory. write_raw: writes n bytes at device address dst with no
+** range check, only that they lie in one live block or its guard bytes (to
+** test that guards catch what the range checks cannot see, as a kernel writing
+** out of bounds). check_guards returns the number of damaged blocks and lists
+** them in msg. */
+size_t emk_emu_live_blocks(emk_runtime *rt, int dev);
+size_t emk_emu_pageable_copies(emk_runtime *rt);
+em_status emk_emu_write_raw(emk_runtime *rt, void *dst, const void *src, size_t n);
 /* The emulator's host side may read and write device memory only through
 ** these (tests, and the CPU stand-ins for the libraries, which run on the
 ** stream's thread): they check that [p, p+n) lies inside one live block. */

@@ -190,6 +190,15 @@ static const char INFO_LUA[] =
   "  jit.status() and 'on' or 'off', table.concat({select(2, jit.status())}, ' ')))\n"
   "print('threads: ' .. em.get_num_threads())\n"
   "for line in em.build_info():gmatch('[^\\n]+') do print(line) end\n"
+  /* The real CUDA libraries, loaded (dlopen) only to ask: versions and files, or
+  ** where they were looked for. pcall: a libember from before this call. */
+  "do local buf = ffi.new('char[4096]')\n"
+  "  if pcall(function() return core.C.em_cuda_libs_info end)\n"
+  "     and core.C.em_cuda_libs_info(buf, 4096) == 0 then\n"
+  "    print('cuda libraries (loaded when used):')\n"
+  "    for line in ffi.string(buf):gmatch('[^\\n]+') do print('  ' .. line) end\n"
+  "  end\n"
+  "end\n"
   "print('lua files: ' .. core.dir)\n"
   "print('core library: ' .. (core.libpath == 'process' and 'linked into ' .. (arg and arg[-1] or 'ember') or core.libpath))\n";
 

@@ -1,0 +1,92 @@
+/*
+** libs_fn.h -- the function tables of the real CUDA libraries (libs.h), for code
+** compiled with the toolkit's headers (the Makefile adds CUDA_CFLAGS to
+** kernels/real/). Each table holds one pointer per function ember calls, named as
+** the function and typed from the header's own prototype, so a call reads
+** `fns->cudnnGetVersion()` and is checked by the compiler; the pointers come from
+** dlsym, never from the link.
+**
+** To call a new function: add it to its library's list below. X(name, 1) is
+** required (the library fails to load without it, with a message naming it);
+** X(name, 0) is optional (NULL when the library is older). A header macro that
+** renames a function (cudart's `_v2` variants) renames the symbol looked up too,
+** since the name is expanded before it is stringified.
+*/
+#ifndef EMBER_KERNELS_REAL_LIBS_FN_H
+#define EMBER_KERNELS_REAL_LIBS_FN_H
+#include "libs.h"
+
+/* Which headers this build has: cuBLASLt, cuDNN and NCCL ship apart from the
+** runtime, so each may be missing on its own. */
+#if defined(__has_include)
+#if __has_include(<cuda_runtime_api.h>)
+#define EMK_HAVE_CUDART_H 1
+#include <cuda_runtime_api.h>
+#endif
+#if __has_include(<cublasLt.h>) && defined(EMK_HAVE_CUDART_H)
+#define EMK_HAVE_CUBLASLT_H 1
+#include <cublasLt.h>
+#endif
+#if __has_include(<cudnn.h>) && defined(EMK_HAVE_CUDART_H)
+#define EMK_HAVE_CUDNN_H 1
+#include <cudnn.h>
+#endif
+#if __has_include(<nccl.h>) && defined(EMK_HAVE_CUDART_H)
+#define EMK_HAVE_NCCL_H 1
+#include <nccl.h>
+#endif
+#endif
+
+#define EMK_FN_FIELD(f, required) __typeof__(f) *f;
+
+#ifdef EMK_HAVE_CUDART_H
+#define EMK_CUDART_FNS(X) \
+  X(cudaRuntimeGetVersion, 1) X(cudaDriverGetVersion, 1) X(cudaGetDeviceCount, 1) \
+  X(cudaGetErrorName, 1) X(cudaGetErrorString, 1)
+struct emk_cudart_fns { EMK_CUDART_FNS(EMK_FN_FIELD) };
+#else
+struct emk_cudart_fns { int none; };
+#endif
+
+#ifdef EMK_HAVE_CUBLASLT_H
+#define EMK_CUBLASLT_FNS(X) \
+  X(cublasLtGetVersion, 1) X(cublasLtGetStatusName, 1) X(cublasLtGetStatusString, 1) \
+  X(cublasLtCreate, 1) X(cublasLtDestroy, 1) \
+  X(cublasLtMatmulDescCreate, 1) X(cublasLtMatmulDescDestroy, 1) \
+  X(cublasLtMatmulDescSetAttribute, 1) X(cublasLtMatmulDescGetAttribute, 1) \
+  X(cublasLtMatrixLayoutCreate, 1) X(cublasLtMatrixLayoutDestroy, 1) \
+  X(cublasLtMatrixLayoutSetAttribute, 1) X(cublasLtMatrixLayoutGetAttribute, 1)
+struct emk_cublaslt_fns { EMK_CUBLASLT_FNS(EMK_FN_FIELD) };
+#else
+struct emk_cublaslt_fns { int none; };
+#endif
+
+/* cuDNN 9 keeps the v8 descriptor API (tensor, filter, convolution) in
+** libcudnn_ops/libcudnn_cnn behind the libcudnn.so.9 shim, deprecated in favour
+** of the graph API but supported: it is what the no-GPU check uses. */
+#ifdef EMK_HAVE_CUDNN_H
+#define EMK_CUDNN_FNS(X) \
+  X(cudnnGetVersion, 1) X(cudnnGetErrorString, 1) X(cudnnGetLastErrorString, 0) \
+  X(cudnnCreate, 1) X(cudnnDestroy, 1) \
+  X(cudnnCreateTensorDescriptor, 1) X(cudnnSetTensor4dDescriptor, 1) \
+  X(cudnnGetTensor4dDescriptor, 1) X(cudnnDestroyTensorDescriptor, 1) \
+  X(cudnnCreateFilterDescriptor, 1) X(cudnnSetFilter4dDescriptor, 1) \
+  X(cudnnGetFilter4dDescriptor, 1) X(cudnnDestroyFilterDescriptor, 1) \
+  X(cudnnCreateConvolutionDescriptor, 1) X(cudnnSetConvolution2dDescriptor, 1) \
+  X(cudnnGetConvolution2dDescriptor, 1) X(cudnnGetConvolution2dForwardOutputDim, 1) \
+  X(cudnnDestroyConvolutionDescriptor, 1)
+struct emk_cudnn_fns { EMK_CUDNN_FNS(EMK_FN_FIELD) };
+#else
+struct emk_cudnn_fns { int none; };
+#endif
+
+#ifdef EMK_HAVE_NCCL_H
+#define EMK_NCCL_FNS(X) \
+  X(ncclGetVersion, 1) X(ncclGetUniqueId, 1) X(ncclGetErrorString, 1) \
+  X(ncclGetLastError, 0)
+struct emk_nccl_fns { EMK_NCCL_FNS(EMK_FN_FIELD) };
+#else
+struct emk_nccl_fns { int none; };
+#endif
+
+#endif
