@@ -291,6 +291,9 @@ struct em_state {
   emi_device *devices[EMI_MAX_DEVICES];    /* CUDA ordinals, NULL until used */
   struct emi_profiler *profiler;           /* NULL unless recording (core/profile/) */
   struct emi_profiler *profile_last;       /* the stopped profile, kept for reading */
+  struct emk_cuda *cuda;                   /* kernels/cuda.c: runtime, allocator, devices */
+  int cuda_tried;                          /* devices looked for once per state */
+  char cuda_why[256];                      /* and why there are none, if so */
   int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
   int index_base;          /* messages number dims, positions, indices from it (0|1) */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
@@ -377,10 +380,17 @@ em_status emi_broadcast_shape(em_state *S, const char *op, const int64_t *a, int
 /* A stride-0 view of t expanded to shape (t must broadcast to it). */
 em_status emi_expand_to(em_state *S, const char *op, const em_tensor *t,
                         const int64_t *shape, int ndim, em_tensor **out);
+/* CUDA devices are opened on a state's first use of one (kernels/cuda.c): NULL
+** when that device can't be had (the reason is kept for em_cuda_device_count). */
+emi_device *emi_device_attach(em_state *S, int device);
+void emi_cuda_detach(em_state *S);        /* em_close */
+
 /* The context of a device, or NULL when no backend serves it. */
 static inline emi_device *emi_device_of(em_state *S, int device) {
   if (device == EM_CPU) return &S->cpu;
-  return device >= 0 && device < EMI_MAX_DEVICES ? S->devices[device] : NULL;
+  if (device < 0 || device >= EMI_MAX_DEVICES) return NULL;
+  emi_device *d = S->devices[device];
+  return d ? d : emi_device_attach(S, device);
 }
 
 /* -- Strided iteration (tensor.c) --------------------------------------------------

@@ -67,6 +67,7 @@ void em_close(em_state *S) {
   if (!S) return;
   emi_backward_callbacks_free(S);
   emi_profile_free(S);
+  emi_cuda_detach(S);
   emi_workers_free(S->workers);
   emi_cache_release(S);
   pthread_mutex_destroy(&S->cache_mu);

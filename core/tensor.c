@@ -99,26 +99,39 @@ int em_tensor_is_contiguous(const em_tensor *t) {
   return 1;
 }
 
-em_status em_tensor_item(em_state *S, const em_tensor *t, double *out) {
+/* The one element of t as bytes in buf (8 bytes): a device tensor is copied to
+** the host first, which waits for the work that computes it. */
+static em_status read_one(em_state *S, const em_tensor *t, unsigned char *buf) {
   if (!t || t->numel != 1)
     return emi_error(S, EM_ERR_SHAPE,
                      "item: expected a tensor with one element, got shape %s",
-                     emi_tshape(S, t));
-  if (t->device != EM_CPU)
-    return emi_error(S, EM_ERR_DEVICE, "item: tensor is not on the cpu");
-  *out = emi_load_f64(em_tensor_data(t), t->dtype);
+                     t ? emi_tshape(S, t) : "(none)");
+  em_tensor *c = NULL;
+  if (t->device != EM_CPU) {
+    em_status st = em_to(S, t, t->dtype, EM_CPU, &c);
+    if (st) return st;
+    t = c;
+  }
+  memcpy(buf, em_tensor_data(t), em_dtype_size(t->dtype));
+  em_tensor_release(c);
   return EM_OK;
 }
 
+em_status em_tensor_item(em_state *S, const em_tensor *t, double *out) {
+  unsigned char b[8];
+  em_status st = read_one(S, t, b);
+  if (!st) *out = emi_load_f64(b, t->dtype);
+  return st;
+}
+
 em_status em_tensor_item_int(em_state *S, const em_tensor *t, int64_t *out) {
-  double d;
-  em_status st = em_tensor_item(S, t, &d);
+  unsigned char b[8];
+  em_status st = read_one(S, t, b);
   if (st) return st;
-  const void *p = em_tensor_data(t);
   switch (t->dtype) {
-  case EM_INT64: *out = *(const int64_t *)p; break;
-  case EM_INT32: *out = *(const int32_t *)p; break;
-  default: *out = (int64_t)d;
+  case EM_INT64: { int64_t v; memcpy(&v, b, 8); *out = v; break; }
+  case EM_INT32: { int32_t v; memcpy(&v, b, 4); *out = v; break; }
+  default: *out = (int64_t)emi_load_f64(b, t->dtype);
   }
   return EM_OK;
 }

@@ -917,6 +917,26 @@ em_status em_profile_range_pop(em_state *S);
 ** Writes at most len bytes, NUL-terminated; EM_ERR_ARG for no buffer. Any thread. */
 em_status em_cuda_libs_info(char *buf, size_t len);
 
+/* -- CUDA devices (kernels/) ----------------------------------------------------------
+** Devices 0, 1, ... are served by the CUDA backend. Today only the emulated runtime
+** is wired in: EMBER_CUDA_EMULATE=N[:MB] gives N devices of MB megabytes (default
+** 1024) whose memory, streams and kernels are the backend's own code on the CPU.
+** The devices are opened on first use, per state. Ops are queued on the device's
+** stream and the host does not wait; copies to the CPU wait for what they read. */
+typedef struct em_cuda_memory {
+  int64_t allocated, reserved, peak_allocated, capacity;
+  int64_t num_allocs, num_frees, cache_hits, oom_retries;
+} em_cuda_memory;
+/* How many devices this state can use (0 without CUDA or emulation); when 0,
+** em_errmsg says why. */
+int em_cuda_device_count(em_state *S);
+int em_cuda_emulated(em_state *S);
+/* Waits for every piece of work queued on the device (-1: on every device). */
+em_status em_cuda_synchronize(em_state *S, int device);
+em_status em_cuda_memory_stats(em_state *S, int device, em_cuda_memory *out);
+/* Gives the device's unused cached memory back (-1: every device). */
+em_status em_cuda_empty_cache(em_state *S, int device);
+
 /* -- Images (core/io/image.c) ------------------------------------------------------ */
 /* Decodes a JPEG or PNG file (by its signature) into uint8 (C, H, W): C = 3 (RGB)
 ** when channels is 3, the file's own (1 gray, 3 RGB, 4 RGBA) when channels is 0. */

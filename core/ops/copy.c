@@ -17,8 +17,10 @@ em_status em_tensor_bump_version(em_state *S, em_tensor *t, const char *op) {
 em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
   const char *op = "copy_";
   em_status st;
+  /* copies may cross between the host and a device (the device's backend does
+  ** them); between two devices, the destination's backend decides */
   if ((st = emi_check_tensor(S, op, dst)) || (st = emi_check_tensor(S, op, src)) ||
-      (st = emi_check_devices(S, op, dst, src)) || (st = emi_ag_inplace(S, op, dst)))
+      (st = emi_ag_inplace(S, op, dst)))
     return st;
   if (emi_ag_wanted1(S, src))
     return emi_error(S, EM_ERR_UNSUPPORTED, "copy_: autograd can't follow an in-place copy "
@@ -38,7 +40,7 @@ em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
         (st = emi_expand_tmp(S, op, conv, dst->sizes, dst->ndim, &tp, &sx)))
       goto done;
   }
-  st = EMI_DISPATCH(S, op, dst, copy, dst, sx);
+  st = EMI_DISPATCH(S, op, dst->device == EM_CPU ? sx : dst, copy, dst, sx);
 done:
   emi_temps_release(&tp);
   return st;

@@ -22,8 +22,11 @@ the step time of the slowest-looking replica's view (replica 0 when alone):
   launch-bound         host >= HOST_SHARE of the step with >= MIN_OPS ops per
                        step averaging <= SMALL_OP_US µs.
   balanced             none of the above.
-Skew is tested before communication because a slow replica makes the others'
-collectives long: the waiting-for-peers part tells the two apart. The local
+A slow replica makes the others' collectives long: the waiting-for-peers part
+of each collective tells skew from slow communication, and communication is
+judged without it. Several kinds may hold at once; they are listed by the share
+of the step each explains (skew: the others' wait for peers; communication: the
+exposed transfer; input: the data wait; launch: the host time). The local
 communicator records when every replica had arrived; MPI does not say, and
 there each replica's wait for peers is estimated from the joined summaries as
 its exposed communication less the smallest any replica had (the last replica
@@ -75,7 +78,7 @@ local function diagnose_skew(reps)
     'samples), other work on its cores or device, or a slower device.',
     reps[slow].rank, ms(extra), reps[fast].rank, ms(busy[slow]), ms(busy[fast]), ms(wait),
     pct(wait / step), reps[slow].rank),
-    slow_rank = reps[slow].rank, extra_s = extra }
+    slow_rank = reps[slow].rank, extra_s = extra, share = wait / step }
 end
 
 local function diagnose_comm(s, world, cal)
@@ -107,7 +110,7 @@ local function diagnose_comm(s, world, cal)
       'em.profile.project{} shows what more replicas would cost.'
   end
   return { kind = 'communication-bound', message = head .. cause,
-           expected_s = expected, measured_s = s.coll_transfer_s }
+           expected_s = expected, measured_s = s.coll_transfer_s, share = exposed / s.step_s }
 end
 
 local function cores()
@@ -140,7 +143,7 @@ local function diagnose_input(s)
         pct(1 - busy), p)
     end
   end
-  return { kind = 'input-bound', message = msg }
+  return { kind = 'input-bound', message = msg, share = s.breakdown.input }
 end
 
 local function diagnose_launch(s)
@@ -151,7 +154,8 @@ local function diagnose_launch(s)
     'outside kernels (Lua, dispatch, allocation, autograd). Give each op more work: ' ..
     'larger batches, fused ops (nn layers and functional ops instead of chains of small ' ..
     'element-wise ones), fewer per-element Lua loops; on GPUs, CUDA graphs will remove ' ..
-    'the launches.', math.floor(s.ops_per_step + 0.5), s.mean_op_us, pct(s.breakdown.host)) }
+    'the launches.', math.floor(s.ops_per_step + 0.5), s.mean_op_us, pct(s.breakdown.host)),
+    share = s.breakdown.host }
 end
 
 -- Without a measured arrival time (MPI), a replica's wait for peers is what it
@@ -178,14 +182,14 @@ function M.diagnose(reps, cal)
   for _, r in ipairs(reps) do
     if r.comm_s - r.peer_wait_s > worst.comm_s - worst.peer_wait_s then worst = r end
   end
-  if not skew then
-    local c = diagnose_comm(worst, #reps, cal)
-    if c then out[#out + 1] = c end
-  end
+  local c = diagnose_comm(worst, #reps, cal)    -- the wait for peers is not counted
+  if c then out[#out + 1] = c end
   local d = diagnose_input(reps[1])
   if d then out[#out + 1] = d end
   d = diagnose_launch(reps[1])
   if d then out[#out + 1] = d end
+  -- several may hold: the one that explains most of the step comes first
+  table.sort(out, function(x, y) return x.share > y.share end)
   if #out == 0 then
     local s = reps[1]
     out[1] = { kind = 'balanced', message = string.format('Balanced: no bottleneck stands ' ..

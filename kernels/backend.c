@@ -1,0 +1,157 @@
+/*
+** backend.c -- the CUDA backend's function table (emi_backend, core/internal.h)
+** for devices cuda:0 .. N-1. Today: storages through the caching allocator,
+** copies (host to device, device to host, within a device) and fill. Every other
+** entry is NULL, so the dispatch point answers an op on a cuda tensor with
+** "<op>: the cuda backend has no '<entry>' kernel (device cuda:N)" until its
+** kernel lands (issue 10).
+**
+** Streams. Every op of a state on a device is queued on that device's compute
+** stream, so they run in call order and the host does not wait. Memory freed by
+** a tensor goes back to the allocator at once: the allocator hands it out again
+** only to work on the same stream, which runs after whatever still used it.
+** A copy to the host waits for the stream (the host is about to read); a copy
+** from the host keeps the host tensor alive until the stream has read it.
+*/
+#include "cuda.h"
+
+/* -- Storages ---------------------------------------------------------------------- */
+
+static emi_storage *cuda_alloc(emi_device *d, size_t nbytes) {
+  em_state *S = d->S;
+  emk_cuda_device *cd = emk_dev(d);
+  emi_storage *st = emi_malloc(S, sizeof *st);
+  if (!st) return NULL;
+  memset(st, 0, sizeof *st);
+  void *p = NULL;
+  char err[EMK_ERRMSG_SIZE];
+  if (nbytes && emk_alloc_malloc(cd->cuda->alloc, cd->index, nbytes, cd->compute, &p, err,
+                                 sizeof err)) {
+    emi_free(S, st, sizeof *st);
+    return NULL;
+  }
+  st->data = p;
+  st->nbytes = nbytes;
+  st->block_size = sizeof *st;
+  return st;
+}
+
+static void cuda_free(emi_device *d, emi_storage *st) {
+  emk_cuda_device *cd = emk_dev(d);
+  char err[EMK_ERRMSG_SIZE];
+  emk_alloc_release(cd->cuda->alloc, st->data, err, sizeof err);  /* reported by the
+                                                                      stream's next sync */
+  emi_free(d->S, st, sizeof *st);
+}
+
+/* -- Copies -------------------------------------------------------------------------- */
+
+static int plain(const em_tensor *t) {      /* contiguous, nothing expanded */
+  return em_tensor_is_contiguous(t);
+}
+
+static void release_tensor(void *ud) { em_tensor_release(ud); }
+
+/* A contiguous tensor of dt on the CPU holding src's values (src itself, retained,
+** when it already is one). */
+static em_status host_contiguous(em_state *S, const em_tensor *src, em_dtype dt,
+                                 em_tensor **out) {
+  if (src->dtype == dt && plain(src)) {
+    em_tensor_retain((em_tensor *)src);
+    *out = (em_tensor *)src;
+    return EM_OK;
+  }
+  em_status st = emi_tensor_new(S, "copy", src->sizes, src->ndim, dt, EM_CPU, out);
+  if (st) return st;
+  if ((st = S->cpu.backend->copy(&S->cpu, *out, src))) em_tensor_release(*out);
+  return st;
+}
+
+static em_status to_device(emi_device *d, em_tensor *out, const em_tensor *src) {
+  em_state *S = d->S;
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  em_tensor *h = NULL, *stage = NULL;
+  em_status st = host_contiguous(S, src, out->dtype, &h);
+  if (st) return st;
+  em_tensor *dst = out;        /* a strided destination is filled from a staged copy */
+  if (!plain(out)) {
+    if ((st = emi_tensor_new(S, "copy", out->sizes, out->ndim, out->dtype, d->index,
+                             &stage))) {
+      em_tensor_release(h);
+      return st;
+    }
+    dst = stage;
+  }
+  st = rt->ops->memcpy_async(rt, em_tensor_data(dst), em_tensor_data(h),
+                             (size_t)h->numel * em_dtype_size(h->dtype), EMK_HOST_TO_DEVICE,
+                             cd->compute);
+  /* the stream reads h later, so the stream lets go of it; if it can't take it,
+  ** wait here instead */
+  if (st || rt->ops->host_callback(rt, cd->compute, release_tensor, h)) {
+    rt->ops->stream_sync(rt, cd->compute);
+    em_tensor_release(h);
+  }
+  if (st) st = emk_error(d, "copy to device", st);
+  if (!st && stage) st = emk_copy_same_dtype(d, out, stage);
+  em_tensor_release(stage);    /* its memory is reused only by later work on the stream */
+  return st;
+}
+
+static em_status to_host(emi_device *d, em_tensor *out, const em_tensor *src) {
+  em_state *S = d->S;
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  em_tensor *dsrc = (em_tensor *)src, *stage = NULL, *h = NULL;
+  em_status st = EM_OK;
+  if (!plain(src)) {             /* gather on the device first */
+    if ((st = emi_tensor_new(S, "copy", src->sizes, src->ndim, src->dtype, d->index, &stage)) ||
+        (st = emk_copy_same_dtype(d, stage, src)))
+      goto done;
+    dsrc = stage;
+  }
+  int direct = out->dtype == src->dtype && plain(out);
+  if (direct) h = out;
+  else if ((st = emi_tensor_new(S, "copy", src->sizes, src->ndim, src->dtype, EM_CPU, &h)))
+    goto done;
+  if ((st = rt->ops->memcpy_async(rt, em_tensor_data(h), em_tensor_data(dsrc),
+                                  (size_t)dsrc->numel * em_dtype_size(dsrc->dtype),
+                                  EMK_DEVICE_TO_HOST, cd->compute)) ||
+      (st = rt->ops->stream_sync(rt, cd->compute))) {
+    st = emk_error(d, "copy to host", st);
+    goto done;
+  }
+  if (!direct) st = S->cpu.backend->copy(&S->cpu, out, h);
+done:
+  if (h != out) em_tensor_release(h);
+  em_tensor_release(stage);
+  return st;
+}
+
+static em_status cuda_copy(emi_device *d, em_tensor *out, const em_tensor *src) {
+  if (out->numel == 0) return EM_OK;
+  if (src->device == EM_CPU) return to_device(d, out, src);
+  if (out->device == EM_CPU) return to_host(d, out, src);
+  char b1[16], b2[16];
+  if (out->device != src->device)
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "copy: from %s to %s is not built yet "
+                     "(copy through the CPU)", emi_device_name(b1, src->device),
+                     emi_device_name(b2, out->device));
+  if (out->dtype != src->dtype)
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "copy: converting %s to %s on %s is not "
+                     "built yet", em_dtype_name(src->dtype), em_dtype_name(out->dtype),
+                     emi_device_name(b1, out->device));
+  return emk_copy_same_dtype(d, out, src);
+}
+
+static em_status cuda_fill(emi_device *d, em_tensor *out, double value) {
+  return emk_fill(d, out, value);
+}
+
+const emi_backend emk_cuda_backend = {
+  .name = "cuda",
+  .alloc = cuda_alloc,
+  .free = cuda_free,
+  .copy = cuda_copy,
+  .fill = cuda_fill,
+};

@@ -1,0 +1,41 @@
+/*
+** cuda.h -- the CUDA backend's side of a state: the runtime it talks to the
+** devices through, the caching allocator, and one context per device (the
+** emi_device that S->devices[i] points at, and the device's compute stream).
+** Shared by cuda.c (opening, closing, the em_cuda_* calls), backend.c (the
+** backend table) and the kernel files.
+*/
+#ifndef EMBER_KERNELS_CUDA_H
+#define EMBER_KERNELS_CUDA_H
+#include "internal.h"
+#include "runtime.h"
+#include "alloc.h"
+
+typedef struct emk_cuda_device {
+  emi_device base;               /* base.impl points back here */
+  struct emk_cuda *cuda;
+  int index;
+  emk_stream *compute;           /* every op of this state on this device, in order */
+} emk_cuda_device;
+
+typedef struct emk_cuda {
+  emk_runtime *rt;
+  emk_alloc *alloc;
+  int ndev, emulated;
+  emk_cuda_device *dev[EMK_MAX_DEVICES];
+} emk_cuda;
+
+extern const emi_backend emk_cuda_backend;
+
+static inline emk_cuda_device *emk_dev(emi_device *d) { return d->impl; }
+
+/* The runtime's message as the state's error: "op: cuda:N: <message>". */
+em_status emk_error(emi_device *d, const char *op, em_status st);
+
+/* -- Kernels (k_copy.c) ----------------------------------------------------------------
+** Both take tensors on d's device and queue their kernel on its compute stream. */
+em_status emk_fill(emi_device *d, em_tensor *out, double value);
+/* out[i] = src[i], one dtype, any strides (out-shaped src). */
+em_status emk_copy_same_dtype(emi_device *d, em_tensor *out, const em_tensor *src);
+
+#endif

@@ -1,0 +1,61 @@
+--[[
+ember.cuda -- the CUDA devices (API.md, "em.cuda"): is_available, device_count,
+synchronize, memory_stats, empty_cache, emulated.
+
+Today the devices come from the emulated runtime only: EMBER_CUDA_EMULATE=N[:MB]
+gives N devices whose memory, streams and kernels are the CUDA backend's own code
+running on the CPU (kernels/). Tensors move with t:cuda([i]), t:to('cuda:1') and
+t:cpu(); reading a value (item, totable, printing, cpu) waits for the work that
+computes it. Most ops have no CUDA kernel yet and say so, naming the op and the
+device (issue 10).
+]]
+local ffi = require 'ffi'
+local core = require 'ember.ffi'
+local C, S = core.C, core.S
+
+local M = {}
+
+local function device_arg(op, i)
+  if i == nil then return -1 end
+  if type(i) == 'string' then return core.device_id(i, op) end
+  if type(i) ~= 'number' or i % 1 ~= 0 or i < 0 then
+    core.raise(('%s: device must be a number >= 0 or \'cuda:N\', got %s'):format(op, tostring(i)))
+  end
+  return i
+end
+
+function M.device_count() return C.em_cuda_device_count(S) end
+function M.is_available() return C.em_cuda_device_count(S) > 0 end
+function M.emulated() return C.em_cuda_emulated(S) ~= 0 end
+-- Why there is no device (nil when there is one).
+function M.why_not()
+  if C.em_cuda_device_count(S) > 0 then return nil end
+  return ffi.string(C.em_errmsg(S))
+end
+
+function M.synchronize(i)
+  if C.em_cuda_synchronize(S, device_arg('cuda.synchronize', i)) ~= 0 then core.fail() end
+end
+
+function M.memory_stats(i)
+  local m = ffi.new('em_cuda_memory')
+  local dev = i == nil and 0 or device_arg('cuda.memory_stats', i)
+  if C.em_cuda_memory_stats(S, dev, m) ~= 0 then core.fail() end
+  return { allocated = tonumber(m.allocated), reserved = tonumber(m.reserved),
+           peak = tonumber(m.peak_allocated), capacity = tonumber(m.capacity),
+           allocations = tonumber(m.num_allocs), frees = tonumber(m.num_frees),
+           cache_hits = tonumber(m.cache_hits), oom_retries = tonumber(m.oom_retries) }
+end
+
+-- Releases the tensors Lua no longer reaches, then gives the device's unused
+-- cached memory back.
+function M.empty_cache(i)
+  require('ember.handles').collect()
+  if C.em_cuda_empty_cache(S, device_arg('cuda.empty_cache', i)) ~= 0 then core.fail() end
+end
+
+function M.graph()
+  core.raise('cuda.graph: CUDA graphs are not built yet (issue 11)')
+end
+
+return M

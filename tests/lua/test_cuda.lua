@@ -1,0 +1,83 @@
+--[[
+test_cuda.lua -- em.cuda and cuda tensors from Lua, on the emulated runtime
+(EMBER_CUDA_EMULATE=2:64; the test runs itself again with it when it is unset):
+the em.cuda functions, t:cuda() / t:to('cuda:1') / t:cpu() round trips for every
+dtype against the CPU values, reading values (item, totable, indexing, printing)
+from a device tensor, memory statistics, and the errors for what is not built yet.
+]]
+local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
+            ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
+local ember = arg[-1] or 'ember'
+if not os.getenv('EMBER_CUDA_EMULATE') then
+  local p = io.popen(('EMBER_CUDA_EMULATE=2:64 %s %s 2>&1'):format(ember, arg[0]))
+  local out = p:read('*a')
+  local ok = p:close()
+  io.stdout:write(out)
+  os.exit(ok and 0 or 1)
+end
+local H = dofile(dir .. 'harness.lua')
+local em = require 'ember'
+
+H.test('em.cuda on two emulated devices', function()
+  H.eq(em.cuda.is_available(), true)
+  H.eq(em.cuda.device_count(), 2)
+  H.eq(em.cuda.emulated(), true)
+  H.eq(em.cuda.why_not(), nil)
+  em.cuda.synchronize()
+  em.cuda.synchronize(1)
+  H.raises(function() em.cuda.synchronize(5) end, 'cuda:5')
+  H.raises(function() em.cuda.graph(print) end, 'not built yet')
+end)
+
+H.test('round trips for every dtype', function()
+  for _, dt in ipairs({ 'float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64',
+                        'uint8', 'bool' }) do
+    local h = em.tensor({ { 1, 0, 3 }, { 4, 5, 0 } }, { dtype = dt })
+    local d = h:cuda()
+    H.eq(d.device, 'cuda:0')
+    H.eq(d.is_cuda, true)
+    H.eq(d:cpu():totable(), h:totable(), dt)
+    local d1 = h:to('cuda:1')
+    H.eq(d1.device, 'cuda:1')
+    H.eq(d1:t():cpu():totable(), h:t():totable(), dt .. ' transposed on the device')
+    H.eq(d1:t():contiguous():cpu():totable(), h:t():totable(), dt .. ' strided copy kernel')
+  end
+end)
+
+H.test('reading values from a device tensor', function()
+  local d = em.tensor({ 1.5, -2, 7 }):cuda()
+  local third = d[3]                            -- a 0-d view on the device
+  H.eq(type(third) == 'number' and third or third:item(), 7)
+  H.eq(d:narrow(1, 3, 1):item(), 7)
+  H.eq(d:totable(), { 1.5, -2, 7 })
+  H.check(tostring(d):find('cuda:0', 1, true), tostring(d))
+  local f = em.full({ 4, 4 }, 2.25, { device = 'cuda' })
+  H.eq(f:cpu():totable()[4][4], 2.25)
+  f:fill_(-1)
+  H.eq(f:cpu():totable()[2][3], -1)
+end)
+
+H.test('memory statistics and empty_cache', function()
+  em.cuda.empty_cache()
+  local before = em.cuda.memory_stats(0)
+  local t = em.zeros({ 1000 }, { device = 'cuda:0', dtype = 'float64' })
+  local during = em.cuda.memory_stats('cuda:0')
+  H.check(during.allocated >= before.allocated + 8000, 'allocated grew')
+  H.eq(during.capacity, 64 * 2 ^ 20)
+  t = nil
+  em.cuda.empty_cache(0)             -- releases what Lua no longer reaches, then the cache
+  H.eq(em.cuda.memory_stats(0).allocated, before.allocated)
+  H.eq(em.cuda.memory_stats(0).reserved, 0)
+end)
+
+H.test('what is not built yet says so', function()
+  local d = em.ones(3):cuda()
+  H.raises(function() return d + d end, 'add', "'binary'", 'cuda:0')
+  H.raises(function() return d:double() end, 'float32', 'float64', 'not built yet')
+  H.raises(function() return d + em.ones(3) end, 'cuda:0', 'cpu')
+  H.raises(function() return em.zeros({ 200, 2 ^ 20 }, { device = 'cuda' }) end,
+           'out of memory')
+  H.eq(em.ones(2):cuda():cpu():totable(), { 1, 1 })     -- usable after the failure
+end)
+
+H.done()
