@@ -180,8 +180,9 @@ em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim) {
   return EM_OK;
 }
 
-/* What this build has; the CUDA backend adds its lines when it is compiled in. */
+/* What this build has. */
 const char *em_build_info(void) {
   return "backend cpu: OpenBLAS (pthreads), float16/bfloat16 computed in float32\n"
-         "backend cuda: not built\n";
+         "backend cuda: in progress: memory, copies and fill on the emulated runtime "
+         "(EMBER_CUDA_EMULATE=N[:MB])\n";
 }

@@ -199,6 +199,13 @@ static const char INFO_LUA[] =
   "    for line in ffi.string(buf):gmatch('[^\\n]+') do print('  ' .. line) end\n"
   "  end\n"
   "end\n"
+  /* the devices this state can use: emulated, real, or why none */
+  "do local n = em.cuda.device_count()\n"
+  "  if n == 0 then print('cuda devices: none (' .. em.cuda.why_not() .. ')')\n"
+  "  else print(('cuda devices: %d%s'):format(n, em.cuda.emulated() and ' emulated' or ''))\n"
+  "    for i = 0, n - 1 do local m = em.cuda.memory_stats(i)\n"
+  "      print(('  cuda:%d  %.0f MB'):format(i, m.capacity / 2^20)) end end\n"
+  "end\n"
   "print('lua files: ' .. core.dir)\n"
   "print('core library: ' .. (core.libpath == 'process' and 'linked into ' .. (arg and arg[-1] or 'ember') or core.libpath))\n";
 
