@@ -14,6 +14,8 @@
 ** from the host keeps the host tensor alive until the stream has read it.
 */
 #include "cuda.h"
+#include "k_elementwise.h"
+#include "k_reduce.h"
 
 /* -- Storages ---------------------------------------------------------------------- */
 
@@ -52,15 +54,11 @@ static int plain(const em_tensor *t) {      /* contiguous, nothing expanded */
 
 static void release_tensor(void *ud) { em_tensor_release(ud); }
 
-/* A contiguous tensor of dt on the CPU holding src's values (src itself, retained,
-** when it already is one). */
-static em_status host_contiguous(em_state *S, const em_tensor *src, em_dtype dt,
-                                 em_tensor **out) {
-  if (src->dtype == dt && plain(src)) {
-    em_tensor_retain((em_tensor *)src);
-    *out = (em_tensor *)src;
-    return EM_OK;
-  }
+/* A private contiguous CPU copy of src as dt: the stream reads it later, so the
+** caller may change src as soon as the call returns (as CUDA stages a copy from
+** pageable memory before returning). Pinned sources will skip this (issue 10). */
+static em_status host_snapshot(em_state *S, const em_tensor *src, em_dtype dt,
+                               em_tensor **out) {
   em_status st = emi_tensor_new(S, "copy", src->sizes, src->ndim, dt, EM_CPU, out);
   if (st) return st;
   if ((st = S->cpu.backend->copy(&S->cpu, *out, src))) em_tensor_release(*out);
@@ -72,7 +70,7 @@ static em_status to_device(emi_device *d, em_tensor *out, const em_tensor *src) 
   emk_cuda_device *cd = emk_dev(d);
   emk_runtime *rt = cd->cuda->rt;
   em_tensor *h = NULL, *stage = NULL;
-  em_status st = host_contiguous(S, src, out->dtype, &h);
+  em_status st = host_snapshot(S, src, out->dtype, &h);
   if (st) return st;
   em_tensor *dst = out;        /* a strided destination is filled from a staged copy */
   if (!plain(out)) {
@@ -137,10 +135,7 @@ static em_status cuda_copy(emi_device *d, em_tensor *out, const em_tensor *src) 
     return emi_error(d->S, EM_ERR_UNSUPPORTED, "copy: from %s to %s is not built yet "
                      "(copy through the CPU)", emi_device_name(b1, src->device),
                      emi_device_name(b2, out->device));
-  if (out->dtype != src->dtype)
-    return emi_error(d->S, EM_ERR_UNSUPPORTED, "copy: converting %s to %s on %s is not "
-                     "built yet", em_dtype_name(src->dtype), em_dtype_name(out->dtype),
-                     emi_device_name(b1, out->device));
+  if (out->dtype != src->dtype) return emk_cast(d, out, src);  /* k_elementwise.c */
   return emk_copy_same_dtype(d, out, src);
 }
 
@@ -154,4 +149,15 @@ const emi_backend emk_cuda_backend = {
   .free = cuda_free,
   .copy = cuda_copy,
   .fill = cuda_fill,
+  .unary = emk_unary,                 /* k_elementwise.c */
+  .binary = emk_binary,
+  .binary_scalar = emk_binary_scalar,
+  .add_scaled = emk_add_scaled,
+  .clamp = emk_clamp,
+  .where = emk_where,
+  .reduce = emk_reduce,                /* k_reduce.c */
+  .var = emk_var,
+  .norm = emk_norm,
+  .arg_reduce = emk_arg_reduce,
+  .softmax = emk_softmax,
 };

@@ -27,7 +27,7 @@ typedef struct emk_cuda {
 
 extern const emi_backend emk_cuda_backend;
 
-static inline emk_cuda_device *emk_dev(emi_device *d) { return d->impl; }
+static inline emk_cuda_device *emk_dev(emi_device *d) { return (emk_cuda_device *)d->impl; }
 
 /* The runtime's message as the state's error: "op: cuda:N: <message>". */
 em_status emk_error(emi_device *d, const char *op, em_status st);

@@ -87,14 +87,19 @@ static void test_conversions_and_strided_targets(em_state *S) {
   REQUIRE_OK(S, em_copy_(S, view, hT));
   REQUIRE_OK(S, em_to(S, dst, EM_INT32, EM_CPU, &dst_back));
   CHECK(same_values(h, dst_back), "copy_ into a transposed device view");
-  /* conversions and cross-device copies on the device are not built yet */
-  em_tensor *x;
-  CHECK_ERR(S, em_to(S, d, EM_FLOAT32, 0, &x), EM_ERR_UNSUPPORTED, "float64", "float32",
-            "cuda:0", "not built yet");
+  /* conversions on the device run as kernels (k_elementwise.c, tested in
+  ** test_cuda_elementwise.c); cross-device copies are not built yet */
+  em_tensor *x, *xb;
+  REQUIRE_OK(S, em_to(S, d, EM_FLOAT32, 0, &x));
+  REQUIRE_OK(S, em_to(S, x, EM_FLOAT32, EM_CPU, &xb));
+  CHECK(same_values(h, xb), "float64 -> float32 on the device");
+  em_tensor_release(x); em_tensor_release(xb);
   CHECK_ERR(S, em_to(S, d, EM_FLOAT64, 1, &x), EM_ERR_UNSUPPORTED, "cuda:0", "cuda:1");
   /* an op without a kernel yet names it and the device */
-  CHECK_ERR(S, em_binary(S, EM_ADD, d, d, &x), EM_ERR_DEVICE, "add", "cuda", "'binary'",
-            "cuda:0");
+  em_tensor *dT;
+  REQUIRE_OK(S, em_transpose(S, d, 0, 1, &dT));
+  CHECK_ERR(S, em_matmul(S, d, dT, &x), EM_ERR_DEVICE, "cuda", "'matmul'", "cuda:0");
+  em_tensor_release(dT);
   em_tensor_release(h); em_tensor_release(d); em_tensor_release(back);
   em_tensor_release(hT); em_tensor_release(dst); em_tensor_release(view);
   em_tensor_release(dst_back);
@@ -125,6 +130,19 @@ static void test_fill_and_queued_work(em_state *S) {
   REQUIRE_OK(S, em_cuda_synchronize(S, -1));
   em_tensor_release(d); em_tensor_release(back); em_tensor_release(step);
   em_tensor_release(h); em_tensor_release(acc); em_tensor_release(acc_back);
+}
+
+/* A copy to the device takes the host values at the call: changing the host
+** tensor right after does not reach the device, however late the stream runs. */
+static void test_upload_snapshot(em_state *S) {
+  em_tensor *h, *d, *back;
+  REQUIRE_OK(S, em_full(S, (int64_t[]){4096}, 1, 1.0, EM_FLOAT32, EM_CPU, &h));
+  REQUIRE_OK(S, em_to(S, h, EM_FLOAT32, 0, &d));
+  REQUIRE_OK(S, em_fill_(S, h, 5.0));
+  REQUIRE_OK(S, em_to(S, d, EM_FLOAT32, EM_CPU, &back));
+  CHECK(t_get(back, 0) == 1 && t_get(back, 4095) == 1, "the device got the values of the "
+        "call: %g", t_get(back, 0));
+  em_tensor_release(h); em_tensor_release(d); em_tensor_release(back);
 }
 
 static void test_memory(em_state *S) {
@@ -162,6 +180,7 @@ int main(void) {
   RUN(test_round_trips, S);
   RUN(test_conversions_and_strided_targets, S);
   RUN(test_fill_and_queued_work, S);
+  RUN(test_upload_snapshot, S);
   RUN(test_memory, S);
   em_close(S);
   return check_done();

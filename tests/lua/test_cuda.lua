@@ -72,12 +72,24 @@ end)
 
 H.test('what is not built yet says so', function()
   local d = em.ones(3):cuda()
-  H.raises(function() return d + d end, 'add', "'binary'", 'cuda:0')
-  H.raises(function() return d:double() end, 'float32', 'float64', 'not built yet')
+  local d2 = em.ones({ 2, 2 }):cuda()
+  H.raises(function() return em.matmul(d2, d2) end, "'matmul'", 'cuda:0')
+  H.raises(function() return d:to('cuda:1', 'float64') end, 'cuda:0', 'cuda:1', 'not built yet')
   H.raises(function() return d + em.ones(3) end, 'cuda:0', 'cpu')
   H.raises(function() return em.zeros({ 200, 2 ^ 20 }, { device = 'cuda' }) end,
            'out of memory')
   H.eq(em.ones(2):cuda():cpu():totable(), { 1, 1 })     -- usable after the failure
+end)
+
+H.test('element-wise ops on the device match the cpu', function()
+  local a = em.tensor({ { 1.5, -2, 0 }, { 4, -0.25, 7 } })
+  local b = em.tensor({ 3, 0.5, -1 })
+  H.eq((a:cuda() + b:cuda()):cpu():totable(), (a + b):totable(), 'a + b (broadcast)')
+  H.eq((a:cuda() * 2 - b:cuda()):cpu():totable(), (a * 2 - b):totable(), 'a * 2 - b')
+  H.eq(a:cuda():double():cpu():totable(), a:double():totable(), 'a cast on the device')
+  local i = em.tensor({ 7, -7, 5 }, { dtype = 'int32' })
+  local j = em.tensor({ 2, 3, -2 }, { dtype = 'int32' })
+  H.eq((i:cuda() + j:cuda()):cpu():totable(), (i + j):totable(), 'int32 add')
 end)
 
 H.done()
