@@ -60,6 +60,7 @@ typedef struct emi_ag_edge {
   em_tensor *leaf;         /* owned reference, or NULL */
   emi_ag_node *fn;         /* owned reference, or NULL */
   em_dtype dtype;
+  int device;              /* a gradient arriving on another device is moved here */
   int ndim;
   int64_t sizes[EM_MAX_DIMS];
 } emi_ag_edge;

@@ -223,6 +223,7 @@ em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor
     const em_tensor *t = inputs[i];
     emi_ag_edge *e = &n->in[i];
     e->dtype = t->dtype;
+    e->device = t->device;
     e->ndim = t->ndim;
     memcpy(e->sizes, t->sizes, sizeof *t->sizes * (size_t)t->ndim);
     if (!t->requires_grad) continue;
@@ -271,7 +272,8 @@ em_status emi_ag_saved(em_state *S, emi_ag_node *n, int k, em_tensor **t) {
 /* -- Backward ------------------------------------------------------------------------- */
 
 /* g summed over the dims where it was broadcast, to the edge's shape, and cast to
-** the edge's dtype. Returns a new reference (g itself, retained, when it fits). */
+** the edge's dtype and device. Returns a new reference (g itself, retained, when
+** it fits). */
 static em_status fit_grad(em_state *S, const emi_ag_node *n, const emi_ag_edge *e,
                           em_tensor *g, em_tensor **out) {
   em_status st;
@@ -298,8 +300,8 @@ static em_status fit_grad(em_state *S, const emi_ag_node *n, const emi_ag_edge *
     em_tensor_release(r);
     r = tmp;
   }
-  if (r->dtype != e->dtype) {
-    if ((st = em_to(S, r, e->dtype, r->device, &tmp))) goto fail;
+  if (r->dtype != e->dtype || r->device != e->device) {   /* to()'s backward, say */
+    if ((st = em_to(S, r, e->dtype, e->device, &tmp))) goto fail;
     em_tensor_release(r);
     r = tmp;
   }

@@ -92,4 +92,23 @@ H.test('element-wise ops on the device match the cpu', function()
   H.eq((i:cuda() + j:cuda()):cpu():totable(), (i + j):totable(), 'int32 add')
 end)
 
+H.test('autograd through cuda tensors', function()
+  -- a CPU leaf used on the device: its gradient comes back through the copy
+  local a = em.tensor({ 1.0, 2.5, -3.0 }):requires_grad_()
+  local b = em.tensor({ 0.4, 0.5, 0.6 })
+  ;((a:cuda() * b:cuda()):exp():sum()):backward()
+  local a2 = em.tensor({ 1.0, 2.5, -3.0 }):requires_grad_()
+  ;((a2 * b):exp():sum()):backward()
+  H.eq(a.grad.device, 'cpu')
+  for i = 1, 3 do H.close(a.grad[i], a2.grad[i], 1e-5 * math.abs(a2.grad[i])) end
+  -- a leaf on the device: the gradient stays there
+  local w = em.tensor({ { 1, -2 }, { 0.5, 3 } }):cuda():requires_grad_()
+  ;((w * w):sum() + w:softmax(2):amax()):backward()
+  H.eq(w.grad.device, 'cuda:0')
+  local wc = em.tensor({ { 1, -2 }, { 0.5, 3 } }):requires_grad_()
+  ;((wc * wc):sum() + wc:softmax(2):amax()):backward()
+  local g, gc = w.grad:cpu():totable(), wc.grad:totable()
+  for i = 1, 2 do for j = 1, 2 do H.close(g[i][j], gc[i][j], 1e-5) end end
+end)
+
 H.done()
