@@ -16,6 +16,8 @@
 #include "cuda.h"
 #include "k_elementwise.h"
 #include "k_reduce.h"
+#include "k_index.h"
+#include "k_random.h"
 
 /* -- Storages ---------------------------------------------------------------------- */
 
@@ -160,4 +162,13 @@ const emi_backend emk_cuda_backend = {
   .norm = emk_norm,
   .arg_reduce = emk_arg_reduce,
   .softmax = emk_softmax,
+  .matmul = emk_matmul,                /* k_matmul.c */
+  .index_select = emk_index_select,   /* k_index.c */
+  .gather = emk_gather,
+  .index_add = emk_index_add,
+  .scatter_add = emk_scatter_add,
+  .uniform = emk_uniform,             /* k_random.c */
+  .normal = emk_normal,
+  .randint = emk_randint,
+  .arange = emk_arange,
 };

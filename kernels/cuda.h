@@ -38,4 +38,7 @@ em_status emk_fill(emi_device *d, em_tensor *out, double value);
 /* out[i] = src[i], one dtype, any strides (out-shaped src). */
 em_status emk_copy_same_dtype(emi_device *d, em_tensor *out, const em_tensor *src);
 
+/* The matmul entry (k_matmul.c), as core/internal.h's emi_backend describes it. */
+em_status emk_matmul(emi_device *d, em_tensor *out, const em_tensor *a, const em_tensor *b);
+
 #endif

@@ -110,6 +110,25 @@ typedef struct emk_runtime_ops {
   em_status (*launch)(emk_runtime *rt, const emk_kernel *k, emk_dim3 grid,
                       emk_dim3 block, size_t dyn_shared, emk_stream *s,
                       const void *args, size_t args_size);
+
+  /* Queues a strided batched GEMM on s: for every i < batch,
+  **   C[i] (m x n) = A[i] (m x k) x B[i] (k x n)
+  ** where element (r, c) of A[i] is at a + (i*a_bs + r*a_rs + c*a_cs) elements
+  ** (likewise B and C): any non-negative element strides, so transposed and
+  ** strided views need no copy; a batch stride of 0 reuses one matrix for every
+  ** i (broadcast). A, B and C have the one dtype `dtype`: float32, float64,
+  ** float16 or bfloat16 (the last two accumulate in float32 and round once).
+  ** k = 0 writes zeros; m, n or batch = 0 does nothing. C must not overlap A or
+  ** B. allow_tf32: float32 may use TF32 tensor cores (the emulator ignores it).
+  ** Argument errors are returned at once; range errors on the device are the
+  ** stream's sticky error. The real runtime will run it through cuBLASLt (a
+  ** matmul descriptor per call; not built yet); the emulated one computes it
+  ** with OpenBLAS on the stream's thread (kernels/emu/gemm_emu.c). */
+  em_status (*gemm)(emk_runtime *rt, emk_stream *s, em_dtype dtype, int64_t m, int64_t n,
+                    int64_t k, int64_t batch,
+                    const void *a, int64_t a_rs, int64_t a_cs, int64_t a_bs,
+                    const void *b, int64_t b_rs, int64_t b_cs, int64_t b_bs,
+                    void *c, int64_t c_rs, int64_t c_cs, int64_t c_bs, int allow_tf32);
 } emk_runtime_ops;
 
 struct emk_runtime {

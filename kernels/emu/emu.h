@@ -1,10 +1,12 @@
 /*
-** emu.h -- the emulated runtime's insides, shared by its two files:
+** emu.h -- the emulated runtime's insides, shared by its files:
 **   runtime_emu.c  the runtime object, device properties, device memory (the
 **                  block tables, guards, capacity, failure injection), pinned
 **                  host memory and the test hooks;
 **   stream_emu.c   streams (a worker thread each), their work items, events,
-**                  kernel launches and sticky errors.
+**                  kernel launches and sticky errors;
+**   gemm_emu.c     the gemm entry: OpenBLAS standing in for cuBLASLt, run as a
+**                  work item on the stream's thread (emi_emu_queue_work).
 ** Nothing here is seen outside kernels/emu/.
 **
 ** Locks, always taken in this order (a thread holding one never waits for an
@@ -143,10 +145,23 @@ em_status emi_emu_event_sync(emk_runtime *rt, emk_event *e);
 em_status emi_emu_launch(emk_runtime *rt, const emk_kernel *k, emk_dim3 grid,
                          emk_dim3 block, size_t dyn_shared, emk_stream *s,
                          const void *args, size_t args_size);
+/* Queues fn(E, args) on s's thread after the work before it (args, n bytes, is
+** copied at the call); a failure (fn's status, message in err) becomes s's
+** sticky error. For the CPU stand-ins of the libraries (gemm_emu.c). */
+em_status emi_emu_queue_work(emu *E, emk_stream *s, const char *what,
+                             em_status (*fn)(emu *E, void *args, char *err, size_t errlen),
+                             const void *args, size_t n);
 /* Waits until every stream of device dev (all devices: dev < 0) finished the
 ** work queued before the call: the implicit synchronisation of cudaFree. */
 em_status emi_emu_drain(emu *E, int dev, const char *what);
 /* Stops, drains and joins every stream, frees every event (close). */
 void emi_emu_streams_close(emu *E);
+
+/* -- gemm_emu.c ---------------------------------------------------------------------- */
+em_status emi_emu_gemm(emk_runtime *rt, emk_stream *s, em_dtype dtype, int64_t m, int64_t n,
+                       int64_t k, int64_t batch,
+                       const void *a, int64_t a_rs, int64_t a_cs, int64_t a_bs,
+                       const void *b, int64_t b_rs, int64_t b_cs, int64_t b_bs,
+                       void *c, int64_t c_rs, int64_t c_cs, int64_t c_bs, int allow_tf32);
 
 #endif

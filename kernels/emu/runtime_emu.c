@@ -586,6 +586,7 @@ static const emk_runtime_ops emu_ops = {
   .event_query = emi_emu_event_query,
   .event_sync = emi_emu_event_sync,
   .launch = emi_emu_launch,
+  .gemm = emi_emu_gemm,                  /* gemm_emu.c */
 };
 
 /* -- Test hooks -------------------------------------------------------------------- */

@@ -2,10 +2,11 @@
 ** stream_emu.c -- the emulated runtime's streams, events and launches.
 **
 ** A stream is a worker thread and a FIFO of work items (copy, memset, kernel,
-** host callback, event marker, wait). Calls that queue work return once the item
-** is queued; the worker runs items one at a time, in order, and counts them:
-** item k (its sequence number, from 1) has run once `completed >= k`. That count
-** is the whole synchronisation story:
+** host callback, event marker, wait, and library work such as gemm_emu.c's).
+** Calls that queue work return once the item is queued; the worker runs items
+** one at a time, in order, and counts them: item k (its sequence number, from
+** 1) has run once `completed >= k`. That count is the whole synchronisation
+** story:
 **   - an event records (stream, sequence number of a marker item queued at the
 **     record); it is done once that stream's count reaches it, and an event never
 **     recorded is done. Recording again moves the point;
@@ -38,7 +39,7 @@
 #define EMU_STREAM_MAGIC 0x53747265u
 #define EMU_EVENT_MAGIC 0x45766e74u
 
-typedef enum { IT_COPY, IT_MEMSET, IT_KERNEL, IT_CALLBACK, IT_MARKER, IT_WAIT } item_kind;
+typedef enum { IT_COPY, IT_MEMSET, IT_KERNEL, IT_CALLBACK, IT_MARKER, IT_WAIT, IT_WORK } item_kind;
 
 struct emu_item {
   emu_item *next;
@@ -50,6 +51,7 @@ struct emu_item {
     struct { const emk_kernel *k; emk_dim3 grid, block; size_t shared, args_size; } kern;
     struct { void (*fn)(void *ud); void *ud; } cb;
     struct { emk_stream *s; unsigned long long target; } wait;
+    struct { em_status (*fn)(emu *E, void *args, char *err, size_t errlen); } work;
   } u;
   max_align_t args[];           /* a kernel's arguments, copied at the launch */
 };
@@ -195,6 +197,12 @@ static void run_item(emu *E, emk_stream *s, emu_item *it) {
   }
   case IT_CALLBACK: it->u.cb.fn(it->u.cb.ud); break;
   case IT_MARKER: break;
+  case IT_WORK: {
+    char err[EMK_ERRMSG_SIZE] = "";
+    em_status st = it->u.work.fn(E, it->args, err, sizeof err);
+    if (st) stream_error(s, it->seq, st, "%s", err[0] ? err : "the work item failed");
+    break;
+  }
   case IT_WAIT: {
     emk_stream *w = it->u.wait.s;
     pthread_mutex_lock(&w->mu);
@@ -454,6 +462,18 @@ em_status emi_emu_memset_async(emk_runtime *rt, void *dst, int byte, size_t n,
   it->u.set.dst = dst;
   it->u.set.byte = byte;
   it->u.set.n = n;
+  return enqueue(E, s, it, NULL);
+}
+
+em_status emi_emu_queue_work(emu *E, emk_stream *s, const char *what,
+                             em_status (*fn)(emu *E, void *args, char *err, size_t errlen),
+                             const void *args, size_t n) {
+  em_status st = check_stream(E, s, what);
+  if (st) return st;
+  emu_item *it = new_item(E, IT_WORK, n, what);
+  if (!it) return EM_ERR_NOMEM;
+  it->u.work.fn = fn;
+  if (n) memcpy(it->args, args, n);
   return enqueue(E, s, it, NULL);
 }
 

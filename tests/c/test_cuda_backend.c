@@ -96,10 +96,13 @@ static void test_conversions_and_strided_targets(em_state *S) {
   em_tensor_release(x); em_tensor_release(xb);
   CHECK_ERR(S, em_to(S, d, EM_FLOAT64, 1, &x), EM_ERR_UNSUPPORTED, "cuda:0", "cuda:1");
   /* an op without a kernel yet names it and the device */
-  em_tensor *dT;
-  REQUIRE_OK(S, em_transpose(S, d, 0, 1, &dT));
-  CHECK_ERR(S, em_matmul(S, d, dT, &x), EM_ERR_DEVICE, "cuda", "'matmul'", "cuda:0");
-  em_tensor_release(dT);
+  em_tensor *d3, *d4;
+  int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+  REQUIRE_OK(S, em_unsqueeze(S, d, 0, &d3));
+  REQUIRE_OK(S, em_unsqueeze(S, d3, 0, &d4));
+  CHECK_ERR(S, em_conv2d(S, d4, d4, NULL, one, zero, one, 1, &x), EM_ERR_DEVICE, "cuda",
+            "'conv2d'", "cuda:0");
+  em_tensor_release(d3); em_tensor_release(d4);
   em_tensor_release(h); em_tensor_release(d); em_tensor_release(back);
   em_tensor_release(hT); em_tensor_release(dst); em_tensor_release(view);
   em_tensor_release(dst_back);

@@ -1,0 +1,184 @@
+/*
+** k_matmul.c -- the CUDA backend's matmul entry (core/internal.h): out (*batch,
+** M, N, contiguous) = a (*batch, M, K) @ b (*batch, K, N), strided views whose
+** broadcast batch dims have stride 0; out's dtype decides the arithmetic.
+**
+**  - Operands of another dtype than out's are first converted on the device
+**    (emk_cast) into temporaries; a dim of stride 0 (broadcast) is converted
+**    once and stays broadcast.
+**  - Float results go to the runtime's gemm (cuBLASLt; OpenBLAS on the
+**    emulator) with the views' strides as they are: one strided batched call
+**    over the last batch dim, one call per index of the batch dims before it.
+**  - Integer and bool results: a plain kernel, one thread per output element,
+**    accumulating in 64-bit integers that wrap like the CPU's (core/cpu/matmul.c);
+**    bool is "any product non-zero".
+*/
+#include "cuda.h"
+#include "device.h"
+#include "k_elementwise.h"
+
+enum { THREADS = 256, MAX_BLOCKS = 4096 };
+
+typedef struct imm_args {
+  char *out;
+  const char *a, *b;
+  int dtype, nb;
+  int64_t total, M, N, K;
+  int64_t bsizes[EM_MAX_DIMS], abs_[EM_MAX_DIMS], bbs[EM_MAX_DIMS];   /* elements */
+  int64_t ars, acs, brs, bcs;
+} imm_args;
+
+EMK_DEVICE uint64_t imm_load(const char *p, int64_t i, int dt) {
+  switch (dt) {
+  case EM_INT64: return (uint64_t)((const int64_t *)p)[i];
+  case EM_INT32: return (uint64_t)(int64_t)((const int32_t *)p)[i];
+  case EM_UINT8: return ((const uint8_t *)p)[i];
+  default: return ((const uint8_t *)p)[i] != 0;     /* bool */
+  }
+}
+
+EMK_DEVICE void imm_store(char *p, int64_t i, int dt, uint64_t v) {
+  switch (dt) {
+  case EM_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
+  case EM_INT32: ((int32_t *)p)[i] = (int32_t)(uint32_t)v; break;
+  case EM_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+  default: ((uint8_t *)p)[i] = v != 0; break;
+  }
+}
+
+/* grid-stride over out's elements */
+EMK_KERNEL(k_matmul_int, imm_args) {
+  int64_t step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.total; i += step) {
+    int64_t col = i % a.N, row = (i / a.N) % a.M, rest = i / a.N / a.M, ao = 0, bo = 0;
+    for (int d = a.nb - 1; d >= 0; d--) {
+      int64_t q = rest % a.bsizes[d];
+      rest /= a.bsizes[d];
+      ao += q * a.abs_[d];
+      bo += q * a.bbs[d];
+    }
+    ao += row * a.ars;
+    bo += col * a.bcs;
+    uint64_t s = 0;
+    for (int64_t q = 0; q < a.K; q++)
+      s += imm_load(a.a, ao + q * a.acs, a.dtype) * imm_load(a.b, bo + q * a.brs, a.dtype);
+    imm_store(a.out, i, a.dtype, s);
+  }
+}
+
+/* An operand as out's dtype: its data and element strides. */
+typedef struct mm_operand {
+  const char *p;
+  int64_t st[EM_MAX_DIMS];
+  em_tensor *tmp;                 /* the converted copy, or NULL */
+} mm_operand;
+
+static em_status operand(emi_device *d, const em_tensor *t, em_dtype dt, mm_operand *o) {
+  o->tmp = NULL;
+  if (t->dtype == dt) {
+    o->p = em_tensor_data(t);
+    for (int i = 0; i < t->ndim; i++) o->st[i] = t->strides[i];
+    return EM_OK;
+  }
+  em_tensor v = *t;               /* broadcast dims converted once */
+  for (int i = 0; i < t->ndim; i++)
+    if (t->strides[i] == 0) v.sizes[i] = 1;
+  v.numel = emi_shape_numel(v.sizes, v.ndim);
+  em_status st = emi_tensor_new(d->S, "matmul", v.sizes, v.ndim, dt, d->index, &o->tmp);
+  if (st) return st;
+  if ((st = emk_cast(d, o->tmp, &v))) {
+    em_tensor_release(o->tmp);
+    o->tmp = NULL;
+    return st;
+  }
+  o->p = em_tensor_data(o->tmp);
+  for (int i = 0; i < t->ndim; i++) o->st[i] = t->strides[i] == 0 ? 0 : o->tmp->strides[i];
+  return EM_OK;
+}
+
+static em_status int_matmul(emi_device *d, em_tensor *out, const mm_operand *A,
+                            const mm_operand *B, int64_t K) {
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  imm_args a;
+  memset(&a, 0, sizeof a);
+  int nb = out->ndim - 2;
+  a.out = (char *)em_tensor_data(out);
+  a.a = A->p;
+  a.b = B->p;
+  a.dtype = (int)out->dtype;
+  a.nb = nb;
+  a.total = out->numel;
+  a.M = out->sizes[nb];
+  a.N = out->sizes[nb + 1];
+  a.K = K;
+  for (int i = 0; i < nb; i++) {
+    a.bsizes[i] = out->sizes[i];
+    a.abs_[i] = A->st[i];
+    a.bbs[i] = B->st[i];
+  }
+  a.ars = A->st[nb]; a.acs = A->st[nb + 1];
+  a.brs = B->st[nb]; a.bcs = B->st[nb + 1];
+  int64_t blocks = (a.total + THREADS - 1) / THREADS;
+  if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
+  emk_dim3 grid = {(unsigned)blocks, 1, 1}, block = {THREADS, 1, 1};
+  em_status st = rt->ops->launch(rt, &k_matmul_int, grid, block, 0, cd->compute, &a, sizeof a);
+  return st ? emk_error(d, "matmul", st) : EM_OK;
+}
+
+static em_status float_matmul(emi_device *d, em_tensor *out, const mm_operand *A,
+                              const mm_operand *B, int64_t K) {
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  if (!rt->ops->gemm)
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "matmul: the %s runtime has no gemm yet "
+                     "(cuBLASLt comes later)", rt->ops->name);
+  int nb = out->ndim - 2;
+  int64_t M = out->sizes[nb], N = out->sizes[nb + 1];
+  size_t es = em_dtype_size(out->dtype);
+  /* the last batch dim is the gemm's batch; those before it are looped here */
+  int64_t batch = nb ? out->sizes[nb - 1] : 1;
+  int64_t abs_ = nb ? A->st[nb - 1] : 0, bbs = nb ? B->st[nb - 1] : 0;
+  int64_t cbs = nb ? out->strides[nb - 1] : 0;
+  int64_t outer = 1;
+  for (int i = 0; i + 1 < nb; i++) outer *= out->sizes[i];
+  char *c0 = (char *)em_tensor_data(out);
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t rest = o, ao = 0, bo = 0, co = 0;
+    for (int i = nb - 2; i >= 0; i--) {
+      int64_t q = rest % out->sizes[i];
+      rest /= out->sizes[i];
+      ao += q * A->st[i];
+      bo += q * B->st[i];
+      co += q * out->strides[i];
+    }
+    em_status st = rt->ops->gemm(rt, cd->compute, out->dtype, M, N, K, batch,
+                                 A->p + ao * (int64_t)es, A->st[nb], A->st[nb + 1], abs_,
+                                 B->p + bo * (int64_t)es, B->st[nb], B->st[nb + 1], bbs,
+                                 c0 + co * (int64_t)es, out->strides[nb], out->strides[nb + 1],
+                                 cbs, 0);
+    if (st) return emk_error(d, "matmul", st);
+  }
+  return EM_OK;
+}
+
+em_status emk_matmul(emi_device *d, em_tensor *out, const em_tensor *a, const em_tensor *b) {
+  if (out->numel == 0) return EM_OK;
+  if (out->ndim < 2 || a->ndim != out->ndim || b->ndim != out->ndim)
+    return emi_error(d->S, EM_ERR_SHAPE, "matmul: the backend wants (*batch, M, K) @ "
+                     "(*batch, K, N) views");
+  int64_t K = a->sizes[a->ndim - 1];
+  mm_operand A, B;
+  em_status st = operand(d, a, out->dtype, &A);
+  if (st) return st;
+  if ((st = operand(d, b, out->dtype, &B))) {
+    em_tensor_release(A.tmp);
+    return st;
+  }
+  if (em_dtype_is_floating(out->dtype)) st = float_matmul(d, out, &A, &B, K);
+  else st = int_matmul(d, out, &A, &B, K);
+  /* the temporaries' memory is reused only by later work on the stream */
+  em_tensor_release(A.tmp);
+  em_tensor_release(B.tmp);
+  return st;
+}
