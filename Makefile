@@ -9,8 +9,8 @@
 #   make install PREFIX=/usr/local
 #
 # Missing Debian packages are installed by the `deps` step (apt-get, as root or
-# through sudo). CUDA, cuDNN, NCCL and MPI are detected and reported; the CUDA
-# backend itself is built only when nvcc is found (from a later milestone).
+# through sudo). CUDA, cuDNN, NCCL and MPI are detected and reported; where nvcc is
+# found, the CUDA kernels (kernels/k_*.c) are also compiled by it, as a build check.
 
 PREFIX   ?= /usr/local
 SANITIZE ?= 0
@@ -74,8 +74,19 @@ CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
 .PHONY: all deps deps-run deps-bench deps-test report test test-c test-lua run bench install clean
 
+# Where nvcc is found (as in CI), every kernels/k_*.c is also compiled as CUDA C++
+# into $(BUILD)/kernels/*.fatbin: sm_80 and sm_90 code plus compute_90 PTX, with
+# warnings as errors and any register spill in our kernels an error (ptxas).
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+NVCC_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS := -x cu -std=c++17 $(NVCC_ARCH) -Werror all-warnings \
+              -Xptxas -warn-spills -Xptxas -Werror -Icore/include -Icore -Ikernels
+KERNEL_SRC := $(wildcard kernels/k_*.c)
+KERNEL_FATBIN := $(if $(NVCC),$(KERNEL_SRC:kernels/%.c=$(BUILD)/kernels/%.fatbin))
+
 all: deps $(BUILD)/libember.so $(BUILD)/libember.a $(BUILD)/ember $(BUILD)/libember_lua.so \
-     $(LUA_OUT) report
+     $(LUA_OUT) $(KERNEL_FATBIN) report
 
 # -- Dependencies ---------------------------------------------------------------
 # dpkg-query tells which packages are missing; only then is apt-get run.
@@ -98,11 +109,10 @@ deps-test:
 	$(call install_missing,$(TEST_PACKAGES))
 
 # What optional engines this machine has (reported; the CPU build never needs them).
-NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 report: $(BUILD)/.reported
 $(BUILD)/.reported: | $(BUILD)
 	@echo "ember build: CPU backend with OpenBLAS"
-	@if [ -n "$(NVCC)" ]; then echo "  nvcc:  $$($(NVCC) --version | tail -n 2 | head -n 1)"; \
+	@if [ -n "$(NVCC)" ]; then echo "  nvcc:  $$($(NVCC) --version | tail -n 2 | head -n 1) (kernels: sm_80, sm_90 + PTX)"; \
 	  else echo "  nvcc:  not found (CPU only)"; fi
 	@f=$$(ls /usr/local/cuda/include/cudnn_version.h /usr/include/cudnn_version.h 2>/dev/null | head -n 1); \
 	  if [ -n "$$f" ]; then echo "  cuDNN: $$(awk '/define CUDNN_MAJOR/{a=$$3}/define CUDNN_MINOR/{b=$$3}END{print a"."b}' $$f)"; \
@@ -133,6 +143,14 @@ $(BUILD)/obj/kernels/real/%.o: kernels/real/%.c kernels/real/libs.h kernels/real
                                core/include/ember.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
+
+# The kernels as CUDA (device code only: a fatbin per source, for the real runtime's
+# cuModuleLoadData). nvcc's -MMD lists the headers each one includes.
+$(BUILD)/kernels/%.fatbin: kernels/%.c kernels/device.h kernels/runtime.h | deps
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	@$(NVCC) $(NVCC_FLAGS) -fatbin -MMD -MP -MF $(@:.fatbin=.d) -MT $@ $< -o $@ || \
+	  { rm -f $@; exit 1; }
 
 $(BUILD)/obj/lua/host/%.o: lua/host/%.c lua/host/host.h core/include/ember.h | deps
 	@mkdir -p $(dir $@)
@@ -213,4 +231,4 @@ install: all
 clean:
 	rm -rf build build-asan build-tsan
 
--include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d)
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d $(BUILD)/kernels/*.d)

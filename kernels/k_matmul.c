@@ -76,7 +76,7 @@ typedef struct mm_operand {
 static em_status operand(emi_device *d, const em_tensor *t, em_dtype dt, mm_operand *o) {
   o->tmp = NULL;
   if (t->dtype == dt) {
-    o->p = em_tensor_data(t);
+    o->p = (const char *)em_tensor_data(t);
     for (int i = 0; i < t->ndim; i++) o->st[i] = t->strides[i];
     return EM_OK;
   }
@@ -91,7 +91,7 @@ static em_status operand(emi_device *d, const em_tensor *t, em_dtype dt, mm_oper
     o->tmp = NULL;
     return st;
   }
-  o->p = em_tensor_data(o->tmp);
+  o->p = (const char *)em_tensor_data(o->tmp);
   for (int i = 0; i < t->ndim; i++) o->st[i] = t->strides[i] == 0 ? 0 : o->tmp->strides[i];
   return EM_OK;
 }

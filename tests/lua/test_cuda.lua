@@ -111,4 +111,27 @@ H.test('autograd through cuda tensors', function()
   for i = 1, 2 do for j = 1, 2 do H.close(g[i][j], gc[i][j], 1e-5) end end
 end)
 
+H.test("a model on cuda: m:to('cuda'), forward and backward match the CPU", function()
+  em.manual_seed(3)
+  local function model()
+    return em.nn.Sequential(em.nn.Linear(4, 8), em.nn.ReLU(), em.nn.Linear(8, 3))
+  end
+  local mc, md = model(), model()
+  md:load_state_dict(mc:state_dict())
+  md:to('cuda')
+  local x = em.randn(5, 4)
+  local yc, yd = mc(x), md(x:cuda())
+  H.eq(yd.device, 'cuda:0')
+  local a, b = yc:totable(), yd:cpu():totable()
+  for i = 1, 5 do for j = 1, 3 do H.close(b[i][j], a[i][j], 1e-5) end end
+  yc:pow(2):mean():backward()
+  yd:pow(2):mean():backward()
+  local pc, pd = mc:parameters(), md:parameters()
+  for k = 1, #pc do
+    H.eq(pd[k].grad.device, 'cuda:0')
+    local gc, gd = pc[k].grad:reshape(-1):totable(), pd[k].grad:cpu():reshape(-1):totable()
+    for i = 1, #gc do H.close(gd[i], gc[i], 1e-5) end
+  end
+end)
+
 H.done()
