@@ -10,20 +10,14 @@
 ** gelu silu erf gelu_tanh, up to 2.6 ulp), which get 1e-5 relative + 1e-6
 ** absolute in float32 (one unit of the result's rounding in float16/bfloat16).
 */
-#include "check.h"
+#include "cuda_check.h"
 #include <stdlib.h>
 
 static const em_dtype ALL[] = {EM_BOOL, EM_UINT8, EM_INT32, EM_INT64, EM_FLOAT16,
                                EM_BFLOAT16, EM_FLOAT32, EM_FLOAT64};
 enum { NDT = 8 };
 
-static uint64_t rng_state = 88172645463325252ull;
-static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
+static uint64_t rnd(void) { return cuda_check_rand(); }
 
 /* Random values of dt's kind: floats mostly in [-10, 10] with zeros, -0, large
 ** values, inf and NaN sprinkled in; integers negative and positive, some large;
@@ -455,14 +449,8 @@ static void test_casts(em_state *S) {
 
 int main(void) {
   real_gpu = getenv("EMBER_TEST_REAL_CUDA") != NULL;
-  if (!real_gpu) setenv("EMBER_CUDA_EMULATE", "1", 1);
   em_state *S;
-  if (em_open(&S, NULL) != EM_OK) return 1;
-  if (em_cuda_device_count(S) < 1) {
-    printf("no cuda device: %s\n", em_errmsg(S));
-    em_close(S);
-    return 1;
-  }
+  if (cuda_check_open(&S, "1")) return 1;
   RUN(test_casts, S);
   RUN(test_unary, S);
   RUN(test_binary, S);

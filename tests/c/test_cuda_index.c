@@ -5,7 +5,7 @@
 ** indices, sizes crossing block boundaries, duplicates in the adds, empty cases,
 ** and out-of-range indices (the CPU's message, out untouched). Bit-exact.
 */
-#include "check.h"
+#include "cuda_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,13 +13,7 @@ static const em_dtype ALL[] = {EM_BOOL, EM_UINT8, EM_INT32, EM_INT64, EM_FLOAT16
                                EM_BFLOAT16, EM_FLOAT32, EM_FLOAT64};
 enum { NDT = 8 };
 
-static uint64_t rng_state = 88172645463325252ull;
-static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
+static uint64_t rnd(void) { return cuda_check_rand(); }
 
 static int64_t numel_of(const int64_t *shape, int nd) {
   int64_t n = 1;
@@ -336,14 +330,8 @@ static void test_zero_dim_and_base(em_state *S) {
 }
 
 int main(void) {
-  if (!getenv("EMBER_TEST_REAL_CUDA")) setenv("EMBER_CUDA_EMULATE", "1", 1);
   em_state *S;
-  if (em_open(&S, NULL) != EM_OK) return 1;
-  if (em_cuda_device_count(S) < 1) {
-    printf("no cuda device: %s\n", em_errmsg(S));
-    em_close(S);
-    return 1;
-  }
+  if (cuda_check_open(&S, "1")) return 1;
   RUN(test_index_select, S);
   RUN(test_gather, S);
   RUN(test_index_add, S);

@@ -8,19 +8,13 @@
 ** Tolerance per output: tol * sum_k |a||b| (float32 1e-6, float64 1e-12,
 ** float16 / bfloat16 twice their epsilon: both sides round one float32 value).
 */
-#include "check.h"
+#include "cuda_check.h"
 #include "../../kernels/runtime.h"
 #include <math.h>
 #include <string.h>
 #include <stdlib.h>
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
+static uint64_t rnd(void) { return cuda_check_rand(); }
 
 typedef struct pair { em_tensor *h, *d; } pair;
 
@@ -370,14 +364,9 @@ static void test_runtime_gemm(void) {
 }
 
 int main(void) {
-  if (!getenv("EMBER_TEST_REAL_CUDA")) setenv("EMBER_CUDA_EMULATE", "1", 1);
+  cuda_check_rng = 0x9E3779B97F4A7C15ull;
   em_state *S;
-  if (em_open(&S, NULL) != EM_OK) return 1;
-  if (em_cuda_device_count(S) < 1) {
-    printf("no cuda device: %s\n", em_errmsg(S));
-    em_close(S);
-    return 1;
-  }
+  if (cuda_check_open(&S, "1")) return 1;
   RUN(test_2d, S);
   RUN(test_vectors, S);
   RUN(test_batched, S);

@@ -6,7 +6,7 @@
 ** (normal's last pair), empty tensors, and over several consecutive calls the
 ** state's offset advances identically (CPU and device stay in lock step).
 */
-#include "check.h"
+#include "cuda_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,14 +189,8 @@ static void test_arange(em_state *S) {
 }
 
 int main(void) {
-  if (!getenv("EMBER_TEST_REAL_CUDA")) setenv("EMBER_CUDA_EMULATE", "1", 1);
   em_state *S;
-  if (em_open(&S, NULL) != EM_OK) return 1;
-  if (em_cuda_device_count(S) < 1) {
-    printf("no cuda device: %s\n", em_errmsg(S));
-    em_close(S);
-    return 1;
-  }
+  if (cuda_check_open(&S, "1")) return 1;
   RUN(test_uniform, S);
   RUN(test_normal, S);
   RUN(test_randint, S);
