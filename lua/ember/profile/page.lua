@@ -16,161 +16,39 @@ It shows, top to bottom:
   - the diagnosis, one card per entry with its kind as a coloured badge;
   - the step breakdown per replica as stacked horizontal bars (input, compute,
     communication, host, idle), with a legend and a table of percentages;
-  - a timeline of a few steps: one lane per track (nested events stacked in
-    rows), events coloured by category with hover titles, step boundaries as
-    vertical lines, an x axis in ms; at most MAX_EVENTS events are drawn;
+  - a timeline of a few steps (page_timeline.lua);
   - the top ops as a table with an inline bar of their share of the step;
   - the scaling projection as a table, with the bandwidth it assumed.
 
 report and timeline are the profiler's (see ember.profile); any field may be
-missing, the page then says so instead of failing.
+missing, the page then says so instead of failing. Escaping, number formats,
+colours and the style sheet are html.lua's.
 ]]
 local M = {}
 
 local fmt, concat, floor = string.format, table.concat, math.floor
-local MAX_EVENTS = 20000   -- events drawn in the timeline at most (the page stays < ~4 MB)
-M.MAX_EVENTS = MAX_EVENTS
 
--- -- Escaping and numbers -------------------------------------------------------------
-
-local ESC = { ['&'] = '&amp;', ['<'] = '&lt;', ['>'] = '&gt;', ['"'] = '&quot;',
-              ["'"] = '&#39;', ['/'] = '&#47;', [':'] = '&#58;' }
-
--- HTML text or attribute value from any value.
-local function esc(s)
-  return (tostring(s == nil and '' or s):gsub('[&<>"\'/:]', ESC))
-end
-M.escape = esc
-
-local function isnum(x)
-  return type(x) == 'number' and x == x and x ~= math.huge and x ~= -math.huge
-end
-
-local DASH = '&ndash;'
-
-local function num(x, f)
-  if not isnum(x) then return DASH end
-  return fmt(f or '%.2f', x)
-end
-
--- 12345 -> 12,345
-local function int(x)
-  if not isnum(x) then return DASH end
-  local s = fmt('%d', floor(x + 0.5))
-  local neg, digits = s:match('^(-?)(%d+)$')
-  digits = digits:reverse():gsub('(%d%d%d)', '%1,'):reverse():gsub('^,', '')
-  return neg .. digits
-end
-
-local function ms(s, f)
-  if not isnum(s) then return DASH end
-  return fmt(f or '%.2f', s * 1e3)
-end
-
-local function pct(f, digits)
-  if not isnum(f) then return DASH end
-  return fmt('%.' .. (digits or 1) .. 'f%%', f * 100)
-end
-
-local function bytes(b)
-  if not isnum(b) then return DASH end
-  local units = { 'B', 'KiB', 'MiB', 'GiB', 'TiB' }
-  local u = 1
-  while math.abs(b) >= 1024 and u < #units do b, u = b / 1024, u + 1 end
-  return u == 1 and fmt('%d B', b) or fmt('%.1f %s', b, units[u])
-end
-
--- Cuts a string to n bytes at most without splitting a UTF-8 character.
-local function clip(s, n)
-  s = tostring(s)
-  if #s <= n then return s end
-  local cut = n - 1
-  while cut > 0 and s:byte(cut + 1) and s:byte(cut + 1) >= 0x80 and s:byte(cut + 1) < 0xc0 do
-    cut = cut - 1
-  end
-  return s:sub(1, cut) .. '\226\128\166'   -- an ellipsis
-end
-
--- -- Colours -------------------------------------------------------------------------
-
--- The parts of a step, in drawing order, and their colours (shared with the
--- timeline's categories: input ~ data, compute ~ op, communication ~ collective).
-local PARTS = { 'input', 'compute', 'communication', 'host', 'idle' }
-local PART_COLOR = { input = '#f2a93b', compute = '#4c78a8', communication = '#b279a2',
-                     host = '#7f8c8d', idle = '#d5dae0' }
-local EXTRA_COLORS = { '#72b7b2', '#54a24b', '#e45756', '#9d755d', '#eeca3b' }
-local DARK_TEXT = { idle = true, input = true }   -- light fills get dark labels
-
--- Timeline categories.
-local CATS = { 'op', 'backward', 'data', 'loader', 'collective', 'comm-wait', 'optimizer',
-               'range', 'copy' }
-local CAT_COLOR = { op = '#4c78a8', backward = '#72b7b2', data = '#f2a93b', loader = '#eeca3b',
-                    collective = '#b279a2', ['comm-wait'] = '#e45756', optimizer = '#54a24b',
-                    range = '#c9c3bf', copy = '#9d755d', other = '#8a8f98' }
-local CAT_CLASS = {}
-for i, c in ipairs(CATS) do CAT_CLASS[c] = 'k' .. i end
-CAT_CLASS.other = 'k0'
-
--- Diagnosis kinds: text colour, background.
-local KIND_COLOR = {
-  ['input-bound'] = { '#92400e', '#fef3c7', '#f59e0b' },
-  ['launch-bound'] = { '#5b21b6', '#ede9fe', '#8b5cf6' },
-  ['communication-bound'] = { '#1e40af', '#dbeafe', '#3b82f6' },
-  ['replica-skew'] = { '#991b1b', '#fee2e2', '#ef4444' },
-  ['balanced'] = { '#166534', '#dcfce7', '#22c55e' },
-}
-local KIND_OTHER = { '#374151', '#e5e7eb', '#9ca3af' }
-
--- -- Style ----------------------------------------------------------------------------
-
-local function css()
-  local t = {
-    [[
-*{box-sizing:border-box}
-body{margin:0;background:#f4f5f7;color:#1f2328;
- font:14px/1.5 -apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
-main{max-width:1100px;margin:0 auto;padding:24px 20px 48px}
-h1{font-size:22px;margin:0 0 2px;font-weight:650;letter-spacing:-.01em}
-h1 span{color:#e8590c}
-h2{font-size:16px;margin:0 0 12px;font-weight:600}
-section{background:#fff;border:1px solid #e1e4e8;border-radius:8px;padding:16px 18px;margin:16px 0}
-.sub{color:#57606a;margin:0 0 14px}
-.stats{display:flex;flex-wrap:wrap;gap:10px}
-.stat{background:#fff;border:1px solid #e1e4e8;border-radius:8px;padding:8px 14px;min-width:120px}
-.stat b{display:block;font-size:20px;font-weight:600;font-variant-numeric:tabular-nums}
-.stat small{color:#57606a;font-size:12px}
-.diag{border-left:5px solid;border-radius:6px;padding:10px 14px;margin:8px 0;background:#fafbfc}
-.diag p{margin:6px 0 0;font-size:15px}
-.badge{display:inline-block;border-radius:999px;padding:1px 10px;font-size:12px;font-weight:600;
- letter-spacing:.02em}
-.legend{display:flex;flex-wrap:wrap;gap:6px 16px;margin:8px 0;font-size:13px;color:#333}
-.legend i{display:inline-block;width:12px;height:12px;border-radius:3px;margin-right:5px;
- vertical-align:-1px}
-table{border-collapse:collapse;width:100%;font-size:13px;font-variant-numeric:tabular-nums}
-th,td{padding:5px 8px;border-bottom:1px solid #eef0f2;text-align:right;white-space:nowrap}
-th{font-weight:600;color:#57606a;border-bottom:1px solid #d0d7de}
-th:first-child,td:first-child{text-align:left}
-td.name{text-align:left;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;
- white-space:normal;word-break:break-all}
-td.bar,th.bar{width:30%;text-align:left}
-.bar div{display:inline-block;height:10px;border-radius:2px;background:#4c78a8;vertical-align:middle}
-.bar span{margin-left:6px;color:#333}
-.note{color:#57606a;font-size:13px;margin:8px 0 0}
-svg{display:block;width:100%;height:auto}
-svg text{font-size:11px;fill:#333;font-family:inherit}
-svg .lbl{font-size:12px;fill:#1f2328}
-svg .seg{font-size:11px;fill:#fff;font-weight:600}
-svg .segd{font-size:11px;fill:#222;font-weight:600}
-svg .ax{stroke:#8c959f;stroke-width:1}
-svg .grid{stroke:#eaeef2;stroke-width:1}
-svg .stepl{stroke:#24292f;stroke-width:1;stroke-dasharray:4 3}
-svg .lane{fill:#f6f8fa}
-footer{color:#8c959f;font-size:12px;text-align:center}
-]] }
-  for i, c in ipairs(CATS) do t[#t + 1] = fmt('svg .k%d{fill:%s}\n', i, CAT_COLOR[c]) end
-  t[#t + 1] = fmt('svg .k0{fill:%s}\n', CAT_COLOR.other)
-  return concat(t)
-end
+local H = require 'ember.profile.html'
+M.MAX_EVENTS = H.MAX_EVENTS
+M.escape = H.esc
+local W = H.W
+local esc = H.esc
+local isnum = H.isnum
+local DASH = H.DASH
+local num = H.num
+local int = H.int
+local ms = H.ms
+local pct = H.pct
+local bytes = H.bytes
+local clip = H.clip
+local PARTS = H.PARTS
+local PART_COLOR = H.PART_COLOR
+local EXTRA_COLORS = H.EXTRA_COLORS
+local DARK_TEXT = H.DARK_TEXT
+local KIND_COLOR = H.KIND_COLOR
+local KIND_OTHER = H.KIND_OTHER
+local css = H.css
+local timeline_section = require 'ember.profile.page_timeline'
 
 -- -- Sections ---------------------------------------------------------------------------
 
@@ -239,7 +117,6 @@ local function parts_of(bars)
   return list, colors
 end
 
-local W = 1060   -- the SVGs' width in user units (they scale to the section)
 
 local function breakdown(out, r)
   out[#out + 1] = '<section id="breakdown"><h2>Step breakdown</h2>'
@@ -319,180 +196,6 @@ local function breakdown(out, r)
     out[#out + 1] = '</tr>'
   end
   out[#out + 1] = '</table></section>'
-end
-
--- A round tick step for a range: 1, 2 or 5 times a power of ten.
-local function nice_step(range, n)
-  local raw = range / n
-  local p = 10 ^ floor(math.log10(raw))
-  for _, m in ipairs({ 1, 2, 5, 10 }) do
-    if raw <= m * p then return m * p end
-  end
-  return 10 * p
-end
-
-local function tick_label(v, step)
-  if step >= 1 then return fmt('%d', floor(v + 0.5)) end
-  local digits = math.max(0, -floor(math.log10(step) + 1e-9))
-  return fmt('%.' .. digits .. 'f', v)
-end
-
-local function timeline_section(out, tl)
-  out[#out + 1] = '<section id="timeline"><h2>Timeline</h2>'
-  local events = type(tl) == 'table' and type(tl.events) == 'table' and tl.events or {}
-  if #events == 0 then
-    out[#out + 1] = '<p class="note">No timeline in this report.</p></section>'
-    return
-  end
-  local n = #events
-  local shown = math.min(n, MAX_EVENTS)
-
-  -- tracks: the timeline's, plus any an event names beyond them
-  local tracks = {}
-  for i, t in ipairs(type(tl.tracks) == 'table' and tl.tracks or {}) do tracks[i] = tostring(t) end
-  local ntracks = #tracks
-  for i = 1, shown do
-    local t = tonumber(events[i].track) or 1
-    if t >= 1 and t > ntracks then ntracks = floor(t) end
-  end
-  ntracks = math.min(ntracks, 256)
-  for t = 1, ntracks do tracks[t] = tracks[t] or ('track ' .. t) end
-
-  -- the time range (µs)
-  local steps = {}
-  for _, s in ipairs(type(tl.steps) == 'table' and tl.steps or {}) do
-    if isnum(s) then steps[#steps + 1] = s end
-  end
-  local t0, t1 = math.huge, -math.huge
-  for _, s in ipairs(steps) do t0, t1 = math.min(t0, s), math.max(t1, s) end
-  local per_track = {}
-  for t = 1, ntracks do per_track[t] = {} end
-  local cats_seen = {}
-  for i = 1, shown do
-    local e = events[i]
-    local t = floor(tonumber(e.track) or 1)
-    if isnum(e.ts) and per_track[t] then
-      local d = isnum(e.dur) and math.max(e.dur, 0) or 0
-      t0, t1 = math.min(t0, e.ts), math.max(t1, e.ts + d)
-      local list = per_track[t]
-      list[#list + 1] = i
-      cats_seen[CAT_CLASS[e.cat] and e.cat or 'other'] = true
-    end
-  end
-  if t0 == math.huge then t0, t1 = 0, 1 end
-  t0 = math.min(t0, 0)
-  if t1 <= t0 then t1 = t0 + 1 end
-
-  -- nesting depth of each event within its track: a flame chart's rows
-  local MAXROWS, RH = 4, 14
-  local depth, rows = {}, {}
-  for t = 1, ntracks do
-    local list = per_track[t]
-    table.sort(list, function(a, b)
-      local ea, eb = events[a], events[b]
-      if ea.ts ~= eb.ts then return ea.ts < eb.ts end
-      local da, db = tonumber(ea.dur) or 0, tonumber(eb.dur) or 0
-      if da ~= db then return da > db end
-      return a < b
-    end)
-    local stack, maxd = {}, 0
-    for _, i in ipairs(list) do
-      local e = events[i]
-      while #stack > 0 and stack[#stack] <= e.ts + 1e-9 do stack[#stack] = nil end
-      local d = #stack
-      depth[i] = math.min(d, MAXROWS - 1)
-      maxd = math.max(maxd, d)
-      stack[#stack + 1] = e.ts + (isnum(e.dur) and math.max(e.dur, 0) or 0)
-    end
-    rows[t] = math.min(maxd + 1, MAXROWS)
-  end
-
-  -- legend
-  out[#out + 1] = '<div class="legend">'
-  for _, c in ipairs(CATS) do
-    if cats_seen[c] then
-      out[#out + 1] = fmt('<span><i style="background:%s"></i>%s</span>', CAT_COLOR[c], c)
-    end
-  end
-  if cats_seen.other then
-    out[#out + 1] = fmt('<span><i style="background:%s"></i>other</span>', CAT_COLOR.other)
-  end
-  out[#out + 1] = '</div>'
-
-  local LW, X0, X1, TOP = 150, 160, W - 6, 22
-  local lane_y, y = {}, TOP
-  for t = 1, ntracks do
-    lane_y[t] = y
-    y = y + rows[t] * RH + 8
-  end
-  local AXY = y + 2
-  local H = AXY + 26
-  local span = t1 - t0
-  local function X(us) return X0 + (us - t0) / span * (X1 - X0) end
-
-  out[#out + 1] = fmt('<svg viewBox="0 0 %d %d" role="img" aria-label="timeline">', W, H)
-  -- lanes and their names
-  for t = 1, ntracks do
-    local ly, lh = lane_y[t], rows[t] * RH + 4
-    out[#out + 1] = fmt('<rect class="lane" x="%d" y="%d" width="%d" height="%d"/>',
-      X0, ly - 2, X1 - X0, lh)
-    out[#out + 1] = fmt('<text class="lbl" x="0" y="%d"><title>%s</title>%s</text>', ly + 11,
-      esc(tracks[t]), esc(clip(tracks[t], 22)))
-  end
-  -- x axis: ticks in ms, faint grid lines
-  local span_ms = span / 1e3
-  local tstep = nice_step(span_ms, 10)
-  local first = math.ceil((t0 / 1e3) / tstep) * tstep
-  out[#out + 1] = fmt('<line class="ax" x1="%d" y1="%d" x2="%d" y2="%d"/>', X0, AXY, X1, AXY)
-  local v, guard = first, 0
-  while v <= t1 / 1e3 + 1e-9 and guard < 100 do
-    local x = X(v * 1e3)
-    out[#out + 1] = fmt('<line class="grid" x1="%.2f" y1="%d" x2="%.2f" y2="%d"/>' ..
-      '<line class="ax" x1="%.2f" y1="%d" x2="%.2f" y2="%d"/>' ..
-      '<text x="%.2f" y="%d" text-anchor="middle">%s</text>',
-      x, TOP - 4, x, AXY, x, AXY, x, AXY + 5, x, AXY + 17, tick_label(v, tstep))
-    v, guard = v + tstep, guard + 1
-  end
-  out[#out + 1] = fmt('<text x="%d" y="%d" text-anchor="end">time (ms)</text>', X0 - 12, AXY + 17)
-
-  -- events
-  for t = 1, ntracks do
-    for _, i in ipairs(per_track[t]) do
-      local e = events[i]
-      local x = X(e.ts)
-      local dur = isnum(e.dur) and math.max(e.dur, 0) or 0
-      local w = math.max(dur / span * (X1 - X0), 0.6)
-      local cat = CAT_CLASS[e.cat] and e.cat or 'other'
-      out[#out + 1] = fmt('<rect class="%s" x="%.2f" y="%d" width="%.2f" height="%d">' ..
-        '<title>%s (%s) %s ms at %s ms</title></rect>',
-        CAT_CLASS[cat], x, lane_y[t] + depth[i] * RH, w, RH - 2, esc(e.name or '?'),
-        esc(e.cat or '?'), num(dur / 1e3, '%.3f'), num(e.ts / 1e3, '%.3f'))
-    end
-  end
-
-  -- step boundaries and step names
-  table.sort(steps)
-  for k, s in ipairs(steps) do
-    local x = X(s)
-    out[#out + 1] = fmt('<line class="stepl" x1="%.2f" y1="%d" x2="%.2f" y2="%d"/>',
-      x, TOP - 8, x, AXY)
-    local nxt = steps[k + 1] or (t1 > s + span * 0.02 and t1 or nil)
-    if nxt then
-      local label = fmt('step %d', k)
-      if steps[k + 1] then label = label .. fmt(' &middot; %.2f ms', (nxt - s) / 1e3) end
-      out[#out + 1] = fmt('<text x="%.2f" y="10" text-anchor="middle" font-weight="600">%s</text>',
-        (X(s) + X(nxt)) / 2, label)
-    end
-  end
-  out[#out + 1] = '</svg>'
-  if shown < n then
-    out[#out + 1] = fmt('<p class="note">The timeline holds %s events; the first %s are drawn.</p>',
-      int(n), int(shown))
-  else
-    out[#out + 1] = fmt('<p class="note">%s events on %d tracks; hover an event for its ' ..
-      'name and duration.</p>', int(n), ntracks)
-  end
-  out[#out + 1] = '</section>'
 end
 
 local MAX_OPS = 50
