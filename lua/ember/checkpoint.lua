@@ -51,16 +51,7 @@ local MAX_DEPTH = 100
 
 -- Strings are quoted, and checked to be UTF-8, by the core's JSON writer (the
 -- one that writes safetensors headers): one implementation of both rules.
-local qbuf, qcap = nil, 0
-local function quote(s)
-  local n = C.em_json_quote(nil, s, #s)
-  if n > qcap then
-    qcap = tonumber(n) * 2
-    qbuf = ffi.new('char[?]', qcap)
-  end
-  C.em_json_quote(qbuf, s, #s)
-  return ffi.string(qbuf, n)
-end
+local quote = core.json_quote
 
 -- Well-formed UTF-8 (what the file format requires of its header).
 local function utf8_ok(s) return C.em_utf8_valid(s, #s) ~= 0 end

@@ -303,6 +303,19 @@ end
 -- The finalizer of a cdata box whose _h the C function cfree releases: it nils the
 -- handle first, so that a box released early (before the state closes) and again
 -- by its finalizer frees once.
+-- A JSON string literal of s (UTF-8), by the core's JSON writer (the one that
+-- writes safetensors headers): checkpoints and the profiler's trace share it.
+local qbuf, qcap = nil, 0
+function core.json_quote(s)
+  local n = C.em_json_quote(nil, s, #s)
+  if n > qcap then
+    qcap = tonumber(n) * 2
+    qbuf = ffi.new('char[?]', qcap)
+  end
+  C.em_json_quote(qbuf, s, #s)
+  return ffi.string(qbuf, n)
+end
+
 function core.releaser(cfree)
   return function(b)
     if b._h ~= nil then

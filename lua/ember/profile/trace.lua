@@ -16,16 +16,17 @@ events; the report's owner joins the parts (M.document), so parts travel
 between MPI processes as plain text.
 ]]
 local ffi = require 'ffi'
+local core = require 'ember.ffi'
 local summary = require 'ember.profile.summary'
 local K, CATEGORY = summary.KIND, summary.CATEGORY
 
 local M = {}
 
-local ESC = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t' }
+-- Names as JSON strings, through the core's JSON writer; bytes that are not
+-- UTF-8 (a user's range name, say) become '?'.
 local function quote(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    return ESC[c] or string.format('\\u%04x', c:byte())
-  end) .. '"'
+  if ffi.C.em_utf8_valid(s, #s) == 0 then s = s:gsub('[\128-\255]', '?') end
+  return core.json_quote(s)
 end
 M.quote = quote
 
