@@ -1,6 +1,6 @@
 --[[
 test_cuda.lua -- em.cuda and cuda tensors from Lua, on the emulated runtime
-(EMBER_CUDA_EMULATE=2:64; the test runs itself again with it when it is unset):
+(EMBER_CUDA_EMULATE=2:64; the test runs itself again with it otherwise):
 the em.cuda functions, t:cuda() / t:to('cuda:1') / t:cpu() round trips for every
 dtype against the CPU values, reading values (item, totable, indexing, printing)
 from a device tensor, memory statistics, and the errors for what is not built yet.
@@ -8,7 +8,7 @@ from a device tensor, memory statistics, and the errors for what is not built ye
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local ember = arg[-1] or 'ember'
-if not os.getenv('EMBER_CUDA_EMULATE') then
+if os.getenv('EMBER_CUDA_EMULATE') ~= '2:64' then   -- the devices this test expects
   local p = io.popen(('EMBER_CUDA_EMULATE=2:64 %s %s 2>&1'):format(ember, arg[0]))
   local out = p:read('*a')
   local ok = p:close()
