@@ -294,6 +294,11 @@ struct em_state {
   struct emk_cuda *cuda;                   /* kernels/cuda.c: runtime, allocator, devices */
   int cuda_tried;                          /* devices looked for once per state */
   char cuda_why[256];                      /* and why there are none, if so */
+  int memory_pressure;                     /* em_memory_pressure_flag */
+  int allow_tf32;                          /* em_cuda_set_allow_tf32 */
+  char alloc_why[256];                     /* why a backend's alloc just failed */
+  void (*reclaim_hook)(void *ud, int device, size_t nbytes);   /* em_cuda_set_reclaim_hook */
+  void *reclaim_ud;
   int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
   int index_base;          /* messages number dims, positions, indices from it (0|1) */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */

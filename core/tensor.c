@@ -233,12 +233,19 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
     if (device < EM_CPU)
       return emi_error(S, EM_ERR_DEVICE, "%s: invalid device %d (cpu is %d, CUDA "
                        "devices are 0, 1, ...)", op, device, EM_CPU);
-    return emi_error(S, EM_ERR_DEVICE, "%s: device cuda:%d is not available (ember was "
-                     "built without CUDA or no GPU is present)", op, device);
+    if (S->cuda && device < EMI_MAX_DEVICES)
+      return emi_error(S, EM_ERR_DEVICE, "%s: no device cuda:%d (this state has %d)", op,
+                       device, em_cuda_device_count(S));
+    return emi_error(S, EM_ERR_DEVICE, "%s: device cuda:%d is not available: %s", op,
+                     device, S->cuda_why[0] ? S->cuda_why : "no CUDA device");
   }
+  S->alloc_why[0] = 0;
   em_tensor *t = tensor_alloc(d, sizes, ndim, dt);
   if (!t) {
     char b[EMI_SHAPE_STR];
+    if (S->alloc_why[0])          /* the device allocator's own account */
+      return emi_error(S, EM_ERR_NOMEM, "%s: %s (for a %s tensor of shape %s)", op,
+                       S->alloc_why, em_dtype_name(dt), emi_shape_str(b, sizes, ndim));
     return emi_error(S, EM_ERR_NOMEM, "%s: out of memory allocating %zu bytes for a %s "
                      "tensor of shape %s", op,
                      (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt),

@@ -18,6 +18,7 @@
 #include "k_reduce.h"
 #include "k_index.h"
 #include "k_random.h"
+#include <stdio.h>
 
 /* -- Storages ---------------------------------------------------------------------- */
 
@@ -31,6 +32,7 @@ static emi_storage *cuda_alloc(emi_device *d, size_t nbytes) {
   char err[EMK_ERRMSG_SIZE];
   if (nbytes && emk_alloc_malloc(cd->cuda->alloc, cd->index, nbytes, cd->compute, &p, err,
                                  sizeof err)) {
+    snprintf(S->alloc_why, sizeof S->alloc_why, "%.250s", err);   /* emi_tensor_new says it */
     emi_free(S, st, sizeof *st);
     return NULL;
   }
@@ -58,7 +60,7 @@ static void release_tensor(void *ud) { em_tensor_release(ud); }
 
 /* A private contiguous CPU copy of src as dt: the stream reads it later, so the
 ** caller may change src as soon as the call returns (as CUDA stages a copy from
-** pageable memory before returning). Pinned sources will skip this (issue 10). */
+** pageable memory before returning). Pinned sources skip this (pinned.c). */
 static em_status host_snapshot(em_state *S, const em_tensor *src, em_dtype dt,
                                em_tensor **out) {
   em_status st = emi_tensor_new(S, "copy", src->sizes, src->ndim, dt, EM_CPU, out);
@@ -71,6 +73,8 @@ static em_status to_device(emi_device *d, em_tensor *out, const em_tensor *src) 
   em_state *S = d->S;
   emk_cuda_device *cd = emk_dev(d);
   emk_runtime *rt = cd->cuda->rt;
+  if (emk_is_pinned(src) && plain(src) && plain(out) && src->dtype == out->dtype)
+    return emk_copy_from_pinned(d, out, src);      /* no staging, no wait (pinned.c) */
   em_tensor *h = NULL, *stage = NULL;
   em_status st = host_snapshot(S, src, out->dtype, &h);
   if (st) return st;
@@ -128,15 +132,72 @@ done:
   return st;
 }
 
+/* Work queued on `later` from now on runs after what was queued on `first`
+** so far (an event of first's device, recorded, waited for, destroyed: a
+** wait already queued keeps its point). */
+static em_status order_after(emk_cuda *c, int first_dev, emk_stream *first,
+                             emk_stream *later) {
+  emk_runtime *rt = c->rt;
+  emk_event *e = NULL;
+  em_status st = rt->ops->event_create(rt, first_dev, &e);
+  if (!st) st = rt->ops->event_record(rt, e, first);
+  if (!st) st = rt->ops->stream_wait_event(rt, later, e);
+  if (e) rt->ops->event_destroy(rt, e);
+  return st;
+}
+
+/* Between two devices. The copy runs on the destination's compute stream, after
+** the source's stream has computed src (an event), and the source's stream
+** then waits for the copy, so memory src frees is reused only after the copy
+** read it. A strided source is gathered on its own device first; a strided or
+** other-dtype destination is filled on its device from a contiguous stage. */
+static em_status peer_copy(em_state *S, em_tensor *out, const em_tensor *src) {
+  emk_cuda_device *sd = emk_dev(S->devices[src->device]);
+  emk_cuda_device *dd = emk_dev(S->devices[out->device]);
+  emk_cuda *c = sd->cuda;
+  emk_runtime *rt = c->rt;
+  em_tensor *from = (em_tensor *)src, *gathered = NULL, *to = out, *stage = NULL;
+  em_status st = EM_OK;
+  if (!plain(src)) {
+    if ((st = emi_tensor_new(S, "copy", src->sizes, src->ndim, src->dtype, src->device,
+                             &gathered)) ||
+        (st = emk_copy_same_dtype(&sd->base, gathered, src)))
+      goto done;
+    from = gathered;
+  }
+  if (!plain(out) || out->dtype != src->dtype) {
+    if ((st = emi_tensor_new(S, "copy", src->sizes, src->ndim, src->dtype, out->device,
+                             &stage)))
+      goto done;
+    to = stage;
+  }
+  if ((st = order_after(c, sd->index, sd->compute, dd->compute)) ||
+      (st = rt->ops->memcpy_peer_async(rt, em_tensor_data(to), dd->index,
+                                       em_tensor_data(from), sd->index,
+                                       (size_t)from->numel * em_dtype_size(from->dtype),
+                                       dd->compute)) ||
+      (st = order_after(c, dd->index, dd->compute, sd->compute))) {
+    /* the streams can't be ordered: wait for both instead, so nothing is
+    ** reused early (the error is still reported) */
+    rt->ops->stream_sync(rt, sd->compute);
+    rt->ops->stream_sync(rt, dd->compute);
+    st = emk_error(&dd->base, "copy between devices", st);
+    goto done;
+  }
+  if (stage)
+    st = out->dtype != src->dtype ? emk_cast(&dd->base, out, stage)
+                                  : emk_copy_same_dtype(&dd->base, out, stage);
+done:
+  em_tensor_release(gathered);
+  em_tensor_release(stage);
+  return st;
+}
+
 static em_status cuda_copy(emi_device *d, em_tensor *out, const em_tensor *src) {
   if (out->numel == 0) return EM_OK;
   if (src->device == EM_CPU) return to_device(d, out, src);
   if (out->device == EM_CPU) return to_host(d, out, src);
-  char b1[16], b2[16];
-  if (out->device != src->device)
-    return emi_error(d->S, EM_ERR_UNSUPPORTED, "copy: from %s to %s is not built yet "
-                     "(copy through the CPU)", emi_device_name(b1, src->device),
-                     emi_device_name(b2, out->device));
+  if (out->device != src->device) return peer_copy(d->S, out, src);
   if (out->dtype != src->dtype) return emk_cast(d, out, src);  /* k_elementwise.c */
   return emk_copy_same_dtype(d, out, src);
 }

@@ -4,8 +4,9 @@
 **
 ** Which runtime. EMBER_CUDA_EMULATE=N[:MB] opens the emulated runtime
 ** (kernels/emu/): N devices whose memory, streams and kernels are the backend's
-** own code running on the CPU. The real runtime (kernels/real/) is not wired in
-** yet, so without the variable there are no CUDA devices, and the reason says so.
+** own code running on the CPU. Without it, the real runtime (kernels/real/: the
+** CUDA runtime and cuBLASLt, loaded with dlopen) finds the GPUs; on a machine
+** without a driver or a GPU there are no CUDA devices, and the reason says so.
 ** The devices are looked for once per state, at the first use of a device
 ** number >= 0 (emi_device_of's slow path), so a CPU-only script pays nothing.
 */
@@ -18,40 +19,75 @@ static void close_all(em_state *S, emk_cuda *c) {
   for (int i = 0; i < c->ndev; i++) {
     emk_cuda_device *d = c->dev[i];
     if (!d) continue;
+    if (d->copy) c->rt->ops->stream_destroy(c->rt, d->copy);
     if (d->compute) c->rt->ops->stream_destroy(c->rt, d->compute);
     S->devices[i] = NULL;
     emi_free(S, d, sizeof *d);
   }
   if (c->alloc) emk_alloc_close(c->alloc);
+  if (c->rt) emk_pinned_collect(c);
+  pthread_mutex_destroy(&c->pinned_mu);
   if (c->rt) c->rt->ops->close(c->rt);
   emi_free(S, c, sizeof *c);
 }
 
-/* LuaJIT collects garbage when the allocator asks: the host sets this hook. */
-static void oom_hook(void *ud, int dev, size_t n) { (void)ud; (void)dev; (void)n; }
+/* Device memory running short: the host is asked to release what it no longer
+** reaches. The flag is for Lua (which can't be entered from inside an op: its
+** layer collects at the next tensor it makes, see em_memory_pressure_flag); an
+** embedder's reclaim hook runs now, and the allocator then retries. */
+static void oom_hook(void *ud, int dev, size_t n) {
+  em_state *S = ud;
+  __atomic_store_n(&S->memory_pressure, 1, __ATOMIC_RELAXED);
+  if (S->reclaim_hook) S->reclaim_hook(S->reclaim_ud, dev, n);
+}
 
-static em_status open_devices(em_state *S, char *why, size_t whylen) {
+static void pressure_hook(void *ud, int dev, size_t allocated, size_t capacity) {
+  (void)dev; (void)allocated; (void)capacity;
+  em_state *S = ud;
+  __atomic_store_n(&S->memory_pressure, 1, __ATOMIC_RELAXED);
+}
+
+/* The runtime: emulated when EMBER_CUDA_EMULATE asks, else the real one. */
+static em_status open_runtime(emk_runtime **rt, int *emulated, char *why, size_t whylen) {
   const char *spec = getenv("EMBER_CUDA_EMULATE");
-  if (!spec || !*spec) {
-    snprintf(why, whylen, "no CUDA device: the real CUDA runtime is not wired into "
-             "this build yet; set EMBER_CUDA_EMULATE=N[:MB] for N emulated devices");
-    return EM_ERR_DEVICE;
-  }
-  emk_emu_config cfg;
   char err[EMK_ERRMSG_SIZE];
-  em_status st = emk_emu_parse(spec, &cfg, err, sizeof err);
-  if (st) { snprintf(why, whylen, "EMBER_CUDA_EMULATE: %.200s", err); return st; }
-  emk_cuda *c = emi_malloc(S, sizeof *c);
-  if (!c) { snprintf(why, whylen, "out of memory opening the CUDA devices"); return EM_ERR_NOMEM; }
-  memset(c, 0, sizeof *c);
-  c->emulated = 1;
-  if ((st = emk_emu_open(&cfg, &c->rt, err, sizeof err))) {
-    snprintf(why, whylen, "emulated CUDA runtime: %.200s", err);
-    emi_free(S, c, sizeof *c);
+  em_status st;
+  *emulated = spec && *spec;
+  if (!*emulated) {
+    if ((st = emk_real_open(rt, err, sizeof err)))
+      snprintf(why, whylen, "no CUDA device: %.180s (set EMBER_CUDA_EMULATE=N[:MB] for N "
+               "emulated devices)", err);
     return st;
   }
+  emk_emu_config cfg;
+  if ((st = emk_emu_parse(spec, &cfg, err, sizeof err))) {
+    snprintf(why, whylen, "EMBER_CUDA_EMULATE: %.200s", err);
+    return st;
+  }
+  if ((st = emk_emu_open(&cfg, rt, err, sizeof err)))
+    snprintf(why, whylen, "emulated CUDA runtime: %.200s", err);
+  return st;
+}
+
+static em_status open_devices(em_state *S, char *why, size_t whylen) {
+  emk_runtime *rt = NULL;
+  int emulated = 0;
+  char err[EMK_ERRMSG_SIZE];
+  em_status st = open_runtime(&rt, &emulated, why, whylen);
+  if (st) return st;
+  emk_cuda *c = emi_malloc(S, sizeof *c);
+  if (!c) {
+    rt->ops->close(rt);
+    snprintf(why, whylen, "out of memory opening the CUDA devices");
+    return EM_ERR_NOMEM;
+  }
+  memset(c, 0, sizeof *c);
+  pthread_mutex_init(&c->pinned_mu, NULL);
+  c->rt = rt;
+  c->emulated = emulated;
   emk_alloc_config acfg = {.host_alloc = S->alloc, .host_ud = S->alloc_ud,
-                           .oom_hook = oom_hook};
+                           .oom_hook = oom_hook, .pressure_hook = pressure_hook,
+                           .hook_ud = S};
   if ((st = emk_alloc_new(c->rt, &acfg, &c->alloc, err, sizeof err))) {
     snprintf(why, whylen, "CUDA allocator: %.200s", err);
     close_all(S, c);
@@ -66,7 +102,8 @@ static em_status open_devices(em_state *S, char *why, size_t whylen) {
     d->cuda = c;
     d->index = i;
     c->dev[i] = d;
-    if ((st = c->rt->ops->stream_create(c->rt, i, &d->compute))) {
+    if ((st = c->rt->ops->stream_create(c->rt, i, &d->compute)) ||
+        (st = c->rt->ops->stream_create(c->rt, i, &d->copy))) {
       snprintf(why, whylen, "cuda:%d: %.200s", i, c->rt->errmsg);
       break;
     }
@@ -103,6 +140,16 @@ int em_cuda_device_count(em_state *S) {
   return S->cuda->ndev;
 }
 
+int *em_memory_pressure_flag(em_state *S) { return &S->memory_pressure; }
+
+void em_cuda_set_allow_tf32(em_state *S, int allow) { S->allow_tf32 = allow != 0; }
+int em_cuda_allow_tf32(em_state *S) { return S->allow_tf32; }
+
+void em_cuda_set_reclaim_hook(em_state *S, void (*fn)(void *, int, size_t), void *ud) {
+  S->reclaim_hook = fn;
+  S->reclaim_ud = ud;
+}
+
 int em_cuda_emulated(em_state *S) {
   emi_device_attach(S, 0);
   return S->cuda ? S->cuda->emulated : 0;
@@ -124,9 +171,11 @@ em_status em_cuda_synchronize(em_state *S, int device) {
   em_status st = device_arg(S, "cuda.synchronize", device, &lo, &hi);
   for (int i = lo; !st && i < hi; i++) {
     emk_cuda_device *d = S->cuda->dev[i];
-    if ((st = S->cuda->rt->ops->stream_sync(S->cuda->rt, d->compute)))
+    if ((st = S->cuda->rt->ops->stream_sync(S->cuda->rt, d->copy)) ||
+        (st = S->cuda->rt->ops->stream_sync(S->cuda->rt, d->compute)))
       st = emk_error(&d->base, "cuda.synchronize", st);
   }
+  if (S->cuda) emk_pinned_collect(S->cuda);
   return st;
 }
 

@@ -16,6 +16,7 @@ typedef struct emk_cuda_device {
   struct emk_cuda *cuda;
   int index;
   emk_stream *compute;           /* every op of this state on this device, in order */
+  emk_stream *copy;              /* asynchronous copies from pinned memory (pinned.c) */
 } emk_cuda_device;
 
 typedef struct emk_cuda {
@@ -23,6 +24,8 @@ typedef struct emk_cuda {
   emk_alloc *alloc;
   int ndev, emulated;
   emk_cuda_device *dev[EMK_MAX_DEVICES];
+  pthread_mutex_t pinned_mu;     /* guards pinned_dead */
+  void *pinned_dead;             /* pinned blocks to give back (pinned.c) */
 } emk_cuda;
 
 extern const emi_backend emk_cuda_backend;
@@ -37,6 +40,13 @@ em_status emk_error(emi_device *d, const char *op, em_status st);
 em_status emk_fill(emi_device *d, em_tensor *out, double value);
 /* out[i] = src[i], one dtype, any strides (out-shaped src). */
 em_status emk_copy_same_dtype(emi_device *d, em_tensor *out, const em_tensor *src);
+
+/* Pinned host tensors (pinned.c): whether t's memory is pinned, and the copy
+** from such a tensor (contiguous, out's dtype) to out, a contiguous tensor on d. */
+int emk_is_pinned(const em_tensor *t);
+/* Gives the dead pinned blocks back to the runtime (not on a stream's thread). */
+void emk_pinned_collect(emk_cuda *c);
+em_status emk_copy_from_pinned(emi_device *d, em_tensor *out, const em_tensor *src);
 
 /* The matmul entry (k_matmul.c), as core/internal.h's emi_backend describes it. */
 em_status emk_matmul(emi_device *d, em_tensor *out, const em_tensor *a, const em_tensor *b);

@@ -918,9 +918,10 @@ em_status em_profile_range_pop(em_state *S);
 em_status em_cuda_libs_info(char *buf, size_t len);
 
 /* -- CUDA devices (kernels/) ----------------------------------------------------------
-** Devices 0, 1, ... are served by the CUDA backend. Today only the emulated runtime
-** is wired in: EMBER_CUDA_EMULATE=N[:MB] gives N devices of MB megabytes (default
-** 1024) whose memory, streams and kernels are the backend's own code on the CPU.
+** Devices 0, 1, ... are served by the CUDA backend: the GPUs, through the CUDA
+** runtime and cuBLASLt (loaded with dlopen when first used), or with
+** EMBER_CUDA_EMULATE=N[:MB] N emulated devices of MB megabytes (default 1024)
+** whose memory, streams and kernels are the backend's own code on the CPU.
 ** The devices are opened on first use, per state. Ops are queued on the device's
 ** stream and the host does not wait; copies to the CPU wait for what they read. */
 typedef struct em_cuda_memory {
@@ -936,6 +937,36 @@ em_status em_cuda_synchronize(em_state *S, int device);
 em_status em_cuda_memory_stats(em_state *S, int device, em_cuda_memory *out);
 /* Gives the device's unused cached memory back (-1: every device). */
 em_status em_cuda_empty_cache(em_state *S, int device);
+/* Device memory running short. The CUDA allocator sets this flag (to 1) when a
+** device's allocated bytes rise past 80 % of its memory, and when an allocation
+** failed even after its cache was emptied. The host's answer is to release the
+** tensors it no longer reaches and clear the flag: ember's Lua layer reads it at
+** every new tensor and then runs a full garbage collection. The pointer stays
+** valid for the state's life. */
+int *em_memory_pressure_flag(em_state *S);
+/* Whether float32 matmuls on CUDA devices may use TF32 tensor cores (10-bit
+** mantissa products, float32 accumulation: ~8x faster on A100/H100, ~1e-3
+** relative error). Off by default, as in PyTorch; the emulator always computes
+** in full float32. */
+void em_cuda_set_allow_tf32(em_state *S, int allow);
+int em_cuda_allow_tf32(em_state *S);
+/* A host's own way to free device memory on demand: called by the allocator, on
+** the allocating thread, when an allocation failed after the cache was emptied;
+** the allocation is then retried once. It may release tensors, but must not
+** allocate on that device. NULL removes it. (Lua can't be entered from there:
+** the Lua layer answers the pressure flag instead.) */
+void em_cuda_set_reclaim_hook(em_state *S, void (*fn)(void *ud, int device, size_t nbytes),
+                              void *ud);
+/* Pinned (page-locked) host memory: a CPU tensor whose data the CUDA runtime
+** can copy from without staging, so t:cuda() of it is asynchronous and runs on
+** the device's copy stream, beside the compute. *out is a new pinned contiguous
+** copy of t (t itself when it is already pinned, retained). Until a copy from it
+** ran (any read of the device tensor, or em_cuda_synchronize), the pinned tensor
+** must not be written: as with PyTorch's non_blocking copies. Needs a CUDA device
+** (the pinned memory belongs to the state's CUDA runtime); release pinned
+** tensors before em_close. */
+em_status em_tensor_pin_memory(em_state *S, const em_tensor *t, em_tensor **out);
+int em_tensor_is_pinned(const em_tensor *t);
 
 /* -- Images (core/io/image.c) ------------------------------------------------------ */
 /* Decodes a JPEG or PNG file (by its signature) into uint8 (C, H, W): C = 3 (RGB)

@@ -132,6 +132,8 @@ em_status emi_emu_stream_destroy(emk_runtime *rt, emk_stream *s);
 em_status emi_emu_stream_sync(emk_runtime *rt, emk_stream *s);
 em_status emi_emu_memcpy_async(emk_runtime *rt, void *dst, const void *src, size_t n,
                                emk_copy_kind kind, emk_stream *s);
+em_status emi_emu_memcpy_peer_async(emk_runtime *rt, void *dst, int dst_dev,
+                                    const void *src, int src_dev, size_t n, emk_stream *s);
 em_status emi_emu_memset_async(emk_runtime *rt, void *dst, int byte, size_t n,
                                emk_stream *s);
 em_status emi_emu_host_callback(emk_runtime *rt, emk_stream *s, void (*fn)(void *ud),

@@ -578,6 +578,7 @@ static const emk_runtime_ops emu_ops = {
   .stream_sync = emi_emu_stream_sync,
   .memcpy_async = emi_emu_memcpy_async,
   .memset_async = emi_emu_memset_async,
+  .memcpy_peer_async = emi_emu_memcpy_peer_async,
   .host_callback = emi_emu_host_callback,
   .event_create = emi_emu_event_create,
   .event_destroy = emi_emu_event_destroy,

@@ -46,7 +46,8 @@ struct emu_item {
   item_kind kind;
   unsigned long long seq;
   union {
-    struct { void *dst; const void *src; size_t n; emk_copy_kind kind; } copy;
+    /* dst_dev, src_dev: the devices a peer copy names (-1: not checked) */
+    struct { void *dst; const void *src; size_t n; emk_copy_kind kind; int dst_dev, src_dev; } copy;
     struct { void *dst; int byte; size_t n; } set;
     struct { const emk_kernel *k; emk_dim3 grid, block; size_t shared, args_size; } kern;
     struct { void (*fn)(void *ud); void *ud; } cb;
@@ -163,6 +164,15 @@ static void run_copy(emu *E, emk_stream *s, emu_item *it) {
     side = "host source";
   else if (kind == EMK_DEVICE_TO_HOST && emi_emu_is_device(E, dst, n, why, sizeof why))
     side = "host destination";
+  else if (bs && it->u.copy.src_dev >= 0 && bs->dev != it->u.copy.src_dev) {
+    side = "source";
+    snprintf(why, sizeof why, "is memory of cuda:%d, not of cuda:%d", bs->dev,
+             it->u.copy.src_dev);
+  } else if (bd && it->u.copy.dst_dev >= 0 && bd->dev != it->u.copy.dst_dev) {
+    side = "destination";
+    snprintf(why, sizeof why, "is memory of cuda:%d, not of cuda:%d", bd->dev,
+             it->u.copy.dst_dev);
+  }
   if (side)
     stream_error(s, it->seq, EM_ERR_ARG, "memcpy_async (%s) of %zu bytes: the %s %s",
                  copy_name(kind), n, side, why);
@@ -448,6 +458,32 @@ em_status emi_emu_memcpy_async(emk_runtime *rt, void *dst, const void *src, size
   it->u.copy.src = src;
   it->u.copy.n = n;
   it->u.copy.kind = kind;
+  it->u.copy.dst_dev = it->u.copy.src_dev = -1;
+  return enqueue(E, s, it, NULL);
+}
+
+/* A device-to-device copy whose two sides name their devices, checked when it
+** runs (each range must lie in a live block of its device). */
+em_status emi_emu_memcpy_peer_async(emk_runtime *rt, void *dst, int dst_dev,
+                                    const void *src, int src_dev, size_t n, emk_stream *s) {
+  emu *E = emu_of(rt);
+  em_status st = check_stream(E, s, "memcpy_peer_async");
+  if (st) return st;
+  if (dst_dev < 0 || dst_dev >= E->ndev || src_dev < 0 || src_dev >= E->ndev)
+    return emi_emu_fail(E, EM_ERR_ARG, "memcpy_peer_async: no device cuda:%d",
+                        dst_dev < 0 || dst_dev >= E->ndev ? dst_dev : src_dev);
+  if (n && (!dst || !src))
+    return emi_emu_fail(E, EM_ERR_ARG, "memcpy_peer_async of %zu bytes: NULL %s", n,
+                        dst ? "source" : "destination");
+  if (!n) return pending(E, s);
+  emu_item *it = new_item(E, IT_COPY, 0, "memcpy_peer_async");
+  if (!it) return EM_ERR_NOMEM;
+  it->u.copy.dst = dst;
+  it->u.copy.src = src;
+  it->u.copy.n = n;
+  it->u.copy.kind = EMK_DEVICE_TO_DEVICE;
+  it->u.copy.dst_dev = dst_dev;
+  it->u.copy.src_dev = src_dev;
   return enqueue(E, s, it, NULL);
 }
 

@@ -13,6 +13,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
+local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local out = core.out
 local parse_shape, parse_opts = core.parse_shape, core.parse_opts
@@ -21,14 +22,18 @@ local M = {}
 
 -- -- Helpers ---------------------------------------------------------------------
 local function empty(op, n, shape, dt, dev)
-  if C.em_empty(S, shape, n, dt, dev, out) ~= 0 then fail() end
+  if C.em_empty(S, shape, n, dt, dev, out) ~= 0 then
+    again(C.em_empty, S, shape, n, dt, dev, out)
+  end
   return wrap(out[0])
 end
 
 local function filled(op, value, ...)
   local n, opts, shape = parse_shape(op, false, ...)
   local dt, dev = parse_opts(op, opts, 0)
-  if C.em_full(S, shape, n, value, dt, dev, out) ~= 0 then fail() end
+  if C.em_full(S, shape, n, value, dt, dev, out) ~= 0 then
+    again(C.em_full, S, shape, n, value, dt, dev, out)
+  end
   return wrap(out[0])
 end
 
@@ -55,7 +60,9 @@ function M.full(shape, value, opts)
   local v = core.number_of(value)
   if v == nil then raise('full: expected a number or boolean fill value, got ' .. kind(value)) end
   local dt, dev = parse_opts('full', opts, infer_scalar_dtype(value))
-  if C.em_full(S, shp, n, v, dt, dev, out) ~= 0 then fail() end
+  if C.em_full(S, shp, n, v, dt, dev, out) ~= 0 then
+    again(C.em_full, S, shp, n, v, dt, dev, out)
+  end
   return wrap(out[0])
 end
 
@@ -117,7 +124,9 @@ local function tensor_from_table(data, opts)
   local dt, dev = parse_opts('tensor', opts, def)
   local shp = core.shape_buf2
   for i = 1, ndim do shp[i - 1] = shape[i] end
-  if C.em_from_data(S, shp, ndim, dt, buf, 1, out) ~= 0 then fail() end
+  if C.em_from_data(S, shp, ndim, dt, buf, 1, out) ~= 0 then
+    again(C.em_from_data, S, shp, ndim, dt, buf, 1, out)
+  end
   local t = wrap(out[0])
   if dev >= 0 then return t:to(core.device_name(dev)) end
   return t
@@ -127,7 +136,7 @@ function M.tensor(data, opts)
   if istype(box_t, data) then
     local dt, dev = parse_opts('tensor', opts, core.dtype_of(data._h),
       C.em_tensor_device(data._h))
-    if C.em_to(S, data._h, dt, dev, out) ~= 0 then fail() end
+    if C.em_to(S, data._h, dt, dev, out) ~= 0 then again(C.em_to, S, data._h, dt, dev, out) end
     local h = out[0]
     if h == data._h then  -- same dtype and device: em.tensor copies
       local st = C.em_clone(S, h, out)
@@ -140,7 +149,9 @@ function M.tensor(data, opts)
   local v = core.number_of(data)
   if v ~= nil then
     local dt, dev = parse_opts('tensor', opts, infer_scalar_dtype(data))
-    if C.em_full(S, nil, 0, v, dt, dev, out) ~= 0 then fail() end
+    if C.em_full(S, nil, 0, v, dt, dev, out) ~= 0 then
+      again(C.em_full, S, nil, 0, v, dt, dev, out)
+    end
     return wrap(out[0])
   end
   if type(data) ~= 'table' then
@@ -171,7 +182,9 @@ function M.arange(a, b, c, d)
   else raise('arange: expected (stop), (start, stop) or (start, stop, step)') end
   local integral = start % 1 == 0 and stop % 1 == 0 and step % 1 == 0
   local dt, dev = parse_opts('arange', opts, integral and 5 or 0)
-  if C.em_arange(S, start, stop, step, dt, dev, out) ~= 0 then fail() end
+  if C.em_arange(S, start, stop, step, dt, dev, out) ~= 0 then
+    again(C.em_arange, S, start, stop, step, dt, dev, out)
+  end
   return wrap(out[0])
 end
 
@@ -179,7 +192,9 @@ function M.eye(n, m, opts)
   if type(m) ~= 'number' then m, opts = nil, m end
   if type(n) ~= 'number' then raise('eye: expected a size, got ' .. kind(n)) end
   local dt, dev = parse_opts('eye', opts, 0)
-  if C.em_eye(S, n, m or n, dt, dev, out) ~= 0 then fail() end
+  if C.em_eye(S, n, m or n, dt, dev, out) ~= 0 then
+    again(C.em_eye, S, n, m or n, dt, dev, out)
+  end
   return wrap(out[0])
 end
 
@@ -245,13 +260,17 @@ end
 
 function M.zeros_like(t, opts)
   local n, shape, dt, dev = like('zeros_like', t, opts)
-  if C.em_full(S, shape, n, 0, dt, dev, out) ~= 0 then fail() end
+  if C.em_full(S, shape, n, 0, dt, dev, out) ~= 0 then
+    again(C.em_full, S, shape, n, 0, dt, dev, out)
+  end
   return wrap(out[0])
 end
 
 function M.ones_like(t, opts)
   local n, shape, dt, dev = like('ones_like', t, opts)
-  if C.em_full(S, shape, n, 1, dt, dev, out) ~= 0 then fail() end
+  if C.em_full(S, shape, n, 1, dt, dev, out) ~= 0 then
+    again(C.em_full, S, shape, n, 1, dt, dev, out)
+  end
   return wrap(out[0])
 end
 
@@ -259,7 +278,9 @@ function M.full_like(t, value, opts)
   local n, shape, dt, dev = like('full_like', t, opts)
   local v = core.number_of(value)
   if v == nil then raise('full_like: expected a number fill value, got ' .. kind(value)) end
-  if C.em_full(S, shape, n, v, dt, dev, out) ~= 0 then fail() end
+  if C.em_full(S, shape, n, v, dt, dev, out) ~= 0 then
+    again(C.em_full, S, shape, n, v, dt, dev, out)
+  end
   return wrap(out[0])
 end
 

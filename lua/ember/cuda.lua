@@ -1,13 +1,15 @@
 --[[
 ember.cuda -- the CUDA devices (API.md, "em.cuda"): is_available, device_count,
-synchronize, memory_stats, empty_cache, emulated.
+synchronize, memory_stats, empty_cache, emulated, allow_tf32, why_not.
 
-Today the devices come from the emulated runtime only: EMBER_CUDA_EMULATE=N[:MB]
-gives N devices whose memory, streams and kernels are the CUDA backend's own code
-running on the CPU (kernels/). Tensors move with t:cuda([i]), t:to('cuda:1') and
-t:cpu(); reading a value (item, totable, printing, cpu) waits for the work that
-computes it. Most ops have no CUDA kernel yet and say so, naming the op and the
-device (issue 10).
+The devices are the GPUs (the CUDA runtime and cuBLASLt, loaded when first
+used) or, with EMBER_CUDA_EMULATE=N[:MB], N emulated devices whose memory,
+streams and kernels are the CUDA backend's own code running on the CPU
+(kernels/). Tensors move with t:cuda([i]), t:to('cuda:1') and t:cpu(); ops are
+queued on the device's stream, and reading a value (item, totable, printing,
+cpu) waits for the work that computes it. The nn ops on cuDNN, the fused
+optimizers and CUDA graphs are issue 11: until then they say so, naming the op
+and the device.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -52,6 +54,20 @@ end
 function M.empty_cache(i)
   require('ember.handles').collect()
   if C.em_cuda_empty_cache(S, device_arg('cuda.empty_cache', i)) ~= 0 then core.fail() end
+end
+
+-- allow_tf32([on]): whether float32 matmuls may use TF32 tensor cores (off by
+-- default, as PyTorch's torch.backends.cuda.matmul.allow_tf32). With an
+-- argument, sets it; returns the setting in force before the call.
+function M.allow_tf32(on)
+  local was = C.em_cuda_allow_tf32(S) ~= 0
+  if on ~= nil then
+    if type(on) ~= 'boolean' then
+      core.raise(('cuda.allow_tf32: expected true or false, got %s'):format(tostring(on)))
+    end
+    C.em_cuda_set_allow_tf32(S, on and 1 or 0)
+  end
+  return was
 end
 
 function M.graph()

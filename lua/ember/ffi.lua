@@ -135,10 +135,34 @@ core.raise = raise
 local function errmsg() return ffi.string(C.em_errmsg(S)) end
 core.errmsg = errmsg
 
--- Raise the state's last error message.
+-- Raise the state's last error message. When a device ran out of memory, Lua's
+-- garbage is collected first, so the memory of the tensors it no longer
+-- reaches is free when the caller goes on (handles.lua sets core.collect).
+local pressure
 local function fail()
+  local msg = errmsg()
+  pressure = pressure or C.em_memory_pressure_flag(S)
+  if pressure[0] ~= 0 and core.collect then core.collect() end
+  error(msg, blame_level())
+end
+
+-- The second try of a call that failed, then its error: when it failed
+-- because a device ran out of memory (the allocator raised the pressure flag),
+-- Lua's garbage is collected -- the allocator can't do that from inside the op
+-- -- and fn(...) is called once more; otherwise, or when that fails too, the
+-- error is raised. Ops that make device memory use it as
+--   if C.em_op(S, ..., out) ~= 0 then again(C.em_op, S, ..., out) end
+-- which costs nothing when the first call succeeds. (A failed op leaves the
+-- state as it was, so calling it again is safe.)
+local function again(fn, ...)
+  pressure = pressure or C.em_memory_pressure_flag(S)
+  if pressure[0] ~= 0 and core.collect then
+    core.collect()
+    if fn(...) == 0 then return end
+  end
   error(errmsg(), blame_level())
 end
+core.again = again
 core.fail = fail
 
 local function check(st)

@@ -30,7 +30,10 @@ finalizer. Instead:
     with tensor creation (this also restarts a collector the user stopped),
     and a full collection runs when the C memory held by tensors has grown
     past max(64 MB, a quarter of what it was after the last sweep) -- big
-    tensors are invisible to the Lua heap otherwise.
+    tensors are invisible to the Lua heap otherwise -- or when the CUDA
+    allocator raised the state's memory pressure flag (a device past 80 % of
+    its memory, or out of it: em_memory_pressure_flag). The allocator can't
+    collect by itself: Lua can't be entered from inside an op.
 
 Measured on the development VM (2 cores, busy), `c = a + b` on 16-float
 tensors including the eventual release: with ffi.gc on the handle ~600 ns,
@@ -156,7 +159,10 @@ end
 M.sweep = sweep
 
 -- Collect everything unreachable now and release its C memory.
+local pressure = C.em_memory_pressure_flag(S)   -- set by the CUDA allocator
+
 local function collect()
+  pressure[0] = 0
   collectgarbage()
   collectgarbage()
   sweep()
@@ -165,6 +171,7 @@ local function collect()
   set_limit()
 end
 M.collect = collect
+core.collect = collect     -- for core.fail, after a device ran out of memory
 
 local function pace()
   debt = 0
@@ -192,7 +199,7 @@ local function wrap(h)
   end
   debt = debt + 1
   if debt >= DEBT_STEP then pace() end
-  if mem_allocated(S) > mem_limit then collect() end
+  if mem_allocated(S) > mem_limit or pressure[0] ~= 0 then collect() end
   return b
 end
 M.wrap = wrap

@@ -8,6 +8,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
+local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out = core.Tensor, core.H, core.out
 local binop, binop_, unop, number_of = core.binop, core.binop_, core.unop, core.number_of
@@ -72,7 +73,9 @@ local function add_scaled(name, a, b, alpha)
     raise(('%s: alpha must be a number, got %s'):format(name, kind(alpha)))
   end
   if istype(box_t, b) and istype(box_t, a) then
-    if C.em_add_scaled(S, a._h, b._h, alpha, out) ~= 0 then fail() end
+    if C.em_add_scaled(S, a._h, b._h, alpha, out) ~= 0 then
+      again(C.em_add_scaled, S, a._h, b._h, alpha, out)
+    end
     return wrap(out[0])
   end
   local s = number_of(b)
@@ -131,7 +134,7 @@ function Tensor.clamp(a, lo, hi)
   if type(lo) ~= 'number' or type(hi) ~= 'number' then
     raise(('clamp: bounds must be numbers or nil, got %s and %s'):format(kind(lo), kind(hi)))
   end
-  if C.em_clamp(S, h, lo, hi, out) ~= 0 then fail() end
+  if C.em_clamp(S, h, lo, hi, out) ~= 0 then again(C.em_clamp, S, h, lo, hi, out) end
   return wrap(out[0])
 end
 function Tensor.clamp_(a, lo, hi)
@@ -166,7 +169,9 @@ local function scalar_like(v, other, name)
   else
     dt = type(v) == 'boolean' and 7 or (integral and 5 or 0)
   end
-  if C.em_full(S, nil, 0, s, dt, -1, out) ~= 0 then fail() end
+  if C.em_full(S, nil, 0, s, dt, -1, out) ~= 0 then
+    again(C.em_full, S, nil, 0, s, dt, -1, out)
+  end
   return wrap(out[0])
 end
 
@@ -176,7 +181,9 @@ function M.where(cond, a, b)
   if not ta then a = scalar_like(a, tb and b or nil, 'where') end
   if not tb then b = scalar_like(b, a, 'where') end
   -- Handles are taken only now: making the scalars above may sweep.
-  if C.em_where(S, cond._h, a._h, b._h, out) ~= 0 then fail() end
+  if C.em_where(S, cond._h, a._h, b._h, out) ~= 0 then
+    again(C.em_where, S, cond._h, a._h, b._h, out)
+  end
   return wrap(out[0])
 end
 -- x:where(cond, y) is where(cond, x, y), as in torch.

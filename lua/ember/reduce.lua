@@ -11,6 +11,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
+local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out, out2 = core.Tensor, core.H, core.out, core.out2
 
@@ -53,7 +54,9 @@ local function reducer(name, op)
     local h = H(a, name, 0)
     if type(dim) == 'boolean' and keepdim == nil then dim, keepdim = nil, dim end
     local n = parse_dims(name, h, dim)
-    if C.em_reduce(S, op, h, dims_buf, n, check_keepdim(name, keepdim), out) ~= 0 then fail() end
+    if C.em_reduce(S, op, h, dims_buf, n, check_keepdim(name, keepdim), out) ~= 0 then
+      again(C.em_reduce, S, op, h, dims_buf, n, check_keepdim(name, keepdim), out)
+    end
     return wrap(out[0])
   end
 end
@@ -120,7 +123,9 @@ function Tensor.norm(a, p, dim, keepdim)
     raise(("norm: p must be a number, 'fro' or nil, got %s"):format(kind(p)))
   end
   local n = parse_dims('norm', h, dim)
-  if C.em_norm(S, h, p, dims_buf, n, check_keepdim('norm', keepdim), out) ~= 0 then fail() end
+  if C.em_norm(S, h, p, dims_buf, n, check_keepdim('norm', keepdim), out) ~= 0 then
+    again(C.em_norm, S, h, p, dims_buf, n, check_keepdim('norm', keepdim), out)
+  end
   return wrap(out[0])
 end
 
@@ -130,7 +135,9 @@ local function extreme(name, redop, binop, fn)
   return function(a, dim, keepdim)
     local h = H(a, name, 0)
     if dim == nil then
-      if C.em_reduce(S, redop, h, dims_buf, 0, 0, out) ~= 0 then fail() end
+      if C.em_reduce(S, redop, h, dims_buf, 0, 0, out) ~= 0 then
+        again(C.em_reduce, S, redop, h, dims_buf, 0, 0, out)
+      end
       return wrap(out[0])
     end
     if type(dim) ~= 'number' then
@@ -164,7 +171,9 @@ local function softmax(name, log)
   return function(a, dim)
     local h = H(a, name, 0)
     if dim == nil then raise(name .. ': dim is required (e.g. -1 for the last dim)') end
-    if C.em_softmax(S, h, core.cdim(name, h, dim), log, out) ~= 0 then fail() end
+    if C.em_softmax(S, h, core.cdim(name, h, dim), log, out) ~= 0 then
+      again(C.em_softmax, S, h, core.cdim(name, h, dim), log, out)
+    end
     return wrap(out[0])
   end
 end

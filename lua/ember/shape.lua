@@ -11,6 +11,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
+local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out = core.Tensor, core.H, core.out
 local cdim, cindex = core.cdim, core.cindex
@@ -144,7 +145,9 @@ end
 
 -- -- Copies -----------------------------------------------------------------------------
 function Tensor.clone(a)
-  if C.em_clone(S, H(a, 'clone', 0), out) ~= 0 then fail() end
+  if C.em_clone(S, H(a, 'clone', 0), out) ~= 0 then
+    again(C.em_clone, S, H(a, 'clone', 0), out)
+  end
   return wrap(out[0])
 end
 
@@ -158,7 +161,9 @@ local function same_or_wrap(a, h)
 end
 
 function Tensor.contiguous(a)
-  if C.em_contiguous(S, H(a, 'contiguous', 0), out) ~= 0 then fail() end
+  if C.em_contiguous(S, H(a, 'contiguous', 0), out) ~= 0 then
+    again(C.em_contiguous, S, H(a, 'contiguous', 0), out)
+  end
   return same_or_wrap(a, out[0])
 end
 
@@ -170,7 +175,7 @@ end
 
 -- -- Conversions --------------------------------------------------------------------------
 local function convert(a, name, dt, dev)
-  if C.em_to(S, a._h, dt, dev, out) ~= 0 then fail() end
+  if C.em_to(S, a._h, dt, dev, out) ~= 0 then again(C.em_to, S, a._h, dt, dev, out) end
   return same_or_wrap(a, out[0])
 end
 
@@ -228,6 +233,18 @@ function Tensor.cuda(a, i)
     raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
   end
   return same_or_wrap(a, out[0])
+end
+
+-- pin_memory(): a copy in pinned host memory, whose :cuda() is asynchronous
+-- (it runs on the device's copy stream; don't write the pinned tensor until
+-- the device tensor was read or em.cuda.synchronize() ran). is_pinned().
+function Tensor.pin_memory(a)
+  if C.em_tensor_pin_memory(S, H(a, 'pin_memory', 0), out) ~= 0 then fail() end
+  return same_or_wrap(a, out[0])
+end
+
+function Tensor.is_pinned(a)
+  return C.em_tensor_is_pinned(H(a, 'is_pinned', 0)) ~= 0
 end
 
 return Tensor

@@ -13,6 +13,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.handles'
 local C, S, wrap, fail, raise = core.C, core.S, core.wrap, core.fail, core.raise
+local again = core.again
 local box_t, kind = core.box_t, core.kind
 local istype, tonumber, type = ffi.istype, tonumber, type
 
@@ -138,14 +139,18 @@ core.number_of = number_of
 local function binop(op, name, a, b)
   if istype(box_t, a) then
     if istype(box_t, b) then
-      if C.em_binary(S, op, a._h, b._h, out) ~= 0 then fail() end
+      if C.em_binary(S, op, a._h, b._h, out) ~= 0 then
+        again(C.em_binary, S, op, a._h, b._h, out)
+      end
       return wrap(out[0])
     end
     local s = number_of(b)
     if s == nil then
       raise(('%s: expected a tensor or a number, got %s'):format(name, kind(b)))
     end
-    if C.em_binary_scalar(S, op, a._h, s, 0, out) ~= 0 then fail() end
+    if C.em_binary_scalar(S, op, a._h, s, 0, out) ~= 0 then
+      again(C.em_binary_scalar, S, op, a._h, s, 0, out)
+    end
     return wrap(out[0])
   end
   local s = number_of(a)
@@ -153,7 +158,9 @@ local function binop(op, name, a, b)
     raise(('%s: expected a tensor and a tensor or number, got %s and %s'):format(name,
       kind(a), kind(b)))
   end
-  if C.em_binary_scalar(S, op, b._h, s, 1, out) ~= 0 then fail() end
+  if C.em_binary_scalar(S, op, b._h, s, 1, out) ~= 0 then
+    again(C.em_binary_scalar, S, op, b._h, s, 1, out)
+  end
   return wrap(out[0])
 end
 core.binop = binop
@@ -175,7 +182,7 @@ core.binop_ = binop_
 
 local function unop(op, name, a)
   if not istype(box_t, a) then H(a, name, 1) end
-  if C.em_unary(S, op, a._h, out) ~= 0 then fail() end
+  if C.em_unary(S, op, a._h, out) ~= 0 then again(C.em_unary, S, op, a._h, out) end
   return wrap(out[0])
 end
 core.unop = unop
@@ -275,7 +282,7 @@ end
 function core.readable(h)
   local dt = core.dtype_of(h)
   local want = core.is_float[dt] and 1 or (dt == 7 and 7 or 5)
-  if C.em_to(S, h, want, -1, out) ~= 0 then fail() end
+  if C.em_to(S, h, want, -1, out) ~= 0 then again(C.em_to, S, h, want, -1, out) end
   local a = out[0]
   local st = C.em_contiguous(S, a, out)
   C.em_tensor_release(a)

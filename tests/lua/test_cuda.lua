@@ -9,11 +9,14 @@ local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local ember = arg[-1] or 'ember'
 if os.getenv('EMBER_CUDA_EMULATE') ~= '2:64' then   -- the devices this test expects
-  local p = io.popen(('EMBER_CUDA_EMULATE=2:64 %s %s 2>&1'):format(ember, arg[0]))
+  -- (LuaJIT's p:close() does not return the exit status: the shell echoes it)
+  local p = io.popen(('EMBER_CUDA_EMULATE=2:64 %s %s 2>&1; echo "#exit $?"'):format(ember,
+                                                                                  arg[0]))
   local out = p:read('*a')
-  local ok = p:close()
-  io.stdout:write(out)
-  os.exit(ok and 0 or 1)
+  p:close()
+  local code = tonumber(out:match('#exit (%d+)%s*$'))
+  io.stdout:write((out:gsub('#exit %d+%s*$', '')))
+  os.exit(code == 0 and 0 or 1)
 end
 local H = dofile(dir .. 'harness.lua')
 local em = require 'ember'
@@ -70,15 +73,74 @@ H.test('memory statistics and empty_cache', function()
   H.eq(em.cuda.memory_stats(0).reserved, 0)
 end)
 
-H.test('what is not built yet says so', function()
+H.test('errors: what is not built yet, mixed devices, out of memory', function()
   local d = em.ones(3):cuda()
   local d4 = em.ones({ 1, 1, 2, 2 }):cuda()
   H.raises(function() return em.nn.functional.conv2d(d4, d4) end, "'conv2d'", 'cuda:0')
-  H.raises(function() return d:to('cuda:1', 'float64') end, 'cuda:0', 'cuda:1', 'not built yet')
   H.raises(function() return d + em.ones(3) end, 'cuda:0', 'cpu')
+  H.raises(function() return d + d:cuda(1) end, 'cuda:0', 'cuda:1')
   H.raises(function() return em.zeros({ 200, 2 ^ 20 }, { device = 'cuda' }) end,
            'out of memory')
   H.eq(em.ones(2):cuda():cpu():totable(), { 1, 1 })     -- usable after the failure
+end)
+
+H.test('between devices: t:to(cuda:1), with a dtype, strided, and gradients', function()
+  local h = em.randn(6, 9)
+  local d0 = h:cuda()
+  H.eq(d0:to('cuda:1'):cpu():totable(), h:totable(), 'cuda:0 -> cuda:1')
+  H.eq(d0:t():to('cuda:1', 'float64'):cpu():totable(), h:t():double():totable(),
+       'transposed, to float64')
+  local x = h:cuda(1):requires_grad_()
+  ;((x:to('cuda:0') * 3):sum()):backward()
+  H.eq(x.grad.device, 'cuda:1')
+  H.eq(x.grad:cpu():totable(), em.full({ 6, 9 }, 3):totable(), 'the gradient came back')
+end)
+
+H.test('pinned memory: pin_memory, is_pinned, asynchronous :cuda()', function()
+  local h = em.randn(40, 50)
+  local p = h:pin_memory()
+  H.eq(p:is_pinned(), true)
+  H.eq(h:is_pinned(), false)
+  H.eq(p.device, 'cpu')
+  H.eq(p:totable(), h:totable())
+  H.check(rawequal(p:pin_memory(), p), 'pinning a pinned tensor gives it back')
+  local d = p:cuda()
+  H.eq((d * 2):cpu():totable(), (h * 2):totable(), 'computed after the copy stream')
+  H.eq(p:cuda(1):cpu():totable(), h:totable(), 'to cuda:1')
+  H.raises(function() return d:pin_memory() end, 'pin_memory', 'cuda:0')
+end)
+
+H.test('device memory short: Lua collects its garbage and the op is retried', function()
+  em.cuda.empty_cache()
+  -- past 80 % the allocator raises the pressure flag, and the next tensor made
+  -- runs a full collection: 160 MB of garbage never fill the 64 MB device
+  for _ = 1, 40 do local _ = em.zeros({ 1024, 1024 }, { device = 'cuda:1' }) end
+  H.check(em.cuda.memory_stats(1).allocated < 60 * 2 ^ 20, '160 MB made on a 64 MB device')
+  -- garbage that only a collection finds (the collector is stopped, so none runs
+  -- by itself), then an op that needs its memory: it fails, Lua collects, the op
+  -- is called again and succeeds
+  collectgarbage('stop')
+  local big = em.zeros({ 40, 2 ^ 20 }, { device = 'cuda:1', dtype = 'uint8' })
+  big = nil
+  local retries = em.cuda.memory_stats(1).oom_retries
+  local again = em.full({ 40, 2 ^ 20 }, 7, { device = 'cuda:1', dtype = 'uint8' })
+  H.eq(again[40][2 ^ 20]:item(), 7, 'made after the retry')
+  H.check(em.cuda.memory_stats(1).oom_retries > retries, 'the allocator ran short first')
+  again = nil
+  -- what can't fit at all is an error naming the device and the sizes, with
+  -- Lua's garbage collected before it is raised
+  H.raises(function() return em.zeros({ 100, 2 ^ 20 }, { device = 'cuda:1', dtype = 'uint8' }) end,
+           'cuda:1', 'out of memory allocating 100.00 MiB', 'capacity')
+  collectgarbage('restart')
+  H.check(em.cuda.memory_stats(1).allocated < 2 ^ 20, 'the garbage was freed')
+  H.eq(em.zeros(2, { device = 'cuda:1' }):cpu():totable(), { 0, 0 }, 'usable')
+end)
+
+H.test('allow_tf32', function()
+  H.eq(em.cuda.allow_tf32(), false)
+  H.eq(em.cuda.allow_tf32(true), false)
+  H.eq(em.cuda.allow_tf32(false), true)
+  H.raises(function() em.cuda.allow_tf32('yes') end, 'allow_tf32')
 end)
 
 H.test('element-wise ops on the device match the cpu', function()
