@@ -183,6 +183,6 @@ em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim) {
 /* What this build has. */
 const char *em_build_info(void) {
   return "backend cpu: OpenBLAS (pthreads), float16/bfloat16 computed in float32\n"
-         "backend cuda: in progress: memory, copies and fill on the emulated runtime "
-         "(EMBER_CUDA_EMULATE=N[:MB])\n";
+         "backend cuda: the core tensor ops (kernels from nvcc, GEMM by cuBLASLt) on GPUs, "
+         "or on emulated devices (EMBER_CUDA_EMULATE=N[:MB]); nn ops on cuDNN: not yet\n";
 }

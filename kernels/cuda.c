@@ -193,6 +193,26 @@ em_status em_cuda_memory_stats(em_state *S, int device, em_cuda_memory *out) {
   return EM_OK;
 }
 
+em_status em_cuda_device_props(em_state *S, int device, em_cuda_props *out) {
+  int lo = 0, hi = 0;
+  em_status st = device_arg(S, "cuda.get_device_properties", device, &lo, &hi);
+  if (st) return st;
+  if (device < 0)
+    return emi_error(S, EM_ERR_ARG, "cuda.get_device_properties: name one device");
+  emk_runtime *rt = S->cuda->rt;
+  emk_device_props p;
+  if ((st = rt->ops->device_props(rt, device, &p)))
+    return emi_error(S, st, "cuda.get_device_properties: cuda:%d: %s", device, rt->errmsg);
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", p.name);
+  out->major = p.major;
+  out->minor = p.minor;
+  out->multiprocessors = p.multiprocessors;
+  out->total_memory = (int64_t)p.total_memory;
+  out->emulated = p.emulated;
+  return EM_OK;
+}
+
 em_status em_cuda_empty_cache(em_state *S, int device) {
   int lo = 0, hi = 0;
   em_status st = device_arg(S, "cuda.empty_cache", device, &lo, &hi);

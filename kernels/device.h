@@ -37,6 +37,7 @@
 **   EMK_SHARED_2D(type, name, rows, cols) __shared__ type name[rows][cols]
 **   EMK_DYN_SHARED(type, name)            extern __shared__ type name[]
 **   EMK_DEVICE                            __device__ __forceinline__ helpers
+**   emk_float4                            float4 (16-byte loads and stores)
 ** Differences a kernel must not rely on: on the host a shared array is a
 ** pointer (sizeof differs), and its storage is given out when the declaration
 ** first runs in a launch. No inline PTX; the warp size is 32.
@@ -77,12 +78,16 @@
 #define EMK_HOST_DEVICE __host__ __device__ __forceinline__
 #define EMK_RESTRICT __restrict__
 
-/* The descriptor takes the host stub's address, which cudaLaunchKernel wants. */
+/* The __global__ function has C linkage, so its name in the fatbin is exactly
+** "k_xxx_emk_dev": the real runtime (kernels/real/runtime_real.c), built by gcc,
+** knows a kernel only by its descriptor's name and looks that symbol up in the
+** embedded fatbins (a static one would get a mangled, module-private name).
+** Kernel names are therefore unique across kernels/k_*.c. */
 #define EMK_KERNEL_IMPL_(name, args_type, sync)                                    \
-  static __global__ void name##_emk_dev(const args_type a);                       \
+  extern "C" __global__ void name##_emk_dev(const args_type a);                   \
   static const emk_kernel name __attribute__((unused)) = {                        \
       #name, NULL, reinterpret_cast<const void *>(&name##_emk_dev), sync};        \
-  static __global__ void name##_emk_dev(const args_type a)
+  extern "C" __global__ void name##_emk_dev(const args_type a)
 
 #define EMK_SYNCTHREADS() __syncthreads()
 #define EMK_SYNCWARP(mask) __syncwarp(mask)
@@ -334,4 +339,12 @@ static inline int64_t emk_atomic_cas_i64(int64_t *p, int64_t cmp, int64_t v) {
   return cmp;
 }
 #endif /* __CUDACC__ */
+
+/* Four floats loaded or stored as one 16-byte access (CUDA's float4; the
+** pointer must be 16-byte aligned): for vectorised paths. */
+#if defined(__CUDACC__)
+typedef float4 emk_float4;
+#else
+typedef struct __attribute__((aligned(16))) emk_float4 { float x, y, z, w; } emk_float4;
+#endif
 #endif /* EMBER_KERNELS_DEVICE_H */

@@ -9,6 +9,10 @@
 **  - Float results go to the runtime's gemm (cuBLASLt; OpenBLAS on the
 **    emulator) with the views' strides as they are: one strided batched call
 **    over the last batch dim, one call per index of the batch dims before it.
+**    cuBLASLt takes a matrix only with a unit stride in one of its two dims and
+**    the other stepping over it (kernels/real/gemm_lt.h): an operand that is not
+**    such a matrix (strided both ways, broadcast along a row) is first copied to
+**    a contiguous temporary, on either runtime, so both run the same calls.
 **  - Integer and bool results: a plain kernel, one thread per output element,
 **    accumulating in 64-bit integers that wrap like the CPU's (core/cpu/matmul.c);
 **    bool is "any product non-zero".
@@ -16,6 +20,7 @@
 #include "cuda.h"
 #include "device.h"
 #include "k_elementwise.h"
+#include "real/gemm_lt.h"
 
 enum { THREADS = 256, MAX_BLOCKS = 4096 };
 
@@ -96,6 +101,32 @@ static em_status operand(emi_device *d, const em_tensor *t, em_dtype dt, mm_oper
   return EM_OK;
 }
 
+/* A float operand whose matrix part cuBLASLt cannot take as it is: copied to a
+** contiguous temporary (its broadcast batch dims stay broadcast, once). */
+static em_status gemm_ready(emi_device *d, const em_tensor *t, em_dtype dt, mm_operand *o) {
+  int nd = t->ndim;
+  if (emk_lt_operand_ok(t->sizes[nd - 2], t->sizes[nd - 1], o->st[nd - 2], o->st[nd - 1]))
+    return EM_OK;
+  em_tensor v = o->tmp ? *o->tmp : *t;    /* the operand as it is now */
+  for (int i = 0; i < nd; i++) {
+    v.sizes[i] = i < nd - 2 && o->st[i] == 0 ? 1 : t->sizes[i];
+    v.strides[i] = o->st[i];
+  }
+  v.numel = emi_shape_numel(v.sizes, nd);
+  em_tensor *tmp;
+  em_status st = emi_tensor_new(d->S, "matmul", v.sizes, nd, dt, d->index, &tmp);
+  if (st) return st;
+  if ((st = emk_copy_same_dtype(d, tmp, &v))) {
+    em_tensor_release(tmp);
+    return st;
+  }
+  em_tensor_release(o->tmp);
+  o->tmp = tmp;
+  o->p = (const char *)em_tensor_data(tmp);
+  for (int i = 0; i < nd; i++) o->st[i] = i < nd - 2 && o->st[i] == 0 ? 0 : tmp->strides[i];
+  return EM_OK;
+}
+
 static em_status int_matmul(emi_device *d, em_tensor *out, const mm_operand *A,
                             const mm_operand *B, int64_t K) {
   emk_cuda_device *cd = emk_dev(d);
@@ -156,7 +187,7 @@ static em_status float_matmul(emi_device *d, em_tensor *out, const mm_operand *A
                                  A->p + ao * (int64_t)es, A->st[nb], A->st[nb + 1], abs_,
                                  B->p + bo * (int64_t)es, B->st[nb], B->st[nb + 1], bbs,
                                  c0 + co * (int64_t)es, out->strides[nb], out->strides[nb + 1],
-                                 cbs, 0);
+                                 cbs, d->S->allow_tf32);
     if (st) return emk_error(d, "matmul", st);
   }
   return EM_OK;
@@ -175,8 +206,12 @@ em_status emk_matmul(emi_device *d, em_tensor *out, const em_tensor *a, const em
     em_tensor_release(A.tmp);
     return st;
   }
-  if (em_dtype_is_floating(out->dtype)) st = float_matmul(d, out, &A, &B, K);
-  else st = int_matmul(d, out, &A, &B, K);
+  if (em_dtype_is_floating(out->dtype)) {
+    if (K > 0 && !(st = gemm_ready(d, a, out->dtype, &A))) st = gemm_ready(d, b, out->dtype, &B);
+    if (!st) st = float_matmul(d, out, &A, &B, K);
+  } else {
+    st = int_matmul(d, out, &A, &B, K);
+  }
   /* the temporaries' memory is reused only by later work on the stream */
   em_tensor_release(A.tmp);
   em_tensor_release(B.tmp);

@@ -16,7 +16,10 @@
 ** block combines the T partials with a shared-memory tree in a fixed order.
 ** Many short reductions (K >= 2048, R <= 32) and column reductions (the
 ** innermost kept dim contiguous in the input, no reduced dim contiguous) run
-** one thread per output instead, folding its elements in order (k_reduce_seq).
+** one thread per output instead, folding its elements in order (k_reduce_seq,
+** k_arg_seq, k_softmax_seq: a block of 32 threads with its barriers for a row of
+** 3 -- 10 classes, say -- leaves most threads idle and, on the grid emulator,
+** costs ~5 us a row).
 ** The choice depends on the shape only, and there are no atomics: the same
 ** shapes give bit-identical results run to run.
 **
@@ -355,6 +358,35 @@ EMK_KERNEL_SYNC(k_arg, arg_args) {
   }
 }
 
+/* One thread per output, its elements scanned in order: a strictly better
+** candidate replaces the best, so ties and NaNs keep the first, as above. */
+EMK_KERNEL(k_arg_seq, arg_args) {
+  const rgeom *g = &a.g;
+  int64_t step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < g->K; k += step) {
+    int64_t oo, vo, io = kept_off(g, g->kost, k, &oo);
+    kept_off(g, a.vkost, k, &vo);
+    double bf = 0;
+    int64_t bv = 0, bx = -1;
+    for (int64_t r = 0; r < g->R; r++) {
+      const char *p = g->in + (io + red_off(g, r, NULL)) * g->iesz;
+      if (a.i64) {
+        int64_t x = emk_load_i64(p, g->idt);
+        if (better_i(x, r, bv, bx, a.want_max)) { bv = x; bx = r; }
+      } else {
+        double x = emk_load_f64(p, g->idt);
+        if (better_f(x, r, bf, bx, a.want_max)) { bf = x; bx = r; }
+      }
+    }
+    *(int64_t *)(g->out + oo * 8) = bx + a.base;
+    if (a.vout) {
+      const char *src = g->in + (io + red_off(g, bx, NULL)) * g->iesz;
+      char *dst = a.vout + vo * g->iesz;
+      for (int b = 0; b < g->iesz; b++) dst[b] = src[b];
+    }
+  }
+}
+
 /* -- softmax --------------------------------------------------------------------------- */
 
 EMK_KERNEL_SYNC(k_softmax, smax_args) {
@@ -366,6 +398,24 @@ EMK_KERNEL_SYNC(k_softmax, smax_args) {
     double s = block_f(shd, share_f(g, io, K_SUMEXP, m, 0), K_SUM);
     double ls = log(s), inv = 1.0 / s;
     for (int64_t r = threadIdx.x; r < g->R; r += blockDim.x) {
+      int64_t ro, ri = red_off(g, r, &ro);
+      double x = emk_load_f64(g->in + (io + ri) * g->iesz, g->idt);
+      emk_store_f64(g->out + (oo + ro) * g->oesz, g->odt,
+                    a.log ? (x - m) - ls : exp(x - m) * inv);
+    }
+  }
+}
+
+/* One thread per row: max, sum of exp(x - max) and the row, in order. */
+EMK_KERNEL(k_softmax_seq, smax_args) {
+  const rgeom *g = &a.g;
+  int64_t step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < g->K; k += step) {
+    int64_t oo, io = kept_off(g, g->kost, k, &oo);
+    double m = seq_f(g, io, K_MAX, 0, 0);
+    double s = seq_f(g, io, K_SUMEXP, m, 0);
+    double ls = log(s), inv = 1.0 / s;
+    for (int64_t r = 0; r < g->R; r++) {
       int64_t ro, ri = red_off(g, r, &ro);
       double x = emk_load_f64(g->in + (io + ri) * g->iesz, g->idt);
       emk_store_f64(g->out + (oo + ro) * g->oesz, g->odt,
@@ -428,6 +478,21 @@ static int seq_shape(const rgeom *g) {
   return 1;
 }
 
+/* g's work on one of the two kernels: seq (one thread per output) when
+** seq_shape says so, else blocks (one block per output). */
+static em_status launch_either(emi_device *d, const char *op, const rgeom *g,
+                               const emk_kernel *blocks_k, const emk_kernel *seq_k,
+                               void *args, size_t size) {
+  if (!seq_shape(g)) return launch(d, op, blocks_k, g->K, g->R, args, size);
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  int64_t blocks = (g->K + RT - 1) / RT;
+  if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
+  emk_dim3 grid = {(unsigned)blocks, 1, 1}, block = {RT, 1, 1};
+  em_status st = rt->ops->launch(rt, seq_k, grid, block, 0, cd->compute, args, size);
+  return st ? emk_error(d, op, st) : EM_OK;
+}
+
 static em_status run_red(emi_device *d, const char *op, em_tensor *out, const em_tensor *a,
                          unsigned mask, int kind, int fin, double p, double arg) {
   red_args ra;
@@ -437,17 +502,7 @@ static em_status run_red(emi_device *d, const char *op, em_tensor *out, const em
   ra.fin = fin;
   ra.p = p;
   ra.arg = arg;
-  if (seq_shape(&ra.g)) {
-    emk_cuda_device *cd = emk_dev(d);
-    emk_runtime *rt = cd->cuda->rt;
-    int64_t blocks = (ra.g.K + RT - 1) / RT;
-    if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
-    emk_dim3 grid = {(unsigned)blocks, 1, 1}, block = {RT, 1, 1};
-    em_status st = rt->ops->launch(rt, &k_reduce_seq, grid, block, 0, cd->compute, &ra,
-                                   sizeof ra);
-    return st ? emk_error(d, op, st) : EM_OK;
-  }
-  return launch(d, op, &k_reduce, ra.g.K, ra.g.R, &ra, sizeof ra);
+  return launch_either(d, op, &ra.g, &k_reduce, &k_reduce_seq, &ra, sizeof ra);
 }
 
 em_status emk_reduce(emi_device *d, em_redop op, em_tensor *out, const em_tensor *a,
@@ -501,7 +556,8 @@ em_status emk_arg_reduce(emi_device *d, em_tensor *values, em_tensor *indices,
   aa.want_max = want_max;
   aa.i64 = !em_dtype_is_floating(a->dtype);
   aa.base = index_base;
-  return launch(d, want_max ? "argmax" : "argmin", &k_arg, aa.g.K, aa.g.R, &aa, sizeof aa);
+  return launch_either(d, want_max ? "argmax" : "argmin", &aa.g, &k_arg, &k_arg_seq, &aa,
+                       sizeof aa);
 }
 
 em_status emk_softmax(emi_device *d, em_tensor *out, const em_tensor *a, int dim, int log) {
@@ -510,6 +566,6 @@ em_status emk_softmax(emi_device *d, em_tensor *out, const em_tensor *a, int dim
   if (a->numel == 0) return EM_OK;
   make_geom(&sa.g, a, out, a->ndim ? 1u << dim : 0);
   sa.log = log;
-  return launch(d, log ? "log_softmax" : "softmax", &k_softmax, sa.g.K, sa.g.R, &sa,
-                sizeof sa);
+  return launch_either(d, log ? "log_softmax" : "softmax", &sa.g, &k_softmax, &k_softmax_seq,
+                       &sa, sizeof sa);
 }

@@ -88,6 +88,11 @@ typedef struct emk_runtime_ops {
                             emk_copy_kind kind, emk_stream *s);
   em_status (*memset_async)(emk_runtime *rt, void *dst, int byte, size_t n,
                             emk_stream *s);
+  /* Queues a copy of n bytes from device src_dev's memory to device dst_dev's
+  ** on s, a stream of either device (the caller orders it after the other
+  ** device's work with an event). dst_dev == src_dev is a plain D2D copy. */
+  em_status (*memcpy_peer_async)(emk_runtime *rt, void *dst, int dst_dev, const void *src,
+                                 int src_dev, size_t n, emk_stream *s);
   /* Runs fn(ud) on the stream's timeline, after the work queued before it (on the
   ** emulator, on the stream's thread; on CUDA, as a host function): used to free
   ** what the queued work still reads. fn must not call the runtime. */
@@ -121,9 +126,11 @@ typedef struct emk_runtime_ops {
   ** k = 0 writes zeros; m, n or batch = 0 does nothing. C must not overlap A or
   ** B. allow_tf32: float32 may use TF32 tensor cores (the emulator ignores it).
   ** Argument errors are returned at once; range errors on the device are the
-  ** stream's sticky error. The real runtime will run it through cuBLASLt (a
-  ** matmul descriptor per call; not built yet); the emulated one computes it
-  ** with OpenBLAS on the stream's thread (kernels/emu/gemm_emu.c). */
+  ** stream's sticky error. The real runtime runs it through cuBLASLt
+  ** (kernels/real/gemm_real.c: a matmul descriptor per call; an operand with no
+  ** unit stride is EM_ERR_UNSUPPORTED there, which k_matmul.c avoids by copying
+  ** it first); the emulated one computes it with OpenBLAS on the stream's
+  ** thread (kernels/emu/gemm_emu.c). */
   em_status (*gemm)(emk_runtime *rt, emk_stream *s, em_dtype dtype, int64_t m, int64_t n,
                     int64_t k, int64_t batch,
                     const void *a, int64_t a_rs, int64_t a_cs, int64_t a_bs,
@@ -140,6 +147,12 @@ struct emk_runtime {
 /* Sets rt->errmsg and returns code (so: return emk_fail(rt, ...)). */
 em_status emk_fail(emk_runtime *rt, em_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* -- The real runtime (kernels/real/) -------------------------------------------------
+** The CUDA runtime and cuBLASLt of the toolkit, loaded with dlopen (real/libs.h).
+** Fails with EM_ERR_DEVICE and why (no driver, no device, a library missing)
+** on machines without a usable GPU. */
+em_status emk_real_open(emk_runtime **out, char *err, size_t errlen);
 
 /* -- The emulated runtime (kernels/emu/) ------------------------------------------ */
 typedef struct emk_emu_config {

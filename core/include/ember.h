@@ -935,6 +935,14 @@ int em_cuda_emulated(em_state *S);
 /* Waits for every piece of work queued on the device (-1: on every device). */
 em_status em_cuda_synchronize(em_state *S, int device);
 em_status em_cuda_memory_stats(em_state *S, int device, em_cuda_memory *out);
+typedef struct em_cuda_props {
+  char name[128];              /* "NVIDIA H100 80GB HBM3", or "ember emulated device" */
+  int major, minor;            /* compute capability */
+  int multiprocessors;
+  int64_t total_memory;        /* bytes */
+  int emulated;
+} em_cuda_props;
+em_status em_cuda_device_props(em_state *S, int device, em_cuda_props *out);
 /* Gives the device's unused cached memory back (-1: every device). */
 em_status em_cuda_empty_cache(em_state *S, int device);
 /* Device memory running short. The CUDA allocator sets this flag (to 1) when a

@@ -40,9 +40,22 @@
 #define EMK_FN_FIELD(f, required) __typeof__(f) *f;
 
 #ifdef EMK_HAVE_CUDART_H
+/* The second half is the real runtime's (runtime_real.c): devices, memory,
+** streams, events, copies, and kernels loaded from the embedded fatbins as
+** cudaLibrary_t / cudaKernel_t (CUDA 12+). */
 #define EMK_CUDART_FNS(X) \
   X(cudaRuntimeGetVersion, 1) X(cudaDriverGetVersion, 1) X(cudaGetDeviceCount, 1) \
-  X(cudaGetErrorName, 1) X(cudaGetErrorString, 1)
+  X(cudaGetErrorName, 1) X(cudaGetErrorString, 1) \
+  X(cudaSetDevice, 1) X(cudaGetLastError, 1) X(cudaGetDeviceProperties, 1) \
+  X(cudaMemGetInfo, 1) X(cudaMalloc, 1) X(cudaFree, 1) X(cudaHostAlloc, 1) \
+  X(cudaFreeHost, 1) X(cudaStreamCreateWithFlags, 1) X(cudaStreamDestroy, 1) \
+  X(cudaStreamSynchronize, 1) X(cudaMemcpyAsync, 1) X(cudaMemcpyPeerAsync, 1) \
+  X(cudaMemsetAsync, 1) X(cudaMemset2DAsync, 1) X(cudaLaunchHostFunc, 1) \
+  X(cudaEventCreateWithFlags, 1) X(cudaEventRecord, 1) X(cudaEventQuery, 1) \
+  X(cudaEventSynchronize, 1) X(cudaEventDestroy, 1) X(cudaStreamWaitEvent, 1) \
+  X(cudaLibraryLoadData, 1) X(cudaLibraryUnload, 1) X(cudaLibraryGetKernel, 1) \
+  X(cudaLaunchKernel, 1) X(cudaFuncGetParamInfo, 0) X(cudaDeviceCanAccessPeer, 1) \
+  X(cudaDeviceEnablePeerAccess, 1)
 struct emk_cudart_fns { EMK_CUDART_FNS(EMK_FN_FIELD) };
 #else
 struct emk_cudart_fns { int none; };
@@ -55,7 +68,10 @@ struct emk_cudart_fns { int none; };
   X(cublasLtMatmulDescCreate, 1) X(cublasLtMatmulDescDestroy, 1) \
   X(cublasLtMatmulDescSetAttribute, 1) X(cublasLtMatmulDescGetAttribute, 1) \
   X(cublasLtMatrixLayoutCreate, 1) X(cublasLtMatrixLayoutDestroy, 1) \
-  X(cublasLtMatrixLayoutSetAttribute, 1) X(cublasLtMatrixLayoutGetAttribute, 1)
+  X(cublasLtMatrixLayoutSetAttribute, 1) X(cublasLtMatrixLayoutGetAttribute, 1) \
+  X(cublasLtMatmul, 1) X(cublasLtMatmulAlgoGetHeuristic, 1) \
+  X(cublasLtMatmulPreferenceCreate, 1) X(cublasLtMatmulPreferenceDestroy, 1) \
+  X(cublasLtMatmulPreferenceSetAttribute, 1)
 struct emk_cublaslt_fns { EMK_CUBLASLT_FNS(EMK_FN_FIELD) };
 #else
 struct emk_cublaslt_fns { int none; };

@@ -49,6 +49,17 @@ function M.memory_stats(i)
            cache_hits = tonumber(m.cache_hits), oom_retries = tonumber(m.oom_retries) }
 end
 
+-- get_device_properties(i): {name, major, minor, multi_processor_count,
+-- total_memory, emulated}, as torch.cuda.get_device_properties.
+function M.get_device_properties(i)
+  local p = ffi.new('em_cuda_props')
+  local dev = i == nil and 0 or device_arg('cuda.get_device_properties', i)
+  if C.em_cuda_device_props(S, dev, p) ~= 0 then core.fail() end
+  return { name = ffi.string(p.name), major = p.major, minor = p.minor,
+           multi_processor_count = p.multiprocessors,
+           total_memory = tonumber(p.total_memory), emulated = p.emulated ~= 0 }
+end
+
 -- Releases the tensors Lua no longer reaches, then gives the device's unused
 -- cached memory back.
 function M.empty_cache(i)

@@ -203,8 +203,10 @@ static const char INFO_LUA[] =
   "do local n = em.cuda.device_count()\n"
   "  if n == 0 then print('cuda devices: none (' .. em.cuda.why_not() .. ')')\n"
   "  else print(('cuda devices: %d%s'):format(n, em.cuda.emulated() and ' emulated' or ''))\n"
-  "    for i = 0, n - 1 do local m = em.cuda.memory_stats(i)\n"
-  "      print(('  cuda:%d  %.0f MB'):format(i, m.capacity / 2^20)) end end\n"
+  "    for i = 0, n - 1 do local p = em.cuda.get_device_properties(i)\n"
+  "      print(('  cuda:%d  %s, %.0f MB, compute capability %d.%d, %d multiprocessors')\n"
+  "        :format(i, p.name, p.total_memory / 2^20, p.major, p.minor,\n"
+  "                p.multi_processor_count)) end end\n"
   "end\n"
   "print('lua files: ' .. core.dir)\n"
   "print('core library: ' .. (core.libpath == 'process' and 'linked into ' .. (arg and arg[-1] or 'ember') or core.libpath))\n";

@@ -11,7 +11,8 @@
 **     freed and reused while the copy stream still writes, and errors;
 **   - memory pressure: the flag the allocator raises past 80 % and at
 **     out-of-memory, and an embedder's reclaim hook that frees memory so the
-**     failing allocation is retried and succeeds.
+**     failing allocation is retried and succeeds;
+**   - every device allocation of these paths failing in turn, with no leak.
 */
 #include "cuda_check.h"
 #include "internal.h"
@@ -225,6 +226,63 @@ static void test_pressure_and_reclaim(em_state *S) {
   *flag = 0;
 }
 
+/* Every device allocation of a pinned copy and a strided, converting peer copy
+** made to fail in turn: the allocator's retry absorbs it or the call fails
+** with a clear error, the values are right whenever the calls succeed, and
+** nothing is left allocated. */
+static void test_injected_failures(em_state *S) {
+  emk_runtime *rt = S->cuda->rt;
+  em_tensor *h, *p;
+  REQUIRE_OK(S, host_values(S, EM_INT32, 30, 40, &h));
+  REQUIRE_OK(S, em_tensor_pin_memory(S, h, &p));
+  em_cuda_memory m0[2];
+  REQUIRE_OK(S, em_cuda_empty_cache(S, -1));
+  REQUIRE_OK(S, em_cuda_memory_stats(S, 0, &m0[0]));
+  REQUIRE_OK(S, em_cuda_memory_stats(S, 1, &m0[1]));
+  int failures = 0, right = 1, clear = 1;
+  for (int k = 1; k <= 8; k++) {
+    REQUIRE_OK(S, em_cuda_empty_cache(S, -1));
+    emk_emu_fail_nth_malloc(rt, k);
+    em_tensor *d0 = NULL, *t = NULL, *d1 = NULL, *back = NULL;
+    em_status st = em_to(S, p, EM_INT32, 0, &d0);
+    if (!st) st = em_transpose(S, d0, 0, 1, &t);
+    if (!st) st = em_to(S, t, EM_FLOAT64, 1, &d1);
+    emk_emu_fail_nth_malloc(rt, 0);
+    if (st) {
+      failures++;
+      if (st != EM_ERR_NOMEM || !strstr(em_errmsg(S), "out of memory")) {
+        clear = 0;
+        printf("  injected failure %d: status %d: %s\n", k, (int)st, em_errmsg(S));
+      }
+    } else if ((back = on_cpu(S, d1))) {
+      for (int64_t r = 0; r < 40; r++)
+        for (int64_t c = 0; c < 30; c++)
+          if (t_get(back, r * 30 + c) != t_get(h, c * 40 + r)) right = 0;
+    }
+    em_tensor_release(d0); em_tensor_release(t); em_tensor_release(d1);
+    em_tensor_release(back);
+  }
+  em_cuda_memory m1;
+  REQUIRE_OK(S, em_cuda_memory_stats(S, 0, &m1));
+  /* a single refusal is absorbed: the allocator empties its cache and asks again */
+  CHECK(m1.oom_retries >= m0[0].oom_retries + 2, "the injected failures were met and "
+        "retried: %lld retries, %d calls failed", (long long)(m1.oom_retries -
+        m0[0].oom_retries), failures);
+  CHECK(clear, "each failure was an out-of-memory error");
+  CHECK(right, "the values were right whenever the calls succeeded");
+  REQUIRE_OK(S, em_cuda_synchronize(S, -1));
+  REQUIRE_OK(S, em_cuda_empty_cache(S, -1));
+  for (int dev = 0; dev < 2; dev++) {
+    em_cuda_memory m;
+    REQUIRE_OK(S, em_cuda_memory_stats(S, dev, &m));
+    CHECK(m.allocated == m0[dev].allocated && m.reserved == 0,
+          "cuda:%d: nothing left: %lld allocated, %lld reserved", dev,
+          (long long)m.allocated, (long long)m.reserved);
+    CHECK(emk_emu_live_blocks(rt, dev) == 0, "cuda:%d: no live runtime blocks", dev);
+  }
+  em_tensor_release(p); em_tensor_release(h);
+}
+
 int main(void) {
   em_state *S;
   if (cuda_check_open(&S, "2:64")) return 1;
@@ -239,6 +297,7 @@ int main(void) {
   if (em_cuda_emulated(S)) RUN(test_pinned, S);
   else printf("skipped: test_pinned reads the emulator's counters\n");
   RUN(test_pressure_and_reclaim, S);
+  if (em_cuda_emulated(S)) RUN(test_injected_failures, S);
   em_close(S);
   return check_done();
 }
