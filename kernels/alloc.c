@@ -99,18 +99,6 @@ static void *default_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
 static void *hmalloc(emk_alloc *a, size_t n) { return a->halloc(a->hud, NULL, 0, n); }
 static void hfree(emk_alloc *a, void *p, size_t n) { if (p) a->halloc(a->hud, p, n, 0); }
 
-static em_status fail(char *err, size_t errlen, em_status code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static em_status fail(char *err, size_t errlen, em_status code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* "512 B", "1.50 KiB", "512.00 MiB", "1.25 GiB" */
 static const char *fmt_bytes(char *buf, size_t len, size_t n) {
   static const char *unit[] = {"KiB", "MiB", "GiB", "TiB"};
@@ -368,13 +356,13 @@ static em_status guard_uses(emk_alloc *a, devc *d, blk *b, char *err, size_t err
       st = rt->ops->event_record(rt, u->ev, u->s);
       if (st == EM_OK) { pp = &u->next; continue; }
       if (first == EM_OK)
-        first = fail(err, errlen, st, "cuda:%d: releasing a block used on another "
+        first = emk_errf(err, errlen, st, "cuda:%d: releasing a block used on another "
                      "stream: %s", d->id, rt->errmsg);
     }
     st = rt->ops->stream_sync(rt, u->s);   /* no event: wait for the stream */
     d->st.stream_syncs++;
     if (st != EM_OK && first == EM_OK)
-      first = fail(err, errlen, st, "cuda:%d: releasing a block used on another "
+      first = emk_errf(err, errlen, st, "cuda:%d: releasing a block used on another "
                    "stream: %s", d->id, rt->errmsg);
     *pp = u->next;
     use_put(d, u);
@@ -409,7 +397,7 @@ static em_status release_cached(emk_alloc *a, devc *d, char *err, size_t errlen)
           em_status st = seg_free(a, d, b);
           if (st != EM_OK) {
             if (first == EM_OK)
-              first = fail(err, errlen, st, "cuda:%d: freeing a segment: %s", d->id,
+              first = emk_errf(err, errlen, st, "cuda:%d: freeing a segment: %s", d->id,
                            a->rt->errmsg);
             b->lnext = keep;
             keep = b;
@@ -512,16 +500,16 @@ static void maybe_split(emk_alloc *a, devc *d, blk *b, size_t size) {
 em_status emk_alloc_malloc(emk_alloc *a, int dev, size_t n, emk_stream *s, void **out,
                            char *err, size_t errlen) {
   char b1[32], b2[32], b3[32], b4[32], b5[32];
-  if (!out) return fail(err, errlen, EM_ERR_ARG, "emk_alloc_malloc: out is NULL");
+  if (!out) return emk_errf(err, errlen, EM_ERR_ARG, "emk_alloc_malloc: out is NULL");
   *out = NULL;
-  if (!a) return fail(err, errlen, EM_ERR_ARG, "emk_alloc_malloc: no allocator");
+  if (!a) return emk_errf(err, errlen, EM_ERR_ARG, "emk_alloc_malloc: no allocator");
   if (dev < 0 || dev >= a->ndev)
-    return fail(err, errlen, EM_ERR_DEVICE, "cuda:%d: no such device (%d device%s)",
+    return emk_errf(err, errlen, EM_ERR_DEVICE, "cuda:%d: no such device (%d device%s)",
                 dev, a->ndev, a->ndev == 1 ? "" : "s");
   if (n == 0) return EM_OK;
   size_t size = emk_alloc_round(n);
   if (!size || !emk_alloc_segment_size(n))
-    return fail(err, errlen, EM_ERR_NOMEM, "cuda:%d: out of memory allocating %s "
+    return emk_errf(err, errlen, EM_ERR_NOMEM, "cuda:%d: out of memory allocating %s "
                 "(more than any device has)", dev, fmt_bytes(b1, sizeof b1, n));
   devc *d = a->devs[dev];
   int small = size <= EMK_ALLOC_SMALL, host = 0, pressure = 0;
@@ -535,12 +523,12 @@ em_status emk_alloc_malloc(emk_alloc *a, int dev, size_t n, emk_stream *s, void 
   else host = 1;
   if (st != EM_OK) {
     if (host)
-      st = fail(err, errlen, EM_ERR_NOMEM, "cuda:%d: out of host memory for the "
+      st = emk_errf(err, errlen, EM_ERR_NOMEM, "cuda:%d: out of host memory for the "
                 "allocator's records (allocating %s)", dev, fmt_bytes(b1, sizeof b1, size));
     else if (st == EM_ERR_NOMEM) {
       d->st.ooms++;
       emk_alloc_stats *t = &d->st;
-      fail(err, errlen, st, "cuda:%d: out of memory allocating %s (%s allocated by "
+      emk_errf(err, errlen, st, "cuda:%d: out of memory allocating %s (%s allocated by "
            "tensors, %s cached, %s reserved, %s%s)", dev, fmt_bytes(b1, sizeof b1, size),
            fmt_bytes(b2, sizeof b2, t->allocated),
            fmt_bytes(b3, sizeof b3, t->reserved - t->allocated),
@@ -548,7 +536,7 @@ em_status emk_alloc_malloc(emk_alloc *a, int dev, size_t n, emk_stream *s, void 
            t->capacity ? fmt_bytes(b5, sizeof b5, t->capacity) : "capacity unknown",
            t->capacity ? " capacity" : "");
     } else
-      fail(err, errlen, st, "cuda:%d: allocating %s: %s", dev,
+      emk_errf(err, errlen, st, "cuda:%d: allocating %s: %s", dev,
            fmt_bytes(b1, sizeof b1, size), a->rt->errmsg);
     pthread_mutex_unlock(&d->mu);
     return st;
@@ -577,12 +565,12 @@ em_status emk_alloc_malloc(emk_alloc *a, int dev, size_t n, emk_stream *s, void 
 /* -- Release and streams ------------------------------------------------------------ */
 em_status emk_alloc_release(emk_alloc *a, void *p, char *err, size_t errlen) {
   if (!p) return EM_OK;
-  if (!a) return fail(err, errlen, EM_ERR_ARG, "emk_alloc_release: no allocator");
+  if (!a) return emk_errf(err, errlen, EM_ERR_ARG, "emk_alloc_release: no allocator");
   pthread_mutex_lock(&a->mapmu);
   blk *b = map_find(a, p, 1);
   pthread_mutex_unlock(&a->mapmu);
   if (!b)
-    return fail(err, errlen, EM_ERR_ARG, "releasing device pointer %p: not allocated by "
+    return emk_errf(err, errlen, EM_ERR_ARG, "releasing device pointer %p: not allocated by "
                 "this allocator, or released twice", p);
   devc *d = a->devs[b->dev];
   em_status st = EM_OK;
@@ -610,13 +598,13 @@ em_status emk_alloc_release(emk_alloc *a, void *p, char *err, size_t errlen) {
 
 em_status emk_alloc_record_stream(emk_alloc *a, void *p, emk_stream *s, char *err,
                                   size_t errlen) {
-  if (!a || !p) return fail(err, errlen, EM_ERR_ARG, "emk_alloc_record_stream: NULL");
+  if (!a || !p) return emk_errf(err, errlen, EM_ERR_ARG, "emk_alloc_record_stream: NULL");
   em_status st = EM_OK;
   pthread_mutex_lock(&a->mapmu);
   blk *b = map_find(a, p, 0);
   if (!b) {
     pthread_mutex_unlock(&a->mapmu);
-    return fail(err, errlen, EM_ERR_ARG, "recording a stream for device pointer %p: not "
+    return emk_errf(err, errlen, EM_ERR_ARG, "recording a stream for device pointer %p: not "
                 "allocated by this allocator, or released", p);
   }
   devc *d = a->devs[b->dev];
@@ -626,7 +614,7 @@ em_status emk_alloc_record_stream(emk_alloc *a, void *p, emk_stream *s, char *er
   if (!known) {
     use *u = use_get(a, d);
     if (u) { u->s = s; u->next = b->uses; b->uses = u; }
-    else st = fail(err, errlen, EM_ERR_NOMEM, "cuda:%d: out of host memory recording "
+    else st = emk_errf(err, errlen, EM_ERR_NOMEM, "cuda:%d: out of host memory recording "
                    "a stream for a block", d->id);
   }
   pthread_mutex_unlock(&d->mu);
@@ -645,9 +633,9 @@ size_t emk_alloc_block_size(emk_alloc *a, const void *p) {
 
 /* -- Cache, stats, hooks ---------------------------------------------------------------- */
 em_status emk_alloc_empty_cache(emk_alloc *a, int dev, char *err, size_t errlen) {
-  if (!a) return fail(err, errlen, EM_ERR_ARG, "emk_alloc_empty_cache: no allocator");
+  if (!a) return emk_errf(err, errlen, EM_ERR_ARG, "emk_alloc_empty_cache: no allocator");
   if (dev < -1 || dev >= a->ndev)
-    return fail(err, errlen, EM_ERR_DEVICE, "cuda:%d: no such device (%d device%s)",
+    return emk_errf(err, errlen, EM_ERR_DEVICE, "cuda:%d: no such device (%d device%s)",
                 dev, a->ndev, a->ndev == 1 ? "" : "s");
   em_status first = EM_OK;
   for (int i = dev < 0 ? 0 : dev; i < (dev < 0 ? a->ndev : dev + 1); i++) {
@@ -692,13 +680,13 @@ void emk_alloc_set_hooks(emk_alloc *a, void (*oom_hook)(void *, int, size_t),
 /* -- Open and close ------------------------------------------------------------------- */
 em_status emk_alloc_new(emk_runtime *rt, const emk_alloc_config *cfg, emk_alloc **out,
                         char *err, size_t errlen) {
-  if (!out) return fail(err, errlen, EM_ERR_ARG, "emk_alloc_new: out is NULL");
+  if (!out) return emk_errf(err, errlen, EM_ERR_ARG, "emk_alloc_new: out is NULL");
   *out = NULL;
   const emk_runtime_ops *o = rt ? rt->ops : NULL;
   if (!o || !o->device_count || !o->malloc || !o->free || !o->stream_sync ||
       !o->event_create || !o->event_destroy || !o->event_record || !o->event_query ||
       !o->event_sync)
-    return fail(err, errlen, EM_ERR_ARG, "emk_alloc_new: no runtime, or one without "
+    return emk_errf(err, errlen, EM_ERR_ARG, "emk_alloc_new: no runtime, or one without "
                 "memory, stream_sync and event entries");
   em_alloc_fn f = cfg && cfg->host_alloc ? cfg->host_alloc : default_alloc;
   void *ud = cfg && cfg->host_alloc ? cfg->host_ud : NULL;
@@ -742,7 +730,7 @@ em_status emk_alloc_new(emk_runtime *rt, const emk_alloc_config *cfg, emk_alloc 
   return EM_OK;
 nomem:
   if (a) emk_alloc_close(a);
-  return fail(err, errlen, EM_ERR_NOMEM, "out of host memory opening the device allocator");
+  return emk_errf(err, errlen, EM_ERR_NOMEM, "out of host memory opening the device allocator");
 }
 
 int64_t emk_alloc_close(emk_alloc *a) {

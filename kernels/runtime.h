@@ -147,6 +147,10 @@ struct emk_runtime {
 /* Sets rt->errmsg and returns code (so: return emk_fail(rt, ...)). */
 em_status emk_fail(emk_runtime *rt, em_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same for an err buffer (err may be NULL, errlen 0): writes the message,
+** returns code. */
+em_status emk_errf(char *err, size_t errlen, em_status code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* -- The real runtime (kernels/real/) -------------------------------------------------
 ** The CUDA runtime and cuBLASLt of the toolkit, loaded with dlopen (real/libs.h).

@@ -439,6 +439,21 @@ static em_status pending(emu *E, emk_stream *s) {
 
 /* -- Queued work ---------------------------------------------------------------------- */
 
+/* Queues a copy item; dst_dev / src_dev: the devices the sides must be on (-1:
+** not checked). */
+static em_status queue_copy(emu *E, emk_stream *s, const char *what, void *dst, int dst_dev,
+                            const void *src, int src_dev, size_t n, emk_copy_kind kind) {
+  emu_item *it = new_item(E, IT_COPY, 0, what);
+  if (!it) return EM_ERR_NOMEM;
+  it->u.copy.dst = dst;
+  it->u.copy.src = src;
+  it->u.copy.n = n;
+  it->u.copy.kind = kind;
+  it->u.copy.dst_dev = dst_dev;
+  it->u.copy.src_dev = src_dev;
+  return enqueue(E, s, it, NULL);
+}
+
 em_status emi_emu_memcpy_async(emk_runtime *rt, void *dst, const void *src, size_t n,
                                emk_copy_kind kind, emk_stream *s) {
   emu *E = emu_of(rt);
@@ -452,14 +467,7 @@ em_status emi_emu_memcpy_async(emk_runtime *rt, void *dst, const void *src, size
   if (!n) return pending(E, s);
   if (kind == EMK_HOST_TO_DEVICE) emi_emu_note_host_side(E, src, n);
   if (kind == EMK_DEVICE_TO_HOST) emi_emu_note_host_side(E, dst, n);
-  emu_item *it = new_item(E, IT_COPY, 0, "memcpy_async");
-  if (!it) return EM_ERR_NOMEM;
-  it->u.copy.dst = dst;
-  it->u.copy.src = src;
-  it->u.copy.n = n;
-  it->u.copy.kind = kind;
-  it->u.copy.dst_dev = it->u.copy.src_dev = -1;
-  return enqueue(E, s, it, NULL);
+  return queue_copy(E, s, "memcpy_async", dst, -1, src, -1, n, kind);
 }
 
 /* A device-to-device copy whose two sides name their devices, checked when it
@@ -476,15 +484,8 @@ em_status emi_emu_memcpy_peer_async(emk_runtime *rt, void *dst, int dst_dev,
     return emi_emu_fail(E, EM_ERR_ARG, "memcpy_peer_async of %zu bytes: NULL %s", n,
                         dst ? "source" : "destination");
   if (!n) return pending(E, s);
-  emu_item *it = new_item(E, IT_COPY, 0, "memcpy_peer_async");
-  if (!it) return EM_ERR_NOMEM;
-  it->u.copy.dst = dst;
-  it->u.copy.src = src;
-  it->u.copy.n = n;
-  it->u.copy.kind = EMK_DEVICE_TO_DEVICE;
-  it->u.copy.dst_dev = dst_dev;
-  it->u.copy.src_dev = src_dev;
-  return enqueue(E, s, it, NULL);
+  return queue_copy(E, s, "memcpy_peer_async", dst, dst_dev, src, src_dev, n,
+                    EMK_DEVICE_TO_DEVICE);
 }
 
 em_status emi_emu_memset_async(emk_runtime *rt, void *dst, int byte, size_t n,

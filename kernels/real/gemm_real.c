@@ -24,6 +24,7 @@
 ** (0 bits are +0.0 in every float type), as cuBLASLt is not asked for an empty
 ** inner dimension.
 */
+#include "../runtime.h"
 #include "libs_fn.h"
 #include "gemm_lt.h"
 #include <limits.h>
@@ -31,18 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static em_status say(char *err, size_t errlen, em_status code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static em_status say(char *err, size_t errlen, em_status code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 /* == 1. The plan ======================================================================= */
 
@@ -55,7 +44,7 @@ static em_status plan_operand(const char *name, int64_t r, int64_t c, int64_t rs
     /* report the operand as the caller sees it, not its transpose */
     int64_t ur = transposed ? c : r, uc = transposed ? r : c;
     int64_t urs = transposed ? cs : rs, ucs = transposed ? rs : cs;
-    return say(err, errlen, EM_ERR_UNSUPPORTED, "operand %s (%lld x %lld, element strides "
+    return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "operand %s (%lld x %lld, element strides "
                "%lld and %lld) is no cuBLASLt matrix: one stride must be 1 and the other at "
                "least the size it steps over (copy it to a contiguous tensor first)", name,
                (long long)ur, (long long)uc, (long long)urs, (long long)ucs);
@@ -68,14 +57,14 @@ static em_status plan_operand(const char *name, int64_t r, int64_t c, int64_t rs
 em_status emk_lt_plan_gemm(const emk_lt_args *g, emk_lt_plan *p, char *err, size_t errlen) {
   memset(p, 0, sizeof *p);
   if (g->m < 1 || g->n < 1 || g->batch < 1 || g->k < 0)
-    return say(err, errlen, EM_ERR_ARG, "gemm plan: sizes m %lld, n %lld, batch %lld (>= 1) "
+    return emk_errf(err, errlen, EM_ERR_ARG, "gemm plan: sizes m %lld, n %lld, batch %lld (>= 1) "
                "and k %lld (>= 0)", (long long)g->m, (long long)g->n, (long long)g->batch,
                (long long)g->k);
   if (g->a_rs < 0 || g->a_cs < 0 || g->a_bs < 0 || g->b_rs < 0 || g->b_cs < 0 || g->b_bs < 0 ||
       g->c_rs < 0 || g->c_cs < 0 || g->c_bs < 0)
-    return say(err, errlen, EM_ERR_ARG, "gemm plan: negative stride");
+    return emk_errf(err, errlen, EM_ERR_ARG, "gemm plan: negative stride");
   if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->batch > INT32_MAX)
-    return say(err, errlen, EM_ERR_UNSUPPORTED, "sizes m %lld, n %lld, k %lld, batch %lld: "
+    return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "sizes m %lld, n %lld, k %lld, batch %lld: "
                "cuBLASLt takes at most %d each", (long long)g->m, (long long)g->n,
                (long long)g->k, (long long)g->batch, INT32_MAX);
   p->batch = g->batch;
@@ -83,7 +72,7 @@ em_status emk_lt_plan_gemm(const emk_lt_args *g, emk_lt_plan *p, char *err, size
   int t;
   int64_t rows, cols, ld;
   if (!emk_lt_operand(g->m, g->n, g->c_rs, g->c_cs, &t, &rows, &cols, &ld))
-    return say(err, errlen, EM_ERR_UNSUPPORTED, "result C (%lld x %lld, element strides %lld "
+    return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "result C (%lld x %lld, element strides %lld "
                "and %lld) is no cuBLASLt matrix: one stride must be 1 and the other at least "
                "the size it steps over", (long long)g->m, (long long)g->n, (long long)g->c_rs,
                (long long)g->c_cs);
@@ -116,7 +105,7 @@ em_status emk_lt_plan_gemm(const emk_lt_args *g, emk_lt_plan *p, char *err, size
 em_status emk_lt_gemm_check(emk_libs *L, em_dtype dtype, const emk_lt_args *g, int allow_tf32,
                             emk_lt_readback *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
-  return say(err, errlen, EM_ERR_UNSUPPORTED, "cuBLASLt: ember was built without cublasLt.h");
+  return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "cuBLASLt: ember was built without cublasLt.h");
 }
 #endif
 
@@ -158,7 +147,7 @@ static em_status lt_say(const emk_cublaslt_fns *f, cublasStatus_t s, const char 
   em_status code = s == CUBLAS_STATUS_ALLOC_FAILED ? EM_ERR_NOMEM
                  : s == CUBLAS_STATUS_NOT_SUPPORTED ? EM_ERR_UNSUPPORTED
                  : s == CUBLAS_STATUS_INVALID_VALUE ? EM_ERR_ARG : EM_ERR_DEVICE;
-  return say(err, errlen, code, "cuBLASLt: %s: %s (%s)", call, f->cublasLtGetStatusName(s),
+  return emk_errf(err, errlen, code, "cuBLASLt: %s: %s (%s)", call, f->cublasLtGetStatusName(s),
              f->cublasLtGetStatusString(s));
 }
 
@@ -229,7 +218,7 @@ bad:
     cublasStatus_t s_ = f->getter(obj, attr, dst, sizeof *(dst), &w_); \
     if (s_) { st = lt_say(f, s_, #getter "(" #attr ")", err, errlen); goto done; } \
     if (w_ != sizeof *(dst)) { \
-      st = say(err, errlen, EM_ERR_INTERNAL, "cuBLASLt: %s(%s) wrote %zu bytes, expected %zu", \
+      st = emk_errf(err, errlen, EM_ERR_INTERNAL, "cuBLASLt: %s(%s) wrote %zu bytes, expected %zu", \
                #getter, #attr, w_, sizeof *(dst)); \
       goto done; \
     } \
@@ -241,7 +230,7 @@ em_status emk_lt_gemm_check(emk_libs *L, em_dtype dtype, const emk_lt_args *g, i
   const emk_cublaslt_fns *f;
   em_status st = emk_libs_cublaslt(L, &f, err, errlen);
   if (st) return st;
-  if (g->k < 1) return say(err, errlen, EM_ERR_ARG, "emk_lt_gemm_check: k must be >= 1");
+  if (g->k < 1) return emk_errf(err, errlen, EM_ERR_ARG, "emk_lt_gemm_check: k must be >= 1");
   emk_lt_plan p;
   if ((st = emk_lt_plan_gemm(g, &p, err, errlen))) return st;
   lt_objs o;

@@ -14,6 +14,7 @@
 ** to a stub whose every call says so.
 */
 #define _GNU_SOURCE 1
+#include "../runtime.h"
 #include "libs_fn.h"
 #include <dlfcn.h>
 #include <link.h>
@@ -24,19 +25,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* Writes a message into err (when there is room) and returns code. */
-static em_status fail(char *err, size_t errlen, em_status code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static em_status fail(char *err, size_t errlen, em_status code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 static const char *const lib_names[EMK_LIB_COUNT] = {"CUDA runtime", "cuBLASLt", "cuDNN",
                                                      "NCCL"};
@@ -67,11 +55,11 @@ em_status em_cuda_libs_info(char *buf, size_t len) {
 
 em_status emk_libs_open(emk_libs **out, char *err, size_t errlen) {
   if (out) *out = NULL;
-  return fail(err, errlen, EM_ERR_UNSUPPORTED, "CUDA libraries: ember was " NO_HEADERS);
+  return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "CUDA libraries: ember was " NO_HEADERS);
 }
 void emk_libs_close(emk_libs *L) { (void)L; }
 em_status emk_libs_load(emk_libs *L, emk_lib_id id, char *err, size_t errlen) {
-  return fail(err, errlen, EM_ERR_UNSUPPORTED, "%s: ember was " NO_HEADERS, emk_lib_name(id));
+  return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "%s: ember was " NO_HEADERS, emk_lib_name(id));
 }
 #define STUB_LOAD(fn, type, id) \
   em_status fn(emk_libs *L, const type **fns, char *err, size_t errlen) { \
@@ -122,7 +110,7 @@ em_status emk_nccl_unique_id(emk_libs *L, unsigned char id[EMK_NCCL_ID_BYTES], c
 em_status emk_libs_find(emk_libs *L, const char *const *names, void **handle, char *path,
                         size_t pathlen, char *err, size_t errlen) {
   if (handle) *handle = NULL;
-  return fail(err, errlen, EM_ERR_UNSUPPORTED, "ember was " NO_HEADERS);
+  return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "ember was " NO_HEADERS);
 }
 
 #else
@@ -214,10 +202,10 @@ static void *table_of(emk_libs *L, emk_lib_id id) {
 em_status emk_libs_open(emk_libs **out, char *err, size_t errlen) {
   *out = NULL;
   emk_libs *L = calloc(1, sizeof *L);
-  if (!L) return fail(err, errlen, EM_ERR_NOMEM, "CUDA libraries: out of memory");
+  if (!L) return emk_errf(err, errlen, EM_ERR_NOMEM, "CUDA libraries: out of memory");
   if (pthread_mutex_init(&L->mu, NULL)) {
     free(L);
-    return fail(err, errlen, EM_ERR_INTERNAL, "CUDA libraries: pthread_mutex_init failed");
+    return emk_errf(err, errlen, EM_ERR_INTERNAL, "CUDA libraries: pthread_mutex_init failed");
   }
   const char *home = getenv("EMBER_CUDA_HOME");
   if (home && *home) snprintf(L->home, sizeof L->home, "%s", home);
@@ -265,7 +253,7 @@ static void loaded_path(void *dl, const char *fallback, char *path, size_t pathl
 em_status emk_libs_find(emk_libs *L, const char *const *names, void **handle, char *path,
                         size_t pathlen, char *err, size_t errlen) {
   *handle = NULL;
-  if (!names || !names[0]) return fail(err, errlen, EM_ERR_ARG, "emk_libs_find: no file names");
+  if (!names || !names[0]) return emk_errf(err, errlen, EM_ERR_ARG, "emk_libs_find: no file names");
   /* The places, in order; NULL is the system search path. */
   char homedir[PATH_LEN + 8];
   const char *dirs[3];
@@ -313,7 +301,7 @@ em_status emk_libs_find(emk_libs *L, const char *const *names, void **handle, ch
       append(tried, sizeof tried, " (%s%s%s)", from_home ? "EMBER_CUDA_HOME" : "",
              from_home && missing ? ": " : "", missing ? "no such directory" : "");
   }
-  return fail(err, errlen, EM_ERR_UNSUPPORTED,
+  return emk_errf(err, errlen, EM_ERR_UNSUPPORTED,
               "%s %s; tried %s and the system search path (LD_LIBRARY_PATH, ld.so.cache)%s",
               what, problems[0] ? "not loaded" : "not found", tried, problems);
 }
@@ -343,7 +331,7 @@ static em_status ask_version(emk_libs *L, emk_lib_id id, int *code, char *why, s
   case EMK_LIB_CUDART: {
     cudaError_t e = L->cudart.cudaRuntimeGetVersion(code);
     if (e != cudaSuccess)
-      return fail(why, whylen, EM_ERR_UNSUPPORTED, "cudaRuntimeGetVersion: %s: %s",
+      return emk_errf(why, whylen, EM_ERR_UNSUPPORTED, "cudaRuntimeGetVersion: %s: %s",
                   L->cudart.cudaGetErrorName(e), L->cudart.cudaGetErrorString(e));
     return EM_OK;
   }
@@ -357,12 +345,12 @@ static em_status ask_version(emk_libs *L, emk_lib_id id, int *code, char *why, s
   case EMK_LIB_NCCL: {
     ncclResult_t r = L->nccl.ncclGetVersion(code);
     if (r != ncclSuccess)
-      return fail(why, whylen, EM_ERR_UNSUPPORTED, "ncclGetVersion: %s",
+      return emk_errf(why, whylen, EM_ERR_UNSUPPORTED, "ncclGetVersion: %s",
                   L->nccl.ncclGetErrorString(r));
     return EM_OK;
   }
 #endif
-  default: return fail(why, whylen, EM_ERR_INTERNAL, "no version call");
+  default: return emk_errf(why, whylen, EM_ERR_INTERNAL, "no version call");
   }
 }
 
@@ -427,11 +415,11 @@ static void load_locked(emk_libs *L, lib_slot *s, const lib_spec *sp, const char
 
 em_status emk_libs_load(emk_libs *L, emk_lib_id id, char *err, size_t errlen) {
   if (!L || (unsigned)id >= EMK_LIB_COUNT)
-    return fail(err, errlen, EM_ERR_ARG, "emk_libs_load: no such library (%d)", (int)id);
+    return emk_errf(err, errlen, EM_ERR_ARG, "emk_libs_load: no such library (%d)", (int)id);
   pthread_mutex_lock(&L->mu);
   lib_slot *s = &L->slot[id];
   if (s->state == 0) load_locked(L, s, &specs[id], lib_names[id], table_of(L, id));
-  em_status st = s->state > 0 ? EM_OK : fail(err, errlen, EM_ERR_UNSUPPORTED, "%s", s->why);
+  em_status st = s->state > 0 ? EM_OK : emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "%s", s->why);
   pthread_mutex_unlock(&L->mu);
   return st;
 }
@@ -474,7 +462,7 @@ em_status emk_libs_driver_version(emk_libs *L, int *version, char *err, size_t e
   int v = 0;
   cudaError_t e = f->cudaDriverGetVersion(&v);
   if (e != cudaSuccess)
-    return fail(err, errlen, EM_ERR_DEVICE, "CUDA runtime: cudaDriverGetVersion: %s: %s",
+    return emk_errf(err, errlen, EM_ERR_DEVICE, "CUDA runtime: cudaDriverGetVersion: %s: %s",
                 f->cudaGetErrorName(e), f->cudaGetErrorString(e));
   *version = v;
   return EM_OK;
@@ -495,14 +483,14 @@ em_status emk_libs_device_count(emk_libs *L, int *count, char *err, size_t errle
   int drv = 0, rt = L->slot[EMK_LIB_CUDART].version.code;
   if (f->cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
   if (drv == 0)
-    return fail(err, errlen, EM_ERR_DEVICE, "no CUDA driver (cudaGetDeviceCount: %s: %s)",
+    return emk_errf(err, errlen, EM_ERR_DEVICE, "no CUDA driver (cudaGetDeviceCount: %s: %s)",
                 f->cudaGetErrorName(e), f->cudaGetErrorString(e));
   if (e == cudaErrorInsufficientDriver)
-    return fail(err, errlen, EM_ERR_DEVICE,
+    return emk_errf(err, errlen, EM_ERR_DEVICE,
                 "the CUDA driver (%d.%d) is older than the CUDA runtime (%d.%d): "
                 "cudaGetDeviceCount: %s", drv / 1000, drv % 1000 / 10, rt / 1000,
                 rt % 1000 / 10, f->cudaGetErrorName(e));
-  return fail(err, errlen, EM_ERR_DEVICE, "cudaGetDeviceCount: %s: %s",
+  return emk_errf(err, errlen, EM_ERR_DEVICE, "cudaGetDeviceCount: %s: %s",
               f->cudaGetErrorName(e), f->cudaGetErrorString(e));
 }
 
@@ -563,7 +551,7 @@ static em_status cudnn_fail(const emk_cudnn_fns *f, cudnnStatus_t s, const char 
   em_status code = s / 1000 == 2 || s == CUDNN_STATUS_NOT_SUPPORTED_SHAPE ? EM_ERR_SHAPE
                  : s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ? EM_ERR_NOMEM
                  : EM_ERR_UNSUPPORTED;
-  return fail(err, errlen, code, "cuDNN: %s: %s%s%s%s", call, f->cudnnGetErrorString(s),
+  return emk_errf(err, errlen, code, "cuDNN: %s: %s%s%s%s", call, f->cudnnGetErrorString(s),
               detail[0] ? " (" : "", detail, detail[0] ? ")" : "");
 }
 
@@ -681,7 +669,7 @@ static em_status lt_fail(const emk_cublaslt_fns *f, cublasStatus_t s, const char
                          char *err, size_t errlen) {
   em_status code = s == CUBLAS_STATUS_INVALID_VALUE ? EM_ERR_SHAPE
                  : s == CUBLAS_STATUS_ALLOC_FAILED ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
-  return fail(err, errlen, code, "cuBLASLt: %s: %s (%s)", call, f->cublasLtGetStatusName(s),
+  return emk_errf(err, errlen, code, "cuBLASLt: %s: %s (%s)", call, f->cublasLtGetStatusName(s),
               f->cublasLtGetStatusString(s));
 }
 
@@ -691,7 +679,7 @@ static em_status lt_fail(const emk_cublaslt_fns *f, cublasStatus_t s, const char
     call = callname; \
     if ((s = f->getter(obj, attr, dst, sizeof *(dst), &written_))) goto bad; \
     if (written_ != sizeof *(dst)) { \
-      st = fail(err, errlen, EM_ERR_INTERNAL, "cuBLASLt: %s wrote %zu bytes, expected %zu", \
+      st = emk_errf(err, errlen, EM_ERR_INTERNAL, "cuBLASLt: %s wrote %zu bytes, expected %zu", \
                 callname, written_, sizeof *(dst)); \
       goto done; \
     } \
@@ -706,7 +694,7 @@ em_status emk_cublaslt_gemm_check(emk_libs *L, const emk_gemm_shape *sh,
   /* cuBLASLt takes the sizes as uint64_t and checks them only when it multiplies:
   ** a negative one would pass as a huge matrix. */
   if (sh->m < 1 || sh->n < 1 || sh->k < 1)
-    return fail(err, errlen, EM_ERR_SHAPE, "cuBLASLt: GEMM sizes must be positive, got m %lld, "
+    return emk_errf(err, errlen, EM_ERR_SHAPE, "cuBLASLt: GEMM sizes must be positive, got m %lld, "
                 "n %lld, k %lld", (long long)sh->m, (long long)sh->n, (long long)sh->k);
   cublasLtMatmulDesc_t md = NULL;
   cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
@@ -813,7 +801,7 @@ em_status emk_nccl_unique_id(emk_libs *L, unsigned char id[EMK_NCCL_ID_BYTES], c
   ncclResult_t r = f->ncclGetUniqueId(&u);
   if (r != ncclSuccess) {
     const char *last = f->ncclGetLastError ? f->ncclGetLastError(NULL) : NULL;
-    return fail(err, errlen, r == ncclSystemError ? EM_ERR_IO : EM_ERR_UNSUPPORTED,
+    return emk_errf(err, errlen, r == ncclSystemError ? EM_ERR_IO : EM_ERR_UNSUPPORTED,
                 "NCCL: ncclGetUniqueId: %s%s%s%s", f->ncclGetErrorString(r),
                 last && *last ? " (" : "", last && *last ? last : "", last && *last ? ")" : "");
   }
