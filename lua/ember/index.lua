@@ -56,15 +56,14 @@ function M.stack(list, dim)
   return wrap(out[0])
 end
 
--- An index argument as a handle: a tensor as is, a Lua list as an int64 tensor.
-local function index_arg(op, idx)
+-- An index argument as a handle: a tensor as is, a Lua list (or a number) as an
+-- int64 tensor on device dev (the indexed tensor's).
+local function index_arg(op, idx, dev)
   if istype(box_t, idx) then return idx._h, idx end
+  if type(idx) == 'number' then idx = { idx } end
   if type(idx) == 'table' then
     local t = require('ember.create').tensor(idx, { dtype = 'int64' })
-    return t._h, t
-  end
-  if type(idx) == 'number' then
-    local t = require('ember.create').tensor({ idx }, { dtype = 'int64' })
+    if dev >= 0 then t = t:cuda(dev) end
     return t._h, t
   end
   raise(('%s: expected an index tensor or a list of indices, got %s'):format(op, kind(idx)))
@@ -74,7 +73,7 @@ end
 local function indexer(name, cfn)
   return function(a, dim, idx)
     -- The index first: making it may sweep, and a's handle is taken after.
-    local hi, keep = index_arg(name, idx)
+    local hi, keep = index_arg(name, idx, C.em_tensor_device(H(a, name, 0)))
     local h = H(a, name, 0)
     local d = cdim(name, h, dim)
     if cfn(S, h, d, hi, 1, out) ~= 0 then fail() end
@@ -88,7 +87,7 @@ Tensor.gather = indexer('gather', C.em_gather)
 
 -- one_hot(labels[, n]): labels are 1-based; n inferred from the largest label.
 function M.one_hot(labels, n)
-  local hi, keep = index_arg('one_hot', labels)
+  local hi, keep = index_arg('one_hot', labels, -1)
   if n ~= nil and (type(n) ~= 'number' or n % 1 ~= 0) then
     raise('one_hot: number of classes must be an integer, got ' .. kind(n))
   end

@@ -155,7 +155,7 @@ function Tensor.clamp_max_(a, hi) return Tensor.clamp_(a, nil, hi) end
 -- -- where -----------------------------------------------------------------------------
 -- A number operand becomes a 0-D tensor of the other operand's dtype when that
 -- keeps its value's kind (torch's scalar rule), else int64 / float32.
-local function scalar_like(v, other, name)
+local function scalar_like(v, other, name, dev)
   local s = number_of(v)
   if s == nil then
     raise(('%s: expected a tensor or a number, got %s'):format(name, kind(v)))
@@ -169,8 +169,8 @@ local function scalar_like(v, other, name)
   else
     dt = type(v) == 'boolean' and 7 or (integral and 5 or 0)
   end
-  if C.em_full(S, nil, 0, s, dt, -1, out) ~= 0 then
-    again(C.em_full, S, nil, 0, s, dt, -1, out)
+  if C.em_full(S, nil, 0, s, dt, dev, out) ~= 0 then
+    again(C.em_full, S, nil, 0, s, dt, dev, out)
   end
   return wrap(out[0])
 end
@@ -178,8 +178,10 @@ end
 function M.where(cond, a, b)
   H(cond, 'where', 1)
   local ta, tb = istype(box_t, a), istype(box_t, b)
-  if not ta then a = scalar_like(a, tb and b or nil, 'where') end
-  if not tb then b = scalar_like(b, a, 'where') end
+  -- a number goes where the tensors are: the other operand's device, or cond's
+  local dev = C.em_tensor_device((ta and a or tb and b or cond)._h)
+  if not ta then a = scalar_like(a, tb and b or nil, 'where', dev) end
+  if not tb then b = scalar_like(b, a, 'where', dev) end
   -- Handles are taken only now: making the scalars above may sweep.
   if C.em_where(S, cond._h, a._h, b._h, out) ~= 0 then
     again(C.em_where, S, cond._h, a._h, b._h, out)

@@ -230,7 +230,10 @@ function Tensor.cuda(a, i)
   local h = H(a, 'cuda', 0)
   local dev = i == nil and 0 or core.device_id(i, 'cuda')
   if C.em_to(S, h, core.dtype_of(h), dev, out) ~= 0 then
-    raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
+    -- a device short of memory: Lua's garbage first (core.again), then the error
+    if not pcall(again, C.em_to, S, h, core.dtype_of(h), dev, out) then
+      raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
+    end
   end
   return same_or_wrap(a, out[0])
 end

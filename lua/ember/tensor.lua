@@ -92,6 +92,7 @@ local function index_get(t, i)
     return load(h, core.dtype_of(h), j * C.em_tensor_stride(h, 0))
   end
   if C.em_select(S, h, 0, j, out) ~= 0 then fail() end
+  if n == 1 then return Tensor.item(wrap(out[0])) end  -- on a device: a read, which waits
   return wrap(out[0])
 end
 
