@@ -1,7 +1,8 @@
 #!/bin/sh
 # gpu_run.sh -- the one script to run on the GPU machine (an H100 with PyTorch, no
 # LuaJIT, no Debian packages, nothing built there): the CUDA tests with the real
-# runtime, then the GPU benchmarks (bench_cuda.lua beside PyTorch on the same GPU).
+# runtime, then the GPU benchmarks (bench_cuda.lua and bench_cuda_train.lua beside
+# PyTorch on the same GPU).
 #
 #   sh tests/bench/gpu_run.sh [BUILD]       (from the repository root)
 #
@@ -85,8 +86,7 @@ step() {
   rc=$?
   t1=$(date +%s)
   if [ "$show" = all ]; then cat "$log"; else tail -n "$show" "$log"; fi
-  # The Lua tests that run themselves again under emulation exit 0 whatever the
-  # child did (LuaJIT's p:close() is true), so their "#counts PASSED FAILED" decides.
+  # A test that exited 0 but counted failures ("#counts PASSED FAILED") failed.
   if [ $rc = 0 ] && grep -Eq '^#counts [0-9]+ [1-9]' "$log"; then
     verdict="FAIL ($(grep -E '^#counts' "$log" | tail -n 1 | awk '{ print $3 " of " $2 + $3 }') checks failed)"
     failed=1
@@ -119,6 +119,7 @@ for t in "$ROOT"/tests/lua/test_cuda*.lua; do
 done
 
 step bench_cuda all "$EMBER" "$ROOT/tests/bench/bench_cuda.lua"
+step bench_cuda_train all "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua"
 
 echo "=== summary (full logs in $LOGDIR)"
 cat "$SUMMARY"

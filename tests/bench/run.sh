@@ -13,7 +13,7 @@
 # ember/torch for throughputs -- above 1 means ember is faster. Startup compares
 # `ember -e ''` with `python3 -c 'import torch'` (median of 11 runs).
 # Benchmarks are never part of `make test`. The GPU benchmarks (bench_cuda.lua,
-# ember on cuda beside PyTorch on cuda) are left out here: tests/bench/gpu_run.sh
+# bench_cuda_train.lua: ember on cuda beside PyTorch on cuda) are left out here: tests/bench/gpu_run.sh
 # runs them on a GPU machine, and they print their own table.
 #
 # The em.distribute benchmarks (bench_allreduce, bench_ddp_*; see dist_common.lua)
@@ -57,7 +57,7 @@ while [ $r -lt "$ROUNDS" ]; do
   r=$((r + 1))
   for lua in "$DIR"/bench_*.lua; do
     name=$(basename "$lua" .lua)
-    [ "$name" = bench_cuda ] && continue   # on a GPU machine: tests/bench/gpu_run.sh
+    case "$name" in bench_cuda|bench_cuda_train) continue ;; esac   # gpu_run.sh
     if ! "$EMBER" "$lua" > "$TMP/out" 2>&1; then
       echo "$name: ember failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
     fi

@@ -1,0 +1,173 @@
+--[[
+bench_cuda_train.lua -- whole training steps on a GPU, ember beside PyTorch eager
+on the same GPU in the same run (issue 11's benchmarks):
+
+  cnn     the Fashion-MNIST CNN of examples/fashion_mnist.lua, batch 128, Adam 1e-3
+  resnet  an 18-layer residual network for 32x32 inputs: a 3x3 stem of 16
+          filters, four stages of two basic blocks with 16, 32, 64 and 128
+          filters (stride 2 from the second stage, 1x1 projections where the
+          shape changes), global average pooling, a 10-way linear layer; batch
+          512, NCHW, synthetic data, SGD with momentum 0.9 and weight decay 5e-4
+          (the set-up of the classic MXNet-versus-TensorFlow multi-GPU runs)
+
+Each figure is samples per second over whole steps (forward, cross-entropy,
+backward, optimizer step), after warm-up steps, with a synchronize before the
+clock starts and stops: the median of several repetitions. The ratio is ember /
+PyTorch (above 1: ember faster); the issue's goal is >= 1.2.
+
+  build/ember tests/bench/bench_cuda_train.lua [--smoke] [--steps N]
+
+PyTorch's side is bench_cuda_train.py, run by $EMBER_BENCH_PYTHON (default
+/usr/bin/python3; the GPU machine's is `python3`) with the same sizes. Without a
+CUDA device this prints "skipped: ..." and exits 0. On emulated devices it runs
+tiny smoke sizes, with PyTorch on the CPU: a check of the script, not a figure.
+]]
+local dir = arg[0]:match('^(.*/)') or './'
+local B = dofile(dir .. 'common.lua')
+local em = B.em
+local nn, F = em.nn, em.nn.F
+
+if not em.cuda.is_available() then
+  local why = tostring(em.cuda.why_not()):gsub('^no CUDA device: ', '')
+  print(('skipped: no CUDA device (%s)'):format(why))
+  os.exit(0)
+end
+
+local smoke = em.cuda.emulated()
+local steps = nil
+for i, a in ipairs(arg) do
+  if a == '--smoke' then smoke = true end
+  if a == '--steps' then steps = tonumber(arg[i + 1]) end
+end
+local Z = smoke and { cnn_batch = 8, resnet_batch = 4, steps = steps or 2, reps = 2, warm = 1 }
+                 or { cnn_batch = 128, resnet_batch = 512, steps = steps or 20, reps = 5, warm = 5 }
+local DEV = 'cuda'
+
+-- -- The models ------------------------------------------------------------------------
+local function cnn()
+  return nn.Sequential(
+    nn.Conv2d(1, 32, 3, { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Conv2d(32, 64, 3, { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+end
+
+-- A basic block: two 3x3 convolutions with batch norm, and the shortcut (a 1x1
+-- projection with batch norm where the shape changes).
+local Block = nn.Module:extend('Block')
+function Block:init(cin, cout, stride)
+  self.conv1 = nn.Conv2d(cin, cout, 3, { stride = stride, padding = 1, bias = false })
+  self.bn1 = nn.BatchNorm2d(cout)
+  self.conv2 = nn.Conv2d(cout, cout, 3, { padding = 1, bias = false })
+  self.bn2 = nn.BatchNorm2d(cout)
+  if stride ~= 1 or cin ~= cout then
+    self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, { stride = stride, bias = false }),
+                               nn.BatchNorm2d(cout))
+  end
+end
+function Block:forward(x)
+  local y = self.bn1(self.conv1(x)):relu()
+  y = self.bn2(self.conv2(y))
+  return (y + (self.short and self.short(x) or x)):relu()
+end
+
+local function resnet18()
+  local layers = { nn.Conv2d(3, 16, 3, { padding = 1, bias = false }), nn.BatchNorm2d(16),
+                   nn.ReLU() }
+  local cin = 16
+  for stage, cout in ipairs({ 16, 32, 64, 128 }) do
+    for b = 1, 2 do
+      layers[#layers + 1] = Block(cin, cout, (stage > 1 and b == 1) and 2 or 1)
+      cin = cout
+    end
+  end
+  layers[#layers + 1] = nn.AdaptiveAvgPool2d(1)
+  layers[#layers + 1] = nn.Flatten()
+  layers[#layers + 1] = nn.Linear(128, 10)
+  return nn.Sequential(table.unpack and table.unpack(layers) or unpack(layers))
+end
+
+-- -- Timing ----------------------------------------------------------------------------
+-- samples/s of `step` (one training step on `batch` samples): the median of Z.reps
+-- repetitions of Z.steps steps, each repetition between two synchronizes.
+local function rate(step, batch)
+  for _ = 1, Z.warm do step() end
+  local rs = {}
+  for r = 1, Z.reps do
+    collectgarbage()
+    em.cuda.synchronize()
+    local t0 = B.now()
+    for _ = 1, Z.steps do step() end
+    em.cuda.synchronize()
+    rs[r] = Z.steps * batch / (B.now() - t0)
+  end
+  return B.median(rs)
+end
+
+local function bench_cnn()
+  em.manual_seed(0)
+  local model = cnn():to(DEV)
+  local opt = em.optim.Adam(model:parameters(), { lr = 1e-3 })
+  local x = em.randn({ Z.cnn_batch, 1, 28, 28 }, { device = DEV })
+  local y = em.randint(1, 11, { Z.cnn_batch }, { device = DEV })
+  return rate(function()
+    local loss = F.cross_entropy(model(x), y)
+    opt:zero_grad()
+    loss:backward()
+    opt:step()
+  end, Z.cnn_batch)
+end
+
+local function bench_resnet()
+  em.manual_seed(0)
+  local model = resnet18():to(DEV)
+  local opt = em.optim.SGD(model:parameters(), { lr = 0.1, momentum = 0.9,
+                                                  weight_decay = 5e-4 })
+  local x = em.randn({ Z.resnet_batch, 3, 32, 32 }, { device = DEV })
+  local y = em.randint(1, 11, { Z.resnet_batch }, { device = DEV })
+  return rate(function()
+    local loss = F.cross_entropy(model(x), y)
+    opt:zero_grad()
+    loss:backward()
+    opt:step()
+  end, Z.resnet_batch)
+end
+
+-- -- PyTorch's side, then the table ---------------------------------------------------------
+local py = os.getenv('EMBER_BENCH_PYTHON') or '/usr/bin/python3'
+local cmd = ('%s %sbench_cuda_train.py --device %s --cnn-batch %d --resnet-batch %d ' ..
+             '--steps %d --reps %d --warm %d 2>&1'):format(py, dir, smoke and 'cpu' or 'cuda',
+             Z.cnn_batch, Z.resnet_batch, Z.steps, Z.reps, Z.warm)
+local torch, info, torch_na = {}, {}, {}
+local p = io.popen(cmd)
+for line in p:lines() do
+  local name, value = line:match('^RESULT (%S+) (%S+)')
+  if name then torch[name] = tonumber(value) end
+  local what, why = line:match('^NA (%S+) (.*)$')
+  if what then torch_na[what] = why end
+  local text = line:match('^INFO (.*)$')
+  if text then info[#info + 1] = text end
+end
+p:close()
+
+local props = em.cuda.get_device_properties(0)
+print(('ember on %s%s; PyTorch: %s'):format(props.name, smoke and ' (emulated)' or '',
+                                           table.concat(info, ', ')))
+if smoke then print('emulated: smoke sizes, PyTorch on the CPU: these are not GPU figures') end
+print('ratio: ember samples/s / PyTorch samples/s (> 1: ember faster; goal >= 1.2)')
+print()
+print(('%-28s %14s %14s %8s'):format('step', 'ember', 'PyTorch', 'ratio'))
+for _, r in ipairs({ { 'cnn', ('Fashion-MNIST CNN, batch %d'):format(Z.cnn_batch), bench_cnn },
+                     { 'resnet', ('ResNet-18 32x32, batch %d'):format(Z.resnet_batch),
+                       bench_resnet } }) do
+  local ok, v = pcall(r[3])
+  local t = torch[r[1]]
+  if ok then
+    print(('%-28s %14.1f %14s %8s'):format(r[2], v, t and ('%.1f'):format(t) or 'n/a',
+                                           t and ('%.3f'):format(v / t) or 'n/a'))
+    B.result('cuda_train_' .. r[1], v, 'samples/s', 'higher', 'ratio >= 1.2')
+  else
+    print(('%-28s %14s %14s %8s  ember n/a: %s'):format(r[2], 'n/a',
+          t and ('%.1f'):format(t) or 'n/a', 'n/a', tostring(v)))
+  end
+  if torch_na[r[1]] then print(('  torch n/a: %s'):format(torch_na[r[1]])) end
+end

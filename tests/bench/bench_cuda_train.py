@@ -1,0 +1,123 @@
+"""bench_cuda_train.py -- PyTorch's side of bench_cuda_train.lua: the same two
+training steps (the Fashion-MNIST CNN with Adam, an 18-layer residual network
+on 32x32 inputs with SGD momentum), eager mode, timed the same way: warm-up
+steps, then the median of --reps repetitions of --steps steps, each between two
+torch.cuda.synchronize() calls. Prints
+
+  INFO <text>                     torch version, device name
+  RESULT <name> <samples/s> samples/s
+  NA <name> <reason>
+
+--device cpu is for bench_cuda_train.lua's smoke run on emulated devices.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import result, torch  # noqa: E402
+
+nn = torch.nn
+F = torch.nn.functional
+
+p = argparse.ArgumentParser()
+p.add_argument('--device', default='cuda')
+p.add_argument('--cnn-batch', type=int, default=128)
+p.add_argument('--resnet-batch', type=int, default=512)
+p.add_argument('--steps', type=int, default=20)
+p.add_argument('--reps', type=int, default=5)
+p.add_argument('--warm', type=int, default=5)
+args = p.parse_args()
+
+dev = torch.device(args.device)
+cuda = dev.type == 'cuda'
+print('INFO torch %s' % torch.__version__, flush=True)
+if cuda:
+    if not torch.cuda.is_available():
+        print('NA cnn torch sees no CUDA device', flush=True)
+        print('NA resnet torch sees no CUDA device', flush=True)
+        sys.exit(0)
+    print('INFO device %s' % torch.cuda.get_device_name(dev), flush=True)
+else:
+    print('INFO device cpu (%d threads)' % torch.get_num_threads(), flush=True)
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize(dev)
+
+
+def rate(step, batch):
+    for _ in range(args.warm):
+        step()
+    rs = []
+    for _ in range(args.reps):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        sync()
+        rs.append(args.steps * batch / (time.perf_counter() - t0))
+    return statistics.median(rs)
+
+
+def cnn():
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+class Block(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                       nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + (self.short(x) if self.short is not None else x))
+
+
+def resnet18():
+    layers = [nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    cin = 16
+    for stage, cout in enumerate([16, 32, 64, 128]):
+        for b in range(2):
+            layers.append(Block(cin, cout, 2 if stage > 0 and b == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)]
+    return nn.Sequential(*layers)
+
+
+def bench(name, model, opt, shape, batch):
+    x = torch.randn(batch, *shape, device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    try:
+        result(name, rate(step, batch), 'samples/s')
+    except Exception as e:  # a figure we could not get is a row that says so
+        print('NA %s %s' % (name, str(e).splitlines()[0] if str(e) else type(e).__name__),
+              flush=True)
+
+
+torch.manual_seed(0)
+m = cnn().to(dev)
+bench('cnn', m, torch.optim.Adam(m.parameters(), lr=1e-3), (1, 28, 28), args.cnn_batch)
+m = resnet18().to(dev)
+bench('resnet', m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4),
+      (3, 32, 32), args.resnet_batch)
