@@ -257,6 +257,32 @@ typedef struct emi_backend {
   em_status (*adam_step)(emi_device *d, em_tensor *p, const em_tensor *g, em_tensor *m,
                          em_tensor *v, double beta1, double beta2, double eps, double wd,
                          double decay, double step_size, double bc2_sqrt);
+  /* Multi-tensor forms: n >= 1 parameters of this device and one dtype, each as
+  ** sgd_step / adam_step take it (buf NULL as a whole when momentum is 0; first[i],
+  ** step_size[i], bc2_sqrt[i] per parameter), all updated by one call -- on cuda
+  ** one kernel launch -- with the same arithmetic, element for element. */
+  em_status (*sgd_step_multi)(emi_device *d, int n, em_tensor *const *p,
+                              const em_tensor *const *g, em_tensor *const *buf,
+                              const int *first, double lr, double momentum,
+                              double dampening, double wd, int nesterov);
+  em_status (*adam_step_multi)(emi_device *d, int n, em_tensor *const *p,
+                               const em_tensor *const *g, em_tensor *const *m,
+                               em_tensor *const *v, const double *step_size,
+                               const double *bc2_sqrt, double beta1, double beta2,
+                               double eps, double wd, double decay);
+  /* out: a 0-D float64 tensor on d = the sum over n contiguous tensors of this
+  ** device and one dtype, float32 or float64 (numel >= 1), of |x|^p (p = 2: x*x,
+  ** p = 1: |x|; finite p > 0), or the max of |x| (p = INFINITY; NaN wins), in
+  ** double, in one fixed order that every backend keeps, so results are
+  ** bit-identical for p = 1, 2, inf: the
+  ** tensors' elements in chunks of 4096 (a chunk never spans two tensors); in a
+  ** chunk, lane l (of 256) folds elements l, l+256, ... in turn, then lanes
+  ** combine by halving (lane l with lane l+s, s = 128 .. 1); the chunks' results
+  ** fold in order from 0 (clip_grad_norm). */
+  em_status (*norm_multi)(emi_device *d, em_tensor *out, int n, const em_tensor *const *t,
+                          double p);
+  /* t[i] *= (T)scale for n tensors as norm_multi's. */
+  em_status (*scale_multi)(emi_device *d, int n, em_tensor *const *t, double scale);
 } emi_backend;
 
 extern const emi_backend emi_cpu_backend;
@@ -389,6 +415,8 @@ em_status emi_expand_to(em_state *S, const char *op, const em_tensor *t,
 ** when that device can't be had (the reason is kept for em_cuda_device_count). */
 emi_device *emi_device_attach(em_state *S, int device);
 void emi_cuda_detach(em_state *S);        /* em_close */
+/* Drops one reference to a storage, freeing it with the last (core/tensor.c). */
+void emi_storage_release(emi_storage *st);
 
 /* The context of a device, or NULL when no backend serves it. */
 static inline emi_device *emi_device_of(em_state *S, int device) {

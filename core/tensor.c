@@ -42,7 +42,7 @@ static inline bool last_reference(int *refcount) {
   return __atomic_load_n(refcount, __ATOMIC_ACQUIRE) == 1 || emi_atomic_dec(refcount) == 0;
 }
 
-static void storage_release(emi_storage *st) {
+void emi_storage_release(emi_storage *st) {
   if (!last_reference(&st->refcount)) return;
   em_state *S = st->S;
   __atomic_sub_fetch(&S->mem_allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
@@ -63,7 +63,7 @@ void em_tensor_release(em_tensor *t) {
   if (!t || !last_reference(&t->refcount)) return;
   em_state *S = t->S;
   if (t->grad_fn || t->grad || t->hooks) emi_ag_release_fields(t);
-  storage_release(t->storage);
+  emi_storage_release(t->storage);
   emi_free(S, t, sizeof *t);
 }
 
@@ -190,7 +190,7 @@ static em_tensor *tensor_alloc(emi_device *d, const int64_t *sizes, int ndim, em
   emi_storage *st = storage_new(d, nbytes);
   if (!st) return NULL;
   em_tensor *t = handle_new(S, st, sizes, ndim, dt);
-  if (!t) storage_release(st);
+  if (!t) emi_storage_release(st);
   return t;
 }
 

@@ -18,6 +18,10 @@
 #include "k_reduce.h"
 #include "k_index.h"
 #include "k_random.h"
+#include "dnn.h"
+#include "k_optim.h"
+#include "k_loss.h"
+#include "k_norm.h"
 #include <stdio.h>
 
 /* -- Storages ---------------------------------------------------------------------- */
@@ -39,10 +43,18 @@ static emi_storage *cuda_alloc(emi_device *d, size_t nbytes) {
   st->data = p;
   st->nbytes = nbytes;
   st->block_size = sizeof *st;
+  if (cd->capture) emk_graph_keep(cd, st);          /* the graph may keep it (graph.c) */
   return st;
 }
 
+/* While capturing a graph, a storage that dies is the graph's to free. */
 static void cuda_free(emi_device *d, emi_storage *st) {
+  emk_cuda_device *cd = emk_dev(d);
+  if (cd->capture && emk_graph_take_dead(cd, st)) return;
+  emk_storage_free(d, st);
+}
+
+void emk_storage_free(emi_device *d, emi_storage *st) {
   emk_cuda_device *cd = emk_dev(d);
   char err[EMK_ERRMSG_SIZE];
   emk_alloc_release(cd->cuda->alloc, st->data, err, sizeof err);  /* reported by the
@@ -73,7 +85,7 @@ static em_status to_device(emi_device *d, em_tensor *out, const em_tensor *src) 
   em_state *S = d->S;
   emk_cuda_device *cd = emk_dev(d);
   emk_runtime *rt = cd->cuda->rt;
-  if (emk_is_pinned(src) && plain(src) && plain(out) && src->dtype == out->dtype)
+  if (!cd->capture && emk_is_pinned(src) && plain(src) && plain(out) && src->dtype == out->dtype)
     return emk_copy_from_pinned(d, out, src);      /* no staging, no wait (pinned.c) */
   em_tensor *h = NULL, *stage = NULL;
   em_status st = host_snapshot(S, src, out->dtype, &h);
@@ -87,9 +99,16 @@ static em_status to_device(emi_device *d, em_tensor *out, const em_tensor *src) 
     }
     dst = stage;
   }
-  st = rt->ops->memcpy_async(rt, em_tensor_data(dst), em_tensor_data(h),
-                             (size_t)h->numel * em_dtype_size(h->dtype), EMK_HOST_TO_DEVICE,
-                             cd->compute);
+  size_t n = (size_t)h->numel * em_dtype_size(h->dtype);
+  if (cd->capture) {           /* a constant of the graph being captured (graph.c) */
+    st = emk_graph_upload(d, em_tensor_data(dst), em_tensor_data(h), n);
+    em_tensor_release(h);
+    if (!st && stage) st = emk_copy_same_dtype(d, out, stage);
+    em_tensor_release(stage);
+    return st;
+  }
+  st = rt->ops->memcpy_async(rt, em_tensor_data(dst), em_tensor_data(h), n,
+                             EMK_HOST_TO_DEVICE, cd->compute);
   /* the stream reads h later, so the stream lets go of it; if it can't take it,
   ** wait here instead */
   if (st || rt->ops->host_callback(rt, cd->compute, release_tensor, h)) {
@@ -193,8 +212,27 @@ done:
   return st;
 }
 
+/* A copy to the host or between devices can't be captured in a graph (one from
+** the host can: it becomes the graph's constant, in to_device). */
+static em_status refuse_in_graph(em_state *S, em_tensor *out, const em_tensor *src) {
+  int devs[2] = {out->device, src->device};
+  for (int i = 0; i < 2; i++) {
+    if (devs[i] < 0) continue;
+    emi_device *x = S->devices[devs[i]];
+    if (emk_dev(x)->capture && src->device != EM_CPU)   /* from the CPU: to_device */
+      return emk_graph_refuse(x, "copy", out->device == EM_CPU
+                              ? "a copy to the CPU (reading values)"
+                              : "a copy between devices");
+  }
+  return EM_OK;
+}
+
 static em_status cuda_copy(emi_device *d, em_tensor *out, const em_tensor *src) {
   if (out->numel == 0) return EM_OK;
+  if (out->device != src->device) {
+    em_status st = refuse_in_graph(d->S, out, src);
+    if (st) return st;
+  }
   if (src->device == EM_CPU) return to_device(d, out, src);
   if (out->device == EM_CPU) return to_host(d, out, src);
   if (out->device != src->device) return peer_copy(d->S, out, src);
@@ -232,4 +270,26 @@ const emi_backend emk_cuda_backend = {
   .normal = emk_normal,
   .randint = emk_randint,
   .arange = emk_arange,
+  .conv2d = emk_conv2d,               /* k_dnn.c */
+  .conv2d_backward = emk_conv2d_backward,
+  .max_pool2d = emk_max_pool2d,
+  .max_pool2d_backward = emk_max_pool2d_backward,
+  .avg_pool2d = emk_avg_pool2d,
+  .avg_pool2d_backward = emk_avg_pool2d_backward,
+  .adaptive_avg_pool2d = emk_adaptive_avg_pool2d,
+  .adaptive_avg_pool2d_backward = emk_adaptive_avg_pool2d_backward,
+  .batch_norm = emk_batch_norm,
+  .batch_norm_backward = emk_batch_norm_backward,
+  .sgd_step_multi = emk_sgd_step_multi,   /* k_optim.c */
+  .adam_step_multi = emk_adam_step_multi,
+  .norm_multi = emk_norm_multi,
+  .scale_multi = emk_scale_multi,
+  .layer_norm = emk_layer_norm,       /* k_norm.c */
+  .layer_norm_backward = emk_layer_norm_backward,
+  .cross_entropy = emk_cross_entropy, /* k_loss.c */
+  .cross_entropy_backward = emk_cross_entropy_backward,
+  .nll_loss = emk_nll_loss,
+  .nll_loss_backward = emk_nll_loss_backward,
+  .pointwise_loss = emk_pointwise_loss,
+  .pointwise_loss_backward = emk_pointwise_loss_backward,
 };

@@ -19,6 +19,7 @@ static void close_all(em_state *S, emk_cuda *c) {
   for (int i = 0; i < c->ndev; i++) {
     emk_cuda_device *d = c->dev[i];
     if (!d) continue;
+    if (d->comm) c->rt->ops->stream_destroy(c->rt, d->comm);
     if (d->copy) c->rt->ops->stream_destroy(c->rt, d->copy);
     if (d->compute) c->rt->ops->stream_destroy(c->rt, d->compute);
     S->devices[i] = NULL;

@@ -17,6 +17,8 @@ typedef struct emk_cuda_device {
   int index;
   emk_stream *compute;           /* every op of this state on this device, in order */
   emk_stream *copy;              /* asynchronous copies from pinned memory (pinned.c) */
+  emk_stream *comm;              /* collectives (comm_cuda.c), made on first use */
+  struct em_cuda_graph *capture; /* the graph being captured here, or NULL (graph.c) */
 } emk_cuda_device;
 
 typedef struct emk_cuda {
@@ -41,12 +43,44 @@ em_status emk_fill(emi_device *d, em_tensor *out, double value);
 /* out[i] = src[i], one dtype, any strides (out-shaped src). */
 em_status emk_copy_same_dtype(emi_device *d, em_tensor *out, const em_tensor *src);
 
+/* CUDA graphs (graph.c). While d captures: a new storage is kept by the graph
+** (keep), a storage freed is taken by it and freed with it (take_dead: 1 when
+** taken), a copy from the CPU becomes a constant of the graph (upload), and
+** refuse makes an op that can't be captured fail, and the capture with it. emk_storage_free is the backend's real free (backend.c). */
+void emk_graph_keep(emk_cuda_device *cd, emi_storage *st);
+int emk_graph_take_dead(emk_cuda_device *cd, emi_storage *st);
+em_status emk_graph_refuse(emi_device *d, const char *op, const char *what);
+/* Queues n bytes from the CPU to dst as a constant of the graph d captures. */
+em_status emk_graph_upload(emi_device *d, void *dst, const void *src, size_t n);
+void emk_storage_free(emi_device *d, emi_storage *st);
+
 /* Pinned host tensors (pinned.c): whether t's memory is pinned, and the copy
 ** from such a tensor (contiguous, out's dtype) to out, a contiguous tensor on d. */
 int emk_is_pinned(const em_tensor *t);
 /* Gives the dead pinned blocks back to the runtime (not on a stream's thread). */
 void emk_pinned_collect(emk_cuda *c);
 em_status emk_copy_from_pinned(emi_device *d, em_tensor *out, const em_tensor *src);
+/* The same copy without the compute stream's wait: *on_copy = 1 when it was
+** queued on the copy stream (the caller records an event there and makes the
+** compute stream wait for it before the tensor is used), 0 when it ran on the
+** compute stream. */
+em_status emk_pinned_copy_queue(emi_device *d, em_tensor *out, const em_tensor *src,
+                                int *on_copy);
+/* The loader's pool of pinned buffers (pinned.c): alloc and put are its
+** em_loader_config.buffer_alloc and buffer_free (any thread; put never calls the
+** runtime); copying marks a buffer a queued copy reads (a worker short of
+** buffers waits for those); close gives the pool up (busy buffers go back to the
+** runtime when they die). */
+typedef struct emk_pinned_pool emk_pinned_pool;
+/* target: the buffers the pipeline needs (past them, a worker waits for a copy). */
+em_status emk_pinned_pool_new(em_state *S, emk_cuda *c, int target, emk_pinned_pool **out);
+void *emk_pinned_pool_alloc(void *ud, size_t nbytes);
+void emk_pinned_pool_put(void *ud, void *p, size_t nbytes);
+void emk_pinned_pool_copying(emk_pinned_pool *pl, const void *p);
+void emk_pinned_pool_stats(emk_pinned_pool *pl, int64_t *buffers, int64_t *bytes,
+                           int64_t *waits, double *wait_s);
+void emk_pinned_pool_trim(emk_pinned_pool *pl);     /* gives the free buffers back */
+void emk_pinned_pool_close(emk_pinned_pool *pl);
 
 /* The matmul entry (k_matmul.c), as core/internal.h's emi_backend describes it. */
 em_status emk_matmul(emi_device *d, em_tensor *out, const em_tensor *a, const em_tensor *b);

@@ -27,7 +27,24 @@
 **   5. the block replaces the one the caller allocated for out (untouched yet,
 **      given back at once).
 ** Any other pinned copy (into a view, a strided or other-dtype destination)
-** runs on the compute stream, still without staging.
+** runs on the compute stream, still without staging. The loader's device feed
+** (feed.c) takes steps 1, 2, 4 and 5 at once (emk_pinned_copy_queue) and step 3
+** only when it hands the batch out, so a batch copied ahead does not make the
+** ops of the step before it wait.
+**
+** The loader's pool. A loader with pin_memory assembles batches straight into
+** pinned memory (em_loader_config.buffer_alloc), from a pool of buffers kept
+** for the loader's life, so the runtime is asked for pinned memory only while
+** the pool grows (its first batches). A buffer comes back to the pool when its
+** tensor's last reference goes: for a batch sent to a device, that is the host
+** callback after its copy (step 2), so a buffer is never handed to a worker
+** while a copy still reads it. A worker that finds no free buffer makes a new
+** one until the pool holds what the pipeline needs (the loader's prefetch, its
+** workers and the batches copied ahead, per field); past that it waits while
+** some buffer's copy is pending (that one comes back by itself): copies that
+** lag behind then hold the workers back instead of growing the pool. With no
+** copy pending it grows anyway, since waiting on buffers the consumer holds
+** could deadlock.
 */
 #include "cuda.h"
 
@@ -61,7 +78,8 @@ void emk_pinned_collect(emk_cuda *c) {
 }
 
 int emk_is_pinned(const em_tensor *t) {
-  return t && t->device == EM_CPU && t->storage->ext_free == pinned_free;
+  return t && t->device == EM_CPU &&
+         (t->storage->ext_free == pinned_free || t->storage->ext_free == emk_pinned_pool_put);
 }
 
 int em_tensor_is_pinned(const em_tensor *t) { return emk_is_pinned(t); }
@@ -128,13 +146,13 @@ static em_status queue_copy(emk_cuda_device *cd, void *dst, em_tensor *src, emk_
   return EM_OK;
 }
 
-em_status emk_copy_from_pinned(emi_device *d, em_tensor *out, const em_tensor *src) {
+em_status emk_pinned_copy_queue(emi_device *d, em_tensor *out, const em_tensor *src,
+                                int *on_copy) {
   emk_cuda_device *cd = emk_dev(d);
   emk_cuda *c = cd->cuda;
-  emk_runtime *rt = c->rt;
   em_tensor *s = (em_tensor *)src;
   char err[EMK_ERRMSG_SIZE];
-  emk_pinned_collect(c);               /* the host thread: free what died */
+  *on_copy = 0;
   if (!replaceable(out)) {             /* on the compute stream, in call order */
     em_status st = queue_copy(cd, em_tensor_data(out), s, cd->compute);
     return st ? emk_error(d, "copy to device", st) : EM_OK;
@@ -149,18 +167,208 @@ em_status emk_copy_from_pinned(emi_device *d, em_tensor *out, const em_tensor *s
     st = queue_copy(cd, em_tensor_data(out), s, cd->compute);
     return st ? emk_error(d, "copy to device", st) : EM_OK;
   }
+  if ((st = queue_copy(cd, p, s, cd->copy))) {
+    emk_alloc_release(c->alloc, p, err, sizeof err);   /* nothing was queued */
+    return emk_error(d, "copy to device", st);
+  }
+  emk_alloc_release(c->alloc, out->storage->data, err, sizeof err);
+  out->storage->data = p;
+  *on_copy = 1;
+  return EM_OK;
+}
+
+em_status emk_copy_from_pinned(emi_device *d, em_tensor *out, const em_tensor *src) {
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  emk_pinned_collect(cd->cuda);        /* the host thread: free what died */
+  int on_copy = 0;
+  em_status st = emk_pinned_copy_queue(d, out, src, &on_copy);
+  if (st || !on_copy) return st;
   emk_event *e = NULL;
-  if ((st = queue_copy(cd, p, s, cd->copy)) ||
-      (st = rt->ops->event_create(rt, cd->index, &e)) ||
+  if ((st = rt->ops->event_create(rt, cd->index, &e)) ||
       (st = rt->ops->event_record(rt, e, cd->copy)) ||
       (st = rt->ops->stream_wait_event(rt, cd->compute, e))) {
-    rt->ops->stream_sync(rt, cd->copy);      /* nothing of it may still run */
+    rt->ops->stream_sync(rt, cd->copy);      /* the data is there: nothing to order */
     if (e) rt->ops->event_destroy(rt, e);
-    emk_alloc_release(c->alloc, p, err, sizeof err);
     return emk_error(d, "copy to device", st);
   }
   rt->ops->event_destroy(rt, e);             /* the queued wait keeps its point */
-  emk_alloc_release(c->alloc, out->storage->data, err, sizeof err);
-  out->storage->data = p;
   return EM_OK;
+}
+
+/* -- The loader's pool of pinned buffers ---------------------------------------------
+** Runs on worker threads (alloc), on streams' threads (put, from the callback
+** that ends a copy: no runtime call there, only the lock and the dead list) and
+** on the host thread (copying, close, stats). */
+enum { POOL_MAX = 256, POOL_ALIGN = 256 };
+
+typedef struct pool_buf {
+  void *p;
+  size_t cap;
+  int busy;                      /* held by a tensor */
+  int copying;                   /* and a queued copy reads it */
+} pool_buf;
+
+struct emk_pinned_pool {
+  em_state *S;
+  emk_cuda *c;
+  pthread_mutex_t mu;
+  pthread_cond_t back;           /* a copying buffer came back */
+  pool_buf buf[POOL_MAX];
+  int n, busy, copying, closed;
+  int target;                    /* buffers the pipeline needs: past it, wait */
+  int growing;                   /* being allocated now (counted against target) */
+  size_t bytes;
+  int64_t waits;
+  double wait_s;
+};
+
+em_status emk_pinned_pool_new(em_state *S, emk_cuda *c, int target, emk_pinned_pool **out) {
+  emk_pinned_pool *pl = emi_malloc(S, sizeof *pl);
+  if (!(*out = pl)) return emi_error(S, EM_ERR_NOMEM, "loader: out of memory");
+  memset(pl, 0, sizeof *pl);
+  pl->S = S;
+  pl->c = c;
+  pl->target = target < 1 ? 1 : target > POOL_MAX ? POOL_MAX : target;
+  pthread_mutex_init(&pl->mu, NULL);
+  pthread_cond_init(&pl->back, NULL);
+  return EM_OK;
+}
+
+static void pool_destroy(emk_pinned_pool *pl) {
+  pthread_mutex_destroy(&pl->mu);
+  pthread_cond_destroy(&pl->back);
+  emi_free(pl->S, pl, sizeof *pl);
+}
+
+/* The smallest free buffer of at least n bytes, or -1. Under the lock. */
+static int pool_fit(emk_pinned_pool *pl, size_t n) {
+  int best = -1;
+  for (int i = 0; i < pl->n; i++)
+    if (!pl->buf[i].busy && pl->buf[i].cap >= n && (best < 0 || pl->buf[i].cap < pl->buf[best].cap))
+      best = i;
+  return best;
+}
+
+void *emk_pinned_pool_alloc(void *ud, size_t n) {
+  emk_pinned_pool *pl = ud;
+  emk_runtime *rt = pl->c->rt;
+  size_t cap = ((n < MIN_BLOCK ? MIN_BLOCK : n) + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+  pthread_mutex_lock(&pl->mu);
+  int i;
+  double t0 = 0;
+  while ((i = pool_fit(pl, n)) < 0 && pl->copying > 0 && pl->n + pl->growing >= pl->target) {
+    if (t0 == 0) { t0 = emi_now(); pl->waits++; }
+    pthread_cond_wait(&pl->back, &pl->mu);
+  }
+  if (t0 != 0) pl->wait_s += emi_now() - t0;
+  if (i >= 0) {
+    pl->buf[i].busy = 1;
+    pl->busy++;
+    pthread_mutex_unlock(&pl->mu);
+    return pl->buf[i].p;
+  }
+  if (pl->n + pl->growing >= pl->target)   /* a free buffer too small (a last batch's) */
+    for (int k = 0; k < pl->n; k++)   /* makes room: to the dead list, no runtime call */
+      if (!pl->buf[k].busy) {
+        pinned_free(pl->c, pl->buf[k].p, pl->buf[k].cap);
+        pl->bytes -= pl->buf[k].cap;
+        pl->buf[k] = pl->buf[--pl->n];
+        break;
+      }
+  pl->growing++;
+  pthread_mutex_unlock(&pl->mu);
+  /* Grow: the runtime is asked only here (CUDA allows it on any thread). */
+  void *p = NULL;
+  em_status st = rt->ops->host_alloc(rt, cap, &p);
+  pthread_mutex_lock(&pl->mu);
+  pl->growing--;
+  if (st) {
+    pthread_mutex_unlock(&pl->mu);
+    return NULL;
+  }
+  if (pl->n < POOL_MAX) {
+    pl->buf[pl->n++] = (pool_buf){p, cap, 1, 0};
+    pl->bytes += cap;
+  }                                /* else a block of its own, given back when it dies */
+  pl->busy++;
+  pthread_mutex_unlock(&pl->mu);
+  return p;
+}
+
+static int pool_find(emk_pinned_pool *pl, const void *p) {
+  for (int i = 0; i < pl->n; i++)
+    if (pl->buf[i].p == p) return i;
+  return -1;
+}
+
+void emk_pinned_pool_put(void *ud, void *p, size_t nbytes) {
+  emk_pinned_pool *pl = ud;
+  pthread_mutex_lock(&pl->mu);
+  int i = pool_find(pl, p);
+  if (i >= 0) {
+    if (pl->buf[i].copying) { pl->copying--; pl->buf[i].copying = 0; }
+    pl->buf[i].busy = 0;
+    if (pl->closed) {              /* the loader is gone: back to the runtime */
+      pinned_free(pl->c, p, nbytes);
+      pl->bytes -= pl->buf[i].cap;
+      pl->buf[i] = pl->buf[--pl->n];
+    }
+  } else {
+    pinned_free(pl->c, p, nbytes); /* a block past POOL_MAX */
+  }
+  int last = --pl->busy == 0 && pl->closed;
+  pthread_cond_broadcast(&pl->back);
+  pthread_mutex_unlock(&pl->mu);
+  if (last) pool_destroy(pl);
+}
+
+void emk_pinned_pool_copying(emk_pinned_pool *pl, const void *p) {
+  pthread_mutex_lock(&pl->mu);
+  int i = pool_find(pl, p);
+  if (i >= 0 && pl->buf[i].busy && !pl->buf[i].copying) {
+    pl->buf[i].copying = 1;
+    pl->copying++;
+  }
+  pthread_mutex_unlock(&pl->mu);
+}
+
+void emk_pinned_pool_stats(emk_pinned_pool *pl, int64_t *buffers, int64_t *bytes,
+                           int64_t *waits, double *wait_s) {
+  pthread_mutex_lock(&pl->mu);
+  *buffers = pl->n;
+  *bytes = (int64_t)pl->bytes;
+  *waits = pl->waits;
+  *wait_s = pl->wait_s;
+  pthread_mutex_unlock(&pl->mu);
+}
+
+/* Gives the free buffers back to the runtime (through the dead list, then at
+** once: this is the host thread). Under the lock. */
+static void pool_trim_locked(emk_pinned_pool *pl) {
+  for (int i = 0; i < pl->n;) {
+    if (pl->buf[i].busy) { i++; continue; }
+    pinned_free(pl->c, pl->buf[i].p, pl->buf[i].cap);
+    pl->bytes -= pl->buf[i].cap;
+    pl->buf[i] = pl->buf[--pl->n];
+  }
+}
+
+void emk_pinned_pool_trim(emk_pinned_pool *pl) {
+  pthread_mutex_lock(&pl->mu);
+  pool_trim_locked(pl);
+  pthread_mutex_unlock(&pl->mu);
+  emk_pinned_collect(pl->c);
+}
+
+void emk_pinned_pool_close(emk_pinned_pool *pl) {
+  if (!pl) return;
+  emk_cuda *c = pl->c;
+  pthread_mutex_lock(&pl->mu);
+  pl->closed = 1;
+  pool_trim_locked(pl);            /* free buffers go now, busy ones when they die */
+  int last = pl->busy == 0;
+  pthread_mutex_unlock(&pl->mu);
+  if (last) pool_destroy(pl);
+  emk_pinned_collect(c);
 }

@@ -30,6 +30,7 @@
 enum { EMK_ERRMSG_SIZE = 512, EMK_MAX_DEVICES = 16 };
 
 typedef struct emk_stream emk_stream;   /* in order; owned by the runtime */
+typedef struct emk_graph emk_graph;     /* captured work (capture_end) */
 typedef struct emk_event emk_event;
 
 typedef struct emk_dim3 { unsigned x, y, z; } emk_dim3;
@@ -60,6 +61,23 @@ typedef struct emk_kernel {
   const void *device_fn;
   int uses_barriers;       /* calls __syncthreads or warp shuffles: needs fibers */
 } emk_kernel;
+
+/* The nn entries' arguments (below). A convolution (cross-correlation, groups G)
+** of x (N, C, H, W) with w (O, C/G, kH, kW) giving y (N, O, OH, OW), run in one
+** direction: FWD writes y = conv(x, w) + bias (bias (O) or NULL); BWD_DATA writes
+** x = the gradient for x from y (the output's gradient) and w; BWD_FILTER writes
+** w = the gradient for w from x and y (the output's gradient), and bias (or NULL)
+** = the gradient for the bias. */
+typedef enum emk_conv_dir { EMK_CONV_FWD, EMK_CONV_BWD_DATA, EMK_CONV_BWD_FILTER } emk_conv_dir;
+typedef struct emk_conv_desc {
+  int dir;                        /* emk_conv_dir */
+  em_dtype dtype;
+  int allow_tf32;                 /* float32 may use TF32 tensor cores (the emulator ignores it) */
+  int64_t N, C, H, W, O, kH, kW, OH, OW, sH, sW, pH, pW, dH, dW, G;
+} emk_conv_desc;
+typedef struct emk_conv_algo { int algo; size_t workspace; } emk_conv_algo;
+/* Batch norm over x seen as (N, C, L), N*L >= 2. */
+typedef struct emk_bn_desc { em_dtype dtype; int64_t N, C, L; double momentum, eps; } emk_bn_desc;
 
 typedef struct emk_runtime emk_runtime;
 
@@ -110,6 +128,20 @@ typedef struct emk_runtime_ops {
   em_status (*event_query)(emk_runtime *rt, emk_event *e, int *done);
   em_status (*event_sync)(emk_runtime *rt, emk_event *e);
 
+  /* Graphs. Between capture_begin and capture_end, work queued on s is recorded,
+  ** not run; graph_launch queues the recorded work on a stream again, as it was
+  ** recorded: the same pointers, the same kernel arguments. What can be captured:
+  ** kernels, memsets, copies within device memory and from pinned host memory,
+  ** GEMMs. Anything else queued
+  ** on s while capturing (a copy to or from the host, a host callback, an event,
+  ** a wait), and a sync of s, fails and spoils the capture: capture_end then
+  ** returns that error (and no graph). The caller keeps every buffer the work
+  ** uses alive while the graph lives. */
+  em_status (*capture_begin)(emk_runtime *rt, emk_stream *s);
+  em_status (*capture_end)(emk_runtime *rt, emk_stream *s, emk_graph **out);
+  em_status (*graph_launch)(emk_runtime *rt, emk_graph *g, emk_stream *s);
+  em_status (*graph_destroy)(emk_runtime *rt, emk_graph *g);
+
   /* Queues kernel k on s over grid x block threads with dyn_shared bytes of
   ** dynamic shared memory; args (args_size bytes) is copied at the call. */
   em_status (*launch)(emk_runtime *rt, const emk_kernel *k, emk_dim3 grid,
@@ -136,6 +168,29 @@ typedef struct emk_runtime_ops {
                     const void *a, int64_t a_rs, int64_t a_cs, int64_t a_bs,
                     const void *b, int64_t b_rs, int64_t b_cs, int64_t b_bs,
                     void *c, int64_t c_rs, int64_t c_cs, int64_t c_bs, int allow_tf32);
+
+  /* -- nn (types above; real: cuDNN 9 in real/dnn_real.c; emulated:
+  ** the CPU backend's kernels on the stream's thread in emu/dnn_emu.c). Arrays are
+  ** dense NCHW device memory of c->dtype (float32 or float64) on s's device.
+  ** conv_algos lists, best first, up to max algorithms for convolution c with the
+  ** workspace bytes each needs (*n of them); conv queues algorithm `algo` with a
+  ** workspace ws of ws_size bytes (see emk_conv_desc for what x, w, y, bias hold
+  ** in each direction). batch_norm_fwd (training) and batch_norm_bwd: x, y, gy, gx
+  ** (N, C, L); w, b, mean, invstd, gw, gb (C), none NULL; running_mean and
+  ** running_var (C) both given or both NULL. mean/invstd receive the batch mean
+  ** and 1/sqrt(biased var + eps); the running ones move by momentum towards the
+  ** mean and the unbiased variance. */
+  em_status (*conv_algos)(emk_runtime *rt, int dev, const emk_conv_desc *c,
+                          emk_conv_algo *out, int max, int *n);
+  em_status (*conv)(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo,
+                    void *ws, size_t ws_size, void *x, void *w, void *y, void *bias);
+  em_status (*batch_norm_fwd)(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
+                              const void *x, const void *w, const void *bias, void *y,
+                              void *mean, void *invstd, void *running_mean,
+                              void *running_var);
+  em_status (*batch_norm_bwd)(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
+                              const void *x, const void *gy, const void *w, const void *mean,
+                              const void *invstd, void *gx, void *gw, void *gb);
 } emk_runtime_ops;
 
 struct emk_runtime {

@@ -75,4 +75,8 @@ const emi_backend emi_cpu_backend = {
   .scatter_add = emi_cpu_scatter_add,
   .sgd_step = emi_cpu_sgd_step,
   .adam_step = emi_cpu_adam_step,
+  .sgd_step_multi = emi_cpu_sgd_step_multi,
+  .adam_step_multi = emi_cpu_adam_step_multi,
+  .norm_multi = emi_cpu_norm_multi,
+  .scale_multi = emi_cpu_scale_multi,
 };

@@ -118,6 +118,20 @@ em_status emi_cpu_sgd_step(emi_device *dev, em_tensor *p, const em_tensor *g, em
 em_status emi_cpu_adam_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *m,
                             em_tensor *v, double beta1, double beta2, double eps, double wd,
                             double decay, double step_size, double bc2_sqrt);
+/* The multi-tensor entries (internal.h): loops over the ones above, and
+** clip_grad_norm's norm and scaling. */
+em_status emi_cpu_sgd_step_multi(emi_device *dev, int n, em_tensor *const *p,
+                                 const em_tensor *const *g, em_tensor *const *buf,
+                                 const int *first, double lr, double momentum,
+                                 double dampening, double wd, int nesterov);
+em_status emi_cpu_adam_step_multi(emi_device *dev, int n, em_tensor *const *p,
+                                  const em_tensor *const *g, em_tensor *const *m,
+                                  em_tensor *const *v, const double *step_size,
+                                  const double *bc2_sqrt, double beta1, double beta2,
+                                  double eps, double wd, double decay);
+em_status emi_cpu_norm_multi(emi_device *dev, em_tensor *out, int n,
+                             const em_tensor *const *t, double p);
+em_status emi_cpu_scale_multi(emi_device *dev, int n, em_tensor *const *t, double scale);
 
 /* -- OpenBLAS's thread count (blas.c) ----------------------------------------------
 ** One setting for the whole process: OpenBLAS runs the largest count wanted by a

@@ -125,4 +125,30 @@ em_status emi_transform_new(em_state *S, const emi_transform_vt *vt, void *impl,
 em_status emi_transform_run(em_transform *t, emi_dctx *c, emi_drng *rng,
                             em_tensor **fields, int nfields);
 
+/* -- A loader's device side (kernels/feed.c) -------------------------------------
+** em_loader_to_device gives a loader a feed: the pinned buffer pool its workers
+** assemble batches in, and the queue of batches whose copies to the device run
+** ahead of the consumer. All on the consumer's thread, except the pool's hooks. */
+typedef struct emi_feed emi_feed;
+/* ahead: batches copied before they are asked for (-1: the default, 1);
+** buffers: the pinned buffers the pipeline needs, per its shape (see loader.c). */
+em_status emi_feed_new(em_state *S, int device, int pin_memory, int ahead, int buffers,
+                       emi_feed **out);
+/* The pool's hooks for the loader's config (NULLs without pin_memory). */
+void emi_feed_buffers(emi_feed *f, void *(**alloc)(void *, size_t),
+                      void (**release)(void *, void *, size_t), void **ud);
+/* The next batch on the device into out (*got = 0 at the end of the epoch);
+** pulls from l with emi_loader_take. Errors set S's message. */
+em_status emi_feed_next(em_state *S, emi_feed *f, em_loader *l, em_tensor **out, int *got);
+void emi_feed_drop(emi_feed *f);   /* the epoch stopped: drops the batches queued */
+void emi_feed_trim(emi_feed *f);   /* drop, wait for the copies, free the pool's buffers */
+void emi_feed_stats(emi_feed *f, em_loader_stats *out);
+void emi_feed_free(emi_feed *f);
+
+/* loader.c, for the feed: the next item of the epoch into out (new references,
+** *got = 0 at the end). wait = 0 takes it only when a worker has it ready (with
+** no workers it is computed now; an error is then kept for the next call).
+** Errors set S's message and stop the epoch. */
+em_status emi_loader_take(em_state *S, em_loader *l, int wait, em_tensor **out, int *got);
+
 #endif

@@ -24,6 +24,14 @@
 ** Time the consumer spends blocked in em_loader_next is summed as wait time;
 ** with workers = 0 the whole computation of each item is wait time, since the
 ** step waits for it either way.
+**
+** Devices. em_loader_to_device puts a feed (kernels/feed.c) between the slots
+** and the consumer: it takes items through emi_loader_take -- also without
+** waiting, to copy the next batch to the device ahead of its step -- and with
+** pin_memory its pool of pinned buffers becomes the loader's buffer allocator.
+** The workers then make sure every field of an item lies in such a buffer
+** (pin_fields), copying the ones a view or a transform left elsewhere, so
+** that every batch can be copied asynchronously.
 */
 #include "../profile/profile.h"
 #include "data.h"
@@ -54,6 +62,10 @@ struct em_loader {
   int nthreads;                  /* started and not yet joined */
   int stop;
   int64_t epoch, total, claim, pos, fail_at;
+  emi_feed *feed;                /* em_loader_to_device, or NULL */
+  int pin_all;                   /* every field must lie in a buffer_alloc buffer */
+  em_status kept_st;             /* an error met computing ahead (workers = 0) */
+  char kept_err[EMI_ERRMSG_SIZE];
   int64_t items, samples;
   double t_start, wait_s, t_last;
 };
@@ -65,6 +77,24 @@ static void slot_clear(em_loader *l, slot *s) {
   s->err[0] = 0;
 }
 
+/* Copies each field of out that does not lie in a whole buffer of the
+** context's allocator (a view of an in-memory source, a transform's result)
+** into one, so the device feed can copy every field without staging. */
+static em_status pin_fields(em_loader *l, emi_dctx *c, em_tensor **out) {
+  for (int k = 0; k < l->d->nfields; k++) {
+    em_tensor *x = out[k], *y = NULL;
+    if (!x || (x->storage->ext_free == c->buffer_free && x->storage->ext_ud == c->buffer_ud &&
+               em_tensor_is_contiguous(x)))
+      continue;
+    em_status st = emi_dbuffer_new(c, "pin_memory", x->sizes, x->ndim, x->dtype, &y);
+    if (st) return st;
+    if (x->numel) emi_copy_strided(em_tensor_data(y), x);
+    em_tensor_release(x);
+    out[k] = y;
+  }
+  return EM_OK;
+}
+
 /* Computes item i into out with a context for worker `id`. */
 static em_status compute(em_loader *l, int id, int64_t i, em_tensor **out, char *err) {
   emi_dctx c;
@@ -73,6 +103,8 @@ static em_status compute(em_loader *l, int id, int64_t i, em_tensor **out, char 
   c.buffer_free = l->cfg.buffer_free;
   c.buffer_ud = l->cfg.buffer_ud;
   em_status st = emi_dataset_get(l->d, &c, i, out);
+  if (!st && l->pin_all && (st = pin_fields(l, &c, out)))
+    for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(out[k]); out[k] = NULL; }
   if (st) memcpy(err, c.err, sizeof c.err);
   return st;
 }
@@ -178,8 +210,8 @@ em_status em_loader_new(em_state *S, em_dataset *d, const em_loader_config *cfg,
   return EM_OK;
 }
 
-void em_loader_stop(em_loader *l) {
-  if (!l) return;
+/* Joins the workers and drops what they computed ahead (the feed's too). */
+static void stop_epoch(em_loader *l) {
   pthread_mutex_lock(&l->mu);
   l->stop = 1;
   pthread_cond_broadcast(&l->work_cv);
@@ -188,6 +220,39 @@ void em_loader_stop(em_loader *l) {
   l->nthreads = 0;
   for (int k = 0; k < l->prefetch; k++) slot_clear(l, &l->slots[k]);
   l->pos = l->total;                 /* the epoch is over */
+  l->kept_st = EM_OK;
+  emi_feed_drop(l->feed);
+}
+
+void em_loader_stop(em_loader *l) {
+  if (!l) return;
+  stop_epoch(l);
+  emi_feed_trim(l->feed);            /* and the pinned buffers go back */
+}
+
+em_status em_loader_to_device(em_state *S, em_loader *l, int device, int pin_memory,
+                              int ahead) {
+  if (!l) return emi_error(S, EM_ERR_ARG, "loader: no loader given");
+  if (l->feed) return emi_error(S, EM_ERR_ARG, "loader: to_device was called already");
+  if (l->epoch >= 0)
+    return emi_error(S, EM_ERR_ARG, "loader: to_device must come before the first epoch");
+  if (pin_memory && l->cfg.buffer_alloc)
+    return emi_error(S, EM_ERR_ARG, "loader: pin_memory brings its own buffer_alloc; the "
+                     "config has one already");
+  /* The pinned buffers in use at once: an item per slot (computing or ready),
+  ** one more per worker for a transform's copy (pin_fields), the batches whose
+  ** copies run ahead and the one handed out, each a buffer per field. */
+  int copied = device == EM_CPU ? 0 : (ahead < 0 ? 1 : ahead) + 1;
+  int buffers = (l->prefetch + l->nworkers + copied) * l->d->nfields;
+  emi_feed *f = NULL;
+  em_status st = emi_feed_new(S, device, pin_memory, ahead, buffers, &f);
+  if (st) return st;
+  if (pin_memory) {
+    emi_feed_buffers(f, &l->cfg.buffer_alloc, &l->cfg.buffer_free, &l->cfg.buffer_ud);
+    l->pin_all = 1;
+  }
+  l->feed = f;
+  return EM_OK;
 }
 
 em_status em_loader_start(em_state *S, em_loader *l, int64_t epoch) {
@@ -199,7 +264,7 @@ em_status em_loader_start_at(em_state *S, em_loader *l, int64_t epoch, int64_t f
   if (first < 0 || first > l->d->len)
     return emi_error(S, EM_ERR_INDEX, "loader: can't start at item %lld of an epoch of %lld",
                      (long long)first, (long long)l->d->len);
-  em_loader_stop(l);
+  stop_epoch(l);
   l->stop = 0;
   l->epoch = epoch;
   l->total = l->d->len;
@@ -222,32 +287,41 @@ em_status em_loader_start_at(em_state *S, em_loader *l, int64_t epoch, int64_t f
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc) {
-    em_loader_stop(l);
+    stop_epoch(l);
     return emi_error(S, EM_ERR_NOMEM, "loader: could not start worker thread %d of %d",
                      started + 1, l->nworkers);
   }
   return EM_OK;
 }
 
-em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfields) {
-  if (!l || !out || !nfields) return emi_error(S, EM_ERR_ARG, "loader next: bad arguments");
-  *nfields = 0;
+em_status emi_loader_take(em_state *S, em_loader *l, int wait, em_tensor **out, int *got) {
+  *got = 0;
   for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) out[k] = NULL;
-  if (l->epoch < 0)
-    return emi_error(S, EM_ERR_ARG, "loader next: no epoch started (em_loader_start)");
-  if (l->pos >= l->total) {          /* end of the epoch: the workers have exited */
-    em_loader_stop(l);
-    return EM_OK;
-  }
-  double t0 = emi_now();
   em_status st;
   char err[EMI_ERRMSG_SIZE];
+  if (l->kept_st) {                  /* met while computing ahead: its turn now */
+    if (!wait) return EM_OK;
+    st = l->kept_st;
+    memcpy(err, l->kept_err, sizeof err);
+    stop_epoch(l);
+    return emi_error(S, st, "%s", err);
+  }
+  if (l->pos >= l->total) return EM_OK;   /* the end: the workers have exited */
   if (l->nworkers == 0) {
     st = compute(l, -1, l->pos, out, err);
     if (!st) l->pos++;
+    else if (!wait) {                /* not this item's turn to fail yet */
+      l->kept_st = st;
+      memcpy(l->kept_err, err, sizeof err);
+      return EM_OK;
+    }
   } else {
     pthread_mutex_lock(&l->mu);
     slot *s = &l->slots[l->pos % l->prefetch];
+    if (!wait && (s->index != l->pos || s->st)) {   /* not ready (or failed: later) */
+      pthread_mutex_unlock(&l->mu);
+      return EM_OK;
+    }
     while (s->index != l->pos) pthread_cond_wait(&l->ready_cv, &l->mu);
     st = s->st;
     memcpy(out, s->f, sizeof s->f);
@@ -258,15 +332,33 @@ em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfield
     pthread_cond_signal(&l->work_cv);  /* one slot is free: one more claim fits */
     pthread_mutex_unlock(&l->mu);
   }
+  if (st) {
+    stop_epoch(l);
+    for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(out[k]); out[k] = NULL; }
+    return emi_error(S, st, "%s", err);
+  }
+  *got = 1;
+  return EM_OK;
+}
+
+em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfields) {
+  if (!l || !out || !nfields) return emi_error(S, EM_ERR_ARG, "loader next: bad arguments");
+  *nfields = 0;
+  for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) out[k] = NULL;
+  if (l->epoch < 0)
+    return emi_error(S, EM_ERR_ARG, "loader next: no epoch started (em_loader_start)");
+  double t0 = emi_now();
+  int got = 0;
+  em_status st = l->feed ? emi_feed_next(S, l->feed, l, out, &got)
+                         : emi_loader_take(S, l, 1, out, &got);
+  if (st || !got) {                  /* an error, or the end of the epoch */
+    stop_epoch(l);
+    return st;
+  }
   double t1 = emi_now();
   l->wait_s += t1 - t0;
   l->t_last = t1;
   if (S->profiler) profile_wait(S, l, t0, t1);
-  if (st) {
-    em_loader_stop(l);
-    for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(out[k]); out[k] = NULL; }
-    return emi_error(S, st, "%s", err);
-  }
   l->items++;
   const em_tensor *x = out[0];
   l->samples += l->d->batched && x && x->ndim > 0 ? x->sizes[0] : 1;
@@ -283,11 +375,18 @@ void em_loader_stats_get(const em_loader *l, em_loader_stats *out) {
   out->total_items = l->total;
   out->elapsed_s = l->epoch < 0 ? 0 : (l->pos < l->total ? emi_now() : l->t_last) - l->t_start;
   out->wait_s = l->wait_s;
+  em_loader *m = (em_loader *)l;     /* the lock only */
+  pthread_mutex_lock(&m->mu);
+  for (int k = 0; k < l->prefetch; k++)
+    out->ready += l->slots[k].index >= l->pos && l->slots[k].st == EM_OK;
+  pthread_mutex_unlock(&m->mu);
+  if (l->feed) emi_feed_stats(l->feed, out);
 }
 
 void em_loader_free(em_loader *l) {
   if (!l) return;
-  em_loader_stop(l);
+  stop_epoch(l);
+  emi_feed_free(l->feed);            /* after the workers: they allocate from its pool */
   em_state *S = l->S;
   pthread_mutex_destroy(&l->mu);
   pthread_cond_destroy(&l->work_cv);

@@ -9,6 +9,15 @@
 ** calls into MPI. The comm thread is that somebody, and as it runs the items in
 ** call order, every replica meets every collective in the same order without
 ** any further agreement.
+**
+** Device tensors (c->dev, core/dist/nccl.c). The same queue and thread serve a
+** communicator whose tensors live on a CUDA device: submission marks the
+** compute stream (an event after the work that wrote the input), the comm thread
+** waits for that mark before it reads, and a wait makes the compute stream wait
+** for the collective's end before anything queued later reads the result. A
+** backend that reads device memory itself (NCCL) does the middle part on the
+** device; for the others (the host backends standing in for NCCL on emulated
+** devices) the comm thread stages the buffers through host memory around run.
 */
 #include "comm.h"
 #include "../profile/profile.h"
@@ -99,6 +108,20 @@ static void profile_collective(em_comm *c, const em_comm_work *w) {
   emi_profile_record(emi_profiler_of(c->S), &ev);
 }
 
+enum { GROUP_MAX = 16 };
+
+/* One collective. On a device communicator whose backend moves host memory,
+** the device buffers are staged around it: wait for the compute stream's mark,
+** copy in, run, copy back (and mark the comm stream for the caller's join). */
+static em_status run_one(em_comm *c, em_comm_work *w) {
+  if (!c->dev || c->be->device_native || !w->dev_in) return c->be->run(c, w);
+  em_status st = emi_commdev_wait_mark(c, w);
+  if (!st) st = emi_commdev_stage_in(c, w);
+  if (!st) st = c->be->run(c, w);
+  if (!st) st = emi_commdev_stage_out(c, w);
+  return st;
+}
+
 static void *comm_thread(void *arg) {
   em_comm *c = arg;
   emi_profile_thread_label("comm", 0);
@@ -121,25 +144,34 @@ static void *comm_thread(void *arg) {
       }
     }
     if (!c->head) break;                      /* stopping, queue drained */
-    em_comm_work *w = c->head;
-    c->head = w->next;
+    /* one item, or with run_group every queued one (up to GROUP_MAX) */
+    em_comm_work *ws[GROUP_MAX];
+    em_status sts[GROUP_MAX];
+    int n = 0;
+    do {
+      em_comm_work *w = c->head;
+      c->head = w->next;
+      ws[n++] = w;
+    } while (c->be->run_group && c->head && n < GROUP_MAX);
     if (!c->head) c->tail = NULL;
     int failed = c->failed;
     pthread_mutex_unlock(&c->mu);
-    em_status st;
-    w->t_begin = w->t_ready = emi_now();
-    if (failed) {
-      st = EM_ERR_IO;
-    } else {
-      st = c->be->run(c, w);
-      if (!st && c->test_gbps > 0) cap_bandwidth(c, w);
+    double t = emi_now();
+    for (int k = 0; k < n; k++) { ws[k]->t_begin = ws[k]->t_ready = t; sts[k] = EM_ERR_IO; }
+    if (!failed && n > 1) {
+      c->be->run_group(c, ws, n, sts);
+    } else if (!failed) {
+      sts[0] = run_one(c, ws[0]);
+      if (!sts[0] && c->test_gbps > 0) cap_bandwidth(c, ws[0]);
     }
-    if (st && emi_comm_failed(c)) {           /* the communicator's failure says it best */
-      pthread_mutex_lock(&c->mu);
-      snprintf(w->errmsg, sizeof w->errmsg, "%s", c->failure);
-      pthread_mutex_unlock(&c->mu);
+    for (int k = 0; k < n; k++) {
+      if (sts[k] && emi_comm_failed(c)) {     /* the communicator's failure says it best */
+        pthread_mutex_lock(&c->mu);
+        snprintf(ws[k]->errmsg, sizeof ws[k]->errmsg, "%s", c->failure);
+        pthread_mutex_unlock(&c->mu);
+      }
+      finish(c, ws[k], sts[k]);
     }
-    finish(c, w, st);
     pthread_mutex_lock(&c->mu);
   }
   pthread_mutex_unlock(&c->mu);
@@ -164,12 +196,19 @@ static void *comm_thread_entry(void *arg) {
 
 em_status emi_comm_new(em_state *S, const emi_comm_backend *be, void *impl, int rank,
                        int size, double timeout_s, em_comm **out) {
+  return emi_comm_new_dev(S, be, impl, rank, size, timeout_s, NULL, out);
+}
+
+em_status emi_comm_new_dev(em_state *S, const emi_comm_backend *be, void *impl, int rank,
+                           int size, double timeout_s, struct emi_commdev *dev,
+                           em_comm **out) {
   *out = NULL;
   em_comm *c = calloc(1, sizeof *c);
   if (!c) return emi_error(S, EM_ERR_NOMEM, "comm: out of memory");
   c->S = S;
   c->be = be;
   c->impl = impl;
+  c->dev = dev;
   const char *cap = getenv("EMBER_TEST_COMM_GBPS");
   c->test_gbps = cap ? atof(cap) : 0;
   c->rank = rank;
@@ -215,6 +254,7 @@ void em_comm_free(em_comm *c) {
   if (c->be->abort_notify && emi_comm_failed(c)) c->be->abort_notify(c, 0);
   if (c->thread_started) pthread_join(c->thread, NULL);
   if (c->be->destroy) c->be->destroy(c);
+  if (c->dev) emi_commdev_close(c->dev);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
   free(c);
@@ -222,7 +262,9 @@ void em_comm_free(em_comm *c) {
 
 int em_comm_rank(const em_comm *c) { return c ? c->rank : 0; }
 int em_comm_size(const em_comm *c) { return c ? c->size : 1; }
-const char *em_comm_backend(const em_comm *c) { return c ? c->be->name : "none"; }
+const char *em_comm_backend(const em_comm *c) {
+  return !c ? "none" : c->label ? c->label : c->be->name;
+}
 
 void em_comm_abort(em_comm *c, const char *message) {
   if (!c) return;
@@ -245,10 +287,14 @@ static em_status check_comm_tensor(em_state *S, const char *op, em_comm *c,
   em_status st = emi_check_tensor(S, op, t);
   if (st) return st;
   if (!c) return emi_error(S, EM_ERR_ARG, "%s: NULL communicator", op);
-  if (t->device != EM_CPU) {
-    char b[16];
-    return emi_error(S, EM_ERR_DEVICE, "%s: the %s communicator takes CPU tensors, got one "
-                     "on %s", op, c->be->name, emi_device_name(b, t->device));
+  /* a device communicator takes its device's tensors and CPU ones (checksums,
+  ** metrics: those go through the host communicator) */
+  int want = c->dev ? emi_commdev_device(c->dev) : EM_CPU;
+  if (t->device != want && t->device != EM_CPU) {
+    char b[16], b2[16];
+    return emi_error(S, EM_ERR_DEVICE, "%s: the %s communicator takes tensors on %s%s, got "
+                     "one on %s", op, em_comm_backend(c), emi_device_name(b2, want),
+                     c->dev ? " or the CPU" : "", emi_device_name(b, t->device));
   }
   switch (t->dtype) {
   case EM_FLOAT32: case EM_FLOAT64: case EM_FLOAT16: case EM_BFLOAT16: case EM_INT32:
@@ -297,6 +343,17 @@ static em_status work_copy_back(em_state *S, em_comm_work *w) {
 
 static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work **work) {
   w->comm = c;
+  if (c->dev && w->in_t && w->in_t->device != EM_CPU) {   /* where their values are final */
+    w->dev_in = w->in;
+    w->dev_out = w->out;
+    em_status st = emi_commdev_mark(S, c->dev, w);
+    if (st) {
+      emi_commdev_release(c->dev, w);
+      work_release_tensors(w);
+      free(w);
+      return st;
+    }
+  }
   pthread_mutex_lock(&c->mu);
   w->seq = c->next_seq++;
   if (c->tail) c->tail->next = w;
@@ -308,6 +365,19 @@ static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work *
   em_status st = em_comm_work_wait(S, w);
   em_comm_work_free(w);
   return st;
+}
+
+em_status emi_comm_call(em_comm *c, em_comm_work *w) {
+  w->comm = c;
+  pthread_mutex_lock(&c->mu);
+  w->seq = c->next_seq++;
+  if (c->tail) c->tail->next = w;
+  else c->head = w;
+  c->tail = w;
+  pthread_cond_broadcast(&c->cv);
+  while (!w->done) pthread_cond_wait(&c->cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+  return w->status;
 }
 
 static em_comm_work *work_new(em_state *S, const char *op, emi_coll_kind kind) {
@@ -377,7 +447,7 @@ static em_status submit_out(em_state *S, const char *op, em_comm *c, const em_te
   em_comm_work *w = work_new(S, op, kind);
   if (!w) return EM_ERR_NOMEM;
   if ((st = contiguous_of(S, t, &w->in_t))) { free(w); return st; }
-  if ((st = emi_tensor_new(S, op, sizes, nd, t->dtype, EM_CPU, &w->out_t))) {
+  if ((st = emi_tensor_new(S, op, sizes, nd, t->dtype, t->device, &w->out_t))) {
     work_release_tensors(w);
     free(w);
     return st;
@@ -445,6 +515,10 @@ em_status em_comm_work_wait(em_state *S, em_comm_work *w) {
   pthread_mutex_unlock(&c->mu);
   if (S->profiler) profile_wait(S, w, t0, emi_now());
   if (w->status) return emi_error(S, w->status, "%s", w->errmsg);
+  if (c->dev && w->dev_in) {       /* later work on the compute stream reads the result */
+    em_status jst = emi_commdev_join(S, c->dev, w);
+    if (jst) return jst;
+  }
   em_status st = work_copy_back(S, w);
   em_tensor_release(w->user);       /* copied once: a second wait does not repeat it */
   w->user = NULL;
@@ -466,6 +540,7 @@ void em_comm_work_free(em_comm_work *w) {
   pthread_mutex_lock(&c->mu);
   while (!w->done) pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
+  if (c->dev) emi_commdev_release(c->dev, w);
   work_release_tensors(w);
   free(w);
 }

@@ -2,8 +2,9 @@
 ** comm.h -- the inside of a communicator (core/dist/): what comm.c (the public
 ** em_comm_* calls, the work queue and its thread) shares with the backends that
 ** move the bytes: local.c (threads of one process, shared memory) and mpi.c
-** (processes, through a libmpi loaded at run time). The NCCL backend of the CUDA
-** milestone plugs in here the same way: one more emi_comm_backend.
+** (processes, through a libmpi loaded at run time), and nccl.c (GPU replicas:
+** one more emi_comm_backend on real GPUs; on emulated devices a host backend
+** with the device buffers staged around it -- see "Device communicators").
 **
 ** The model. Every communicator owns one thread, its "comm thread", and a FIFO
 ** of work items. A collective call checks its arguments on the caller's thread,
@@ -53,6 +54,11 @@ struct em_comm_work {
   /* Monotonic seconds (emi_now): begun by the comm thread, every replica there
   ** (the local backend knows; others leave t_begin), done. */
   double t_begin, t_ready, t_end;
+  /* -- device communicators (c->dev): the tensors' device pointers while in/out
+  ** point at host staging (emulation), and the two events that order the
+  ** collective against the compute stream (kernels/comm_cuda.c) */
+  void *dev_in, *dev_out;
+  void *ev_ready, *ev_done;
   struct em_comm_work *next;
 };
 
@@ -67,6 +73,15 @@ typedef struct emi_comm_backend {
   ** communicator (another replica failed, a timeout) goes through
   ** emi_comm_fail as well. */
   em_status (*run)(em_comm *c, em_comm_work *w);
+  /* Optional: n >= 2 consecutive queued items at once (NCCL issues them as one
+  ** group). Each item's status goes into w[k]->status-like results: returns
+  ** EM_OK when all succeeded, else the first error (items carry their errmsg).
+  ** When NULL the comm thread runs items one at a time through run. */
+  em_status (*run_group)(em_comm *c, em_comm_work **w, int n, em_status *sts);
+  /* 1 when run reads and writes device memory itself (NCCL on a real GPU);
+  ** 0 when a device communicator's buffers are staged through host memory
+  ** around run (comm.c does it: the host backends and emulated devices). */
+  int device_native;
   /* On the comm thread, about every EMI_COMM_IDLE_S while the queue is empty (MPI
   ** answers other replicas' questions here). May be NULL. */
   void (*idle)(em_comm *c);
@@ -96,6 +111,10 @@ struct em_comm {
   int stopping;
   int failed;                /* atomic reads; written under mu */
   double test_gbps;          /* EMBER_TEST_COMM_GBPS: a bandwidth cap for tests */
+  struct emi_commdev *dev;   /* tensors on a CUDA device (NULL: CPU tensors) */
+  const char *label;         /* em_comm_backend's answer when not be->name */
+  unsigned char nccl_id[128];  /* the NCCL unique id this communicator shared (nccl.c) */
+  int nccl_id_ok;
   char failure[EMI_COMM_MSG];
 };
 
@@ -109,10 +128,72 @@ static inline int emi_comm_failed(em_comm *c) {
 /* "allreduce #12 (float32 x 1000)" into buf (EMI_COMM_MSG bytes). */
 const char *emi_coll_describe(char *buf, const em_comm_work *w);
 const char *emi_coll_name(emi_coll_kind k);
+/* Queues w on c and waits for it, touching no em_state (for a backend that runs
+** a collective through another communicator from its own comm thread). The
+** error, if any, is in w->errmsg. */
+em_status emi_comm_call(em_comm *c, em_comm_work *w);
+/* Whether c shared an NCCL id (nccl.c) and which (tests). */
+int emi_comm_nccl_id(const em_comm *c, unsigned char id[128]);
 /* Makes a communicator around a backend and starts its thread (thread_start runs
 ** there first; its error is returned with the text in S). */
 em_status emi_comm_new(em_state *S, const emi_comm_backend *be, void *impl, int rank,
                        int size, double timeout_s, em_comm **out);
+/* The same for a device communicator: c->dev = dev before thread_start (on
+** failure dev is still the caller's). */
+em_status emi_comm_new_dev(em_state *S, const emi_comm_backend *be, void *impl, int rank,
+                           int size, double timeout_s, struct emi_commdev *dev,
+                           em_comm **out);
+
+/* -- Device communicators (core/dist/nccl.c, kernels/comm_cuda.c) ----------------
+** A communicator whose tensors live on one CUDA device of its state. What touches
+** the device is kernels/comm_cuda.c (the runtime table, the device's compute
+** stream and its communication stream), reached only through these calls, so
+** core/ stays free of device code. The order of a collective on a device:
+**   caller's thread  mark: an event on the compute stream after the work that
+**                    wrote the input (the gradients that fill a bucket);
+**   comm thread      emulation: wait_mark (poll that event, bounded by failure
+**                    and timeout), stage_in (D2H), the host collective,
+**                    stage_out (H2D, then an event on the comm stream); NCCL:
+**                    order (the comm stream waits for the mark), the
+**                    collective on the comm stream, then that event, polled;
+**   caller's thread  join (at wait): the compute stream waits for the comm
+**                    stream's event, so the optimizer reads averaged values. */
+typedef struct emi_commdev emi_commdev;
+em_status emi_commdev_open(em_state *S, int device, emi_commdev **out);
+void emi_commdev_close(emi_commdev *d);
+int emi_commdev_device(const emi_commdev *d);
+int emi_commdev_native(const emi_commdev *d);      /* 1: a real GPU (NCCL runs) */
+/* Caller's thread. Errors into S. */
+em_status emi_commdev_mark(em_state *S, emi_commdev *d, em_comm_work *w);
+em_status emi_commdev_join(em_state *S, emi_commdev *d, em_comm_work *w);
+void emi_commdev_release(emi_commdev *d, em_comm_work *w);   /* the events */
+/* Comm thread. Errors into w->errmsg (and emi_comm_fail for a timeout). */
+em_status emi_commdev_wait_mark(em_comm *c, em_comm_work *w);
+em_status emi_commdev_order(em_comm *c, em_comm_work *w);   /* comm stream waits */
+em_status emi_commdev_stage_in(em_comm *c, em_comm_work *w);
+em_status emi_commdev_stage_out(em_comm *c, em_comm_work *w);
+/* Comm thread, real GPUs: the communication stream's event after the NCCL
+** calls, polled; poll() (may be NULL) is asked in between (NCCL's async error). */
+em_status emi_commdev_finish(em_comm *c, em_comm_work *w,
+                             em_status (*poll)(em_comm *c, char *err));
+/* Any thread, no GPU needed: ncclGetUniqueId's 128 bytes / ncclGetVersion. */
+enum { EMI_NCCL_ID_BYTES = 128 };
+em_status emi_nccl_unique_id(unsigned char id[EMI_NCCL_ID_BYTES], char *err, size_t errlen);
+em_status emi_nccl_version(int *code, char *err, size_t errlen);
+/* The id exchange of core/dist/nccl.c: rank 0's id broadcast through the host
+** communicator boot (local group or MPI); id is rank 0's on return everywhere. */
+em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCCL_ID_BYTES]);
+/* NCCL on a real GPU (kernels/real/nccl_real.c through kernels/comm_cuda.c;
+** EM_ERR_UNSUPPORTED in a build without the CUDA headers). The handle is opaque.
+** init runs ncclCommInitRankConfig non-blocking, polled up to timeout_s; issue
+** queues w's collective on the device's comm stream (between group(1) and
+** group(0)); async_error is ncclCommGetAsyncError as an em_status. */
+em_status emi_nccl_init(emi_commdev *d, const unsigned char id[EMI_NCCL_ID_BYTES], int rank,
+                        int size, double timeout_s, void **out, char *err, size_t errlen);
+em_status emi_nccl_group(void *n, int start, char *err, size_t errlen);
+em_status emi_nccl_issue(void *n, emi_commdev *d, em_comm_work *w, char *err, size_t errlen);
+em_status emi_nccl_async_error(void *n, char *err, size_t errlen);
+void emi_nccl_free(void *n, int abort);                /* ncclCommDestroy / ncclCommAbort */
 
 /* -- Reduction kernels (reduce.c) ---------------------------------------------------
 ** out[i] = op over k of in[k][i], k = 0 .. n-1 in that order (so the result never

@@ -29,6 +29,11 @@
 ** em_reducer_prepare (the wrapped model's forward), which is what no_sync and
 ** unrelated backward calls rely on.
 **
+** GPU replicas (a communicator on a device): the buckets are device memory, the
+** copies into them are kernels on the compute stream, and each allreduce is
+** ordered after them by an event (comm.c): the hook only queues work, and the
+** host never waits for the device until the optimizer reads a value.
+**
 ** One replica: nothing to average, so no copies and no collectives; the hooks
 ** only note which parameters got gradients (the unused check still holds).
 */
@@ -103,7 +108,10 @@ static em_status plan(em_reducer *r, double bucket_bytes, double first_bytes) {
     int64_t total = 0;
     for (int q = 0; q < bk->count; q++) total += r->params[r->order[bk->first + q]]->numel;
     em_dtype dt = r->params[r->order[bk->first]]->dtype;
-    em_status st = em_full(S, &total, 1, 0.0, dt, EM_CPU, &bk->buf);
+    /* on the parameters' device: a GPU replica's buckets are device memory that
+    ** the gradients' kernels fill and NCCL reduces (comm.c orders the two) */
+    em_status st = em_full(S, &total, 1, 0.0, dt, r->params[r->order[bk->first]]->device,
+                           &bk->buf);
     if (st) return st;
     int64_t off = 0;
     for (int q = 0; q < bk->count; q++) {
@@ -292,11 +300,14 @@ em_status em_reducer_new(em_state *S, em_comm *c, em_tensor *const *params,
     em_tensor *p = params[i];
     const char *nm = names && names[i] ? names[i] : "?";
     if (!p) return emi_error(S, EM_ERR_ARG, "wrap: parameter %d (%s) is NULL", i, nm);
-    if (p->device != EM_CPU) {
-      char b[16];
+    /* one replica moves nothing: its parameters may live anywhere */
+    int want = c->dev ? emi_commdev_device(c->dev) : EM_CPU;
+    if (p->device != want && em_comm_size(c) > 1) {
+      char b[16], b2[16];
       return emi_error(S, EM_ERR_DEVICE, "wrap: parameter %s is on %s, but the %s "
-                       "communicator averages CPU gradients", nm,
-                       emi_device_name(b, p->device), em_comm_backend(c));
+                       "communicator averages gradients on %s", nm,
+                       emi_device_name(b, p->device), em_comm_backend(c),
+                       emi_device_name(b2, want));
     }
     if (!em_dtype_is_floating(p->dtype) || !p->requires_grad || p->grad_fn)
       return emi_error(S, EM_ERR_ARG, "wrap: parameter %s must be a floating-point leaf "

@@ -443,6 +443,28 @@ em_status em_adam_step_(em_state *S, em_tensor *param, const em_tensor *grad,
                         em_tensor *exp_avg, em_tensor *exp_avg_sq, double lr, double beta1,
                         double beta2, double eps, double weight_decay, int decoupled,
                         int64_t step);
+/* The same updates for n parameters in one call (on cuda: one kernel launch for
+** all of them): params[i], grads[i] and the state tensors as above, every
+** parameter of one device and one dtype (group them by both); first_steps[i] and
+** steps[i] per parameter. momentum_bufs may be NULL when momentum == 0. Parameters
+** with no elements are skipped; n may be 0. */
+em_status em_sgd_step_multi_(em_state *S, int n, em_tensor *const *params,
+                             const em_tensor *const *grads, em_tensor *const *momentum_bufs,
+                             const int *first_steps, double lr, double momentum,
+                             double dampening, double weight_decay, int nesterov);
+em_status em_adam_step_multi_(em_state *S, int n, em_tensor *const *params,
+                              const em_tensor *const *grads, em_tensor *const *exp_avgs,
+                              em_tensor *const *exp_avg_sqs, const int64_t *steps, double lr,
+                              double beta1, double beta2, double eps, double weight_decay,
+                              int decoupled);
+/* clip_grad_norm: *total_norm = the norm_type-norm (> 0, or INFINITY) of all n
+** tensors' elements together (contiguous float32/float64, any devices and dtypes:
+** one norm launch and, when clipping, one scaling launch per device and dtype);
+** when it exceeds max_norm every tensor is scaled in place by
+** max_norm / (total + 1e-6). The sums run in double, in an order that does not
+** depend on the device, so every backend gives the same total. */
+em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double max_norm,
+                             double norm_type, double *total_norm);
 
 /* -- Neural network kernels ------------------------------------------------
 ** The raw forward and backward of the nn layers, as separate calls (autograd
@@ -694,6 +716,18 @@ typedef struct em_loader_stats {
   int64_t total_items;    /* items in the epoch */
   double elapsed_s;       /* since the epoch started */
   double wait_s;          /* time the consumer spent waiting in em_loader_next */
+  int64_t ready;          /* items computed ahead, waiting for the consumer */
+  /* With em_loader_to_device, since the loader was made (0 otherwise): batches
+  ** whose copy was queued, and has run; the bytes; the time the copies took (on
+  ** the copy stream for pinned batches, on the host for staged ones); batches
+  ** handed out before their copy had run (the step waits for it on the device);
+  ** times a worker waited for a pinned buffer whose copy was pending, and for
+  ** how long; the pinned buffers and bytes of the loader's pool. */
+  int64_t copies, copies_done, copy_bytes;
+  double copy_s;
+  int64_t copies_late, buffer_waits;
+  double buffer_wait_s;
+  int64_t pinned_buffers, pinned_bytes;
 } em_loader_stats;
 void em_loader_config_init(em_loader_config *cfg);
 em_status em_loader_new(em_state *S, em_dataset *d, const em_loader_config *cfg,
@@ -708,9 +742,22 @@ em_status em_loader_start_at(em_state *S, em_loader *l, int64_t epoch, int64_t f
 ** epoch. An error in a worker stops the epoch and is returned here, after every
 ** item before it. */
 em_status em_loader_next(em_state *S, em_loader *l, em_tensor **out, int *nfields);
-/* Stops the workers (joins them); items computed ahead are dropped. */
+/* Stops the workers (joins them); items computed ahead are dropped, and a
+** loader with pin_memory gives its pinned buffers back (after their copies). */
 void em_loader_stop(em_loader *l);
 void em_loader_stats_get(const em_loader *l, em_loader_stats *out);
+/* Batches handed out on CUDA device `device` (em_loader_next returns device
+** tensors). pin_memory: the workers assemble batches in pinned buffers from a
+** pool the loader keeps, each batch's copy runs on the device's copy stream,
+** and `ahead` batches (0 = none, -1 = 1) are copied before they are asked for,
+** so a copy overlaps the step before it; the compute stream waits for a
+** batch's copy when it is handed out. Without pin_memory each batch is staged
+** and copied on the compute stream when handed out. device EM_CPU with
+** pin_memory: CPU batches in pinned memory (for the caller's own asynchronous
+** copies). Needs a CUDA device either way; not with a buffer_alloc of the
+** caller's; call once, before the first epoch. */
+em_status em_loader_to_device(em_state *S, em_loader *l, int device, int pin_memory,
+                              int ahead);
 /* Stops and frees. */
 void em_loader_free(em_loader *l);
 
@@ -759,6 +806,14 @@ int em_local_group_failure(em_local_group *g, char *buf, size_t size);
 /* Rank `rank` of a local group; timeout_s <= 0 means 300 s. */
 em_status em_comm_local(em_state *S, em_local_group *g, int rank, double timeout_s,
                         em_comm **out);
+/* A GPU replica's communicator (core/dist/nccl.c): its tensors live on CUDA device
+** `device` of S. The replicas are threads of one local group g (rank = this one's)
+** or, g NULL, the processes of an MPI job. On real GPUs the collectives run in
+** NCCL on the device's communication stream, ordered after the work queued before
+** the call; on emulated devices (EMBER_CUDA_EMULATE) the local group or MPI stands
+** in for NCCL, through host memory. em_comm_backend says "nccl" either way. */
+em_status em_comm_nccl(em_state *S, int device, em_local_group *g, int rank,
+                       double timeout_s, em_comm **out);
 /* This process's rank of an MPI job (MPI_COMM_WORLD). libmpi is loaded on first
 ** use; EM_ERR_UNSUPPORTED when it cannot be (the message says why). */
 em_status em_comm_mpi(em_state *S, double timeout_s, em_comm **out);
@@ -770,7 +825,7 @@ int em_mpi_launched(int *rank, int *size);
 void em_comm_free(em_comm *c);
 int em_comm_rank(const em_comm *c);
 int em_comm_size(const em_comm *c);
-/* "local" or "mpi". */
+/* "local", "mpi" or "nccl". */
 const char *em_comm_backend(const em_comm *c);
 /* Fails this replica's communicator and tells the others (see above). Any thread. */
 void em_comm_abort(em_comm *c, const char *message);
@@ -965,6 +1020,25 @@ int em_cuda_allow_tf32(em_state *S);
 ** the Lua layer answers the pressure flag instead.) */
 void em_cuda_set_reclaim_hook(em_state *S, void (*fn)(void *ud, int device, size_t nbytes),
                               void *ud);
+/* -- CUDA graphs (kernels/graph.c) -------------------------------------------------
+** em_cuda_graph_begin starts capturing the work this state queues on a device;
+** em_cuda_graph_end stops and returns the graph -- nothing captured has run yet.
+** em_cuda_graph_launch queues all of the captured work again in one call (where
+** the ops cost a launch each), on the same memory: the tensors made while
+** capturing are kept by the graph (each launch rewrites their values), and the
+** tensors it reads that existed before (parameters, static inputs) must stay
+** alive while the graph lives: copy new data into them before a launch. Scalar
+** arguments are those of the capture. What can't be captured -- reading a value,
+** a copy to or from the CPU or between devices, an op that waits for the device
+** -- fails naming it, and then em_cuda_graph_end fails too; the state goes on.
+** One capture at a time per state. */
+typedef struct em_cuda_graph em_cuda_graph;
+em_status em_cuda_graph_begin(em_state *S, int device);
+/* The device being captured, or -1. */
+int em_cuda_capturing(em_state *S);
+em_status em_cuda_graph_end(em_state *S, em_cuda_graph **out);
+em_status em_cuda_graph_launch(em_state *S, em_cuda_graph *g);
+void em_cuda_graph_free(em_state *S, em_cuda_graph *g);
 /* Pinned (page-locked) host memory: a CPU tensor whose data the CUDA runtime
 ** can copy from without staging, so t:cuda() of it is asynchronous and runs on
 ** the device's copy stream, beside the compute. *out is a new pinned contiguous

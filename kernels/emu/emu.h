@@ -82,6 +82,8 @@ struct emk_stream {
   ** it) and the list of streams whose handle lives. */
   int refs;
   struct emk_stream *prev, *next;
+  /* Under mu: the graph being captured (capture_begin .. capture_end), or NULL. */
+  struct emk_graph *capture;
 };
 
 struct emk_event {
@@ -123,6 +125,8 @@ int emi_emu_pin(emu *E, const void *p, size_t n, emu_block **out, char *why, siz
 void emi_emu_unpin(emu *E, emu_block *b);
 /* 1 (and why) when host range [p, p+n) overlaps device memory, guards included. */
 int emi_emu_is_device(emu *E, const void *p, size_t n, char *why, size_t whylen);
+/* 1 when host range [p, p+n) lies inside one block of pinned memory. */
+int emi_emu_is_pinned(emu *E, const void *p, size_t n);
 /* Counts a copy whose host side is not inside pinned memory. */
 void emi_emu_note_host_side(emu *E, const void *p, size_t n);
 
@@ -132,6 +136,10 @@ em_status emi_emu_stream_destroy(emk_runtime *rt, emk_stream *s);
 em_status emi_emu_stream_sync(emk_runtime *rt, emk_stream *s);
 em_status emi_emu_memcpy_async(emk_runtime *rt, void *dst, const void *src, size_t n,
                                emk_copy_kind kind, emk_stream *s);
+em_status emi_emu_capture_begin(emk_runtime *rt, emk_stream *s);
+em_status emi_emu_capture_end(emk_runtime *rt, emk_stream *s, emk_graph **out);
+em_status emi_emu_graph_launch(emk_runtime *rt, emk_graph *g, emk_stream *s);
+em_status emi_emu_graph_destroy(emk_runtime *rt, emk_graph *g);
 em_status emi_emu_memcpy_peer_async(emk_runtime *rt, void *dst, int dst_dev,
                                     const void *src, int src_dev, size_t n, emk_stream *s);
 em_status emi_emu_memset_async(emk_runtime *rt, void *dst, int byte, size_t n,

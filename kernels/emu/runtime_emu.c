@@ -28,6 +28,7 @@
 ** (the caching allocator keeps big segments) while lookups come with every copy.
 */
 #include "emu.h"
+#include "../dnn.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,11 +258,19 @@ int emi_emu_is_device(emu *E, const void *p, size_t n, char *why, size_t whylen)
   return hit;
 }
 
-void emi_emu_note_host_side(emu *E, const void *p, size_t n) {
+int emi_emu_is_pinned(emu *E, const void *p, size_t n) {
   pthread_mutex_lock(&E->mem_mu);
   long i = table_floor(&E->host, p);
   emu_block *b = i >= 0 ? E->host.v[i] : NULL;
-  if (!b || (size_t)((const unsigned char *)p - b->p) + n > b->n) E->pageable_copies++;
+  int pinned = b && (size_t)((const unsigned char *)p - b->p) + n <= b->n;
+  pthread_mutex_unlock(&E->mem_mu);
+  return pinned;
+}
+
+void emi_emu_note_host_side(emu *E, const void *p, size_t n) {
+  if (emi_emu_is_pinned(E, p, n)) return;
+  pthread_mutex_lock(&E->mem_mu);
+  E->pageable_copies++;
   pthread_mutex_unlock(&E->mem_mu);
 }
 
@@ -579,6 +588,10 @@ static const emk_runtime_ops emu_ops = {
   .memcpy_async = emi_emu_memcpy_async,
   .memset_async = emi_emu_memset_async,
   .memcpy_peer_async = emi_emu_memcpy_peer_async,
+  .capture_begin = emi_emu_capture_begin,
+  .capture_end = emi_emu_capture_end,
+  .graph_launch = emi_emu_graph_launch,
+  .graph_destroy = emi_emu_graph_destroy,
   .host_callback = emi_emu_host_callback,
   .event_create = emi_emu_event_create,
   .event_destroy = emi_emu_event_destroy,
@@ -588,6 +601,10 @@ static const emk_runtime_ops emu_ops = {
   .event_sync = emi_emu_event_sync,
   .launch = emi_emu_launch,
   .gemm = emi_emu_gemm,                  /* gemm_emu.c */
+  .conv_algos = emi_emu_conv_algos,      /* dnn_emu.c */
+  .conv = emi_emu_conv,
+  .batch_norm_fwd = emi_emu_batch_norm_fwd,
+  .batch_norm_bwd = emi_emu_batch_norm_bwd,
 };
 
 /* -- Test hooks -------------------------------------------------------------------- */

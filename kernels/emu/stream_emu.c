@@ -44,6 +44,7 @@ typedef enum { IT_COPY, IT_MEMSET, IT_KERNEL, IT_CALLBACK, IT_MARKER, IT_WAIT, I
 struct emu_item {
   emu_item *next;
   item_kind kind;
+  size_t size;                  /* bytes of this item, args included (a graph copies it) */
   unsigned long long seq;
   union {
     /* dst_dev, src_dev: the devices a peer copy names (-1: not checked) */
@@ -247,8 +248,15 @@ static void *worker(void *arg) {
 
 /* Queues it on s, or reports s's pending error and frees it (then the caller
 ** undoes what the item held). *seq is its sequence number. */
+static em_status capture_item(emu *E, emk_stream *s, emu_item *it);
+
 static em_status enqueue(emu *E, emk_stream *s, emu_item *it, unsigned long long *seq) {
   pthread_mutex_lock(&s->mu);
+  if (s->capture) {                        /* recorded for a graph, not run */
+    em_status st = capture_item(E, s, it);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+  }
   em_status st = take_error(E, s, (unsigned long long)-1);
   if (!st) {
     it->next = NULL;
@@ -267,7 +275,10 @@ static em_status enqueue(emu *E, emk_stream *s, emu_item *it, unsigned long long
 static emu_item *new_item(emu *E, item_kind kind, size_t extra, const char *what) {
   emu_item *it = calloc(1, sizeof *it + extra);
   if (!it) emi_emu_fail(E, EM_ERR_NOMEM, "%s: out of host memory for a work item", what);
-  else it->kind = kind;
+  else {
+    it->kind = kind;
+    it->size = sizeof *it + extra;
+  }
   return it;
 }
 
@@ -355,12 +366,19 @@ em_status emi_emu_stream_destroy(emk_runtime *rt, emk_stream *s) {
   return st;
 }
 
+static em_status refuse_while_capturing(emu *E, emk_stream *s, const char *what);
+
 em_status emi_emu_stream_sync(emk_runtime *rt, emk_stream *s) {
   emu *E = emu_of(rt);
   em_status st = check_stream(E, s, "stream_sync");
   if (!st) st = check_not_worker(E, "stream_sync");
   if (st) return st;
   pthread_mutex_lock(&s->mu);
+  if (s->capture) {
+    st = refuse_while_capturing(E, s, "stream_sync (a wait for the stream's work)");
+    pthread_mutex_unlock(&s->mu);
+    return st;
+  }
   unsigned long long target = s->queued;
   while (s->completed < target) pthread_cond_wait(&s->done_cv, &s->mu);
   st = take_error(E, s, (unsigned long long)-1);
@@ -683,4 +701,128 @@ em_status emi_emu_event_sync(emk_runtime *rt, emk_event *e) {
   pthread_mutex_unlock(&s->mu);
   stream_unref_locked(E, s);
   return st;
+}
+
+/* -- Graphs ---------------------------------------------------------------------------
+** While a stream captures, enqueue() hands its items here instead of to the worker:
+** kernels, memsets, device-to-device copies, copies from pinned host memory and
+** queued work (GEMM) are kept, in
+** order, in the graph; anything else spoils the capture with a message, which
+** capture_end returns. A launch queues a copy of every kept item on the stream,
+** so the worker runs them exactly as it would have (same pointers, same argument
+** bytes), once per launch. */
+struct emk_graph {
+  emu_item *head, *tail;
+  size_t items;
+  em_status err;                   /* the first refusal while capturing */
+  char errmsg[EMK_ERRMSG_SIZE];
+};
+
+static void graph_free(emk_graph *g) {
+  while (g->head) {
+    emu_item *next = g->head->next;
+    free(g->head);
+    g->head = next;
+  }
+  free(g);
+}
+
+/* Under s->mu: the capture is spoiled (the first reason is kept). */
+static em_status refuse_while_capturing(emu *E, emk_stream *s, const char *what) {
+  emk_graph *g = s->capture;
+  if (!g->err) {
+    g->err = EM_ERR_UNSUPPORTED;
+    snprintf(g->errmsg, sizeof g->errmsg, "cuda:%d stream %u is capturing a graph: %s "
+             "can't be captured (only kernels, memsets, copies within device memory "
+             "and from pinned memory can)", s->dev, s->id, what);
+  }
+  return emi_emu_fail(E, g->err, "%s", g->errmsg);
+}
+
+/* Under s->mu. Takes it (kept or freed). */
+static em_status capture_item(emu *E, emk_stream *s, emu_item *it) {
+  const char *refused = NULL;
+  switch (it->kind) {
+  case IT_KERNEL: case IT_MEMSET: case IT_WORK: break;
+  case IT_COPY:       /* from pinned memory, as CUDA allows: the graph's constants */
+    if (it->u.copy.kind == EMK_DEVICE_TO_HOST ||
+        (it->u.copy.kind == EMK_HOST_TO_DEVICE &&
+         !emi_emu_is_pinned(E, it->u.copy.src, it->u.copy.n)))
+      refused = it->u.copy.kind == EMK_DEVICE_TO_HOST ? "a copy to the host"
+                                                      : "a copy from pageable host memory";
+    break;
+  case IT_CALLBACK: refused = "a host callback"; break;
+  case IT_MARKER: refused = "an event record"; break;
+  case IT_WAIT: refused = "a wait for another stream's event"; break;
+  }
+  if (refused) {
+    free(it);
+    return refuse_while_capturing(E, s, refused);
+  }
+  emk_graph *g = s->capture;
+  it->next = NULL;
+  if (g->tail) g->tail->next = it;
+  else g->head = it;
+  g->tail = it;
+  g->items++;
+  return EM_OK;
+}
+
+em_status emi_emu_capture_begin(emk_runtime *rt, emk_stream *s) {
+  emu *E = emu_of(rt);
+  em_status st = check_stream(E, s, "capture_begin");
+  if (st) return st;
+  emk_graph *g = calloc(1, sizeof *g);
+  if (!g) return emi_emu_fail(E, EM_ERR_NOMEM, "capture_begin: out of host memory");
+  pthread_mutex_lock(&s->mu);
+  if (s->capture) {
+    pthread_mutex_unlock(&s->mu);
+    free(g);
+    return emi_emu_fail(E, EM_ERR_ARG, "capture_begin: cuda:%d stream %u is already "
+                        "capturing", s->dev, s->id);
+  }
+  s->capture = g;
+  pthread_mutex_unlock(&s->mu);
+  return EM_OK;
+}
+
+em_status emi_emu_capture_end(emk_runtime *rt, emk_stream *s, emk_graph **out) {
+  emu *E = emu_of(rt);
+  *out = NULL;
+  em_status st = check_stream(E, s, "capture_end");
+  if (st) return st;
+  pthread_mutex_lock(&s->mu);
+  emk_graph *g = s->capture;
+  s->capture = NULL;
+  pthread_mutex_unlock(&s->mu);
+  if (!g)
+    return emi_emu_fail(E, EM_ERR_ARG, "capture_end: cuda:%d stream %u is not capturing",
+                        s->dev, s->id);
+  if (g->err) {
+    st = emi_emu_fail(E, g->err, "%s", g->errmsg);
+    graph_free(g);
+    return st;
+  }
+  *out = g;
+  return EM_OK;
+}
+
+em_status emi_emu_graph_launch(emk_runtime *rt, emk_graph *g, emk_stream *s) {
+  emu *E = emu_of(rt);
+  em_status st = check_stream(E, s, "graph_launch");
+  if (st) return st;
+  if (!g) return emi_emu_fail(E, EM_ERR_ARG, "graph_launch: no graph (NULL)");
+  for (emu_item *it = g->head; it; it = it->next) {
+    emu_item *copy = malloc(it->size);
+    if (!copy) return emi_emu_fail(E, EM_ERR_NOMEM, "graph_launch: out of host memory");
+    memcpy(copy, it, it->size);
+    if ((st = enqueue(E, s, copy, NULL))) return st;
+  }
+  return EM_OK;
+}
+
+em_status emi_emu_graph_destroy(emk_runtime *rt, emk_graph *g) {
+  (void)rt;
+  if (g) graph_free(g);
+  return EM_OK;
 }

@@ -55,7 +55,9 @@
   X(cudaEventSynchronize, 1) X(cudaEventDestroy, 1) X(cudaStreamWaitEvent, 1) \
   X(cudaLibraryLoadData, 1) X(cudaLibraryUnload, 1) X(cudaLibraryGetKernel, 1) \
   X(cudaLaunchKernel, 1) X(cudaFuncGetParamInfo, 0) X(cudaDeviceCanAccessPeer, 1) \
-  X(cudaDeviceEnablePeerAccess, 1)
+  X(cudaDeviceEnablePeerAccess, 1) X(cudaStreamBeginCapture, 1) \
+  X(cudaStreamEndCapture, 1) X(cudaGraphInstantiate, 1) X(cudaGraphLaunch, 1) \
+  X(cudaGraphExecDestroy, 1) X(cudaGraphDestroy, 1)
 struct emk_cudart_fns { EMK_CUDART_FNS(EMK_FN_FIELD) };
 #else
 struct emk_cudart_fns { int none; };
@@ -90,7 +92,15 @@ struct emk_cublaslt_fns { int none; };
   X(cudnnGetFilter4dDescriptor, 1) X(cudnnDestroyFilterDescriptor, 1) \
   X(cudnnCreateConvolutionDescriptor, 1) X(cudnnSetConvolution2dDescriptor, 1) \
   X(cudnnGetConvolution2dDescriptor, 1) X(cudnnGetConvolution2dForwardOutputDim, 1) \
-  X(cudnnDestroyConvolutionDescriptor, 1)
+  X(cudnnDestroyConvolutionDescriptor, 1) \
+  X(cudnnSetStream, 0) X(cudnnSetConvolutionGroupCount, 0) X(cudnnSetConvolutionMathType, 0) \
+  X(cudnnGetConvolutionForwardAlgorithm_v7, 0) \
+  X(cudnnGetConvolutionBackwardDataAlgorithm_v7, 0) \
+  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7, 0) X(cudnnConvolutionForward, 0) \
+  X(cudnnConvolutionBackwardData, 0) X(cudnnConvolutionBackwardFilter, 0) \
+  X(cudnnConvolutionBackwardBias, 0) X(cudnnAddTensor, 0) \
+  X(cudnnDeriveBNTensorDescriptor, 0) X(cudnnBatchNormalizationForwardTraining, 0) \
+  X(cudnnBatchNormalizationBackward, 0)
 struct emk_cudnn_fns { EMK_CUDNN_FNS(EMK_FN_FIELD) };
 #else
 struct emk_cudnn_fns { int none; };
@@ -99,7 +109,10 @@ struct emk_cudnn_fns { int none; };
 #ifdef EMK_HAVE_NCCL_H
 #define EMK_NCCL_FNS(X) \
   X(ncclGetVersion, 1) X(ncclGetUniqueId, 1) X(ncclGetErrorString, 1) \
-  X(ncclGetLastError, 0)
+  X(ncclGetLastError, 0) \
+  X(ncclCommInitRankConfig, 1) X(ncclCommGetAsyncError, 1) X(ncclCommAbort, 1) \
+  X(ncclCommDestroy, 1) X(ncclCommFinalize, 0) X(ncclGroupStart, 1) X(ncclGroupEnd, 1) \
+  X(ncclAllReduce, 1) X(ncclBroadcast, 1) X(ncclAllGather, 1) X(ncclReduceScatter, 1)
 struct emk_nccl_fns { EMK_NCCL_FNS(EMK_FN_FIELD) };
 #else
 struct emk_nccl_fns { int none; };

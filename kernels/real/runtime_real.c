@@ -43,6 +43,7 @@ em_status emk_real_open(emk_runtime **out, char *err, size_t errlen) {
 }
 #else
 #include "real.h"
+#include "../dnn.h"
 
 static const emk_runtime_ops real_ops;
 
@@ -269,6 +270,68 @@ static em_status real_stream_sync(emk_runtime *rt, emk_stream *s) {
   return EM_OK;
 }
 
+/* -- Graphs: stream capture, instantiated once, launched as a whole ----------------
+** Relaxed capture mode: the caching allocator may need a new segment (cudaMalloc)
+** while a step is captured, which the stricter modes forbid. */
+struct emk_graph {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  int dev;
+};
+
+static em_status real_capture_begin(emk_runtime *rt, emk_stream *s) {
+  emr *R = emr_of(rt);
+  em_status st = emr_check_stream(R, s, "capture_begin");
+  if (st) return st;
+  CALLN(R, "capture_begin", s->dev, "cudaStreamBeginCapture",
+        R->f->cudaStreamBeginCapture(s->s, cudaStreamCaptureModeRelaxed));
+  return EM_OK;
+}
+
+static em_status real_capture_end(emk_runtime *rt, emk_stream *s, emk_graph **out) {
+  emr *R = emr_of(rt);
+  *out = NULL;
+  em_status st = emr_check_stream(R, s, "capture_end");
+  if (st) return st;
+  emk_graph *g = calloc(1, sizeof *g);
+  cudaGraph_t graph = NULL;
+  cudaError_t e = R->f->cudaStreamEndCapture(s->s, &graph);
+  if (e != cudaSuccess || !g) {
+    if (graph) R->f->cudaGraphDestroy(graph);
+    free(g);
+    if (e == cudaSuccess) return emr_fail(R, EM_ERR_NOMEM, "capture_end: out of host memory");
+    return emr_cuda(R, e, "capture_end", s->dev, "cudaStreamEndCapture");
+  }
+  g->graph = graph;
+  g->dev = s->dev;
+  if ((e = R->f->cudaGraphInstantiate(&g->exec, graph, 0)) != cudaSuccess) {
+    R->f->cudaGraphDestroy(graph);
+    free(g);
+    return emr_cuda(R, e, "capture_end", s->dev, "cudaGraphInstantiate");
+  }
+  *out = g;
+  return EM_OK;
+}
+
+static em_status real_graph_launch(emk_runtime *rt, emk_graph *g, emk_stream *s) {
+  emr *R = emr_of(rt);
+  em_status st = emr_check_stream(R, s, "graph_launch");
+  if (st) return st;
+  if (!g) return emr_fail(R, EM_ERR_ARG, "graph_launch: no graph (NULL)");
+  CALLN(R, "graph_launch", s->dev, "cudaGraphLaunch", R->f->cudaGraphLaunch(g->exec, s->s));
+  return EM_OK;
+}
+
+static em_status real_graph_destroy(emk_runtime *rt, emk_graph *g) {
+  emr *R = emr_of(rt);
+  if (!g) return EM_OK;
+  R->f->cudaSetDevice(g->dev);
+  R->f->cudaGraphExecDestroy(g->exec);
+  R->f->cudaGraphDestroy(g->graph);
+  free(g);
+  return EM_OK;
+}
+
 static const char *copy_name(emk_copy_kind k) {
   return k == EMK_HOST_TO_DEVICE ? "host to device"
        : k == EMK_DEVICE_TO_HOST ? "device to host" : "device to device";
@@ -461,6 +524,7 @@ static void real_close(emk_runtime *rt) {
   while (R->streams) stream_release(R, R->streams);
   while (R->events) event_release(R, R->events);
   emr_gemm_close(R);
+  emr_dnn_close(R);
   emr_kernels_close(R);
   emk_libs_close(R->L);
   pthread_mutex_destroy(&R->mu);
@@ -525,6 +589,10 @@ static const emk_runtime_ops real_ops = {
   .memcpy_async = real_memcpy_async,
   .memset_async = real_memset_async,
   .memcpy_peer_async = real_memcpy_peer_async,
+  .capture_begin = real_capture_begin,
+  .capture_end = real_capture_end,
+  .graph_launch = real_graph_launch,
+  .graph_destroy = real_graph_destroy,
   .host_callback = real_host_callback,
   .event_create = real_event_create,
   .event_destroy = real_event_destroy,
@@ -534,5 +602,9 @@ static const emk_runtime_ops real_ops = {
   .event_sync = real_event_sync,
   .launch = emr_launch,
   .gemm = emr_gemm,
+  .conv_algos = emr_conv_algos,          /* dnn_real.c */
+  .conv = emr_conv,
+  .batch_norm_fwd = emr_batch_norm_fwd,
+  .batch_norm_bwd = emr_batch_norm_bwd,
 };
 #endif /* EMK_HAVE_CUDART_H */

@@ -81,8 +81,64 @@ function M.allow_tf32(on)
   return was
 end
 
-function M.graph()
-  core.raise('cuda.graph: CUDA graphs are not built yet (issue 11)')
+-- graph(fn[, device]): captures the device work of fn -- which runs once, for its
+-- Lua side only: nothing it queues runs then -- and returns g, a callable: g()
+-- launches all of the captured work with one call and returns what fn returned
+-- (the same tensors each time, rewritten by each launch). The tensors fn reads
+-- (parameters, static inputs) must stay alive; copy new data into the inputs
+-- before g(). Scalars are those of the capture. Reading a value, copies from or
+-- to the CPU and between devices can't be captured: fn fails naming them.
+-- g:free() lets go of the graph's memory now (else the collector does).
+local graph_ct = ffi.typeof('em_cuda_graph*[1]')
+-- The graphs not freed yet, by address: whichever comes first -- g:free(), the
+-- collector, or the state's close -- frees a graph, and only once (at lua_close
+-- the collector may reach a graph before or after the close hook).
+local live = {}
+local function release(p)
+  local a = tonumber(ffi.cast('uintptr_t', p))
+  if live[a] and not core.closed then
+    live[a] = nil
+    C.em_cuda_graph_free(S, p)
+  end
 end
+local Graph = {}
+Graph.__index = Graph
+function Graph:free()
+  if self.g ~= nil then
+    release(ffi.gc(self.g, nil))
+    self.g = nil
+  end
+end
+function Graph:__call()
+  if self.g == nil then core.raise('cuda.graph: this graph was freed') end
+  if C.em_cuda_graph_launch(S, self.g) ~= 0 then core.fail() end
+  return unpack(self.results, 1, self.n)
+end
+
+-- is_capturing(): whether a graph is being captured (its fn is running).
+function M.is_capturing() return C.em_cuda_capturing(S) >= 0 end
+
+function M.graph(fn, i)
+  if type(fn) ~= 'function' then
+    core.raise(('cuda.graph: expected a function to capture, got %s'):format(core.kind(fn)))
+  end
+  local dev = i == nil and 0 or device_arg('cuda.graph', i)
+  if C.em_cuda_graph_begin(S, dev) ~= 0 then core.fail() end
+  local res = { pcall(fn) }
+  local box = graph_ct()
+  local st = C.em_cuda_graph_end(S, box)
+  if not res[1] then                     -- fn's own error says most (the op it hit)
+    core.raise('cuda.graph: ' .. tostring(res[2]))
+  end
+  if st ~= 0 then core.fail() end
+  live[tonumber(ffi.cast('uintptr_t', box[0]))] = true
+  return setmetatable({ g = ffi.gc(box[0], release),
+                        results = { unpack(res, 2, table.maxn(res)) },
+                        n = table.maxn(res) - 1 }, Graph)
+end
+
+table.insert(core.on_close, function()
+  for a in pairs(live) do release(ffi.cast('em_cuda_graph*', a)) end
+end)
 
 return M

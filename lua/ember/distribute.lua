@@ -15,7 +15,17 @@ communicator is then `local` (shared memory through that group). Under mpirun (o
 another MPI launcher, recognised from the environment by em_mpi_launched) it is
 `mpi`. Otherwise the script is a single replica: a local group of one, where every
 collective is a copy at most, so the same script runs unchanged on 1 to N
-replicas. 'nccl' arrives with the CUDA backend.
+replicas.
+
+Which device. `ember --devices cuda:0,cuda:1 ...` (or the environment variable
+EMBER_DEVICES, the same list) gives replica k -- thread rank k, or the MPI
+process of local rank k -- device k mod #list; 'cpu' is a device too. Without a
+list, MPI processes on a host with real GPUs take cuda:<local rank mod device
+count> (the usual one GPU per process), and everything else stays on the CPU.
+A replica on a CUDA device is a GPU replica: 'auto' picks the `nccl`
+communicator (core/dist/nccl.c: NCCL on real GPUs; on emulated devices the
+local group or MPI through host memory), its collectives take tensors on that
+device, and wrap moves the model there.
 
 One communicator per backend and Lua state: a second mirrored{} shares it (MPI
 can be initialised only once per process). Communicators and reducers are freed
@@ -55,8 +65,50 @@ local function mpi_launched()
   return C.em_mpi_launched(mpi_rank, mpi_size) ~= 0 and mpi_size[0] > 1
 end
 
+-- -- Which device this replica is on ---------------------------------------------------------
+-- The launcher's local rank of this process (one host's processes count 0, 1, ...).
+local function local_rank()
+  for _, v in ipairs { 'OMPI_COMM_WORLD_LOCAL_RANK', 'MPI_LOCALRANKID', 'SLURM_LOCALID',
+                       'PMI_LOCAL_RANK', 'PMIX_LOCAL_RANK' } do
+    local n = tonumber(os.getenv(v) or '')
+    if n then return n end
+  end
+  return mpi_rank[0]
+end
+
+-- 'cpu' -> -1, 'cuda' -> 0, 'cuda:N' -> N; nil for anything else.
+local function device_index(d)
+  if d == 'cpu' then return -1 end
+  if d == 'cuda' then return 0 end
+  local n = type(d) == 'string' and d:match('^cuda:(%d+)$')
+  return n and tonumber(n) or nil
+end
+
+local function pick_device()
+  local list = os.getenv('EMBER_DEVICES')
+  local k = replica and replica.rank or (mpi_launched() and local_rank()) or 0
+  if list and list ~= '' then
+    local devs = {}
+    for d in list:gmatch('[^,%s]+') do
+      if not device_index(d) then
+        raise(("mirrored: --devices / EMBER_DEVICES: '%s' is not a device ('cpu', 'cuda' " ..
+          "or 'cuda:N'), in '%s'"):format(d, list))
+      end
+      devs[#devs + 1] = d == 'cuda' and 'cuda:0' or d
+    end
+    if #devs == 0 then raise("mirrored: EMBER_DEVICES is empty") end
+    return devs[k % #devs + 1]
+  end
+  if mpi_launched() and not replica then      -- one GPU per process, real GPUs only
+    local ok, n = pcall(function() return em.cuda.device_count() end)
+    if ok and n > 0 and not em.cuda.emulated() then return 'cuda:' .. (k % n) end
+  end
+  return 'cpu'
+end
+
 -- The backend 'auto' picks, and why.
-local function auto_backend()
+local function auto_backend(device)
+  if device ~= 'cpu' then return 'nccl' end
   if replica and replica.group then return 'local' end
   if mpi_launched() then return 'mpi' end
   return 'local'
@@ -64,7 +116,7 @@ end
 
 local single_group   -- a local group of one, for a plain `ember script.lua`
 
-local function open_comm(backend, timeout)
+local function open_comm(backend, timeout, device)
   if comms[backend] then return comms[backend] end
   local out = ffi.new('em_comm*[1]')
   local st
@@ -89,8 +141,19 @@ local function open_comm(backend, timeout)
     end
     st = C.em_comm_mpi(S, timeout, out)
   elseif backend == 'nccl' then
-    raise("mirrored: backend 'nccl' needs GPU replicas, which come with the CUDA backend " ..
-      "(not in this build); use 'auto', 'local' or 'mpi'")
+    local dev = device_index(device)
+    if dev < 0 then
+      raise("mirrored: backend 'nccl' needs GPU replicas: this replica's device is cpu " ..
+        "(ember --devices cuda:0,cuda:1 ..., or EMBER_DEVICES); use 'auto', 'local' or 'mpi'")
+    end
+    local g, rank = nil, 0
+    if replica and replica.group then
+      g, rank = ffi.cast('em_local_group *', replica.group), replica.rank
+    elseif not mpi_launched() then
+      single_group = single_group or ffi.gc(C.em_local_group_new(1), C.em_local_group_release)
+      g = single_group
+    end
+    st = C.em_comm_nccl(S, dev, g, rank, timeout, out)
   else
     raise(("mirrored: unknown backend %s (expected 'auto', 'local', 'mpi' or 'nccl')")
       :format(type(backend) == 'string' and "'" .. backend .. "'" or core.kind(backend)))
@@ -119,12 +182,15 @@ function M.mirrored(o)
     raise('mirrored: timeout must be a number of seconds > 0, got ' .. tostring(timeout))
   end
   local backend = o.backend or 'auto'
-  if backend == 'auto' then backend = auto_backend() end
-  local box = open_comm(backend, timeout)
+  local device = pick_device()
+  if backend == 'auto' then backend = auto_backend(device) end
+  -- a host communicator moves CPU tensors: its replicas are CPU replicas
+  if backend ~= 'nccl' then device = 'cpu' end
+  local box = open_comm(backend, timeout, device)
   local c = box._h
   return setmetatable({
     _box = box, backend = backend, timeout = timeout,
-    rank = C.em_comm_rank(c), world_size = C.em_comm_size(c), device = 'cpu',
+    rank = C.em_comm_rank(c), world_size = C.em_comm_size(c), device = device,
   }, Strategy)
 end
 
@@ -273,7 +339,7 @@ function Strategy:check_replicas(model)
   local sums = em.zeros(#named * 2, { dtype = 'float64' })
   em.no_grad(function()
     for i, np in ipairs(named) do
-      local v = np[2]:detach():double():flatten()
+      local v = np[2]:detach():to('cpu'):double():flatten()   -- GPU replicas too
       local n = v:numel()
       sums[2 * i - 1] = v:sum():item()
       sums[2 * i] = n > 0 and (v * em.arange(1, n + 1, { dtype = 'float64' })):sum():item() or 0

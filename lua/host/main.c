@@ -167,6 +167,8 @@ static void usage(FILE *f) {
     "  -           run stdin\n"
     "  --          stop handling options\n"
     "  --replicas N  run the script as N replicas (threads) of em.distribute\n"
+    "  --devices L   the replicas' devices, e.g. cuda:0,cuda:1 (replica k takes\n"
+    "                entry k mod the count; also EMBER_DEVICES)\n"
     "  --profile     profile the whole script: print a report at exit and write\n"
     "                ember-trace.json and ember-profile.html (em.profile)\n"
     "  --version   print the version\n"
@@ -252,9 +254,16 @@ static int parse(int argc, char **argv, opts *o) {
       o->replicas = (int)n;
     } else if (strcmp(a, "--profile") == 0) {
       o->profile = 1;
-    } else if (strcmp(a, "--devices") == 0) {
-      fprintf(stderr, "%s: %s is not available in this build yet\n", progname, a);
-      return -1;
+    } else if (strcmp(a, "--devices") == 0 || strncmp(a, "--devices=", 10) == 0) {
+      /* em.distribute reads the list from the environment (so that MPI processes
+      ** given EMBER_DEVICES by their launcher behave the same): replica k takes
+      ** entry k mod n (lua/ember/distribute.lua) */
+      const char *v = a[9] == '=' ? a + 10 : (++i < argc ? argv[i] : NULL);
+      if (!v || !*v) {
+        fprintf(stderr, "%s: --devices needs a list of devices, e.g. cuda:0,cuda:1\n", progname);
+        return -1;
+      }
+      setenv("EMBER_DEVICES", v, 1);
     } else {
       fprintf(stderr, "%s: unknown option '%s'\n", progname, a);
       usage(stderr);
@@ -270,7 +279,7 @@ static int run_options(lua_State *L, int argc, char **argv, int upto) {
   for (int i = 1; i < upto; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) break;
-    if (strcmp(a, "--replicas") == 0) { i++; continue; }
+    if (strcmp(a, "--replicas") == 0 || strcmp(a, "--devices") == 0) { i++; continue; }
     if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
     const char *val = a[2] ? a + 2 : argv[++i];
     int status;

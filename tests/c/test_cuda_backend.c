@@ -98,14 +98,15 @@ static void test_conversions_and_strided_targets(em_state *S) {
   REQUIRE_OK(S, em_to(S, x, EM_FLOAT32, EM_CPU, &xb));
   CHECK(same_values(h, xb), "float64 -> float32 on the device");
   em_tensor_release(x); em_tensor_release(xb);
-  /* an op without a kernel yet names it and the device */
-  em_tensor *d3, *d4;
-  int64_t one[2] = {1, 1}, zero[2] = {0, 0};
-  REQUIRE_OK(S, em_unsqueeze(S, d, 0, &d3));
-  REQUIRE_OK(S, em_unsqueeze(S, d3, 0, &d4));
-  CHECK_ERR(S, em_conv2d(S, d4, d4, NULL, one, zero, one, 1, &x), EM_ERR_DEVICE, "cuda",
-            "'conv2d'", "cuda:0");
-  em_tensor_release(d3); em_tensor_release(d4);
+  /* an op on tensors of two devices names both (conv2d has its kernel now:
+  ** kernels/k_dnn.c, tested in test_cuda_dnn.c) */
+  em_tensor *d4, *h4;
+  int64_t one[2] = {1, 1}, zero[2] = {0, 0}, s4[4] = {1, 1, 2, 2};
+  REQUIRE_OK(S, em_full(S, s4, 4, 1, EM_FLOAT32, 0, &d4));
+  REQUIRE_OK(S, em_full(S, s4, 4, 1, EM_FLOAT32, EM_CPU, &h4));
+  CHECK_ERR(S, em_conv2d(S, d4, h4, NULL, one, zero, one, 1, &x), EM_ERR_DEVICE, "conv2d",
+            "cuda:0", "cpu");
+  em_tensor_release(d4); em_tensor_release(h4);
   em_tensor_release(h); em_tensor_release(d); em_tensor_release(back);
   em_tensor_release(hT); em_tensor_release(dst); em_tensor_release(view);
   em_tensor_release(dst_back);

@@ -3,10 +3,13 @@ ember.data.loader -- ds:loader{...}: the Lua face of core/data/loader.c, plus
 what the user sees while it runs: a progress bar per epoch, loader:stats(), and
 a one-line warning when the training loop waits for data too long.
 
-  local loader = ds:loader{workers = 2, prefetch = 4, progress = true}
+  local loader = ds:loader{workers = 2, prefetch = 4, progress = true,
+                          device = 'cuda', pin_memory = true, device_prefetch = 1}
   for x, y in loader:epoch([n]) do ... end      -- epoch n (1, 2, ... by default)
   loader:stats() -> {epoch, batches, samples, samples_per_s, wait_s, wait_fraction,
-                     elapsed_s}
+                     elapsed_s, ready, and with a device or pin_memory: copies,
+                     copies_done, copy_bytes, copy_s, copies_late, buffer_waits,
+                     buffer_wait_s, pinned_buffers, pinned_bytes}
   loader:note('loss 0.31')                       -- text at the end of the bar
   loader:size()                                  -- batches per epoch
   loader:state_dict() / load_state_dict(t)       -- where it is, for em.checkpoint
@@ -15,9 +18,14 @@ The bar: redrawn in place at most 10 times a second when stdout is a terminal;
 otherwise a plain line every 10 seconds (none for epochs shorter than that), so
 logs stay readable; progress = n (seconds) sets that interval, false turns both off.
 
-pin_memory and device: batches go to `device` with :to() (the CUDA backend
-will hand the loader a pinned buffer allocator through em_loader_config; on a
-CPU-only build pin_memory changes nothing).
+device and pin_memory (em_loader_to_device; kernels/feed.c): batches come out
+on `device`. With pin_memory the workers assemble them in pinned buffers of a
+pool the loader keeps, and each batch's copy runs on the device's copy stream
+`device_prefetch` batches (default 1) ahead of its step; without it, a batch is
+staged and copied when handed out. pin_memory with device 'cpu' gives pinned
+CPU batches (their :cuda() is asynchronous). Without a CUDA device pin_memory
+falls back to ordinary memory with a warning, as PyTorch's DataLoader does;
+device = 'cuda' is an error there.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -61,16 +69,30 @@ function Loader.new(ds, o)
     raise('loader: prefetch must be an integer >= 0, got ' .. tostring(prefetch))
   end
   local device = o.device or 'cpu'
-  core.device_id(device, 'loader')
+  local dev = core.device_id(device, 'loader')
+  if dev >= 0 then device = core.device_name(dev) end
+  local pin = o.pin_memory and true or false
+  local ahead = o.device_prefetch == nil and -1 or o.device_prefetch
+  if type(ahead) ~= 'number' or ahead % 1 ~= 0 or ahead < -1 then
+    raise('loader: device_prefetch must be an integer >= 0, got ' .. tostring(ahead))
+  end
+  if pin and dev < 0 and C.em_cuda_device_count(S) == 0 then
+    io.stderr:write('ember: loader: pin_memory needs a CUDA device and there is none; '
+      .. 'batches stay in ordinary memory\n')
+    pin = false
+  end
   local cfg = ffi.new('em_loader_config')
   C.em_loader_config_init(cfg)
   cfg.workers, cfg.prefetch = workers, prefetch
   local lout = ffi.new('em_loader*[1]')
   if C.em_loader_new(S, h, cfg, lout) ~= 0 then core.fail() end
   local box = data._track(ldbox_t(lout[0]), free_loader)
+  if (dev >= 0 or pin) and C.em_loader_to_device(S, box._h, dev, pin and 1 or 0, ahead) ~= 0 then
+    core.fail()
+  end
   local self = setmetatable({
     _box = box, _l = box._h,
-    ds = ds, workers = workers, device = device, pin_memory = o.pin_memory and true or false,
+    ds = ds, workers = workers, device = device, pin_memory = pin,
     -- under a strategy only replica 0 draws progress, unless asked
     progress = o.progress == nil and require('ember.distribute').replica() == 0 or
       (o.progress ~= nil and o.progress ~= false), next_epoch = 1,
@@ -88,12 +110,20 @@ function Loader:stats()
   C.em_loader_stats_get(self._l, stats_buf)
   local s = stats_buf
   local el = tonumber(s.elapsed_s)
-  return {
+  local r = {
     epoch = tonumber(s.epoch), batches = tonumber(s.items), samples = tonumber(s.samples),
     total_batches = tonumber(s.total_items), elapsed_s = el, wait_s = tonumber(s.wait_s),
     samples_per_s = el > 0 and tonumber(s.samples) / el or 0,
-    wait_fraction = el > 0 and tonumber(s.wait_s) / el or 0,
+    wait_fraction = el > 0 and tonumber(s.wait_s) / el or 0, ready = tonumber(s.ready),
   }
+  if self.device ~= 'cpu' or self.pin_memory then   -- since the loader was made
+    r.copies, r.copies_done, r.copy_bytes = tonumber(s.copies), tonumber(s.copies_done),
+      tonumber(s.copy_bytes)
+    r.copy_s, r.copies_late = tonumber(s.copy_s), tonumber(s.copies_late)
+    r.buffer_waits, r.buffer_wait_s = tonumber(s.buffer_waits), tonumber(s.buffer_wait_s)
+    r.pinned_buffers, r.pinned_bytes = tonumber(s.pinned_buffers), tonumber(s.pinned_bytes)
+  end
+  return r
 end
 
 -- -- Progress ---------------------------------------------------------------------------
@@ -152,7 +182,7 @@ function Loader:epoch(n)
   self.running = true
   self.tty = self.progress and is_tty()
   self.last_draw, self.width = now(), 0
-  local l, nf, dev = self._l, self.nfields, self.device
+  local l, nf = self._l, self.nfields
   local done = false
   return function()
     if done then return nil end
@@ -171,10 +201,7 @@ function Loader:epoch(n)
     local x, y, z, w = wrap(outs[0]), nf > 1 and wrap(outs[1]) or nil,
       nf > 2 and wrap(outs[2]) or nil, nf > 3 and wrap(outs[3]) or nil
     if self.progress then draw(self, nil, false) end
-    if dev ~= 'cpu' then
-      x = x:to(dev); y = y and y:to(dev); z = z and z:to(dev); w = w and w:to(dev)
-    end
-    return x, y, z, w
+    return x, y, z, w                                   -- on self.device already
   end
 end
 
@@ -198,7 +225,8 @@ function Loader:load_state_dict(sd)
   self.resume = sd.position and { epoch = sd.epoch, position = sd.position } or nil
 end
 
--- Stops the workers now (they also stop when the loader is collected).
+-- Stops the workers now (they also stop when the loader is collected) and gives
+-- the pinned buffers back once their copies ran; a later epoch() starts afresh.
 function Loader:close() C.em_loader_stop(self._l) end
 
 return Loader

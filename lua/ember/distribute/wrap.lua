@@ -7,6 +7,7 @@ find_unused = false}): the model whose gradients are averaged across replicas.
   loss:backward()          -- returns with the same averaged .grad on every replica
   dm:no_sync(fn, ...)      -- fn runs with averaging off (gradient accumulation)
 
+On a GPU replica (s.device 'cuda:N') wrap first moves the model to that device.
 Wrapping broadcasts the parameters and buffers from replica 0, so that every
 replica starts from the same model whatever its own initialisation did. The
 averaging itself is C (core/dist/reducer.c): gradient hooks on the parameters
@@ -71,6 +72,8 @@ function M.wrap(s, model, o)
     raise('wrap: expected an em.nn.Module, got ' .. core.kind(model))
   end
   local mb, first, bcast_buffers, find_unused = check_opts(o)
+  -- a GPU replica trains on its device (the batches are the script's to move)
+  if s.device ~= 'cpu' then model:to(s.device) end
   local named = {}
   for _, np in ipairs(model:named_parameters()) do
     if np[2].requires_grad then named[#named + 1] = np end
@@ -81,7 +84,9 @@ function M.wrap(s, model, o)
   local all = {}
   for i, np in ipairs(named) do all[i] = np[2] end
   for _, b in ipairs(buffers) do all[#all + 1] = b end
-  broadcast_all(s, all)
+  -- (a world of one has nothing to agree on: a model on any device wraps, as a
+  -- plain `ember --device cuda script` of a CPU strategy does)
+  if s.world_size > 1 then broadcast_all(s, all) end
 
   local n = #named
   local handles = ffi.new('em_tensor*[?]', math.max(n, 1))

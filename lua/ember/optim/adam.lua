@@ -8,8 +8,11 @@ offered):
   v = beta2 * v + (1 - beta2) * grad^2
   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
-state[i] = {step = t, exp_avg = m, exp_avg_sq = v}.
+state[i] = {step = t, exp_avg = m, exp_avg_sq = v}, the tensors on the parameter's
+device. A step updates a group's parameters of one device and dtype in one call
+(em_adam_step_multi_: one kernel launch on cuda).
 ]]
+local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local create = require 'ember.create'
 local C, S, raise = core.C, core.S, core.raise
@@ -30,15 +33,32 @@ return function(optim)
 
   local function make(name, decoupled, wd)
     local defaults = { lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = wd }
-    local function update(self, g, p, h, gh, s)
-      local step = (s.step or 0) + 1
-      if s.exp_avg == nil then
-        s.exp_avg = create.zeros_like(p)
-        s.exp_avg_sq = create.zeros_like(p)
+    -- One C call for the bucket (one device and dtype: init.lua's step).
+    local function update(self, g, b)
+      -- A graph would replay this step's bias correction forever (em.cuda.graph).
+      if C.em_cuda_capturing(S) >= 0 then
+        raise(('%s.step: a step can not be captured in a CUDA graph: its bias '
+          .. 'correction changes every step; capture forward and backward, and call '
+          .. 'step() after the graph (SGD steps can be captured)'):format(name))
       end
-      local st = C.em_adam_step_(S, h, gh, s.exp_avg._h, s.exp_avg_sq._h, g.lr, g.betas[1],
-                                 g.betas[2], g.eps, g.weight_decay, decoupled, step)
-      if st == 0 then s.step = step end
+      local n = b.n
+      local P, G = ffi.new('em_tensor*[?]', n), ffi.new('const em_tensor*[?]', n)
+      local M, V = ffi.new('em_tensor*[?]', n), ffi.new('em_tensor*[?]', n)
+      local steps = ffi.new('int64_t[?]', n)
+      for i = 1, n do
+        local it, s = b[i], b[i].s
+        if s.exp_avg == nil then
+          s.exp_avg = create.zeros_like(it.p)      -- on the parameter's device
+          s.exp_avg_sq = create.zeros_like(it.p)
+        end
+        P[i - 1], G[i - 1], M[i - 1], V[i - 1] = it.h, it.gh, s.exp_avg._h, s.exp_avg_sq._h
+        steps[i - 1] = (s.step or 0) + 1
+      end
+      local st = C.em_adam_step_multi_(S, n, P, G, M, V, steps, g.lr, g.betas[1], g.betas[2],
+                                       g.eps, g.weight_decay, decoupled)
+      if st == 0 then
+        for i = 1, n do b[i].s.step = (b[i].s.step or 0) + 1 end
+      end
       return st
     end
     return optim.class(name, defaults, check, update)

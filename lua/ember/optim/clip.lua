@@ -4,7 +4,9 @@ em.nn.utils.clip_grad_norm: PyTorch 1.13's clip_grad_norm_. The total norm is th
 norm_type-norm of the gradients' norms (math.huge or 'inf': the largest absolute
 value); when it exceeds max_norm every gradient is scaled in place by
 max_norm / (total + 1e-6). Returns the total norm as a number (0 when no
-parameter has a gradient). params: a tensor or a list of tensors.
+parameter has a gradient). params: a tensor or a list of tensors, on any devices.
+The norm's sums run in double in a fixed order (core/ops/optim.c's
+em_clip_grad_norm_), so cpu and cuda give the same total.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -35,6 +37,21 @@ return function(params, max_norm, norm_type)
     if gh ~= nil then grads[#grads + 1] = wrap(gh) end
   end
   if #grads == 0 then return 0 end
+  -- In C when it can (every gradient contiguous, norm_type > 0): one norm launch
+  -- and at most one scaling launch per device and dtype, the sums in double in an
+  -- order every backend shares (em_clip_grad_norm_).
+  local in_c = norm_type > 0
+  for _, g in ipairs(grads) do
+    if not in_c or C.em_tensor_is_contiguous(g._h) == 0 then in_c = false; break end
+  end
+  if in_c then
+    local n = #grads
+    local hs, out = ffi.new('em_tensor*[?]', n), ffi.new('double[1]')
+    for i = 1, n do hs[i - 1] = grads[i]._h end
+    if C.em_clip_grad_norm_(S, n, hs, max_norm, norm_type, out) ~= 0 then core.fail() end
+    return out[0]
+  end
+  -- Otherwise (a strided gradient, norm_type <= 0) through the tensor ops.
   local total
   if norm_type == math.huge then
     total = 0

@@ -9,8 +9,10 @@ ember.optim -- optimizers and learning-rate schedules (API.md, "em.optim").
 This file holds what every optimizer shares (the Optimizer base: parameter
 groups, opt.lr, zero_grad, state_dict / load_state_dict); sgd.lua and adam.lua
 hold the update rules, lr_scheduler.lua the schedules, clip.lua
-clip_grad_norm. Update rules follow PyTorch 1.13; each parameter's update is
-one fused C kernel (em_sgd_step_, em_adam_step_ in core/ops/optim.c).
+clip_grad_norm. Update rules follow PyTorch 1.13; a step updates the parameters
+of a group with one C call per device and dtype (em_sgd_step_multi_,
+em_adam_step_multi_ in core/ops/optim.c): on cuda one kernel launch for all of
+them, on the CPU one fused pass per parameter.
 
 Gradients are read and written through the C autograd API (em_tensor_grad,
 em_tensor_set_grad), the same storage as t.grad.
@@ -109,7 +111,10 @@ local function opt_newindex(self, k, v)
 end
 
 -- A new optimizer class: name (for messages), defaults, a check of a group's
--- hyper-parameters, and update(self, group, p, h, gh, state, index).
+-- hyper-parameters, and update(self, group, bucket), which updates the bucket's
+-- parameters -- bucket[1 .. bucket.n] = {p = tensor, h = its handle, gh = its
+-- gradient's handle, s = its state table, index}, all of one device and dtype --
+-- in one C call and returns its em_status.
 function M.class(name, defaults, check, update)
   local cls = setmetatable({ name = name, defaults = defaults, check = check,
                              update = update }, { __index = Optimizer })
@@ -160,10 +165,13 @@ end
 function Optimizer:_step(closure)
   local loss
   if closure ~= nil then loss = closure() end
-  local cls = self.class
-  local update, state = cls.update, self.state
+  local update, state = self.class.update, self.state
   local index = 0
   for _, g in ipairs(self.param_groups) do
+    -- The parameters with a gradient, bucketed by device and dtype in order of
+    -- first appearance: update() takes a bucket in one C call (one kernel launch
+    -- on cuda), since one launch serves one device and one dtype.
+    local buckets, keys = {}, {}
     for _, p in ipairs(g.params) do
       index = index + 1
       local h = p._h
@@ -173,17 +181,39 @@ function Optimizer:_step(closure)
         if C.em_tensor_is_contiguous(gh) == 0 then
           local st = C.em_contiguous(S, gh, core.out2)
           C.em_tensor_release(gh)
-          if st ~= 0 then core.fail() end
+          if st ~= 0 then
+            for _, key in ipairs(keys) do
+              local b = buckets[key]
+              for i = 1, b.n do C.em_tensor_release(b[i].gh) end
+            end
+            core.fail()
+          end
           gh = core.out2[0]
         end
         local s = state[index]
         if s == nil then s = {}; state[index] = s end
-        local st = update(self, g, p, h, gh, s)
-        C.em_tensor_release(gh)
-        if next(s) == nil then state[index] = nil end   -- stateless rule (plain SGD)
-        if st ~= 0 then core.fail() end
+        local key = tonumber(C.em_tensor_device(h)) * 64 + tonumber(C.em_tensor_dtype(h))
+        local b = buckets[key]
+        if b == nil then
+          b = { n = 0 }
+          buckets[key] = b
+          keys[#keys + 1] = key
+        end
+        b.n = b.n + 1
+        b[b.n] = { p = p, h = h, gh = gh, s = s, index = index }
       end
     end
+    local failed = false
+    for _, key in ipairs(keys) do
+      local b = buckets[key]
+      if not failed then failed = update(self, g, b) ~= 0 end
+      for i = 1, b.n do
+        local it = b[i]
+        C.em_tensor_release(it.gh)
+        if next(it.s) == nil then state[it.index] = nil end  -- stateless rule (plain SGD)
+      end
+    end
+    if failed then core.fail() end   -- the message of the failed call is still there
   end
   return loss
 end

@@ -7,8 +7,11 @@ Nesterov momentum and L2 weight decay, as PyTorch 1.13's torch.optim.SGD:
   d = nesterov and d + momentum * buf or buf        (when momentum ~= 0)
   p = p - lr * d
 
-state[i].momentum_buffer holds buf (absent while momentum is 0).
+state[i].momentum_buffer holds buf (absent while momentum is 0), on the parameter's
+device. A step updates a group's parameters of one device and dtype in one call
+(em_sgd_step_multi_: one kernel launch on cuda).
 ]]
+local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local create = require 'ember.create'
 local C, S, raise = core.C, core.S, core.raise
@@ -31,20 +34,32 @@ return function(optim)
     end
   end
 
-  local function update(self, g, p, h, gh, s)
-    local mom = g.momentum
-    local b, first = nil, 0
-    if mom ~= 0 then
-      b = s.momentum_buffer
-      if b == nil then
-        b = create.empty_like(p)   -- the kernel writes it whole on the first step
-        first = 1
+  -- One C call for the bucket (one device and dtype: init.lua's step).
+  local function update(self, g, b)
+    local n, mom = b.n, g.momentum
+    local P, G = ffi.new('em_tensor*[?]', n), ffi.new('const em_tensor*[?]', n)
+    local B = mom ~= 0 and ffi.new('em_tensor*[?]', n) or nil
+    local F = ffi.new('int[?]', n)
+    local fresh = {}
+    for i = 1, n do
+      local it = b[i]
+      P[i - 1], G[i - 1] = it.h, it.gh
+      if B then
+        local buf = it.s.momentum_buffer
+        if buf == nil then
+          buf = create.empty_like(it.p)   -- the kernel writes it whole on the first step
+          F[i - 1] = 1
+          fresh[i] = buf
+        end
+        B[i - 1] = buf._h
       end
     end
-    local st = C.em_sgd_step_(S, h, gh, b and b._h or nil, g.lr, mom, g.dampening,
-                              g.weight_decay, g.nesterov and 1 or 0, first)
+    local st = C.em_sgd_step_multi_(S, n, P, G, B, F, g.lr, mom, g.dampening,
+                                    g.weight_decay, g.nesterov and 1 or 0)
     -- kept only once written: a failed first step must not leave garbage behind
-    if st == 0 and first == 1 then s.momentum_buffer = b end
+    if st == 0 then
+      for i, buf in pairs(fresh) do b[i].s.momentum_buffer = buf end
+    end
     return st
   end
 

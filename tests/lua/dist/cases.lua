@@ -30,7 +30,7 @@ elseif mode == 'unused' or mode == 'unused_ok' then
   end
   em.manual_seed(1)
   local dm = s:wrap(Net(), { find_unused = mode == 'unused_ok' })
-  local x = em.ones(3, 4) * (s.rank + 1)
+  local x = (em.ones(3, 4) * (s.rank + 1)):to(s.device)   -- GPU replicas too
   dm(x):sum():backward()
   local g = dm.module.spare.weight.grad
   -- averaged: replica 0 contributes zeros, replica r>0 contributes 3*(r+1)

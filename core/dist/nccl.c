@@ -1,0 +1,278 @@
+/*
+** nccl.c -- the `nccl` communicator: replicas on CUDA devices (GPU replicas of
+** `ember --replicas N --devices cuda:0,...`, or one GPU per MPI process).
+**
+** Two ways, one ordering. Every GPU replica first makes a host communicator,
+** the "boot" one -- the local group of its threads, or MPI between processes --
+** and shares rank 0's NCCL unique id through it (ncclGetUniqueId needs no GPU,
+** so this part runs and is tested everywhere). Then:
+**   - on real GPUs, a communicator with the backend below: its comm thread
+**     joins NCCL (ncclCommInitRankConfig, non-blocking and bounded by the
+**     timeout), and runs each collective on the device's communication stream
+**     -- made to wait (on the device) for the compute stream's "ready" event,
+**     inside ncclGroupStart/End,
+**     every queued bucket in one group -- then polls the "done" event and
+**     ncclCommGetAsyncError. The boot communicator stays: barriers and CPU
+**     tensors go through it, and so does failure -- a replica that fails aborts the boot
+**     communicator (the others hear "replica K failed: ..."), its peers see it
+**     while polling, stop waiting and ncclCommAbort their NCCL communicator;
+**   - on emulated devices the boot communicator itself becomes the `nccl`
+**     communicator: the host collective is NCCL's stand-in, and comm.c stages
+**     the device buffers through host memory around it with the very same
+**     events (kernels/comm_cuda.c), so that ordering logic runs in CI.
+** What never ran here: the NCCL calls themselves (kernels/real/nccl_real.c) --
+** this project's machines have no GPU; the code compiles against nccl.h.
+*/
+#include "comm.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+int emi_comm_nccl_id(const em_comm *c, unsigned char id[128]) {
+  if (!c || !c->nccl_id_ok) return 0;
+  memcpy(id, c->nccl_id, 128);
+  return 1;
+}
+
+/* -- The id exchange ------------------------------------------------------------ */
+
+/* Rank 0 makes the id, every rank gets it through boot: 33 int32s, the first
+** saying whether rank 0 has one (its failure is everyone's answer). */
+static em_status share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCCL_ID_BYTES],
+                          int *ok, char *why, size_t whylen) {
+  int64_t n = 1 + EMI_NCCL_ID_BYTES / 4;
+  em_tensor *t;
+  em_status st = em_full(S, &n, 1, 0.0, EM_INT32, EM_CPU, &t);
+  if (st) return st;
+  int32_t *v = (int32_t *)t->storage->data + t->offset;
+  why[0] = 0;
+  if (em_comm_rank(boot) == 0) {
+    unsigned char mine[EMI_NCCL_ID_BYTES];
+    v[0] = emi_nccl_unique_id(mine, why, whylen) == EM_OK;
+    if (v[0]) memcpy(v + 1, mine, EMI_NCCL_ID_BYTES);
+  }
+  if (!(st = em_comm_broadcast(S, boot, t, 0, NULL))) {
+    *ok = v[0] != 0;
+    memcpy(id, v + 1, EMI_NCCL_ID_BYTES);
+  }
+  em_tensor_release(t);
+  return st;
+}
+
+em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCCL_ID_BYTES]) {
+  int ok = 0;
+  char why[EMI_COMM_MSG];
+  em_status st = share_id(S, boot, id, &ok, why, sizeof why);
+  if (st) return st;
+  if (!ok)
+    return emi_error(S, EM_ERR_UNSUPPORTED, "comm_nccl: replica 0 could not make NCCL's "
+                     "unique id%s%.300s", why[0] ? ": " : "", why);
+  return EM_OK;
+}
+
+/* -- The backend on real GPUs ---------------------------------------------------- */
+
+typedef struct nccl_comm {
+  em_comm *boot;             /* host communicator: id, barriers, failure */
+  em_local_group *g;         /* the threads' group (NULL under MPI) */
+  void *nc;                  /* NCCL's communicator (nccl_real.c) */
+  unsigned char id[EMI_NCCL_ID_BYTES];
+} nccl_comm;
+
+static em_status nccl_thread_start(em_comm *c, char *err) {
+  nccl_comm *nc = c->impl;
+  return emi_nccl_init(c->dev, nc->id, c->rank, c->size, c->timeout_s, &nc->nc, err,
+                       EMI_COMM_MSG);
+}
+
+/* Between looks at the "done" event: has NCCL failed, or another replica? */
+static em_status nccl_poll(em_comm *c, char *err) {
+  nccl_comm *nc = c->impl;
+  char msg[EMI_COMM_MSG];
+  if (nc->g && em_local_group_failure(nc->g, msg, sizeof msg)) {
+    emi_comm_fail(c, 0, "%s", msg);         /* not ours: wait_event sees c failed */
+    return EM_OK;
+  }
+  if (emi_comm_failed(nc->boot)) {
+    pthread_mutex_lock(&nc->boot->mu);
+    snprintf(msg, sizeof msg, "%s", nc->boot->failure);
+    pthread_mutex_unlock(&nc->boot->mu);
+    emi_comm_fail(c, 0, "%s", msg);
+    return EM_OK;
+  }
+  return emi_nccl_async_error(nc->nc, err, EMI_COMM_MSG);
+}
+
+/* Barriers and CPU tensors: through the host communicator, from this comm thread,
+** so they keep their place in the order of this communicator's collectives. */
+static int host_item(const em_comm_work *w) { return w->kind == EMI_COLL_BARRIER || !w->dev_in; }
+
+static em_status nccl_host(em_comm *c, em_comm_work *w) {
+  nccl_comm *nc = c->impl;
+  em_comm_work b;
+  memset(&b, 0, sizeof b);
+  b.kind = w->kind;
+  b.op = w->op;
+  b.root = w->root;
+  b.dtype = w->dtype;
+  b.count = w->count;
+  b.in = w->in;
+  b.out = w->out;
+  em_status st = emi_comm_call(nc->boot, &b);
+  if (st) {
+    snprintf(w->errmsg, sizeof w->errmsg, "%s", b.errmsg);
+    if (emi_comm_failed(nc->boot)) emi_comm_fail(c, 0, "%s", b.errmsg);
+  }
+  return st;
+}
+
+/* Items ws[0..n) as one NCCL group (all on the device). */
+static void run_nccl(em_comm *c, em_comm_work **ws, int n, em_status *sts) {
+  nccl_comm *nc = c->impl;
+  em_status st = EM_OK;
+  int k;
+  for (k = 0; k < n && !st; k++) st = emi_commdev_order(c, ws[k]);
+  if (st) {
+    for (k = 0; k < n; k++) sts[k] = st;
+    return;
+  }
+  char err[EMI_COMM_MSG] = "";
+  st = emi_nccl_group(nc->nc, 1, err, sizeof err);
+  for (k = 0; k < n && !st; k++) st = emi_nccl_issue(nc->nc, c->dev, ws[k], err, sizeof err);
+  em_status end = emi_nccl_group(nc->nc, 0, err[0] ? NULL : err, err[0] ? 0 : sizeof err);
+  if (!st) st = end;
+  if (st) {
+    for (k = 0; k < n; k++) {
+      snprintf(ws[k]->errmsg, sizeof ws[k]->errmsg, "%s", err);
+      sts[k] = st;
+    }
+    emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
+    return;
+  }
+  for (k = 0; k < n; k++) {
+    sts[k] = emi_commdev_finish(c, ws[k], nccl_poll);
+    ws[k]->t_ready = ws[k]->t_begin;
+  }
+}
+
+static em_status nccl_run(em_comm *c, em_comm_work *w) {
+  if (host_item(w)) return nccl_host(c, w);
+  em_status st;
+  run_nccl(c, &w, 1, &st);
+  return st;
+}
+
+/* Every queued item at once: runs of device collectives as NCCL groups, host
+** items alone. */
+static em_status nccl_run_group(em_comm *c, em_comm_work **ws, int n, em_status *sts) {
+  int k = 0;
+  while (k < n) {
+    if (emi_comm_failed(c)) { sts[k++] = EM_ERR_IO; continue; }
+    if (host_item(ws[k])) { sts[k] = nccl_host(c, ws[k]); k++; continue; }
+    int j = k;
+    while (j < n && !host_item(ws[j])) j++;
+    run_nccl(c, ws + k, j - k, sts + k);
+    k = j;
+  }
+  for (k = 0; k < n; k++) if (sts[k]) return sts[k];
+  return EM_OK;
+}
+
+/* This replica failed: the others hear it through the boot communicator. */
+static void nccl_abort_notify(em_comm *c, int own) {
+  nccl_comm *nc = c->impl;
+  if (!own) return;
+  char msg[EMI_COMM_MSG];
+  pthread_mutex_lock(&c->mu);
+  snprintf(msg, sizeof msg, "%s", c->failure);
+  pthread_mutex_unlock(&c->mu);
+  emi_comm_fail(nc->boot, 1, "%s", msg);
+}
+
+/* After a failure NCCL may still hold kernels waiting for a dead peer:
+** ncclCommAbort is the one call that gets out of that. */
+static void nccl_thread_stop(em_comm *c) {
+  nccl_comm *nc = c->impl;
+  emi_nccl_free(nc->nc, emi_comm_failed(c));
+  nc->nc = NULL;
+}
+
+static void nccl_destroy(em_comm *c) {
+  nccl_comm *nc = c->impl;
+  em_comm_free(nc->boot);
+  free(nc);
+}
+
+static const emi_comm_backend nccl_backend = {
+  .name = "nccl",
+  .thread_start = nccl_thread_start,
+  .run = nccl_run,
+  .run_group = nccl_run_group,
+  .device_native = 1,
+  .abort_notify = nccl_abort_notify,
+  .thread_stop = nccl_thread_stop,
+  .destroy = nccl_destroy,
+};
+
+/* -- Public --------------------------------------------------------------------------- */
+
+em_status em_comm_nccl(em_state *S, int device, em_local_group *g, int rank, double timeout_s,
+                       em_comm **out) {
+  if (!out) return emi_error(S, EM_ERR_ARG, "comm_nccl: NULL output");
+  *out = NULL;
+  emi_commdev *dev;
+  em_status st = emi_commdev_open(S, device, &dev);
+  if (st) return st;
+  em_comm *boot;
+  st = g ? em_comm_local(S, g, rank, timeout_s, &boot) : em_comm_mpi(S, timeout_s, &boot);
+  if (st) { emi_commdev_close(dev); return st; }
+  unsigned char id[EMI_NCCL_ID_BYTES];
+  int ok = 0;
+  char why[EMI_COMM_MSG];
+  if ((st = share_id(S, boot, id, &ok, why, sizeof why))) {
+    em_comm_free(boot);
+    emi_commdev_close(dev);
+    return st;
+  }
+  if (!emi_commdev_native(dev)) {
+    /* emulated devices: the host communicator stands in for NCCL (comm.c
+    ** stages); the id is shared all the same, when libnccl is there, so that
+    ** the exchange is what CI tests */
+    memcpy(boot->nccl_id, id, sizeof id);
+    boot->nccl_id_ok = ok;
+    boot->label = "nccl";
+    boot->dev = dev;
+    *out = boot;
+    return EM_OK;
+  }
+  if (!ok) {
+    em_comm_free(boot);
+    emi_commdev_close(dev);
+    return emi_error(S, EM_ERR_UNSUPPORTED, "comm_nccl: replica 0 could not make NCCL's "
+                     "unique id%s%.300s", why[0] ? ": " : "", why);
+  }
+  nccl_comm *nc = calloc(1, sizeof *nc);
+  if (!nc) {
+    em_comm_free(boot);
+    emi_commdev_close(dev);
+    return emi_error(S, EM_ERR_NOMEM, "comm_nccl: out of memory");
+  }
+  nc->boot = boot;
+  nc->g = g;
+  memcpy(nc->id, id, sizeof id);
+  /* c->dev must be there when thread_start runs: made here, handed over below */
+  em_comm *c;
+  st = emi_comm_new_dev(S, &nccl_backend, nc, em_comm_rank(boot), em_comm_size(boot),
+                        timeout_s, dev, &c);
+  if (st) {
+    /* the others are left waiting in NCCL's init: tell them */
+    em_comm_abort(boot, S->errmsg);
+    em_comm_free(boot);
+    emi_commdev_close(dev);
+    free(nc);
+    return st;
+  }
+  memcpy(c->nccl_id, id, sizeof id);
+  c->nccl_id_ok = 1;
+  *out = c;
+  return EM_OK;
+}

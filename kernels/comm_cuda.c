@@ -1,0 +1,313 @@
+/*
+** comm_cuda.c -- the device side of a communicator whose tensors live on a CUDA
+** device (core/dist/comm.h, "Device communicators"): the events that order a
+** collective against the device's compute stream, the communication stream it
+** runs on, host staging for the emulated runtime, and the bridge to NCCL
+** (kernels/real/nccl_real.c) for real GPUs.
+**
+** Why events and a stream of its own. Ops only queue work: when the reducer
+** hands a bucket to the communicator, the kernels that write its gradients may
+** not have run yet. So the submitting thread records an event on the compute
+** stream ("ready"), and nothing reads the bucket before that event is reached.
+** The collective then runs on the device's communication stream, beside the
+** compute stream that goes on with backward, and ends with a second event
+** ("done"); the caller's wait makes the compute stream wait for it, so the
+** optimizer's kernels, queued after the wait, read averaged gradients -- and the
+** host thread never blocks on the device for the ordering.
+**
+** Bounded waits. The comm thread never blocks on the device without a limit: it
+** polls the events (20 us .. 1 ms apart) and gives up when the communicator has
+** failed (another replica died) or after the communicator's timeout (this
+** device is stuck), so a dead GPU replica makes the others fail, never hang.
+**
+** Emulated devices. NCCL's stand-in is the host communicator (local group or
+** MPI): the comm thread copies the input to pinned host memory on the comm
+** stream after "ready", runs the host collective there, copies the result back
+** on the comm stream and records "done" -- the same ordering as with NCCL.
+*/
+#include "cuda.h"
+#include "real/libs.h"
+#include "../core/dist/comm.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+struct emi_commdev {
+  em_state *S;
+  int device;
+  emk_runtime *rt;
+  emk_cuda_device *d;
+  int native;                /* the real runtime: NCCL reads device memory */
+  void *host;                /* pinned staging, in then out (comm thread only) */
+  size_t host_cap;
+};
+
+/* -- Opening -------------------------------------------------------------------- */
+
+em_status emi_commdev_open(em_state *S, int device, emi_commdev **out) {
+  *out = NULL;
+  emi_device *base = emi_device_attach(S, device);
+  if (!base || base->backend != &emk_cuda_backend)
+    return emi_error(S, EM_ERR_DEVICE, "comm_nccl: no device cuda:%d (%s)", device,
+                     S->cuda ? "not one of this state's devices" : S->cuda_why);
+  emk_cuda_device *d = emk_dev(base);
+  emk_runtime *rt = d->cuda->rt;
+  /* The comm stream is made on first use: most states never communicate, and an
+  ** emulated stream is a thread. It lives with the device (cuda.c closes it). */
+  if (!d->comm && rt->ops->stream_create(rt, device, &d->comm))
+    return emi_error(S, EM_ERR_DEVICE, "comm_nccl: cuda:%d: %s", device, rt->errmsg);
+  emi_commdev *cd = calloc(1, sizeof *cd);
+  if (!cd) return emi_error(S, EM_ERR_NOMEM, "comm_nccl: out of memory");
+  cd->S = S;
+  cd->device = device;
+  cd->rt = rt;
+  cd->d = d;
+  cd->native = !d->cuda->emulated;
+  *out = cd;
+  return EM_OK;
+}
+
+void emi_commdev_close(emi_commdev *cd) {
+  if (!cd) return;
+  /* a last copy back may still read the staging memory */
+  if (cd->host) cd->rt->ops->stream_sync(cd->rt, cd->d->comm);
+  if (cd->host) cd->rt->ops->host_free(cd->rt, cd->host);
+  free(cd);
+}
+
+int emi_commdev_device(const emi_commdev *cd) { return cd->device; }
+int emi_commdev_native(const emi_commdev *cd) { return cd->native; }
+
+/* -- The caller's side ------------------------------------------------------------ */
+
+em_status emi_commdev_mark(em_state *S, emi_commdev *cd, em_comm_work *w) {
+  emk_runtime *rt = cd->rt;
+  emk_event *e = NULL;
+  if (rt->ops->event_create(rt, cd->device, &e) ||
+      rt->ops->event_record(rt, e, cd->d->compute)) {
+    if (e) rt->ops->event_destroy(rt, e);
+    return emi_error(S, EM_ERR_DEVICE, "%s: cuda:%d: %s", emi_coll_name(w->kind), cd->device,
+                     rt->errmsg);
+  }
+  w->ev_ready = e;
+  return EM_OK;
+}
+
+em_status emi_commdev_join(em_state *S, emi_commdev *cd, em_comm_work *w) {
+  if (!w->ev_done) return EM_OK;
+  emk_runtime *rt = cd->rt;
+  if (rt->ops->stream_wait_event(rt, cd->d->compute, w->ev_done))
+    return emi_error(S, EM_ERR_DEVICE, "%s: cuda:%d: %s", emi_coll_name(w->kind), cd->device,
+                     rt->errmsg);
+  return EM_OK;
+}
+
+void emi_commdev_release(emi_commdev *cd, em_comm_work *w) {
+  if (w->ev_ready) cd->rt->ops->event_destroy(cd->rt, w->ev_ready);
+  if (w->ev_done) cd->rt->ops->event_destroy(cd->rt, w->ev_done);
+  w->ev_ready = w->ev_done = NULL;
+}
+
+/* -- The comm thread's side -------------------------------------------------------- */
+
+static em_status rt_failed(em_comm *c, em_comm_work *w, const char *step);
+
+static void nap(double s) {
+  struct timespec ts = {0, (long)(s * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* Polls event e until reached. The communicator's failure ends the wait at once;
+** after the timeout this device is taken as stuck: this replica fails (own), so
+** that the others hear it. poll (may be NULL) is asked between looks. */
+static em_status wait_event(em_comm *c, em_comm_work *w, emk_event *e, const char *what,
+                            em_status (*poll)(em_comm *c, char *err)) {
+  emk_runtime *rt = c->dev->rt;
+  double nap_s = 20e-6;
+  char desc[EMI_COMM_MSG];
+  for (;;) {
+    int done = 0;
+    if (rt->ops->event_query(rt, e, &done)) {
+      emi_coll_describe(desc, w);
+      snprintf(w->errmsg, sizeof w->errmsg, "%.160s: cuda:%d: %.300s", desc, c->dev->device,
+               rt->errmsg);
+      emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
+      return EM_ERR_DEVICE;
+    }
+    if (done) return EM_OK;
+    if (emi_comm_failed(c)) return EM_ERR_IO;
+    if (poll) {
+      char err[EMI_COMM_MSG] = "";
+      if (poll(c, err)) {
+        snprintf(w->errmsg, sizeof w->errmsg, "%s", err);
+        emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
+        return EM_ERR_IO;
+      }
+    }
+    if (emi_now() - w->t_begin > c->timeout_s) {
+      emi_coll_describe(desc, w);
+      snprintf(w->errmsg, sizeof w->errmsg, "%.160s timed out after %g s: cuda:%d did not "
+               "finish %s", desc, c->timeout_s, c->dev->device, what);
+      emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
+      return EM_ERR_IO;
+    }
+    nap(nap_s);
+    if (nap_s < 1e-3) nap_s *= 2;
+  }
+}
+
+em_status emi_commdev_wait_mark(em_comm *c, em_comm_work *w) {
+  if (!w->ev_ready) return EM_OK;
+  return wait_event(c, w, w->ev_ready, "the work that writes the collective's input", NULL);
+}
+
+/* Real GPUs: the comm stream itself waits for the mark (no host round trip
+** before NCCL is launched); a device that never gets there shows as a "done"
+** event that never comes, which finish polls with the same bound. */
+em_status emi_commdev_order(em_comm *c, em_comm_work *w) {
+  if (!w->ev_ready) return EM_OK;
+  emk_runtime *rt = c->dev->rt;
+  if (rt->ops->stream_wait_event(rt, c->dev->d->comm, w->ev_ready))
+    return rt_failed(c, w, "stream_wait_event");
+  return EM_OK;
+}
+
+static size_t out_bytes(const em_comm *c, const em_comm_work *w) {
+  size_t es = em_dtype_size(w->dtype);
+  switch (w->kind) {
+  case EMI_COLL_ALLGATHER: return (size_t)w->count * (size_t)c->size * es;
+  case EMI_COLL_REDUCE_SCATTER: return (size_t)(w->count / c->size) * es;
+  default: return (size_t)w->count * es;
+  }
+}
+
+static em_status rt_failed(em_comm *c, em_comm_work *w, const char *step) {
+  snprintf(w->errmsg, sizeof w->errmsg, "%s: %s: cuda:%d: %.300s", emi_coll_name(w->kind), step,
+           c->dev->device, c->dev->rt->errmsg);
+  emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
+  return EM_ERR_DEVICE;
+}
+
+em_status emi_commdev_stage_in(em_comm *c, em_comm_work *w) {
+  emi_commdev *cd = c->dev;
+  emk_runtime *rt = cd->rt;
+  size_t in_b = (size_t)w->count * em_dtype_size(w->dtype);
+  int inplace = w->dev_in == w->dev_out;
+  size_t need = in_b + (inplace ? 0 : out_bytes(c, w));
+  if (need > cd->host_cap) {                 /* grows, never shrinks: buckets repeat */
+    if (cd->host) rt->ops->host_free(rt, cd->host);
+    cd->host = NULL;
+    cd->host_cap = 0;
+    if (rt->ops->host_alloc(rt, need, &cd->host)) return rt_failed(c, w, "staging");
+    cd->host_cap = need;
+  }
+  if (in_b && (rt->ops->memcpy_async(rt, cd->host, w->dev_in, in_b, EMK_DEVICE_TO_HOST,
+                                     cd->d->comm) ||
+               rt->ops->stream_sync(rt, cd->d->comm)))
+    return rt_failed(c, w, "copy to the host");
+  w->in = cd->host;
+  w->out = inplace ? cd->host : (char *)cd->host + in_b;
+  return EM_OK;
+}
+
+em_status emi_commdev_stage_out(em_comm *c, em_comm_work *w) {
+  emi_commdev *cd = c->dev;
+  emk_runtime *rt = cd->rt;
+  size_t ob = out_bytes(c, w);
+  emk_event *e = NULL;
+  /* No wait here: the copy runs on the comm stream while the comm thread goes on;
+  ** the next collective's copy into the staging memory queues behind it on the
+  ** same stream (and its sync comes before the host writes there), and the
+  ** caller's join orders the compute stream after it. */
+  if ((ob && rt->ops->memcpy_async(rt, w->dev_out, w->out, ob, EMK_HOST_TO_DEVICE,
+                                   cd->d->comm)) ||
+      rt->ops->event_create(rt, cd->device, &e) || rt->ops->event_record(rt, e, cd->d->comm)) {
+    if (e) rt->ops->event_destroy(rt, e);
+    return rt_failed(c, w, "copy to the device");
+  }
+  w->ev_done = e;
+  w->in = w->dev_in;
+  w->out = w->dev_out;
+  return EM_OK;
+}
+
+em_status emi_commdev_finish(em_comm *c, em_comm_work *w,
+                             em_status (*poll)(em_comm *c, char *err)) {
+  emi_commdev *cd = c->dev;
+  emk_runtime *rt = cd->rt;
+  emk_event *e = NULL;
+  if (rt->ops->event_create(rt, cd->device, &e) || rt->ops->event_record(rt, e, cd->d->comm)) {
+    if (e) rt->ops->event_destroy(rt, e);
+    return rt_failed(c, w, "event");
+  }
+  w->ev_done = e;
+  return wait_event(c, w, e, "the collective in NCCL (a replica did not join it, or this "
+                    "device stopped)", poll);
+}
+
+/* -- NCCL without a GPU: the unique id and the version ---------------------------- */
+
+em_status emi_nccl_unique_id(unsigned char id[EMI_NCCL_ID_BYTES], char *err, size_t errlen) {
+  emk_libs *L;
+  em_status st = emk_libs_open(&L, err, errlen);
+  if (st) return st;
+  st = emk_nccl_unique_id(L, id, err, errlen);
+  emk_libs_close(L);               /* libnccl stays loaded (libs.h, "Lifetime") */
+  return st;
+}
+
+em_status emi_nccl_version(int *code, char *err, size_t errlen) {
+  emk_libs *L;
+  *code = 0;
+  em_status st = emk_libs_open(&L, err, errlen);
+  if (st) return st;
+  emk_lib_version v;
+  if (!(st = emk_libs_version(L, EMK_LIB_NCCL, &v, err, errlen))) *code = v.code;
+  emk_libs_close(L);
+  return st;
+}
+
+/* -- NCCL on a real GPU --------------------------------------------------------------
+** kernels/real/nccl_real.c is compiled only where the CUDA headers are; the
+** references are weak so that a build without them links, and says so. */
+typedef struct emk_nccl emk_nccl;
+em_status emk_nccl_init(emk_runtime *rt, int dev, const unsigned char *id, int rank,
+                        int nranks, double timeout_s, emk_nccl **out, char *err,
+                        size_t errlen) __attribute__((weak));
+em_status emk_nccl_group(emk_nccl *n, int start, char *err, size_t errlen)
+    __attribute__((weak));
+em_status emk_nccl_collective(emk_nccl *n, int kind, int op, em_dtype dt, const void *in,
+                              void *out, int64_t count, int root, emk_stream *s, char *err,
+                              size_t errlen) __attribute__((weak));
+em_status emk_nccl_async_error(emk_nccl *n, char *err, size_t errlen) __attribute__((weak));
+void emk_nccl_abort(emk_nccl *n) __attribute__((weak));
+void emk_nccl_destroy(emk_nccl *n) __attribute__((weak));
+
+em_status emi_nccl_init(emi_commdev *cd, const unsigned char id[EMI_NCCL_ID_BYTES], int rank,
+                        int size, double timeout_s, void **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!emk_nccl_init)
+    return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "NCCL: ember was built without the "
+                    "CUDA and NCCL headers");
+  return emk_nccl_init(cd->rt, cd->device, id, rank, size, timeout_s, (emk_nccl **)out, err,
+                       errlen);
+}
+
+em_status emi_nccl_group(void *n, int start, char *err, size_t errlen) {
+  return emk_nccl_group(n, start, err, errlen);
+}
+
+em_status emi_nccl_issue(void *n, emi_commdev *cd, em_comm_work *w, char *err, size_t errlen) {
+  return emk_nccl_collective(n, (int)w->kind, (int)w->op, w->dtype, w->dev_in, w->dev_out,
+                             w->count, w->root, cd->d->comm, err, errlen);
+}
+
+em_status emi_nccl_async_error(void *n, char *err, size_t errlen) {
+  return emk_nccl_async_error(n, err, errlen);
+}
+
+void emi_nccl_free(void *n, int abort) {
+  if (!n) return;
+  if (abort) emk_nccl_abort(n);
+  else emk_nccl_destroy(n);
+}

@@ -1,0 +1,84 @@
+/*
+** dnn.h -- the CUDA backend's nn entries (k_dnn.c: convolution, pooling, batch
+** norm, as core/internal.h's emi_backend describes them), the runtimes' nn
+** entries that serve them (runtime.h: emulated in emu/dnn_emu.c, cuDNN in
+** real/dnn_real.c), and the convolution-algorithm cache's counters for tests.
+*/
+#ifndef EMBER_KERNELS_DNN_H
+#define EMBER_KERNELS_DNN_H
+#include "internal.h"
+#include "runtime.h"
+
+/* -- Backend entries (k_dnn.c) ------------------------------------------------------ */
+em_status emk_conv2d(emi_device *d, const emi_conv_geom *g, em_tensor *y, const em_tensor *x,
+                     const em_tensor *w, const em_tensor *b);
+em_status emk_conv2d_backward(emi_device *d, const emi_conv_geom *g, em_tensor *gx,
+                              em_tensor *gw, em_tensor *gb, const em_tensor *gy,
+                              const em_tensor *x, const em_tensor *w);
+em_status emk_max_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y, em_tensor *ind,
+                         const em_tensor *x, int index_base);
+em_status emk_max_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                  const em_tensor *gy, const em_tensor *ind, int index_base);
+em_status emk_avg_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                         const em_tensor *x, int count_include_pad);
+em_status emk_avg_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                  const em_tensor *gy, int count_include_pad);
+em_status emk_adaptive_avg_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                                  const em_tensor *x);
+em_status emk_adaptive_avg_pool2d_backward(emi_device *d, const emi_pool_geom *g,
+                                           em_tensor *gx, const em_tensor *gy);
+em_status emk_batch_norm(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor *invstd,
+                         em_tensor *running_mean, em_tensor *running_var, const em_tensor *x,
+                         const em_tensor *w, const em_tensor *b, int training,
+                         double momentum, double eps);
+em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, em_tensor *gb,
+                                  const em_tensor *gy, const em_tensor *x,
+                                  const em_tensor *mean, const em_tensor *invstd,
+                                  const em_tensor *w, int training);
+
+/* -- The algorithm cache (k_dnn.c) ---------------------------------------------------
+** One algorithm per (runtime, device, direction, dtype, geometry), picked at the
+** first convolution of that key. Counters since the process started. */
+typedef struct emk_dnn_cache_stats { uint64_t hits, misses, entries; } emk_dnn_cache_stats;
+void emk_dnn_cache_stats_get(emk_dnn_cache_stats *out);
+
+/* -- The runtimes' entries ------------------------------------------------------------ */
+em_status emi_emu_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c,
+                             emk_conv_algo *out, int max, int *n);
+em_status emi_emu_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo,
+                       void *ws, size_t ws_size, void *x, void *w, void *y, void *bias);
+em_status emi_emu_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
+                                 const void *x, const void *w, const void *bias, void *y,
+                                 void *mean, void *invstd, void *running_mean,
+                                 void *running_var);
+em_status emi_emu_batch_norm_bwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
+                                 const void *x, const void *gy, const void *w,
+                                 const void *mean, const void *invstd, void *gx, void *gw,
+                                 void *gb);
+/* The emulator's made-up algorithms (dnn_emu.c), for tests: the workspace bytes
+** algorithm `algo` needs for c. */
+size_t emk_emu_conv_workspace(const emk_conv_desc *c, int algo);
+
+struct emr;
+void emr_dnn_close(struct emr *R);   /* runtime_real.c's close: the cuDNN handles */
+em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_conv_algo *out,
+                         int max, int *n);
+em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo, void *ws,
+                   size_t ws_size, void *x, void *w, void *y, void *bias);
+em_status emr_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
+                             const void *x, const void *w, const void *bias, void *y,
+                             void *mean, void *invstd, void *running_mean, void *running_var);
+em_status emr_batch_norm_bwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
+                             const void *x, const void *gy, const void *w, const void *mean,
+                             const void *invstd, void *gx, void *gw, void *gb);
+
+/* -- cuDNN without a GPU (dnn_real.c, built only with the CUDA headers), for tests --
+** Loads cuDNN and builds the tensor, filter and convolution descriptors the real
+** conv would use for c (cudnnCreate*Descriptor and the Set calls need no driver),
+** and puts in dims the output dims cuDNN works out from them (N, O, OH, OW).
+** EM_ERR_UNSUPPORTED when cuDNN cannot be loaded; a geometry cuDNN refuses is
+** EM_ERR_SHAPE with its words. */
+em_status emk_dnn_describe_check(const emk_conv_desc *c, int dims[4], char *err,
+                                 size_t errlen);
+
+#endif

@@ -1,0 +1,700 @@
+/*
+** k_dnn.c -- the CUDA backend's nn entries (core/internal.h): conv2d and its
+** backward, max / average / adaptive-average pooling and their backwards, batch
+** norm and its backward. One source for nvcc and the grid emulator (device.h):
+** the host code here must also be valid C++.
+**
+** Who computes what, and why:
+**   - Convolutions go to the runtime's conv entry (runtime.h): cuDNN on a GPU
+**     (real/dnn_real.c), the CPU backend's conv on the emulator (emu/dnn_emu.c).
+**     This file picks the algorithm once per shape and owns the workspace, so the
+**     policy is the same code on both runtimes and is tested without a GPU:
+**       * the algorithm cache: the first convolution of a key (runtime, device,
+**         direction, dtype, geometry) asks the runtime's conv_algos for its list,
+**         best first, and keeps the first whose workspace is at most a quarter of
+**         the device's free memory (and WS_LIMIT) -- else the one needing least.
+**         Later calls of that key take it from the table (hits and misses are
+**         counted for tests). The table is process-wide behind a mutex: the
+**         backend has no per-state slot for it, and a key names its runtime
+**         (address and kind; a closed runtime's entries are only dead weight,
+**         bounded by CACHE_MAX).
+**       * the workspace comes from the caching allocator on the compute stream
+**         and is released right after the call is queued: the allocator hands
+**         that memory again only to later work on the same stream. No room for it
+**         is a clear EM_ERR_NOMEM naming the op, shapes, dtype, device, algorithm.
+**   - Batch norm in training goes to the runtime's batch_norm_fwd/bwd (cuDNN's
+**     spatial batch norm; the CPU's on the emulator). cuDNN wants a scale and a
+**     bias, contiguous running statistics (both or neither) and every gradient:
+**     stand-ins (ones, zeros, scratch, contiguous copies) are made here.
+**   - Evaluation-mode batch norm and its backward, and all pooling, are our own
+**     kernels below, on both runtimes. cuDNN's pooling returns no argmax indices
+**     (max_pool2d's contract), has no adaptive pooling, and its output size rule
+**     differs from ceil_mode; inference batch norm is a per-channel affine that
+**     cuDNN would not run faster, and ours also yields mean and invstd. Forward
+**     kernels give each thread one output element; the backward kernels give
+**     each thread one plane (one channel for batch norm) and walk it in the
+**     CPU's order, with no atomics: results equal the CPU's bit for bit and are
+**     deterministic.
+*/
+#include "cuda.h"
+#include "device.h"
+#include "dnn.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { THREADS = 256, MAX_BLOCKS = 4096 };
+
+/* == Kernels ============================================================================ */
+
+typedef struct pool_args {
+  const void *x;
+  void *y;
+  int64_t *ind;
+  const int64_t *cind;
+  int64_t total;                  /* threads' work items: outputs, or planes */
+  int64_t H, W, OH, OW, kH, kW, sH, sW, pH, pW, dH, dW;
+  int base, include_pad;
+} pool_args;
+
+typedef struct bn_args {
+  const void *x, *gy, *w, *b, *rm, *rv;
+  void *y, *mean, *invstd, *gx, *gw, *gb;
+  int64_t N, C, L, total, rms, rvs;   /* rms, rvs: running stats' strides */
+  double eps;
+} bn_args;
+
+EMK_DEVICE int64_t ada_lo(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
+EMK_DEVICE int64_t ada_hi(int64_t o, int64_t in, int64_t out) {
+  return ((o + 1) * in + out - 1) / out;
+}
+
+/* Per dtype (T float or double), as the CPU's pool.c and normalize.c compute. */
+#define DNN_KERNELS(T, SFX)                                                                \
+EMK_DEVICE T avg_inv_##SFX(const pool_args *q, int64_t oh, int64_t ow, int64_t *h0,        \
+                           int64_t *h1, int64_t *w0, int64_t *w1) {                        \
+  int64_t hs = oh * q->sH - q->pH, ws = ow * q->sW - q->pW, he = hs + q->kH, we = ws + q->kW; \
+  if (he > q->H + q->pH) he = q->H + q->pH;                                                \
+  if (we > q->W + q->pW) we = q->W + q->pW;                                                \
+  int64_t padded = (he - hs) * (we - ws);                                                  \
+  *h0 = hs < 0 ? 0 : hs;                                                                   \
+  *w0 = ws < 0 ? 0 : ws;                                                                   \
+  *h1 = he > q->H ? q->H : he;                                                             \
+  *w1 = we > q->W ? q->W : we;                                                             \
+  int64_t n = q->include_pad ? padded : (*h1 - *h0) * (*w1 - *w0);                         \
+  return n > 0 ? (T)1 / (T)n : (T)0;                                                       \
+}                                                                                          \
+                                                                                           \
+/* one output each: the first maximum wins; a NaN is taken, then only a later one */       \
+EMK_DEVICE void dnn_maxpool_##SFX(const pool_args *A) {                                    \
+  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
+    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH;               \
+    const T *x = (const T *)A->x + p * A->H * A->W;                                        \
+    int64_t h0 = oh * A->sH - A->pH, w0 = ow * A->sW - A->pW, bi = -1;                     \
+    T best = (T)-INFINITY;                                                                 \
+    for (int64_t kh = 0; kh < A->kH; kh++) {                                               \
+      int64_t ih = h0 + kh * A->dH;                                                        \
+      if (ih < 0 || ih >= A->H) continue;                                                  \
+      for (int64_t kw = 0; kw < A->kW; kw++) {                                             \
+        int64_t iw = w0 + kw * A->dW;                                                      \
+        if (iw < 0 || iw >= A->W) continue;                                                \
+        T v = x[ih * A->W + iw];                                                           \
+        if (bi < 0 || v > best || v != v) {                                                \
+          best = v;                                                                        \
+          bi = ih * A->W + iw;                                                             \
+        }                                                                                  \
+      }                                                                                    \
+    }                                                                                      \
+    ((T *)A->y)[i] = best;                                                                 \
+    A->ind[i] = (bi < 0 ? 0 : bi) + A->base;                                               \
+  }                                                                                        \
+}                                                                                          \
+                                                                                           \
+/* one plane each: zeros, then every output's gradient added at its index in order */      \
+EMK_DEVICE void dnn_maxpool_bwd_##SFX(const pool_args *A) {                                \
+  int64_t step = (int64_t)gridDim.x * blockDim.x, HW = A->H * A->W, L = A->OH * A->OW;     \
+  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) { \
+    T *gx = (T *)A->y + p * HW;                                                            \
+    const T *gy = (const T *)A->x + p * L;                                                 \
+    const int64_t *ind = A->cind + p * L;                                                  \
+    for (int64_t i = 0; i < HW; i++) gx[i] = 0;                                            \
+    for (int64_t l = 0; l < L; l++) {                                                      \
+      int64_t k = ind[l] - A->base;                                                        \
+      if (k >= 0 && k < HW) gx[k] += gy[l];      /* the entry checked the range */         \
+    }                                                                                      \
+  }                                                                                        \
+}                                                                                          \
+                                                                                           \
+EMK_DEVICE void dnn_avgpool_##SFX(const pool_args *A) {                                    \
+  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
+    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH, h0, h1, w0, w1; \
+    const T *x = (const T *)A->x + p * A->H * A->W;                                        \
+    T inv = avg_inv_##SFX(A, oh, ow, &h0, &h1, &w0, &w1), acc = 0;                         \
+    for (int64_t ih = h0; ih < h1; ih++)                                                   \
+      for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * A->W + iw];                       \
+    ((T *)A->y)[i] = acc * inv;                                                            \
+  }                                                                                        \
+}                                                                                          \
+                                                                                           \
+EMK_DEVICE void dnn_avgpool_bwd_##SFX(const pool_args *A) {                                \
+  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
+  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) { \
+    T *gx = (T *)A->y + p * A->H * A->W;                                                   \
+    const T *gy = (const T *)A->x + p * A->OH * A->OW;                                     \
+    for (int64_t i = 0; i < A->H * A->W; i++) gx[i] = 0;                                   \
+    for (int64_t oh = 0; oh < A->OH; oh++)                                                 \
+      for (int64_t ow = 0; ow < A->OW; ow++) {                                             \
+        int64_t h0, h1, w0, w1;                                                            \
+        T v = gy[oh * A->OW + ow] * avg_inv_##SFX(A, oh, ow, &h0, &h1, &w0, &w1);          \
+        for (int64_t ih = h0; ih < h1; ih++)                                               \
+          for (int64_t iw = w0; iw < w1; iw++) gx[ih * A->W + iw] += v;                    \
+      }                                                                                    \
+  }                                                                                        \
+}                                                                                          \
+                                                                                           \
+EMK_DEVICE void dnn_adapool_##SFX(const pool_args *A) {                                    \
+  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
+    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH;               \
+    int64_t h0 = ada_lo(oh, A->H, A->OH), h1 = ada_hi(oh, A->H, A->OH);                    \
+    int64_t w0 = ada_lo(ow, A->W, A->OW), w1 = ada_hi(ow, A->W, A->OW);                    \
+    const T *x = (const T *)A->x + p * A->H * A->W;                                        \
+    T acc = 0;                                                                             \
+    for (int64_t ih = h0; ih < h1; ih++)                                                   \
+      for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * A->W + iw];                       \
+    ((T *)A->y)[i] = acc / (T)((h1 - h0) * (w1 - w0));                                     \
+  }                                                                                        \
+}                                                                                          \
+                                                                                           \
+EMK_DEVICE void dnn_adapool_bwd_##SFX(const pool_args *A) {                                \
+  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
+  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) { \
+    T *gx = (T *)A->y + p * A->H * A->W;                                                   \
+    const T *gy = (const T *)A->x + p * A->OH * A->OW;                                     \
+    for (int64_t i = 0; i < A->H * A->W; i++) gx[i] = 0;                                   \
+    for (int64_t oh = 0; oh < A->OH; oh++) {                                               \
+      int64_t h0 = ada_lo(oh, A->H, A->OH), h1 = ada_hi(oh, A->H, A->OH);                  \
+      for (int64_t ow = 0; ow < A->OW; ow++) {                                             \
+        int64_t w0 = ada_lo(ow, A->W, A->OW), w1 = ada_hi(ow, A->W, A->OW);                \
+        T v = gy[oh * A->OW + ow] / (T)((h1 - h0) * (w1 - w0));                            \
+        for (int64_t ih = h0; ih < h1; ih++)                                               \
+          for (int64_t iw = w0; iw < w1; iw++) gx[ih * A->W + iw] += v;                    \
+      }                                                                                    \
+    }                                                                                      \
+  }                                                                                        \
+}                                                                                          \
+                                                                                           \
+/* evaluation: mean and invstd (C) from the running statistics (any strides) */            \
+EMK_DEVICE void dnn_bn_eval_stats_##SFX(const bn_args *A) {                                \
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;                              \
+  if (c >= A->C) return;                                                                   \
+  double m = (double)((const T *)A->rm)[c * A->rms];                                       \
+  double v = (double)((const T *)A->rv)[c * A->rvs];                                       \
+  ((T *)A->mean)[c] = (T)m;                                                                \
+  ((T *)A->invstd)[c] = (T)(1 / sqrt(v + A->eps));                                         \
+}                                                                                          \
+                                                                                           \
+/* y = x * sc + sh per (n, c) row, as the CPU's bn_apply */                                \
+EMK_DEVICE void dnn_bn_apply_##SFX(const bn_args *A) {                                     \
+  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
+  const T *w = (const T *)A->w, *b = (const T *)A->b;                                      \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
+    int64_t c = (i / A->L) % A->C;                                                         \
+    T sc = ((const T *)A->invstd)[c] * (w ? w[c] : (T)1);                                  \
+    T sh = (b ? b[c] : (T)0) - ((const T *)A->mean)[c] * sc;                               \
+    ((T *)A->y)[i] = ((const T *)A->x)[i] * sc + sh;                                       \
+  }                                                                                        \
+}                                                                                          \
+                                                                                           \
+/* evaluation backward, one channel each in the CPU's order (gx = w*invstd*gy) */          \
+EMK_DEVICE void dnn_bn_eval_bwd_##SFX(const bn_args *A) {                                  \
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;                              \
+  if (c >= A->C) return;                                                                   \
+  const T *x = (const T *)A->x, *gy = (const T *)A->gy, *w = (const T *)A->w;              \
+  double m = (double)((const T *)A->mean)[c], is = (double)((const T *)A->invstd)[c];      \
+  double sg = 0, sgx = 0;                                                                  \
+  for (int64_t n = 0; n < A->N; n++) {                                                     \
+    const T *r = x + (n * A->C + c) * A->L, *g = gy + (n * A->C + c) * A->L;               \
+    T s0 = 0, s1 = 0;                                                                      \
+    for (int64_t l = 0; l < A->L; l++) {                                                   \
+      s0 += g[l];                                                                          \
+      s1 += g[l] * (r[l] - (T)m);                                                          \
+    }                                                                                      \
+    sg += s0;                                                                              \
+    sgx += s1;                                                                             \
+  }                                                                                        \
+  if (A->gw) ((T *)A->gw)[c] = (T)(sgx * is);                                              \
+  if (A->gb) ((T *)A->gb)[c] = (T)sg;                                                      \
+  if (!A->gx) return;                                                                      \
+  T k = (T)((w ? (double)w[c] : 1.0) * is);                                                \
+  for (int64_t n = 0; n < A->N; n++) {                                                     \
+    const T *g = gy + (n * A->C + c) * A->L;                                               \
+    T *o = (T *)A->gx + (n * A->C + c) * A->L;                                             \
+    for (int64_t l = 0; l < A->L; l++) o[l] = k * g[l];                                    \
+  }                                                                                        \
+}
+
+DNN_KERNELS(float, f32)
+DNN_KERNELS(double, f64)
+#undef DNN_KERNELS
+
+/* The kernels, named in full: the real runtime finds each by its name in the fatbin. */
+EMK_KERNEL(k_dnn_maxpool_f32, pool_args) { dnn_maxpool_f32(&a); }
+EMK_KERNEL(k_dnn_maxpool_f64, pool_args) { dnn_maxpool_f64(&a); }
+EMK_KERNEL(k_dnn_maxpool_bwd_f32, pool_args) { dnn_maxpool_bwd_f32(&a); }
+EMK_KERNEL(k_dnn_maxpool_bwd_f64, pool_args) { dnn_maxpool_bwd_f64(&a); }
+EMK_KERNEL(k_dnn_avgpool_f32, pool_args) { dnn_avgpool_f32(&a); }
+EMK_KERNEL(k_dnn_avgpool_f64, pool_args) { dnn_avgpool_f64(&a); }
+EMK_KERNEL(k_dnn_avgpool_bwd_f32, pool_args) { dnn_avgpool_bwd_f32(&a); }
+EMK_KERNEL(k_dnn_avgpool_bwd_f64, pool_args) { dnn_avgpool_bwd_f64(&a); }
+EMK_KERNEL(k_dnn_adapool_f32, pool_args) { dnn_adapool_f32(&a); }
+EMK_KERNEL(k_dnn_adapool_f64, pool_args) { dnn_adapool_f64(&a); }
+EMK_KERNEL(k_dnn_adapool_bwd_f32, pool_args) { dnn_adapool_bwd_f32(&a); }
+EMK_KERNEL(k_dnn_adapool_bwd_f64, pool_args) { dnn_adapool_bwd_f64(&a); }
+EMK_KERNEL(k_dnn_bn_eval_stats_f32, bn_args) { dnn_bn_eval_stats_f32(&a); }
+EMK_KERNEL(k_dnn_bn_eval_stats_f64, bn_args) { dnn_bn_eval_stats_f64(&a); }
+EMK_KERNEL(k_dnn_bn_apply_f32, bn_args) { dnn_bn_apply_f32(&a); }
+EMK_KERNEL(k_dnn_bn_apply_f64, bn_args) { dnn_bn_apply_f64(&a); }
+EMK_KERNEL(k_dnn_bn_eval_bwd_f32, bn_args) { dnn_bn_eval_bwd_f32(&a); }
+EMK_KERNEL(k_dnn_bn_eval_bwd_f64, bn_args) { dnn_bn_eval_bwd_f64(&a); }
+
+/* == Host side ========================================================================== */
+
+static emk_runtime *rt_of(emi_device *d) { return emk_dev(d)->cuda->rt; }
+
+static em_status launch(emi_device *d, const char *op, const emk_kernel *k, int64_t items,
+                        const void *args, size_t size) {
+  if (items <= 0) return EM_OK;
+  emk_runtime *rt = rt_of(d);
+  int64_t blocks = (items + THREADS - 1) / THREADS;
+  if (blocks > MAX_BLOCKS) blocks = MAX_BLOCKS;
+  emk_dim3 grid = {(unsigned)blocks, 1, 1}, block = {THREADS, 1, 1};
+  em_status st = rt->ops->launch(rt, k, grid, block, 0, emk_dev(d)->compute, args, size);
+  return st ? emk_error(d, op, st) : EM_OK;
+}
+
+/* "x [2,3,8,8], w [4,3,3,3], float32" for messages about a convolution. */
+static const char *conv_what(em_state *S, const emk_conv_desc *c, char *buf, size_t n) {
+  snprintf(buf, n, "x [%lld,%lld,%lld,%lld], w [%lld,%lld,%lld,%lld], stride %lldx%lld, "
+           "padding %lldx%lld, dilation %lldx%lld, groups %lld, %s",
+           (long long)c->N, (long long)c->C, (long long)c->H, (long long)c->W,
+           (long long)c->O, (long long)(c->C / c->G), (long long)c->kH, (long long)c->kW,
+           (long long)c->sH, (long long)c->sW, (long long)c->pH, (long long)c->pW,
+           (long long)c->dH, (long long)c->dW, (long long)c->G, em_dtype_name(c->dtype));
+  (void)S;
+  return buf;
+}
+
+/* -- The algorithm cache ------------------------------------------------------------------ */
+
+enum { CACHE_MAX = 4096, ALGO_LIST = 16 };
+static const size_t WS_LIMIT = (size_t)1 << 30;
+
+typedef struct algo_key {
+  const emk_runtime *rt;
+  const void *ops;                /* the runtime's kind: a runtime closed and another
+                                  ** opened at its address is not taken for it */
+  int dev;
+  emk_conv_desc c;
+} algo_key;
+
+typedef struct algo_entry {
+  algo_key key;
+  emk_conv_algo pick;
+} algo_entry;
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static algo_entry *cache_v;
+static size_t cache_len, cache_cap;
+static uint64_t cache_hits, cache_misses;
+
+void emk_dnn_cache_stats_get(emk_dnn_cache_stats *out) {
+  pthread_mutex_lock(&cache_mu);
+  out->hits = cache_hits;
+  out->misses = cache_misses;
+  out->entries = cache_len;
+  pthread_mutex_unlock(&cache_mu);
+}
+
+static void key_of(algo_key *k, emi_device *d, const emk_conv_desc *c) {
+  memset(k, 0, sizeof *k);        /* padding too: keys are compared with memcmp */
+  k->rt = rt_of(d);
+  k->ops = k->rt->ops;
+  k->dev = d->index;
+  k->c.dir = c->dir;
+  k->c.dtype = c->dtype;
+  k->c.allow_tf32 = c->allow_tf32;
+  k->c.N = c->N, k->c.C = c->C, k->c.H = c->H, k->c.W = c->W, k->c.O = c->O;
+  k->c.kH = c->kH, k->c.kW = c->kW, k->c.OH = c->OH, k->c.OW = c->OW;
+  k->c.sH = c->sH, k->c.sW = c->sW, k->c.pH = c->pH, k->c.pW = c->pW;
+  k->c.dH = c->dH, k->c.dW = c->dW, k->c.G = c->G;
+}
+
+/* 1 and *out when key is cached (a hit); counts a miss otherwise. */
+static int cache_find(const algo_key *k, emk_conv_algo *out) {
+  int found = 0;
+  pthread_mutex_lock(&cache_mu);
+  for (size_t i = cache_len; i-- > 0;)
+    if (!memcmp(&cache_v[i].key, k, sizeof *k)) {
+      *out = cache_v[i].pick;
+      found = 1;
+      break;
+    }
+  if (found) cache_hits++;
+  else cache_misses++;
+  pthread_mutex_unlock(&cache_mu);
+  return found;
+}
+
+/* Remembers a pick; a full table starts over (a process cycling through more
+** shapes than that pays the choice again, nothing worse). */
+static void cache_put(const algo_key *k, const emk_conv_algo *pick) {
+  pthread_mutex_lock(&cache_mu);
+  if (cache_len == cache_cap) {
+    size_t cap = cache_cap ? cache_cap * 2 : 64;
+    if (cap > CACHE_MAX) cap = CACHE_MAX;
+    if (cache_len == cap) {
+      cache_len = 0;
+    } else {
+      algo_entry *v = (algo_entry *)realloc(cache_v, cap * sizeof *v);
+      if (!v) { pthread_mutex_unlock(&cache_mu); return; }   /* simply not cached */
+      cache_v = v;
+      cache_cap = cap;
+    }
+  }
+  cache_v[cache_len].key = *k;
+  cache_v[cache_len].pick = *pick;
+  cache_len++;
+  pthread_mutex_unlock(&cache_mu);
+}
+
+/* The algorithm for c on d: cached, or chosen now from the runtime's list. */
+static em_status pick_algo(emi_device *d, const char *op, const emk_conv_desc *c,
+                           emk_conv_algo *out) {
+  emk_runtime *rt = rt_of(d);
+  algo_key k;
+  key_of(&k, d, c);
+  if (cache_find(&k, out)) return EM_OK;
+  emk_conv_algo list[ALGO_LIST];
+  int n = 0;
+  em_status st = rt->ops->conv_algos(rt, d->index, c, list, ALGO_LIST, &n);
+  char what[300];
+  if (st) return emk_error(d, op, st);
+  if (n < 1)
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "%s: cuda:%d: the %s runtime has no "
+                     "convolution algorithm for %s", op, d->index, rt->ops->name,
+                     conv_what(d->S, c, what, sizeof what));
+  size_t free_b = 0, total = 0, limit = WS_LIMIT;
+  if (!rt->ops->mem_info(rt, d->index, &free_b, &total) && free_b / 4 < limit)
+    limit = free_b / 4;
+  int best = -1, least = 0;
+  for (int i = 0; i < n; i++) {
+    if (best < 0 && list[i].workspace <= limit) best = i;
+    if (list[i].workspace < list[least].workspace) least = i;
+  }
+  *out = list[best >= 0 ? best : least];
+  cache_put(&k, out);
+  return EM_OK;
+}
+
+/* One convolution on d's compute stream, with its algorithm and workspace. */
+static em_status run_conv(emi_device *d, const char *op, const emk_conv_desc *c, void *x,
+                          void *w, void *y, void *bias) {
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  char what[300];
+  if (!rt->ops->conv || !rt->ops->conv_algos)
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "%s: cuda:%d: the %s runtime has no "
+                     "convolutions", op, d->index, rt->ops->name);
+  emk_conv_algo algo;
+  em_status st = pick_algo(d, op, c, &algo);
+  if (st) return st;
+  void *ws = NULL;
+  char err[EMK_ERRMSG_SIZE];
+  if (algo.workspace &&
+      emk_alloc_malloc(cd->cuda->alloc, cd->index, algo.workspace, cd->compute, &ws, err,
+                       sizeof err))
+    return emi_error(d->S, EM_ERR_NOMEM, "%s: cuda:%d: out of memory for the %zu-byte "
+                     "workspace of convolution algorithm %d (%s): %s", op, d->index,
+                     algo.workspace, algo.algo, conv_what(d->S, c, what, sizeof what), err);
+  st = rt->ops->conv(rt, cd->compute, c, algo.algo, ws, algo.workspace, x, w, y, bias);
+  if (st) st = emk_error(d, op, st);
+  if (ws) emk_alloc_release(cd->cuda->alloc, ws, err, sizeof err);   /* reused only by
+                                                                      later work on the stream */
+  return st;
+}
+
+static void conv_desc(emk_conv_desc *c, emi_device *d, const emi_conv_geom *g, em_dtype dt,
+                      int dir) {
+  memset(c, 0, sizeof *c);
+  c->dir = dir;
+  c->allow_tf32 = d->S->allow_tf32;
+  c->dtype = dt;
+  c->N = g->N, c->C = g->C, c->H = g->H, c->W = g->W, c->O = g->O, c->kH = g->kH;
+  c->kW = g->kW, c->OH = g->OH, c->OW = g->OW, c->sH = g->sH, c->sW = g->sW;
+  c->pH = g->pH, c->pW = g->pW, c->dH = g->dH, c->dW = g->dW, c->G = g->G;
+}
+
+static void *dptr(const em_tensor *t) { return t ? em_tensor_data(t) : NULL; }
+
+em_status emk_conv2d(emi_device *d, const emi_conv_geom *g, em_tensor *y, const em_tensor *x,
+                     const em_tensor *w, const em_tensor *b) {
+  if (y->numel == 0) return EM_OK;
+  emk_conv_desc c;
+  conv_desc(&c, d, g, x->dtype, EMK_CONV_FWD);
+  return run_conv(d, "conv2d", &c, dptr(x), dptr(w), dptr(y), dptr(b));
+}
+
+em_status emk_conv2d_backward(emi_device *d, const emi_conv_geom *g, em_tensor *gx,
+                              em_tensor *gw, em_tensor *gb, const em_tensor *gy,
+                              const em_tensor *x, const em_tensor *w) {
+  const char *op = "conv2d_backward";
+  emk_conv_desc c;
+  em_status st = EM_OK;
+  if (gx) {
+    conv_desc(&c, d, g, x->dtype, EMK_CONV_BWD_DATA);
+    if ((st = run_conv(d, op, &c, dptr(gx), dptr(w), dptr(gy), NULL))) return st;
+  }
+  if (!gw && !gb) return EM_OK;
+  em_tensor *tmp = NULL;          /* the filter pass writes a weight gradient anyway */
+  if (!gw && (st = emi_tensor_new(d->S, op, w->sizes, w->ndim, w->dtype, d->index, &tmp)))
+    return st;
+  conv_desc(&c, d, g, x->dtype, EMK_CONV_BWD_FILTER);
+  st = run_conv(d, op, &c, dptr(x), gw ? dptr(gw) : dptr(tmp), dptr(gy), dptr(gb));
+  em_tensor_release(tmp);
+  return st;
+}
+
+/* -- Pooling --------------------------------------------------------------------------- */
+
+static void pool_init(pool_args *a, const emi_pool_geom *g) {
+  memset(a, 0, sizeof *a);
+  a->H = g->H, a->W = g->W, a->OH = g->OH, a->OW = g->OW, a->kH = g->kH, a->kW = g->kW;
+  a->sH = g->sH, a->sW = g->sW, a->pH = g->pH, a->pW = g->pW, a->dH = g->dH, a->dW = g->dW;
+}
+
+#define BY_DTYPE(name, dt) ((dt) == EM_FLOAT64 ? &name##_f64 : &name##_f32)
+
+em_status emk_max_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y, em_tensor *ind,
+                         const em_tensor *x, int index_base) {
+  pool_args a;
+  pool_init(&a, g);
+  a.x = dptr(x), a.y = dptr(y), a.ind = (int64_t *)dptr(ind), a.base = index_base;
+  a.total = g->planes * g->OH * g->OW;
+  return launch(d, "max_pool2d", BY_DTYPE(k_dnn_maxpool, x->dtype), a.total, &a, sizeof a);
+}
+
+em_status emk_max_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                  const em_tensor *gy, const em_tensor *ind, int index_base) {
+  const char *op = "max_pool2d_backward";
+  em_state *S = d->S;
+  em_tensor *h = NULL;
+  em_status st = EM_OK;
+  /* the indices are checked on the host first (a sync), as the CPU does, so a bad
+  ** one is reported before gx is written */
+  if (ind->numel) {
+    if ((st = emi_tensor_new(S, op, ind->sizes, ind->ndim, EM_INT64, EM_CPU, &h))) return st;
+    if ((st = emk_cuda_backend.copy(d, h, ind))) goto done;
+    const int64_t *pi = (const int64_t *)em_tensor_data(h);
+    int64_t HW = g->H * g->W;
+    for (int64_t i = 0; i < h->numel; i++)
+      if (pi[i] - index_base < 0 || pi[i] - index_base >= HW) {
+        st = emi_error(S, EM_ERR_INDEX, "%s: index %lld out of range for a %lldx%lld plane "
+                       "(index_base %d)", op, (long long)pi[i], (long long)g->H,
+                       (long long)g->W, index_base);
+        goto done;
+      }
+  }
+  {
+    pool_args a;
+    pool_init(&a, g);
+    a.x = dptr(gy), a.y = dptr(gx), a.cind = (const int64_t *)dptr(ind), a.base = index_base;
+    a.total = g->planes;
+    st = launch(d, op, BY_DTYPE(k_dnn_maxpool_bwd, gx->dtype), a.total, &a, sizeof a);
+  }
+done:
+  em_tensor_release(h);
+  return st;
+}
+
+em_status emk_avg_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                         const em_tensor *x, int count_include_pad) {
+  pool_args a;
+  pool_init(&a, g);
+  a.x = dptr(x), a.y = dptr(y), a.include_pad = count_include_pad;
+  a.total = g->planes * g->OH * g->OW;
+  return launch(d, "avg_pool2d", BY_DTYPE(k_dnn_avgpool, x->dtype), a.total, &a, sizeof a);
+}
+
+em_status emk_avg_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                  const em_tensor *gy, int count_include_pad) {
+  pool_args a;
+  pool_init(&a, g);
+  a.x = dptr(gy), a.y = dptr(gx), a.include_pad = count_include_pad;
+  a.total = g->planes;
+  return launch(d, "avg_pool2d_backward", BY_DTYPE(k_dnn_avgpool_bwd, gx->dtype), a.total,
+                &a, sizeof a);
+}
+
+em_status emk_adaptive_avg_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                                  const em_tensor *x) {
+  pool_args a;
+  pool_init(&a, g);
+  a.x = dptr(x), a.y = dptr(y);
+  a.total = g->planes * g->OH * g->OW;
+  return launch(d, "adaptive_avg_pool2d", BY_DTYPE(k_dnn_adapool, x->dtype), a.total, &a,
+                sizeof a);
+}
+
+em_status emk_adaptive_avg_pool2d_backward(emi_device *d, const emi_pool_geom *g,
+                                           em_tensor *gx, const em_tensor *gy) {
+  pool_args a;
+  pool_init(&a, g);
+  a.x = dptr(gy), a.y = dptr(gx);
+  a.total = g->planes;
+  return launch(d, "adaptive_avg_pool2d_backward", BY_DTYPE(k_dnn_adapool_bwd, gx->dtype),
+                a.total, &a, sizeof a);
+}
+
+/* -- Batch norm ---------------------------------------------------------------------------- */
+
+static void bn_dims(const em_tensor *x, int64_t *N, int64_t *C, int64_t *L) {
+  *N = x->sizes[0];
+  *C = x->sizes[1];
+  *L = 1;
+  for (int i = 2; i < x->ndim; i++) *L *= x->sizes[i];
+}
+
+/* A fresh (C) tensor of dt on d filled with v (v NAN: left unwritten). */
+static em_status vec(emi_device *d, const char *op, int64_t C, em_dtype dt, double v,
+                     em_tensor **out) {
+  em_status st = emi_tensor_new(d->S, op, &C, 1, dt, d->index, out);
+  if (!st && !isnan(v) && (st = emk_fill(d, *out, v))) {
+    em_tensor_release(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* A running statistic as the runtime wants it: t itself when contiguous, else a
+** contiguous copy (*tmp) that the caller copies back. */
+static em_status running(emi_device *d, const char *op, em_tensor *t, em_tensor **use,
+                         em_tensor **tmp) {
+  *tmp = NULL;
+  *use = t;
+  if (!t || em_tensor_is_contiguous(t)) return EM_OK;
+  em_status st = emi_tensor_new(d->S, op, t->sizes, t->ndim, t->dtype, d->index, tmp);
+  if (!st && (st = emk_copy_same_dtype(d, *tmp, t))) {
+    em_tensor_release(*tmp);
+    *tmp = NULL;
+  }
+  *use = *tmp;
+  return st;
+}
+
+static em_status bn_eval(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor *invstd,
+                         em_tensor *rm, em_tensor *rv, const em_tensor *x, const em_tensor *w,
+                         const em_tensor *b, double eps) {
+  bn_args a;
+  memset(&a, 0, sizeof a);
+  bn_dims(x, &a.N, &a.C, &a.L);
+  a.rm = dptr(rm), a.rv = dptr(rv), a.rms = rm->strides[0], a.rvs = rv->strides[0];
+  a.mean = dptr(mean), a.invstd = dptr(invstd), a.eps = eps;
+  a.x = dptr(x), a.y = dptr(y), a.w = dptr(w), a.b = dptr(b);
+  em_status st = launch(d, "batch_norm", BY_DTYPE(k_dnn_bn_eval_stats, x->dtype), a.C, &a,
+                        sizeof a);
+  a.total = x->numel;
+  if (!st) st = launch(d, "batch_norm", BY_DTYPE(k_dnn_bn_apply, x->dtype), a.total, &a,
+                       sizeof a);
+  return st;
+}
+
+em_status emk_batch_norm(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor *invstd,
+                         em_tensor *running_mean, em_tensor *running_var, const em_tensor *x,
+                         const em_tensor *w, const em_tensor *b, int training,
+                         double momentum, double eps) {
+  const char *op = "batch_norm";
+  if (!training) return bn_eval(d, y, mean, invstd, running_mean, running_var, x, w, b, eps);
+  emk_runtime *rt = rt_of(d);
+  if (!rt->ops->batch_norm_fwd)
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "%s: cuda:%d: the %s runtime has no batch "
+                     "norm", op, d->index, rt->ops->name);
+  emk_bn_desc bd;
+  memset(&bd, 0, sizeof bd);
+  bd.dtype = x->dtype;
+  bd.momentum = momentum;
+  bd.eps = eps;
+  bn_dims(x, &bd.N, &bd.C, &bd.L);
+  em_tensor *ones = NULL, *zeros = NULL, *rm = NULL, *rv = NULL, *tm = NULL, *tv = NULL;
+  em_tensor *scratch = NULL;
+  em_status st = EM_OK;
+  if ((!w && (st = vec(d, op, bd.C, x->dtype, 1, &ones))) ||
+      (!b && (st = vec(d, op, bd.C, x->dtype, 0, &zeros))) ||
+      (st = running(d, op, running_mean, &rm, &tm)) ||
+      (st = running(d, op, running_var, &rv, &tv)))
+    goto done;
+  if ((rm == NULL) != (rv == NULL)) {   /* cuDNN moves both or neither */
+    if ((st = vec(d, op, bd.C, x->dtype, rm ? 1 : 0, &scratch))) goto done;
+    if (!rm) rm = scratch;
+    else rv = scratch;
+  }
+  if ((st = rt->ops->batch_norm_fwd(rt, emk_dev(d)->compute, &bd, dptr(x),
+                                    w ? dptr(w) : dptr(ones), b ? dptr(b) : dptr(zeros),
+                                    dptr(y), dptr(mean), dptr(invstd), dptr(rm), dptr(rv)))) {
+    st = emk_error(d, op, st);
+    goto done;
+  }
+  if (tm) st = emk_copy_same_dtype(d, running_mean, tm);
+  if (!st && tv) st = emk_copy_same_dtype(d, running_var, tv);
+done:
+  em_tensor_release(ones);
+  em_tensor_release(zeros);
+  em_tensor_release(tm);
+  em_tensor_release(tv);
+  em_tensor_release(scratch);
+  return st;
+}
+
+em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, em_tensor *gb,
+                                  const em_tensor *gy, const em_tensor *x,
+                                  const em_tensor *mean, const em_tensor *invstd,
+                                  const em_tensor *w, int training) {
+  const char *op = "batch_norm_backward";
+  if (!training) {
+    bn_args a;
+    memset(&a, 0, sizeof a);
+    bn_dims(x, &a.N, &a.C, &a.L);
+    a.x = dptr(x), a.gy = dptr(gy), a.w = dptr(w), a.mean = dptr(mean);
+    a.invstd = dptr(invstd), a.gx = dptr(gx), a.gw = dptr(gw), a.gb = dptr(gb);
+    return launch(d, op, BY_DTYPE(k_dnn_bn_eval_bwd, x->dtype), a.C, &a, sizeof a);
+  }
+  emk_runtime *rt = rt_of(d);
+  if (!rt->ops->batch_norm_bwd)
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "%s: cuda:%d: the %s runtime has no batch "
+                     "norm", op, d->index, rt->ops->name);
+  emk_bn_desc bd;
+  memset(&bd, 0, sizeof bd);
+  bd.dtype = x->dtype;
+  bn_dims(x, &bd.N, &bd.C, &bd.L);
+  /* cuDNN computes all three gradients and wants a scale */
+  em_tensor *ones = NULL, *tx = NULL, *tw = NULL, *tb = NULL;
+  em_status st = EM_OK;
+  if ((!w && (st = vec(d, op, bd.C, x->dtype, 1, &ones))) ||
+      (!gx && (st = emi_tensor_new(d->S, op, x->sizes, x->ndim, x->dtype, d->index, &tx))) ||
+      (!gw && (st = vec(d, op, bd.C, x->dtype, NAN, &tw))) ||
+      (!gb && (st = vec(d, op, bd.C, x->dtype, NAN, &tb))))
+    goto done;
+  if ((st = rt->ops->batch_norm_bwd(rt, emk_dev(d)->compute, &bd, dptr(x), dptr(gy),
+                                    w ? dptr(w) : dptr(ones), dptr(mean), dptr(invstd),
+                                    gx ? dptr(gx) : dptr(tx), gw ? dptr(gw) : dptr(tw),
+                                    gb ? dptr(gb) : dptr(tb))))
+    st = emk_error(d, op, st);
+done:
+  em_tensor_release(ones);
+  em_tensor_release(tx);
+  em_tensor_release(tw);
+  em_tensor_release(tb);
+  return st;
+}
