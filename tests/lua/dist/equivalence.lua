@@ -2,6 +2,7 @@
 -- mpirun): a model wrapped on N replicas, each fed its 1/N of a global batch,
 -- against the same model trained unwrapped on the whole batch in this same
 -- replica. Averaged gradients make the two identical up to float rounding.
+-- With GPU replicas (--devices) both models and the batches live on s.device.
 --   args: optimizer ('sgd' | 'adam'), steps, bucket_mb
 -- prints, per replica: "rank R buckets B maxdiff D checksum C"
 local s = em.distribute.mirrored{ timeout = 60 }
@@ -18,7 +19,8 @@ local function optim(params)
   return em.optim.SGD(params, { lr = 0.1, momentum = 0.9 })
 end
 
-local ref, model = build(), build()
+local dev = s.device or 'cpu'
+local ref, model = build():to(dev), build()
 -- replicas > 0 perturb their copy: wrap must broadcast replica 0's parameters
 if s.rank > 0 then em.no_grad(function() for _, p in ipairs(model:parameters()) do p:add_(1) end end) end
 local dm = s:wrap(model, { bucket_mb = bucket_mb, first_bucket_mb = bucket_mb / 2 })
@@ -28,7 +30,7 @@ local B = 24
 local per = B / s.world_size
 for step = 1, steps do
   em.manual_seed(100 + step)               -- the same global batch on every replica
-  local x, y = em.randn(B, 1, 8, 8), em.randint(1, 11, { B })
+  local x, y = em.randn(B, 1, 8, 8):to(dev), em.randint(1, 11, { B }):to(dev)
   local lo = s.rank * per + 1
   local xs, ys = x:narrow(1, lo, per), y:narrow(1, lo, per)
   opt_ref:zero_grad()
