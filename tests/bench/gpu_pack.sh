@@ -6,7 +6,7 @@
 #   BUILD/carry/ember          stripped copy (the FFI's symbols are in .dynsym, kept)
 #   BUILD/carry/lua/           BUILD/lua
 #   BUILD/carry/kernels/       BUILD/kernels/*.fatbin (when nvcc built them)
-#   BUILD/carry/tests/         stripped test_cuda_* and test_grid_emu
+#   BUILD/carry/tests/         stripped test_cuda_*, test_comm_nccl and test_grid_emu
 #   BUILD/carry/lib/           the shared libraries `ldd` names for those, except
 #                              glibc's own (libc, libm, libpthread, libdl, librt, ld.so)
 #
@@ -27,7 +27,7 @@ strip -o "$CARRY/ember" "$BUILD/ember" 2>/dev/null || cp "$BUILD/ember" "$CARRY/
 cp -R "$BUILD/lua" "$CARRY/lua"
 for f in "$BUILD"/kernels/*.fatbin; do [ -f "$f" ] && cp "$f" "$CARRY/kernels/"; done
 bins="$BUILD/ember"
-for t in "$BUILD"/tests/test_cuda_* "$BUILD"/tests/test_grid_emu; do
+for t in "$BUILD"/tests/test_cuda_* "$BUILD"/tests/test_comm_nccl "$BUILD"/tests/test_grid_emu; do
   case "$t" in *.d|*.o) continue ;; esac
   [ -x "$t" ] || continue
   strip -o "$CARRY/tests/$(basename "$t")" "$t" 2>/dev/null || cp "$t" "$CARRY/tests/"

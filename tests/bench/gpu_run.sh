@@ -20,13 +20,12 @@
 # The steps, none stopping the others; a summary of each at the end; the exit
 # status is 1 when one failed:
 #   nvidia-smi -L; ldd (nothing "not found"); ember --info
-#   every C test BUILD/tests/test_cuda_* and test_grid_emu, with EMBER_TEST_REAL_CUDA=1
+#   every C test BUILD/tests/test_cuda_*, test_comm_nccl and test_grid_emu, with
+#     EMBER_TEST_REAL_CUDA=1
 #     and no EMBER_CUDA_EMULATE: the backend's tests (cuda_check_open) then open the
 #     real device. test_cuda_emu, test_cuda_alloc and test_grid_emu test the emulator
 #     itself and run on the CPU anyway.
-#     NOTE for the lead: test_cuda_backend's test_no_devices unsets EMBER_CUDA_EMULATE
-#     and expects no device, which no longer holds on a GPU once the real runtime is
-#     wired in (kernels/cuda.c): it should skip that check under EMBER_TEST_REAL_CUDA.
+#     test_cuda_backend's no-device check skips itself under EMBER_TEST_REAL_CUDA.
 #   tests/lua/test_cuda*.lua -- NOTE: these force emulation (each runs itself again
 #     with EMBER_CUDA_EMULATE=2:64), so here they check the carried build, not the GPU.
 #   build's ember on tests/bench/bench_cuda.lua, with the real GPU (full sizes).
@@ -107,7 +106,7 @@ step ldd all sh -c "ldd '$EMBER'; ! ldd '$EMBER' | grep -q 'not found'"
 step info all "$EMBER" --info
 step torch all "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
 
-for t in "$BUILD"/tests/test_cuda_* "$BUILD"/tests/test_grid_emu; do
+for t in "$BUILD"/tests/test_cuda_* "$BUILD"/tests/test_comm_nccl "$BUILD"/tests/test_grid_emu; do
   case "$t" in *.d|*.o) continue ;; esac
   [ -x "$t" ] || continue
   step "$(basename "$t")" 8 env EMBER_TEST_REAL_CUDA=1 "$t"
