@@ -6,6 +6,7 @@
 #   make test SANITIZE=thread   the tests of threaded code (loader, communicators, replicas) under ThreadSanitizer
 #   make run        the main example
 #   make bench      tests/bench/ (ember beside PyTorch where it is installed)
+#   make fuzz FUZZ_S=60   each libFuzzer harness of tests/fuzz/ for FUZZ_S seconds
 #   make install PREFIX=/usr/local
 #
 # Missing Debian packages are installed by the `deps` step (apt-get, as root or
@@ -24,6 +25,14 @@ OPT      := -O1 -g
 else ifeq ($(SANITIZE),thread)
 BUILD    := build-tsan
 SANFLAGS := -fsanitize=thread
+OPT      := -O1 -g
+else ifeq ($(SANITIZE),fuzz)
+# The libFuzzer harnesses (tests/fuzz/): the core built by clang with coverage
+# for the fuzzer, ASan and UBSan, any UB an abort the fuzzer reports.
+BUILD    := build-fuzz
+CC       := clang
+SANFLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer \
+            -fno-sanitize-recover=undefined
 OPT      := -O1 -g
 else
 BUILD    := build
@@ -73,12 +82,16 @@ LUA_OUT  := $(LUA_SRC:lua/%=$(BUILD)/lua/%) $(BUILD)/lua/ember/cdefs.lua
 CTEST_SRC := $(wildcard tests/c/test_*.c)
 CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
-.PHONY: all FORCE deps deps-run deps-bench deps-test report test test-c test-lua run bench install clean
+.PHONY: all FORCE deps deps-run deps-bench deps-test report test test-c test-lua run bench fuzz deps-fuzz install clean
 
 # Where nvcc is found (as in CI), every kernels/k_*.c is also compiled as CUDA C++
 # into $(BUILD)/kernels/*.fatbin: sm_80 and sm_90 code plus compute_90 PTX, with
 # warnings as errors and any register spill in our kernels an error (ptxas).
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# The fuzzing build tests the parsers: no CUDA kernels (the fatbin table is empty).
+ifeq ($(SANITIZE),fuzz)
+NVCC :=
+endif
 NVCC_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS := -x cu -std=c++17 $(NVCC_ARCH) -Werror all-warnings \
@@ -206,7 +219,8 @@ $(BUILD)/ember: $(HOST_OBJ) $(BUILD)/libember.a
 
 # Worker LuaJIT states for ds:map(fn) from a plain `luajit` (the ember command
 # has these functions built in): the Lua layer loads this beside libember.so.
-$(BUILD)/libember_lua.so: $(BUILD)/obj/lua/host/luamap.o
+# It also carries luaopen_ember for C hosts that embed LuaJIT (examples/embed/).
+$(BUILD)/libember_lua.so: $(BUILD)/obj/lua/host/luamap.o $(BUILD)/obj/lua/host/luaopen.o
 	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LUAJIT_LIBS) -lpthread
 
 # -- Lua layer: copied beside the binary; cdefs generated from the header -----------
@@ -235,7 +249,7 @@ else ifeq ($(SANITIZE),thread)
 # one thread, the communicator's, whose queue test_comm covers.)
 test: all $(CTEST_BIN)
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
-	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$' $(BUILD)
+	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$' $(BUILD)
 else
 # deps-run: test_distribute trains the example on a slice of Fashion-MNIST;
 # deps-test: test_profile_page renders the profiler's page in headless Chromium.
@@ -252,6 +266,44 @@ run: all deps-run
 bench: all deps-bench
 	@sh tests/bench/run.sh $(BUILD)
 
+# -- Fuzzing ---------------------------------------------------------------------------------
+# `make fuzz` builds the libFuzzer harnesses of tests/fuzz/ with clang (ASan + UBSan,
+# the core in build-fuzz/ with coverage), writes their seed corpora from the fixtures,
+# then runs each for FUZZ_S seconds: a crash, leak, UB, timeout or out-of-memory in
+# any of them fails it (the input is kept in build-fuzz/fuzz/findings/).
+FUZZ_S ?= 60
+FUZZ_PACKAGES := clang libclang-rt-14-dev
+FUZZ_NAMES := safetensors json idx cifar csv jpeg png
+FUZZ_CFLAGS := -std=gnu11 -Wall -Wextra -Wno-unused-parameter -pthread -Icore/include -Icore \
+               -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+deps-fuzz:
+	$(call install_missing,$(FUZZ_PACKAGES))
+
+ifeq ($(SANITIZE),fuzz)
+fuzz: deps-fuzz $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/seeds.done
+	@sh tests/fuzz/run.sh $(BUILD) $(FUZZ_S) $(FUZZ_NAMES)
+else
+fuzz: deps deps-fuzz
+	@$(MAKE) --no-print-directory SANITIZE=fuzz fuzz
+endif
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.c tests/fuzz/fuzz.h $(BUILD)/libember.a
+	@mkdir -p $(dir $@)
+	$(CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< tests/fuzz/fuzz_common.c \
+	  $(BUILD)/libember.a $(LDLIBS)
+
+# The seeds: generated here from tests/fixtures and by ember's own writers.
+$(BUILD)/fuzz/make_seeds: tests/fuzz/make_seeds.c $(BUILD)/libember.a
+	@mkdir -p $(dir $@)
+	$(CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -o $@ $< \
+	  $(BUILD)/libember.a $(LDLIBS)
+
+$(BUILD)/fuzz/seeds.done: $(BUILD)/fuzz/make_seeds $(wildcard tests/fixtures/safetensors/* tests/fixtures/data/*)
+	@rm -rf $(BUILD)/fuzz/seeds
+	$(BUILD)/fuzz/make_seeds tests/fixtures $(BUILD)/fuzz/seeds
+	@touch $@
+
 # -- Install ---------------------------------------------------------------------------------
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
@@ -263,7 +315,17 @@ install: all
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ember.pc
 
+# For luarocks (rocks/ember-scm-1.rockspec passes the rock's LUADIR, LIBDIR and
+# BINDIR): the Lua modules, the libraries in LIBDIR/ember/ (lua/ember/ffi.lua finds
+# them there through package.cpath) and the ember command.
+.PHONY: install-rock
+install-rock: all
+	install -d $(LUADIR)/ember $(LIBDIR)/ember $(BINDIR)
+	cp -R $(BUILD)/lua/ember/. $(LUADIR)/ember/
+	install -m 644 $(BUILD)/libember.so $(BUILD)/libember_lua.so $(LIBDIR)/ember/
+	install -m 755 $(BUILD)/ember $(BINDIR)/ember
+
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz build-rock
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d $(BUILD)/kernels/*.d)

@@ -327,6 +327,7 @@ struct em_state {
   void *reclaim_ud;
   int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
   int index_base;          /* messages number dims, positions, indices from it (0|1) */
+  int64_t image_max_pixels; /* em_image_set_max_pixels: 0 default, > 0 limit, -1 none */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
   char errmsg[EMI_ERRMSG_SIZE];
 };
@@ -405,6 +406,8 @@ em_status emi_tensor_view(em_state *S, const em_tensor *t, const int64_t *sizes,
                           em_tensor **out);
 void emi_contiguous_strides(const int64_t *sizes, int ndim, int64_t *strides);
 int64_t emi_shape_numel(const int64_t *sizes, int ndim);
+/* sizes >= 0 and every contiguous stride product (0 dims as 1) x 16 fits int64 */
+bool emi_shape_ok(const int64_t *sizes, int ndim);
 /* Broadcast two shapes (numpy rules); EM_ERR_SHAPE with message naming op. */
 em_status emi_broadcast_shape(em_state *S, const char *op, const int64_t *a, int na,
                               const int64_t *b, int nb, int64_t *out, int *nout);

@@ -94,7 +94,10 @@ int em_tensor_is_contiguous(const em_tensor *t) {
   for (int d = t->ndim - 1; d >= 0; d--) {
     if (t->sizes[d] == 1) continue;          /* stride of a size-1 dim is free */
     if (t->strides[d] != expect) return 0;
-    expect *= t->sizes[d];
+    /* Shapes are checked at creation (emi_shape_ok), but a view may carry sizes
+    ** whose product does not fit: such a layout can't be contiguous, and signed
+    ** overflow must not happen on the way to saying so. */
+    if (__builtin_mul_overflow(expect, t->sizes[d], &expect)) return 0;
   }
   return 1;
 }
@@ -138,9 +141,28 @@ em_status em_tensor_item_int(em_state *S, const em_tensor *t, int64_t *out) {
 
 /* -- Construction ------------------------------------------------------------------ */
 
+/* Strides treat a size-0 dim as size 1, so an empty tensor still has the strides
+** of a real layout; emi_shape_ok is what guarantees the products fit. For a
+** shape that skipped that check the product saturates instead of overflowing (no
+** UB); emi_tensor_view then refuses the shape. */
 void emi_contiguous_strides(const int64_t *sizes, int ndim, int64_t *strides) {
   int64_t s = 1;
-  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 0 ? sizes[d] : 1; }
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = s;
+    if (__builtin_mul_overflow(s, sizes[d] > 0 ? sizes[d] : 1, &s)) s = INT64_MAX;
+  }
+}
+
+/* True when every size is >= 0 and every stride product of the contiguous layout
+** (size-0 dims counted as 1, as emi_contiguous_strides does), times 16 bytes (the
+** widest element), fits in int64. Empty tensors are checked like any other: a
+** zero dim must not hide [0, 2^62, 2^62], whose strides would overflow. */
+bool emi_shape_ok(const int64_t *sizes, int ndim) {
+  int64_t s = 16;
+  for (int d = 0; d < ndim; d++)
+    if (sizes[d] < 0 || __builtin_mul_overflow(s, sizes[d] > 0 ? sizes[d] : 1, &s))
+      return false;
+  return true;
 }
 
 int64_t emi_shape_numel(const int64_t *sizes, int ndim) {
@@ -153,14 +175,15 @@ static em_status check_shape(em_state *S, const char *op, const int64_t *sizes, 
   if (ndim < 0 || ndim > EM_MAX_DIMS)
     return emi_error(S, EM_ERR_SHAPE, "%s: %d dimensions (at most %d supported)", op,
                      ndim, EM_MAX_DIMS);
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) {
+  for (int d = 0; d < ndim; d++)
     if (sizes[d] < 0)
       return emi_error(S, EM_ERR_SHAPE, "%s: negative size %lld in dimension %lld", op,
                        (long long)sizes[d], emi_ix(S, d));
-    if (sizes[d] && n > INT64_MAX / 16 / sizes[d])
-      return emi_error(S, EM_ERR_SHAPE, "%s: shape too large", op);
-    n *= sizes[d];
+  if (!emi_shape_ok(sizes, ndim)) {
+    char b[EMI_SHAPE_STR];
+    return emi_error(S, EM_ERR_SHAPE, "%s: shape %s is too large (its strides overflow "
+                     "64-bit integers, even if a dimension is 0)", op,
+                     emi_shape_str(b, sizes, ndim));
   }
   return EM_OK;
 }
@@ -276,6 +299,13 @@ em_tensor *emi_tensor_try_view(em_state *S, const em_tensor *src, const int64_t 
 em_status emi_tensor_view(em_state *S, const em_tensor *src, const int64_t *sizes,
                           const int64_t *strides, int ndim, int64_t offset,
                           em_tensor **out) {
+  /* A view of an empty tensor may take any shape with a 0 in it, so the size
+  ** check of creation is repeated here: [0, 2^62, 2^62] must not get through. */
+  if (__builtin_expect(!emi_shape_ok(sizes, ndim), 0)) {
+    char b[EMI_SHAPE_STR];
+    return emi_error(S, EM_ERR_SHAPE, "view: shape %s is too large (its strides overflow "
+                     "64-bit integers, even if a dimension is 0)", emi_shape_str(b, sizes, ndim));
+  }
   em_tensor *t = emi_tensor_try_view(S, src, sizes, strides, ndim, offset);
   if (!t) return emi_error(S, EM_ERR_NOMEM, "view: out of memory allocating a tensor");
   *out = t;

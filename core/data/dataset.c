@@ -32,6 +32,11 @@ static em_status check_new(emi_dctx *c, const char *op, const int64_t *sizes, in
                      EM_MAX_DIMS);
   for (int d = 0; d < ndim; d++)
     if (sizes[d] < 0) return emi_dfail(c, EM_ERR_SHAPE, "%s: negative size", op);
+  if (!emi_shape_ok(sizes, ndim)) {   /* e.g. a decoder's (C, H, W) from a lying header */
+    char b[EMI_SHAPE_STR];
+    return emi_dfail(c, EM_ERR_SHAPE, "%s: shape %s is too large", op,
+                     emi_shape_str(b, sizes, ndim));
+  }
   if ((unsigned)dt >= EM_NUM_DTYPES)
     return emi_dfail(c, EM_ERR_DTYPE, "%s: invalid dtype %d", op, (int)dt);
   return EM_OK;

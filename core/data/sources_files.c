@@ -11,6 +11,9 @@
 ** hidden entries too.
 ** A listed file that turns out not to be a valid image fails the sample that
 ** reads it, naming the file: it is never silently dropped.
+** So does an image over the pixel limit (checked from its header). With a size,
+** JPEGs are decoded at a reduced DCT scale that still covers it (core/io/image.c)
+** before the resize, unless full_decode is asked for.
 */
 #include "data.h"
 #include "../io/image.h"
@@ -73,6 +76,7 @@ typedef struct folder_src {
   char **paths;            /* n paths, malloc'd */
   int64_t *labels;         /* n labels, label_base added */
   em_transform *resize;    /* NULL: images keep their size */
+  emi_image_want want;     /* pixel limit; the size a reduced JPEG decode must cover */
 } folder_src;
 
 /* A growable list of malloc'd strings. */
@@ -179,7 +183,7 @@ static em_status folder_get(em_dataset *d, emi_dctx *c, int64_t i, em_tensor **o
   size_t n;
   em_status st = emi_read_file(c, "image_folder", f->paths[i], &buf, &n);
   if (st) return st;
-  st = emi_image_decode(c, "image_folder", f->paths[i], buf, n, 3, &out[0]);
+  st = emi_image_decode(c, "image_folder", f->paths[i], buf, n, 3, &f->want, &out[0]);
   free(buf);
   if (st) return st;
   if (f->resize) {
@@ -196,6 +200,12 @@ static const emi_dataset_vt folder_vt = {"image_folder", folder_get, NULL, folde
 
 em_status em_data_image_folder(em_state *S, const char *root, int64_t height,
                                int64_t width, int label_base, em_dataset **out) {
+  return em_data_image_folder_opts(S, root, height, width, label_base, NULL, out);
+}
+
+em_status em_data_image_folder_opts(em_state *S, const char *root, int64_t height,
+                                    int64_t width, int label_base,
+                                    const em_image_opts *o, em_dataset **out) {
   if (!out) return emi_error(S, EM_ERR_ARG, "image_folder: out is required");
   *out = NULL;
   if (!root) return emi_error(S, EM_ERR_ARG, "image_folder: root is required");
@@ -253,5 +263,9 @@ em_status em_data_image_folder(em_state *S, const char *root, int64_t height,
   f->paths = paths.v;      /* ownership moves to the node */
   f->labels = labels;
   f->resize = resize;
+  /* resolved now: workers must not read the state's setting while it may change */
+  f->want.max_pixels = emi_image_resolve_max(S, o ? o->max_pixels : 0);
+  f->want.min_h = resize && !(o && o->full_decode) ? height : 0;
+  f->want.min_w = resize && !(o && o->full_decode) ? width : 0;
   return emi_dataset_new(S, &folder_vt, NULL, f->n, 2, f, out);
 }

@@ -17,6 +17,13 @@
 **    varargs, no macros outside the guarded preprocessor block below (the build
 **    strips lines starting with '#' when it generates the Lua cdefs).
 **
+** Lua in a host program. The Lua layer opens with `luaopen_ember(lua_State *L)`
+** (in libember_lua: link -lember_lua; declared in lua/host/luaopen.c, since this
+** header includes no Lua header): it pushes the `ember` module. A global
+** EMBER_CONFIG, a light userdata pointing at an em_config set before the first
+** use of the module, gives the Lua layer's state the host's config (its
+** allocator, and with it a memory cap). examples/embed/ shows both.
+**
 ** Threads. ember has no global state (OpenBLAS's thread count aside: see
 ** em_blas_pin_threads), so states on different threads never interfere; replicas
 ** in threads are exactly that, one em_state per thread.
@@ -316,6 +323,13 @@ em_status em_softmax(em_state *S, const em_tensor *a, int dim, int log,
 ** removed after; batch dimensions broadcast. */
 em_status em_matmul(em_state *S, const em_tensor *a, const em_tensor *b,
                     em_tensor **out);
+/* The Linear layer: out = x @ w^T + b, w (out_features, in_features) as PyTorch
+** keeps it, b (out_features) or NULL. The same result, gradients included, as
+** em_matmul(x, transpose(w)) then em_binary(EM_ADD, ., b); when nothing needs
+** recording (grad mode off or no input requiring grad) it creates no tensor but
+** the result, which is what makes small-net inference cheap. */
+em_status em_linear(em_state *S, const em_tensor *x, const em_tensor *w,
+                    const em_tensor *b, em_tensor **out);
 
 /* -- Joining and indexing ----------------------------------------------------- */
 em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim,
@@ -629,6 +643,22 @@ em_status em_data_csv(em_state *S, const char *path, int header,
 ** width when both are > 0. */
 em_status em_data_image_folder(em_state *S, const char *root, int64_t height,
                                int64_t width, int label_base, em_dataset **out);
+/* Decoders refuse an image of more than max_pixels pixels (width x height, read
+** from the header before anything is allocated: a decompression bomb is a clean
+** EM_ERR_IO naming the file and its size). The default is PIL's limit. */
+enum { EM_IMAGE_MAX_PIXELS = 89478485 };
+typedef struct em_image_opts {
+  int64_t max_pixels;   /* 0: the state's setting; > 0: this limit; < 0: no limit */
+  int full_decode;      /* image_folder with a size: 1 = no reduced JPEG decode */
+} em_image_opts;
+/* The same with image options (NULL = defaults). The pixel
+** limit is resolved when the dataset is made. With a size and reduced decode on
+** (the default), JPEGs are decoded at the smallest DCT scale n/8 whose output still
+** covers height x width, then resized: close to, not bit-exact with, a full
+** decode + resize (set full_decode for PIL's exact pixels). */
+em_status em_data_image_folder_opts(em_state *S, const char *root, int64_t height,
+                                    int64_t width, int label_base,
+                                    const em_image_opts *o, em_dataset **out);
 /* `size` samples of `shape` and dtype dt (uint8: 0..255, floating: uniform [0,1))
 ** and labels in label_base .. label_base+classes-1, computed from seed and index. */
 em_status em_data_synthetic(em_state *S, const int64_t *shape, int ndim, em_dtype dt,
@@ -1051,9 +1081,18 @@ em_status em_tensor_pin_memory(em_state *S, const em_tensor *t, em_tensor **out)
 int em_tensor_is_pinned(const em_tensor *t);
 
 /* -- Images (core/io/image.c) ------------------------------------------------------ */
+/* em_image_opts and the pixel limit: see Images, at em_image_load. */
+/* The state's limit for calls that don't give one: n > 0, 0 = EM_IMAGE_MAX_PIXELS
+** (the initial setting), < 0 = no limit. em_image_max_pixels returns the limit in
+** force, -1 for none. Same thread rules as em_set_num_threads. */
+void em_image_set_max_pixels(em_state *S, int64_t max_pixels);
+int64_t em_image_max_pixels(em_state *S);
 /* Decodes a JPEG or PNG file (by its signature) into uint8 (C, H, W): C = 3 (RGB)
 ** when channels is 3, the file's own (1 gray, 3 RGB, 4 RGBA) when channels is 0. */
 em_status em_image_load(em_state *S, const char *path, int channels, em_tensor **out);
+/* The same with options (NULL = defaults; only max_pixels applies). */
+em_status em_image_load_opts(em_state *S, const char *path, int channels,
+                             const em_image_opts *o, em_tensor **out);
 /* Writes a uint8 (C, H, W) tensor, C 1 or 3, as PNG or JPEG by the path's
 ** extension (.png, .jpg/.jpeg); quality 1..100 for JPEG (0 = 90). */
 em_status em_image_save(em_state *S, const char *path, const em_tensor *img, int quality);

@@ -9,6 +9,10 @@
 ** (N, F) and, when a label column is chosen, labels (N): int64 when every label
 ** is a whole number, float32 otherwise, values as written. Errors name the file,
 ** the 1-based line and the 1-based field.
+**
+** The table grows as values arrive (doubling), never on a guess: reserving rows
+** of the first row's width up front made a 10 MB one-line file of junk ask for
+** 41 GB and fail with "out of memory" instead of "not a number".
 */
 #include "../data/data.h"
 #include <math.h>
@@ -77,7 +81,17 @@ static int take_value(csv_parse *p, int64_t line, int k, const char *s, size_t n
   if (!ok)
     return emi_error(p->S, EM_ERR_IO, "csv: '%s' line %lld: field %d '%s' is not a number",
                      p->path, (long long)line, k + 1, shown(s, n, buf, sizeof buf));
-  p->vals[(size_t)p->rows * (size_t)p->ncols + (size_t)k] = v;
+  size_t at = (size_t)p->rows * (size_t)p->ncols + (size_t)k;
+  if (at >= p->cap) {   /* room for this value only once it is known to be one */
+    size_t cap = p->cap ? p->cap * 2 : 256;
+    double *nv = realloc(p->vals, cap * sizeof(double));
+    if (!nv)
+      return emi_error(p->S, EM_ERR_NOMEM, "csv: '%s' line %lld: out of memory for %zu "
+                       "values", p->path, (long long)line, cap);
+    p->vals = nv;
+    p->cap = cap;
+  }
+  p->vals[at] = v;
   return EM_OK;
 }
 
@@ -110,13 +124,6 @@ static em_status parse(csv_parse *p, const char *text, size_t len, int header) {
       if (st) return st;
       s = next;
       continue;
-    }
-    if ((size_t)(p->rows + 1) * (size_t)nf > p->cap) {
-      size_t cap = p->cap ? p->cap * 2 : (size_t)nf * 1024;
-      double *v = realloc(p->vals, cap * sizeof(double));
-      if (!v) return emi_error(p->S, EM_ERR_NOMEM, "csv: '%s': out of memory", p->path);
-      p->vals = v;
-      p->cap = cap;
     }
     split(p, line, s, le, take_value, &st);
     if (st) return st;

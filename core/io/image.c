@@ -13,6 +13,19 @@
 ** JPEG is decoded with the library defaults PIL uses (JDCT_ISLOW, fancy
 ** upsampling) so pixels match PIL's exactly; rows are scattered straight from
 ** libjpeg's interleaved scanlines into the CHW planes while still in cache.
+**
+** Decompression bombs: a few hundred bytes of header can claim 60000x60000
+** pixels. Both decoders read the header first and refuse an image of more than
+** max_pixels pixels (PIL's default limit, about 89M, unless told otherwise)
+** before anything sized by the image is allocated; the error names the file and
+** the size.
+**
+** Reduced decode: when the caller will shrink the image anyway (image_folder
+** with a size), a JPEG is decoded with libjpeg's DCT scaling at the smallest
+** scale n/8 whose output is still at least the wanted size, as PIL's draft()
+** does. The IDCT then works on fewer coefficients and the colour conversion and
+** resize on fewer pixels: several times faster, and the scaled IDCT averages
+** the pixels it drops, which the plain bilinear resize would alias.
 */
 #include "image.h"
 #include <stdio.h>
@@ -81,6 +94,16 @@ static void scatter_rows(uint8_t *chw, int64_t H, int64_t W, int C, int64_t y0,
   }
 }
 
+/* Puts the file's name into a message "<op>: <why>" from emi_dtensor_new, which
+** knows only the shape: "<op>: '<name>': <why>". */
+static em_status rename_err(emi_dctx *c, em_status st, const char *op, const char *name) {
+  char why[sizeof c->err];
+  size_t k = strlen(op);
+  snprintf(why, sizeof why, "%s", strncmp(c->err, op, k) == 0 && c->err[k] == ':'
+                                   ? c->err + k + 2 : c->err);
+  return emi_dfail(c, st, "%s: '%s': %s", op, name, why);
+}
+
 /* -- JPEG ----------------------------------------------------------------------- */
 typedef struct jerr_mgr {
   struct jpeg_error_mgr pub;
@@ -129,9 +152,21 @@ static inline uint8_t muldiv255(unsigned a, unsigned b) {
   return (uint8_t)(((t >> 8) + t) >> 8);
 }
 
+/* The limit a max_pixels setting means: > 0 itself, 0 the default, < 0 none. */
+int64_t emi_image_pixel_limit(int64_t max_pixels) {
+  return max_pixels > 0 ? max_pixels : max_pixels == 0 ? EM_IMAGE_MAX_PIXELS : INT64_MAX;
+}
+
+static em_status too_big(emi_dctx *c, const char *op, const char *name, const char *kind,
+                         int64_t w, int64_t h, int64_t limit) {
+  return emi_dfail(c, EM_ERR_IO, "%s: '%s': %s of %lldx%lld = %lld pixels is over the "
+                   "limit of %lld pixels (max_pixels; a decompression bomb?)", op, name,
+                   kind, (long long)w, (long long)h, (long long)(w * h), (long long)limit);
+}
+
 static em_status decode_jpeg(emi_dctx *c, const char *op, const char *name,
                              const unsigned char *buf, size_t n, int channels,
-                             em_tensor **out) {
+                             const emi_image_want *want, em_tensor **out) {
   struct jpeg_decompress_struct cinfo;
   jerr_mgr jerr;
   em_tensor *volatile t = NULL;
@@ -156,6 +191,24 @@ static em_status decode_jpeg(emi_dctx *c, const char *op, const char *name,
     C = 1;
   } else cinfo.out_color_space = JCS_RGB;
   cinfo.dct_method = JDCT_ISLOW;
+  /* dimensions are < 2^16 each in JPEG, so the product can't overflow */
+  int64_t limit = emi_image_pixel_limit(want->max_pixels);
+  if ((int64_t)cinfo.image_width * cinfo.image_height > limit) {
+    int64_t w = cinfo.image_width, h = cinfo.image_height;
+    jpeg_destroy_decompress(&cinfo);
+    return too_big(c, op, name, "a JPEG", w, h, limit);
+  }
+  if (want->min_h > 0 && want->min_w > 0) {
+    /* the smallest n/8 whose output still covers the wanted size; 8/8 at worst */
+    for (unsigned num = 1; num <= 8; num++) {
+      cinfo.scale_num = num;
+      cinfo.scale_denom = 8;
+      jpeg_calc_output_dimensions(&cinfo);
+      if ((int64_t)cinfo.output_width >= want->min_w &&
+          (int64_t)cinfo.output_height >= want->min_h)
+        break;
+    }
+  }
   jpeg_start_decompress(&cinfo);
   int64_t H = cinfo.output_height, W = cinfo.output_width;
   int comps = cinfo.output_components;
@@ -169,10 +222,10 @@ static em_status decode_jpeg(emi_dctx *c, const char *op, const char *name,
   }
   em_tensor *tt;
   em_status st = emi_dtensor_new(c, op, (const int64_t[]){C, H, W}, 3, EM_UINT8, &tt);
-  if (st) {
+  if (st) {   /* the message names the file, not just the shape */
     jpeg_destroy_decompress(&cinfo);
     free(scratch);
-    return st;
+    return rename_err(c, st, op, name);
   }
   t = tt;
   uint8_t *chw = em_tensor_data(tt);
@@ -239,7 +292,7 @@ static void png_read_mem(png_structp png, png_bytep dst, size_t n) {
 
 static em_status decode_png(emi_dctx *c, const char *op, const char *name,
                             const unsigned char *buf, size_t n, int channels,
-                            em_tensor **out) {
+                            const emi_image_want *want, em_tensor **out) {
   png_io io = {buf, n, ""};
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &io, png_on_error,
                                            png_on_warning);
@@ -264,6 +317,11 @@ static em_status decode_png(emi_dctx *c, const char *op, const char *name,
   png_uint_32 w, h;
   int depth, ctype, interlace;
   png_get_IHDR(png, info, &w, &h, &depth, &ctype, &interlace, NULL, NULL);
+  int64_t limit = emi_image_pixel_limit(want->max_pixels);
+  if ((int64_t)w * (int64_t)h > limit) {   /* only IHDR was read: nothing big yet */
+    png_destroy_read_struct(&png, &info, NULL);
+    return too_big(c, op, name, "a PNG", w, h, limit);
+  }
   if (ctype == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);  /* + tRNS alpha */
   if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
   if (depth == 16) png_set_strip_16(png);          /* the high byte, as PIL */
@@ -283,7 +341,7 @@ static em_status decode_png(emi_dctx *c, const char *op, const char *name,
   em_status st = emi_dtensor_new(c, op, (const int64_t[]){C, H, W}, 3, EM_UINT8, &tt);
   if (st) {
     png_destroy_read_struct(&png, &info, NULL);
-    return st;
+    return rename_err(c, st, op, name);
   }
   t = tt;
   uint8_t *chw = em_tensor_data(tt);
@@ -319,18 +377,39 @@ static em_status decode_png(emi_dctx *c, const char *op, const char *name,
 /* -- Entry points ------------------------------------------------------------------- */
 em_status emi_image_decode(emi_dctx *c, const char *op, const char *name,
                            const unsigned char *buf, size_t n, int channels,
-                           em_tensor **out) {
+                           const emi_image_want *want, em_tensor **out) {
   *out = NULL;
+  static const emi_image_want plain = {0, 0, 0};
+  if (!want) want = &plain;
   static const unsigned char png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   if (n >= 3 && buf[0] == 0xff && buf[1] == 0xd8 && buf[2] == 0xff)
-    return decode_jpeg(c, op, name, buf, n, channels, out);
+    return decode_jpeg(c, op, name, buf, n, channels, want, out);
   if (n >= 8 && memcmp(buf, png_sig, 8) == 0)
-    return decode_png(c, op, name, buf, n, channels, out);
+    return decode_png(c, op, name, buf, n, channels, want, out);
   return emi_dfail(c, EM_ERR_IO, "%s: '%s': not a JPEG or PNG file%s", op, name,
                    n == 0 ? " (empty)" : "");
 }
 
+void em_image_set_max_pixels(em_state *S, int64_t max_pixels) {
+  S->image_max_pixels = max_pixels < 0 ? -1 : max_pixels;
+}
+
+int64_t em_image_max_pixels(em_state *S) {
+  int64_t m = S->image_max_pixels;
+  return m < 0 ? -1 : emi_image_pixel_limit(m);
+}
+
+/* The state's setting, unless the call's own max_pixels (non-zero) says otherwise. */
+int64_t emi_image_resolve_max(em_state *S, int64_t max_pixels) {
+  return max_pixels ? max_pixels : S->image_max_pixels;
+}
+
 em_status em_image_load(em_state *S, const char *path, int channels, em_tensor **out) {
+  return em_image_load_opts(S, path, channels, NULL, out);
+}
+
+em_status em_image_load_opts(em_state *S, const char *path, int channels,
+                             const em_image_opts *o, em_tensor **out) {
   if (!out) return emi_error(S, EM_ERR_ARG, "image_load: out is required");
   *out = NULL;
   if (!path) return emi_error(S, EM_ERR_ARG, "image_load: path is required");
@@ -343,7 +422,8 @@ em_status em_image_load(em_state *S, const char *path, int channels, em_tensor *
   size_t n;
   em_status st = emi_read_file(&c, "image_load", path, &buf, &n);
   if (!st) {
-    st = emi_image_decode(&c, "image_load", path, buf, n, channels, out);
+    emi_image_want want = {emi_image_resolve_max(S, o ? o->max_pixels : 0), 0, 0};
+    st = emi_image_decode(&c, "image_load", path, buf, n, channels, &want, out);
     free(buf);
   }
   if (st) return emi_error(S, st, "%s", c.err);

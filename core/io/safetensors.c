@@ -280,7 +280,10 @@ static bool parse_entry(parser *P, const char *name) {
   if (e.ndim < 0) return bad(P, "tensor '%.100s' has no shape", name);
   if (noff < 0) return bad(P, "tensor '%.100s' has no data_offsets", name);
 
-  /* Bytes the shape needs, refusing any overflow on the way (sizes are < 2^63). */
+  /* Bytes the shape needs, refusing any overflow on the way (sizes are < 2^63).
+  ** A zero dim makes the byte count 0 but not the strides of the other dims:
+  ** [0, 2^62, 2^62] holds nothing yet its strides overflow, so every stride
+  ** product is checked too (emi_shape_ok), empty or not. */
   char sb[EMI_SHAPE_STR + 8];
   int64_t nbytes = DTYPES[e.dtype].size;
   for (int d = 0; d < e.ndim && d < EM_MAX_DIMS; d++) {
@@ -288,6 +291,9 @@ static bool parse_entry(parser *P, const char *name) {
       return bad(P, "tensor '%.100s': shape %s is too large", name, shape_str(sb, &e));
     nbytes *= e.shape[d];
   }
+  if (!emi_shape_ok(e.shape, e.ndim < EM_MAX_DIMS ? e.ndim : EM_MAX_DIMS))
+    return bad(P, "tensor '%.100s': shape %s is too large (its strides overflow)", name,
+               shape_str(sb, &e));
   if (e.ndim > EM_MAX_DIMS) nbytes = -1;   /* unknowable here: only the range checks */
   e.begin = off[0];
   e.end = off[1];

@@ -29,8 +29,8 @@ static em_status infer_shape(em_state *S, const char *op, const em_tensor *a,
       infer = d;
     } else if (shape[d] < 0) {
       return emi_error(S, EM_ERR_SHAPE, "%s: invalid size %lld", op, (long long)shape[d]);
-    } else {
-      n *= shape[d];
+    } else if (__builtin_mul_overflow(n, shape[d], &n)) {
+      goto bad;   /* [2^62, 2^62, 0] must not wrap to a plausible count */
     }
     out[d] = shape[d];
   }

@@ -14,7 +14,8 @@ holding one reference to its C node, released by the box's finalizer.
   ds:shuffle{seed}          ds:map(T or fn)        ds:batch(n, {drop_last})
   ds:shard(rank, world_size, {drop_remainder})      ds:take(n)
   ds:loader{workers, prefetch, pin_memory, device, progress}
-  em.data.load_image(path, {channels}) / save_image(t, path, {quality})
+  em.data.load_image(path, {channels, max_pixels}) / save_image(t, path, {quality})
+  em.data.max_pixels([n | false])   the pixel limit for images (false: none)
 
 Seeds. A stage given no seed draws one from em's generator when it is built, so
 em.manual_seed(n) before building the pipeline makes every epoch reproducible.
@@ -203,13 +204,40 @@ local function data_root(opts, folder)
   return '/usr/share/datasets/' .. folder
 end
 
+-- Image options (core/io/image.c): max_pixels = n (> 0) or false (no limit); nil
+-- takes the state's setting (em.data.max_pixels, PIL's 89,478,485 at first).
+local image_opts = ffi.new('em_image_opts')
+local function fill_image_opts(op, o)
+  local m = o.max_pixels
+  if m == false then m = -1
+  elseif m == nil then m = 0
+  else check_int(op, 'max_pixels', m, 1) end
+  image_opts.max_pixels = m
+  image_opts.full_decode = o.full_decode and 1 or 0
+  return image_opts
+end
+
+-- Reads (no argument) or sets the pixel limit for image loads that give none; a
+-- decoder refuses a bigger image from its header, before allocating. Returns the
+-- limit in force (false for none).
+function M.max_pixels(n)
+  if n ~= nil then
+    if n == false then C.em_image_set_max_pixels(S, -1)
+    else C.em_image_set_max_pixels(S, check_int('max_pixels', 'the limit', n, 1)) end
+  end
+  local m = tonumber(C.em_image_max_pixels(S))
+  return m >= 0 and m or false
+end
+
 -- Images one at a time (core/io/image.c): uint8 (C, H, W).
 function M.load_image(path, o)
   if type(path) ~= 'string' then raise('load_image: expected a file path, got ' .. kindof(path)) end
   o = opts_table('load_image', o)
   local ch = o.channels or 3
   if ch ~= 0 and ch ~= 3 then raise('load_image: channels must be 3 (RGB) or 0 (as stored)') end
-  if C.em_image_load(S, path, ch, out) ~= 0 then core.fail() end
+  if C.em_image_load_opts(S, path, ch, fill_image_opts('load_image', o), out) ~= 0 then
+    core.fail()
+  end
   return wrap(out[0])
 end
 
@@ -279,7 +307,12 @@ function M.image_folder(root, opts)
   elseif type(size) == 'table' then h, w = size[1], size[2]
   elseif size ~= nil then raise('image_folder: size must be a number or {height, width}') end
   check_int('image_folder', 'size', h); check_int('image_folder', 'size', w)
-  if C.em_data_image_folder(S, root, h, w, 1, dsout) ~= 0 then core.fail() end
+  -- max_pixels as load_image; with a size, JPEGs are decoded at a reduced DCT scale
+  -- that still covers it unless full_decode = true (PIL's exact pixels)
+  if C.em_data_image_folder_opts(S, root, h, w, 1, fill_image_opts('image_folder', opts),
+                                 dsout) ~= 0 then
+    core.fail()
+  end
   return wrap_ds()
 end
 

@@ -7,7 +7,8 @@ Where the symbols come from. Inside the `ember` command (or any host that links
 the core with its symbols exported) they are in the process already and ffi.C
 finds them. From a plain `luajit`, the shared library is loaded: $EMBER_LIB if
 set, else the libember.so next to this tree (build/lua/ember/ -> build/, or
-<prefix>/share/lua/5.1/ember/ -> <prefix>/lib/), else the system's search path.
+<prefix>/share/lua/5.1/ember/ -> <prefix>/lib/), else ember/libember.so on
+package.cpath (a luarocks tree), else the system's search path.
 
 One em_state per Lua state, opened when this module is first required and
 closed when the Lua state closes (a userdata sentinel whose __gc releases every
@@ -60,6 +61,10 @@ local function find_lib()
     local p = dir .. rel
     if exists(p) then return ffi.load(p), p end
   end
+  -- A luarocks tree keeps libraries apart from modules, in lib/lua/5.1/ember/
+  -- (Makefile's install-rock), which `luarocks path` puts on package.cpath.
+  local rock = package.searchpath('ember.libember', package.cpath)
+  if rock then return ffi.load(rock), rock end
   local ok, lib = pcall(ffi.load, 'ember')
   if ok then return lib, 'ember' end
   error(('ember: cannot find the C library libember.so (looked beside %s and in the ' ..
@@ -91,13 +96,24 @@ end
 -- A ds:map worker's Lua state (lua/host/luamap.c sets EMBER_WORKER): the loader's
 -- worker threads are the parallelism, so its ops run on the calling thread.
 if rawget(_G, 'EMBER_WORKER') ~= nil then cfg.num_threads = 1 end
+-- A C host's own em_config (luaopen.c: the global EMBER_CONFIG, a light userdata
+-- set before em's first field read, which loads this): its allocator -- a memory
+-- cap, say --, threads and seed replace everything above. em_open copies it.
+local hostcfg = rawget(_G, 'EMBER_CONFIG')
+if type(hostcfg) == 'userdata' then
+  ffi.copy(cfg, ffi.cast('const em_config *', hostcfg), ffi.sizeof('em_config'))
+end
 do  -- the host's caching allocator, when the process has one (the ember command)
   local ok, fn = pcall(function() return ffi.C.ember_host_alloc end)
-  if ok and os.getenv('EMBER_MALLOC') ~= '1' then cfg.alloc = fn end
+  if ok and os.getenv('EMBER_MALLOC') ~= '1' and cfg.alloc == nil then cfg.alloc = fn end
 end
 local Sbox = ffi.new('em_state*[1]')
-if C.em_open(Sbox, cfg) ~= 0 then
-  error('ember: could not open the C state: ' .. ffi.string(C.em_errmsg(nil)))
+local open_status = C.em_open(Sbox, cfg)
+if open_status ~= 0 then
+  -- There is no state to hold a message: a refused allocation (a host's memory
+  -- cap) is told by its status.
+  error('ember: could not open the C state: ' .. (open_status == C.EM_ERR_NOMEM and
+    'out of memory (the allocator refused the state)' or ffi.string(C.em_errmsg(nil))), 0)
 end
 local S = Sbox[0]
 core.S = S

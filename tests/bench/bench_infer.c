@@ -5,9 +5,9 @@
 **
 **   bench_infer [iterations]     prints  RESULT infer_mlp_c <us> us/op lower <= 1 us
 **
-** The weights are kept transposed, (in, out), so that each layer is one em_matmul
-** on contiguous operands; bias and ReLU go in place on the matmul's result, so a
-** forward creates two tensors (the two products) and releases the hidden one.
+** The weights are (out, in) as PyTorch keeps them; each layer is one em_linear
+** (x @ w^T + b), which with grad mode off creates nothing but its result, and
+** ReLU goes in place: a forward creates two tensors and releases the hidden one.
 ** The figure is the median of 7 timed runs.
 */
 #include <ember.h>
@@ -39,15 +39,14 @@ static em_tensor *randn(em_state *S, int64_t r, int64_t c, int nd) {
 
 typedef struct mlp { em_tensor *w1, *b1, *w2, *b2; } mlp;
 
-/* y (1, 4) = relu(x @ w1 + b1) @ w2 + b2; the caller releases y. */
+/* y (1, 4) = relu(x @ w1^T + b1) @ w2^T + b2; the caller releases y. em_linear
+** with grad mode off creates only its result; ReLU goes in place. */
 static em_tensor *forward(em_state *S, const mlp *m, const em_tensor *x) {
   em_tensor *h, *y;
-  CHECK(S, em_matmul(S, x, m->w1, &h));
-  CHECK(S, em_binary_(S, EM_ADD, h, m->b1));
+  CHECK(S, em_linear(S, x, m->w1, m->b1, &h));
   CHECK(S, em_unary_(S, EM_RELU, h));
-  CHECK(S, em_matmul(S, h, m->w2, &y));
+  CHECK(S, em_linear(S, h, m->w2, m->b2, &y));
   em_tensor_release(h);
-  CHECK(S, em_binary_(S, EM_ADD, y, m->b2));
   return y;
 }
 
@@ -65,7 +64,7 @@ int main(int argc, char **argv) {
   em_state *S;
   if (em_open(&S, &cfg) != EM_OK) { fprintf(stderr, "bench_infer: em_open failed\n"); return 1; }
   em_manual_seed(S, 1);
-  mlp m = {randn(S, 32, 64, 2), randn(S, 0, 64, 1), randn(S, 64, 4, 2), randn(S, 0, 4, 1)};
+  mlp m = {randn(S, 64, 32, 2), randn(S, 0, 64, 1), randn(S, 4, 64, 2), randn(S, 0, 4, 1)};
   em_tensor *x = randn(S, 1, 32, 2);
   CHECK(S, em_set_grad_enabled(S, 0));
 

@@ -176,6 +176,39 @@ H.test('image_folder: order, labels, PIL pixels, resize, loader, corrupt files',
   H.raises(function() em.data.image_folder(tmp('none')) end, 'image_folder', 'none')
 end)
 
+H.test('max_pixels: load_image, image_folder, em.data.max_pixels; full_decode', function()
+  local root = tmp('limits')
+  sh(('mkdir -p %s/a'):format(root))
+  sh(('cp %spil_rgb.jpg %s/a/1.jpg'):format(fixtures, root))
+  local img = em.data.load_image(root .. '/a/1.jpg')
+  local h, w = img.shape[2], img.shape[3]
+  local n = h * w
+  H.raises(function() em.data.load_image(root .. '/a/1.jpg', { max_pixels = n - 1 }) end,
+    '1.jpg', ('%dx%d'):format(w, h), 'limit of ' .. (n - 1), 'max_pixels')
+  H.eq(em.data.load_image(root .. '/a/1.jpg', { max_pixels = n }).shape, img.shape)
+  H.raises(function() em.data.load_image(root .. '/a/1.jpg', { max_pixels = 0 }) end,
+    'max_pixels must be an integer >= 1')
+  H.eq(em.data.max_pixels(), 89478485)
+  H.eq(em.data.max_pixels(n - 1), n - 1)
+  H.raises(function() em.data.load_image(root .. '/a/1.jpg') end, 'limit of ' .. (n - 1))
+  H.eq(em.data.load_image(root .. '/a/1.jpg', { max_pixels = false }).shape, img.shape)
+  local ds = em.data.image_folder(root)                -- the state's setting, taken now
+  em.data.max_pixels(false)
+  H.eq(em.data.max_pixels(), false)
+  H.raises(function() return ds[1] end, 'image_folder', '1.jpg', 'max_pixels')
+  H.eq(em.data.image_folder(root, { max_pixels = n })[1][1].shape, img.shape)
+  H.raises(function() return em.data.image_folder(root, { max_pixels = 10 })[1] end,
+    'limit of 10 ')
+  em.data.max_pixels(89478485)
+  -- full_decode: exactly a full decode then the resize transform; the reduced
+  -- decode (the default with a size) has the same shape (its closeness to the full
+  -- one is measured on a smooth image in tests/c/test_hostile_files.c)
+  local full = em.data.image_folder(root, { size = 4, full_decode = true })[1][1]
+  local plain = em.data.image_folder(root):map(em.data.T.resize(4, 4))[1][1]
+  H.eq(H.flat(full), H.flat(plain), 'full_decode = decode + resize')
+  H.eq(em.data.image_folder(root, { size = 4 })[1][1].shape, { 3, 4, 4 })
+end)
+
 -- -- IDX --------------------------------------------------------------------------------------
 local function be32(n)
   return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,

@@ -39,10 +39,14 @@ local function reduction_of(op, r)
 end
 
 -- -- Linear and activations -----------------------------------------------------------
+-- One C call (em_linear): without autograd recording it makes no tensor but the
+-- result, where x:matmul(w:t()) + b made three (small-net inference, issue 12).
 function F.linear(x, w, b)
-  local y = x:matmul(w:t())
-  if b ~= nil then y = y + b end
-  return y
+  local hx, hw = H(x, 'linear', 1), H(w, 'linear', 2)
+  local hb = nil
+  if b ~= nil then hb = H(b, 'linear', 3) end
+  if C.em_linear(S, hx, hw, hb, o1) ~= 0 then core.again(C.em_linear, S, hx, hw, hb, o1) end
+  return wrap(o1[0])
 end
 
 function F.relu(x) return x:relu() end
