@@ -90,6 +90,7 @@ int em_tensor_same_storage(const em_tensor *a, const em_tensor *b) {
 }
 
 int em_tensor_is_contiguous(const em_tensor *t) {
+  if (t->numel == 0) return 1;               /* no element to be out of place (as PyTorch) */
   int64_t expect = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
     if (t->sizes[d] == 1) continue;          /* stride of a size-1 dim is free */
