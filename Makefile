@@ -239,6 +239,18 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(BUILD)/libember.a $(LDLIBS)
 
+# The GPU carry's tests (tests/bench/gpu_pack.sh): the C tests that touch a device,
+# linked against libember.so (one copy of the core and the fatbins for all of them),
+# which they find in ../lib beside themselves.
+GPU_TESTS := test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwise \
+             test_cuda_transfer test_cuda_reduce test_cuda_index test_cuda_random \
+             test_cuda_matmul test_cuda_dnn test_cuda_graph test_cuda_loader test_comm_nccl
+.PHONY: gpu-tests
+gpu-tests: $(GPU_TESTS:%=$(BUILD)/gpu-tests/%)
+$(BUILD)/gpu-tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.so
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/c -o $@ $< -L$(BUILD) -lember -Wl,-rpath,'$$ORIGIN/../lib' $(LDLIBS)
+
 ifeq ($(SANITIZE),1)
 test: deps $(CTEST_BIN)
 	@sh tests/run.sh --c-only $(BUILD)

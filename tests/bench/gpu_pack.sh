@@ -1,55 +1,70 @@
 #!/bin/sh
-# gpu_pack.sh -- packs what tests/bench/gpu_run.sh needs on a GPU machine that has
-# no LuaJIT, OpenBLAS or other Debian packages into one folder, BUILD/carry, laid
-# out as BUILD itself is (so ember finds its Lua modules and kernels beside it):
+# gpu_pack.sh -- builds and packs what tests/bench/gpu_run.sh needs on a GPU machine
+# that has no LuaJIT, OpenBLAS or other Debian packages, as one archive:
 #
-#   BUILD/carry/ember          stripped copy (the FFI's symbols are in .dynsym, kept)
-#   BUILD/carry/lua/           BUILD/lua
-#   BUILD/carry/kernels/       BUILD/kernels/*.fatbin (when nvcc built them)
-#   BUILD/carry/tests/         stripped test_cuda_*, test_comm_nccl and test_grid_emu
-#   BUILD/carry/lib/           the shared libraries `ldd` names for those, except
-#                              glibc's own (libc, libm, libpthread, libdl, librt, ld.so)
+#   sh tests/bench/gpu_pack.sh            -> build-gpu/ember-gpu.tar.gz
 #
-#   sh tests/bench/gpu_pack.sh [BUILD]          (after make; BUILD defaults to build)
+# The build is the portable one (BUILD=build-gpu, ARCH=-march=x86-64-v3: AVX2 and
+# FMA, no AVX-512 instruction outside the paths chosen at run time), so the archive
+# runs on the AMD and Intel hosts GPUs sit in. The archive holds one folder,
+# ember-gpu/, laid out as a build folder is (ember finds its Lua modules beside it):
 #
-# Then carry BUILD/carry alone (it stays under the device runner's 64 MiB) and run
-# `sh tests/bench/gpu_run.sh` there. The CUDA libraries themselves (libcudart,
-# libcublasLt: hundreds of MB) are not packed: gpu_run.sh finds the ones PyTorch's
-# wheels bring. The GPU machine's glibc must be at least the version printed
-# (the newest GLIBC_ symbol version the packed files ask for).
-BUILD=${1:-build}
-CARRY="$BUILD/carry"
-if [ ! -x "$BUILD/ember" ]; then echo "gpu_pack: $BUILD/ember not found (run make first)"; exit 1; fi
-rm -rf "$CARRY"
-mkdir -p "$CARRY/lib" "$CARRY/tests" "$CARRY/kernels" || exit 1
+#   ember          the command, stripped (the FFI's symbols stay in .dynsym)
+#   lua/           its Lua modules
+#   tests/         the C tests that touch a device (make gpu-tests), linked against
+#                  lib/libember.so, which holds the core and the embedded fatbins once
+#   lib/           libember.so and the libraries `ldd` names that a bare GPU machine
+#                  lacks: not glibc's own, not libgcc_s (every system has one, and
+#                  Debian's asks for a newer glibc than ember does)
+#
+# It fails, not warns, when the archive is over the device runner's 64 MiB. Carry the
+# archive alone (`carry: ["build-gpu/ember-gpu.tar.gz"]`); gpu_run.sh unpacks it.
+# EMBER_PACK_NO_BUILD=1 packs build-gpu as it is (tests/test_gpu_pack.sh).
+cd "$(dirname "$0")/../.." || exit 2
+BUILD=build-gpu
+LIMIT_MB=64
+if [ -z "${EMBER_PACK_NO_BUILD:-}" ]; then
+  make --no-print-directory BUILD=$BUILD ARCH=-march=x86-64-v3 -j"$(nproc)" all gpu-tests ||
+    { echo "gpu_pack: the portable build failed"; exit 1; }
+fi
+[ -x "$BUILD/ember" ] || { echo "gpu_pack: $BUILD/ember not found"; exit 1; }
+STAGE="$BUILD/pack/ember-gpu"
+rm -rf "$BUILD/pack"
+mkdir -p "$STAGE/lib" "$STAGE/tests" || exit 1
 
-strip -o "$CARRY/ember" "$BUILD/ember" 2>/dev/null || cp "$BUILD/ember" "$CARRY/ember"
-cp -R "$BUILD/lua" "$CARRY/lua"
-for f in "$BUILD"/kernels/*.fatbin; do [ -f "$f" ] && cp "$f" "$CARRY/kernels/"; done
-bins="$BUILD/ember"
-for t in "$BUILD"/tests/test_cuda_* "$BUILD"/tests/test_comm_nccl "$BUILD"/tests/test_grid_emu; do
-  case "$t" in *.d|*.o) continue ;; esac
-  [ -x "$t" ] || continue
-  strip -o "$CARRY/tests/$(basename "$t")" "$t" 2>/dev/null || cp "$t" "$CARRY/tests/"
-  bins="$bins $t"
+strip -o "$STAGE/ember" "$BUILD/ember" || exit 1
+strip -o "$STAGE/lib/libember.so" "$BUILD/libember.so" || exit 1
+cp -R "$BUILD/lua" "$STAGE/lua" || exit 1
+for t in "$BUILD"/gpu-tests/test_*; do
+  case "$t" in *.d) continue ;; esac
+  strip -o "$STAGE/tests/$(basename "$t")" "$t" || exit 1
 done
 
 # The libraries: the resolved files (cp -L follows the alternatives' links), under
 # the names the binaries ask for.
-for b in $bins; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+for b in "$BUILD/ember" "$BUILD/libember.so" "$BUILD"/gpu-tests/test_*; do
+  case "$b" in *.d) continue ;; esac
+  ldd "$b"
+done | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
 while read -r name path; do
   case "$name" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*|libutil.so*) continue ;;
+    libgcc_s.so*|libember.so) continue ;;
   esac
-  cp -L "$path" "$CARRY/lib/$name" || echo "gpu_pack: could not copy $path"
-done
+  cp -L "$path" "$STAGE/lib/$name" || { echo "gpu_pack: could not copy $path"; exit 1; }
+done || exit 1
 
-echo "gpu_pack: $CARRY"
-ls -la "$CARRY/lib" | awk 'NR > 1 && $1 !~ /^d/ { printf "  lib/%s  %d\n", $9, $5 }'
-total=$(du -sk "$CARRY" | awk '{ print $1 }')
-echo "  total $((total / 1024)) MiB ($CARRY: ember, lua/, kernels/, tests/, lib/)"
-need=$(for f in "$CARRY/ember" "$CARRY"/lib/* "$CARRY"/tests/*; do objdump -T "$f" 2>/dev/null; done |
+ARCHIVE="$BUILD/ember-gpu.tar.gz"
+tar -C "$BUILD/pack" -czf "$ARCHIVE" ember-gpu || exit 1
+size=$(wc -c < "$ARCHIVE")
+echo "gpu_pack: $ARCHIVE, $((size / 1048576)) MiB ($(du -sm "$STAGE" | cut -f 1) MiB unpacked)"
+( cd "$STAGE" && find . -type f | sort | while read -r f; do
+    printf '  %-40s %6d KiB\n' "$f" $(( $(wc -c < "$f") / 1024 )); done )
+need=$(for f in "$STAGE/ember" "$STAGE"/lib/* "$STAGE"/tests/*; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2,2n -u | tail -n 1)
 [ -n "$need" ] && echo "  needs glibc >= ${need#GLIBC_} on the GPU machine (this one: $(ldd --version | head -n 1 | awk '{ print $NF }'))"
-[ "$total" -gt $((64 * 1024)) ] && echo "gpu_pack: warning: more than 64 MiB, over the device runner's carry limit"
+if [ "$size" -gt $((LIMIT_MB * 1048576)) ]; then
+  echo "gpu_pack: FAILED: the archive is over the device runner's $LIMIT_MB MiB"
+  exit 1
+fi
 exit 0

@@ -1,125 +1,216 @@
 #!/bin/sh
-# gpu_run.sh -- the one script to run on the GPU machine (an H100 with PyTorch, no
-# LuaJIT, no Debian packages, nothing built there): the CUDA tests with the real
-# runtime, then the GPU benchmarks (bench_cuda.lua and bench_cuda_train.lua beside
-# PyTorch on the same GPU).
+# gpu_run.sh -- the one script to run on a GPU machine (an H100 or H200 with
+# PyTorch, no LuaJIT, no Debian packages, nothing built there). One run, under a
+# hard deadline, tells nearly everything: the facts later failures need, the C tests
+# on the real device, gpu_check.lua (every family of device work against the CPU),
+# the Lua CUDA tests on the real device, every failure again with the runtime's
+# debugging switches and under compute-sanitizer, then the benchmarks beside PyTorch.
 #
-#   sh tests/bench/gpu_run.sh [BUILD]       (from the repository root)
+#   sh tests/bench/gpu_run.sh [ARCHIVE | FOLDER]        (from the repository root)
 #
-# What it needs, packed on the build machine by `sh tests/bench/gpu_pack.sh` after
-# make: BUILD (default build/carry when it has an ember, else build) with ember,
-# lua/, kernels/, tests/test_cuda_* and test_grid_emu, and lib/ -- the shared
-# libraries `ldd ember` names (libluajit, libopenblas, ...), put first on
-# LD_LIBRARY_PATH here. The GPU machine's glibc must be at least the one
-# gpu_pack.sh prints. The CUDA libraries (libcudart, libcublasLt, ...) are not
-# carried: unless EMBER_CUDA_HOME is set, the folders of PyTorch's nvidia-* wheels
-# that hold them are added to LD_LIBRARY_PATH (ember's own search also looks in
-# /usr/local/cuda/lib64). ember looks for the major versions it was built against.
-# The python with torch is $EMBER_BENCH_PYTHON, default `python3` here.
+# ARCHIVE defaults to build-gpu/ember-gpu.tar.gz, made here by gpu_pack.sh and
+# carried alone; it is unpacked into $TMPDIR. A FOLDER laid out as the archive's
+# ember-gpu/ is used as it is.
 #
-# The steps, none stopping the others; a summary of each at the end; the exit
-# status is 1 when one failed:
-#   nvidia-smi -L; ldd (nothing "not found"); ember --info
-#   every C test BUILD/tests/test_cuda_*, test_comm_nccl and test_grid_emu, with
-#     EMBER_TEST_REAL_CUDA=1
-#     and no EMBER_CUDA_EMULATE: the backend's tests (cuda_check_open) then open the
-#     real device. test_cuda_emu, test_cuda_alloc and test_grid_emu test the emulator
-#     itself and run on the CPU anyway.
-#     test_cuda_backend's no-device check skips itself under EMBER_TEST_REAL_CUDA.
-#   tests/lua/test_cuda*.lua -- NOTE: these force emulation (each runs itself again
-#     with EMBER_CUDA_EMULATE=2:64), so here they check the carried build, not the GPU.
-#   build's ember on tests/bench/bench_cuda.lua, with the real GPU (full sizes).
-# Each step's full output goes to LOGDIR ($EMBER_GPU_LOGS, else $OUT when the device
-# runner sets it, else a temporary folder); the C and Lua tests print their last
-# lines here, the rest in full. EMBER_GPU_ONLY=REGEX runs only the steps whose names
-# match (e.g. 'bench' or 'test_cuda_matmul|bench'); EMBER_GPU_STEP_TIMEOUT (default
-# 300 s) bounds each step.
+# Time: EMBER_GPU_DEADLINE seconds in all (default 480); each step is capped by its
+# own limit and by what is left, keeping EMBER_GPU_RESERVE seconds (default 20) for
+# the summary. Steps that no longer fit are marked SKIP (deadline).
+#
+# Libraries: ember's processes, and only they, get LD_LIBRARY_PATH = the archive's
+# lib/ then the folders of PyTorch's nvidia-* wheels that hold libcudart, cuBLAS(Lt),
+# cuDNN and NCCL (unless EMBER_CUDA_HOME is set; ember's own search also looks in
+# /usr/local/cuda). Python, also when ember starts it for a benchmark, keeps the
+# environment it came with, through a wrapper set as EMBER_BENCH_PYTHON.
+#
+# Output: $EMBER_GPU_LOGS, else $OUT (the device runner's), else a temporary folder,
+# gets summary.txt (a line per step: name, seconds, PASS/FAIL/SKIP and why, written
+# as each ends) and run.log (every step's whole output, appended as it goes); at the
+# end logs.tar.gz holds one log per step. The runner returns 8 files at most, so
+# nothing else is written there. EMBER_GPU_ONLY=REGEX runs only the matching steps.
+# Without a GPU it stops within a minute, saying so. Exit status: 1 if a step failed.
+T0=$(date +%s)
+DEADLINE=${EMBER_GPU_DEADLINE:-480}
+RESERVE=${EMBER_GPU_RESERVE:-20}
+ONLY=${EMBER_GPU_ONLY:-}
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd)
-if [ -n "$1" ]; then BUILD=$1
-elif [ -x build/carry/ember ]; then BUILD=build/carry
-else BUILD=build; fi
-BUILD=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "gpu_run: no folder $1"; exit 2; }
-EMBER="$BUILD/ember"
-PY=${EMBER_BENCH_PYTHON:-python3}
-export EMBER_BENCH_PYTHON="$PY"
-STEP_TIMEOUT=${EMBER_GPU_STEP_TIMEOUT:-300}
-ONLY=${EMBER_GPU_ONLY:-}
-unset EMBER_CUDA_EMULATE
-export EMBER_TESTS="$ROOT/tests" PYTHONDONTWRITEBYTECODE=1
 
 LOGDIR=${EMBER_GPU_LOGS:-${OUT:-}}
-[ -n "$LOGDIR" ] || LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/ember-gpu.XXXXXX")
+[ -n "$LOGDIR" ] || LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/ember-gpu-logs.XXXXXX")
 mkdir -p "$LOGDIR" || exit 2
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ember-gpu.XXXXXX") || exit 2
+mkdir -p "$WORK/logs"
+SUMMARY="$LOGDIR/summary.txt"
+RUNLOG="$LOGDIR/run.log"
+: > "$SUMMARY"; : > "$RUNLOG"
+failed=0
+FAILED_STEPS=""
 
-# The carried libraries first, then the CUDA libraries of PyTorch's wheels.
-libpath=""
-[ -d "$BUILD/lib" ] && libpath="$BUILD/lib"
-if [ -z "${EMBER_CUDA_HOME:-}" ]; then
-  nv=$("$PY" -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null)
-  for d in $(for p in $nv; do
-               find "$p" \( -name 'libcudart.so*' -o -name 'libcublasLt.so*' -o -name 'libcublas.so*' \
-                           -o -name 'libcudnn.so*' -o -name 'libnccl.so*' \) 2>/dev/null
-             done | xargs -r -n 1 dirname | sort -u); do
-    libpath="${libpath:+$libpath:}$d"
-  done
-fi
-[ -n "$libpath" ] && export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+say() { echo "$*"; echo "$*" >> "$RUNLOG"; }
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+finish() {
+  tar -C "$WORK" -czf "$LOGDIR/logs.tar.gz" logs 2>/dev/null
+  rm -rf "$WORK"
+  say ""
+  say "=== summary ($(($(date +%s) - T0)) s; logs in $LOGDIR: summary.txt, run.log, logs.tar.gz)"
+  cat "$SUMMARY"; cat "$SUMMARY" >> "$RUNLOG"
+  exit "$1"
+}
+record() {   # record NAME SECONDS VERDICT
+  printf '%-34s %5ss  %s\n' "$1" "$2" "$3" >> "$SUMMARY"
+  say "--- $1: $3 ($2 s)"
+}
 
 have_timeout=0
 command -v timeout >/dev/null 2>&1 && have_timeout=1
-SUMMARY="$LOGDIR/summary.txt"
-: > "$SUMMARY"
-failed=0
 
-# step NAME SHOW CMD...: runs CMD with the step timeout, its output to LOGDIR/NAME.log;
-# SHOW is "all" (print it all) or a number of last lines to print.
+# step NAME CAP SHOW CMD...: runs CMD for at most CAP seconds (and what is left), its
+# output to logs/NAME.log and run.log; SHOW is "all" or a number of last lines to
+# print. Sets $rc and $verdict; a failure joins FAILED_STEPS (for the reruns).
 step() {
-  name=$1; show=$2; shift 2
+  name=$1; cap=$2; show=$3; shift 3
+  rc=0; verdict=""
   if [ -n "$ONLY" ] && ! echo "$name" | grep -Eq "$ONLY"; then return 0; fi
-  log="$LOGDIR/$name.log"
-  echo "=== $name: $*"
+  room=$(( $(left) - RESERVE ))
+  if [ "$room" -lt 5 ]; then record "$name" 0 "SKIP (deadline: ${DEADLINE}s in all)"; rc=0; return 0; fi
+  [ "$cap" -gt "$room" ] && cap=$room
+  log="$WORK/logs/$name.log"
+  say ""
+  say "=== $name (cap ${cap}s): $*"
   t0=$(date +%s)
-  if [ $have_timeout = 1 ]; then timeout -k 10 "$STEP_TIMEOUT" "$@" > "$log" 2>&1
+  if [ $have_timeout = 1 ]; then timeout -k 5 "$cap" "$@" > "$log" 2>&1
   else "$@" > "$log" 2>&1; fi
   rc=$?
-  t1=$(date +%s)
+  dt=$(( $(date +%s) - t0 ))
+  cat "$log" >> "$RUNLOG"
   if [ "$show" = all ]; then cat "$log"; else tail -n "$show" "$log"; fi
-  # A test that exited 0 but counted failures ("#counts PASSED FAILED") failed.
   if [ $rc = 0 ] && grep -Eq '^#counts [0-9]+ [1-9]' "$log"; then
     verdict="FAIL ($(grep -E '^#counts' "$log" | tail -n 1 | awk '{ print $3 " of " $2 + $3 }') checks failed)"
-    failed=1
   elif [ $rc = 0 ]; then
     verdict=PASS
-    grep -q '^skipped:' "$log" && verdict="SKIP ($(grep -m 1 '^skipped:' "$log" | cut -c 1-150))"
-  elif [ $rc = 124 ] && [ $have_timeout = 1 ]; then verdict="FAIL (timed out after ${STEP_TIMEOUT}s)"; failed=1
-  else verdict="FAIL (exit $rc)"; failed=1; fi
-  printf '%-24s %5ss  %s\n' "$name" "$((t1 - t0))" "$verdict" >> "$SUMMARY"
-  echo
+    grep -q '^skipped:' "$log" && verdict="SKIP ($(grep -m 1 '^skipped:' "$log" | cut -c 10-150))"
+  elif [ $rc = 124 ] || [ $rc = 137 ]; then verdict="FAIL (timed out after ${cap}s)"
+  elif [ $rc -gt 128 ]; then verdict="FAIL (signal $((rc - 128)))"
+  else verdict="FAIL (exit $rc)"; fi
+  case "$verdict" in FAIL*) failed=1; FAILED_STEPS="$FAILED_STEPS $name" ;; esac
+  record "$name" "$dt" "$verdict"
 }
 
-echo "gpu_run: ember $EMBER; python $PY; logs $LOGDIR"
-echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-echo
-step nvidia-smi all nvidia-smi -L
-step ldd all sh -c "ldd '$EMBER'; ! ldd '$EMBER' | grep -q 'not found'"
-step info all "$EMBER" --info
-step torch all "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
+# -- The build: unpack the archive ------------------------------------------------------------
+SRC=${1:-build-gpu/ember-gpu.tar.gz}
+if [ -f "$SRC" ]; then
+  tar -C "$WORK" -xzf "$SRC" || { say "gpu_run: could not unpack $SRC"; finish 2; }
+  PACK="$WORK/ember-gpu"
+elif [ -x "$SRC/ember" ]; then PACK=$(cd "$SRC" && pwd)
+else say "gpu_run: no $SRC (make it with sh tests/bench/gpu_pack.sh, carry it)"; finish 2; fi
+EMBER="$PACK/ember"
+say "gpu_run: ember $EMBER; deadline ${DEADLINE}s; logs $LOGDIR"
 
-for t in "$BUILD"/tests/test_cuda_* "$BUILD"/tests/test_comm_nccl "$BUILD"/tests/test_grid_emu; do
-  case "$t" in *.d|*.o) continue ;; esac
-  [ -x "$t" ] || continue
-  step "$(basename "$t")" 8 env EMBER_TEST_REAL_CUDA=1 "$t"
+# -- Facts ----------------------------------------------------------------------------------------
+# EMBER_GPU_EMULATE=N:MB runs the whole script on emulated devices instead (a check
+# of the script itself, tests/lua/test_gpu_pack.lua; no figure of it is a GPU's).
+if [ -z "${EMBER_GPU_EMULATE:-}" ] && { ! command -v nvidia-smi >/dev/null 2>&1 || ! timeout 30 nvidia-smi -L > "$WORK/smi" 2>&1 ||
+   ! grep -q '^GPU ' "$WORK/smi"; }; then
+  cat "$WORK/smi" 2>/dev/null
+  record gpu 0 "SKIP (no GPU here: nvidia-smi $( [ -s "$WORK/smi" ] && head -c 150 "$WORK/smi" | tr '\n' ' ' || echo 'not found'))"
+  finish 0
+fi
+PY=${EMBER_BENCH_PYTHON:-python3}
+step facts 60 all sh -c '
+  echo "## GPU";     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,compute_cap --format=csv
+  echo "## driver";  cat /proc/driver/nvidia/version 2>/dev/null | head -n 1
+  echo "## kernel";  uname -srm
+  echo "## glibc";   ldd --version 2>&1 | head -n 1
+  echo "## CPU";     grep -m 1 "model name" /proc/cpuinfo; echo "cores $(nproc)"
+  printf "flags:"; for f in avx2 fma avx512f avx512bw avx512_bf16 amx_tile; do
+    grep -m 1 "^flags" /proc/cpuinfo | grep -qw $f && printf " %s" $f; done; echo
+  echo "## nvcc";    (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>/dev/null | tail -n 2 | head -n 1
+  echo "## compute-sanitizer"; command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null
+  echo "## torch"
+  '"$PY"' -c "import torch, sys
+print(\"python\", sys.version.split()[0], \"torch\", torch.__version__, \"cuda\", torch.version.cuda,
+      \"cudnn\", torch.backends.cudnn.version(), \"nccl\", \".\".join(map(str, torch.cuda.nccl.version())))
+print(\"device\", torch.cuda.get_device_name(0), \"capability\", torch.cuda.get_device_capability(0))"
+  true'
+
+# Ember's library path: the archive's lib/, then the wheels' CUDA libraries.
+CUDA_DIRS=""
+if [ -z "${EMBER_CUDA_HOME:-}" ]; then
+  nv=$("$PY" -c 'import nvidia, sys; print("\n".join(nvidia.__path__))' 2>/dev/null)
+  CUDA_DIRS=$(for p in $nv /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+      find "$p" \( -name 'libcudart.so*' -o -name 'libcublasLt.so*' -o -name 'libcudnn.so*' \
+                   -o -name 'libnccl.so*' \) 2>/dev/null
+    done | xargs -r -n 1 dirname | awk '!seen[$0]++' | paste -sd: -)
+fi
+EMBER_LD="$PACK/lib${CUDA_DIRS:+:$CUDA_DIRS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ORIG_LD=${LD_LIBRARY_PATH:-}
+# Python started by ember (the benchmarks' PyTorch side) gets its own environment back.
+cat > "$WORK/python" <<EOF
+#!/bin/sh
+if [ -n "$ORIG_LD" ]; then export LD_LIBRARY_PATH="$ORIG_LD"; else unset LD_LIBRARY_PATH; fi
+exec "$(command -v "$PY")" "\$@"
+EOF
+chmod +x "$WORK/python"
+export EMBER_BENCH_PYTHON="$WORK/python" EMBER_TESTS="$ROOT/tests" PYTHONDONTWRITEBYTECODE=1
+# ember_env CMD...: CMD with ember's libraries, on the real devices (a command, not a
+# function, so that timeout can run it).
+if [ -n "${EMBER_GPU_EMULATE:-}" ]; then real="export EMBER_CUDA_EMULATE='$EMBER_GPU_EMULATE'"
+else real="unset EMBER_CUDA_EMULATE; export EMBER_TEST_REAL_CUDA=1"; fi
+cat > "$WORK/ember_env" <<EOF
+#!/bin/sh
+export LD_LIBRARY_PATH="$EMBER_LD"
+$real
+exec "\$@"
+EOF
+chmod +x "$WORK/ember_env"
+ember_env="$WORK/ember_env"
+
+say "ember's LD_LIBRARY_PATH=$EMBER_LD"
+step libraries 30 all sh -c '
+  for d in $(echo "$1" | tr ":" " "); do ls "$d"/libcudart.so* "$d"/libcublasLt.so* "$d"/libcudnn.so.* "$d"/libnccl.so* 2>/dev/null; done
+  echo "## ldd ember"; LD_LIBRARY_PATH="$1" ldd "$2"
+  ! LD_LIBRARY_PATH="$1" ldd "$2" | grep "not found"' sh "$EMBER_LD" "$EMBER"
+step info 60 all "$ember_env" "$EMBER" --info
+if [ "$rc" != 0 ]; then say "gpu_run: ember does not start here; stopping (see info above)"; finish 1; fi
+if ! grep -qi 'cuda:0' "$WORK/logs/info.log"; then
+  say "gpu_run: ember finds no CUDA device (no libcudart.so.13 on its path?); stopping"
+  failed=1; record stop 0 "FAIL (ember --info lists no cuda device)"; finish 1
+fi
+
+# -- The C tests, most basic first -------------------------------------------------------------
+for t in test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwise test_cuda_transfer \
+         test_cuda_reduce test_cuda_index test_cuda_random test_cuda_matmul test_cuda_dnn \
+         test_cuda_graph test_cuda_loader test_comm_nccl; do
+  [ -x "$PACK/tests/$t" ] || { record "$t" 0 "SKIP (not in the archive)"; continue; }
+  step "$t" 60 12 "$ember_env" "$PACK/tests/$t"
 done
 
-for t in "$ROOT"/tests/lua/test_cuda*.lua; do
-  [ -f "$t" ] || continue
-  step "$(basename "$t")" 8 "$EMBER" "$t"
+# -- Lua: every family against the CPU, then the Lua CUDA tests on the real device ------------
+step gpu_check.lua 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/gpu_check.lua"
+for t in test_cuda_ops test_cuda_index_grads test_cuda_nn_ops test_cuda_nn_dnn test_cuda_optim \
+         test_cuda test_cuda_loader; do
+  step "$t.lua" 60 12 "$ember_env" "$EMBER" "$ROOT/tests/lua/$t.lua"
 done
 
-step bench_cuda all "$EMBER" "$ROOT/tests/bench/bench_cuda.lua"
-step bench_cuda_train all "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua"
+# -- Every failure once more: synchronous launches, library logging, eager module loading,
+#    then compute-sanitizer where time allows ---------------------------------------------------
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+for name in $FAILED_STEPS; do
+  case "$name" in facts|libraries|info) continue ;; esac
+  case "$name" in
+    *.lua) cmd="$EMBER"; arg1="$ROOT/tests/$( [ "$name" = gpu_check.lua ] && echo bench || echo lua)/$name" ;;
+    *) cmd="$PACK/tests/$name"; arg1="" ;;
+  esac
+  step "$name.debug" 60 20 "$ember_env" env CUDA_LAUNCH_BLOCKING=1 CUDA_MODULE_LOADING=EAGER \
+    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=2 $cmd $arg1
+  if [ -n "$SAN" ]; then
+    step "$name.sanitizer" 90 30 "$ember_env" "$SAN" --tool memcheck --print-limit 20 $cmd $arg1
+  fi
+done
 
-echo "=== summary (full logs in $LOGDIR)"
-cat "$SUMMARY"
-exit $failed
+# -- Benchmarks last ---------------------------------------------------------------------------
+say "benchmarks: TF32 for float32 matmul is off on both sides except in the row that says on"
+step bench_cuda 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda.lua"
+step bench_cuda_train 150 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua" --steps 20
+
+finish $failed

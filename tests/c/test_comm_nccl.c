@@ -307,7 +307,7 @@ static void test_mpi(const char *self) {
 
 int main(int argc, char **argv) {
   (void)argc;
-  setenv("EMBER_CUDA_EMULATE", "2:64", 1);
+  if (!getenv("EMBER_TEST_REAL_CUDA")) setenv("EMBER_CUDA_EMULATE", "2:64", 1);
   if (em_mpi_launched(NULL, NULL)) return rank_main();
   RUN(test_nccl_without_gpu);
   RUN(test_threads);

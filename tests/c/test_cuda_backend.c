@@ -8,7 +8,7 @@
 ** small device, and clear errors for what is not built yet. Every value read back
 ** is compared with the CPU's.
 */
-#include "check.h"
+#include "cuda_check.h"
 #include <stdlib.h>
 
 static em_dtype ALL[] = {EM_BOOL, EM_UINT8, EM_INT32, EM_INT64, EM_FLOAT16, EM_BFLOAT16,
@@ -181,9 +181,8 @@ static void test_memory(em_state *S) {
 
 int main(void) {
   RUN(test_no_devices);
-  setenv("EMBER_CUDA_EMULATE", "2:64", 1);
   em_state *S;
-  if (em_open(&S, NULL) != EM_OK) return 1;
+  if (cuda_check_open(&S, "2:64")) return 1;
   RUN(test_round_trips, S);
   RUN(test_conversions_and_strided_targets, S);
   RUN(test_fill_and_queued_work, S);

@@ -7,7 +7,7 @@
 ** argmin ties and index bases, softmax / log_softmax along each dim. Every
 ** device result is computed twice and must be bit-identical (determinism).
 */
-#include "check.h"
+#include "cuda_check.h"
 
 static const em_dtype ALL_DT[] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16,
                                   EM_INT32,   EM_INT64,   EM_UINT8,   EM_BOOL};
@@ -407,9 +407,8 @@ static void test_arg_softmax(em_state *S) {
 }
 
 int main(void) {
-  setenv("EMBER_CUDA_EMULATE", "1:256", 1);
   em_state *S;
-  if (em_open(&S, NULL) != EM_OK) return 1;
+  if (cuda_check_open(&S, "1:256")) return 1;
   RUN(test_reduce_ops, S);
   RUN(test_special, S);
   RUN(test_var_norm, S);
