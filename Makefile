@@ -7,7 +7,7 @@
 #   make run        the main example
 #   make bench      tests/bench/ (ember beside PyTorch where it is installed)
 #   make fuzz FUZZ_S=60   each libFuzzer harness of tests/fuzz/ for FUZZ_S seconds
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local   (the portable build, build-portable/: see below)
 #
 # Missing Debian packages are installed by the `deps` step (apt-get, as root or
 # through sudo). CUDA, cuDNN, NCCL and MPI are detected and reported; where nvcc is
@@ -15,7 +15,13 @@
 
 PREFIX   ?= /usr/local
 SANITIZE ?= 0
+# The local build is for this machine's CPU. What leaves it (make install, the
+# luarocks package, tests/bench/gpu_pack.sh's archive) is built for PORTABLE_ARCH,
+# x86-64-v3 (AVX2, FMA, F16C: every x86 server CPU since 2015, AMD included), in
+# its own folder; the AVX-512 kernels there are chosen at run time (nn_gemm.c).
 ARCH     ?= -march=native
+PORTABLE_ARCH  ?= -march=x86-64-v3
+PORTABLE_BUILD ?= build-portable
 CC       ?= cc
 
 ifeq ($(SANITIZE),1)
@@ -44,8 +50,9 @@ DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev 
                 libjpeg62-turbo-dev libpng-dev libopenmpi-dev openmpi-bin iproute2
 RUN_PACKAGES := dataset-fashion-mnist
 BENCH_PACKAGES := python3-torch python3-torchvision python3-pil
-# test_profile_page opens the profiler's HTML page in headless Chromium.
-TEST_PACKAGES := chromium
+# test_profile_page opens the profiler's HTML page in headless Chromium;
+# test_gpu_pack runs the packed portable build on an emulated Haswell (qemu-user).
+TEST_PACKAGES := chromium qemu-user
 
 LUAJIT_CFLAGS := -I/usr/include/luajit-2.1
 LUAJIT_LIBS   := -lluajit-5.1
@@ -82,7 +89,7 @@ LUA_OUT  := $(LUA_SRC:lua/%=$(BUILD)/lua/%) $(BUILD)/lua/ember/cdefs.lua
 CTEST_SRC := $(wildcard tests/c/test_*.c)
 CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
-.PHONY: all FORCE deps deps-run deps-bench deps-test report test test-c test-lua run bench fuzz deps-fuzz install clean
+.PHONY: all FORCE deps deps-run deps-bench deps-test report test test-c test-lua run bench fuzz deps-fuzz install portable clean
 
 # Where nvcc is found (as in CI), every kernels/k_*.c is also compiled as CUDA C++
 # into $(BUILD)/kernels/*.fatbin: sm_80 and sm_90 code plus compute_90 PTX, with
@@ -317,27 +324,35 @@ $(BUILD)/fuzz/seeds.done: $(BUILD)/fuzz/make_seeds $(wildcard tests/fixtures/saf
 	@touch $@
 
 # -- Install ---------------------------------------------------------------------------------
-install: all
+# What is installed runs on other machines than this one: `portable` builds it for
+# PORTABLE_ARCH into PORTABLE_BUILD (a make of its own, so that the ARCH and BUILD
+# it passes reach every rule), and the install targets copy from there.
+portable:
+	@$(MAKE) --no-print-directory BUILD=$(PORTABLE_BUILD) ARCH='$(PORTABLE_ARCH)' SANITIZE=0 all
+
+install: portable
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/lua/5.1/ember
-	install -m 755 $(BUILD)/ember $(DESTDIR)$(PREFIX)/bin/ember
-	install -m 644 $(BUILD)/libember.a $(BUILD)/libember.so $(BUILD)/libember_lua.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(PORTABLE_BUILD)/ember $(DESTDIR)$(PREFIX)/bin/ember
+	install -m 644 $(PORTABLE_BUILD)/libember.a $(PORTABLE_BUILD)/libember.so \
+	  $(PORTABLE_BUILD)/libember_lua.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 core/include/ember.h $(DESTDIR)$(PREFIX)/include/
-	cp -R $(BUILD)/lua/ember/. $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
+	cp -R $(PORTABLE_BUILD)/lua/ember/. $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ember.pc
 
-# For luarocks (rocks/ember-scm-1.rockspec passes the rock's LUADIR, LIBDIR and
-# BINDIR): the Lua modules, the libraries in LIBDIR/ember/ (lua/ember/ffi.lua finds
-# them there through package.cpath) and the ember command.
+# For luarocks (rocks/ember-scm-1.rockspec builds `portable` with PORTABLE_BUILD =
+# build-rock, then passes the rock's LUADIR, LIBDIR and BINDIR here): the Lua
+# modules, the libraries in LIBDIR/ember/ (lua/ember/ffi.lua finds them there
+# through package.cpath) and the ember command.
 .PHONY: install-rock
-install-rock: all
+install-rock: portable
 	install -d $(LUADIR)/ember $(LIBDIR)/ember $(BINDIR)
-	cp -R $(BUILD)/lua/ember/. $(LUADIR)/ember/
-	install -m 644 $(BUILD)/libember.so $(BUILD)/libember_lua.so $(LIBDIR)/ember/
-	install -m 755 $(BUILD)/ember $(BINDIR)/ember
+	cp -R $(PORTABLE_BUILD)/lua/ember/. $(LUADIR)/ember/
+	install -m 644 $(PORTABLE_BUILD)/libember.so $(PORTABLE_BUILD)/libember_lua.so $(LIBDIR)/ember/
+	install -m 755 $(PORTABLE_BUILD)/ember $(BINDIR)/ember
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz build-rock
+	rm -rf build build-asan build-tsan build-fuzz build-rock $(PORTABLE_BUILD)
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d $(BUILD)/kernels/*.d)

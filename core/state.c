@@ -183,6 +183,7 @@ em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim) {
 /* What this build has. */
 const char *em_build_info(void) {
   return "backend cpu: OpenBLAS (pthreads), float16/bfloat16 computed in float32\n"
-         "backend cuda: the core tensor ops (kernels from nvcc, GEMM by cuBLASLt) on GPUs, "
-         "or on emulated devices (EMBER_CUDA_EMULATE=N[:MB]); nn ops on cuDNN: not yet\n";
+         "backend cuda: tensor ops and nn kernels from nvcc, GEMM by cuBLASLt, convolution, "
+         "pooling and batch norm by cuDNN, collectives by NCCL; on GPUs, or on emulated "
+         "devices (EMBER_CUDA_EMULATE=N[:MB])\n";
 }

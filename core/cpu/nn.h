@@ -9,7 +9,7 @@
 #include "cpu.h"
 
 /* nn_gemm.c -- C (MxN) = [C +] A (MxK, any strides) * B (KxN, rows of stride ldb),
-** single-threaded float32 (AVX-512 kernel where built with it, else cblas).
+** single-threaded float32 (AVX-512 kernel where the CPU has it, else cblas).
 ** With the fallback, A must have acs == 1 or ars == 1. */
 void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                   const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
@@ -18,14 +18,30 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
 ** k at B[k] (conv_fast.c reads shifted windows of a padded image this way). */
 void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
                        const float *const *B, float *C, int64_t ldc, int acc);
-/* Whether emi_nn_sgemm calls OpenBLAS (the build has no AVX-512 kernel). */
-#ifdef __AVX512F__
-enum { EMI_NN_SGEMM_BLAS = 0 };
+
+/* Whether this process runs the AVX-512 kernels: the CPU and OS support them and
+** EMBER_CPU_AVX512 is not 0. Decided once, on the first call; any thread. */
+bool emi_cpu_avx512(void);
+
+/* Whether emi_nn_sgemm calls OpenBLAS (no AVX-512 kernel on this CPU). */
+#define EMI_NN_SGEMM_BLAS (!emi_cpu_avx512())
+
+/* nn_gemm_avx512.c -- the kernels behind the two above, compiled for AVX-512
+** whatever the build's -march (x86-64 with GCC or clang only); call them only
+** where emi_cpu_avx512() is true, with K > 0. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define EMI_HAVE_AVX512_KERNELS 1
+void emi_nn_sgemm_avx512(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
+                         int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                         int acc);
+void emi_nn_sgemm_rows_avx512(int64_t M, int64_t N, int64_t K, const float *const *A,
+                              int64_t acs, const float *const *B, float *C, int64_t ldc,
+                              int acc);
 #else
-enum { EMI_NN_SGEMM_BLAS = 1 };
+#define EMI_HAVE_AVX512_KERNELS 0
 #endif
 
-/* conv_fast.c -- float32 stride-1 conv2d without im2col (AVX-512 builds). */
+/* conv_fast.c -- float32 stride-1 conv2d without im2col (where emi_cpu_avx512()). */
 bool emi_conv_fast_ok(const emi_conv_geom *g);
 em_status emi_conv_fast_fwd(em_state *S, const emi_conv_geom *g, const float *x,
                             const float *w, const float *b, float *y, int64_t shares);

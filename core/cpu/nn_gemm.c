@@ -9,171 +9,58 @@
 ** even on CPUs with full-width AVX-512. With AVX-512 a register-blocked 8x32
 ** kernel (16 accumulators; B columns stay in L1 while the row blocks pass over
 ** them) does better; elsewhere this falls back to cblas_sgemm.
+**
+** Which one runs is decided at run time, once per process, as OpenBLAS decides
+** its own kernels: what is installed or packed is built for x86-64-v3 (AVX2 and
+** FMA), must run on CPUs without AVX-512, and should still be as fast as a native
+** build where the CPU has it. The AVX-512 kernels live in nn_gemm_avx512.c,
+** compiled for AVX-512 by a function attribute whatever the build's -march;
+** emi_cpu_avx512() below says whether they may run. The answer is a fact about
+** the process (the CPU and the OS's saving of the vector state), not about an
+** em_state, so it is kept in one atomic, not in the state: threads that ask at
+** once compute the same answer and store the same value, so no lock is needed.
+**
+** The results differ between the two paths (FMA chains of 8x32 blocks against
+** OpenBLAS's own blocking), as they differ between OpenBLAS's kernels on
+** different CPUs: tests compare conv2d against references with tolerances.
+** EMBER_CPU_AVX512=0 turns the AVX-512 path off, so that one machine can test
+** both.
 */
 #include "nn.h"
 #include <cblas.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 
-/* 8 rows x 32 columns (two vectors, masked at the right edge). */
-static inline void kern8(int64_t K, const float *A, int64_t ars, int64_t acs, const float *B,
-                         int64_t ldb, float *C, int64_t ldc, int acc, __mmask16 m0,
-                         __mmask16 m1) {
-  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00,
-         c61 = c00, c70 = c00, c71 = c00;
-  for (int64_t k = 0; k < K; k++) {
-    const float *b = B + k * ldb, *a = A + k * acs;
-    __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16), av;
-#define ROW(r)                                                                           \
-    av = _mm512_set1_ps(a[r * ars]);                                                     \
-    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);                                           \
-    c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1);
-    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
-#undef ROW
+bool emi_cpu_avx512(void) {
+#if EMI_HAVE_AVX512_KERNELS
+  static atomic_int known;   /* 0: not asked yet, 1: no, 2: yes */
+  int v = atomic_load_explicit(&known, memory_order_relaxed);
+  if (v == 0) {
+    const char *off = getenv("EMBER_CPU_AVX512");
+    /* libgcc's check includes the OS's XCR0 bits for the ZMM and mask state */
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512f") && !(off && off[0] == '0') ? 2 : 1;
+    atomic_store_explicit(&known, v, memory_order_relaxed);
   }
-#define OUT(r)                                                                           \
-  {                                                                                      \
-    float *c = C + r * ldc;                                                              \
-    if (acc) {                                                                           \
-      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
-      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
-    }                                                                                    \
-    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
-    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
-  }
-  OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7)
-#undef OUT
-}
-
-/* Fewer than 8 rows: one row at a time, 32 columns. */
-static inline void kern1(int64_t K, const float *A, int64_t acs, const float *B, int64_t ldb,
-                         float *C, int acc, __mmask16 m0, __mmask16 m1) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, t0 = s0, t1 = s0;
-  int64_t k = 0;
-  for (; k + 1 < K; k += 2) {   /* two k at a time: independent chains */
-    const float *b = B + k * ldb;
-    s0 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m0, b), s0);
-    s1 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m1, b + 16), s1);
-    t0 = _mm512_fmadd_ps(_mm512_set1_ps(A[(k + 1) * acs]), _mm512_maskz_loadu_ps(m0, b + ldb), t0);
-    t1 = _mm512_fmadd_ps(_mm512_set1_ps(A[(k + 1) * acs]),
-                         _mm512_maskz_loadu_ps(m1, b + ldb + 16), t1);
-  }
-  if (k < K) {
-    const float *b = B + k * ldb;
-    s0 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m0, b), s0);
-    s1 = _mm512_fmadd_ps(_mm512_set1_ps(A[k * acs]), _mm512_maskz_loadu_ps(m1, b + 16), s1);
-  }
-  s0 = _mm512_add_ps(s0, t0);
-  s1 = _mm512_add_ps(s1, t1);
-  if (acc) {
-    s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m0, C));
-    s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps(m1, C + 16));
-  }
-  _mm512_mask_storeu_ps(C, m0, s0);
-  _mm512_mask_storeu_ps(C + 16, m1, s1);
-}
-
-static __mmask16 mask_of(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1); }
-
-void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
-                  const float *B, int64_t ldb, float *C, int64_t ldc, int acc) {
-  if (K == 0) {
-    if (!acc)
-      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
-    return;
-  }
-  /* K in slices so that a 32-column panel of B stays in L1 across the row blocks */
-  const int64_t KB = 256;
-  for (int64_t k0 = 0; k0 < K; k0 += KB) {
-    int64_t kb = K - k0 < KB ? K - k0 : KB;
-    int a2 = acc || k0 > 0;
-    for (int64_t j = 0; j < N; j += 32) {
-      __mmask16 m0 = mask_of(N - j), m1 = mask_of(N - j - 16);
-      int64_t i = 0;
-      for (; i + 8 <= M; i += 8)
-        kern8(kb, A + i * ars + k0 * acs, ars, acs, B + k0 * ldb + j, ldb, C + i * ldc + j, ldc,
-              a2, m0, m1);
-      for (; i < M; i++)
-        kern1(kb, A + i * ars + k0 * acs, acs, B + k0 * ldb + j, ldb, C + i * ldc + j, a2, m0,
-              m1);
-    }
-  }
-}
-
-/* The same 8x32 kernel with rows given by pointers: A row r element k at
-** A[r][k*acs], B row k at B[k]. This lets conv read shifted windows of a padded
-** image in place of an im2col copy. */
-static inline void kern8p(int64_t K, const float *const *A, int64_t acs, const float *const *B,
-                          int64_t j, float *C, int64_t ldc, int acc, __mmask16 m0,
-                          __mmask16 m1) {
-  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00,
-         c61 = c00, c70 = c00, c71 = c00;
-  const float *a0 = A[0], *a1 = A[1], *a2 = A[2], *a3 = A[3], *a4 = A[4], *a5 = A[5],
-              *a6 = A[6], *a7 = A[7];
-  for (int64_t k = 0; k < K; k++) {
-    const float *b = B[k] + j;
-    __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16), av;
-#define ROW(r)                                                                           \
-    av = _mm512_set1_ps(a##r[k * acs]);                                                  \
-    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);                                           \
-    c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1);
-    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
-#undef ROW
-  }
-#define OUT(r)                                                                           \
-  {                                                                                      \
-    float *c = C + r * ldc;                                                              \
-    if (acc) {                                                                           \
-      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
-      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
-    }                                                                                    \
-    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
-    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
-  }
-  OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7)
-#undef OUT
-}
-
-void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
-                       const float *const *B, float *C, int64_t ldc, int acc) {
-  const int64_t KB = 256;
-  if (K == 0) {
-    if (!acc)
-      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
-    return;
-  }
-  for (int64_t k0 = 0; k0 < K; k0 += KB) {
-    int64_t kb = K - k0 < KB ? K - k0 : KB;
-    int a2 = acc || k0 > 0;
-    for (int64_t j = 0; j < N; j += 32) {
-      __mmask16 m0 = mask_of(N - j), m1 = mask_of(N - j - 16);
-      int64_t i = 0;
-      for (; i + 8 <= M; i += 8) {
-        const float *ar[8];
-        for (int r = 0; r < 8; r++) ar[r] = A[i + r] + k0 * acs;
-        kern8p(kb, ar, acs, B + k0, j, C + i * ldc + j, ldc, a2, m0, m1);
-      }
-      for (; i < M; i++) {   /* row tail: one row, 16 columns at a time */
-        for (int64_t jj = j; jj < j + 32 && jj < N; jj += 16) {
-          __mmask16 m = mask_of(N - jj);
-          __m512 s = _mm512_setzero_ps();
-          for (int64_t k = k0; k < k0 + kb; k++)
-            s = _mm512_fmadd_ps(_mm512_set1_ps(A[i][k * acs]), _mm512_maskz_loadu_ps(m, B[k] + jj), s);
-          float *c = C + i * ldc + jj;
-          if (a2) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, c));
-          _mm512_mask_storeu_ps(c, m, s);
-        }
-      }
-    }
-  }
-}
-
+  return v == 2;
 #else
+  return false;
+#endif
+}
 
 void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                   const float *B, int64_t ldb, float *C, int64_t ldc, int acc) {
+#if EMI_HAVE_AVX512_KERNELS
+  if (emi_cpu_avx512()) {
+    if (K == 0) {
+      if (!acc)
+        for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
+      return;
+    }
+    emi_nn_sgemm_avx512(M, N, K, A, ars, acs, B, ldb, C, ldc, acc);
+    return;
+  }
+#endif
   enum CBLAS_TRANSPOSE ta = acs == 1 ? CblasNoTrans : CblasTrans;
   int lda = (int)(acs == 1 ? ars : acs);
   if (lda < 1) lda = 1;
@@ -181,8 +68,21 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
               (int)ldb, acc ? 1.0f : 0.0f, C, (int)ldc);
 }
 
+/* The fallback is plain C: conv_fast.c calls this only where the AVX-512 kernel
+** runs (emi_conv_fast_ok), so it serves as the readable reference. */
 void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
                        const float *const *B, float *C, int64_t ldc, int acc) {
+  if (K == 0) {
+    if (!acc)
+      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
+    return;
+  }
+#if EMI_HAVE_AVX512_KERNELS
+  if (emi_cpu_avx512()) {
+    emi_nn_sgemm_rows_avx512(M, N, K, A, acs, B, C, ldc, acc);
+    return;
+  }
+#endif
   for (int64_t i = 0; i < M; i++) {
     float *c = C + i * ldc;
     if (!acc) memset(c, 0, sizeof(float) * (size_t)N);
@@ -193,5 +93,3 @@ void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, i
     }
   }
 }
-
-#endif

@@ -27,6 +27,7 @@
 #include "ember.h"
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Whether a rows x cols view with element strides (rs, cs) is a column-major
 ** cuBLASLt operand: 1 with *trans (0 = N, 1 = T), the stored rows x cols and the
@@ -77,6 +78,38 @@ typedef struct emk_lt_plan {
 ** size beyond int32, which cuBLASLt does not take), or EM_ERR_ARG for negative
 ** sizes or strides. No GPU, no library. */
 em_status emk_lt_plan_gemm(const emk_lt_args *g, emk_lt_plan *out, char *err, size_t errlen);
+
+/* The plan cache's key of a gemm (gemm_real.c, plan_cache.h): everything the
+** descriptor, the layouts and the heuristic's answer depend on -- the plan (sizes,
+** transposes, leading dimensions, batch offsets), the dtype, TF32 (float32 only:
+** other dtypes ignore it, so their calls share a plan), the device, the operands'
+** pointer alignments and the workspace the heuristic may use. Two gemms with the
+** same key can run the same cuBLASLt algorithm on the same objects. */
+typedef struct emk_lt_key {
+  int32_t dtype, tf32, dev, swap;
+  int64_t m, n, k, batch;
+  int64_t mat[3][5];        /* A, B, C: trans, rows, cols, ld, batch_stride */
+  uint32_t align[4];        /* A, B, C, D: bytes */
+  uint64_t workspace;
+} emk_lt_key;
+
+static inline void emk_lt_key_make(emk_lt_key *key, const emk_lt_plan *p, em_dtype dt,
+                                   int allow_tf32, int dev, const uint32_t align[4],
+                                   uint64_t workspace) {
+  memset(key, 0, sizeof *key);        /* padding too: keys are compared as bytes */
+  key->dtype = (int32_t)dt;
+  key->tf32 = dt == EM_FLOAT32 && allow_tf32;
+  key->dev = dev;
+  key->swap = p->swap;
+  key->m = p->m, key->n = p->n, key->k = p->k, key->batch = p->batch;
+  const emk_lt_matrix *x[3] = {&p->a, &p->b, &p->c};
+  for (int i = 0; i < 3; i++) {
+    key->mat[i][0] = x[i]->trans, key->mat[i][1] = x[i]->rows, key->mat[i][2] = x[i]->cols;
+    key->mat[i][3] = x[i]->ld, key->mat[i][4] = x[i]->batch_stride;
+  }
+  for (int i = 0; i < 4; i++) key->align[i] = align[i];
+  key->workspace = workspace;
+}
 
 /* What cuBLASLt's descriptor and layouts say, read back after they were built by
 ** the same code as the real gemm's (gemm_real.c): emk_lt_gemm_check builds them

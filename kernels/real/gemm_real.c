@@ -13,11 +13,14 @@
 **      never multiplies does not need it); a handle per device is made at that
 **      device's first gemm, and a 32 MiB workspace per stream at the stream's
 **      first (without one when the device has no room: fewer algorithms, same
-**      results). Each call builds a fresh descriptor, asks
-**      cublasLtMatmulAlgoGetHeuristic for the best algorithm given the operands'
-**      actual pointer alignments (cuBLASLt assumes 256 bytes unless told, and a
-**      view into a tensor is often less aligned), and queues cublasLtMatmul.
-**      Descriptors are host objects read at the call: they are destroyed at once.
+**      results). The descriptor, the layouts and the algorithm that
+**      cublasLtMatmulAlgoGetHeuristic picks given the operands' actual pointer
+**      alignments (cuBLASLt assumes 256 bytes unless told, and a view into a
+**      tensor is often less aligned) make a plan, kept in the runtime's plan
+**      table (plan_cache.h) under an emk_lt_key (gemm_lt.h: plan, dtype, TF32,
+**      device, alignments, workspace): a repeated gemm costs a lookup and
+**      cublasLtMatmul. The table is bounded (LT_PLANS, least recently used out)
+**      and freed at close; its hits and misses are read by emk_real_gemm_plans.
 ** Types: float32 computes in float32 (CUBLAS_COMPUTE_32F_FAST_TF32 when the caller
 ** allows TF32), float64 in float64, float16 and bfloat16 accumulate in float32
 ** with a float scale, rounding once. k = 0 writes zeros with cudaMemset2DAsync
@@ -27,6 +30,7 @@
 #include "../runtime.h"
 #include "libs_fn.h"
 #include "gemm_lt.h"
+#include "plan_cache.h"
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,6 +111,10 @@ em_status emk_lt_gemm_check(emk_libs *L, em_dtype dtype, const emk_lt_args *g, i
   memset(out, 0, sizeof *out);
   return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "cuBLASLt: ember was built without cublasLt.h");
 }
+int emk_real_gemm_plans(emk_runtime *rt, emk_plan_cache_stats *out) {
+  (void)rt, (void)out;
+  return -1;
+}
 #endif
 
 #ifdef EMK_HAVE_CUDART_H
@@ -135,7 +143,7 @@ _Static_assert((int)EMK_LT_COMPUTE_32F == (int)CUBLAS_COMPUTE_32F &&
                (int)EMK_LT_OP_N == (int)CUBLAS_OP_N && (int)EMK_LT_OP_T == (int)CUBLAS_OP_T,
                "gemm_lt.h's numbers are cuBLASLt's");
 
-enum { WORKSPACE_BYTES = 32 << 20 };
+enum { WORKSPACE_BYTES = 32 << 20, LT_PLANS = 64 };
 
 typedef struct lt_objs {
   cublasLtMatmulDesc_t desc;
@@ -275,7 +283,31 @@ static em_status lt_load_locked(emr *R) {
   return R->lt_state > 0 ? EM_OK : EM_ERR_UNSUPPORTED;
 }
 
-/* The cuBLASLt handle of the current device dev (made now if needed). */
+/* A gemm's plan (plan_cache.h): the objects and the algorithm the heuristic chose. */
+typedef struct lt_plan {
+  lt_objs o;
+  cublasLtMatmulAlgo_t algo;
+} lt_plan;
+
+static void lt_plan_free(void *ud, void *plan) {
+  emr *R = (emr *)ud;
+  lt_free(R->lt, &((lt_plan *)plan)->o);
+  free(plan);
+}
+
+int emk_real_gemm_plans(emk_runtime *rt, emk_plan_cache_stats *out) {
+  if (!rt || strcmp(rt->ops->name, "cuda") != 0) return -1;
+  emr *R = (emr *)rt->impl;
+  pthread_mutex_lock(&R->mu);
+  emk_plan_cache *c = R->lt_plans;
+  pthread_mutex_unlock(&R->mu);
+  if (!c) return -1;
+  emk_plan_cache_stats_get(c, out);
+  return 0;
+}
+
+/* The cuBLASLt handle of the current device dev (made now if needed), and the
+** runtime's plan table (made with the first handle). */
 static em_status lt_handle(emr *R, int dev, cublasLtHandle_t *out, const char *what) {
   em_status st = EM_OK;
   pthread_mutex_lock(&R->mu);
@@ -292,6 +324,8 @@ static em_status lt_handle(emr *R, int dev, cublasLtHandle_t *out, const char *w
       R->lt_handle[dev] = h;
     }
   }
+  if (!st && !R->lt_plans)           /* no memory for it: every gemm builds its plan */
+    R->lt_plans = emk_plan_cache_new(LT_PLANS, sizeof(emk_lt_key), lt_plan_free, R);
   *out = (cublasLtHandle_t)R->lt_handle[dev];
   pthread_mutex_unlock(&R->mu);
   return st;
@@ -320,6 +354,8 @@ void emr_gemm_stream_done(emr *R, emk_stream *s) {
 }
 
 void emr_gemm_close(emr *R) {
+  emk_plan_cache_delete(R->lt_plans);   /* the descriptors need no device */
+  R->lt_plans = NULL;
   for (int d = 0; d < EMK_MAX_DEVICES; d++) {
     if (!R->lt_handle[d]) continue;
     if (R->f->cudaSetDevice(d) == cudaSuccess)
@@ -352,6 +388,67 @@ static em_status zero_c(emr *R, emk_stream *s, const emk_lt_plan *p, void *c, si
     if (e != cudaSuccess) return emr_cuda(R, e, what, s->dev, "cudaMemset2DAsync (k = 0)");
   }
   return EM_OK;
+}
+
+static em_status lt_code(cublasStatus_t ls) {
+  return ls == CUBLAS_STATUS_ALLOC_FAILED ? EM_ERR_NOMEM
+       : ls == CUBLAS_STATUS_NOT_SUPPORTED ? EM_ERR_UNSUPPORTED
+       : ls == CUBLAS_STATUS_INVALID_VALUE ? EM_ERR_ARG : EM_ERR_DEVICE;
+}
+
+/* A new plan for p: the objects, and the heuristic's best algorithm for operands
+** of alignments al (A, B, C, D) with a workspace of ws bytes. */
+static em_status plan_build(emr *R, cublasLtHandle_t h, em_dtype dtype, const emk_lt_plan *p,
+                            int allow_tf32, const uint32_t al[4], uint64_t ws, lt_plan **out,
+                            const char *what) {
+  const emk_cublaslt_fns *f = R->lt;
+  char why[EMK_ERRMSG_SIZE];
+  *out = NULL;
+  lt_plan *plan = (lt_plan *)calloc(1, sizeof *plan);
+  if (!plan) return emr_fail(R, EM_ERR_NOMEM, "%s: out of host memory for its plan", what);
+  em_status st = lt_build(f, dtype, p, allow_tf32, &plan->o, why, sizeof why);
+  if (st) {
+    free(plan);
+    return emr_fail(R, st, "%s: %s", what, why);
+  }
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasStatus_t ls;
+  const char *call = "cublasLtMatmulPreferenceCreate";
+  if ((ls = f->cublasLtMatmulPreferenceCreate(&pref))) goto bad;
+  call = "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)";
+  if ((ls = f->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws)))
+    goto bad;
+  static const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  call = "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)";
+  for (int i = 0; i < 4; i++)
+    if ((ls = f->cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof al[i])))
+      goto bad;
+  cublasLtMatmulHeuristicResult_t res;
+  memset(&res, 0, sizeof res);
+  int found = 0;
+  call = "cublasLtMatmulAlgoGetHeuristic";
+  if ((ls = f->cublasLtMatmulAlgoGetHeuristic(h, plan->o.desc, plan->o.lay[0], plan->o.lay[1],
+                                              plan->o.lay[2], plan->o.lay[2], pref, 1, &res,
+                                              &found)))
+    goto bad;
+  f->cublasLtMatmulPreferenceDestroy(pref);
+  if (found < 1) {
+    lt_plan_free(R, plan);
+    return emr_fail(R, EM_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for it (operand "
+                    "alignments %u, %u, %u bytes; workspace %llu bytes)", what, al[0], al[1],
+                    al[2], (unsigned long long)ws);
+  }
+  plan->algo = res.algo;
+  *out = plan;
+  return EM_OK;
+bad:
+  if (pref) f->cublasLtMatmulPreferenceDestroy(pref);
+  lt_plan_free(R, plan);
+  lt_say(f, ls, call, why, sizeof why);
+  return emr_fail(R, lt_code(ls), "%s: %s", what, why);
 }
 
 em_status emr_gemm(emk_runtime *rt, emk_stream *s, em_dtype dtype, int64_t m, int64_t n,
@@ -387,60 +484,31 @@ em_status emr_gemm(emk_runtime *rt, emk_stream *s, em_dtype dtype, int64_t m, in
   if ((st = lt_handle(R, s->dev, &h, what))) return st;
   stream_workspace(R, s);
   const emk_cublaslt_fns *f = R->lt;
-  lt_objs o;
-  if ((st = lt_build(f, dtype, &p, allow_tf32, &o, why, sizeof why)))
-    return emr_fail(R, st, "%s: %s", what, why);
   const void *pa = p.swap ? b : a, *pb = p.swap ? a : b;
-  cublasLtMatmulPreference_t pref = NULL;
-  cublasStatus_t ls;
-  const char *call = "cublasLtMatmulPreferenceCreate";
-  if ((ls = f->cublasLtMatmulPreferenceCreate(&pref))) goto bad;
   uint64_t ws = s->ws_size;
   uint32_t al[4] = {alignment(pa), alignment(pb), alignment(c), alignment(c)};
-  call = "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)";
-  if ((ls = f->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &ws, sizeof ws)))
-    goto bad;
-  static const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
-    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  call = "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)";
-  for (int i = 0; i < 4; i++)
-    if ((ls = f->cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof al[i])))
-      goto bad;
-  cublasLtMatmulHeuristicResult_t res;
-  memset(&res, 0, sizeof res);
-  int found = 0;
-  call = "cublasLtMatmulAlgoGetHeuristic";
-  if ((ls = f->cublasLtMatmulAlgoGetHeuristic(h, o.desc, o.lay[0], o.lay[1], o.lay[2], o.lay[2],
-                                              pref, 1, &res, &found)))
-    goto bad;
-  if (found < 1) {
-    st = emr_fail(R, EM_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for it (operand "
-                  "alignments %u, %u, %u bytes; workspace %llu bytes)", what, al[0], al[1],
-                  al[2], (unsigned long long)ws);
-    goto done;
-  }
+  emk_lt_key key;
+  emk_lt_key_make(&key, &p, dtype, allow_tf32, s->dev, al, ws);
+  emk_plan_cache *table = R->lt_plans;
+  lt_plan *plan = table ? (lt_plan *)emk_plan_cache_take(table, &key) : NULL;
+  int kept = plan != NULL;
+  if (!plan && (st = plan_build(R, h, dtype, &p, allow_tf32, al, ws, &plan, what)))
+    return st;
+  if (!kept && table) kept = emk_plan_cache_add(table, &key, plan);
   float one_f = 1, zero_f = 0;
   double one_d = 1, zero_d = 0;
   const void *alpha = dtype == EM_FLOAT64 ? (const void *)&one_d : (const void *)&one_f;
   const void *beta = dtype == EM_FLOAT64 ? (const void *)&zero_d : (const void *)&zero_f;
-  call = "cublasLtMatmul";
-  if ((ls = f->cublasLtMatmul(h, o.desc, alpha, pa, o.lay[0], pb, o.lay[1], beta, c, o.lay[2], c,
-                              o.lay[2], &res.algo, s->ws, s->ws_size, s->s)))
-    goto bad;
-  st = EM_OK;
-  goto done;
-bad:
-  lt_say(f, ls, call, why, sizeof why);
-  st = emr_fail(R, ls == CUBLAS_STATUS_ALLOC_FAILED ? EM_ERR_NOMEM
-                 : ls == CUBLAS_STATUS_NOT_SUPPORTED ? EM_ERR_UNSUPPORTED
-                 : ls == CUBLAS_STATUS_INVALID_VALUE ? EM_ERR_ARG : EM_ERR_DEVICE,
-                "%s: %s", what, why);
-done:
-  if (pref) f->cublasLtMatmulPreferenceDestroy(pref);
-  lt_free(f, &o);
-  return st;
+  cublasStatus_t ls = f->cublasLtMatmul(h, plan->o.desc, alpha, pa, plan->o.lay[0], pb,
+                                        plan->o.lay[1], beta, c, plan->o.lay[2], c,
+                                        plan->o.lay[2], &plan->algo, s->ws, s->ws_size, s->s);
+  if (kept) emk_plan_cache_give_back(table, plan);
+  else lt_plan_free(R, plan);
+  if (ls) {
+    lt_say(f, ls, "cublasLtMatmul", why, sizeof why);
+    return emr_fail(R, lt_code(ls), "%s: %s", what, why);
+  }
+  return EM_OK;
 }
 #endif /* EMK_HAVE_CUBLASLT_H */
 #endif /* EMK_HAVE_CUDART_H */

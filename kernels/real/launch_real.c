@@ -5,14 +5,21 @@
 ** descriptor (device.h's host branch) has a name, "k_scale", and no device
 ** function. nvcc compiled the same sources into fatbins, which the build embeds
 ** in libember (fatbins.h); there the kernel is the C-linkage symbol
-** "k_scale_emk_dev" (device.h's nvcc branch). At the first launch every embedded
-** fatbin is loaded with cudaLibraryLoadData -- a cudaLibrary_t is
-** context-independent: CUDA loads it into each device's context when a kernel
-** of it first runs there -- and a descriptor's kernel is found by name with
-** cudaLibraryGetKernel in each module in turn. The cudaKernel_t found is also
-** context-independent, so the lookup is made once per descriptor (not per
-** device) and kept in a small hash table on the descriptor's address, under the
-** runtime's mutex; a launch after the first costs one table probe.
+** "k_scale_emk_dev" (device.h's nvcc branch). When a device opens (its first
+** stream), every embedded fatbin is loaded with cudaLibraryLoadData, once per
+** runtime, and every kernel of them is listed by name (cudaLibraryEnumerateKernels,
+** cudaFuncGetName) into a sorted table. A cudaLibrary_t is context-independent:
+** with CUDA's lazy loading (the default) a kernel's code reaches a device's
+** context when it first runs there -- possibly inside a stream capture, or in the
+** middle of a timed step. So the opening device also asks each kernel for its
+** attributes (cudaFuncGetAttributes), which loads them all into its context there
+** and then. A descriptor's kernel is then found by name in the table, without
+** the failed cudaLibraryGetKernel calls a module-by-module search makes (which
+** compute-sanitizer reports, one per miss); runtimes too old to enumerate fall
+** back to that search. The cudaKernel_t found is context-independent, so the
+** lookup is made once per descriptor (not per device) and kept in a small hash
+** table on the descriptor's address, under the runtime's mutex; a launch after
+** the first costs one table probe.
 **
 ** Checks before a launch, each with a message naming the kernel: the block
 ** (<= 1024 threads, 1024 x 1024 x 64), the grid (2^31-1 x 65535 x 65535), dynamic
@@ -67,13 +74,90 @@ static void load_modules_locked(emr *R) {
   R->mods_state = 1;
 }
 
+/* -- Kernels by name ----------------------------------------------------------------------- */
+
+struct emr_kname {
+  const char *name;         /* CUDA's string, alive while the module is loaded */
+  cudaKernel_t fn;
+};
+
+static int kname_cmp(const void *a, const void *b) {
+  return strcmp(((const struct emr_kname *)a)->name, ((const struct emr_kname *)b)->name);
+}
+
+/* Lists every kernel of the loaded modules into R->knames; under R->mu. Leaves the
+** table NULL (the module-by-module search) when the runtime can't enumerate. */
+static void list_kernels_locked(emr *R) {
+  const emk_cudart_fns *f = R->f;
+  if (!f->cudaLibraryGetKernelCount || !f->cudaLibraryEnumerateKernels || !f->cudaFuncGetName)
+    return;
+  size_t total = 0;
+  unsigned int *counts = calloc(R->nmods ? R->nmods : 1, sizeof *counts);
+  if (!counts) return;
+  for (size_t i = 0; i < R->nmods; i++) {
+    if (f->cudaLibraryGetKernelCount(&counts[i], R->mods[i]) != cudaSuccess) {
+      (void)f->cudaGetLastError();
+      free(counts);
+      return;
+    }
+    total += counts[i];
+  }
+  struct emr_kname *v = calloc(total ? total : 1, sizeof *v);
+  cudaKernel_t *ks = calloc(total ? total : 1, sizeof *ks);
+  size_t n = 0;
+  int ok = v && ks;
+  for (size_t i = 0; ok && i < R->nmods; i++) {
+    if (!counts[i]) continue;
+    if (f->cudaLibraryEnumerateKernels(ks, counts[i], R->mods[i]) != cudaSuccess) { ok = 0; break; }
+    for (unsigned j = 0; j < counts[i]; j++) {
+      const char *name = NULL;
+      if (f->cudaFuncGetName(&name, (const void *)ks[j]) != cudaSuccess || !name) { ok = 0; break; }
+      v[n].name = name;
+      v[n].fn = ks[j];
+      n++;
+    }
+  }
+  free(ks);
+  free(counts);
+  if (!ok) {
+    (void)f->cudaGetLastError();
+    free(v);
+    return;
+  }
+  qsort(v, n, sizeof *v, kname_cmp);
+  R->knames = v;
+  R->nknames = n;
+}
+
+void emr_kernels_load_on(emr *R, int dev) {
+  pthread_mutex_lock(&R->mu);
+  if (R->mods_state == 0) {
+    load_modules_locked(R);
+    if (R->mods_state > 0) list_kernels_locked(R);
+  }
+  if (R->mods_state > 0 && !R->kernels_on[dev] && R->f->cudaFuncGetAttributes) {
+    /* The device is current (stream_create set it). A kernel that can't load here
+    ** (no code for this architecture, say) fails again at its launch, which names it. */
+    for (size_t i = 0; i < R->nknames; i++) {
+      struct cudaFuncAttributes a;
+      if (R->f->cudaFuncGetAttributes(&a, (const void *)R->knames[i].fn) != cudaSuccess)
+        (void)R->f->cudaGetLastError();
+    }
+    R->kernels_on[dev] = 1;
+  }
+  pthread_mutex_unlock(&R->mu);
+}
+
 void emr_kernels_close(emr *R) {
+  free(R->knames);          /* the names are CUDA's: gone with the modules */
   for (size_t i = 0; i < R->nmods; i++) R->f->cudaLibraryUnload(R->mods[i]);
   free(R->mods);
   free(R->kslots);
   R->mods = NULL;
   R->kslots = NULL;
-  R->nmods = R->kcap = R->klen = 0;
+  R->knames = NULL;
+  R->nmods = R->kcap = R->klen = R->nknames = 0;
+  memset(R->kernels_on, 0, sizeof R->kernels_on);
 }
 
 /* -- The descriptor -> kernel table ------------------------------------------------------ */
@@ -116,7 +200,10 @@ static em_status find_kernel(emr *R, const emk_kernel *k, const char *name, int 
     pthread_mutex_unlock(&R->mu);
     return EM_OK;
   }
-  if (R->mods_state == 0) load_modules_locked(R);
+  if (R->mods_state == 0) {
+    load_modules_locked(R);
+    if (R->mods_state > 0) list_kernels_locked(R);
+  }
   if (R->mods_state < 0) {
     st = emr_fail(R, EM_ERR_UNSUPPORTED, "launch %s: %s", name, R->mods_why);
     goto done;
@@ -128,6 +215,12 @@ static em_status find_kernel(emr *R, const emk_kernel *k, const char *name, int 
   }
   cudaKernel_t fn = NULL;
   size_t found = R->nmods;
+  if (R->knames) {
+    struct emr_kname key = {sym, NULL};
+    const struct emr_kname *hit = bsearch(&key, R->knames, R->nknames, sizeof key, kname_cmp);
+    if (hit) fn = hit->fn, found = 0;
+  }
+  /* Not in the table (a name CUDA spells otherwise?): the module-by-module search. */
   for (size_t i = 0; i < R->nmods && found == R->nmods; i++) {
     cudaError_t e = R->f->cudaLibraryGetKernel(&fn, R->mods[i], sym);
     if (e == cudaSuccess) {

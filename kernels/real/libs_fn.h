@@ -57,7 +57,9 @@
   X(cudaLaunchKernel, 1) X(cudaFuncGetParamInfo, 0) X(cudaDeviceCanAccessPeer, 1) \
   X(cudaDeviceEnablePeerAccess, 1) X(cudaStreamBeginCapture, 1) \
   X(cudaStreamEndCapture, 1) X(cudaGraphInstantiate, 1) X(cudaGraphLaunch, 1) \
-  X(cudaGraphExecDestroy, 1) X(cudaGraphDestroy, 1)
+  X(cudaGraphExecDestroy, 1) X(cudaGraphDestroy, 1) X(cudaPointerGetAttributes, 0) \
+  X(cudaLibraryGetKernelCount, 0) X(cudaLibraryEnumerateKernels, 0) X(cudaFuncGetName, 0) \
+  X(cudaFuncGetAttributes, 0)
 struct emk_cudart_fns { EMK_CUDART_FNS(EMK_FN_FIELD) };
 #else
 struct emk_cudart_fns { int none; };

@@ -22,6 +22,12 @@ struct emk_stream {
   size_t ws_size;
   int ws_tried;             /* the workspace was asked for (it may have failed) */
   emk_stream *prev, *next;  /* live streams, for close */
+  /* Capture (runtime_real.c): what the emulator refuses while a stream captures,
+  ** this runtime refuses too, before CUDA sees it, so both report the same error
+  ** (CUDA would accept some of it, or invalidate the capture with error 900-907). */
+  int capturing;
+  em_status cap_err;        /* the first refusal while capturing (EM_OK: none) */
+  char cap_msg[EMK_ERRMSG_SIZE];
 };
 
 struct emk_event {
@@ -55,6 +61,10 @@ typedef struct emr {
   size_t nmods;
   emr_kslot *kslots;        /* open addressing on the descriptor's address */
   size_t kcap, klen;
+  struct emr_kname *knames; /* every kernel of the modules by name, sorted (NULL: the
+                            ** runtime can't enumerate them; lookups search each module) */
+  size_t nknames;
+  uint8_t kernels_on[EMK_MAX_DEVICES];   /* the kernels are loaded into device i */
   /* gemm (gemm_real.c) */
   int lt_state;             /* 0 not loaded, 1 loaded, -1 failed (lt_why) */
   char lt_why[EMK_ERRMSG_SIZE];
@@ -77,6 +87,7 @@ em_status emr_check_stream(emr *R, emk_stream *s, const char *entry);
 em_status emr_launch(emk_runtime *rt, const emk_kernel *k, emk_dim3 grid, emk_dim3 block,
                      size_t dyn_shared, emk_stream *s, const void *args, size_t args_size);
 void emr_kernels_close(emr *R);
+void emr_kernels_load_on(emr *R, int dev);
 
 /* gemm_real.c */
 em_status emr_gemm(emk_runtime *rt, emk_stream *s, em_dtype dtype, int64_t m, int64_t n,

@@ -225,6 +225,7 @@ static em_status real_stream_create(emk_runtime *rt, int dev, emk_stream **out) 
   }
   s->magic = EMR_STREAM_MAGIC;
   s->dev = dev;
+  emr_kernels_load_on(R, dev);   /* a device opens with its first stream */
   pthread_mutex_lock(&R->mu);
   s->next = R->streams;
   if (R->streams) R->streams->prev = s;
@@ -262,10 +263,34 @@ static em_status real_stream_destroy(emk_runtime *rt, emk_stream *s) {
   return stream_release(R, s);
 }
 
+/* While s captures: refuses what a graph can't hold, as the emulator does
+** (runtime.h), and keeps the first refusal for capture_end. */
+static em_status refuse_if_capturing(emr *R, emk_stream *s, const char *what) {
+  if (!s->capturing) return EM_OK;
+  if (!s->cap_err) {
+    s->cap_err = EM_ERR_UNSUPPORTED;
+    snprintf(s->cap_msg, sizeof s->cap_msg, "cuda:%d stream is capturing a graph: %s can't "
+             "be captured (only kernels, memsets, copies within device memory and from "
+             "pinned memory can)", s->dev, what);
+  }
+  return emr_fail(R, s->cap_err, "%s", s->cap_msg);
+}
+
+/* Host memory CUDA knows as pinned (cudaHostAlloc'ed or registered). */
+static int host_is_pinned(emr *R, const void *p) {
+  struct cudaPointerAttributes a;
+  if (!R->f->cudaPointerGetAttributes) return 0;
+  if (R->f->cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)R->f->cudaGetLastError();
+    return 0;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
 static em_status real_stream_sync(emk_runtime *rt, emk_stream *s) {
   emr *R = emr_of(rt);
   em_status st = emr_check_stream(R, s, "stream_sync");
-  if (st) return st;
+  if (st || (st = refuse_if_capturing(R, s, "stream_sync (waiting for the stream)"))) return st;
   CALLN(R, "stream_sync", s->dev, "cudaStreamSynchronize", R->f->cudaStreamSynchronize(s->s));
   return EM_OK;
 }
@@ -283,8 +308,13 @@ static em_status real_capture_begin(emk_runtime *rt, emk_stream *s) {
   emr *R = emr_of(rt);
   em_status st = emr_check_stream(R, s, "capture_begin");
   if (st) return st;
+  if (s->capturing)
+    return emr_fail(R, EM_ERR_ARG, "capture_begin: cuda:%d stream is already capturing", s->dev);
   CALLN(R, "capture_begin", s->dev, "cudaStreamBeginCapture",
         R->f->cudaStreamBeginCapture(s->s, cudaStreamCaptureModeRelaxed));
+  s->capturing = 1;
+  s->cap_err = EM_OK;
+  s->cap_msg[0] = 0;
   return EM_OK;
 }
 
@@ -293,9 +323,18 @@ static em_status real_capture_end(emk_runtime *rt, emk_stream *s, emk_graph **ou
   *out = NULL;
   em_status st = emr_check_stream(R, s, "capture_end");
   if (st) return st;
+  if (!s->capturing)
+    return emr_fail(R, EM_ERR_ARG, "capture_end: cuda:%d stream is not capturing", s->dev);
+  s->capturing = 0;
   emk_graph *g = calloc(1, sizeof *g);
   cudaGraph_t graph = NULL;
   cudaError_t e = R->f->cudaStreamEndCapture(s->s, &graph);
+  if (s->cap_err) {               /* our refusal: the capture ends, its graph is dropped */
+    if (graph) R->f->cudaGraphDestroy(graph);
+    if (e != cudaSuccess) (void)R->f->cudaGetLastError();
+    free(g);
+    return emr_fail(R, s->cap_err, "%s", s->cap_msg);
+  }
   if (e != cudaSuccess || !g) {
     if (graph) R->f->cudaGraphDestroy(graph);
     free(g);
@@ -352,6 +391,10 @@ static em_status real_memcpy_async(emk_runtime *rt, void *dst, const void *src, 
                          : cudaMemcpyDefault;
   if (kind != EMK_HOST_TO_DEVICE && kind != EMK_DEVICE_TO_HOST && kind != EMK_DEVICE_TO_DEVICE)
     return emr_fail(R, EM_ERR_ARG, "memcpy_async: unknown copy kind %d", (int)kind);
+  if (s->capturing && kind == EMK_DEVICE_TO_HOST)
+    return refuse_if_capturing(R, s, "a copy to the host");
+  if (s->capturing && kind == EMK_HOST_TO_DEVICE && !host_is_pinned(R, src))
+    return refuse_if_capturing(R, s, "a copy from pageable host memory");
   cudaError_t e = R->f->cudaMemcpyAsync(dst, src, n, ck, s->s);
   if (e != cudaSuccess) {
     char call[96];
@@ -399,6 +442,8 @@ static em_status real_memcpy_peer_async(emk_runtime *rt, void *dst, int dst_dev,
   if (s->dev != dst_dev && s->dev != src_dev)
     return emr_fail(R, EM_ERR_ARG, "memcpy_peer_async: cuda:%d to cuda:%d on a stream of "
                     "cuda:%d (it must be one of the two)", src_dev, dst_dev, s->dev);
+  if (src_dev != dst_dev && (st = refuse_if_capturing(R, s, "a copy between devices")))
+    return st;
   if (!n) return EM_OK;
   if (!dst || !src)
     return emr_fail(R, EM_ERR_ARG, "memcpy_peer_async of %zu bytes: NULL %s", n,
@@ -420,6 +465,7 @@ static em_status real_host_callback(emk_runtime *rt, emk_stream *s, void (*fn)(v
   em_status st = emr_check_stream(R, s, "host_callback");
   if (st) return st;
   if (!fn) return emr_fail(R, EM_ERR_ARG, "host_callback: no function (NULL)");
+  if ((st = refuse_if_capturing(R, s, "a host callback"))) return st;
   CALLN(R, "host_callback", s->dev, "cudaLaunchHostFunc", R->f->cudaLaunchHostFunc(s->s, fn, ud));
   return EM_OK;
 }
@@ -480,6 +526,7 @@ static em_status real_event_record(emk_runtime *rt, emk_event *ev, emk_stream *s
   if (ev->dev != s->dev)
     return emr_fail(R, EM_ERR_ARG, "event_record: an event of cuda:%d on a stream of cuda:%d "
                     "(CUDA records an event only on its own device's streams)", ev->dev, s->dev);
+  if ((st = refuse_if_capturing(R, s, "an event record"))) return st;
   CALLN(R, "event_record", s->dev, "cudaEventRecord", R->f->cudaEventRecord(ev->e, s->s));
   return EM_OK;
 }
@@ -489,6 +536,7 @@ static em_status real_stream_wait_event(emk_runtime *rt, emk_stream *s, emk_even
   emr *R = emr_of(rt);
   em_status st = check_event(R, ev, "stream_wait_event");
   if (st || (st = emr_check_stream(R, s, "stream_wait_event"))) return st;
+  if ((st = refuse_if_capturing(R, s, "a wait for another stream's event"))) return st;
   CALLN(R, "stream_wait_event", s->dev, "cudaStreamWaitEvent",
         R->f->cudaStreamWaitEvent(s->s, ev->e, 0));
   return EM_OK;

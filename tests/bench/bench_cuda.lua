@@ -232,3 +232,5 @@ for _, r in ipairs(rows) do
   local line = fmt:format(r.op, r.size, e, t, ratio, table.concat(notes, '; '))
   print((line:gsub('%s+$', '')))
 end
+-- ember's own side failing is a failure of the run (PyTorch missing is not).
+for _, r in ipairs(rows) do if r.ember_err then os.exit(1) end end

@@ -83,7 +83,7 @@ local function resnet18()
   layers[#layers + 1] = nn.AdaptiveAvgPool2d(1)
   layers[#layers + 1] = nn.Flatten()
   layers[#layers + 1] = nn.Linear(128, 10)
-  return nn.Sequential(table.unpack and table.unpack(layers) or unpack(layers))
+  return nn.Sequential((table.unpack or unpack)(layers))   -- every layer: `a and f() or g()` keeps one value
 end
 
 -- -- Timing ----------------------------------------------------------------------------
@@ -156,6 +156,7 @@ if smoke then print('emulated: smoke sizes, PyTorch on the CPU: these are not GP
 print('ratio: ember samples/s / PyTorch samples/s (> 1: ember faster; goal >= 1.2)')
 print()
 print(('%-28s %14s %14s %8s'):format('step', 'ember', 'PyTorch', 'ratio'))
+local ember_failed = false
 for _, r in ipairs({ { 'cnn', ('Fashion-MNIST CNN, batch %d'):format(Z.cnn_batch), bench_cnn },
                      { 'resnet', ('ResNet-18 32x32, batch %d'):format(Z.resnet_batch),
                        bench_resnet } }) do
@@ -168,6 +169,9 @@ for _, r in ipairs({ { 'cnn', ('Fashion-MNIST CNN, batch %d'):format(Z.cnn_batch
   else
     print(('%-28s %14s %14s %8s  ember n/a: %s'):format(r[2], 'n/a',
           t and ('%.1f'):format(t) or 'n/a', 'n/a', tostring(v)))
+    ember_failed = true
   end
   if torch_na[r[1]] then print(('  torch n/a: %s'):format(torch_na[r[1]])) end
 end
+-- ember's own side failing is a failure of the run (PyTorch missing is not).
+if ember_failed then os.exit(1) end

@@ -93,6 +93,7 @@ step() {
   elif [ $rc -gt 128 ]; then verdict="FAIL (signal $((rc - 128)))"
   else verdict="FAIL (exit $rc)"; fi
   case "$verdict" in FAIL*) failed=1; FAILED_STEPS="$FAILED_STEPS $name" ;; esac
+  echo "$verdict" > "$WORK/verdict.$name"
   record "$name" "$dt" "$verdict"
 }
 
@@ -195,6 +196,7 @@ done
 # -- Every failure once more: synchronous launches, library logging, eager module loading,
 #    then compute-sanitizer where time allows ---------------------------------------------------
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+GDB=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
 for name in $FAILED_STEPS; do
   case "$name" in facts|libraries|info) continue ;; esac
   case "$name" in
@@ -202,7 +204,12 @@ for name in $FAILED_STEPS; do
     *) cmd="$PACK/tests/$name"; arg1="" ;;
   esac
   step "$name.debug" 60 20 "$ember_env" env CUDA_LAUNCH_BLOCKING=1 CUDA_MODULE_LOADING=EAGER \
-    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=2 $cmd $arg1
+    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=1 $cmd $arg1
+  # A crash: where, from cuda-gdb (the GPU machines have no gdb), in batch mode.
+  if [ -n "$GDB" ] && grep -q 'signal' "$WORK/verdict.$name" 2>/dev/null; then
+    step "$name.backtrace" 60 40 "$ember_env" "$GDB" -batch -ex run -ex bt -ex 'info threads' \
+      --args $cmd $arg1
+  fi
   if [ -n "$SAN" ]; then
     step "$name.sanitizer" 90 30 "$ember_env" "$SAN" --tool memcheck --print-limit 20 $cmd $arg1
   fi

@@ -63,6 +63,15 @@ function H.skip(msg)
   out('  skip ' .. tostring(msg))
 end
 
+-- true where there are two cuda devices; else one skip saying so (the CUDA tests on
+-- a one-GPU machine, tests/bench/gpu_run.sh).
+function H.two_devices()
+  local n = require('ember').cuda.device_count()
+  if n >= 2 then return true end
+  H.skip(('needs two cuda devices (this machine has %d)'):format(n))
+  return false
+end
+
 -- -- Values ----------------------------------------------------------------------
 
 -- A readable form of a value: tables as {1, 2, {3}}, strings quoted.

@@ -26,6 +26,11 @@ local FLOATS = { 'float32', 'float64', 'float16', 'bfloat16' }
 -- add up many terms (reductions, matmul) scale the float32/float64 ones by k.
 local TOL = { float32 = 1e-6, float64 = 1e-12, float16 = 2e-3, bfloat16 = 1e-2,
               int32 = 0, int64 = 0, uint8 = 0, bool = 0 }
+-- Normal draws in float64 take the device's log, sin and cos: on a GPU those are CUDA's
+-- (within an ulp or two of glibc's), so the draws match the CPU's to a few ulps, not bit
+-- for bit (1e-14 relative, k = 0.01). The emulator runs glibc's and stays exact, as do
+-- the float32 draws everywhere (ember's own formulas, k = 0).
+local function normal_k(dt) return (dt == 'float64' and not em.cuda.emulated()) and 0.01 or 0 end
 
 local function num(v) return type(v) == 'boolean' and (v and 1 or 0) or tonumber(v) end
 local function flat(t)
@@ -95,7 +100,7 @@ end
 
 local SIZES = { 1, 31, 33, 257, 1000, 70000 }      -- across warps and blocks
 if helpers_only then
-  return { DTYPES = DTYPES, FLOATS = FLOATS, TOL = TOL, compare = compare, rnd = rnd,
+  return { DTYPES = DTYPES, FLOATS = FLOATS, TOL = TOL, compare = compare, rnd = rnd, normal_k = normal_k,
            positive = positive, forms = forms, same = same, SIZES = SIZES }
 end
 
@@ -112,7 +117,9 @@ H.test('creation with device=', function()
     compare(em.ones_like(x), em.ones_like(x:cuda()), 'ones_like ' .. dt)
   end
   compare(em.eye(3, 70), em.eye(3, 70, { device = 'cuda' }), 'eye 3x70')
-  compare(em.full(70000, -2.5), em.full(70000, -2.5, { device = 'cuda:1' }), 'full 70000 on cuda:1'); H.eq(em.zeros(3, { device = 'cuda:1' }).device, 'cuda:1')
+  if H.two_devices() then
+    compare(em.full(70000, -2.5), em.full(70000, -2.5, { device = 'cuda:1' }), 'full 70000 on cuda:1'); H.eq(em.zeros(3, { device = 'cuda:1' }).device, 'cuda:1')
+  end
   for _, a in ipairs({ { 10 }, { 2, 70002, 7 }, { 5, -5, -1 }, { 0, 1, 0.1 }, { -1, 1, 0.25 } }) do
     for _, dt in ipairs({ false, 'float64', 'int32', 'float16' }) do   -- false: the default
       same('arange ' .. table.concat(a, ',') .. ' ' .. tostring(dt), function(dev)
@@ -128,7 +135,8 @@ H.test('random draws: the same seed gives the same numbers on cuda and cpu', fun
       for _, f in ipairs({ 'rand', 'randn' }) do
         em.manual_seed(n); local c1 = em[f](n, { dtype = dt }); local c2 = em[f](n, { dtype = dt })
         em.manual_seed(n); local d1 = em[f](n, { dtype = dt, device = 'cuda' }); local d2 = em[f](n, { dtype = dt, device = 'cuda' })
-        compare(c1, d1, ('%s(%d)'):format(f, n), 0); compare(c2, d2, ('%s(%d), second draw'):format(f, n), 0)
+        local k = f == 'randn' and normal_k(dt) or 0
+        compare(c1, d1, ('%s(%d)'):format(f, n), k); compare(c2, d2, ('%s(%d), second draw'):format(f, n), k)
       end
     end
     for _, dt in ipairs({ 'int64', 'int32', 'uint8', 'float32', 'bool' }) do
@@ -144,7 +152,7 @@ H.test('random draws: the same seed gives the same numbers on cuda and cpu', fun
       if f[1] ~= 'expanded' then
         em.manual_seed(5); f[2]:uniform_(-2, 3); f[2]:normal_(1, 0.5)
         em.manual_seed(5); f[3]:uniform_(-2, 3); f[3]:normal_(1, 0.5)
-        compare(f[2], f[3], 'uniform_ then normal_ into a ' .. f[1] .. ' view', 0)
+        compare(f[2], f[3], 'uniform_ then normal_ into a ' .. f[1] .. ' view', normal_k(dt))
       end
     end
     local x = rnd({ 4, 5 }, dt)

@@ -166,6 +166,7 @@ end
 
 -- -- Launch counts: groups, devices ---------------------------------------------------
 H.test('one launch per (group, device, dtype)', function()
+  if not H.two_devices() then return end
   -- two groups, each with float32 and float64 parameters on cuda:0 and cuda:1
   local specs = {}
   for _, dev in ipairs({ 'cuda:0', 'cuda:1' }) do
@@ -200,6 +201,7 @@ H.test('one launch per (group, device, dtype)', function()
 end)
 
 H.test('cpu and cuda parameters in one optimizer', function()
+  if not H.two_devices() then return end
   local specs = { { { 5 }, 'float32', device = 'cpu' }, { { 4097 }, 'float32', device = 'cuda:1' },
                   { { 6 }, 'float64', device = 'cpu' }, { { 9 }, 'float32', device = 'cuda:0' } }
   local pc, pd = params(specs, nil, 5)
@@ -303,6 +305,7 @@ H.test('clip_grad_norm: no clipping below max_norm, deterministic, devices', fun
   for i = 1, #pc do same(pd[i].grad, pc[i].grad, 'unclipped grad ' .. i) end
   H.eq(em.optim.clip_grad_norm(pd, 1e9), t0, 'the same total run to run')
   -- gradients on both devices: one norm launch per device
+  if not H.two_devices() then return end
   local a = em.randn({ 5000 }):cuda(0)
   local b = em.randn({ 300 }):cuda(1)
   local ac, bc = em.randn({ 5000 }), em.randn({ 300 })
@@ -319,6 +322,7 @@ end)
 
 -- -- Errors ----------------------------------------------------------------------------
 H.test('errors', function()
+  if not H.two_devices() then return end
   local S = core.S
   local a, b = em.randn({ 4 }):cuda(0), em.randn({ 4 }):cuda(1)
   local P, G = ffi.new('em_tensor*[2]', a._h, b._h), ffi.new('const em_tensor*[2]', a._h, b._h)
