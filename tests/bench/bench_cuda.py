@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import result, torch  # noqa: E402
+from common import result, set_tf32 as common_set_tf32, torch  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument('--device', default='cuda')
@@ -93,20 +93,9 @@ def measure(name, unit, fn):
 
 
 def set_tf32(on):
-    """TF32 for float32 matmuls: fp32_precision from PyTorch 2.9 on (mixing it with
-    the older allow_tf32 is an error there), allow_tf32 before."""
-    if not cuda:
-        return
-    m = torch.backends.cuda.matmul
-    try:
-        m.fp32_precision  # 1.13's module raises AssertionError, not AttributeError
-        new_api = True
-    except Exception:
-        new_api = False
-    if new_api:
-        m.fp32_precision = 'tf32' if on else 'ieee'
-    else:
-        m.allow_tf32 = on
+    """TF32 for float32 matmuls (common.set_tf32), on the GPU only."""
+    if cuda:
+        common_set_tf32(matmul=on)
 
 
 def matmul(dtype, tf32):

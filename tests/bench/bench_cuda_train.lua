@@ -15,7 +15,7 @@ backward, optimizer step), after warm-up steps, with a synchronize before the
 clock starts and stops: the median of several repetitions. The ratio is ember /
 PyTorch (above 1: ember faster); the issue's goal is >= 1.2.
 
-  build/ember tests/bench/bench_cuda_train.lua [--smoke] [--steps N]
+  build/ember tests/bench/bench_cuda_train.lua [--smoke] [--steps N] [--tf32]
 
 PyTorch's side is bench_cuda_train.py, run by $EMBER_BENCH_PYTHON (default
 /usr/bin/python3; the GPU machine's is `python3`) with the same sizes. Without a
@@ -35,13 +35,16 @@ end
 
 local smoke = em.cuda.emulated()
 local steps = nil
+local tf32 = false     -- --tf32: float32 matmul and convolution in TF32 on both sides
 for i, a in ipairs(arg) do
   if a == '--smoke' then smoke = true end
   if a == '--steps' then steps = tonumber(arg[i + 1]) end
+  if a == '--tf32' then tf32 = true end
 end
 local Z = smoke and { cnn_batch = 8, resnet_batch = 4, steps = steps or 2, reps = 2, warm = 1 }
                  or { cnn_batch = 128, resnet_batch = 512, steps = steps or 20, reps = 5, warm = 5 }
 local DEV = 'cuda'
+em.cuda.allow_tf32(tf32)
 
 -- -- The models ------------------------------------------------------------------------
 local function cnn()
@@ -135,8 +138,8 @@ end
 -- -- PyTorch's side, then the table ---------------------------------------------------------
 local py = os.getenv('EMBER_BENCH_PYTHON') or '/usr/bin/python3'
 local cmd = ('%s %sbench_cuda_train.py --device %s --cnn-batch %d --resnet-batch %d ' ..
-             '--steps %d --reps %d --warm %d 2>&1'):format(py, dir, smoke and 'cpu' or 'cuda',
-             Z.cnn_batch, Z.resnet_batch, Z.steps, Z.reps, Z.warm)
+             '--steps %d --reps %d --warm %d --tf32 %d 2>&1'):format(py, dir, smoke and 'cpu' or 'cuda',
+             Z.cnn_batch, Z.resnet_batch, Z.steps, Z.reps, Z.warm, tf32 and 1 or 0)
 local torch, info, torch_na = {}, {}, {}
 local p = io.popen(cmd)
 for line in p:lines() do
@@ -153,6 +156,7 @@ local props = em.cuda.get_device_properties(0)
 print(('ember on %s%s; PyTorch: %s'):format(props.name, smoke and ' (emulated)' or '',
                                            table.concat(info, ', ')))
 if smoke then print('emulated: smoke sizes, PyTorch on the CPU: these are not GPU figures') end
+print(('TF32 for float32 matmul and convolution: %s on both sides'):format(tf32 and 'on' or 'off'))
 print('ratio: ember samples/s / PyTorch samples/s (> 1: ember faster; goal >= 1.2)')
 print()
 print(('%-28s %14s %14s %8s'):format('step', 'ember', 'PyTorch', 'ratio'))

@@ -8,7 +8,9 @@ torch.cuda.synchronize() calls. Prints
   RESULT <name> <samples/s> samples/s
   NA <name> <reason>
 
---device cpu is for bench_cuda_train.lua's smoke run on emulated devices.
+--device cpu is for bench_cuda_train.lua's smoke run on emulated devices. --tf32 1
+lets float32 matmuls and convolutions use TF32, as em.cuda.allow_tf32(true) does on
+ember's side; 0 (the default) keeps both in IEEE float32.
 """
 import argparse
 import os
@@ -17,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import result, torch  # noqa: E402
+from common import result, set_tf32, torch  # noqa: E402
 
 nn = torch.nn
 F = torch.nn.functional
@@ -29,6 +31,7 @@ p.add_argument('--resnet-batch', type=int, default=512)
 p.add_argument('--steps', type=int, default=20)
 p.add_argument('--reps', type=int, default=5)
 p.add_argument('--warm', type=int, default=5)
+p.add_argument('--tf32', type=int, default=0, help='TF32 for float32 matmul and conv (as ember)')
 args = p.parse_args()
 
 dev = torch.device(args.device)
@@ -40,6 +43,9 @@ if cuda:
         print('NA resnet torch sees no CUDA device', flush=True)
         sys.exit(0)
     print('INFO device %s' % torch.cuda.get_device_name(dev), flush=True)
+    # PyTorch's default runs cuDNN's float32 convolutions in TF32; ember's does not:
+    # both sides are set alike here (the Lua side says which).
+    set_tf32(matmul=bool(args.tf32), conv=bool(args.tf32))
 else:
     print('INFO device cpu (%d threads)' % torch.get_num_threads(), flush=True)
 
