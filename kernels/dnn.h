@@ -42,11 +42,41 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
 typedef struct emk_dnn_cache_stats { uint64_t hits, misses, entries; } emk_dnn_cache_stats;
 void emk_dnn_cache_stats_get(emk_dnn_cache_stats *out);
 
+/* -- Math modes ------------------------------------------------------------------------
+** cuDNN's heuristics rank each algorithm under a math mode (runtime.h's EMK_MATH_*,
+** cuDNN's cudnnMathType_t), and a convolution must run in the mode its algorithm was
+** ranked under. What a caller allows decides which modes may run:
+**   - TENSOR_OP_CONVERT (float32 rounded to float16 for the tensor cores) never: it
+**     loses range and precision that neither allow_tf32 nor float64 permits;
+**   - float32 without TF32: FMA only. TENSOR_OP rounds inputs to TF32, and DEFAULT
+**     permits TF32 on Ampere and later, so a DEFAULT algorithm runs as FMA and a
+**     TENSOR_OP one is dropped;
+**   - float32 with TF32, and float64 (whose tensor-core path is exact float64): the
+**     mode offered.
+** emk_conv_math: 1 and *use (the mode to run in) when the offered mode may run for
+** dt and allow_tf32, else 0 (the algorithm is left out). Both runtimes use it
+** (dnn_real.c on cuDNN's list, dnn_emu.c on its made-up one). */
+static inline int emk_conv_math(em_dtype dt, int allow_tf32, int offered, int *use) {
+  *use = offered;
+  if (offered != EMK_MATH_DEFAULT && offered != EMK_MATH_TENSOR_OP && offered != EMK_MATH_FMA)
+    return 0;
+  if (dt == EM_FLOAT32 && !allow_tf32) {
+    if (offered == EMK_MATH_TENSOR_OP) return 0;
+    *use = EMK_MATH_FMA;
+  }
+  return 1;
+}
+/* The mode a descriptor is asked about in: what the caller allows at most. */
+static inline int emk_conv_query_math(em_dtype dt, int allow_tf32) {
+  return dt == EM_FLOAT32 && !allow_tf32 ? EMK_MATH_FMA : EMK_MATH_DEFAULT;
+}
+
 /* -- The runtimes' entries ------------------------------------------------------------ */
 em_status emi_emu_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c,
                              emk_conv_algo *out, int max, int *n);
-em_status emi_emu_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo,
-                       void *ws, size_t ws_size, void *x, void *w, void *y, void *bias);
+em_status emi_emu_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c,
+                       const emk_conv_algo *algo, void *ws, size_t ws_size, void *x, void *w,
+                       void *y, void *bias);
 em_status emi_emu_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
                                  const void *x, const void *w, const void *bias, void *y,
                                  void *mean, void *invstd, void *running_mean,
@@ -60,11 +90,13 @@ em_status emi_emu_batch_norm_bwd(emk_runtime *rt, emk_stream *s, const emk_bn_de
 size_t emk_emu_conv_workspace(const emk_conv_desc *c, int algo);
 
 struct emr;
-void emr_dnn_close(struct emr *R);   /* runtime_real.c's close: the cuDNN handles */
+void emr_dnn_close(struct emr *R);   /* runtime_real.c's close: the cuDNN handles and
+                                     ** descriptor sets of that runtime */
 em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_conv_algo *out,
                          int max, int *n);
-em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo, void *ws,
-                   size_t ws_size, void *x, void *w, void *y, void *bias);
+em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c,
+                   const emk_conv_algo *algo, void *ws, size_t ws_size, void *x, void *w,
+                   void *y, void *bias);
 em_status emr_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
                              const void *x, const void *w, const void *bias, void *y,
                              void *mean, void *invstd, void *running_mean, void *running_var);
@@ -80,5 +112,9 @@ em_status emr_batch_norm_bwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *
 ** EM_ERR_SHAPE with its words. */
 em_status emk_dnn_describe_check(const emk_conv_desc *c, int dims[4], char *err,
                                  size_t errlen);
+/* The same descriptors, with math mode `math` set on the convolution descriptor by
+** the call conv makes before it runs, and *got = the mode cuDNN reads back. */
+em_status emk_dnn_math_check(const emk_conv_desc *c, int math, int *got, char *err,
+                             size_t errlen);
 
 #endif

@@ -13,8 +13,11 @@
 **         direction, dtype, geometry) asks the runtime's conv_algos for its list,
 **         best first, and keeps the first whose workspace is at most a quarter of
 **         the device's free memory (and WS_LIMIT) -- else the one needing least.
-**         Later calls of that key take it from the table (hits and misses are
-**         counted for tests). The table is process-wide behind a mutex: the
+**         The pick is the runtime's whole answer (number, workspace and the math
+**         mode cuDNN ranked it under, already fitted to allow_tf32 by the
+**         runtime), and conv gets it whole, so the mode that was ranked is the
+**         mode that runs. Later calls of that key take it from the table (hits
+**         and misses are counted for tests). The table is process-wide behind a mutex: the
 **         backend has no per-state slot for it, and a key names its runtime
 **         (address and kind; a closed runtime's entries are only dead weight,
 **         bounded by CACHE_MAX).
@@ -419,7 +422,7 @@ static em_status run_conv(emi_device *d, const char *op, const emk_conv_desc *c,
     return emi_error(d->S, EM_ERR_NOMEM, "%s: cuda:%d: out of memory for the %zu-byte "
                      "workspace of convolution algorithm %d (%s): %s", op, d->index,
                      algo.workspace, algo.algo, conv_what(d->S, c, what, sizeof what), err);
-  st = rt->ops->conv(rt, cd->compute, c, algo.algo, ws, algo.workspace, x, w, y, bias);
+  st = rt->ops->conv(rt, cd->compute, c, &algo, ws, algo.workspace, x, w, y, bias);
   if (st) st = emk_error(d, op, st);
   if (ws) emk_alloc_release(cd->cuda->alloc, ws, err, sizeof err);   /* reused only by
                                                                       later work on the stream */

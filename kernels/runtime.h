@@ -75,7 +75,12 @@ typedef struct emk_conv_desc {
   int allow_tf32;                 /* float32 may use TF32 tensor cores (the emulator ignores it) */
   int64_t N, C, H, W, O, kH, kW, OH, OW, sH, sW, pH, pW, dH, dW, G;
 } emk_conv_desc;
-typedef struct emk_conv_algo { int algo; size_t workspace; } emk_conv_algo;
+/* An algorithm for a convolution, as conv_algos lists it and conv runs it: its
+** number, the workspace bytes it needs, and the math mode it runs in (cuDNN's
+** cudnnMathType_t; the emulator fills it by the same rule, emk_conv_math in dnn.h). */
+enum { EMK_MATH_DEFAULT = 0, EMK_MATH_TENSOR_OP = 1, EMK_MATH_TENSOR_OP_CONVERT = 2,
+       EMK_MATH_FMA = 3 };
+typedef struct emk_conv_algo { int algo; size_t workspace; int math; } emk_conv_algo;
 /* Batch norm over x seen as (N, C, L), N*L >= 2. */
 typedef struct emk_bn_desc { em_dtype dtype; int64_t N, C, L; double momentum, eps; } emk_bn_desc;
 
@@ -173,8 +178,8 @@ typedef struct emk_runtime_ops {
   ** the CPU backend's kernels on the stream's thread in emu/dnn_emu.c). Arrays are
   ** dense NCHW device memory of c->dtype (float32 or float64) on s's device.
   ** conv_algos lists, best first, up to max algorithms for convolution c with the
-  ** workspace bytes each needs (*n of them); conv queues algorithm `algo` with a
-  ** workspace ws of ws_size bytes (see emk_conv_desc for what x, w, y, bias hold
+  ** workspace bytes and math mode each needs (*n of them); conv queues algorithm
+  ** algo (one of that list, math mode included) with a workspace ws of ws_size bytes (see emk_conv_desc for what x, w, y, bias hold
   ** in each direction). batch_norm_fwd (training) and batch_norm_bwd: x, y, gy, gx
   ** (N, C, L); w, b, mean, invstd, gw, gb (C), none NULL; running_mean and
   ** running_var (C) both given or both NULL. mean/invstd receive the batch mean
@@ -182,8 +187,9 @@ typedef struct emk_runtime_ops {
   ** mean and the unbiased variance. */
   em_status (*conv_algos)(emk_runtime *rt, int dev, const emk_conv_desc *c,
                           emk_conv_algo *out, int max, int *n);
-  em_status (*conv)(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo,
-                    void *ws, size_t ws_size, void *x, void *w, void *y, void *bias);
+  em_status (*conv)(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c,
+                    const emk_conv_algo *algo, void *ws, size_t ws_size, void *x, void *w,
+                    void *y, void *bias);
   em_status (*batch_norm_fwd)(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
                               const void *x, const void *w, const void *bias, void *y,
                               void *mean, void *invstd, void *running_mean,

@@ -20,6 +20,15 @@
 ** smaller than the algorithm needs, and fills the one it gets (so a workspace
 ** that is not live device memory of that size is caught by the pin and the
 ** guards); the result never depends on the algorithm.
+**
+** Math modes, as cuDNN's heuristics give them: algorithm 2 is offered first as a
+** tensor-core variant (EMK_MATH_TENSOR_OP), then in the default mode; 1 in the
+** default mode; 0 as FMA. The list passes through dnn.h's emk_conv_math, as
+** cuDNN's does in dnn_real.c, so float32 without TF32 gets three FMA algorithms
+** and float32 with TF32 (or float64) four. conv refuses a mode that emk_conv_math
+** would not let run for the descriptor: the mode the backend picked must reach
+** the runtime, and here a wrong one fails as it would silently lose precision
+** on a GPU. The computation is the CPU's whatever the mode.
 */
 #include "emu.h"
 #include "../dnn.h"
@@ -65,12 +74,26 @@ em_status emi_emu_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c,
     return emi_emu_fail(E, EM_ERR_DEVICE, "conv_algos: no device cuda:%d", dev);
   em_status st = check_desc(E, c);
   if (st) return st;
-  for (int a = EMU_ALGOS - 1; a >= 0 && *n < max; a--) {
+  static const struct { int algo, math; } offer[] = {
+    {2, EMK_MATH_TENSOR_OP}, {2, EMK_MATH_DEFAULT}, {1, EMK_MATH_DEFAULT}, {0, EMK_MATH_FMA}};
+  int seen[EMU_ALGOS] = {0};
+  for (size_t i = 0; i < sizeof offer / sizeof offer[0] && *n < max; i++) {
+    int use, a = offer[i].algo;
+    if (!emk_conv_math(c->dtype, c->allow_tf32, offer[i].math, &use)) continue;
+    if (use != offer[i].math && seen[a]) continue;   /* a mode folded into one listed */
+    seen[a] = 1;
     out[*n].algo = a;
     out[*n].workspace = emk_emu_conv_workspace(c, a);
+    out[*n].math = use;
     (*n)++;
   }
   return EM_OK;
+}
+
+static const char *math_name(int m) {
+  return m == EMK_MATH_DEFAULT ? "default" : m == EMK_MATH_TENSOR_OP ? "tensor op"
+       : m == EMK_MATH_TENSOR_OP_CONVERT ? "tensor op with conversion"
+       : m == EMK_MATH_FMA ? "FMA" : "unknown";
 }
 
 /* -- Running the CPU kernels on device memory ----------------------------------------- */
@@ -187,11 +210,20 @@ static em_status run_conv(emu *E, void *args, char *err, size_t errlen) {
   return st;
 }
 
-em_status emi_emu_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo,
-                       void *ws, size_t ws_size, void *x, void *w, void *y, void *bias) {
+em_status emi_emu_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c,
+                       const emk_conv_algo *pick, void *ws, size_t ws_size, void *x, void *w,
+                       void *y, void *bias) {
   emu *E = (emu *)rt->impl;
   em_status st = check_desc(E, c);
   if (st) return st;
+  if (!pick) return emi_emu_fail(E, EM_ERR_ARG, "conv (%s): no algorithm (NULL)",
+                                 dir_name(c->dir));
+  int algo = pick->algo, use;
+  if (!emk_conv_math(c->dtype, c->allow_tf32, pick->math, &use) || use != pick->math)
+    return emi_emu_fail(E, EM_ERR_ARG, "conv (%s): algorithm %d in math mode %d (%s) may not "
+                        "run for %s with TF32 %s", dir_name(c->dir), algo, pick->math,
+                        math_name(pick->math), em_dtype_name(c->dtype),
+                        c->allow_tf32 ? "allowed" : "off");
   if (algo < 0 || algo >= EMU_ALGOS)
     return emi_emu_fail(E, EM_ERR_ARG, "conv (%s): no algorithm %d (the emulator has 0 .. %d)",
                         dir_name(c->dir), algo, EMU_ALGOS - 1);

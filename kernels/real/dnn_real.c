@@ -8,29 +8,41 @@
 **   1. describe: the tensor, filter and convolution descriptors for an
 **      emk_conv_desc (cudnnCreate*Descriptor and the Set calls need no driver);
 **      emk_dnn_describe_check builds them and reads back cuDNN's output dims, so
-**      the tests check our geometry against cuDNN's on any machine with cuDNN.
-**   2. the calls. A cuDNN handle per device, made at the device's first nn call
-**      and kept until close; a handle is not to be used by two threads at once,
-**      and its stream is state, so each call takes the device's lock, sets the
-**      handle's stream to the caller's, and queues its work. Descriptors are host
-**      objects read at the call: destroyed right after.
+**      the tests check our geometry against cuDNN's on any machine with cuDNN,
+**      and emk_dnn_math_check sets and reads back a math mode the way conv does.
+**   2. per runtime (R->dnn, struct emr_dnn): a cuDNN handle per device, made at
+**      the device's first nn call and destroyed at the runtime's close. Every
+**      ember state opens its own runtime (eight replicas, eight runtimes), so
+**      nothing here is shared between runtimes and nothing limits their number.
+**      A handle is not to be used by two threads at once, and its stream is
+**      state, so each call takes the device's lock, sets the handle's stream to
+**      the caller's, and queues its work. A convolution's five descriptors are
+**      kept per geometry and device (conv_key) in a bounded table (plan_cache.h),
+**      so a repeated shape builds none; they are host objects read at the call.
 **   3. conv_algos asks cuDNN's heuristics (Get*Algorithm_v7: no trial runs, no
 **      memory) for its ranked list and keeps the algorithms whose status is
-**      success, with their workspace; k_dnn.c picks one per shape and caches it.
+**      success, each with the math mode it was ranked in as dnn.h's
+**      emk_conv_math lets it run (float32 without TF32: FMA only) and the
+**      workspace of that mode; k_dnn.c picks one per shape and caches it, and
+**      conv sets that mode on the descriptor before it runs.
 ** cuDNN is loaded at the first nn call; an entry the loaded cuDNN lacks (the nn
 ** functions are optional in libs_fn.h) is EM_ERR_UNSUPPORTED naming it.
-**
-** Never run on a GPU by its author (the machine had none): only layer 1 is
-** exercised by the tests (tests/c/test_cuda_dnn.c).
 */
 #include "libs_fn.h"
 #include "../dnn.h"
+#include "plan_cache.h"
+#include <stdlib.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #if defined(EMK_HAVE_CUDART_H) && defined(EMK_HAVE_CUDNN_H)
 #include "real.h"
+
+_Static_assert((int)EMK_MATH_DEFAULT == (int)CUDNN_DEFAULT_MATH &&
+               (int)EMK_MATH_TENSOR_OP == (int)CUDNN_TENSOR_OP_MATH &&
+               (int)EMK_MATH_TENSOR_OP_CONVERT == (int)CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+               (int)EMK_MATH_FMA == (int)CUDNN_FMA_MATH, "runtime.h's math modes are cuDNN's");
 
 /* "cuDNN: call: CUDNN_STATUS_X" with an em_status for it. */
 static em_status dnn_say(const emk_cudnn_fns *f, cudnnStatus_t s, const char *call, char *err,
@@ -116,10 +128,10 @@ static em_status describe(const emk_cudnn_fns *f, const emk_conv_desc *c, conv_o
     if ((s = f->cudnnSetConvolutionGroupCount(o->conv, (int)c->G))) goto bad;
   }
   if (f->cudnnSetConvolutionMathType) {
-    /* TF32 only where the caller allows it, as the gemm does */
+    /* TF32 only where the caller allows it, as the gemm does; conv sets the
+    ** algorithm's own mode before it runs */
     call = "cudnnSetConvolutionMathType";
-    cudnnMathType_t m = c->dtype == EM_FLOAT32 && c->allow_tf32 ? CUDNN_DEFAULT_MATH
-                                                                : CUDNN_FMA_MATH;
+    cudnnMathType_t m = (cudnnMathType_t)emk_conv_query_math(c->dtype, c->allow_tf32);
     if ((s = f->cudnnSetConvolutionMathType(o->conv, m))) goto bad;
   }
   return EM_OK;
@@ -149,84 +161,162 @@ done:
   return st;
 }
 
-/* == 2. Handles ============================================================================= */
+em_status emk_dnn_math_check(const emk_conv_desc *c, int math, int *got, char *err,
+                             size_t errlen) {
+  emk_libs *L = NULL;
+  const emk_cudnn_fns *f;
+  *got = -1;
+  em_status st = emk_libs_open(&L, err, errlen);
+  if (st) return st;
+  if ((st = emk_libs_cudnn(L, &f, err, errlen))) goto done;
+  if (!f->cudnnSetConvolutionMathType || !f->cudnnGetConvolutionMathType) {
+    st = emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "cuDNN: the loaded library has no "
+                  "cudnnSet/GetConvolutionMathType");
+    goto done;
+  }
+  conv_objs o;
+  if ((st = describe(f, c, &o, err, errlen))) goto done;
+  cudnnMathType_t m = CUDNN_DEFAULT_MATH;
+  cudnnStatus_t s = f->cudnnSetConvolutionMathType(o.conv, (cudnnMathType_t)math);
+  if (s) st = dnn_say(f, s, "cudnnSetConvolutionMathType", err, errlen);
+  else if ((s = f->cudnnGetConvolutionMathType(o.conv, &m)))
+    st = dnn_say(f, s, "cudnnGetConvolutionMathType", err, errlen);
+  else *got = (int)m;
+  conv_free(f, &o);
+done:
+  emk_libs_close(L);
+  return st;
+}
 
-/* The handles of one real runtime (the runtime has no slot of its own for them). */
-typedef struct dnn_handles {
-  emr *R;
+/* == 2. Per runtime: handles and descriptor sets ============================================ */
+
+/* R->dnn (real.h): everything cuDNN of one runtime, so that any number of runtimes
+** (one per ember state: `--replicas 8` opens eight) each have their own. */
+struct emr_dnn {
   const emk_cudnn_fns *f;
   int state;                       /* 0 not loaded, 1 loaded, -1 failed (why) */
   char why[EMK_ERRMSG_SIZE];
   cudnnHandle_t h[EMK_MAX_DEVICES];
   pthread_mutex_t dev_mu[EMK_MAX_DEVICES];   /* one user of a device's handle at a time */
-} dnn_handles;
+  emk_plan_cache *descs;           /* conv_objs per conv_key; NULL: built per call */
+};
 
-enum { MAX_RUNTIMES = 4 };
-static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-static dnn_handles handles[MAX_RUNTIMES];
+enum { CONV_PLANS = 64 };
 
-/* R's table, claimed at its first nn call. */
-static dnn_handles *handles_of(emr *R) {
-  dnn_handles *out = NULL;
-  pthread_mutex_lock(&handles_mu);
-  for (int i = 0; i < MAX_RUNTIMES && !out; i++)
-    if (handles[i].R == R) out = &handles[i];
-  for (int i = 0; i < MAX_RUNTIMES && !out; i++)
-    if (!handles[i].R) {
-      memset(&handles[i], 0, sizeof handles[i]);
-      handles[i].R = R;
-      for (int d = 0; d < EMK_MAX_DEVICES; d++) pthread_mutex_init(&handles[i].dev_mu[d], NULL);
-      out = &handles[i];
-    }
-  pthread_mutex_unlock(&handles_mu);
-  return out;
+/* What a convolution's descriptors depend on. Not the direction (the same five
+** describe all three) nor TF32 (the math mode is set before every call); the
+** device, so that each device's sets are used only under its lock. */
+typedef struct conv_key {
+  int32_t dev, dtype;
+  int64_t g[16];
+} conv_key;
+
+static void conv_key_of(conv_key *k, int dev, const emk_conv_desc *c) {
+  memset(k, 0, sizeof *k);
+  k->dev = dev;
+  k->dtype = (int32_t)c->dtype;
+  const int64_t g[16] = {c->N, c->C, c->H, c->W, c->O, c->kH, c->kW, c->OH, c->OW,
+                         c->sH, c->sW, c->pH, c->pW, c->dH, c->dW, c->G};
+  memcpy(k->g, g, sizeof g);
 }
 
-/* At close (runtime_real.c): destroys R's handles and frees its slot. */
-void emr_dnn_close(emr *R) {
-  pthread_mutex_lock(&handles_mu);
-  for (int i = 0; i < MAX_RUNTIMES; i++) {
-    dnn_handles *H = &handles[i];
-    if (H->R != R) continue;
-    for (int d = 0; d < EMK_MAX_DEVICES; d++) {
-      if (H->h[d] && R->f->cudaSetDevice(d) == cudaSuccess) H->f->cudnnDestroy(H->h[d]);
-      pthread_mutex_destroy(&H->dev_mu[d]);
-    }
-    memset(H, 0, sizeof *H);
+static void conv_plan_free(void *ud, void *plan) {
+  struct emr_dnn *D = (struct emr_dnn *)ud;
+  conv_free(D->f, (conv_objs *)plan);
+  free(plan);
+}
+
+/* R's cuDNN state, made (and cuDNN loaded) at its first nn call; NULL: no memory. */
+static struct emr_dnn *dnn_of(emr *R) {
+  pthread_mutex_lock(&R->mu);
+  struct emr_dnn *D = R->dnn;
+  if (!D && (D = (struct emr_dnn *)calloc(1, sizeof *D)) != NULL) {
+    for (int d = 0; d < EMK_MAX_DEVICES; d++) pthread_mutex_init(&D->dev_mu[d], NULL);
+    D->descs = emk_plan_cache_new(CONV_PLANS, sizeof(conv_key), conv_plan_free, D);
+    R->dnn = D;
   }
-  pthread_mutex_unlock(&handles_mu);
+  if (D && D->state == 0)
+    D->state = emk_libs_cudnn(R->L, &D->f, D->why, sizeof D->why) ? -1 : 1;
+  pthread_mutex_unlock(&R->mu);
+  return D;
+}
+
+/* At close (runtime_real.c), every stream drained: the descriptor sets, then the
+** handles, each destroyed on its device. */
+void emr_dnn_close(emr *R) {
+  struct emr_dnn *D = R->dnn;
+  if (!D) return;
+  emk_plan_cache_delete(D->descs);
+  for (int d = 0; d < EMK_MAX_DEVICES; d++) {
+    if (D->h[d] && R->f->cudaSetDevice(d) == cudaSuccess) D->f->cudnnDestroy(D->h[d]);
+    pthread_mutex_destroy(&D->dev_mu[d]);
+  }
+  free(D);
+  R->dnn = NULL;
+}
+
+int emk_real_conv_plans(emk_runtime *rt, emk_plan_cache_stats *out) {
+  if (!rt || strcmp(rt->ops->name, "cuda") != 0) return -1;
+  emr *R = (emr *)rt->impl;
+  pthread_mutex_lock(&R->mu);
+  emk_plan_cache *c = R->dnn ? R->dnn->descs : NULL;
+  pthread_mutex_unlock(&R->mu);
+  if (!c) return -1;
+  emk_plan_cache_stats_get(c, out);
+  return 0;
 }
 
 /* cuDNN's handle for dev with the device current and its lock held (unlock with
 ** handle_done); what names the call in messages. */
-static em_status handle_take(emr *R, int dev, const char *what, dnn_handles **out) {
+static em_status handle_take(emr *R, int dev, const char *what, struct emr_dnn **out) {
   em_status st = emr_use(R, dev, what);
   if (st) return st;
-  dnn_handles *H = handles_of(R);
-  if (!H) return emr_fail(R, EM_ERR_INTERNAL, "%s: too many CUDA runtimes open", what);
-  pthread_mutex_lock(&H->dev_mu[dev]);
-  if (H->state == 0) {
-    H->state = emk_libs_cudnn(R->L, &H->f, H->why, sizeof H->why) ? -1 : 1;
-  }
-  if (H->state < 0) {
-    pthread_mutex_unlock(&H->dev_mu[dev]);
-    return emr_fail(R, EM_ERR_UNSUPPORTED, "%s: %s", what, H->why);
-  }
-  if (!H->h[dev]) {
-    cudnnStatus_t s = H->f->cudnnCreate(&H->h[dev]);
+  struct emr_dnn *D = dnn_of(R);
+  if (!D) return emr_fail(R, EM_ERR_NOMEM, "%s: out of host memory for cuDNN's state", what);
+  if (D->state < 0) return emr_fail(R, EM_ERR_UNSUPPORTED, "%s: %s", what, D->why);
+  pthread_mutex_lock(&D->dev_mu[dev]);
+  if (!D->h[dev]) {
+    cudnnStatus_t s = D->f->cudnnCreate(&D->h[dev]);
     if (s) {
       char why[400];
-      dnn_say(H->f, s, "cudnnCreate", why, sizeof why);
-      H->h[dev] = NULL;
-      pthread_mutex_unlock(&H->dev_mu[dev]);
-      return emr_fail(R, EM_ERR_DEVICE, "%s: %s", what, why);
+      dnn_say(D->f, s, "cudnnCreate", why, sizeof why);
+      D->h[dev] = NULL;
+      pthread_mutex_unlock(&D->dev_mu[dev]);
+      return emr_fail(R, EM_ERR_DEVICE, "%s (cuda:%d): %s", what, dev, why);
     }
   }
-  *out = H;
+  *out = D;
   return EM_OK;
 }
 
-static void handle_done(dnn_handles *H, int dev) { pthread_mutex_unlock(&H->dev_mu[dev]); }
+static void handle_done(struct emr_dnn *D, int dev) { pthread_mutex_unlock(&D->dev_mu[dev]); }
+
+/* The descriptor set of c on dev (the device's lock held): from the table, or
+** built now and kept there; *kept says which way conv_done gives it back. */
+static em_status conv_take(emr *R, struct emr_dnn *D, int dev, const emk_conv_desc *c,
+                           conv_objs **out, int *kept, const char *what) {
+  conv_key k;
+  conv_key_of(&k, dev, c);
+  *out = D->descs ? (conv_objs *)emk_plan_cache_take(D->descs, &k) : NULL;
+  *kept = *out != NULL;
+  if (*out) return EM_OK;
+  char why[EMK_ERRMSG_SIZE];
+  conv_objs *o = (conv_objs *)calloc(1, sizeof *o);
+  if (!o) return emr_fail(R, EM_ERR_NOMEM, "%s: out of host memory for descriptors", what);
+  em_status st = describe(D->f, c, o, why, sizeof why);
+  if (st) {
+    free(o);
+    return emr_fail(R, st, "%s: %s", what, why);
+  }
+  *kept = D->descs && emk_plan_cache_add(D->descs, &k, o);
+  *out = o;
+  return EM_OK;
+}
+
+static void conv_done(struct emr_dnn *D, conv_objs *o, int kept) {
+  if (kept) emk_plan_cache_give_back(D->descs, o);
+  else conv_plan_free(D, o);
+}
 
 /* == 3. Entries ============================================================================= */
 
@@ -235,82 +325,150 @@ static const char *dir_name(int dir) {
                                                                     : "backward filter";
 }
 
+/* "conv_algos (forward, cuda:0, x [2,3,8,8], w [4,3,3,3], float32)" */
+static void conv_what(char *buf, size_t n, const char *entry, int dev, const emk_conv_desc *c) {
+  snprintf(buf, n, "%s (%s, cuda:%d, x [%lld,%lld,%lld,%lld], w [%lld,%lld,%lld,%lld], "
+           "groups %lld, %s)", entry, dir_name(c->dir), dev, (long long)c->N, (long long)c->C,
+           (long long)c->H, (long long)c->W, (long long)c->O,
+           (long long)(c->G ? c->C / c->G : c->C), (long long)c->kH, (long long)c->kW,
+           (long long)c->G, em_dtype_name(c->dtype));
+}
+
+/* The workspace algo needs in math mode math (the descriptor set to it), or
+** `fallback` (the heuristic's figure) when cuDNN cannot say. The heuristic ranks
+** in the mode it reports; when ember runs another (a DEFAULT algorithm as FMA)
+** the need is asked again rather than assumed. */
+static size_t conv_workspace(const emk_cudnn_fns *f, cudnnHandle_t h, const conv_objs *o,
+                             int dir, int algo, size_t fallback) {
+  size_t n = 0;
+  cudnnStatus_t s = CUDNN_STATUS_NOT_SUPPORTED;
+  if (dir == EMK_CONV_FWD && f->cudnnGetConvolutionForwardWorkspaceSize)
+    s = f->cudnnGetConvolutionForwardWorkspaceSize(h, o->x, o->w, o->conv, o->y,
+                                                   (cudnnConvolutionFwdAlgo_t)algo, &n);
+  else if (dir == EMK_CONV_BWD_DATA && f->cudnnGetConvolutionBackwardDataWorkspaceSize)
+    s = f->cudnnGetConvolutionBackwardDataWorkspaceSize(h, o->w, o->y, o->conv, o->x,
+                                                        (cudnnConvolutionBwdDataAlgo_t)algo, &n);
+  else if (dir == EMK_CONV_BWD_FILTER && f->cudnnGetConvolutionBackwardFilterWorkspaceSize)
+    s = f->cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        h, o->x, o->y, o->conv, o->w, (cudnnConvolutionBwdFilterAlgo_t)algo, &n);
+  return s == CUDNN_STATUS_SUCCESS && n > fallback ? n : fallback;
+}
+
 em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_conv_algo *out,
                          int max, int *n) {
   emr *R = (emr *)rt->impl;
   *n = 0;
-  char what[80], why[EMK_ERRMSG_SIZE];
-  snprintf(what, sizeof what, "conv_algos (%s)", dir_name(c->dir));
-  dnn_handles *H;
-  em_status st = handle_take(R, dev, what, &H);
+  char what[240], why[EMK_ERRMSG_SIZE];
+  conv_what(what, sizeof what, "conv_algos", dev, c);
+  struct emr_dnn *D;
+  em_status st = handle_take(R, dev, what, &D);
   if (st) return st;
-  const emk_cudnn_fns *f = H->f;
-  conv_objs o;
-  if ((st = describe(f, c, &o, why, sizeof why))) {
-    handle_done(H, dev);
-    return emr_fail(R, st, "%s: %s", what, why);
+  const emk_cudnn_fns *f = D->f;
+  cudnnHandle_t h = D->h[dev];
+  conv_objs *o;
+  int kept;
+  if ((st = conv_take(R, D, dev, c, &o, &kept, what))) {
+    handle_done(D, dev);
+    return st;
   }
   enum { MAXP = 16 };
-  int got = 0;
+  /* the ranked list: (algorithm, reported math mode, reported workspace) */
+  int got = 0, algo[MAXP], math[MAXP];
+  size_t mem[MAXP];
   cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
-  const char *call = "";
+  const char *call = "cudnnSetConvolutionMathType";
   if (max > MAXP) max = MAXP;
+  /* asked in the most the caller allows (FMA for float32 without TF32) */
+  if (!f->cudnnSetConvolutionMathType) goto missing;
+  if ((s = f->cudnnSetConvolutionMathType(
+           o->conv, (cudnnMathType_t)emk_conv_query_math(c->dtype, c->allow_tf32))))
+    goto bad;
   if (c->dir == EMK_CONV_FWD) {
     cudnnConvolutionFwdAlgoPerf_t p[MAXP];
     call = "cudnnGetConvolutionForwardAlgorithm_v7";
     if (!f->cudnnGetConvolutionForwardAlgorithm_v7) goto missing;
-    s = f->cudnnGetConvolutionForwardAlgorithm_v7(H->h[dev], o.x, o.w, o.conv, o.y, max, &got, p);
-    for (int i = 0; !s && i < got; i++)
-      if (p[i].status == CUDNN_STATUS_SUCCESS)
-        out[(*n)++] = (emk_conv_algo){(int)p[i].algo, p[i].memory};
+    s = f->cudnnGetConvolutionForwardAlgorithm_v7(h, o->x, o->w, o->conv, o->y, max, &got, p);
+    for (int i = 0; !s && i < got; i++) {
+      algo[i] = p[i].status ? -1 : (int)p[i].algo;
+      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    }
   } else if (c->dir == EMK_CONV_BWD_DATA) {
     cudnnConvolutionBwdDataAlgoPerf_t p[MAXP];
     call = "cudnnGetConvolutionBackwardDataAlgorithm_v7";
     if (!f->cudnnGetConvolutionBackwardDataAlgorithm_v7) goto missing;
-    s = f->cudnnGetConvolutionBackwardDataAlgorithm_v7(H->h[dev], o.w, o.y, o.conv, o.x, max,
-                                                       &got, p);
-    for (int i = 0; !s && i < got; i++)
-      if (p[i].status == CUDNN_STATUS_SUCCESS)
-        out[(*n)++] = (emk_conv_algo){(int)p[i].algo, p[i].memory};
+    s = f->cudnnGetConvolutionBackwardDataAlgorithm_v7(h, o->w, o->y, o->conv, o->x, max, &got,
+                                                       p);
+    for (int i = 0; !s && i < got; i++) {
+      algo[i] = p[i].status ? -1 : (int)p[i].algo;
+      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    }
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t p[MAXP];
     call = "cudnnGetConvolutionBackwardFilterAlgorithm_v7";
     if (!f->cudnnGetConvolutionBackwardFilterAlgorithm_v7) goto missing;
-    s = f->cudnnGetConvolutionBackwardFilterAlgorithm_v7(H->h[dev], o.x, o.y, o.conv, o.w, max,
+    s = f->cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, o->x, o->y, o->conv, o->w, max,
                                                          &got, p);
-    for (int i = 0; !s && i < got; i++)
-      if (p[i].status == CUDNN_STATUS_SUCCESS)
-        out[(*n)++] = (emk_conv_algo){(int)p[i].algo, p[i].memory};
+    for (int i = 0; !s && i < got; i++) {
+      algo[i] = p[i].status ? -1 : (int)p[i].algo;
+      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    }
   }
-  conv_free(f, &o);
-  handle_done(H, dev);
-  if (s) {
-    dnn_say(f, s, call, why, sizeof why);
-    return emr_fail(R, EM_ERR_DEVICE, "%s: %s", what, why);
+  if (s) goto bad;
+  if (got > max) got = max;
+  /* each usable entry in the mode it may run in (dnn.h), once */
+  for (int i = 0; i < got; i++) {
+    int use, dup = 0;
+    if (algo[i] < 0 || !emk_conv_math(c->dtype, c->allow_tf32, math[i], &use)) continue;
+    for (int j = 0; j < *n && !dup; j++) dup = out[j].algo == algo[i] && out[j].math == use;
+    if (dup) continue;
+    size_t ws = mem[i];
+    if (use != math[i] && !f->cudnnSetConvolutionMathType(o->conv, (cudnnMathType_t)use))
+      ws = conv_workspace(f, h, o, c->dir, algo[i], mem[i]);
+    out[*n].algo = algo[i];
+    out[*n].workspace = ws;
+    out[*n].math = use;
+    (*n)++;
   }
+  conv_done(D, o, kept);
+  handle_done(D, dev);
   return EM_OK;
 missing:
-  conv_free(f, &o);
-  handle_done(H, dev);
+  conv_done(D, o, kept);
+  handle_done(D, dev);
   return emr_fail(R, EM_ERR_UNSUPPORTED, "%s: the loaded cuDNN has no %s", what, call);
+bad:
+  conv_done(D, o, kept);
+  handle_done(D, dev);
+  st = dnn_say(f, s, call, why, sizeof why);
+  return emr_fail(R, st == EM_ERR_SHAPE ? st : EM_ERR_DEVICE, "%s: %s", what, why);
 }
 
-em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo, void *ws,
-                   size_t ws_size, void *x, void *w, void *y, void *bias) {
+em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c,
+                   const emk_conv_algo *algo, void *ws, size_t ws_size, void *x, void *w,
+                   void *y, void *bias) {
   emr *R = (emr *)rt->impl;
-  char what[80], why[EMK_ERRMSG_SIZE];
-  snprintf(what, sizeof what, "conv (%s, algorithm %d)", dir_name(c->dir), algo);
-  em_status st = emr_check_stream(R, s, what);
+  char what[260], why[EMK_ERRMSG_SIZE];
+  em_status st = emr_check_stream(R, s, "conv");
   if (st) return st;
+  conv_what(what, sizeof what, "conv", s->dev, c);
+  if (!algo) return emr_fail(R, EM_ERR_ARG, "%s: no algorithm (NULL)", what);
+  size_t wl = strlen(what);
+  snprintf(what + wl - 1, sizeof what - wl + 1, ", algorithm %d, math mode %d)", algo->algo,
+           algo->math);
+  int use;
+  if (!emk_conv_math(c->dtype, c->allow_tf32, algo->math, &use) || use != algo->math)
+    return emr_fail(R, EM_ERR_ARG, "%s: that math mode may not run for %s with TF32 %s", what,
+                    em_dtype_name(c->dtype), c->allow_tf32 ? "allowed" : "off");
   if (!x || !w || !y) return emr_fail(R, EM_ERR_ARG, "%s: NULL operand", what);
-  dnn_handles *H;
-  if ((st = handle_take(R, s->dev, what, &H))) return st;
-  const emk_cudnn_fns *f = H->f;
-  cudnnHandle_t h = H->h[s->dev];
-  conv_objs o;
-  if ((st = describe(f, c, &o, why, sizeof why))) {
-    handle_done(H, s->dev);
-    return emr_fail(R, st, "%s: %s", what, why);
+  struct emr_dnn *D;
+  if ((st = handle_take(R, s->dev, what, &D))) return st;
+  const emk_cudnn_fns *f = D->f;
+  cudnnHandle_t h = D->h[s->dev];
+  conv_objs *o;
+  int kept;
+  if ((st = conv_take(R, D, s->dev, c, &o, &kept, what))) {
+    handle_done(D, s->dev);
+    return st;
   }
   float one_f = 1, zero_f = 0;
   double one_d = 1, zero_d = 0;
@@ -318,51 +476,55 @@ em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int a
   const void *one = dbl ? (const void *)&one_d : (const void *)&one_f;
   const void *zero = dbl ? (const void *)&zero_d : (const void *)&zero_f;
   cudnnStatus_t cs;
-  const char *call = "cudnnSetStream";
+  /* the mode the algorithm was ranked in, on a descriptor that may carry another */
+  const char *call = "cudnnSetConvolutionMathType";
+  if (!f->cudnnSetConvolutionMathType) goto missing;
+  if ((cs = f->cudnnSetConvolutionMathType(o->conv, (cudnnMathType_t)algo->math))) goto bad;
+  call = "cudnnSetStream";
   if (!f->cudnnSetStream) goto missing;
   if ((cs = f->cudnnSetStream(h, s->s))) goto bad;
   if (c->dir == EMK_CONV_FWD) {
     call = "cudnnConvolutionForward";
     if (!f->cudnnConvolutionForward) goto missing;
-    if ((cs = f->cudnnConvolutionForward(h, one, o.x, x, o.w, w, o.conv,
-                                         (cudnnConvolutionFwdAlgo_t)algo, ws, ws_size, zero,
-                                         o.y, y)))
+    if ((cs = f->cudnnConvolutionForward(h, one, o->x, x, o->w, w, o->conv,
+                                         (cudnnConvolutionFwdAlgo_t)algo->algo, ws, ws_size,
+                                         zero, o->y, y)))
       goto bad;
     if (bias) {
       call = "cudnnAddTensor (bias)";
       if (!f->cudnnAddTensor) goto missing;
-      if ((cs = f->cudnnAddTensor(h, one, o.bias, bias, one, o.y, y))) goto bad;
+      if ((cs = f->cudnnAddTensor(h, one, o->bias, bias, one, o->y, y))) goto bad;
     }
   } else if (c->dir == EMK_CONV_BWD_DATA) {
     call = "cudnnConvolutionBackwardData";
     if (!f->cudnnConvolutionBackwardData) goto missing;
-    if ((cs = f->cudnnConvolutionBackwardData(h, one, o.w, w, o.y, y, o.conv,
-                                              (cudnnConvolutionBwdDataAlgo_t)algo, ws, ws_size,
-                                              zero, o.x, x)))
+    if ((cs = f->cudnnConvolutionBackwardData(h, one, o->w, w, o->y, y, o->conv,
+                                              (cudnnConvolutionBwdDataAlgo_t)algo->algo, ws,
+                                              ws_size, zero, o->x, x)))
       goto bad;
   } else {
     call = "cudnnConvolutionBackwardFilter";
     if (!f->cudnnConvolutionBackwardFilter) goto missing;
-    if ((cs = f->cudnnConvolutionBackwardFilter(h, one, o.x, x, o.y, y, o.conv,
-                                                (cudnnConvolutionBwdFilterAlgo_t)algo, ws,
-                                                ws_size, zero, o.w, w)))
+    if ((cs = f->cudnnConvolutionBackwardFilter(h, one, o->x, x, o->y, y, o->conv,
+                                                (cudnnConvolutionBwdFilterAlgo_t)algo->algo, ws,
+                                                ws_size, zero, o->w, w)))
       goto bad;
-    if (bias) {
+    if (bias) {              /* NULL: the caller wants no bias gradient */
       call = "cudnnConvolutionBackwardBias";
       if (!f->cudnnConvolutionBackwardBias) goto missing;
-      if ((cs = f->cudnnConvolutionBackwardBias(h, one, o.y, y, zero, o.bias, bias))) goto bad;
+      if ((cs = f->cudnnConvolutionBackwardBias(h, one, o->y, y, zero, o->bias, bias))) goto bad;
     }
   }
-  conv_free(f, &o);
-  handle_done(H, s->dev);
+  conv_done(D, o, kept);
+  handle_done(D, s->dev);
   return EM_OK;
 missing:
-  conv_free(f, &o);
-  handle_done(H, s->dev);
+  conv_done(D, o, kept);
+  handle_done(D, s->dev);
   return emr_fail(R, EM_ERR_UNSUPPORTED, "%s: the loaded cuDNN has no %s", what, call);
 bad:
-  conv_free(f, &o);
-  handle_done(H, s->dev);
+  conv_done(D, o, kept);
+  handle_done(D, s->dev);
   st = dnn_say(f, cs, call, why, sizeof why);
   return emr_fail(R, st, "%s: %s", what, why);
 }
@@ -415,7 +577,7 @@ em_status emr_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *
            em_dtype_name(b->dtype), (long long)b->N, (long long)b->C, (long long)b->L);
   em_status st = emr_check_stream(R, s, what);
   if (st) return st;
-  dnn_handles *H;
+  struct emr_dnn *H;
   if ((st = handle_take(R, s->dev, what, &H))) return st;
   const emk_cudnn_fns *f = H->f;
   bn_objs o;
@@ -454,7 +616,7 @@ em_status emr_batch_norm_bwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *
            em_dtype_name(b->dtype), (long long)b->N, (long long)b->C, (long long)b->L);
   em_status st = emr_check_stream(R, s, what);
   if (st) return st;
-  dnn_handles *H;
+  struct emr_dnn *H;
   if ((st = handle_take(R, s->dev, what, &H))) return st;
   const emk_cudnn_fns *f = H->f;
   bn_objs o;
@@ -495,8 +657,9 @@ em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_c
   *n = 0;
   return NO_DNN(rt, "conv_algos");
 }
-em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c, int algo, void *ws,
-                   size_t ws_size, void *x, void *w, void *y, void *bias) {
+em_status emr_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c,
+                   const emk_conv_algo *algo, void *ws, size_t ws_size, void *x, void *w,
+                   void *y, void *bias) {
   return NO_DNN(rt, "conv");
 }
 em_status emr_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *b,
@@ -514,5 +677,14 @@ void emr_dnn_close(emr *R) { (void)R; }
 em_status emk_dnn_describe_check(const emk_conv_desc *c, int dims[4], char *err,
                                  size_t errlen) {
   return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "cuDNN: ember was built without cudnn.h");
+}
+em_status emk_dnn_math_check(const emk_conv_desc *c, int math, int *got, char *err,
+                             size_t errlen) {
+  *got = -1;
+  return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "cuDNN: ember was built without cudnn.h");
+}
+int emk_real_conv_plans(emk_runtime *rt, emk_plan_cache_stats *out) {
+  (void)rt, (void)out;
+  return -1;
 }
 #endif

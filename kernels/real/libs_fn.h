@@ -102,7 +102,10 @@ struct emk_cublaslt_fns { int none; };
   X(cudnnConvolutionBackwardData, 0) X(cudnnConvolutionBackwardFilter, 0) \
   X(cudnnConvolutionBackwardBias, 0) X(cudnnAddTensor, 0) \
   X(cudnnDeriveBNTensorDescriptor, 0) X(cudnnBatchNormalizationForwardTraining, 0) \
-  X(cudnnBatchNormalizationBackward, 0)
+  X(cudnnBatchNormalizationBackward, 0) X(cudnnGetConvolutionMathType, 0) \
+  X(cudnnGetConvolutionForwardWorkspaceSize, 0) \
+  X(cudnnGetConvolutionBackwardDataWorkspaceSize, 0) \
+  X(cudnnGetConvolutionBackwardFilterWorkspaceSize, 0)
 struct emk_cudnn_fns { EMK_CUDNN_FNS(EMK_FN_FIELD) };
 #else
 struct emk_cudnn_fns { int none; };

@@ -14,9 +14,18 @@
 ** asking ncclCommGetAsyncError in between (a peer gone shows there as
 ** ncclRemoteError or ncclSystemError).
 **
-** Not run on a GPU yet: nothing here was executed in this project's CI (no GPU);
-** it compiles against the real nccl.h, and what NCCL does without a GPU
-** (ncclGetVersion, ncclGetUniqueId) is tested through libs.c.
+** No communicator left behind. ncclCommInitRankConfig hands a communicator back
+** before it is usable -- always when it answers ncclInProgress, and it may also
+** set one when it fails at once -- so every failure from that call on (an error
+** returned with the communicator set, an asynchronous error while settling, the
+** time limit, ncclCommGetAsyncError itself failing) aborts it (comm_init): a
+** leaked communicator keeps NCCL's bootstrap threads, sockets and device memory.
+** A failed finalize at destroy aborts too.
+**
+** Not run on a GPU by its author: it compiles against the real nccl.h, what NCCL
+** does without a GPU (ncclGetVersion, ncclGetUniqueId) is tested through libs.c,
+** and comm_init and destroy are driven through every failure above by a scripted
+** stand-in for NCCL's table (emk_nccl_script_check, tests/c/test_comm_nccl.c).
 */
 #include "real.h"
 #include "../../core/dist/comm.h"
@@ -51,6 +60,9 @@ static em_status settle(emk_nccl *n, ncclResult_t r, const char *call, char *err
   struct timespec t0, now, nap = {0, 50000};
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (r == ncclInProgress) {
+    if (!n->comm)
+      return emk_errf(err, errlen, EM_ERR_DEVICE, "NCCL (cuda:%d): %s: in progress without "
+                      "a communicator", n->dev, call);
     nanosleep(&nap, NULL);
     ncclResult_t st = n->f->ncclCommGetAsyncError(n->comm, &r);
     if (st != ncclSuccess) r = st;
@@ -61,6 +73,26 @@ static em_status settle(emk_nccl *n, ncclResult_t r, const char *call, char *err
                       "%g s (a peer did not join)", n->dev, call, n->timeout_s);
   }
   return r == ncclSuccess ? EM_OK : nccl_err(n, r, call, err, errlen);
+}
+
+/* n->comm for rank of n->nranks (n->f, dev, timeout_s set; the device current):
+** EM_OK, or an error with no communicator left (see the top). */
+static em_status comm_init(emk_nccl *n, const unsigned char *id, int rank, char *err,
+                           size_t errlen) {
+  ncclUniqueId uid;
+  memcpy(&uid, id, sizeof uid);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  n->comm = NULL;
+  ncclResult_t r = n->f->ncclCommInitRankConfig(&n->comm, n->nranks, uid, rank, &cfg);
+  em_status st = r != ncclSuccess && r != ncclInProgress
+                     ? nccl_err(n, r, "ncclCommInitRankConfig", err, errlen)
+                     : settle(n, r, "ncclCommInitRankConfig", err, errlen);
+  if (st && n->comm) {
+    n->f->ncclCommAbort(n->comm);
+    n->comm = NULL;
+  }
+  return st;
 }
 
 em_status emk_nccl_init(emk_runtime *rt, int dev, const unsigned char *id, int rank,
@@ -87,18 +119,7 @@ em_status emk_nccl_init(emk_runtime *rt, int dev, const unsigned char *id, int r
     return emk_errf(err, errlen, EM_ERR_DEVICE, "NCCL: cudaSetDevice(%d): %s", dev,
                     R->f->cudaGetErrorString(ce));
   }
-  ncclUniqueId uid;
-  memcpy(&uid, id, sizeof uid);
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
-  ncclResult_t r = f->ncclCommInitRankConfig(&n->comm, nranks, uid, rank, &cfg);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    st = nccl_err(n, r, "ncclCommInitRankConfig", err, errlen);
-    free(n);
-    return st;
-  }
-  if ((st = settle(n, r, "ncclCommInitRankConfig", err, errlen))) {
-    f->ncclCommAbort(n->comm);
+  if ((st = comm_init(n, id, rank, err, errlen))) {
     free(n);
     return st;
   }
@@ -193,6 +214,119 @@ void emk_nccl_destroy(emk_nccl *n) {
   }
   n->f->ncclCommDestroy(n->comm);
   free(n);
+}
+
+/* -- A scripted NCCL, for the tests ------------------------------------------------------
+** comm_init and emk_nccl_destroy against a stand-in table whose answers follow a
+** script, counting the communicators it hands out and how each ends. Every
+** scenario must end with no communicator alive. */
+
+typedef struct nccl_script {
+  ncclResult_t init;        /* what ncclCommInitRankConfig returns */
+  int init_sets;            /* ... and whether it hands a communicator back */
+  int polls;                /* ncclInProgress for this many polls, then: */
+  ncclResult_t then;        /* the asynchronous state after them */
+  ncclResult_t poll_call;   /* what ncclCommGetAsyncError itself returns */
+  ncclResult_t finalize;    /* ncclCommFinalize's answer (its state then follows polls) */
+  int made, aborted, destroyed, polled;
+} nccl_script;
+
+static nccl_script *script;
+static char script_comm;    /* the communicator's address stands for it */
+
+static ncclResult_t fake_init(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                              ncclConfig_t *cfg) {
+  (void)nranks, (void)id, (void)rank, (void)cfg;
+  if (script->init_sets) {
+    *comm = (ncclComm_t)(void *)&script_comm;
+    script->made++;
+  }
+  return script->init;
+}
+static ncclResult_t fake_async(ncclComm_t comm, ncclResult_t *state) {
+  (void)comm;
+  script->polled++;
+  *state = script->polled <= script->polls ? ncclInProgress : script->then;
+  return script->poll_call;
+}
+static ncclResult_t fake_abort(ncclComm_t comm) {
+  (void)comm;
+  script->aborted++;
+  return ncclSuccess;
+}
+static ncclResult_t fake_destroy(ncclComm_t comm) {
+  (void)comm;
+  script->destroyed++;
+  return ncclSuccess;
+}
+static ncclResult_t fake_finalize(ncclComm_t comm) {
+  (void)comm;
+  script->polled = 0;
+  return script->finalize;
+}
+static const char *fake_string(ncclResult_t r) { return r ? "scripted error" : "no error"; }
+static const char *fake_last(ncclComm_t comm) { (void)comm; return "scripted"; }
+
+int emk_nccl_script_check(char *report, size_t n) {
+  emk_nccl_fns f;
+  memset(&f, 0, sizeof f);
+  f.ncclCommInitRankConfig = fake_init;
+  f.ncclCommGetAsyncError = fake_async;
+  f.ncclCommAbort = fake_abort;
+  f.ncclCommDestroy = fake_destroy;
+  f.ncclCommFinalize = fake_finalize;
+  f.ncclGetErrorString = fake_string;
+  f.ncclGetLastError = fake_last;
+  static const struct {
+    const char *name;
+    nccl_script s;
+    int ok;                 /* init succeeds (then destroy is run) */
+    double timeout_s;
+  } cases[] = {
+    {"an error returned with the communicator set", {ncclInternalError, 1, 0, ncclSuccess,
+     ncclSuccess, ncclSuccess, 0, 0, 0, 0}, 0, 5},
+    {"an error returned without a communicator", {ncclInvalidArgument, 0, 0, ncclSuccess,
+     ncclSuccess, ncclSuccess, 0, 0, 0, 0}, 0, 5},
+    {"an asynchronous error while settling", {ncclInProgress, 1, 2, ncclRemoteError,
+     ncclSuccess, ncclSuccess, 0, 0, 0, 0}, 0, 5},
+    {"the time limit", {ncclInProgress, 1, 1 << 30, ncclSuccess, ncclSuccess, ncclSuccess,
+     0, 0, 0, 0}, 0, 0.01},
+    {"ncclCommGetAsyncError failing", {ncclInProgress, 1, 0, ncclSuccess,
+     ncclInvalidArgument, ncclSuccess, 0, 0, 0, 0}, 0, 5},
+    {"in progress without a communicator", {ncclInProgress, 0, 0, ncclSuccess, ncclSuccess,
+     ncclSuccess, 0, 0, 0, 0}, 0, 5},
+    {"success, then a clean destroy", {ncclInProgress, 1, 2, ncclSuccess, ncclSuccess,
+     ncclInProgress, 0, 0, 0, 0}, 1, 5},
+    {"success, then a finalize that fails", {ncclSuccess, 1, 0, ncclSystemError, ncclSuccess,
+     ncclInProgress, 0, 0, 0, 0}, 1, 5},
+  };
+  int failed = 0;
+  if (n) report[0] = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    nccl_script sc = cases[i].s;
+    script = &sc;
+    emk_nccl *c = calloc(1, sizeof *c);
+    if (!c) return -1;
+    c->f = &f;
+    c->dev = 0;
+    c->nranks = 2;
+    c->timeout_s = cases[i].timeout_s;
+    unsigned char id[sizeof(ncclUniqueId)] = {0};
+    char err[300] = "";
+    em_status st = comm_init(c, id, 0, err, sizeof err);
+    int ok = (st == EM_OK) == cases[i].ok;
+    if (st == EM_OK) emk_nccl_destroy(c);        /* frees c */
+    else free(c);
+    int alive = sc.made - sc.aborted - sc.destroyed;
+    if (!ok || alive != 0 || (st && !strstr(err, "NCCL"))) {
+      if (!failed && n)
+        snprintf(report, n, "%s: init %s (%s); %d made, %d aborted, %d destroyed", cases[i].name,
+                 st ? "failed" : "succeeded", st ? err : "ok", sc.made, sc.aborted, sc.destroyed);
+      failed++;
+    }
+  }
+  script = NULL;
+  return failed;
 }
 
 #endif

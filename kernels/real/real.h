@@ -70,6 +70,9 @@ typedef struct emr {
   char lt_why[EMK_ERRMSG_SIZE];
   const emk_cublaslt_fns *lt;
   void *lt_handle[EMK_MAX_DEVICES];   /* cublasLtHandle_t, made at a device's first gemm */
+  struct emk_plan_cache *lt_plans;    /* gemm plans per shape (plan_cache.h), with the first handle */
+  /* nn (dnn_real.c): cuDNN's handles and descriptor sets, made at the first nn call */
+  struct emr_dnn *dnn;
 } emr;
 
 /* rt->errmsg = the message (under err_mu), returns code. */

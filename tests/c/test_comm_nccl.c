@@ -5,7 +5,10 @@
 ** program runs itself under mpirun -- through MPI, and the device side on the
 ** emulated runtime (EMBER_CUDA_EMULATE=2:64): collectives on device tensors
 ** ordered after the compute stream's work, CPU tensors beside them, and the
-** errors. NCCL's collectives themselves need a GPU and are not run here.
+** errors. NCCL's collectives themselves need a GPU and are not run here; the
+** real runtime's communicator setup and teardown (kernels/real/nccl_real.c) run
+** against a scripted stand-in for NCCL through every failure, and must leave no
+** communicator alive.
 */
 #include "check.h"
 #include <pthread.h>
@@ -19,6 +22,18 @@ em_status emi_nccl_version(int *code, char *err, size_t errlen);
 int emi_comm_nccl_id(const em_comm *c, unsigned char id[128]);
 
 static int have_nccl;
+
+/* kernels/real/nccl_real.c (built with the CUDA headers, as on every machine here):
+** the number of scripted scenarios that went wrong, the first one in report. */
+int emk_nccl_script_check(char *report, size_t n);
+
+/* A failed init (an error with the communicator set, an asynchronous error, the
+** time limit, a failing poll) aborts the communicator; a failed finalize too. */
+static void test_nccl_no_leak(void) {
+  char report[512] = "";
+  int failed = emk_nccl_script_check(report, sizeof report);
+  CHECK(failed == 0, "%d scripted NCCL scenarios went wrong; first: %s", failed, report);
+}
 
 static void test_nccl_without_gpu(void) {
   char err[512];
@@ -310,6 +325,7 @@ int main(int argc, char **argv) {
   if (!getenv("EMBER_TEST_REAL_CUDA")) setenv("EMBER_CUDA_EMULATE", "2:64", 1);
   if (em_mpi_launched(NULL, NULL)) return rank_main();
   RUN(test_nccl_without_gpu);
+  RUN(test_nccl_no_leak);
   RUN(test_threads);
   RUN(test_errors);
   RUN(test_stuck_device);

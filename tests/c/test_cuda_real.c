@@ -16,14 +16,21 @@
 **   - the fatbins embedded in libember: one per kernels/k_*.c, a real fatbin
 **     each, holding the C-linkage symbol k_xxx_emk_dev of every kernel its
 **     source defines (and no other module holding it);
+**   - the plan table (plan_cache.h) that keeps gemm and convolution plans: hits,
+**     misses, least-recently-used eviction, a plan out to one caller is neither
+**     handed to another nor evicted, every plan freed at the end; and the gemm
+**     plan's key (gemm_lt.h): equal for equal gemms, distinct for distinct
+**     layouts, batch strides, TF32 (float32 only), devices, alignments;
 **   - with a GPU: devices, memory, copies, events, host callbacks, gemm against
-**     a CPU product, launch errors. Without one these say "skipped: <why>".
+**     a CPU product (a repeated gemm a plan-table hit), launch errors. Without
+**     one these say "skipped: <why>".
 */
 #include "check.h"
 #include "../../kernels/runtime.h"
 #include "../../kernels/real/libs.h"
 #include "../../kernels/real/gemm_lt.h"
 #include "../../kernels/real/fatbins.h"
+#include "../../kernels/real/plan_cache.h"
 #include <glob.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -488,6 +495,115 @@ static void test_fatbins(void *unused) {
   globfree(&gl);
 }
 
+/* -- The plan table ------------------------------------------------------------------------ */
+
+typedef struct { int id, freed; } fake_plan;
+static int plans_freed;
+static void free_fake(void *ud, void *plan) {
+  (void)ud;
+  ((fake_plan *)plan)->freed++;
+  plans_freed++;
+}
+
+static void test_plan_cache(void *unused) {
+  fake_plan p[6];
+  memset(p, 0, sizeof p);
+  for (int i = 0; i < 6; i++) p[i].id = i;
+  plans_freed = 0;
+  typedef struct { int64_t a, b; } key;
+  emk_plan_cache *c = emk_plan_cache_new(3, sizeof(key), free_fake, NULL);
+  REQUIRE(c != NULL, "new");
+  key k[6];
+  memset(k, 0, sizeof k);
+  for (int i = 0; i < 6; i++) k[i].a = i, k[i].b = 100 + i;
+  emk_plan_cache_stats st;
+  CHECK(emk_plan_cache_take(c, &k[0]) == NULL, "empty: a miss");
+  CHECK(emk_plan_cache_add(c, &k[0], &p[0]) == 1, "kept");
+  /* out to the first caller: a second one misses (busy) and its plan is not kept */
+  CHECK(emk_plan_cache_take(c, &k[0]) == NULL, "busy: a miss");
+  CHECK(emk_plan_cache_add(c, &k[0], &p[5]) == 0, "a second plan for the key is not kept");
+  emk_plan_cache_give_back(c, &p[0]);
+  CHECK(emk_plan_cache_take(c, &k[0]) == &p[0], "given back: a hit");
+  emk_plan_cache_give_back(c, &p[0]);
+  CHECK(emk_plan_cache_add(c, &k[1], &p[1]) == 1 && emk_plan_cache_add(c, &k[2], &p[2]) == 1,
+        "fill");
+  emk_plan_cache_give_back(c, &p[1]);
+  emk_plan_cache_give_back(c, &p[2]);
+  /* k[0] used last: the least recently used is k[1], evicted for k[3] */
+  CHECK(emk_plan_cache_take(c, &k[0]) == &p[0], "hit");
+  emk_plan_cache_give_back(c, &p[0]);
+  CHECK(emk_plan_cache_add(c, &k[3], &p[3]) == 1, "kept in a full table");
+  CHECK(p[1].freed == 1 && p[0].freed == 0 && p[2].freed == 0, "the least recently used "
+        "plan was freed (%d %d %d)", p[0].freed, p[1].freed, p[2].freed);
+  CHECK(emk_plan_cache_take(c, &k[1]) == NULL, "evicted: a miss");
+  /* every plan out: nothing can be evicted, the new plan is not kept */
+  CHECK(emk_plan_cache_take(c, &k[0]) == &p[0] && emk_plan_cache_take(c, &k[2]) == &p[2],
+        "take two more");
+  CHECK(emk_plan_cache_add(c, &k[4], &p[4]) == 0 && !p[4].freed, "all out: not kept, "
+        "not freed (the caller frees it)");
+  emk_plan_cache_give_back(c, &p[0]);
+  emk_plan_cache_give_back(c, &p[2]);
+  emk_plan_cache_give_back(c, &p[3]);
+  emk_plan_cache_stats_get(c, &st);
+  CHECK(st.entries == 3 && st.capacity == 3 && st.evictions == 1 && st.hits == 4 &&
+        st.misses == 3 && st.busy == 1 && st.not_kept == 2,
+        "stats: %zu entries, %llu hits, %llu misses, %llu busy, %llu evictions, %llu not kept",
+        st.entries, (unsigned long long)st.hits, (unsigned long long)st.misses,
+        (unsigned long long)st.busy, (unsigned long long)st.evictions,
+        (unsigned long long)st.not_kept);
+  emk_plan_cache_delete(c);
+  CHECK(plans_freed == 4 && p[0].freed == 1 && p[2].freed == 1 && p[3].freed == 1 &&
+        p[4].freed == 0 && p[5].freed == 0, "delete frees every kept plan once (%d)",
+        plans_freed);
+  (void)unused;
+}
+
+/* The gemm plan's key: what differs in cuBLASLt's objects or algorithm differs. */
+static void test_gemm_key(void *unused) {
+  emk_lt_args base = {8, 6, 5, 3, 5, 1, 40, 6, 1, 30, 6, 1, 48};
+  uint32_t al[4] = {256, 256, 256, 256};
+  emk_lt_plan p;
+  emk_lt_key k0, k1;
+  REQUIRE(emk_lt_plan_gemm(&base, &p, why, sizeof why) == EM_OK, "%s", why);
+  emk_lt_key_make(&k0, &p, EM_FLOAT32, 0, 0, al, 1 << 20);
+  emk_lt_key_make(&k1, &p, EM_FLOAT32, 0, 0, al, 1 << 20);
+  CHECK(!memcmp(&k0, &k1, sizeof k0), "the same gemm, the same key");
+  struct { const char *what; emk_lt_args g; } var[] = {
+    {"A transposed", {8, 6, 5, 3, 1, 8, 40, 6, 1, 30, 6, 1, 48}},
+    {"B column-major", {8, 6, 5, 3, 5, 1, 40, 1, 5, 30, 6, 1, 48}},
+    {"A padded rows", {8, 6, 5, 3, 7, 1, 56, 6, 1, 30, 6, 1, 48}},
+    {"A batch stride", {8, 6, 5, 3, 5, 1, 48, 6, 1, 30, 6, 1, 48}},
+    {"A broadcast over the batch", {8, 6, 5, 3, 5, 1, 0, 6, 1, 30, 6, 1, 48}},
+    {"C batch stride", {8, 6, 5, 3, 5, 1, 40, 6, 1, 30, 6, 1, 50}},
+    {"C column-major", {8, 6, 5, 3, 5, 1, 40, 6, 1, 30, 1, 8, 48}},
+    {"batch", {8, 6, 5, 2, 5, 1, 40, 6, 1, 30, 6, 1, 48}},
+    {"k", {8, 6, 4, 3, 5, 1, 40, 6, 1, 30, 6, 1, 48}},
+  };
+  for (size_t i = 0; i < sizeof var / sizeof var[0]; i++) {
+    emk_lt_plan q;
+    if (!CHECK(emk_lt_plan_gemm(&var[i].g, &q, why, sizeof why) == EM_OK, "%s: %s", var[i].what,
+               why))
+      continue;
+    emk_lt_key_make(&k1, &q, EM_FLOAT32, 0, 0, al, 1 << 20);
+    CHECK(memcmp(&k0, &k1, sizeof k0) != 0, "%s: a key of its own", var[i].what);
+  }
+  emk_lt_key_make(&k1, &p, EM_FLOAT32, 1, 0, al, 1 << 20);
+  CHECK(memcmp(&k0, &k1, sizeof k0) != 0, "TF32: a key of its own for float32");
+  emk_lt_key_make(&k0, &p, EM_FLOAT64, 0, 0, al, 1 << 20);
+  emk_lt_key_make(&k1, &p, EM_FLOAT64, 1, 0, al, 1 << 20);
+  CHECK(!memcmp(&k0, &k1, sizeof k0), "float64 ignores TF32: one plan");
+  emk_lt_key_make(&k1, &p, EM_FLOAT16, 0, 0, al, 1 << 20);
+  CHECK(memcmp(&k0, &k1, sizeof k0) != 0, "dtype");
+  emk_lt_key_make(&k1, &p, EM_FLOAT64, 0, 1, al, 1 << 20);
+  CHECK(memcmp(&k0, &k1, sizeof k0) != 0, "device");
+  uint32_t al2[4] = {256, 16, 256, 256};
+  emk_lt_key_make(&k1, &p, EM_FLOAT64, 0, 0, al2, 1 << 20);
+  CHECK(memcmp(&k0, &k1, sizeof k0) != 0, "alignment");
+  emk_lt_key_make(&k1, &p, EM_FLOAT64, 0, 0, al, 0);
+  CHECK(memcmp(&k0, &k1, sizeof k0) != 0, "workspace");
+  (void)unused;
+}
+
 /* -- With a GPU ---------------------------------------------------------------------------- */
 
 static int flag;
@@ -557,6 +673,22 @@ static void test_gpu(void *unused) {
         if (hc[bi * M * N + i * N + j] != (float)want) bad++;
       }
   CHECK(bad == 0, "gemm float32: %d of %d wrong", bad, M * N * NB);
+  /* the same gemm again: its plan comes from the table */
+  emk_plan_cache_stats p0, p1;
+  RT_OK(o->stream_sync(rt, s));
+  if (CHECK(emk_real_gemm_plans(rt, &p0) == 0, "the gemm plan table exists")) {
+    RT_OK(o->gemm(rt, s, EM_FLOAT32, M, N, K, NB, da, K, 1, 0, db, 1, K, (int64_t)K * N, dc, N,
+                  1, (int64_t)M * N, 0));
+    CHECK(emk_real_gemm_plans(rt, &p1) == 0 && p1.hits == p0.hits + 1 &&
+          p1.misses == p0.misses && p1.entries == p0.entries, "a repeated gemm is a hit "
+          "(%llu -> %llu hits, %llu -> %llu misses)", (unsigned long long)p0.hits,
+          (unsigned long long)p1.hits, (unsigned long long)p0.misses,
+          (unsigned long long)p1.misses);
+    RT_OK(o->gemm(rt, s, EM_FLOAT32, M, N, K, NB, da, K, 1, 0, db, 1, K, (int64_t)K * N, dc, N,
+                  1, (int64_t)M * N, 1));
+    CHECK(emk_real_gemm_plans(rt, &p1) == 0 && p1.misses == p0.misses + 1,
+          "TF32 allowed: a plan of its own");
+  }
   /* k = 0 writes zeros */
   RT_OK(o->memset_async(rt, dc, 0xFF, sizeof(float) * M * N, s));
   RT_OK(o->gemm(rt, s, EM_FLOAT32, M, N, 0, 1, da, K, 1, 0, db, N, 1, 0, dc, N, 1, 0, 0));
@@ -640,6 +772,8 @@ int main(void) {
   RUN(test_open, NULL);
   RUN(test_plan, NULL);
   RUN(test_cublaslt_layouts, L);
+  RUN(test_plan_cache, NULL);
+  RUN(test_gemm_key, NULL);
   RUN(test_fatbins, NULL);
   RUN(test_gpu, NULL);
   emk_libs_close(L);
