@@ -6,6 +6,11 @@
 ** reductions and their errors, NaN/inf, var/std corrections, p-norms, argmax /
 ** argmin ties and index bases, softmax / log_softmax along each dim. Every
 ** device result is computed twice and must be bit-identical (determinism).
+** test_split covers the work that k_reduce.c cuts across many blocks (few
+** outputs, long slices: 2^20+3 and 2^24 elements), with contiguous, transposed,
+** expanded (stride 0) and misaligned (narrowed by one element) inputs, and
+** sums of integer-valued floats, which double accumulation makes exact in any
+** order: those must equal the CPU's and the closed form bit for bit.
 */
 #include "cuda_check.h"
 
@@ -96,7 +101,9 @@ static int close_all(const em_tensor *g, const em_tensor *w, double tol, double 
 }
 
 /* Runs sp on host tensor h (through view: 0 none, 1 transpose(0, last), 2 expand
-** the first dim of size 1 to 5) on the CPU and on cuda:0 twice; compares. */
+** the first dim of size 1 to 5, 3 narrow the last dim by its first element, so
+** float32 rows start off a 16-byte boundary) on the CPU and on cuda:0 twice;
+** compares. */
 static void compare(em_state *S, const char *what, const spec *sp, em_tensor *h, int view) {
   em_tensor *d = NULL, *hv = NULL, *dv = NULL, *w = NULL, *w2 = NULL, *g[2] = {NULL, NULL},
             *g2[2] = {NULL, NULL}, *gh[2] = {NULL, NULL}, *gh2[2] = {NULL, NULL};
@@ -114,6 +121,10 @@ static void compare(em_state *S, const char *what, const spec *sp, em_tensor *h,
       if (shp[k] == 1) { shp[k] = 5; break; }
     CHECK_OK(S, em_expand(S, h, shp, nd, &hv));
     CHECK_OK(S, em_expand(S, d, shp, nd, &dv));
+  } else if (view == 3) {
+    int64_t n = em_tensor_sizes(h)[nd - 1];
+    CHECK_OK(S, em_narrow(S, h, nd - 1, 1, n - 1, &hv));
+    CHECK_OK(S, em_narrow(S, d, nd - 1, 1, n - 1, &dv));
   } else {
     em_tensor_retain(h); hv = h;
     em_tensor_retain(d); dv = d;
@@ -406,6 +417,153 @@ static void test_arg_softmax(em_state *S) {
   }
 }
 
+/* A tensor of n integer values (i % m) - off: sums of these in double are exact
+** whatever the order, so the device's split sums must match exactly. */
+static em_tensor *make_ints(em_state *S, em_dtype dt, const int64_t *shape, int nd, int m,
+                            int off, double *sum) {
+  int64_t n = 1;
+  for (int k = 0; k < nd; k++) n *= shape[k];
+  double *v = malloc(sizeof(double) * (size_t)n);
+  *sum = 0;
+  for (int64_t i = 0; i < n; i++) *sum += v[i] = (double)(i % m - off);
+  em_tensor *t = NULL;
+  em_from_data(S, shape, nd, dt, v, EM_FLOAT64, &t);
+  free(v);
+  return t;
+}
+
+/* the device's full sum of h (keeps dtype) as a double; NAN on failure */
+static double device_sum(em_state *S, em_tensor *h) {
+  em_tensor *d = NULL, *g = NULL, *gh = NULL;
+  double r = NAN;
+  if (!em_to(S, h, em_tensor_dtype(h), 0, &d) && !em_reduce(S, EM_SUM, d, NULL, 0, 0, &g) &&
+      !em_to(S, g, em_tensor_dtype(g), EM_CPU, &gh))
+    r = t_get(gh, 0);
+  em_tensor_release(d); em_tensor_release(g); em_tensor_release(gh);
+  return r;
+}
+
+/* Few outputs with long slices: the split work (many blocks per output and a
+** combine in chunk order) against the CPU, within tol_of's per-dtype tolerance
+** relative to the slice's mean |x| for sums (the order of a double sum differs
+** from the CPU's; the error is ~1e-16 * sqrt(n) of that), bit-identical twice. */
+static void test_split(em_state *S) {
+  char what[160];
+  const int64_t N1 = (1 << 20) + 3;
+  em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64};
+  for (int t = 0; t < 2; t++) {
+    em_dtype dt = dts[t];
+    const char *dn = em_dtype_name(dt);
+    em_tensor *h = make_rand(S, dt, SHP(N1)), *h2 = make_rand(S, dt, SHP(3, N1)),
+              *hc = make_rand(S, dt, SHP(N1, 3)), *he = make_rand(S, dt, SHP(1, N1));
+    em_redop ops[] = {EM_SUM, EM_MEAN, EM_AMAX, EM_AMIN, EM_LOGSUMEXP, EM_ALL};
+    const char *on[] = {"sum", "mean", "amax", "amin", "logsumexp", "all"};
+    for (int o = 0; o < 6; o++) {
+      spec sp = {OP_REDUCE, ops[o], NULL, 0, 0, 0, 0, 0, 0};
+      snprintf(what, sizeof what, "split %s %s 2^20+3", on[o], dn);
+      compare(S, what, &sp, h, 0);
+      compare(S, what, &sp, h, 3);                   /* misaligned start */
+      snprintf(what, sizeof what, "split %s %s (3, 2^20+3) all", on[o], dn);
+      compare(S, what, &sp, h2, 1);                  /* transposed */
+      spec sr = {OP_REDUCE, ops[o], DM1, 1, 1, 0, 0, 0, 0};
+      snprintf(what, sizeof what, "split %s %s (3, 2^20+3) dim -1", on[o], dn);
+      compare(S, what, &sr, h2, 0);
+      compare(S, what, &sr, h2, 3);
+      spec sc = {OP_REDUCE, ops[o], D0, 1, 0, 0, 0, 0, 0};
+      snprintf(what, sizeof what, "split %s %s (2^20+3, 3) dim 0 (strided)", on[o], dn);
+      compare(S, what, &sc, hc, 0);
+      snprintf(what, sizeof what, "split %s %s expanded (5, 2^20+3)", on[o], dn);
+      compare(S, what, &sp, he, 2);                  /* stride 0 */
+    }
+    for (int sq = 0; sq < 2; sq++) {
+      spec sv = {OP_VAR, EM_SUM, NULL, 0, 0, 1, sq, 0, 0};
+      snprintf(what, sizeof what, "split %s %s", sq ? "std" : "var", dn);
+      compare(S, what, &sv, h, 0);
+      compare(S, what, &sv, he, 2);
+      spec sv1 = {OP_VAR, EM_SUM, DM1, 1, 0, 0, sq, 0, 0};
+      compare(S, what, &sv1, h2, 3);
+    }
+    double ps[] = {2, 1, 3, INFINITY};
+    for (int i = 0; i < 4; i++) {
+      spec sn = {OP_NORM, EM_SUM, NULL, 0, 0, ps[i], 0, 0, 0};
+      snprintf(what, sizeof what, "split norm p=%g %s", ps[i], dn);
+      compare(S, what, &sn, h, 0);
+      compare(S, what, &sn, h2, 1);
+    }
+    for (int mx = 0; mx < 2; mx++) {
+      spec sa = {mx ? OP_ARGMAX : OP_ARGMIN, EM_SUM, NULL, 1, 0, 0, 0, 0, 1};
+      snprintf(what, sizeof what, "split %s %s", mx ? "argmax" : "argmin", dn);
+      compare(S, what, &sa, h, 0);
+      compare(S, what, &sa, h, 3);
+      spec sm = {OP_MAXDIM, EM_SUM, NULL, 0, 0, 0, mx, 1, 0};
+      snprintf(what, sizeof what, "split max/min dim 1 %s", dn);
+      compare(S, what, &sm, h2, 0);
+      compare(S, what, &sm, hc, 1);
+    }
+    /* long rows for softmax (a block per row) and many short ones (a warp per row) */
+    em_tensor *hs = make_rand(S, dt, SHP(4, 100003)), *hw = make_rand(S, dt, SHP(3000, 77));
+    for (int lg = 0; lg < 2; lg++) {
+      spec sm = {OP_SOFTMAX, EM_SUM, NULL, 0, 0, 0, lg, 1, 0};
+      snprintf(what, sizeof what, "%s %s long rows", lg ? "log_softmax" : "softmax", dn);
+      compare(S, what, &sm, hs, 0);
+      compare(S, what, &sm, hs, 3);
+      snprintf(what, sizeof what, "%s %s warp rows", lg ? "log_softmax" : "softmax", dn);
+      compare(S, what, &sm, hw, 0);
+      compare(S, what, &sm, hw, 3);
+      spec s0 = {OP_SOFTMAX, EM_SUM, NULL, 0, 0, 0, lg, 0, 0};
+      compare(S, what, &s0, hs, 1);
+    }
+    spec rs = {OP_REDUCE, EM_SUM, DM1, 1, 0, 0, 0, 0, 0};
+    compare(S, "warp rows sum", &rs, hw, 0);
+    compare(S, "warp rows sum", &rs, hw, 3);
+    em_tensor_release(hs); em_tensor_release(hw);
+    em_tensor_release(h); em_tensor_release(h2); em_tensor_release(hc);
+    em_tensor_release(he);
+  }
+  /* integer-valued floats: exact sums, so the split must give the closed form */
+  struct { em_dtype dt; int64_t n; } ex[] = {{EM_FLOAT64, N1}, {EM_FLOAT32, N1},
+                                             {EM_FLOAT32, 1 << 24}, {EM_FLOAT64, 1 << 24}};
+  for (int t = 0; t < 4; t++) {
+    double want;
+    int64_t n = ex[t].n;
+    em_tensor *h = make_ints(S, ex[t].dt, &n, 1, 13, 5, &want);
+    if (!h) { CHECK(0, "make_ints %lld", (long long)n); continue; }
+    double w = ex[t].dt == EM_FLOAT32 ? (double)(float)want : want;
+    double g1 = device_sum(S, h), g2 = device_sum(S, h);
+    CHECK(g1 == w, "exact sum %s %lld: cuda %.17g, closed form %.17g",
+          em_dtype_name(ex[t].dt), (long long)n, g1, w);
+    CHECK(memcmp(&g1, &g2, sizeof g1) == 0, "exact sum %s: two runs differ",
+          em_dtype_name(ex[t].dt));
+    spec sp = {OP_REDUCE, EM_SUM, NULL, 0, 0, 0, 0, 0, 0};
+    snprintf(what, sizeof what, "split sum %s %lld", em_dtype_name(ex[t].dt), (long long)n);
+    if (n < (1 << 24) || ex[t].dt == EM_FLOAT32) {
+      compare(S, what, &sp, h, 0);
+      spec sm = {OP_REDUCE, EM_MEAN, NULL, 0, 0, 0, 0, 0, 0};
+      compare(S, what, &sm, h, 0);
+      spec sn = {OP_NORM, EM_SUM, NULL, 0, 0, 2, 0, 0, 0};
+      compare(S, what, &sn, h, 0);
+      spec sa = {OP_ARGMAX, EM_SUM, NULL, 1, 0, 0, 0, 0, 0};
+      compare(S, what, &sa, h, 0);
+    }
+    em_tensor_release(h);
+  }
+  /* integers: int64 sums wrap the same in any order */
+  em_tensor *hi = make_rand(S, EM_INT32, SHP(N1)), *hl = make_rand(S, EM_INT64, SHP(2, N1));
+  em_redop iops[] = {EM_SUM, EM_AMAX, EM_PROD, EM_ANY};
+  for (int o = 0; o < 4; o++) {
+    spec sp = {OP_REDUCE, iops[o], NULL, 0, 0, 0, 0, 0, 0};
+    snprintf(what, sizeof what, "split int32 %s", OPN[iops[o]]);
+    compare(S, what, &sp, hi, 0);
+    spec sr = {OP_REDUCE, iops[o], DM1, 1, 0, 0, 0, 0, 0};
+    snprintf(what, sizeof what, "split int64 rows %s", OPN[iops[o]]);
+    compare(S, what, &sr, hl, 0);
+    compare(S, what, &sr, hl, 3);
+  }
+  spec sa = {OP_ARGMIN, EM_SUM, NULL, 1, 0, 0, 0, 0, 0};
+  compare(S, "split int32 argmin", &sa, hi, 0);
+  em_tensor_release(hi); em_tensor_release(hl);
+}
+
 int main(void) {
   em_state *S;
   if (cuda_check_open(&S, "1:256")) return 1;
@@ -414,6 +572,7 @@ int main(void) {
   RUN(test_var_norm, S);
   RUN(test_arg_softmax, S);
   RUN(test_large, S);
+  RUN(test_split, S);
   em_close(S);
   return check_done();
 }
