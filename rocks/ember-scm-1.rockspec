@@ -2,8 +2,11 @@
 --
 --   luarocks --lua-version 5.1 --tree DIR make rocks/ember-scm-1.rockspec
 --
--- (run at the top of the checkout). The build is the Makefile's: `make all` into
--- build-rock/ (its own folder, so an ordinary build/ is left alone), then its
+-- (run at the top of the checkout). The build is the Makefile's portable one:
+-- `make portable` builds for x86-64-v3 (AVX2 and FMA; the AVX-512 kernels are
+-- chosen at run time), not for the building machine's CPU, so that the tree can
+-- be copied to other x86-64 machines; it builds into build-rock/ (its own folder,
+-- so that build/ and build-portable/ are left alone). Then its
 -- install-rock target copies the Lua modules into the tree's share/lua/5.1/ember/,
 -- libember.so and libember_lua.so into lib/lua/5.1/ember/ (ember's Lua layer finds
 -- them there through package.cpath, as `luarocks path` sets it) and the `ember`
@@ -29,12 +32,12 @@ dependencies = {
 }
 build = {
    type = "make",
-   build_target = "all",
+   build_target = "portable",
    -- NVCC= : the kernels' CUDA check build is for developers, not for installs.
-   build_variables = { BUILD = "build-rock", NVCC = "" },
+   build_variables = { PORTABLE_BUILD = "build-rock", NVCC = "" },
    install_target = "install-rock",
    install_variables = {
-      BUILD = "build-rock", NVCC = "",
+      PORTABLE_BUILD = "build-rock", NVCC = "",
       LUADIR = "$(LUADIR)", LIBDIR = "$(LIBDIR)", BINDIR = "$(BINDIR)",
    },
 }

@@ -48,9 +48,8 @@ static void gemm_f64(int64_t M, int64_t N, int64_t K, const double *A, int64_t a
                      int64_t acs, const double *B, int64_t ldb, double *C, int64_t ldc,
                      int acc) {
   enum CBLAS_TRANSPOSE ta = acs == 1 ? CblasNoTrans : CblasTrans;
-  int64_t lda = acs == 1 ? ars : acs;
   cblas_dgemm(CblasRowMajor, ta, CblasNoTrans, (int)M, (int)N, (int)K, 1.0, A,
-              (int)(lda < 1 ? 1 : lda), B, (int)ldb, acc ? 1.0 : 0.0, C, (int)ldc);
+              emi_blas_lda(M, K, ars, acs), B, (int)ldb, acc ? 1.0 : 0.0, C, (int)ldc);
 }
 
 /* -- Per-dtype loops (T is float or double) ------------------------------------------ */
@@ -228,7 +227,7 @@ static int64_t plan_shares(em_state *S, int64_t N, int64_t work) {
 }
 
 /* Shares that call OpenBLAS side by side want it single-threaded meanwhile (the
-** float32 GEMM calls it only where built without AVX-512): see blas.c. */
+** float32 GEMM calls it only on CPUs without AVX-512): see blas.c. */
 static bool shares_use_blas(em_dtype dt, int64_t shares) {
   return shares > 1 && (dt == EM_FLOAT64 || EMI_NN_SGEMM_BLAS);
 }

@@ -143,7 +143,8 @@ void emi_cpu_foreach(em_state *S, em_tensor *const *ops, int nops, int64_t grain
 
 /* F16C converts 8 float16 at a time (the scalar emi_half_to_float is a call with
 ** branches per element): float -> float16 is 6x faster with it. Rounding is to
-** nearest even either way; NaNs stay NaN (payload bits may differ). */
+** nearest even either way; NaNs stay NaN (payload bits may differ). F16C is part
+** of x86-64-v3, the portable build's baseline, so installed builds keep it. */
 void emi_half_to_float_n(float *dst, const char *src, int64_t n, int64_t s, em_dtype dt) {
   int64_t i = 0;
   if (dt == EM_BFLOAT16) {

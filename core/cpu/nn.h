@@ -19,6 +19,17 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
 void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
                        const float *const *B, float *C, int64_t ldc, int acc);
 
+/* The leading dimension to give cblas_?gemm for A (MxK, strides ars/acs, row-major,
+** transposed where acs != 1). BLAS checks lda against the row length even where A
+** has one row (or A^T one column), whose stride is then never used but may be 1:
+** the input gradient of a 1x1 conv with one input channel per group is such a GEMM. */
+static inline int emi_blas_lda(int64_t M, int64_t K, int64_t ars, int64_t acs) {
+  int64_t lda = acs == 1 ? ars : acs;
+  if (acs == 1 && M == 1 && lda < K) lda = K;
+  if (acs != 1 && K == 1 && lda < M) lda = M;
+  return (int)(lda < 1 ? 1 : lda);
+}
+
 /* Whether this process runs the AVX-512 kernels: the CPU and OS support them and
 ** EMBER_CPU_AVX512 is not 0. Decided once, on the first call; any thread. */
 bool emi_cpu_avx512(void);

@@ -62,9 +62,8 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
   }
 #endif
   enum CBLAS_TRANSPOSE ta = acs == 1 ? CblasNoTrans : CblasTrans;
-  int lda = (int)(acs == 1 ? ars : acs);
-  if (lda < 1) lda = 1;
-  cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, A, lda, B,
+  cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, A,
+              emi_blas_lda(M, K, ars, acs), B,
               (int)ldb, acc ? 1.0f : 0.0f, C, (int)ldc);
 }
 

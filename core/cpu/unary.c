@@ -63,7 +63,10 @@ FLOAT_UN2(log, emi_vlogf(x), log(x))
 /* sqrt and rsqrt: unless the build passes -fno-math-errno, GCC keeps libm's errno
 ** contract -- no vector form, and a libm call for every negative input (15 ms
 ** for 4M floats vs 0.3 ms). The x86 vector square root gives the same correctly
-** rounded results (NaN for negatives), so the contiguous case uses it. */
+** rounded results (NaN for negatives), so the contiguous case uses it. AVX is
+** part of x86-64-v3, the portable build's baseline, so installed builds keep this
+** path; wider AVX-512 forms would change no result (each lane is correctly
+** rounded), and no run-time choice is made here. */
 #if defined(__AVX__)
 #include <immintrin.h>
 #define VSQRT_F32(o, a, i, n, RECIP)                                                   \

@@ -96,6 +96,11 @@ H.test('gradcheck of the layers in float64', function()
   local cw = em.randn({ 3, 2, 3, 3 }, d):requires_grad_()
   local cb = em.randn({ 3 }, d):requires_grad_()
   gc('conv2d', function(a, k, c) return nn.F.conv2d(a, k, c, 2, 1) end, { xi, cw, cb })
+  -- 1x1, one input channel per group: the input gradient's GEMM has A of one row
+  gc('conv2d 1x1 from one channel', function(a, k) return nn.F.conv2d(a, k) end,
+    { em.randn({ 2, 1, 3, 4 }, d):requires_grad_(), em.randn({ 4, 1, 1, 1 }, d):requires_grad_() })
+  gc('conv2d 1x1 depthwise', function(a, k) return nn.F.conv2d(a, k, nil, 1, 0, 1, 2) end,
+    { em.randn({ 2, 2, 3, 3 }, d):requires_grad_(), em.randn({ 4, 1, 1, 1 }, d):requires_grad_() })
   gc('max_pool2d', function(a) return nn.F.max_pool2d(a, 2) end, { xi })
   gc('avg_pool2d', function(a) return nn.F.avg_pool2d(a, 3, 2, 1) end, { xi })
   gc('adaptive_avg_pool2d', function(a) return nn.F.adaptive_avg_pool2d(a, { 2, 3 }) end, { xi })
