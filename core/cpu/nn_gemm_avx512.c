@@ -17,6 +17,24 @@
 
 #define EMI_AVX512 __attribute__((target("avx512f")))
 
+/* The end of both 8x32 kernels: rows 0..7 of the accumulators c<r>0, c<r>1 (two
+** vectors, masked by m0/m1 at the right edge) added to C where acc, then stored. */
+#define STORE_ROW(C, ldc, acc, m0, m1, r)                                                \
+  {                                                                                      \
+    float *c = (C) + (r) * (ldc);                                                        \
+    if (acc) {                                                                           \
+      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
+      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
+    }                                                                                    \
+    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
+    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
+  }
+#define STORE_8x32(C, ldc, acc, m0, m1)                                                  \
+  STORE_ROW(C, ldc, acc, m0, m1, 0) STORE_ROW(C, ldc, acc, m0, m1, 1)                    \
+  STORE_ROW(C, ldc, acc, m0, m1, 2) STORE_ROW(C, ldc, acc, m0, m1, 3)                    \
+  STORE_ROW(C, ldc, acc, m0, m1, 4) STORE_ROW(C, ldc, acc, m0, m1, 5)                    \
+  STORE_ROW(C, ldc, acc, m0, m1, 6) STORE_ROW(C, ldc, acc, m0, m1, 7)
+
 /* 8 rows x 32 columns (two vectors, masked at the right edge). */
 EMI_AVX512 static inline void kern8(int64_t K, const float *A, int64_t ars, int64_t acs,
                                     const float *B, int64_t ldb, float *C, int64_t ldc,
@@ -34,18 +52,7 @@ EMI_AVX512 static inline void kern8(int64_t K, const float *A, int64_t ars, int6
     ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
 #undef ROW
   }
-#define OUT(r)                                                                           \
-  {                                                                                      \
-    float *c = C + r * ldc;                                                              \
-    if (acc) {                                                                           \
-      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
-      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
-    }                                                                                    \
-    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
-    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
-  }
-  OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7)
-#undef OUT
+  STORE_8x32(C, ldc, acc, m0, m1)
 }
 
 /* Fewer than 8 rows: one row at a time, 32 columns. */
@@ -124,18 +131,7 @@ EMI_AVX512 static inline void kern8p(int64_t K, const float *const *A, int64_t a
     ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7)
 #undef ROW
   }
-#define OUT(r)                                                                           \
-  {                                                                                      \
-    float *c = C + r * ldc;                                                              \
-    if (acc) {                                                                           \
-      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
-      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
-    }                                                                                    \
-    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
-    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
-  }
-  OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7)
-#undef OUT
+  STORE_8x32(C, ldc, acc, m0, m1)
 }
 
 EMI_AVX512 void emi_nn_sgemm_rows_avx512(int64_t M, int64_t N, int64_t K,
