@@ -49,7 +49,10 @@ endif
 DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev pkg-config \
                 libjpeg62-turbo-dev libpng-dev libopenmpi-dev openmpi-bin iproute2
 RUN_PACKAGES := dataset-fashion-mnist
-BENCH_PACKAGES := python3-torch python3-torchvision python3-pil
+# make bench: the peers (PyTorch 2, TensorFlow 2) come from PyPI into a virtual
+# environment (tests/bench/peers/setup.sh); Debian's Python makes it, and its PIL
+# writes the JPEG benchmark's images.
+BENCH_PACKAGES := python3-venv python3-pip python3-pil
 # test_profile_page opens the profiler's HTML page in headless Chromium;
 # test_gpu_pack runs the packed portable build on an emulated Haswell (qemu-user).
 TEST_PACKAGES := chromium qemu-user

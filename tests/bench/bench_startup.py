@@ -27,6 +27,6 @@ if ember is None:
 else:
     print('RESULT startup %.6g ms lower < 20 ms' % (ember * 1e3))
 if len(sys.argv) > 2:
-    t = wall(['/usr/bin/python3', '-c', 'import torch'])
+    t = wall([sys.executable, '-c', 'import torch'])   # the peers' python (run.sh)
     if t is not None:
         print('TORCH startup %.6g ms' % (t * 1e3))

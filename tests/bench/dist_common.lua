@@ -13,7 +13,7 @@ the RESULT lines run.sh reads. When a launch fails its figures are "n/a (reason)
 and no RESULT line is printed for them (a SKIP line says why).
 
 Standalone, the driver also runs the PyTorch twin (bench_X.py, under
-/usr/bin/python3) once, so that its table carries the ratios measured in the same
+$EMBER_BENCH_PYTHON, default /usr/bin/python3) once, so that its table carries the ratios measured in the same
 run; run.sh sets EMBER_BENCH_PEER=0, as it runs the twin itself, alternating.
 ]]
 local B = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'common.lua')
@@ -23,7 +23,7 @@ local D = {}
 
 D.ember = arg and arg[-1] or 'ember'
 D.script = arg and arg[0]
-D.PY = '/usr/bin/python3'
+D.PY = os.getenv('EMBER_BENCH_PYTHON') or '/usr/bin/python3'   -- run.sh: the peers' environment
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 D.quote = quote

@@ -5,9 +5,12 @@
 #
 # Each bench_NAME.lua runs under BUILD_DIR/ember and prints
 #   RESULT <name> <value> <unit> <lower|higher> <target>
-# and bench_NAME.py, when `/usr/bin/python3 -c 'import torch'` works, prints the
-# same names for PyTorch. Both sides use 2 threads. The table gives
-#   name  ember X unit  torch Y unit  ratio R  (target ...)
+# and bench_NAME.py prints the same names for PyTorch, bench_NAME_tf.py (where
+# there is one) for TensorFlow. The peers are those users pick today, PyTorch 2 and
+# TensorFlow 2 from PyPI, in the virtual environment tests/bench/peers/setup.sh
+# makes or reuses (EMBER_BENCH_PYTHON overrides its python). Every side uses 2
+# threads. The table gives
+#   name  ember X unit  torch Y unit  ratio R  [tf Z unit  ratio_tf S]  (target ...)
 # (best of EMBER_BENCH_ROUNDS alternating runs, default 3) where R is ember's
 # speed relative to PyTorch's: torch/ember for times,
 # ember/torch for throughputs -- above 1 means ember is faster. Startup compares
@@ -29,7 +32,10 @@
 BUILD=${1:-build}
 DIR=$(cd "$(dirname "$0")" && pwd)
 EMBER="$BUILD/ember"
-PY=/usr/bin/python3
+if [ -n "${EMBER_BENCH_PYTHON:-}" ]; then PY=$EMBER_BENCH_PYTHON
+else PY=$(sh "$DIR/peers/setup.sh" --python) || { echo "bench: the peers' environment could not be made"; PY=/usr/bin/python3; }
+fi
+export EMBER_BENCH_PYTHON="$PY" TF_CPP_MIN_LOG_LEVEL=2
 THREADS=2
 export EMBER_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS \
        MKL_NUM_THREADS=$THREADS PYTHONDONTWRITEBYTECODE=1 EMBER_BENCH_PEER=0
@@ -40,13 +46,15 @@ if [ ! -x "$EMBER" ]; then
   echo "bench: $EMBER not found (run make first)"
   exit 1
 fi
-torch=0
+torch=0 tf=0
 if [ -x "$PY" ] && "$PY" -c 'import torch' >/dev/null 2>&1; then torch=1; fi
-echo "ember: $EMBER    torch: $([ $torch = 1 ] && "$PY" -c 'import torch; print(torch.__version__)' || echo n/a)    threads: $THREADS"
+if [ -x "$PY" ] && "$PY" -c 'import tensorflow' >/dev/null 2>&1; then tf=1; fi
+echo "ember: $EMBER    torch: $([ $torch = 1 ] && "$PY" -c 'import torch; print(torch.__version__)' || echo n/a)    tensorflow: $([ $tf = 1 ] && "$PY" -c 'import tensorflow as t; print(t.__version__)' 2>/dev/null || echo n/a)    threads: $THREADS"
 echo
 
 : > "$TMP/ember"
 : > "$TMP/torch"
+: > "$TMP/tf"
 : > "$TMP/skip"
 # The two sides alternate, ROUNDS times, and each keeps its best figure: on a
 # shared machine the load changes between runs, and the best of a few is the
@@ -70,6 +78,13 @@ while [ $r -lt "$ROUNDS" ]; do
       grep '^RESULT ' "$TMP/out" >> "$TMP/torch"
       grep '^SKIP ' "$TMP/out" | sed 's/^SKIP /SKIP torch: /' >> "$TMP/skip"
     fi
+    if [ $tf = 1 ] && [ -f "$DIR/${name}_tf.py" ]; then
+      if ! "$PY" "$DIR/${name}_tf.py" > "$TMP/out" 2>&1; then
+        echo "$name: tensorflow failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
+      fi
+      grep '^RESULT ' "$TMP/out" >> "$TMP/tf"
+      grep -E '^(SKIP|INFO) ' "$TMP/out" | sed -E 's/^(SKIP|INFO) /\1 tensorflow: /' >> "$TMP/skip"
+    fi
   done
 done
 
@@ -90,22 +105,26 @@ else
 fi
 
 echo "RESULT _ 0 _" >> "$TMP/torch"   # never empty: awk tells the files apart by FNR == NR
+echo "RESULT _ 0 _" >> "$TMP/tf"
 
-# Best of the rounds per name, in the direction ember's line gives.
-awk 'FNR == NR { dir[$2] = $5; next }
-     { better = dir[$2]
-       if (!($2 in best) || (better == "lower" ? $3 < best[$2] : $3 > best[$2])) {
-         best[$2] = $3; line[$2] = $0 } }
-     END { for (n in line) print line[n] }' "$TMP/ember" "$TMP/ember" > "$TMP/ember.best"
-awk 'FNR == NR { dir[$2] = $5; next }
-     { better = dir[$2]
-       if (!($2 in best) || (better == "lower" ? $3 < best[$2] : $3 > best[$2])) {
-         best[$2] = $3; line[$2] = $0 } }
-     END { for (n in line) print line[n] }' "$TMP/ember" "$TMP/torch" > "$TMP/torch.best"
-echo "RESULT _ 0 _" >> "$TMP/torch.best"
+# best SIDE: SIDE's best figure of the rounds per name, in the direction ember's
+# line for that name gives.
+best() {
+  awk 'FNR == NR { dir[$2] = $5; next }
+       { better = dir[$2]
+         if (!($2 in best) || (better == "lower" ? $3 < best[$2] : $3 > best[$2])) {
+           best[$2] = $3; line[$2] = $0 } }
+       END { for (n in line) print line[n] }' "$TMP/ember" "$1"
+}
+best "$TMP/ember" > "$TMP/ember.best"
+best "$TMP/torch" > "$TMP/torch.best"; echo "RESULT _ 0 _" >> "$TMP/torch.best"
+best "$TMP/tf" > "$TMP/tf.best"; echo "RESULT _ 0 _" >> "$TMP/tf.best"
 sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
-# The table: join ember's and torch's lines on the name.
-awk -v torch=$torch '
+# The table: ember's lines joined with torch's and tensorflow's on the name. Then the
+# ratios the issues name, as RESULT lines of their own (ember / peer, same run):
+# ddp_cnn_vs_torch2 and ddp_cnn_vs_tf (the threads replicas' global samples/s),
+# train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf.
+awk '
   function cmp(x, op, y) {
     if (op == "<=") return x <= y + 0 ? "met" : "MISSED"
     if (op == "<") return x < y + 0 ? "met" : "MISSED"
@@ -113,23 +132,40 @@ awk -v torch=$torch '
     if (op == ">") return x > y + 0 ? "met" : "MISSED"
     return ""
   }
-  FNR == NR { tv[$2] = $3; tu[$2] = $4; next }
+  function ratio(better, mine, peer) { return better == "lower" ? peer / mine : mine / peer }
+  FILENAME == ARGV[1] { tv[$2] = $3; tu[$2] = $4; next }
+  FILENAME == ARGV[2] { fv[$2] = $3; fu[$2] = $4; next }
   {
-    name = $2; v = $3; unit = $4; better = $5
+    name = $2; v = $3; unit = $4; better = $5; ev[name] = v; eb[name] = better
     target = ""; for (i = 6; i <= NF; i++) target = target (i > 6 ? " " : "") $i
+    r = ""
     if (name in tv && tv[name] > 0 && v > 0) {
-      r = (better == "lower") ? tv[name] / v : v / tv[name]
+      r = ratio(better, v, tv[name])
       t = sprintf("torch %9.4g %-8s", tv[name], tu[name]); rs = sprintf("ratio %6.3g", r)
     } else {
       t = sprintf("torch %9s %-8s", "n/a", ""); rs = sprintf("ratio %6s", "n/a")
     }
-    # the verdict: "ratio OP X" compares the ratio, "OP X unit" the ember figure
+    f = ""
+    if (name in fv && fv[name] > 0 && v > 0)
+      f = sprintf("  tf %9.4g %-8s ratio_tf %6.3g", fv[name], fu[name], ratio(better, v, fv[name]))
+    # the verdict: "ratio OP X" compares the ratio (against PyTorch), "OP X unit" the figure
     n = split(target, w, " "); verdict = ""
-    if (w[1] == "ratio" && n >= 3 && rs !~ /n\/a/) verdict = cmp(r, w[2], w[3])
+    if (w[1] == "ratio" && n >= 3 && r != "") verdict = cmp(r, w[2], w[3])
     else if (w[1] != "ratio" && n >= 2) verdict = cmp(v, w[1], w[2])
-    printf "%-24s ember %9.4g %-8s %s %s  (target %s)%s\n", name, v, unit, t, rs, target,
+    printf "%-24s ember %9.4g %-8s %s %s%s  (target %s)%s\n", name, v, unit, t, rs, f, target,
            verdict == "" ? "" : "  " verdict
   }
-' "$TMP/torch.best" "$TMP/ember"
+  END {
+    split("ddp_cnn_vs:ddp_cnn_local train_cnn_fp32_vs:train_cnn train_mlp_fp32_vs:train_mlp", pairs, " ")
+    for (i = 1; i in pairs; i++) {
+      split(pairs[i], kv, ":"); key = kv[2]
+      if (!(key in ev) || ev[key] <= 0) continue
+      if (key in tv && tv[key] > 0)
+        printf "RESULT %s_torch2 %.4g x higher\n", kv[1], ratio(eb[key], ev[key], tv[key])
+      if (key in fv && fv[key] > 0)
+        printf "RESULT %s_tf %.4g x higher\n", kv[1], ratio(eb[key], ev[key], fv[key])
+    }
+  }
+' "$TMP/torch.best" "$TMP/tf.best" "$TMP/ember"
 # Skipped configurations, once each.
 if [ -s "$TMP/skip" ]; then echo; sort -u "$TMP/skip"; fi
