@@ -11,8 +11,13 @@ each with batch 128 per replica on its shard of the shuffled train set, Adam
 bench_ddp_cnn.py, runs DDP over gloo, 2 processes x torch.set_num_threads(1),
 DistributedSampler over the same data, and prints its figure under the names
 ddp_cnn_local and ddp_cnn_mpi: run.sh's ratios are ember/DDP (the issue's goal:
->= 1.5 x). ddp_cnn_2x1_vs_1x2 is 2 replicas x 1 thread against 1 replica x 2
-threads.
+>= 1.5 x). The TensorFlow twin, bench_ddp_cnn_tf.py, trains the same CNN in Keras
+under MirroredStrategy (2 logical CPU devices) and MultiWorkerMirroredStrategy (2
+workers on localhost) and prints the faster under the same names. Standalone, this
+driver runs both twins itself and ends with ddp_cnn_vs_torch2 and ddp_cnn_vs_tf
+(ember --replicas 2 over each peer, same run); under run.sh, which runs the twins,
+run.sh prints those. ddp_cnn_2x1_vs_1x2 is 2 replicas x 1 thread against 1 replica
+x 2 threads.
 
   ember tests/bench/bench_ddp_cnn.lua [--steps N]    N steps per replica after 10
                                                       (default 100, or EMBER_BENCH_DDP_STEPS)
@@ -36,6 +41,8 @@ local runs, why = {}, {}
 for _, c in ipairs(configs) do runs[c[1]], why[c[1]] = D.launch(c[2], c[3], c[4], args) end
 local peer, peer_why = D.peer(dir .. 'bench_ddp_cnn.py', args)
 local ddp = peer and peer.ddp_cnn_local
+local tfp, tf_why = D.peer(dir .. 'bench_ddp_cnn_tf.py', args, 'tensorflow')
+local tfm = tfp and tfp.ddp_cnn_local      -- the faster of its two strategies
 
 print(('Fashion-MNIST CNN, batch 128 per replica, %s; global samples/s'):format(
   epochs and epochs .. ' epochs' or (args[2] or W.STEPS) .. ' steps per replica after ' .. W.WARM))
@@ -57,6 +64,11 @@ if peer then
 else
   print(('%-46s n/a (%s)'):format('PyTorch DDP gloo, 2 processes x 1 thread', peer_why))
 end
+if tfm then
+  print(('%-46s %10.0f'):format('TensorFlow, the faster of Mirrored(2 CPUs) and MultiWorker(2)', tfm))
+else
+  print(('%-46s n/a (%s)'):format('TensorFlow MirroredStrategy / MultiWorker', tf_why))
+end
 if runs['local'] and runs['1x2'] then
   print(('2 replicas x 1 thread vs 1 replica x 2 threads: %.2f x'):format(
     runs['local'].samples_s / runs['1x2'].samples_s))
@@ -70,6 +82,13 @@ for _, c in ipairs(configs) do
   else
     D.skip('ddp_cnn_' .. c[1], why[c[1]])
   end
+end
+-- Against the peers, same run (run.sh prints these itself when it runs the twins).
+if runs['local'] and ddp then
+  D.B.result('ddp_cnn_vs_torch2', runs['local'].samples_s / ddp, 'x', 'higher', '>= 1.5 x')
+end
+if runs['local'] and tfm then
+  D.B.result('ddp_cnn_vs_tf', runs['local'].samples_s / tfm, 'x', 'higher', '-')
 end
 if runs['local'] and runs['1x2'] then
   D.B.result('ddp_cnn_2x1_vs_1x2', runs['local'].samples_s / runs['1x2'].samples_s, 'x',

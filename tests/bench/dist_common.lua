@@ -23,7 +23,15 @@ local D = {}
 
 D.ember = arg and arg[-1] or 'ember'
 D.script = arg and arg[0]
-D.PY = os.getenv('EMBER_BENCH_PYTHON') or '/usr/bin/python3'   -- run.sh: the peers' environment
+-- The peers' python: run.sh's (EMBER_BENCH_PYTHON), else the environment that
+-- tests/bench/peers/setup.sh made, else Debian's.
+local function peers_python()
+  local cache = os.getenv('XDG_CACHE_HOME') or ((os.getenv('HOME') or '') .. '/.cache')
+  local py = (os.getenv('EMBER_PEERS_VENV') or (cache .. '/ember/peers')) .. '/bin/python'
+  local f = io.open(py, 'r')
+  if f then f:close(); return py end
+end
+D.PY = os.getenv('EMBER_BENCH_PYTHON') or peers_python() or '/usr/bin/python3'
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 D.quote = quote
@@ -115,17 +123,18 @@ function D.launch(how, n, threads, args)
   return r
 end
 
--- The PyTorch twin's RESULT lines {name = value}, when it is wanted and can run;
--- else nil and why.
-function D.peer(pyfile, args)
+-- A twin's RESULT lines {name = value} (module: 'torch', the default, or
+-- 'tensorflow' for a _tf twin), when it is wanted and can run; else nil and why.
+function D.peer(pyfile, args, module)
+  module = module or 'torch'
   local want = os.getenv('EMBER_BENCH_PEER')
   if want == '0' then return nil, 'run.sh runs it' end
-  if select(2, D.sh(D.PY .. " -c 'import torch'")) ~= 0 then return nil, 'no torch' end
-  local out, rc = D.sh(('EMBER_NUM_THREADS=2 OMP_NUM_THREADS=2 PYTHONDONTWRITEBYTECODE=1 %s %s %s')
-    :format(D.PY, quote(pyfile), argstring(args)))
+  if select(2, D.sh(D.PY .. " -c 'import " .. module .. "'")) ~= 0 then return nil, 'no ' .. module end
+  local out, rc = D.sh(('EMBER_NUM_THREADS=2 OMP_NUM_THREADS=2 TF_CPP_MIN_LOG_LEVEL=2 ' ..
+    'PYTHONDONTWRITEBYTECODE=1 %s %s %s'):format(D.PY, quote(pyfile), argstring(args)))
   local r, any = {}, false
   for k, v in out:gmatch('RESULT (%S+) (%S+)') do r[k] = tonumber(v); any = true end
-  if rc ~= 0 or not any then return nil, 'torch failed: ' .. (last_line(out) or rc) end
+  if rc ~= 0 or not any then return nil, module .. ' failed: ' .. (last_line(out) or rc) end
   return r
 end
 
