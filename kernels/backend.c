@@ -3,8 +3,8 @@
 ** for devices cuda:0 .. N-1. Today: storages through the caching allocator,
 ** copies (host to device, device to host, within a device) and fill. Every other
 ** entry is NULL, so the dispatch point answers an op on a cuda tensor with
-** "<op>: the cuda backend has no '<entry>' kernel (device cuda:N)" until its
-** kernel lands (issue 10).
+** "<op>: the cuda backend has no '<entry>' kernel (device cuda:N)" for an op
+** without a device kernel.
 **
 ** Streams. Every op of a state on a device is queued on that device's compute
 ** stream, so they run in call order and the host does not wait. Memory freed by

@@ -7,9 +7,9 @@ used) or, with EMBER_CUDA_EMULATE=N[:MB], N emulated devices whose memory,
 streams and kernels are the CUDA backend's own code running on the CPU
 (kernels/). Tensors move with t:cuda([i]), t:to('cuda:1') and t:cpu(); ops are
 queued on the device's stream, and reading a value (item, totable, printing,
-cpu) waits for the work that computes it. The nn ops on cuDNN, the fused
-optimizers and CUDA graphs are issue 11: until then they say so, naming the op
-and the device.
+cpu) waits for the work that computes it. nn ops run on cuDNN and ember's kernels,
+optimizers as fused multi-tensor kernels, and captured steps as CUDA graphs; an op
+without a device kernel is an error naming the op and the device.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'

@@ -45,7 +45,7 @@ end
 
 -- -- Linear and activations -----------------------------------------------------------
 -- One C call (em_linear): without autograd recording it makes no tensor but the
--- result, where x:matmul(w:t()) + b made three (small-net inference, issue 12).
+-- result, where x:matmul(w:t()) + b makes three (what small-net inference pays for).
 function F.linear(x, w, b)
   local hx, hw = H(x, 'linear', 1), H(w, 'linear', 2)
   local hb = nil

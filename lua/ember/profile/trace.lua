@@ -25,7 +25,7 @@ local M = {}
 -- Names as JSON strings, through the core's JSON writer; bytes that are not
 -- UTF-8 (a user's range name, say) become '?'.
 local function quote(s)
-  if ffi.C.em_utf8_valid(s, #s) == 0 then s = s:gsub('[\128-\255]', '?') end
+  if core.C.em_utf8_valid(s, #s) == 0 then s = s:gsub('[\128-\255]', '?') end
   return core.json_quote(s)
 end
 M.quote = quote
@@ -75,7 +75,7 @@ function M.part(p, rank, zero)
         local dims = {}
         for d = 0, math.min(e.ndim, 8) - 1 do dims[#dims + 1] = tostring(tonumber(e.sizes[d])) end
         args = fmt('{"shape":"[%s]","dtype":"%s","device":"%s"}', table.concat(dims, ','),
-                   ffi.string(ffi.C.em_dtype_name(e.dtype)),
+                   ffi.string(core.C.em_dtype_name(e.dtype)),
                    e.device < 0 and 'cpu' or ('cuda:' .. e.device))
       elseif k == K.COLLECTIVE then
         args = fmt('{"bytes":%d,"waiting_for_peers_us":%.3f,"replicas":%d,"seq":%d}',
