@@ -70,21 +70,24 @@ CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
 LDLIBS  := $(BLAS_LIBS) -ljpeg -lpng -lz -lm -lpthread -ldl
 
 CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c core/data/*.c \
-                      core/dist/*.c core/profile/*.c \
-                      kernels/*.c kernels/emu/*.c)
-# kernels/real/ talks to the real CUDA libraries, which it loads at run time
-# (dlopen): it takes only types and constants from the toolkit's headers. Without
-# them libs.c and runtime_real.c are stubs that say so at run time, and
-# gemm_real.c keeps only its GPU-free layout arithmetic.
+                      core/dist/*.c core/profile/*.c core/device/*.c core/meta/*.c)
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+# The CUDA backend is a library of its own, libember_cuda.so, that libember loads
+# when a state first asks for a CUDA device (core/device/registry.c): a CPU-only
+# host carries none of it. kernels/real/ talks to the real CUDA libraries, which
+# it loads at run time (dlopen): it takes only types and constants from the
+# toolkit's headers. Without them libs.c and runtime_real.c are stubs that say so
+# at run time, and gemm_real.c keeps only its GPU-free layout arithmetic.
+CUDA_SRC := $(wildcard kernels/*.c kernels/emu/*.c)
 CUDA_HOME ?= /usr/local/cuda
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),)
 CUDA_CFLAGS := -I$(CUDA_HOME)/include
-CORE_SRC += $(wildcard kernels/real/*.c)
+CUDA_SRC += $(wildcard kernels/real/*.c)
 else
 CUDA_CFLAGS :=
-CORE_SRC += kernels/real/libs.c kernels/real/runtime_real.c kernels/real/gemm_real.c
+CUDA_SRC += kernels/real/libs.c kernels/real/runtime_real.c kernels/real/gemm_real.c
 endif
-CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+CUDA_OBJ := $(CUDA_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
 LUA_SRC  := $(wildcard lua/ember/*.lua lua/ember/*/*.lua)
@@ -114,7 +117,7 @@ FATBIN_S   := $(BUILD)/kernels/fatbins.S
 FATBIN_OBJ := $(BUILD)/obj/kernels/fatbins.o
 
 all: deps $(BUILD)/libember.so $(BUILD)/libember.a $(BUILD)/ember $(BUILD)/libember_lua.so \
-     $(LUA_OUT) $(KERNEL_FATBIN) report
+     $(BUILD)/libember_cuda.so $(BUILD)/libember_cuda.a $(LUA_OUT) $(KERNEL_FATBIN) report
 
 # -- Dependencies ---------------------------------------------------------------
 # dpkg-query tells which packages are missing; only then is apt-get run.
@@ -214,12 +217,21 @@ $(BUILD)/obj/lua/host/%.o: lua/host/%.c lua/host/host.h core/include/ember.h | d
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -DEMBER_PREFIX='"$(PREFIX)"' -c $< -o $@
 
-$(BUILD)/libember.a: $(CORE_OBJ) $(FATBIN_OBJ)
+$(BUILD)/libember.a: $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/libember.so: $(CORE_OBJ) $(FATBIN_OBJ)
-	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/libember.so: $(CORE_OBJ)
+	$(CC) -shared $(SANFLAGS) -Wl,-soname,libember.so -o $@ $^ $(LDLIBS)
+
+# The CUDA backend with its fatbins. Core's functions stay undefined here: they
+# bind to the one core of the process (libember.so, or a host that links
+# libember.a and exports its symbols) when the registry loads the library.
+$(BUILD)/libember_cuda.so: $(CUDA_OBJ) $(FATBIN_OBJ)
+	$(CC) -shared $(SANFLAGS) -o $@ $^ -lm -lpthread -ldl
+$(BUILD)/libember_cuda.a: $(CUDA_OBJ) $(FATBIN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
 # The ember command links the core statically and exports its symbols, so the
 # Lua layer finds them through ffi.C without loading the shared library.
@@ -245,9 +257,13 @@ $(BUILD)/lua/ember/cdefs.lua: core/include/ember.h tools/gen_cdefs.sh | deps
 	@mv $@.tmp $@
 
 # -- Tests ------------------------------------------------------------------------------
-$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a
+# The C tests link the CUDA backend in (the tests of kernels/ reach inside it) and
+# export it (-rdynamic): the registry then finds it in the process and loads no
+# library.
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a $(BUILD)/libember_cuda.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(BUILD)/libember.a $(LDLIBS)
+	$(CC) $(CFLAGS) -rdynamic -Itests/c -o $@ $< -Wl,--whole-archive $(BUILD)/libember_cuda.a \
+	  -Wl,--no-whole-archive $(BUILD)/libember.a $(LDLIBS)
 
 # The GPU carry's tests (tests/bench/gpu_pack.sh): the C tests that touch a device,
 # linked against libember.so (one copy of the core and the fatbins for all of them),
@@ -257,9 +273,10 @@ GPU_TESTS := test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwi
              test_cuda_matmul test_cuda_dnn test_cuda_graph test_cuda_loader test_comm_nccl
 .PHONY: gpu-tests
 gpu-tests: $(GPU_TESTS:%=$(BUILD)/gpu-tests/%)
-$(BUILD)/gpu-tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.so
+$(BUILD)/gpu-tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.so $(BUILD)/libember_cuda.so
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/c -o $@ $< -L$(BUILD) -lember -Wl,-rpath,'$$ORIGIN/../lib' $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests/c -o $@ $< -L$(BUILD) -Wl,--no-as-needed -lember_cuda -lember \
+	  -Wl,-rpath,'$$ORIGIN/../lib' $(LDLIBS)
 
 ifeq ($(SANITIZE),1)
 test: deps $(CTEST_BIN)
@@ -338,7 +355,8 @@ install: portable
 	  $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/lua/5.1/ember
 	install -m 755 $(PORTABLE_BUILD)/ember $(DESTDIR)$(PREFIX)/bin/ember
 	install -m 644 $(PORTABLE_BUILD)/libember.a $(PORTABLE_BUILD)/libember.so \
-	  $(PORTABLE_BUILD)/libember_lua.so $(DESTDIR)$(PREFIX)/lib/
+	  $(PORTABLE_BUILD)/libember_lua.so $(PORTABLE_BUILD)/libember_cuda.so \
+	  $(PORTABLE_BUILD)/libember_cuda.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 core/include/ember.h $(DESTDIR)$(PREFIX)/include/
 	cp -R $(PORTABLE_BUILD)/lua/ember/. $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \
@@ -352,7 +370,8 @@ install: portable
 install-rock: portable
 	install -d $(LUADIR)/ember $(LIBDIR)/ember $(BINDIR)
 	cp -R $(PORTABLE_BUILD)/lua/ember/. $(LUADIR)/ember/
-	install -m 644 $(PORTABLE_BUILD)/libember.so $(PORTABLE_BUILD)/libember_lua.so $(LIBDIR)/ember/
+	install -m 644 $(PORTABLE_BUILD)/libember.so $(PORTABLE_BUILD)/libember_lua.so \
+	  $(PORTABLE_BUILD)/libember_cuda.so $(LIBDIR)/ember/
 	install -m 755 $(PORTABLE_BUILD)/ember $(BINDIR)/ember
 
 clean:

@@ -44,6 +44,7 @@ em_status em_open(em_state **out, const em_config *cfg) {
   S->alloc = alloc;
   S->alloc_ud = cfg->alloc_ud;
   S->cpu = (emi_device){S, EM_CPU, &emi_cpu_backend, NULL};
+  S->meta = (emi_device){S, EM_META, &emi_meta_backend, NULL};
   S->rng_seed = cfg->seed;
   S->cache_limit = cfg->cache_limit < 0 ? 0
                  : cfg->cache_limit == 0 ? (size_t)512 << 20 : (size_t)cfg->cache_limit;
@@ -67,7 +68,7 @@ void em_close(em_state *S) {
   if (!S) return;
   emi_backward_callbacks_free(S);
   emi_profile_free(S);
-  emi_cuda_detach(S);
+  emi_devices_close(S);
   emi_workers_free(S->workers);
   emi_cache_release(S);
   pthread_mutex_destroy(&S->cache_mu);
@@ -139,11 +140,6 @@ const char *emi_tshape(em_state *S, const em_tensor *t) {
   return t ? emi_shape_str(b, t->sizes, t->ndim) : "(nil)";
 }
 
-const char *emi_device_name(char *buf, int device) {
-  if (device == EM_CPU) strcpy(buf, "cpu");
-  else sprintf(buf, "cuda:%d", device);
-  return buf;
-}
 
 em_status emi_no_kernel(em_state *S, const char *op, const char *entry, int device) {
   char b[32];
@@ -169,6 +165,13 @@ em_status em_set_index_base(em_state *S, int base) {
   return EM_OK;
 }
 int em_get_index_base(em_state *S) { return S->index_base; }
+
+long long emi_ix(const em_state *S, long long v) { return v < 0 ? v : v + S->index_base; }
+
+void emi_host_allocator(em_state *S, em_alloc_fn *fn, void **ud) {
+  *fn = S->alloc;
+  *ud = S->alloc_ud;
+}
 
 em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim) {
   int d = *dim, n = ndim > 0 ? ndim : 1;

@@ -13,12 +13,24 @@ enum { STORAGE_ALIGN = 64 };
 /* -- Storage ------------------------------------------------------------------- */
 
 /* Storages may be made on loader worker threads, so the counters are atomic. */
-static void account(em_state *S, size_t nbytes) {
-  int64_t now = __atomic_add_fetch(&S->mem_allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
-  int64_t peak = __atomic_load_n(&S->mem_peak, __ATOMIC_RELAXED);
+static void count_up(int64_t *allocated, int64_t *peakp, int64_t nbytes) {
+  int64_t now = __atomic_add_fetch(allocated, nbytes, __ATOMIC_RELAXED);
+  int64_t peak = __atomic_load_n(peakp, __ATOMIC_RELAXED);
   while (now > peak &&
-         !__atomic_compare_exchange_n(&S->mem_peak, &peak, now, 1, __ATOMIC_RELAXED,
+         !__atomic_compare_exchange_n(peakp, &peak, now, 1, __ATOMIC_RELAXED,
                                       __ATOMIC_RELAXED)) {}
+}
+
+/* The state's total, and the CPU's or the meta device's own (accelerators keep
+** theirs in their allocators). */
+static emi_mem_count *device_count(em_state *S, int device) {
+  return device == EM_CPU ? &S->cpu_mem : device == EM_META ? &S->meta_mem : NULL;
+}
+
+static void account(em_state *S, int device, size_t nbytes) {
+  count_up(&S->mem_allocated, &S->mem_peak, (int64_t)nbytes);
+  emi_mem_count *c = device_count(S, device);
+  if (c) count_up(&c->allocated, &c->peak, (int64_t)nbytes);
 }
 
 static emi_storage *storage_new(emi_device *d, size_t nbytes) {
@@ -31,7 +43,7 @@ static emi_storage *storage_new(emi_device *d, size_t nbytes) {
   st->version = 0;
   st->ext_free = NULL;
   st->ext_ud = NULL;
-  account(S, nbytes);
+  account(S, d->index, nbytes);
   return st;
 }
 
@@ -46,6 +58,8 @@ void emi_storage_release(emi_storage *st) {
   if (!last_reference(&st->refcount)) return;
   em_state *S = st->S;
   __atomic_sub_fetch(&S->mem_allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
+  emi_mem_count *c = device_count(S, st->device);
+  if (c) __atomic_sub_fetch(&c->allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
   if (st->ext_free) {            /* data from a buffer allocator, header on its own */
     st->ext_free(st->ext_ud, st->data, st->nbytes);
     emi_free(S, st, sizeof *st);
@@ -83,6 +97,7 @@ int64_t em_tensor_numel(const em_tensor *t) { return t->numel; }
 em_dtype em_tensor_dtype(const em_tensor *t) { return t->dtype; }
 int em_tensor_device(const em_tensor *t) { return t->device; }
 void *em_tensor_data(const em_tensor *t) {
+  if (!t->storage->data) return NULL;         /* meta tensors, empty device tensors */
   return (char *)t->storage->data + t->offset * (int64_t)em_dtype_size(t->dtype);
 }
 int em_tensor_same_storage(const em_tensor *a, const em_tensor *b) {
@@ -236,11 +251,12 @@ em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
   st->block_size = sizeof *st;
   st->ext_free = free_fn;
   st->ext_ud = ud;
-  account(S, nbytes);
+  account(S, EM_CPU, nbytes);
   em_tensor *t = handle_new(S, st, sizes, ndim, dt);
   if (!t) {                       /* the caller still owns data on failure */
     st->ext_free = NULL;
     __atomic_sub_fetch(&S->mem_allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&S->cpu_mem.allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
     emi_free(S, st, sizeof *st);
   }
   return t;
@@ -254,14 +270,14 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
     return emi_error(S, EM_ERR_DTYPE, "%s: invalid dtype %d", op, (int)dt);
   emi_device *d = emi_device_of(S, device);
   if (__builtin_expect(!d, 0)) {
-    if (device < EM_CPU)
-      return emi_error(S, EM_ERR_DEVICE, "%s: invalid device %d (cpu is %d, CUDA "
-                       "devices are 0, 1, ...)", op, device, EM_CPU);
-    if (S->cuda && device < EMI_MAX_DEVICES)
+    if (device < EM_META)
+      return emi_error(S, EM_ERR_DEVICE, "%s: invalid device %d (cpu is %d, meta %d, "
+                       "CUDA devices are 0, 1, ...)", op, device, EM_CPU, EM_META);
+    if (S->kinds[0].ctx && device < EMI_MAX_DEVICES)
       return emi_error(S, EM_ERR_DEVICE, "%s: no device cuda:%d (this state has %d)", op,
-                       device, em_cuda_device_count(S));
+                       device, emi_accel_count(S));
     return emi_error(S, EM_ERR_DEVICE, "%s: device cuda:%d is not available: %s", op,
-                     device, S->cuda_why[0] ? S->cuda_why : "no CUDA device");
+                     device, emi_accel_why(S));
   }
   S->alloc_why[0] = 0;
   em_tensor *t = tensor_alloc(d, sizes, ndim, dt);

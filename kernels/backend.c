@@ -1,10 +1,9 @@
 /*
-** backend.c -- the CUDA backend's function table (emi_backend, core/internal.h)
-** for devices cuda:0 .. N-1. Today: storages through the caching allocator,
-** copies (host to device, device to host, within a device) and fill. Every other
-** entry is NULL, so the dispatch point answers an op on a cuda tensor with
-** "<op>: the cuda backend has no '<entry>' kernel (device cuda:N)" for an op
-** without a device kernel.
+** backend.c -- the CUDA backend's op table (emi_backend, core/backend.h) for
+** devices cuda:0 .. N-1: storages through the caching allocator, copies (host to
+** device, device to host, within and between devices) here, and every other
+** entry from the kernel files (k_*.c, the launchers of the device code in
+** k_*.cu) and the libraries (cuBLASLt, cuDNN).
 **
 ** Streams. Every op of a state on a device is queued on that device's compute
 ** stream, so they run in call order and the host does not wait. Memory freed by
@@ -36,7 +35,7 @@ static emi_storage *cuda_alloc(emi_device *d, size_t nbytes) {
   char err[EMK_ERRMSG_SIZE];
   if (nbytes && emk_alloc_malloc(cd->cuda->alloc, cd->index, nbytes, cd->compute, &p, err,
                                  sizeof err)) {
-    snprintf(S->alloc_why, sizeof S->alloc_why, "%.250s", err);   /* emi_tensor_new says it */
+    emi_alloc_failed(S, err);                      /* emi_tensor_new says it */
     emi_free(S, st, sizeof *st);
     return NULL;
   }
@@ -77,7 +76,8 @@ static em_status host_snapshot(em_state *S, const em_tensor *src, em_dtype dt,
                                em_tensor **out) {
   em_status st = emi_tensor_new(S, "copy", src->sizes, src->ndim, dt, EM_CPU, out);
   if (st) return st;
-  if ((st = S->cpu.backend->copy(&S->cpu, *out, src))) em_tensor_release(*out);
+  emi_device *cpu = emi_cpu_device(S);
+  if ((st = cpu->backend->copy(cpu, *out, src))) em_tensor_release(*out);
   return st;
 }
 
@@ -144,7 +144,7 @@ static em_status to_host(emi_device *d, em_tensor *out, const em_tensor *src) {
     st = emk_error(d, "copy to host", st);
     goto done;
   }
-  if (!direct) st = S->cpu.backend->copy(&S->cpu, out, h);
+  if (!direct) st = emi_cpu_device(S)->backend->copy(emi_cpu_device(S), out, h);
 done:
   if (h != out) em_tensor_release(h);
   em_tensor_release(stage);
@@ -171,9 +171,9 @@ static em_status order_after(emk_cuda *c, int first_dev, emk_stream *first,
 ** read it. A strided source is gathered on its own device first; a strided or
 ** other-dtype destination is filled on its device from a contiguous stage. */
 static em_status peer_copy(em_state *S, em_tensor *out, const em_tensor *src) {
-  emk_cuda_device *sd = emk_dev(S->devices[src->device]);
-  emk_cuda_device *dd = emk_dev(S->devices[out->device]);
-  emk_cuda *c = sd->cuda;
+  emk_cuda *c = emk_ctx(S);
+  emk_cuda_device *sd = c->dev[src->device];
+  emk_cuda_device *dd = c->dev[out->device];
   emk_runtime *rt = c->rt;
   em_tensor *from = (em_tensor *)src, *gathered = NULL, *to = out, *stage = NULL;
   em_status st = EM_OK;
@@ -218,7 +218,7 @@ static em_status refuse_in_graph(em_state *S, em_tensor *out, const em_tensor *s
   int devs[2] = {out->device, src->device};
   for (int i = 0; i < 2; i++) {
     if (devs[i] < 0) continue;
-    emi_device *x = S->devices[devs[i]];
+    emi_device *x = &emk_ctx(S)->dev[devs[i]]->base;
     if (emk_dev(x)->capture && src->device != EM_CPU)   /* from the CPU: to_device */
       return emk_graph_refuse(x, "copy", out->device == EM_CPU
                               ? "a copy to the CPU (reading values)"

@@ -1,14 +1,15 @@
 /*
-** cuda.c -- opening a state's CUDA devices on first use, closing them with the
-** state, and the em_cuda_* calls of ember.h.
+** cuda.c -- the CUDA device kind (emk_cuda_kind): opening a state's CUDA devices
+** on its first use of one, closing them with the state, and the kind's own
+** calls that ember.h's em_cuda_* reach through core/device/cuda_api.c.
 **
 ** Which runtime. EMBER_CUDA_EMULATE=N[:MB] opens the emulated runtime
 ** (kernels/emu/): N devices whose memory, streams and kernels are the backend's
 ** own code running on the CPU. Without it, the real runtime (kernels/real/: the
 ** CUDA runtime and cuBLASLt, loaded with dlopen) finds the GPUs; on a machine
 ** without a driver or a GPU there are no CUDA devices, and the reason says so.
-** The devices are looked for once per state, at the first use of a device
-** number >= 0 (emi_device_of's slow path), so a CPU-only script pays nothing.
+** The registry opens the kind once per state, at the first use of a device
+** number >= 0, so a CPU-only script pays nothing.
 */
 #include "cuda.h"
 #include "emu/grid.h"
@@ -22,7 +23,6 @@ static void close_all(em_state *S, emk_cuda *c) {
     if (d->comm) c->rt->ops->stream_destroy(c->rt, d->comm);
     if (d->copy) c->rt->ops->stream_destroy(c->rt, d->copy);
     if (d->compute) c->rt->ops->stream_destroy(c->rt, d->compute);
-    S->devices[i] = NULL;
     emi_free(S, d, sizeof *d);
   }
   if (c->alloc) emk_alloc_close(c->alloc);
@@ -36,16 +36,11 @@ static void close_all(em_state *S, emk_cuda *c) {
 ** reaches. The flag is for Lua (which can't be entered from inside an op: its
 ** layer collects at the next tensor it makes, see em_memory_pressure_flag); an
 ** embedder's reclaim hook runs now, and the allocator then retries. */
-static void oom_hook(void *ud, int dev, size_t n) {
-  em_state *S = ud;
-  __atomic_store_n(&S->memory_pressure, 1, __ATOMIC_RELAXED);
-  if (S->reclaim_hook) S->reclaim_hook(S->reclaim_ud, dev, n);
-}
+static void oom_hook(void *ud, int dev, size_t n) { emi_memory_pressure(ud, dev, n, 1); }
 
 static void pressure_hook(void *ud, int dev, size_t allocated, size_t capacity) {
-  (void)dev; (void)allocated; (void)capacity;
-  em_state *S = ud;
-  __atomic_store_n(&S->memory_pressure, 1, __ATOMIC_RELAXED);
+  (void)allocated; (void)capacity;
+  emi_memory_pressure(ud, dev, 0, 0);
 }
 
 /* The runtime: emulated when EMBER_CUDA_EMULATE asks, else the real one. */
@@ -70,7 +65,7 @@ static em_status open_runtime(emk_runtime **rt, int *emulated, char *why, size_t
   return st;
 }
 
-static em_status open_devices(em_state *S, char *why, size_t whylen) {
+static em_status open_devices(em_state *S, void **ctx, char *why, size_t whylen) {
   emk_runtime *rt = NULL;
   int emulated = 0;
   char err[EMK_ERRMSG_SIZE];
@@ -86,9 +81,9 @@ static em_status open_devices(em_state *S, char *why, size_t whylen) {
   pthread_mutex_init(&c->pinned_mu, NULL);
   c->rt = rt;
   c->emulated = emulated;
-  emk_alloc_config acfg = {.host_alloc = S->alloc, .host_ud = S->alloc_ud,
-                           .oom_hook = oom_hook, .pressure_hook = pressure_hook,
+  emk_alloc_config acfg = {.oom_hook = oom_hook, .pressure_hook = pressure_hook,
                            .hook_ud = S};
+  emi_host_allocator(S, &acfg.host_alloc, &acfg.host_ud);
   if ((st = emk_alloc_new(c->rt, &acfg, &c->alloc, err, sizeof err))) {
     snprintf(why, whylen, "CUDA allocator: %.200s", err);
     close_all(S, c);
@@ -110,22 +105,9 @@ static em_status open_devices(em_state *S, char *why, size_t whylen) {
     }
   }
   if (st) { close_all(S, c); return st; }
-  for (int i = 0; i < c->ndev && i < EMI_MAX_DEVICES; i++) S->devices[i] = &c->dev[i]->base;
-  S->cuda = c;
+  c->S = S;
+  *ctx = c;
   return EM_OK;
-}
-
-emi_device *emi_device_attach(em_state *S, int device) {
-  if (!S->cuda_tried) {
-    S->cuda_tried = 1;
-    open_devices(S, S->cuda_why, sizeof S->cuda_why);
-  }
-  return device >= 0 && device < EMI_MAX_DEVICES ? S->devices[device] : NULL;
-}
-
-void emi_cuda_detach(em_state *S) {
-  if (S->cuda) close_all(S, S->cuda);
-  S->cuda = NULL;
 }
 
 em_status emk_error(emi_device *d, const char *op, em_status st) {
@@ -133,93 +115,33 @@ em_status emk_error(emi_device *d, const char *op, em_status st) {
   return emi_error(d->S, st, "%s: cuda:%d: %s", op, d->index, c->rt->errmsg);
 }
 
-/* -- ember.h ------------------------------------------------------------------------ */
+/* -- The kind -------------------------------------------------------------------------- */
 
-int em_cuda_device_count(em_state *S) {
-  emi_device_attach(S, 0);
-  if (!S->cuda) { emi_error(S, EM_ERR_DEVICE, "%s", S->cuda_why); return 0; }
-  return S->cuda->ndev;
-}
+static void kind_close(em_state *S, void *ctx) { close_all(S, ctx); }
+static int kind_count(void *ctx) { return ((emk_cuda *)ctx)->ndev; }
+static emi_device *kind_device(void *ctx, int i) { return &((emk_cuda *)ctx)->dev[i]->base; }
+static int kind_emulated(void *ctx) { return ((emk_cuda *)ctx)->emulated; }
 
-int *em_memory_pressure_flag(em_state *S) { return &S->memory_pressure; }
+static const emi_cuda_api cuda_api = {
+  .emulated = kind_emulated,
+  .capturing = emk_graph_capturing,
+  .graph_begin = emk_graph_begin,
+  .graph_end = emk_graph_end,
+  .graph_launch = emk_graph_launch,
+  .graph_free = emk_graph_free,
+  .pin_memory = emk_pin_memory,
+  .libs_info = emk_libs_info,
+};
 
-void em_cuda_set_allow_tf32(em_state *S, int allow) { S->allow_tf32 = allow != 0; }
-int em_cuda_allow_tf32(em_state *S) { return S->allow_tf32; }
-
-void em_cuda_set_reclaim_hook(em_state *S, void (*fn)(void *, int, size_t), void *ud) {
-  S->reclaim_hook = fn;
-  S->reclaim_ud = ud;
-}
-
-int em_cuda_emulated(em_state *S) {
-  emi_device_attach(S, 0);
-  return S->cuda ? S->cuda->emulated : 0;
-}
-
-static em_status device_arg(em_state *S, const char *op, int device, int *lo, int *hi) {
-  int n = em_cuda_device_count(S);
-  if (n == 0) return emi_error(S, EM_ERR_DEVICE, "%s: %s", op, S->cuda_why);
-  if (device < -1 || device >= n)
-    return emi_error(S, EM_ERR_DEVICE, "%s: no device cuda:%d (this state has %d)", op,
-                     device, n);
-  *lo = device < 0 ? 0 : device;
-  *hi = device < 0 ? n : device + 1;
-  return EM_OK;
-}
-
-em_status em_cuda_synchronize(em_state *S, int device) {
-  int lo = 0, hi = 0;
-  em_status st = device_arg(S, "cuda.synchronize", device, &lo, &hi);
-  for (int i = lo; !st && i < hi; i++) {
-    emk_cuda_device *d = S->cuda->dev[i];
-    if ((st = S->cuda->rt->ops->stream_sync(S->cuda->rt, d->copy)) ||
-        (st = S->cuda->rt->ops->stream_sync(S->cuda->rt, d->compute)))
-      st = emk_error(&d->base, "cuda.synchronize", st);
-  }
-  if (S->cuda) emk_pinned_collect(S->cuda);
-  return st;
-}
-
-em_status em_cuda_memory_stats(em_state *S, int device, em_cuda_memory *out) {
-  int lo = 0, hi = 0;
-  em_status st = device_arg(S, "cuda.memory_stats", device, &lo, &hi);
-  if (st) return st;
-  if (device < 0) return emi_error(S, EM_ERR_ARG, "cuda.memory_stats: name one device");
-  emk_alloc_stats a;
-  if ((st = emk_alloc_stats_get(S->cuda->alloc, device, &a)))
-    return emi_error(S, st, "cuda.memory_stats: cuda:%d: no statistics", device);
-  *out = (em_cuda_memory){(int64_t)a.allocated, (int64_t)a.reserved,
-                          (int64_t)a.peak_allocated, (int64_t)a.capacity, a.num_allocs,
-                          a.num_frees, a.cache_hits, a.oom_retries};
-  return EM_OK;
-}
-
-em_status em_cuda_device_props(em_state *S, int device, em_cuda_props *out) {
-  int lo = 0, hi = 0;
-  em_status st = device_arg(S, "cuda.get_device_properties", device, &lo, &hi);
-  if (st) return st;
-  if (device < 0)
-    return emi_error(S, EM_ERR_ARG, "cuda.get_device_properties: name one device");
-  emk_runtime *rt = S->cuda->rt;
-  emk_device_props p;
-  if ((st = rt->ops->device_props(rt, device, &p)))
-    return emi_error(S, st, "cuda.get_device_properties: cuda:%d: %s", device, rt->errmsg);
-  memset(out, 0, sizeof *out);
-  snprintf(out->name, sizeof out->name, "%s", p.name);
-  out->major = p.major;
-  out->minor = p.minor;
-  out->multiprocessors = p.multiprocessors;
-  out->total_memory = (int64_t)p.total_memory;
-  out->emulated = p.emulated;
-  return EM_OK;
-}
-
-em_status em_cuda_empty_cache(em_state *S, int device) {
-  int lo = 0, hi = 0;
-  em_status st = device_arg(S, "cuda.empty_cache", device, &lo, &hi);
-  if (st) return st;
-  char err[EMK_ERRMSG_SIZE];
-  if ((st = emk_alloc_empty_cache(S->cuda->alloc, device, err, sizeof err)))
-    return emi_error(S, st, "cuda.empty_cache: %s", err);
-  return EM_OK;
-}
+const emi_backend_kind emk_cuda_kind = {
+  .abi = EMI_BACKEND_ABI,
+  .name = "cuda",
+  .max_devices = EMK_MAX_DEVICES,
+  .ops = &emk_cuda_backend,
+  .svc = &emk_cuda_services,
+  .open = open_devices,
+  .close = kind_close,
+  .count = kind_count,
+  .device = kind_device,
+  .api = &cuda_api,
+};

@@ -1,13 +1,14 @@
 /*
-** cuda.h -- the CUDA backend's side of a state: the runtime it talks to the
+** cuda.h -- the CUDA kind's context for a state: the runtime it talks to the
 ** devices through, the caching allocator, and one context per device (the
-** emi_device that S->devices[i] points at, and the device's compute stream).
-** Shared by cuda.c (opening, closing, the em_cuda_* calls), backend.c (the
-** backend table) and the kernel files.
+** emi_device the registry hands out for cuda:i, and the device's streams).
+** Shared by cuda.c (the kind), backend.c (the op table), services.c (the
+** services table) and the kernel files.
 */
 #ifndef EMBER_KERNELS_CUDA_H
 #define EMBER_KERNELS_CUDA_H
-#include "internal.h"
+#include "backend.h"
+#include <pthread.h>
 #include "runtime.h"
 #include "alloc.h"
 
@@ -22,6 +23,7 @@ typedef struct emk_cuda_device {
 } emk_cuda_device;
 
 typedef struct emk_cuda {
+  em_state *S;
   emk_runtime *rt;
   emk_alloc *alloc;
   int ndev, emulated;
@@ -31,8 +33,14 @@ typedef struct emk_cuda {
 } emk_cuda;
 
 extern const emi_backend emk_cuda_backend;
+extern const emi_services emk_cuda_services;
+extern const emi_backend_kind emk_cuda_kind;
 
 static inline emk_cuda_device *emk_dev(emi_device *d) { return (emk_cuda_device *)d->impl; }
+/* The kind's context for S: NULL until the state opened its CUDA devices. */
+static inline emk_cuda *emk_ctx(em_state *S) {
+  return (emk_cuda *)emi_kind_ctx(S, &emk_cuda_kind);
+}
 
 /* The runtime's message as the state's error: "op: cuda:N: <message>". */
 em_status emk_error(emi_device *d, const char *op, em_status st);
@@ -71,7 +79,7 @@ em_status emk_pinned_copy_queue(emi_device *d, em_tensor *out, const em_tensor *
 ** runtime); copying marks a buffer a queued copy reads (a worker short of
 ** buffers waits for those); close gives the pool up (busy buffers go back to the
 ** runtime when they die). */
-typedef struct emk_pinned_pool emk_pinned_pool;
+typedef struct emi_pinned_pool emk_pinned_pool;
 /* target: the buffers the pipeline needs (past them, a worker waits for a copy). */
 em_status emk_pinned_pool_new(em_state *S, emk_cuda *c, int target, emk_pinned_pool **out);
 void *emk_pinned_pool_alloc(void *ud, size_t nbytes);
@@ -81,6 +89,16 @@ void emk_pinned_pool_stats(emk_pinned_pool *pl, int64_t *buffers, int64_t *bytes
                            int64_t *waits, double *wait_s);
 void emk_pinned_pool_trim(emk_pinned_pool *pl);     /* gives the free buffers back */
 void emk_pinned_pool_close(emk_pinned_pool *pl);
+
+/* The kind's own calls (emi_cuda_api): graphs (graph.c), pinning (pinned.c), the
+** libraries' report (real/libs.c). */
+int emk_graph_capturing(void *ctx);
+em_status emk_graph_begin(emi_device *d);
+em_status emk_graph_end(em_state *S, em_cuda_graph **out);
+em_status emk_graph_launch(em_state *S, em_cuda_graph *g);
+void emk_graph_free(em_state *S, em_cuda_graph *g);
+em_status emk_pin_memory(em_state *S, void *ctx, const em_tensor *t, em_tensor **out);
+em_status emk_libs_info(char *buf, size_t len);
 
 /* The matmul entry (k_matmul.c), as core/internal.h's emi_backend describes it. */
 em_status emk_matmul(emi_device *d, em_tensor *out, const em_tensor *a, const em_tensor *b);

@@ -6,7 +6,7 @@
 */
 #ifndef EMBER_KERNELS_DNN_H
 #define EMBER_KERNELS_DNN_H
-#include "internal.h"
+#include "backend.h"
 #include "runtime.h"
 
 /* -- Backend entries (k_dnn.c) ------------------------------------------------------ */

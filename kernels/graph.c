@@ -143,28 +143,25 @@ static void graph_release(em_state *S, em_cuda_graph *G, int held) {
 }
 
 static em_cuda_graph *capturing(em_state *S) {
-  emk_cuda *c = S->cuda;
+  emk_cuda *c = emk_ctx(S);
   for (int i = 0; c && i < c->ndev; i++)
     if (c->dev[i]->capture) return c->dev[i]->capture;
   return NULL;
 }
 
-int em_cuda_capturing(em_state *S) {
-  em_cuda_graph *G = capturing(S);
+int emk_graph_capturing(void *ctx) {
+  em_cuda_graph *G = capturing(((emk_cuda *)ctx)->S);
   return G ? G->dev->index : -1;
 }
 
-em_status em_cuda_graph_begin(em_state *S, int device) {
-  int n = em_cuda_device_count(S);
-  if (n == 0) return emi_error(S, EM_ERR_DEVICE, "cuda.graph: %s", S->cuda_why);
-  if (device < 0 || device >= n)
-    return emi_error(S, EM_ERR_DEVICE, "cuda.graph: no device cuda:%d (this state has %d)",
-                     device, n);
+/* d: a device of the state (core checked the number). */
+em_status emk_graph_begin(emi_device *d) {
+  em_state *S = d->S;
   em_cuda_graph *busy = capturing(S);
   if (busy)
     return emi_error(S, EM_ERR_ARG, "cuda.graph: cuda:%d is capturing already (one capture "
                      "at a time)", busy->dev->index);
-  emk_cuda_device *cd = S->cuda->dev[device];
+  emk_cuda_device *cd = emk_dev(d);
   emk_runtime *rt = cd->cuda->rt;
   em_cuda_graph *G = emi_malloc(S, sizeof *G);
   if (!G) return emi_error(S, EM_ERR_NOMEM, "cuda.graph: out of memory");
@@ -179,7 +176,7 @@ em_status em_cuda_graph_begin(em_state *S, int device) {
   return EM_OK;
 }
 
-em_status em_cuda_graph_end(em_state *S, em_cuda_graph **out) {
+em_status emk_graph_end(em_state *S, em_cuda_graph **out) {
   *out = NULL;
   em_cuda_graph *G = capturing(S);
   if (!G) return emi_error(S, EM_ERR_ARG, "cuda.graph: nothing is being captured");
@@ -200,7 +197,7 @@ em_status em_cuda_graph_end(em_state *S, em_cuda_graph **out) {
   return EM_OK;
 }
 
-em_status em_cuda_graph_launch(em_state *S, em_cuda_graph *G) {
+em_status emk_graph_launch(em_state *S, em_cuda_graph *G) {
   if (!G) return emi_error(S, EM_ERR_ARG, "cuda.graph: no graph (NULL)");
   emk_cuda_device *cd = G->dev;
   if (cd->capture)
@@ -211,6 +208,6 @@ em_status em_cuda_graph_launch(em_state *S, em_cuda_graph *G) {
   return st ? emk_error(&cd->base, "cuda.graph", st) : EM_OK;
 }
 
-void em_cuda_graph_free(em_state *S, em_cuda_graph *G) {
+void emk_graph_free(em_state *S, em_cuda_graph *G) {
   if (G) graph_release(S, G, 1);
 }

@@ -433,7 +433,7 @@ static void conv_desc(emk_conv_desc *c, emi_device *d, const emi_conv_geom *g, e
                       int dir) {
   memset(c, 0, sizeof *c);
   c->dir = dir;
-  c->allow_tf32 = d->S->allow_tf32;
+  c->allow_tf32 = emi_allow_tf32(d->S);
   c->dtype = dt;
   c->N = g->N, c->C = g->C, c->H = g->H, c->W = g->W, c->O = g->O, c->kH = g->kH;
   c->kW = g->kW, c->OH = g->OH, c->OW = g->OW, c->sH = g->sH, c->sW = g->sW;

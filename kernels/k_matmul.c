@@ -187,7 +187,7 @@ static em_status float_matmul(emi_device *d, em_tensor *out, const mm_operand *A
                                  A->p + ao * (int64_t)es, A->st[nb], A->st[nb + 1], abs_,
                                  B->p + bo * (int64_t)es, B->st[nb], B->st[nb + 1], bbs,
                                  c0 + co * (int64_t)es, out->strides[nb], out->strides[nb + 1],
-                                 cbs, d->S->allow_tf32);
+                                 cbs, emi_allow_tf32(d->S));
     if (st) return emk_error(d, "matmul", st);
   }
   return EM_OK;

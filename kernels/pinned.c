@@ -82,25 +82,15 @@ int emk_is_pinned(const em_tensor *t) {
          (t->storage->ext_free == pinned_free || t->storage->ext_free == emk_pinned_pool_put);
 }
 
-int em_tensor_is_pinned(const em_tensor *t) { return emk_is_pinned(t); }
-
-em_status em_tensor_pin_memory(em_state *S, const em_tensor *t, em_tensor **out) {
-  *out = NULL;
-  em_status st = emi_check_tensor(S, "pin_memory", t);
-  if (st) return st;
-  if (t->device != EM_CPU) {
-    char b[16];
-    return emi_error(S, EM_ERR_DEVICE, "pin_memory: the tensor is on %s; only CPU "
-                     "tensors can be pinned", emi_device_name(b, t->device));
-  }
+/* t: a CPU tensor (core checked it); ctx: the state's CUDA context. */
+em_status emk_pin_memory(em_state *S, void *ctx, const em_tensor *t, em_tensor **out) {
+  em_status st;
   if (emk_is_pinned(t)) {
     em_tensor_retain((em_tensor *)t);
     *out = (em_tensor *)t;
     return EM_OK;
   }
-  emi_device_attach(S, 0);
-  emk_cuda *c = S->cuda;
-  if (!c) return emi_error(S, EM_ERR_DEVICE, "pin_memory: %s", S->cuda_why);
+  emk_cuda *c = ctx;
   emk_pinned_collect(c);
   size_t nbytes = (size_t)t->numel * em_dtype_size(t->dtype);
   void *p = NULL;
@@ -112,7 +102,8 @@ em_status em_tensor_pin_memory(em_state *S, const em_tensor *t, em_tensor **out)
     c->rt->ops->host_free(c->rt, p);
     return emi_error(S, EM_ERR_NOMEM, "pin_memory: out of memory");
   }
-  if (nbytes && (st = S->cpu.backend->copy(&S->cpu, r, t))) {
+  emi_device *cpu = emi_cpu_device(S);
+  if (nbytes && (st = cpu->backend->copy(cpu, r, t))) {
     em_tensor_release(r);
     return st;
   }
@@ -209,7 +200,7 @@ typedef struct pool_buf {
   int copying;                   /* and a queued copy reads it */
 } pool_buf;
 
-struct emk_pinned_pool {
+struct emi_pinned_pool {
   em_state *S;
   emk_cuda *c;
   pthread_mutex_t mu;

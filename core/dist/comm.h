@@ -26,10 +26,6 @@
 #define EMBER_DIST_COMM_H
 #include "../internal.h"
 
-typedef enum emi_coll_kind {
-  EMI_COLL_ALLREDUCE, EMI_COLL_BROADCAST, EMI_COLL_ALLGATHER, EMI_COLL_REDUCE_SCATTER,
-  EMI_COLL_BARRIER
-} emi_coll_kind;
 
 enum { EMI_COMM_MSG = 512 };
 
@@ -56,7 +52,7 @@ struct em_comm_work {
   double t_begin, t_ready, t_end;
   /* -- device communicators (c->dev): the tensors' device pointers while in/out
   ** point at host staging (emulation), and the two events that order the
-  ** collective against the compute stream (kernels/comm_cuda.c) */
+  ** collective against the compute stream (commdev.c) */
   void *dev_in, *dev_out;
   void *ev_ready, *ev_done;
   struct em_comm_work *next;
@@ -144,11 +140,11 @@ em_status emi_comm_new_dev(em_state *S, const emi_comm_backend *be, void *impl, 
                            int size, double timeout_s, struct emi_commdev *dev,
                            em_comm **out);
 
-/* -- Device communicators (core/dist/nccl.c, kernels/comm_cuda.c) ----------------
-** A communicator whose tensors live on one CUDA device of its state. What touches
-** the device is kernels/comm_cuda.c (the runtime table, the device's compute
-** stream and its communication stream), reached only through these calls, so
-** core/ stays free of device code. The order of a collective on a device:
+/* -- Device communicators (core/dist/nccl.c, commdev.c) ----------------------------
+** A communicator whose tensors live on one accelerator device of its state.
+** What touches the device is commdev.c, through the device's services table (its
+** compute stream, its communication stream, events, staging copies and its
+** collective engine), so core/ has no device code of its own. The order of a collective on a device:
 **   caller's thread  mark: an event on the compute stream after the work that
 **                    wrote the input (the gradients that fill a bucket);
 **   comm thread      emulation: wait_mark (poll that event, bounded by failure
@@ -183,17 +179,18 @@ em_status emi_nccl_version(int *code, char *err, size_t errlen);
 /* The id exchange of core/dist/nccl.c: rank 0's id broadcast through the host
 ** communicator boot (local group or MPI); id is rank 0's on return everywhere. */
 em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCCL_ID_BYTES]);
-/* NCCL on a real GPU (kernels/real/nccl_real.c through kernels/comm_cuda.c;
-** EM_ERR_UNSUPPORTED in a build without the CUDA headers). The handle is opaque.
-** init runs ncclCommInitRankConfig non-blocking, polled up to timeout_s; issue
-** queues w's collective on the device's comm stream (between group(1) and
-** group(0)); async_error is ncclCommGetAsyncError as an em_status. */
+/* The device's collective engine (NCCL on a real GPU), through its services
+** table; EM_ERR_UNSUPPORTED in a build without the CUDA headers. The handle is
+** opaque. init runs ncclCommInitRankConfig non-blocking, polled up to
+** timeout_s; issue queues w's collective on the device's comm stream (between
+** group(1) and group(0)); async_error is ncclCommGetAsyncError as an em_status. */
 em_status emi_nccl_init(emi_commdev *d, const unsigned char id[EMI_NCCL_ID_BYTES], int rank,
                         int size, double timeout_s, void **out, char *err, size_t errlen);
-em_status emi_nccl_group(void *n, int start, char *err, size_t errlen);
+em_status emi_nccl_group(emi_commdev *d, void *n, int start, char *err, size_t errlen);
 em_status emi_nccl_issue(void *n, emi_commdev *d, em_comm_work *w, char *err, size_t errlen);
-em_status emi_nccl_async_error(void *n, char *err, size_t errlen);
-void emi_nccl_free(void *n, int abort);                /* ncclCommDestroy / ncclCommAbort */
+em_status emi_nccl_async_error(emi_commdev *d, void *n, char *err, size_t errlen);
+/* ncclCommDestroy, or ncclCommAbort with abort = 1. */
+void emi_nccl_free(emi_commdev *d, void *n, int abort);                /* ncclCommDestroy / ncclCommAbort */
 
 /* -- Reduction kernels (reduce.c) ---------------------------------------------------
 ** out[i] = op over k of in[k][i], k = 0 .. n-1 in that order (so the result never

@@ -99,7 +99,7 @@ static em_status nccl_poll(em_comm *c, char *err) {
     emi_comm_fail(c, 0, "%s", msg);
     return EM_OK;
   }
-  return emi_nccl_async_error(nc->nc, err, EMI_COMM_MSG);
+  return emi_nccl_async_error(c->dev, nc->nc, err, EMI_COMM_MSG);
 }
 
 /* Barriers and CPU tensors: through the host communicator, from this comm thread,
@@ -136,9 +136,9 @@ static void run_nccl(em_comm *c, em_comm_work **ws, int n, em_status *sts) {
     return;
   }
   char err[EMI_COMM_MSG] = "";
-  st = emi_nccl_group(nc->nc, 1, err, sizeof err);
+  st = emi_nccl_group(c->dev, nc->nc, 1, err, sizeof err);
   for (k = 0; k < n && !st; k++) st = emi_nccl_issue(nc->nc, c->dev, ws[k], err, sizeof err);
-  em_status end = emi_nccl_group(nc->nc, 0, err[0] ? NULL : err, err[0] ? 0 : sizeof err);
+  em_status end = emi_nccl_group(c->dev, nc->nc, 0, err[0] ? NULL : err, err[0] ? 0 : sizeof err);
   if (!st) st = end;
   if (st) {
     for (k = 0; k < n; k++) {
@@ -192,7 +192,7 @@ static void nccl_abort_notify(em_comm *c, int own) {
 ** ncclCommAbort is the one call that gets out of that. */
 static void nccl_thread_stop(em_comm *c) {
   nccl_comm *nc = c->impl;
-  emi_nccl_free(nc->nc, emi_comm_failed(c));
+  emi_nccl_free(c->dev, nc->nc, emi_comm_failed(c));
   nc->nc = NULL;
 }
 

@@ -100,8 +100,10 @@ typedef enum em_dtype {
   EM_NUM_DTYPES = 8
 } em_dtype;
 
-/* Device numbers: EM_CPU (-1) or a CUDA ordinal (0, 1, ...). */
-enum { EM_CPU = -1 };
+/* Device numbers: EM_CPU, EM_META (tensors with shapes and dtypes and no data),
+** or 0, 1, ... for the accelerator devices (cuda:0, cuda:1, ...). Names and
+** numbers convert with em_device_parse / em_device_str. */
+enum { EM_CPU = -1, EM_META = -2 };
 /* Most dimensions a tensor can have. */
 enum { EM_MAX_DIMS = 8 };
 
@@ -1001,6 +1003,22 @@ em_status em_profile_range_pop(em_state *S);
 ** Loads them to ask (a fraction of a second): for information, not hot paths.
 ** Writes at most len bytes, NUL-terminated; EM_ERR_ARG for no buffer. Any thread. */
 em_status em_cuda_libs_info(char *buf, size_t len);
+
+/* -- Devices by name, and their memory ----------------------------------------------
+** em_device_parse reads "cpu", "meta", "cuda" (cuda:0) or "cuda:N" into *device
+** (EM_ERR_DEVICE naming the text otherwise; a CUDA device need not exist yet).
+** em_device_str writes the name of a device number into buf (32 bytes fit).
+** em_device_memory: the bytes the device's tensors hold now (allocated), the most
+** since the state began or the last reset (peak), what its allocator keeps
+** (reserved: allocated plus cached blocks) and its memory (capacity: 0 where
+** there is no fixed amount, as for cpu and meta). For cpu, meta and cuda:N. */
+typedef struct em_device_memory_stats {
+  int64_t allocated, peak, reserved, capacity;
+} em_device_memory_stats;
+em_status em_device_parse(em_state *S, const char *name, int *device);
+const char *em_device_str(int device, char *buf, size_t len);
+em_status em_device_memory(em_state *S, int device, em_device_memory_stats *out);
+em_status em_device_reset_peak(em_state *S, int device);
 
 /* -- CUDA devices (kernels/) ----------------------------------------------------------
 ** Devices 0, 1, ... are served by the CUDA backend: the GPUs, through the CUDA

@@ -6,6 +6,12 @@
 #include "ewise.h"
 #include "../autograd/autograd.h"
 
+/* A copy with a meta tensor is meta's to make (it refuses to read one: src
+** first); NULL when neither is meta. */
+static const em_tensor *meta_side(const em_tensor *out, const em_tensor *src) {
+  return src->device == EM_META ? src : out->device == EM_META ? out : NULL;
+}
+
 /* For hosts that write a tensor's memory themselves (the Lua layer's t[i] = v on
 ** a CPU vector): the same check and version bump as every in-place op. */
 em_status em_tensor_bump_version(em_state *S, em_tensor *t, const char *op) {
@@ -40,7 +46,8 @@ em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
         (st = emi_expand_tmp(S, op, conv, dst->sizes, dst->ndim, &tp, &sx)))
       goto done;
   }
-  st = EMI_DISPATCH(S, op, dst->device == EM_CPU ? sx : dst, copy, dst, sx);
+  const em_tensor *side = meta_side(dst, sx);
+  st = EMI_DISPATCH(S, op, side ? side : dst->device == EM_CPU ? sx : dst, copy, dst, sx);
 done:
   emi_temps_release(&tp);
   return st;
@@ -86,8 +93,12 @@ em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_ten
   em_tensor *r;
   if ((st = emi_tensor_new(S, "to", a->sizes, a->ndim, dt, device, &r))) return st;
   /* between the host and a device, the device's backend copies (it knows both) */
-  const em_tensor *side = a->device != r->device && a->device == EM_CPU ? r : a;
-  if ((st = EMI_DISPATCH(S, "to", side, copy, r, a))) { em_tensor_release(r); return st; }
+  const em_tensor *side = meta_side(r, a);
+  if (!side) side = a->device != r->device && a->device == EM_CPU ? r : a;
+  if ((st = EMI_DISPATCH(S, "to", side, copy, r, a))) {
+    em_tensor_release(r);
+    return st;
+  }
   *out = r;
   if (emi_ag_wanted1(S, a)) return emi_ag_record_copy(S, "copy", a, out);
   return EM_OK;

@@ -32,8 +32,6 @@
 */
 #include "emu.h"
 #include "../dnn.h"
-#include "internal.h"
-#include "cpu/cpu.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -178,6 +176,7 @@ static em_status run_conv(emu *E, void *args, char *err, size_t errlen) {
   if (it->ws_need) memset(it->ws, 0xA5, it->ws_need);
   em_status st = EM_OK;
   em_state *S = private_state(err, errlen, op);
+  emi_device *cpu = S ? emi_cpu_device(S) : NULL;
   if (!S) {
     unpin_all(E, &P);
     return EM_ERR_NOMEM;
@@ -191,14 +190,14 @@ static em_status run_conv(emu *E, void *args, char *err, size_t errlen) {
     snprintf(err, errlen, "%s: out of host memory", op);
     st = EM_ERR_NOMEM;
   } else if (c->dir == EMK_CONV_FWD) {
-    st = emi_cpu_conv2d(&S->cpu, &g, y, x, w, b);
+    st = cpu->backend->conv2d(cpu, &g, y, x, w, b);
   } else if (c->dir == EMK_CONV_BWD_DATA) {
     /* the CPU kernel takes x for its dtype even when it computes only gx: x is
     ** the output here, which it does not read for gx */
-    st = emi_cpu_conv2d_backward(&S->cpu, &g, x, NULL, NULL, y, x, w);
+    st = cpu->backend->conv2d_backward(cpu, &g, x, NULL, NULL, y, x, w);
   } else {
     /* likewise w, which only gx needs: the gradient buffer stands in */
-    st = emi_cpu_conv2d_backward(&S->cpu, &g, NULL, w, b, y, x, w);
+    st = cpu->backend->conv2d_backward(cpu, &g, NULL, w, b, y, x, w);
   }
   if (st && !bad) snprintf(err, errlen, "%s", em_errmsg(S));
   em_tensor_release(x);
@@ -282,6 +281,7 @@ static em_status run_bn(emu *E, void *args, char *err, size_t errlen) {
     return EM_ERR_ARG;
   }
   em_state *S = private_state(err, errlen, op);
+  emi_device *cpu = S ? emi_cpu_device(S) : NULL;
   if (!S) {
     unpin_all(E, &P);
     return EM_ERR_NOMEM;
@@ -296,13 +296,14 @@ static em_status run_bn(emu *E, void *args, char *err, size_t errlen) {
     em_tensor *b = W_(it->bias, cs, 1), *m = W_(it->mean, cs, 1), *is = W_(it->invstd, cs, 1);
     em_tensor *rm = W_(it->rm, cs, 1), *rv = W_(it->rv, cs, 1);
     st = bad ? EM_ERR_NOMEM
-             : emi_cpu_batch_norm(&S->cpu, y, m, is, rm, rv, x, w, b, 1, bd->momentum, bd->eps);
+             : cpu->backend->batch_norm(cpu, y, m, is, rm, rv, x, w, b, 1, bd->momentum,
+                                        bd->eps);
   } else {
     em_tensor *x = W_(it->x, xs, 3), *gy = W_(it->gy, xs, 3), *gx = W_(it->gx, xs, 3);
     em_tensor *w = W_(it->w, cs, 1), *m = W_(it->mean_in, cs, 1);
     em_tensor *is = W_(it->invstd_in, cs, 1), *gw = W_(it->gw, cs, 1), *gb = W_(it->gb, cs, 1);
     st = bad ? EM_ERR_NOMEM
-             : emi_cpu_batch_norm_backward(&S->cpu, gx, gw, gb, gy, x, m, is, w, 1);
+             : cpu->backend->batch_norm_backward(cpu, gx, gw, gb, gy, x, m, is, w, 1);
   }
 #undef W_
   if (st) snprintf(err, errlen, "%s: %s", op, bad ? "out of host memory" : em_errmsg(S));

@@ -12,7 +12,7 @@
 ** allow_tf32 is ignored: the emulator computes in full float32.
 */
 #include "emu.h"
-#include "internal.h"
+#include "backend.h"
 #include <cblas.h>
 #include <limits.h>
 #include <stdio.h>

@@ -34,7 +34,7 @@ const char *emk_lib_name(emk_lib_id id) {
 }
 
 /* The public summary, for `ember --info` (ember.h). */
-em_status em_cuda_libs_info(char *buf, size_t len) {
+em_status emk_libs_info(char *buf, size_t len) {
   if (!buf || !len) return EM_ERR_ARG;
   char err[256];
   emk_libs *L;

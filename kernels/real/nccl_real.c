@@ -28,7 +28,7 @@
 ** stand-in for NCCL's table (emk_nccl_script_check, tests/c/test_comm_nccl.c).
 */
 #include "real.h"
-#include "../../core/dist/comm.h"
+#include "backend.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

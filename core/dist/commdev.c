@@ -1,9 +1,10 @@
 /*
-** comm_cuda.c -- the device side of a communicator whose tensors live on a CUDA
-** device (core/dist/comm.h, "Device communicators"): the events that order a
+** commdev.c -- the device side of a communicator whose tensors live on an
+** accelerator device (comm.h, "Device communicators"): the events that order a
 ** collective against the device's compute stream, the communication stream it
-** runs on, host staging for the emulated runtime, and the bridge to NCCL
-** (kernels/real/nccl_real.c) for real GPUs.
+** runs on, host staging where the host communicator stands in, and the device's
+** own collective engine (NCCL on real GPUs). Written on the device's services
+** table (core/backend.h) alone.
 **
 ** Why events and a stream of its own. Ops only queue work: when the reducer
 ** hands a bucket to the communicator, the kernels that write its gradients may
@@ -25,9 +26,7 @@
 ** stream after "ready", runs the host collective there, copies the result back
 ** on the comm stream and records "done" -- the same ordering as with NCCL.
 */
-#include "cuda.h"
-#include "real/libs.h"
-#include "../core/dist/comm.h"
+#include "comm.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -35,9 +34,9 @@
 struct emi_commdev {
   em_state *S;
   int device;
-  emk_runtime *rt;
-  emk_cuda_device *d;
-  int native;                /* the real runtime: NCCL reads device memory */
+  emi_device *d;
+  const emi_services *svc;
+  int native;                /* the device's own engine (NCCL) reads device memory */
   void *host;                /* pinned staging, in then out (comm thread only) */
   size_t host_cap;
 };
@@ -46,23 +45,21 @@ struct emi_commdev {
 
 em_status emi_commdev_open(em_state *S, int device, emi_commdev **out) {
   *out = NULL;
-  emi_device *base = emi_device_attach(S, device);
-  if (!base || base->backend != &emk_cuda_backend)
+  emi_device *d = device >= 0 ? emi_device_attach(S, device) : NULL;
+  const emi_services *svc = d ? emi_services_of(S, device) : NULL;
+  if (!svc)
     return emi_error(S, EM_ERR_DEVICE, "comm_nccl: no device cuda:%d (%s)", device,
-                     S->cuda ? "not one of this state's devices" : S->cuda_why);
-  emk_cuda_device *d = emk_dev(base);
-  emk_runtime *rt = d->cuda->rt;
-  /* The comm stream is made on first use: most states never communicate, and an
-  ** emulated stream is a thread. It lives with the device (cuda.c closes it). */
-  if (!d->comm && rt->ops->stream_create(rt, device, &d->comm))
-    return emi_error(S, EM_ERR_DEVICE, "comm_nccl: cuda:%d: %s", device, rt->errmsg);
+                     S->kinds[0].ctx ? "not one of this state's devices" : emi_accel_why(S));
+  /* The comm stream is made on first use (a sync on it makes it). */
+  if (svc->stream_sync(d, EMI_STREAM_COMM))
+    return emi_error(S, EM_ERR_DEVICE, "comm_nccl: cuda:%d: %s", device, svc->errmsg(d));
   emi_commdev *cd = calloc(1, sizeof *cd);
   if (!cd) return emi_error(S, EM_ERR_NOMEM, "comm_nccl: out of memory");
   cd->S = S;
   cd->device = device;
-  cd->rt = rt;
   cd->d = d;
-  cd->native = !d->cuda->emulated;
+  cd->svc = svc;
+  cd->native = svc->native(d);
   *out = cd;
   return EM_OK;
 }
@@ -70,8 +67,8 @@ em_status emi_commdev_open(em_state *S, int device, emi_commdev **out) {
 void emi_commdev_close(emi_commdev *cd) {
   if (!cd) return;
   /* a last copy back may still read the staging memory */
-  if (cd->host) cd->rt->ops->stream_sync(cd->rt, cd->d->comm);
-  if (cd->host) cd->rt->ops->host_free(cd->rt, cd->host);
+  if (cd->host) cd->svc->stream_sync(cd->d, EMI_STREAM_COMM);
+  if (cd->host) cd->svc->host_free(cd->d, cd->host);
   free(cd);
 }
 
@@ -81,30 +78,25 @@ int emi_commdev_native(const emi_commdev *cd) { return cd->native; }
 /* -- The caller's side ------------------------------------------------------------ */
 
 em_status emi_commdev_mark(em_state *S, emi_commdev *cd, em_comm_work *w) {
-  emk_runtime *rt = cd->rt;
-  emk_event *e = NULL;
-  if (rt->ops->event_create(rt, cd->device, &e) ||
-      rt->ops->event_record(rt, e, cd->d->compute)) {
-    if (e) rt->ops->event_destroy(rt, e);
+  emi_event *e = NULL;
+  if (cd->svc->event_new(cd->d, EMI_STREAM_COMPUTE, &e))
     return emi_error(S, EM_ERR_DEVICE, "%s: cuda:%d: %s", emi_coll_name(w->kind), cd->device,
-                     rt->errmsg);
-  }
+                     cd->svc->errmsg(cd->d));
   w->ev_ready = e;
   return EM_OK;
 }
 
 em_status emi_commdev_join(em_state *S, emi_commdev *cd, em_comm_work *w) {
   if (!w->ev_done) return EM_OK;
-  emk_runtime *rt = cd->rt;
-  if (rt->ops->stream_wait_event(rt, cd->d->compute, w->ev_done))
+  if (cd->svc->event_wait(cd->d, EMI_STREAM_COMPUTE, w->ev_done))
     return emi_error(S, EM_ERR_DEVICE, "%s: cuda:%d: %s", emi_coll_name(w->kind), cd->device,
-                     rt->errmsg);
+                     cd->svc->errmsg(cd->d));
   return EM_OK;
 }
 
 void emi_commdev_release(emi_commdev *cd, em_comm_work *w) {
-  if (w->ev_ready) cd->rt->ops->event_destroy(cd->rt, w->ev_ready);
-  if (w->ev_done) cd->rt->ops->event_destroy(cd->rt, w->ev_done);
+  if (w->ev_ready) cd->svc->event_free(cd->d, w->ev_ready);
+  if (w->ev_done) cd->svc->event_free(cd->d, w->ev_done);
   w->ev_ready = w->ev_done = NULL;
 }
 
@@ -120,17 +112,17 @@ static void nap(double s) {
 /* Polls event e until reached. The communicator's failure ends the wait at once;
 ** after the timeout this device is taken as stuck: this replica fails (own), so
 ** that the others hear it. poll (may be NULL) is asked between looks. */
-static em_status wait_event(em_comm *c, em_comm_work *w, emk_event *e, const char *what,
+static em_status wait_event(em_comm *c, em_comm_work *w, emi_event *e, const char *what,
                             em_status (*poll)(em_comm *c, char *err)) {
-  emk_runtime *rt = c->dev->rt;
+  emi_commdev *cd = c->dev;
   double nap_s = 20e-6;
   char desc[EMI_COMM_MSG];
   for (;;) {
     int done = 0;
-    if (rt->ops->event_query(rt, e, &done)) {
+    if (cd->svc->event_query(cd->d, e, &done)) {
       emi_coll_describe(desc, w);
-      snprintf(w->errmsg, sizeof w->errmsg, "%.160s: cuda:%d: %.300s", desc, c->dev->device,
-               rt->errmsg);
+      snprintf(w->errmsg, sizeof w->errmsg, "%.160s: cuda:%d: %.300s", desc, cd->device,
+               cd->svc->errmsg(cd->d));
       emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
       return EM_ERR_DEVICE;
     }
@@ -166,8 +158,7 @@ em_status emi_commdev_wait_mark(em_comm *c, em_comm_work *w) {
 ** event that never comes, which finish polls with the same bound. */
 em_status emi_commdev_order(em_comm *c, em_comm_work *w) {
   if (!w->ev_ready) return EM_OK;
-  emk_runtime *rt = c->dev->rt;
-  if (rt->ops->stream_wait_event(rt, c->dev->d->comm, w->ev_ready))
+  if (c->dev->svc->event_wait(c->dev->d, EMI_STREAM_COMM, w->ev_ready))
     return rt_failed(c, w, "stream_wait_event");
   return EM_OK;
 }
@@ -183,27 +174,27 @@ static size_t out_bytes(const em_comm *c, const em_comm_work *w) {
 
 static em_status rt_failed(em_comm *c, em_comm_work *w, const char *step) {
   snprintf(w->errmsg, sizeof w->errmsg, "%s: %s: cuda:%d: %.300s", emi_coll_name(w->kind), step,
-           c->dev->device, c->dev->rt->errmsg);
+           c->dev->device, c->dev->svc->errmsg(c->dev->d));
   emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
   return EM_ERR_DEVICE;
 }
 
 em_status emi_commdev_stage_in(em_comm *c, em_comm_work *w) {
   emi_commdev *cd = c->dev;
-  emk_runtime *rt = cd->rt;
+  const emi_services *svc = cd->svc;
   size_t in_b = (size_t)w->count * em_dtype_size(w->dtype);
   int inplace = w->dev_in == w->dev_out;
   size_t need = in_b + (inplace ? 0 : out_bytes(c, w));
   if (need > cd->host_cap) {                 /* grows, never shrinks: buckets repeat */
-    if (cd->host) rt->ops->host_free(rt, cd->host);
+    if (cd->host) svc->host_free(cd->d, cd->host);
     cd->host = NULL;
     cd->host_cap = 0;
-    if (rt->ops->host_alloc(rt, need, &cd->host)) return rt_failed(c, w, "staging");
+    if (svc->host_alloc(cd->d, need, &cd->host)) return rt_failed(c, w, "staging");
     cd->host_cap = need;
   }
-  if (in_b && (rt->ops->memcpy_async(rt, cd->host, w->dev_in, in_b, EMK_DEVICE_TO_HOST,
-                                     cd->d->comm) ||
-               rt->ops->stream_sync(rt, cd->d->comm)))
+  if (in_b && (svc->memcpy_async(cd->d, EMI_STREAM_COMM, cd->host, w->dev_in, in_b,
+                                 EMI_COPY_D2H) ||
+               svc->stream_sync(cd->d, EMI_STREAM_COMM)))
     return rt_failed(c, w, "copy to the host");
   w->in = cd->host;
   w->out = inplace ? cd->host : (char *)cd->host + in_b;
@@ -212,19 +203,17 @@ em_status emi_commdev_stage_in(em_comm *c, em_comm_work *w) {
 
 em_status emi_commdev_stage_out(em_comm *c, em_comm_work *w) {
   emi_commdev *cd = c->dev;
-  emk_runtime *rt = cd->rt;
+  const emi_services *svc = cd->svc;
   size_t ob = out_bytes(c, w);
-  emk_event *e = NULL;
+  emi_event *e = NULL;
   /* No wait here: the copy runs on the comm stream while the comm thread goes on;
   ** the next collective's copy into the staging memory queues behind it on the
   ** same stream (and its sync comes before the host writes there), and the
   ** caller's join orders the compute stream after it. */
-  if ((ob && rt->ops->memcpy_async(rt, w->dev_out, w->out, ob, EMK_HOST_TO_DEVICE,
-                                   cd->d->comm)) ||
-      rt->ops->event_create(rt, cd->device, &e) || rt->ops->event_record(rt, e, cd->d->comm)) {
-    if (e) rt->ops->event_destroy(rt, e);
+  if ((ob && svc->memcpy_async(cd->d, EMI_STREAM_COMM, w->dev_out, w->out, ob,
+                                EMI_COPY_H2D)) ||
+      svc->event_new(cd->d, EMI_STREAM_COMM, &e))
     return rt_failed(c, w, "copy to the device");
-  }
   w->ev_done = e;
   w->in = w->dev_in;
   w->out = w->dev_out;
@@ -234,80 +223,52 @@ em_status emi_commdev_stage_out(em_comm *c, em_comm_work *w) {
 em_status emi_commdev_finish(em_comm *c, em_comm_work *w,
                              em_status (*poll)(em_comm *c, char *err)) {
   emi_commdev *cd = c->dev;
-  emk_runtime *rt = cd->rt;
-  emk_event *e = NULL;
-  if (rt->ops->event_create(rt, cd->device, &e) || rt->ops->event_record(rt, e, cd->d->comm)) {
-    if (e) rt->ops->event_destroy(rt, e);
-    return rt_failed(c, w, "event");
-  }
+  emi_event *e = NULL;
+  if (cd->svc->event_new(cd->d, EMI_STREAM_COMM, &e)) return rt_failed(c, w, "event");
   w->ev_done = e;
   return wait_event(c, w, e, "the collective in NCCL (a replica did not join it, or this "
                     "device stopped)", poll);
 }
 
-/* -- NCCL without a GPU: the unique id and the version ---------------------------- */
+/* -- The device's collective engine ---------------------------------------------------
+** NCCL's id and version need no device: they come from the kind's library,
+** loaded if need be. */
+static const emi_services *engine(char *err, size_t errlen) {
+  const emi_backend_kind *k = emi_accel_library(err, errlen);
+  return k ? k->svc : NULL;
+}
 
 em_status emi_nccl_unique_id(unsigned char id[EMI_NCCL_ID_BYTES], char *err, size_t errlen) {
-  emk_libs *L;
-  em_status st = emk_libs_open(&L, err, errlen);
-  if (st) return st;
-  st = emk_nccl_unique_id(L, id, err, errlen);
-  emk_libs_close(L);               /* libnccl stays loaded (libs.h, "Lifetime") */
-  return st;
+  const emi_services *svc = engine(err, errlen);
+  return svc ? svc->coll_unique_id(id, err, errlen) : EM_ERR_UNSUPPORTED;
 }
 
 em_status emi_nccl_version(int *code, char *err, size_t errlen) {
-  emk_libs *L;
   *code = 0;
-  em_status st = emk_libs_open(&L, err, errlen);
-  if (st) return st;
-  emk_lib_version v;
-  if (!(st = emk_libs_version(L, EMK_LIB_NCCL, &v, err, errlen))) *code = v.code;
-  emk_libs_close(L);
-  return st;
+  const emi_services *svc = engine(err, errlen);
+  return svc ? svc->coll_version(code, err, errlen) : EM_ERR_UNSUPPORTED;
 }
-
-/* -- NCCL on a real GPU --------------------------------------------------------------
-** kernels/real/nccl_real.c is compiled only where the CUDA headers are; the
-** references are weak so that a build without them links, and says so. */
-typedef struct emk_nccl emk_nccl;
-em_status emk_nccl_init(emk_runtime *rt, int dev, const unsigned char *id, int rank,
-                        int nranks, double timeout_s, emk_nccl **out, char *err,
-                        size_t errlen) __attribute__((weak));
-em_status emk_nccl_group(emk_nccl *n, int start, char *err, size_t errlen)
-    __attribute__((weak));
-em_status emk_nccl_collective(emk_nccl *n, int kind, int op, em_dtype dt, const void *in,
-                              void *out, int64_t count, int root, emk_stream *s, char *err,
-                              size_t errlen) __attribute__((weak));
-em_status emk_nccl_async_error(emk_nccl *n, char *err, size_t errlen) __attribute__((weak));
-void emk_nccl_abort(emk_nccl *n) __attribute__((weak));
-void emk_nccl_destroy(emk_nccl *n) __attribute__((weak));
 
 em_status emi_nccl_init(emi_commdev *cd, const unsigned char id[EMI_NCCL_ID_BYTES], int rank,
                         int size, double timeout_s, void **out, char *err, size_t errlen) {
-  *out = NULL;
-  if (!emk_nccl_init)
-    return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "NCCL: ember was built without the "
-                    "CUDA and NCCL headers");
-  return emk_nccl_init(cd->rt, cd->device, id, rank, size, timeout_s, (emk_nccl **)out, err,
-                       errlen);
+  return cd->svc->coll_init(cd->d, id, rank, size, timeout_s, (emi_collective **)out, err,
+                            errlen);
 }
 
-em_status emi_nccl_group(void *n, int start, char *err, size_t errlen) {
-  return emk_nccl_group(n, start, err, errlen);
+em_status emi_nccl_group(emi_commdev *cd, void *n, int start, char *err, size_t errlen) {
+  return cd->svc->coll_group(n, start, err, errlen);
 }
 
 em_status emi_nccl_issue(void *n, emi_commdev *cd, em_comm_work *w, char *err, size_t errlen) {
-  return emk_nccl_collective(n, (int)w->kind, (int)w->op, w->dtype, w->dev_in, w->dev_out,
-                             w->count, w->root, cd->d->comm, err, errlen);
+  emi_coll_call k = {(int)w->kind, (int)w->dtype, (int)w->op, w->root, w->dev_in, w->dev_out,
+                     w->count};
+  return cd->svc->coll_issue(n, &k, err, errlen);
 }
 
-em_status emi_nccl_async_error(void *n, char *err, size_t errlen) {
-  return emk_nccl_async_error(n, err, errlen);
+em_status emi_nccl_async_error(emi_commdev *cd, void *n, char *err, size_t errlen) {
+  return cd->svc->coll_async_error(n, err, errlen);
 }
 
-void emi_nccl_free(void *n, int abort) {
-  if (!n) return;
-  if (abort) emk_nccl_abort(n);
-  else emk_nccl_destroy(n);
+void emi_nccl_free(emi_commdev *cd, void *n, int abort) {
+  if (n) cd->svc->coll_free(n, abort);
 }

@@ -1,10 +1,12 @@
 /*
 ** feed.c -- the device side of a loader (em_loader_to_device): batches handed
-** out on a CUDA device, copied there from pinned memory on the device's copy
-** stream while the step before them computes.
+** out on an accelerator device, copied there from pinned memory on the device's
+** copy stream while the step before them computes. Written on the device's
+** services table (core/backend.h) alone: its pinned pool, streams, events and
+** host callbacks.
 **
 ** Design. The loader's workers assemble each batch straight into a pinned
-** buffer from the loader's pool (pinned.c); a batch whose fields came out
+** buffer from the loader's pool (the services' pool); a batch whose fields came out
 ** elsewhere (a view of an in-memory source, a transform run after `batch`) is
 ** copied into one by the worker that made it (loader.c), so the consumer's
 ** thread never touches batch bytes. The consumer's thread -- the only one that
@@ -19,7 +21,7 @@
 ** So when the step of batch i starts, the copy of batch i+1 is on the copy
 ** stream already and runs beside the step's kernels; the step of i+1 finds it
 ** done. Each batch's copies are one run on the copy stream: a host callback
-** stamps the start, the fields' copies (emk_pinned_copy_queue: a block of the
+** stamps the start, the fields' copies (the services' copy_pinned: a block of the
 ** copy stream's own, the pinned source held by the copy until it ran), an
 ** event, and a host callback that adds the copy's time and counts it done.
 **
@@ -30,27 +32,28 @@
 ** Reuse. A pinned buffer goes back to the pool when its tensor dies; the feed
 ** lets go of the host tensors as soon as their copies are queued, so the last
 ** reference is the copy's own, dropped by the host callback after the copy
-** (pinned.c, step 2). The pool is told which buffers a pending copy holds, so
+** (the CUDA backend's pinned.c, step 2). The pool is told which buffers a pending copy holds, so
 ** a worker short of buffers waits for those rather than allocating more.
 **
 ** Without pin_memory, a batch is staged and copied on the compute stream when
 ** it is handed out (backend.c's pageable path); nothing is copied ahead.
 */
-#include "cuda.h"
-#include "../core/data/data.h"
+#include "data.h"
 
 enum { FEED_MAX_AHEAD = 8, FEED_Q = FEED_MAX_AHEAD + 1 };
 
 typedef struct fbatch {
   em_tensor *f[EM_DATA_MAX_FIELDS];
-  emk_event *ready;              /* after its copies on the copy stream, or NULL */
+  emi_event *ready;              /* after its copies on the copy stream, or NULL */
 } fbatch;
 
 struct emi_feed {
   em_state *S;
   int device;                    /* EM_CPU: pinned CPU batches, nothing copied */
+  emi_device *d;                 /* the device whose services serve the feed */
+  const emi_services *svc;
   int pinned, ahead;
-  emk_pinned_pool *pool;
+  emi_pinned_pool *pool;
   fbatch q[FEED_Q];              /* copies queued, not handed out yet */
   int head, n;
   int64_t copies, bytes, late;
@@ -76,14 +79,13 @@ static void stamp_end(void *ud) {
 em_status emi_feed_new(em_state *S, int device, int pin_memory, int ahead, int buffers,
                        emi_feed **out) {
   *out = NULL;
-  emi_device_attach(S, 0);
-  emk_cuda *c = S->cuda;
-  if (!c)
+  int ndev = emi_accel_count(S);
+  if (!ndev)
     return emi_error(S, EM_ERR_DEVICE, "loader: %s needs a CUDA device: %s",
-                     device >= 0 ? "device 'cuda'" : "pin_memory", S->cuda_why);
-  if (device >= c->ndev || device < EM_CPU)
+                     device >= 0 ? "device 'cuda'" : "pin_memory", emi_accel_why(S));
+  if (device >= ndev || device < EM_CPU)
     return emi_error(S, EM_ERR_DEVICE, "loader: no device cuda:%d (this state has %d)",
-                     device, c->ndev);
+                     device, ndev);
   if (device == EM_CPU && !pin_memory)
     return emi_error(S, EM_ERR_ARG, "loader: to_device with neither a device nor pin_memory");
   emi_feed *f = emi_malloc(S, sizeof *f);
@@ -91,11 +93,13 @@ em_status emi_feed_new(em_state *S, int device, int pin_memory, int ahead, int b
   memset(f, 0, sizeof *f);
   f->S = S;
   f->device = device;
+  f->d = emi_device_of(S, device == EM_CPU ? 0 : device);  /* pinned memory: any device's */
+  f->svc = emi_services_of(S, f->d->index);
   f->pinned = pin_memory != 0;
   f->ahead = !f->pinned || device == EM_CPU ? 0 : ahead < 0 ? 1 :
              ahead > FEED_MAX_AHEAD ? FEED_MAX_AHEAD : ahead;
   em_status st;
-  if (f->pinned && (st = emk_pinned_pool_new(S, c, buffers, &f->pool))) {
+  if (f->pinned && (st = f->svc->pool_new(f->d, buffers, &f->pool))) {
     emi_free(S, f, sizeof *f);
     return st;
   }
@@ -105,33 +109,35 @@ em_status emi_feed_new(em_state *S, int device, int pin_memory, int ahead, int b
 
 void emi_feed_buffers(emi_feed *f, void *(**alloc)(void *, size_t),
                       void (**release)(void *, void *, size_t), void **ud) {
-  *alloc = f->pool ? emk_pinned_pool_alloc : NULL;
-  *release = f->pool ? emk_pinned_pool_put : NULL;
+  *alloc = f->pool ? f->svc->pool_alloc : NULL;
+  *release = f->pool ? f->svc->pool_put : NULL;
   *ud = f->pool;
 }
 
-static void batch_clear(emk_runtime *rt, fbatch *b) {
+static void batch_clear(emi_feed *f, fbatch *b) {
   for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) { em_tensor_release(b->f[k]); b->f[k] = NULL; }
-  if (b->ready) rt->ops->event_destroy(rt, b->ready);
+  if (b->ready) f->svc->event_free(f->d, b->ready);
   b->ready = NULL;
 }
 
 /* Queues the copies of host batch h (references taken over) as the queue's last. */
 static em_status enqueue(emi_feed *f, em_tensor **h) {
   em_state *S = f->S;
-  emi_device *d = emi_device_of(S, f->device);
-  emk_cuda_device *cd = emk_dev(d);
-  emk_runtime *rt = cd->cuda->rt;
+  emi_device *d = f->d;
+  const emi_services *svc = f->svc;
   fbatch *b = &f->q[(f->head + f->n) % FEED_Q];
   memset(b, 0, sizeof *b);
   int any = 0, on_copy = 0;
   for (int k = 0; k < EM_DATA_MAX_FIELDS; k++)
-    any |= h[k] && emk_is_pinned(h[k]) && em_tensor_is_contiguous(h[k]);
+    any |= h[k] && svc->is_pinned(h[k]) && em_tensor_is_contiguous(h[k]);
   stamp *sp = any ? emi_malloc(S, sizeof *sp) : NULL;
   if (sp) {
     sp->f = f;
     sp->t0 = emi_now();
-    if (rt->ops->host_callback(rt, cd->copy, stamp_begin, sp)) { emi_free(S, sp, sizeof *sp); sp = NULL; }
+    if (svc->host_callback(d, EMI_STREAM_COPY, stamp_begin, sp)) {
+      emi_free(S, sp, sizeof *sp);
+      sp = NULL;
+    }
   }
   em_status st = EM_OK;
   double th = 0;
@@ -139,12 +145,12 @@ static em_status enqueue(emi_feed *f, em_tensor **h) {
   for (int k = 0; k < EM_DATA_MAX_FIELDS && !st; k++) {
     em_tensor *x = h[k];
     if (!x) continue;
-    if (emk_is_pinned(x) && em_tensor_is_contiguous(x)) {
+    if (svc->is_pinned(x) && em_tensor_is_contiguous(x)) {
       int oc = 0;
       st = emi_tensor_new(S, "loader", x->sizes, x->ndim, x->dtype, f->device, &b->f[k]);
-      if (!st) st = emk_pinned_copy_queue(d, b->f[k], x, &oc);
+      if (!st) st = svc->copy_pinned(d, b->f[k], x, &oc);
       /* the copy holds x now; the pool learns that this buffer comes back by itself */
-      if (!st && oc && f->pool) emk_pinned_pool_copying(f->pool, x->storage->data);
+      if (!st && oc && f->pool) svc->pool_copying(f->pool, x->storage->data);
       on_copy |= oc;
     } else {                       /* pageable: staged, on the compute stream */
       double t0 = emi_now();
@@ -155,21 +161,20 @@ static em_status enqueue(emi_feed *f, em_tensor **h) {
   }
   for (int k = 0; k < EM_DATA_MAX_FIELDS; k++) em_tensor_release(h[k]);
   if (!st && on_copy) {
-    emk_event *e = NULL;
-    if (rt->ops->event_create(rt, cd->index, &e) || rt->ops->event_record(rt, e, cd->copy)) {
-      rt->ops->stream_sync(rt, cd->copy);  /* no event: then the data is there already */
-      if (e) rt->ops->event_destroy(rt, e);
+    emi_event *e = NULL;
+    if (svc->event_new(d, EMI_STREAM_COPY, &e)) {
+      svc->stream_sync(d, EMI_STREAM_COPY);  /* no event: then the data is there already */
       e = NULL;
     }
     b->ready = e;
   }
-  if (sp && rt->ops->host_callback(rt, cd->copy, stamp_end, sp)) {
-    rt->ops->stream_sync(rt, cd->copy);
+  if (sp && svc->host_callback(d, EMI_STREAM_COPY, stamp_end, sp)) {
+    svc->stream_sync(d, EMI_STREAM_COPY);
     stamp_end(sp);
   }
   if (!sp) __atomic_add_fetch(&f->done, 1, __ATOMIC_RELEASE);   /* staged: queued in order */
   if (st) {
-    batch_clear(rt, b);
+    batch_clear(f, b);
     return st;
   }
   f->copies++;
@@ -182,10 +187,9 @@ static em_status enqueue(emi_feed *f, em_tensor **h) {
 em_status emi_feed_next(em_state *S, emi_feed *f, em_loader *l, em_tensor **out, int *got) {
   *got = 0;
   if (f->device == EM_CPU) return emi_loader_take(S, l, 1, out, got);
-  emi_device *d = emi_device_of(S, f->device);
-  emk_cuda_device *cd = emk_dev(d);
-  emk_runtime *rt = cd->cuda->rt;
-  emk_pinned_collect(cd->cuda);    /* the host thread: free what died */
+  emi_device *d = f->d;
+  const emi_services *svc = f->svc;
+  svc->host_collect(d);
   em_tensor *h[EM_DATA_MAX_FIELDS];
   em_status st;
   if (f->n == 0) {
@@ -199,13 +203,14 @@ em_status emi_feed_next(em_state *S, emi_feed *f, em_loader *l, em_tensor **out,
   f->n--;
   if (b->ready) {
     int done = 1;
-    if (rt->ops->event_query(rt, b->ready, &done) == EM_OK && !done) f->late++;
-    if ((st = rt->ops->stream_wait_event(rt, cd->compute, b->ready)) &&
-        (st = rt->ops->stream_sync(rt, cd->copy))) {
-      batch_clear(rt, b);
-      return emk_error(d, "loader: copy to device", st);
+    if (svc->event_query(d, b->ready, &done) == EM_OK && !done) f->late++;
+    if ((st = svc->event_wait(d, EMI_STREAM_COMPUTE, b->ready)) &&
+        (st = svc->stream_sync(d, EMI_STREAM_COPY))) {
+      batch_clear(f, b);
+      return emi_error(S, st, "loader: copy to device: cuda:%d: %s", d->index,
+                       svc->errmsg(d));
     }
-    rt->ops->event_destroy(rt, b->ready);   /* the queued wait keeps its point */
+    svc->event_free(d, b->ready);   /* the queued wait keeps its point */
     b->ready = NULL;
   }
   memcpy(out, b->f, sizeof b->f);
@@ -226,17 +231,14 @@ em_status emi_feed_next(em_state *S, emi_feed *f, em_loader *l, em_tensor **out,
 
 void emi_feed_drop(emi_feed *f) {
   if (!f || !f->n) return;
-  emk_runtime *rt = f->S->cuda->rt;
-  for (; f->n > 0; f->n--, f->head = (f->head + 1) % FEED_Q) batch_clear(rt, &f->q[f->head]);
+  for (; f->n > 0; f->n--, f->head = (f->head + 1) % FEED_Q) batch_clear(f, &f->q[f->head]);
 }
 
 /* After the copies: every buffer a copy held is back in the pool. */
 static void drain(emi_feed *f) {
-  emk_cuda *c = f->S->cuda;
   if (f->device != EM_CPU) {
-    emk_cuda_device *cd = c->dev[f->device];
-    c->rt->ops->stream_sync(c->rt, cd->copy);
-    c->rt->ops->stream_sync(c->rt, cd->compute);
+    f->svc->stream_sync(f->d, EMI_STREAM_COPY);
+    f->svc->stream_sync(f->d, EMI_STREAM_COMPUTE);
   }
 }
 
@@ -244,7 +246,7 @@ void emi_feed_trim(emi_feed *f) {
   if (!f) return;
   emi_feed_drop(f);
   drain(f);
-  if (f->pool) emk_pinned_pool_trim(f->pool);
+  if (f->pool) f->svc->pool_trim(f->pool);
 }
 
 void emi_feed_stats(emi_feed *f, em_loader_stats *out) {
@@ -254,7 +256,7 @@ void emi_feed_stats(emi_feed *f, em_loader_stats *out) {
   out->copy_s = f->host_copy_s + 1e-9 * (double)__atomic_load_n(&f->copy_ns, __ATOMIC_RELAXED);
   out->copies_late = f->late;
   if (f->pool)
-    emk_pinned_pool_stats(f->pool, &out->pinned_buffers, &out->pinned_bytes,
+    f->svc->pool_stats(f->pool, &out->pinned_buffers, &out->pinned_bytes,
                           &out->buffer_waits, &out->buffer_wait_s);
 }
 
@@ -262,6 +264,6 @@ void emi_feed_free(emi_feed *f) {
   if (!f) return;
   emi_feed_drop(f);
   drain(f);                        /* the stamps' callbacks point at f */
-  emk_pinned_pool_close(f->pool);
+  if (f->pool) f->svc->pool_close(f->pool);
   emi_free(f->S, f, sizeof *f);
 }

@@ -1,0 +1,205 @@
+/*
+** registry.c -- the device registry: which backend serves a device number, and
+** the accelerator kind's library, loaded on the first ask.
+**
+** Numbering. cpu (EM_CPU) and meta (EM_META) are built in: their contexts are
+** fields of the state and always there. Devices 0 .. EMI_MAX_DEVICES-1 belong to
+** the accelerator kind, cuda. Its backend -- kernels, fatbins, the emulated
+** runtime -- is a library of its own, libember_cuda.so, so a CPU-only host
+** carries none of it. The first state that asks for a CUDA device loads it:
+**   1. linked in already (a host that links libember_cuda.a and exports its
+**      symbols, or has libember_cuda.so among its libraries): emk_cuda_kind is
+**      found in the process, and no library is loaded;
+**   2. else $EMBER_CUDA_LIB, or libember_cuda.so beside the object that holds
+**      this code (libember.so, or the ember executable), then in ../lib from
+**      there, then the system's search path.
+** The library leaves core's functions undefined, to be bound to the one core in
+** the process. So libember.so, if that is where core lives, is promoted to
+** global scope first (a plain luajit loads it with RTLD_LOCAL); an executable
+** that links core statically must export its symbols (-rdynamic), or the load
+** fails with the undefined symbol named in the reason.
+**
+** Loading is once per process, under a mutex (replicas open their states in
+** threads); opening the kind's devices is once per state (emi_kind_slot). A
+** library built against another layout of the tables is refused (abi).
+*/
+#define _GNU_SOURCE
+#include "internal.h"
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+static const emi_backend_kind *loaded;     /* set once, read under load_mu or after */
+static int load_tried;
+static char load_why[256];
+
+/* The folder of the object this code is in, with a trailing '/', or "". */
+static void own_dir(char *buf, size_t len, char *path, size_t plen) {
+  Dl_info info;
+  buf[0] = path[0] = 0;
+  if (!dladdr((void *)&emi_device_attach, &info) || !info.dli_fname) return;
+  snprintf(path, plen, "%s", info.dli_fname);
+  const char *slash = strrchr(info.dli_fname, '/');
+  if (slash) snprintf(buf, len, "%.*s/", (int)(slash - info.dli_fname), info.dli_fname);
+}
+
+/* Puts core's symbols in global scope when core is a shared library. */
+static void promote_core(const char *core_path) {
+  if (!core_path[0]) return;
+  void *h = dlopen(core_path, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);
+  (void)h;                  /* the executable itself, or already global: nothing to do */
+}
+
+static const emi_backend_kind *try_open(const char *path, char *err, size_t errlen) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+    return NULL;
+  }
+  const emi_backend_kind *k = dlsym(h, "emk_cuda_kind");
+  if (!k) {
+    snprintf(err, errlen, "%s has no emk_cuda_kind", path);
+    dlclose(h);
+    return NULL;
+  }
+  if (k->abi != EMI_BACKEND_ABI) {
+    snprintf(err, errlen, "%s was built for another version of libember", path);
+    dlclose(h);
+    return NULL;
+  }
+  return k;            /* the library stays loaded for the process's life */
+}
+
+/* The kind's registration, when the process has it already. */
+static const emi_backend_kind *linked_in(void) {
+  const emi_backend_kind *k = dlsym(RTLD_DEFAULT, "emk_cuda_kind");
+  return k && k->abi == EMI_BACKEND_ABI ? k : NULL;
+}
+
+static const emi_backend_kind *load_kind(void) {
+  pthread_mutex_lock(&load_mu);
+  if (!load_tried) {
+    load_tried = 1;
+    loaded = linked_in();
+  }
+  if (!loaded && load_tried == 1) {
+    load_tried = 2;
+    char dir[1024], core[1024], path[1200], err[170] = "";
+    own_dir(dir, sizeof dir, core, sizeof core);
+    promote_core(core);
+    const char *env = getenv("EMBER_CUDA_LIB");
+    if (env && *env) {
+      if (!(loaded = try_open(env, err, sizeof err)))
+        snprintf(load_why, sizeof load_why, "EMBER_CUDA_LIB=%.60s: %.170s", env, err);
+    } else {
+      const char *where[] = {"%slibember_cuda.so", "%s../lib/libember_cuda.so",
+                             "libember_cuda.so"};
+      char first[170] = "";
+      for (int i = 0; i < 3 && !loaded; i++) {
+        if (i < 2 && !dir[0]) continue;
+        snprintf(path, sizeof path, where[i], dir);
+        loaded = try_open(path, err, sizeof err);
+        /* the first reason that is not "no such file" tells the most */
+        if (!loaded && !first[0] && !strstr(err, "No such file"))
+          snprintf(first, sizeof first, "%s", err);
+      }
+      if (!loaded)
+        snprintf(load_why, sizeof load_why, "the CUDA backend (libember_cuda.so) is not "
+                 "available: %.190s", first[0] ? first : err);
+    }
+  }
+  const emi_backend_kind *k = loaded;
+  pthread_mutex_unlock(&load_mu);
+  return k;
+}
+
+const emi_backend_kind *emi_accel_library(char *why, size_t whylen) {
+  const emi_backend_kind *k = load_kind();
+  if (!k) {
+    pthread_mutex_lock(&load_mu);
+    snprintf(why, whylen, "%s", load_why);
+    pthread_mutex_unlock(&load_mu);
+  }
+  return k;
+}
+
+const emi_backend_kind *emi_accel_loaded(void) {
+  pthread_mutex_lock(&load_mu);
+  const emi_backend_kind *k = loaded;
+  pthread_mutex_unlock(&load_mu);
+  return k;
+}
+
+/* Opens the kind for S once; the slot keeps the context or the reason. */
+static emi_kind_slot *open_slot(em_state *S, const emi_backend_kind **kind) {
+  emi_kind_slot *slot = &S->kinds[0];
+  const emi_backend_kind *k = load_kind();
+  if (!slot->tried) {
+    slot->tried = 1;
+    if (!k) {
+      pthread_mutex_lock(&load_mu);
+      snprintf(slot->why, sizeof slot->why, "%s", load_why);
+      pthread_mutex_unlock(&load_mu);
+    } else if (k->open(S, &slot->ctx, slot->why, sizeof slot->why) == EM_OK && slot->ctx) {
+      int n = k->count(slot->ctx);
+      for (int i = 0; i < n && i < EMI_MAX_DEVICES; i++) S->devices[i] = k->device(slot->ctx, i);
+    } else {
+      slot->ctx = NULL;
+    }
+  }
+  *kind = k;
+  return slot;
+}
+
+emi_device *emi_device_attach(em_state *S, int device) {
+  const emi_backend_kind *k;
+  open_slot(S, &k);
+  return device >= 0 && device < EMI_MAX_DEVICES ? S->devices[device] : NULL;
+}
+
+const emi_backend_kind *emi_accel(em_state *S, void **ctx) {
+  const emi_backend_kind *k;
+  emi_kind_slot *slot = open_slot(S, &k);
+  *ctx = slot->ctx;
+  return slot->ctx ? k : NULL;
+}
+
+const char *emi_accel_why(em_state *S) {
+  return S->kinds[0].why[0] ? S->kinds[0].why : "no CUDA device";
+}
+
+int emi_accel_count(em_state *S) {
+  void *ctx;
+  const emi_backend_kind *k = emi_accel(S, &ctx);
+  if (!k) return 0;
+  int n = k->count(ctx);
+  return n < EMI_MAX_DEVICES ? n : EMI_MAX_DEVICES;
+}
+
+void *emi_kind_ctx(em_state *S, const emi_backend_kind *k) {
+  (void)k;                           /* one accelerator kind: slot 0 */
+  return S->kinds[0].ctx;
+}
+
+const emi_services *emi_services_of(em_state *S, int device) {
+  emi_device *d = emi_device_of(S, device);
+  if (!d || device < 0) return NULL;
+  void *ctx;
+  const emi_backend_kind *k = emi_accel(S, &ctx);
+  return k ? k->svc : NULL;
+}
+
+emi_device *emi_cpu_device(em_state *S) { return &S->cpu; }
+
+void emi_devices_close(em_state *S) {
+  emi_kind_slot *slot = &S->kinds[0];
+  if (slot->ctx) {
+    const emi_backend_kind *k = emi_accel_loaded();
+    if (k) k->close(S, slot->ctx);
+  }
+  memset(S->devices, 0, sizeof S->devices);
+  memset(slot, 0, sizeof *slot);
+}

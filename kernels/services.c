@@ -1,0 +1,254 @@
+/*
+** services.c -- the CUDA kind's device-services table (emi_services,
+** core/backend.h): device facts and memory, the three streams and their events,
+** asynchronous copies, pinned memory and the loader's pool of it, and NCCL as
+** the device's collective engine. Each entry is the runtime's call (real or
+** emulated) on the stream the role names; the loader's feed (core/data/feed.c)
+** and the communicators' device side (core/dist/commdev.c) are written on
+** these alone.
+*/
+#include "cuda.h"
+#include "real/libs.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+static emk_runtime *rt_of(emi_device *d) { return emk_dev(d)->cuda->rt; }
+
+/* The stream of a role; the communication stream is made on first use (most
+** states never communicate, and an emulated stream is a thread) and lives with
+** the device (cuda.c closes it). NULL when it can't be made. */
+static emk_stream *stream_of(emi_device *d, emi_stream s) {
+  emk_cuda_device *cd = emk_dev(d);
+  if (s == EMI_STREAM_COPY) return cd->copy;
+  if (s == EMI_STREAM_COMPUTE) return cd->compute;
+  if (!cd->comm) cd->cuda->rt->ops->stream_create(cd->cuda->rt, cd->index, &cd->comm);
+  return cd->comm;
+}
+
+/* -- Facts and memory ------------------------------------------------------------- */
+
+static em_status props(emi_device *d, em_cuda_props *out) {
+  emk_device_props p;
+  em_status st = rt_of(d)->ops->device_props(rt_of(d), d->index, &p);
+  if (st) return st;
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", p.name);
+  out->major = p.major;
+  out->minor = p.minor;
+  out->multiprocessors = p.multiprocessors;
+  out->total_memory = (int64_t)p.total_memory;
+  out->emulated = p.emulated;
+  return EM_OK;
+}
+
+static em_status memory_stats(emi_device *d, em_cuda_memory *out) {
+  emk_alloc_stats a;
+  em_status st = emk_alloc_stats_get(emk_dev(d)->cuda->alloc, d->index, &a);
+  if (st) return st;
+  *out = (em_cuda_memory){(int64_t)a.allocated, (int64_t)a.reserved,
+                          (int64_t)a.peak_allocated, (int64_t)a.capacity, a.num_allocs,
+                          a.num_frees, a.cache_hits, a.oom_retries};
+  return EM_OK;
+}
+
+static void reset_peak(emi_device *d) { emk_alloc_reset_peak(emk_dev(d)->cuda->alloc, d->index); }
+
+static em_status empty_cache(emi_device *d) {
+  char err[EMK_ERRMSG_SIZE];
+  em_status st = emk_alloc_empty_cache(emk_dev(d)->cuda->alloc, d->index, err, sizeof err);
+  return st ? emi_error(d->S, st, "cuda.empty_cache: %s", err) : EM_OK;
+}
+
+static em_status synchronize(emi_device *d) {
+  emk_cuda_device *cd = emk_dev(d);
+  emk_runtime *rt = cd->cuda->rt;
+  em_status st = rt->ops->stream_sync(rt, cd->copy);
+  if (!st) st = rt->ops->stream_sync(rt, cd->compute);
+  emk_pinned_collect(cd->cuda);
+  return st;
+}
+
+static const char *errmsg(emi_device *d) { return rt_of(d)->errmsg; }
+
+/* -- Streams and events ----------------------------------------------------------- */
+
+static em_status stream_sync(emi_device *d, emi_stream s) {
+  emk_stream *st = stream_of(d, s);
+  return st ? rt_of(d)->ops->stream_sync(rt_of(d), st) : EM_ERR_DEVICE;
+}
+
+static em_status event_new(emi_device *d, emi_stream s, emi_event **out) {
+  emk_runtime *rt = rt_of(d);
+  emk_stream *st = stream_of(d, s);
+  emk_event *e = NULL;
+  *out = NULL;
+  if (!st) return EM_ERR_DEVICE;
+  em_status r = rt->ops->event_create(rt, d->index, &e);
+  if (!r && (r = rt->ops->event_record(rt, e, st))) rt->ops->event_destroy(rt, e);
+  if (!r) *out = (emi_event *)e;
+  return r;
+}
+
+static em_status event_query(emi_device *d, emi_event *e, int *done) {
+  return rt_of(d)->ops->event_query(rt_of(d), (emk_event *)e, done);
+}
+
+static em_status event_wait(emi_device *d, emi_stream s, emi_event *e) {
+  emk_stream *st = stream_of(d, s);
+  return st ? rt_of(d)->ops->stream_wait_event(rt_of(d), st, (emk_event *)e) : EM_ERR_DEVICE;
+}
+
+static void event_free(emi_device *d, emi_event *e) {
+  if (e) rt_of(d)->ops->event_destroy(rt_of(d), (emk_event *)e);
+}
+
+static em_status host_callback(emi_device *d, emi_stream s, void (*fn)(void *), void *ud) {
+  emk_stream *st = stream_of(d, s);
+  return st ? rt_of(d)->ops->host_callback(rt_of(d), st, fn, ud) : EM_ERR_DEVICE;
+}
+
+/* -- Copies and pinned memory ----------------------------------------------------- */
+
+static em_status memcpy_async(emi_device *d, emi_stream s, void *dst, const void *src,
+                              size_t n, emi_copy_dir dir) {
+  emk_stream *st = stream_of(d, s);
+  if (!st) return EM_ERR_DEVICE;
+  return rt_of(d)->ops->memcpy_async(rt_of(d), dst, src, n,
+                                     dir == EMI_COPY_H2D ? EMK_HOST_TO_DEVICE
+                                                         : EMK_DEVICE_TO_HOST, st);
+}
+
+static em_status host_alloc(emi_device *d, size_t n, void **out) {
+  return rt_of(d)->ops->host_alloc(rt_of(d), n, out);
+}
+
+static void host_free(emi_device *d, void *p) {
+  if (p) rt_of(d)->ops->host_free(rt_of(d), p);
+}
+
+static void host_collect(emi_device *d) { emk_pinned_collect(emk_dev(d)->cuda); }
+
+static em_status pool_new(emi_device *d, int target, emi_pinned_pool **out) {
+  emk_pinned_collect(emk_dev(d)->cuda);      /* the host thread: free what died */
+  return emk_pinned_pool_new(d->S, emk_dev(d)->cuda, target, out);
+}
+
+/* -- The collective engine: NCCL on real GPUs ----------------------------------------
+** kernels/real/nccl_real.c is compiled only where the CUDA headers are; the
+** references are weak so that a build without them links, and says so. The
+** handle keeps the device, whose communication stream every collective runs on. */
+typedef struct emk_nccl emk_nccl;
+em_status emk_nccl_init(emk_runtime *rt, int dev, const unsigned char *id, int rank,
+                        int nranks, double timeout_s, emk_nccl **out, char *err,
+                        size_t errlen) __attribute__((weak));
+em_status emk_nccl_group(emk_nccl *n, int start, char *err, size_t errlen)
+    __attribute__((weak));
+em_status emk_nccl_collective(emk_nccl *n, int kind, int op, em_dtype dt, const void *in,
+                              void *out, int64_t count, int root, emk_stream *s, char *err,
+                              size_t errlen) __attribute__((weak));
+em_status emk_nccl_async_error(emk_nccl *n, char *err, size_t errlen) __attribute__((weak));
+void emk_nccl_abort(emk_nccl *n) __attribute__((weak));
+void emk_nccl_destroy(emk_nccl *n) __attribute__((weak));
+
+struct emi_collective {
+  emk_nccl *nccl;
+  emi_device *d;
+};
+
+static int native(emi_device *d) { return !emk_dev(d)->cuda->emulated; }
+
+static em_status coll_unique_id(unsigned char id[128], char *err, size_t errlen) {
+  emk_libs *L;
+  em_status st = emk_libs_open(&L, err, errlen);
+  if (st) return st;
+  st = emk_nccl_unique_id(L, id, err, errlen);
+  emk_libs_close(L);               /* libnccl stays loaded (libs.h, "Lifetime") */
+  return st;
+}
+
+static em_status coll_version(int *code, char *err, size_t errlen) {
+  emk_libs *L;
+  *code = 0;
+  em_status st = emk_libs_open(&L, err, errlen);
+  if (st) return st;
+  emk_lib_version v;
+  if (!(st = emk_libs_version(L, EMK_LIB_NCCL, &v, err, errlen))) *code = v.code;
+  emk_libs_close(L);
+  return st;
+}
+
+static em_status coll_init(emi_device *d, const unsigned char id[128], int rank, int size,
+                           double timeout_s, emi_collective **out, char *err,
+                           size_t errlen) {
+  *out = NULL;
+  if (!emk_nccl_init)
+    return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "NCCL: ember was built without the "
+                    "CUDA and NCCL headers");
+  if (!stream_of(d, EMI_STREAM_COMM))
+    return emk_errf(err, errlen, EM_ERR_DEVICE, "cuda:%d: %s", d->index, rt_of(d)->errmsg);
+  emi_collective *c = calloc(1, sizeof *c);
+  if (!c) return emk_errf(err, errlen, EM_ERR_NOMEM, "NCCL: out of memory");
+  c->d = d;
+  em_status st = emk_nccl_init(rt_of(d), d->index, id, rank, size, timeout_s, &c->nccl, err,
+                               errlen);
+  if (st) { free(c); return st; }
+  *out = c;
+  return EM_OK;
+}
+
+static em_status coll_group(emi_collective *c, int start, char *err, size_t errlen) {
+  return emk_nccl_group(c->nccl, start, err, errlen);
+}
+
+static em_status coll_issue(emi_collective *c, const emi_coll_call *k, char *err,
+                            size_t errlen) {
+  return emk_nccl_collective(c->nccl, k->kind, k->op, (em_dtype)k->dtype, k->in, k->out,
+                             k->count, k->peer, emk_dev(c->d)->comm, err, errlen);
+}
+
+static em_status coll_async_error(emi_collective *c, char *err, size_t errlen) {
+  return emk_nccl_async_error(c->nccl, err, errlen);
+}
+
+static void coll_free(emi_collective *c, int abort) {
+  if (!c) return;
+  if (abort) emk_nccl_abort(c->nccl);
+  else emk_nccl_destroy(c->nccl);
+  free(c);
+}
+
+const emi_services emk_cuda_services = {
+  .props = props,
+  .memory_stats = memory_stats,
+  .reset_peak = reset_peak,
+  .empty_cache = empty_cache,
+  .synchronize = synchronize,
+  .errmsg = errmsg,
+  .stream_sync = stream_sync,
+  .event_new = event_new,
+  .event_query = event_query,
+  .event_wait = event_wait,
+  .event_free = event_free,
+  .host_callback = host_callback,
+  .memcpy_async = memcpy_async,
+  .host_alloc = host_alloc,
+  .host_free = host_free,
+  .host_collect = host_collect,
+  .is_pinned = emk_is_pinned,
+  .copy_pinned = emk_pinned_copy_queue,
+  .pool_new = pool_new,
+  .pool_alloc = emk_pinned_pool_alloc,
+  .pool_put = emk_pinned_pool_put,
+  .pool_copying = emk_pinned_pool_copying,
+  .pool_stats = emk_pinned_pool_stats,
+  .pool_trim = emk_pinned_pool_trim,
+  .pool_close = emk_pinned_pool_close,
+  .native = native,
+  .coll_unique_id = coll_unique_id,
+  .coll_version = coll_version,
+  .coll_init = coll_init,
+  .coll_group = coll_group,
+  .coll_issue = coll_issue,
+  .coll_async_error = coll_async_error,
+  .coll_free = coll_free,
+};
