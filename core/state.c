@@ -186,7 +186,10 @@ em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim) {
 /* What this build has. */
 const char *em_build_info(void) {
   return "backend cpu: OpenBLAS (pthreads), float16/bfloat16 computed in float32\n"
-         "backend cuda: tensor ops and nn kernels from nvcc, GEMM by cuBLASLt, convolution, "
-         "pooling and batch norm by cuDNN, collectives by NCCL; on GPUs, or on emulated "
-         "devices (EMBER_CUDA_EMULATE=N[:MB])\n";
+         "backend meta: shapes, dtypes and allocations, no data\n"
+         "backend cuda (libember_cuda.so, loaded on first use): on GPUs, ember's kernels "
+         "(nvcc) for tensor ops, pooling and evaluation batch norm, float GEMM on cuBLASLt, "
+         "convolution and training batch norm on cuDNN, collectives on NCCL; on emulated "
+         "devices (EMBER_CUDA_EMULATE=N[:MB]), the same kernels on the grid emulator and "
+         "CPU stand-ins for cuBLASLt, cuDNN and NCCL\n";
 }

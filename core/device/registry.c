@@ -11,8 +11,9 @@
 **      symbols, or has libember_cuda.so among its libraries): emk_cuda_kind is
 **      found in the process, and no library is loaded;
 **   2. else $EMBER_CUDA_LIB, or libember_cuda.so beside the object that holds
-**      this code (libember.so, or the ember executable), then in ../lib from
-**      there, then the system's search path.
+**      this code (libember.so, or the ember executable), then in lib/, ../lib/
+**      and a rock's ../lib/lua/5.1/ember/ from there (a packed, an installed and
+**      a luarocks tree), then the system's search path.
 ** The library leaves core's functions undefined, to be bound to the one core in
 ** the process. So libember.so, if that is where core lives, is promoted to
 ** global scope first (a plain luajit loads it with RTLD_LOCAL); an executable
@@ -95,11 +96,13 @@ static const emi_backend_kind *load_kind(void) {
       if (!(loaded = try_open(env, err, sizeof err)))
         snprintf(load_why, sizeof load_why, "EMBER_CUDA_LIB=%.60s: %.170s", env, err);
     } else {
-      const char *where[] = {"%slibember_cuda.so", "%s../lib/libember_cuda.so",
-                             "libember_cuda.so"};
+      const char *where[] = {"%slibember_cuda.so", "%slib/libember_cuda.so",
+                             "%s../lib/libember_cuda.so",
+                             "%s../lib/lua/5.1/ember/libember_cuda.so", "libember_cuda.so"};
+      enum { N_WHERE = sizeof where / sizeof *where };
       char first[170] = "";
-      for (int i = 0; i < 3 && !loaded; i++) {
-        if (i < 2 && !dir[0]) continue;
+      for (int i = 0; i < N_WHERE && !loaded; i++) {
+        if (i < N_WHERE - 1 && !dir[0]) continue;
         snprintf(path, sizeof path, where[i], dir);
         loaded = try_open(path, err, sizeof err);
         /* the first reason that is not "no such file" tells the most */

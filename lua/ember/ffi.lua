@@ -217,22 +217,33 @@ function core.dtype_id(name, op)
 end
 
 -- -- Devices -----------------------------------------------------------------------
--- 'cpu' -> -1, 'cuda' -> 0, 'cuda:N' -> N (0-based, as CUDA numbers them).
+-- Names resolve through the core's registry (em_device_parse): 'cpu' -> -1,
+-- 'meta' -> -2, 'cuda' -> 0, 'cuda:N' -> N (0-based, as CUDA numbers them).
+-- Each name is asked once; a device number passes as it is.
+local device_ids = { cpu = -1 }
+local device_out = ffi.new('int[1]')
 function core.device_id(d, op)
-  if d == nil or d == 'cpu' or d == -1 then return -1 end
-  if d == 'cuda' then return 0 end
+  if d == nil then return -1 end
+  local id = device_ids[d]
+  if id then return id end
   if type(d) == 'string' then
-    local n = d:match('^cuda:(%d+)$')
-    if n then return tonumber(n) end
-  elseif type(d) == 'number' and d >= 0 and d % 1 == 0 then
+    if C.em_device_parse(S, d, device_out) ~= 0 then
+      raise(('%s: unknown device \'%s\' (expected \'cpu\', \'meta\', \'cuda\' or ' ..
+        '\'cuda:N\')'):format(op, d))
+    end
+    id = device_out[0]
+    device_ids[d] = id
+    return id
+  elseif type(d) == 'number' and d >= -2 and d % 1 == 0 then
     return d
   end
-  raise(('%s: unknown device %s (expected \'cpu\', \'cuda\' or \'cuda:N\')'):format(op,
-    type(d) == 'string' and "'" .. d .. "'" or 'of type ' .. kind(d)))
+  raise(('%s: unknown device %s (expected \'cpu\', \'meta\', \'cuda\' or \'cuda:N\')')
+    :format(op, 'of type ' .. kind(d)))
 end
 
 function core.device_name(id)
-  if id < 0 then return 'cpu' end
+  if id == -1 then return 'cpu' end
+  if id == -2 then return 'meta' end
   return 'cuda:' .. id
 end
 

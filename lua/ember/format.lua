@@ -171,6 +171,8 @@ function M.tostring(t)
   local s
   if numel == 0 then
     s = 'tensor([])'
+  elseif C.em_tensor_device(h) == -2 then  -- meta: a shape and a dtype, no values
+    s = 'tensor(...)'
   else
     local c, p, want = core.readable(h)
     local ok, res = pcall(function()

@@ -75,6 +75,18 @@ local function load_core()
   function em.memory_allocated() return tonumber(C.em_memory_allocated(S)) end
   function em.memory_peak() return tonumber(C.em_memory_peak(S)) end
 
+  -- One device's memory: {allocated, peak, reserved, capacity} in bytes, for
+  -- 'cpu' (the default), 'meta' and 'cuda:N'; and a new peak from now on.
+  local mstats = ffi.new('em_device_memory_stats')
+  function em.memory_stats(device)
+    core.check(C.em_device_memory(S, core.device_id(device, 'memory_stats'), mstats))
+    return { allocated = tonumber(mstats.allocated), peak = tonumber(mstats.peak),
+             reserved = tonumber(mstats.reserved), capacity = tonumber(mstats.capacity) }
+  end
+  function em.reset_peak_memory_stats(device)
+    core.check(C.em_device_reset_peak(S, core.device_id(device, 'reset_peak_memory_stats')))
+  end
+
   -- Wall-clock seconds from a monotonic clock, for timing loops (os.clock counts
   -- CPU time of every thread, which overstates a multi-threaded step).
   ffi.cdef 'typedef struct { long sec, nsec; } em_lua_timespec; int clock_gettime(int, em_lua_timespec *);'

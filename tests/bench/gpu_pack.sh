@@ -12,8 +12,9 @@
 #   ember          the command, stripped (the FFI's symbols stay in .dynsym)
 #   lua/           its Lua modules
 #   tests/         the C tests that touch a device (make gpu-tests), linked against
-#                  lib/libember.so, which holds the core and the embedded fatbins once
-#   lib/           libember.so and the libraries `ldd` names that a bare GPU machine
+#                  lib/libember.so (the core) and lib/libember_cuda.so (the CUDA
+#                  backend with its fatbins, which ember loads from lib/ itself)
+#   lib/           those two and the libraries `ldd` names that a bare GPU machine
 #                  lacks: not glibc's own, not libgcc_s (every system has one, and
 #                  Debian's asks for a newer glibc than ember does)
 #
@@ -35,6 +36,7 @@ mkdir -p "$STAGE/lib" "$STAGE/tests" || exit 1
 
 strip -o "$STAGE/ember" "$BUILD/ember" || exit 1
 strip -o "$STAGE/lib/libember.so" "$BUILD/libember.so" || exit 1
+strip -o "$STAGE/lib/libember_cuda.so" "$BUILD/libember_cuda.so" || exit 1
 cp -R "$BUILD/lua" "$STAGE/lua" || exit 1
 for t in "$BUILD"/gpu-tests/test_*; do
   case "$t" in *.d) continue ;; esac
@@ -43,14 +45,14 @@ done
 
 # The libraries: the resolved files (cp -L follows the alternatives' links), under
 # the names the binaries ask for.
-for b in "$BUILD/ember" "$BUILD/libember.so" "$BUILD"/gpu-tests/test_*; do
+for b in "$BUILD/ember" "$BUILD/libember.so" "$BUILD/libember_cuda.so" "$BUILD"/gpu-tests/test_*; do
   case "$b" in *.d) continue ;; esac
   ldd "$b"
 done | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
 while read -r name path; do
   case "$name" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*|libutil.so*) continue ;;
-    libgcc_s.so*|libember.so) continue ;;
+    libgcc_s.so*|libember.so|libember_cuda.so) continue ;;
   esac
   cp -L "$path" "$STAGE/lib/$name" || { echo "gpu_pack: could not copy $path"; exit 1; }
 done || exit 1
