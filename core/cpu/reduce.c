@@ -186,7 +186,9 @@ KIND_FNS(k_minabs, K_MINABS)
 ** emi_extreme_f32 (vecmath.h). */
 
 /* The term of those kinds in float. */
-INLINE float fterm(int k, float x) { return k == K_SUMSQ ? x * x : k == K_SUMABS ? fabsf(x) : x; }
+INLINE float fterm(int k, float x) {
+  return k == K_SUMSQ ? x * x : k == K_SUMABS ? fabsf(x) : x;
+}
 
 INLINE double fsum(int k, const float *restrict a, int64_t n) {
   int64_t i = 0;
@@ -238,10 +240,11 @@ INLINE void frows(int k, double *restrict acc, const char *base, int64_t M, int6
 }
 
 /* SEG and ROWS: the float32 fast kernels of kind K. */
-#define FSUM_FNS(SEG, ROWS, K)                                                       \
-  static double SEG(const float *restrict a, int64_t n, double s, double p) { return fsum(K, a, n); } \
-  static void ROWS(double *restrict acc, const char *base, int64_t M, int64_t nrows, int64_t rs, \
-                   const double *restrict sh, double p) { frows(K, acc, base, M, nrows, rs); }
+#define FSUM_FNS(SEG, ROWS, K)                                                      \
+  static double SEG(const float *restrict a, int64_t n, double s, double p) {       \
+    return fsum(K, a, n); }                                                         \
+  static void ROWS(double *restrict acc, const char *base, int64_t M, int64_t nrows, \
+      int64_t rs, const double *restrict sh, double p) { frows(K, acc, base, M, nrows, rs); }
 FSUM_FNS(fsum32, frows_sum32, K_SUM)
 FSUM_FNS(fsumsq32, frows_sumsq32, K_SUMSQ)
 FSUM_FNS(fsumabs32, frows_sumabs32, K_SUMABS)
