@@ -50,15 +50,11 @@
 #define OUT_1(T) uint8_t
 
 /* float32, float64, and the half adapters built on the float32 loop. */
-#define HALF2(NAME, OB)                                                                \
-  static void NAME##_f16(char *o, const char *a, const char *b, int64_t n, int64_t so, \
-                         int64_t sa, int64_t sb, emi_kparams *p) {                     \
-    emi_half_loop2(NAME##_f32, EM_FLOAT16, OB, o, a, b, n, so, sa, sb, 0, 0, p);       \
-  }                                                                                    \
-  static void NAME##_bf16(char *o, const char *a, const char *b, int64_t n,            \
-                          int64_t so, int64_t sa, int64_t sb, emi_kparams *p) {        \
-    emi_half_loop2(NAME##_f32, EM_BFLOAT16, OB, o, a, b, n, so, sa, sb, 0, 0, p);      \
-  }
+#define HALF2_FN(NAME, OB, SFX, DT)                                                    \
+  static void NAME##_##SFX(char *o, const char *a, const char *b, int64_t n, int64_t so, \
+                           int64_t sa, int64_t sb, emi_kparams *p) {                   \
+    emi_half_loop2(NAME##_f32, DT, OB, o, a, b, n, so, sa, sb, 0, 0, p); }
+#define HALF2(NAME, OB) HALF2_FN(NAME, OB, f16, EM_FLOAT16) HALF2_FN(NAME, OB, bf16, EM_BFLOAT16)
 #define FLOAT_OP(NAME, OB, PRE32, PRE64, EXPR)                                         \
   BIN_LOOP(NAME##_f32, float, float, OUT_##OB(float), PRE32, EXPR)                     \
   BIN_LOOP(NAME##_f64, double, double, OUT_##OB(double), PRE64, EXPR)                  \

@@ -154,68 +154,10 @@ static void batch_offsets(const mm_problem *p, int64_t bi, int64_t *ao, int64_t 
 ** matrices fast. Each output element is summed in k order by one thread. */
 enum { MR = 4 };
 
-#define DEFINE_REF(NAME, T)                                                              \
-  static void NAME(const T *a, int64_t ars, int64_t acs, const T *b, int64_t brs,        \
-                   int64_t bcs, int64_t K, T *c, int64_t ldc, int64_t mr, int64_t n0,    \
-                   int64_t n1) {                                                         \
-    for (int64_t i = 0; i < mr; i++) {                                                   \
-      T *ci = c + i * ldc;                                                               \
-      for (int64_t j = n0; j < n1; j++) ci[j] = 0;                                       \
-      for (int64_t k = 0; k < K; k++) {                                                  \
-        T av = a[i * ars + k * acs];                                                     \
-        const T *bk = b + k * brs;                                                       \
-        if (bcs == 1)                                                                    \
-          for (int64_t j = n0; j < n1; j++) ci[j] += av * bk[j];                         \
-        else                                                                             \
-          for (int64_t j = n0; j < n1; j++) ci[j] += av * bk[j * bcs];                   \
-      }                                                                                  \
-    }                                                                                    \
-  }
-
-/* c (MR x NR, ldc) = a (MR x K) @ b (K x NR, dense rows). The NR columns are one
-** GCC/Clang vector value (lowered to whatever registers the target has), so the
-** MR sums stay in registers over k; left to itself the compiler may vectorise
-** along k instead, which needs a transpose per step. */
-#define DEFINE_TILE(NAME, T, NR)                                                         \
-  static void NAME(const T *a, int64_t ars, int64_t acs, const T *b, int64_t brs,        \
-                   int64_t K, T *c, int64_t ldc) {                                       \
-    typedef T V __attribute__((vector_size(NR * sizeof(T))));                            \
-    V c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, bv;                                        \
-    for (int64_t k = 0; k < K; k++) {                                                    \
-      memcpy(&bv, b + k * brs, sizeof bv);                                               \
-      c0 += a[k * acs] * bv;                                                             \
-      c1 += a[ars + k * acs] * bv;                                                       \
-      c2 += a[2 * ars + k * acs] * bv;                                                   \
-      c3 += a[3 * ars + k * acs] * bv;                                                   \
-    }                                                                                    \
-    memcpy(c, &c0, sizeof c0);                                                           \
-    memcpy(c + ldc, &c1, sizeof c1);                                                     \
-    memcpy(c + 2 * ldc, &c2, sizeof c2);                                                 \
-    memcpy(c + 3 * ldc, &c3, sizeof c3);                                                 \
-  }
-
-/* c (MR rows, columns n0..n1) as dot products: MR sums in registers per column.
-** For the few columns the tiles leave over, and for a b whose rows are not dense
-** (then its columns usually are). */
-#define DEFINE_COLS(NAME, T)                                                             \
-  static void NAME(const T *a, int64_t ars, int64_t acs, const T *b, int64_t brs,        \
-                   int64_t bcs, int64_t K, T *c, int64_t ldc, int64_t n0, int64_t n1) {  \
-    for (int64_t j = n0; j < n1; j++) {                                                  \
-      T s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                                  \
-      for (int64_t k = 0; k < K; k++) {                                                  \
-        T bv = b[k * brs + j * bcs];                                                     \
-        s0 += a[k * acs] * bv;                                                           \
-        s1 += a[ars + k * acs] * bv;                                                     \
-        s2 += a[2 * ars + k * acs] * bv;                                                 \
-        s3 += a[3 * ars + k * acs] * bv;                                                 \
-      }                                                                                  \
-      c[j] = s0; c[ldc + j] = s1; c[2 * ldc + j] = s2; c[3 * ldc + j] = s3;              \
-    }                                                                                    \
-  }
-
 /* The sum of a vector's lanes by halving (a fixed order, so the same bits every
 ** time): two or three vector adds where a plain loop makes NR dependent scalar
-** adds. For the dot products of the row kernel below. */
+** adds. For the dot products of the row kernel (matmul_impl.h); the 8-lane
+** version of the other types is there. */
 typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
@@ -228,155 +170,23 @@ static inline float hsum_f32(v16f s) {
   c += d;
   return (c[0] + c[2]) + (c[1] + c[3]);
 }
-#define DEFINE_HSUM8(NAME, T)                                                            \
-  static inline T NAME(T __attribute__((vector_size(8 * sizeof(T)))) s) {                \
-    typedef T H4 __attribute__((vector_size(4 * sizeof(T))));                            \
-    H4 a, b;                                                                             \
-    memcpy(&a, &s, sizeof a); memcpy(&b, (const char *)&s + sizeof a, sizeof b);        \
-    a += b;                                                                              \
-    return (a[0] + a[2]) + (a[1] + a[3]);                                                \
-  }
-DEFINE_HSUM8(hsum_f64, double)
-DEFINE_HSUM8(hsum_i64, uint64_t)
 
-/* c (mr < MR rows, all N columns): the short block of rows, which is the whole
-** product for a batch-1 layer (M = 1), where per-call cost is everything. The
-** reference loop would reload and restore c's row for every k (and, with a
-** transposed weight, walk b across its rows), so:
-**  - b's rows dense: a row of c is kept in vector registers over the k loop,
-**    four vectors at a time so that four FMA chains overlap (k order kept);
-**  - b's columns dense and a's row dense (x @ w:t(), the Linear layout): each c
-**    element is a dot product vectorised along k (partial sums per lane, then
-**    added in a fixed order: deterministic, whatever the thread count);
-**  - otherwise the reference loop. */
-#define DEFINE_ROWS(NAME, T, NR, REF, HSUM)                                              \
-  static void NAME(const T *a, int64_t ars, int64_t acs, const T *b, int64_t brs,        \
-                   int64_t bcs, int64_t K, T *c, int64_t ldc, int64_t mr, int64_t N) {   \
-    typedef T V __attribute__((vector_size(NR * sizeof(T))));                            \
-    if (bcs == 1) {                                                                      \
-      for (int64_t i = 0; i < mr; i++) {                                                 \
-        const T *ai = a + i * ars;                                                       \
-        T *ci = c + i * ldc;                                                             \
-        int64_t j = 0;                                                                   \
-        for (; j + 4 * NR <= N; j += 4 * NR) {                                           \
-          V s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, b0, b1, b2, b3;                      \
-          for (int64_t k = 0; k < K; k++) {                                              \
-            const T *bk = b + k * brs + j;                                               \
-            T av = ai[k * acs];                                                          \
-            memcpy(&b0, bk, sizeof b0); memcpy(&b1, bk + NR, sizeof b1);                 \
-            memcpy(&b2, bk + 2 * NR, sizeof b2); memcpy(&b3, bk + 3 * NR, sizeof b3);    \
-            s0 += av * b0; s1 += av * b1; s2 += av * b2; s3 += av * b3;                  \
-          }                                                                              \
-          memcpy(ci + j, &s0, sizeof s0); memcpy(ci + j + NR, &s1, sizeof s1);           \
-          memcpy(ci + j + 2 * NR, &s2, sizeof s2); memcpy(ci + j + 3 * NR, &s3, sizeof s3); \
-        }                                                                                \
-        for (; j + NR <= N; j += NR) {                                                   \
-          V s = {0}, bv;                                                                 \
-          for (int64_t k = 0; k < K; k++) {                                              \
-            memcpy(&bv, b + k * brs + j, sizeof bv);                                     \
-            s += ai[k * acs] * bv;                                                       \
-          }                                                                              \
-          memcpy(ci + j, &s, sizeof s);                                                  \
-        }                                                                                \
-        for (; j < N; j++) {      /* the last columns: the sum stays in a register */  \
-          T t = 0;                                                                       \
-          for (int64_t k = 0; k < K; k++) t += ai[k * acs] * b[k * brs + j];             \
-          ci[j] = t;                                                                     \
-        }                                                                                \
-      }                                                                                  \
-    } else if (brs == 1 && acs == 1) {                                                   \
-      for (int64_t i = 0; i < mr; i++) {                                                 \
-        const T *ai = a + i * ars;                                                       \
-        int64_t j = 0;                                                                   \
-        for (; j + 4 <= N; j += 4) {  /* four columns share each load of a */            \
-          const T *b0 = b + j * bcs, *b1 = b0 + bcs, *b2 = b1 + bcs, *b3 = b2 + bcs;     \
-          V s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, av, bv;                              \
-          int64_t k = 0;                                                                 \
-          for (; k + NR <= K; k += NR) {                                                 \
-            memcpy(&av, ai + k, sizeof av);                                              \
-            memcpy(&bv, b0 + k, sizeof bv); s0 += av * bv;                               \
-            memcpy(&bv, b1 + k, sizeof bv); s1 += av * bv;                               \
-            memcpy(&bv, b2 + k, sizeof bv); s2 += av * bv;                               \
-            memcpy(&bv, b3 + k, sizeof bv); s3 += av * bv;                               \
-          }                                                                              \
-          T t0 = HSUM(s0), t1 = HSUM(s1), t2 = HSUM(s2), t3 = HSUM(s3);                  \
-          for (; k < K; k++) {                                                           \
-            T x = ai[k];                                                                 \
-            t0 += x * b0[k]; t1 += x * b1[k]; t2 += x * b2[k]; t3 += x * b3[k];          \
-          }                                                                              \
-          T *ci = c + i * ldc + j;                                                       \
-          ci[0] = t0; ci[1] = t1; ci[2] = t2; ci[3] = t3;                                \
-        }                                                                                \
-        for (; j < N; j++) {                                                             \
-          const T *bj = b + j * bcs;                                                     \
-          V s = {0}, av, bv;                                                             \
-          int64_t k = 0;                                                                 \
-          for (; k + NR <= K; k += NR) {                                                 \
-            memcpy(&av, ai + k, sizeof av);                                              \
-            memcpy(&bv, bj + k, sizeof bv);                                              \
-            s += av * bv;                                                                \
-          }                                                                              \
-          T t = HSUM(s);                                                                 \
-          for (; k < K; k++) t += ai[k] * bj[k];                                         \
-          c[i * ldc + j] = t;                                                            \
-        }                                                                                \
-      }                                                                                  \
-    } else {                                                                             \
-      REF(a, ars, acs, b, brs, bcs, K, c, ldc, mr, 0, N);                                \
-    }                                                                                    \
-  }
-
-/* One unit: MR rows of a batch matrix; wide tiles, then narrower ones, then dot
-** products for the last columns. A short block of rows (M % MR) takes the
-** row kernel above. */
-#define DEFINE_UNITS(NAME, T, NR, WIDE, NARROW, TINY, COLS, ROWS)                              \
-  static void NAME(void *ctx, int64_t u0, int64_t u1) {                                  \
-    const mm_problem *p = ctx;                                                           \
-    int64_t M = p->M, N = p->N, nblk = (M + MR - 1) / MR, cur = -1, ao = 0, bo = 0;      \
-    for (int64_t u = u0; u < u1; u++) {                                                  \
-      int64_t bi = u / nblk, i0 = u % nblk * MR, mr = M - i0 < MR ? M - i0 : MR;         \
-      if (bi != cur) { batch_offsets(p, bi, &ao, &bo); cur = bi; }                       \
-      const T *a = (const T *)p->A + ao + i0 * p->a_rs, *b = (const T *)p->B + bo;       \
-      T *c = (T *)p->C + (bi * M + i0) * N;                                              \
-      int64_t j = 0;                                                                     \
-      if (mr < MR) {                                                                     \
-        ROWS(a, p->a_rs, p->a_cs, b, p->b_rs, p->b_cs, p->K, c, N, mr, N);               \
-        continue;                                                                        \
-      }                                                                                  \
-      if (p->b_cs == 1) {                                                                \
-        for (; j + NR <= N; j += NR)                                                     \
-          WIDE(a, p->a_rs, p->a_cs, b + j, p->b_rs, p->K, c + j, N);                     \
-        for (; j + NR / 2 <= N; j += NR / 2)                                             \
-          NARROW(a, p->a_rs, p->a_cs, b + j, p->b_rs, p->K, c + j, N);                   \
-        for (; j + NR / 4 <= N; j += NR / 4)                                             \
-          TINY(a, p->a_rs, p->a_cs, b + j, p->b_rs, p->K, c + j, N);                     \
-      }                                                                                  \
-      COLS(a, p->a_rs, p->a_cs, b, p->b_rs, p->b_cs, p->K, c, N, j, N);                  \
-    }                                                                                    \
-  }
-
-DEFINE_REF(ref_f32, float)
-DEFINE_TILE(tile16_f32, float, 16)
-DEFINE_TILE(tile8_f32, float, 8)
-DEFINE_TILE(tile4_f32, float, 4)
-DEFINE_COLS(cols_f32, float)
-DEFINE_ROWS(rows_f32, float, 16, ref_f32, hsum_f32)
-DEFINE_UNITS(units_f32, float, 16, tile16_f32, tile8_f32, tile4_f32, cols_f32, rows_f32)
-DEFINE_REF(ref_f64, double)
-DEFINE_TILE(tile8_f64, double, 8)
-DEFINE_TILE(tile4_f64, double, 4)
-DEFINE_TILE(tile2_f64, double, 2)
-DEFINE_COLS(cols_f64, double)
-DEFINE_ROWS(rows_f64, double, 8, ref_f64, hsum_f64)
-DEFINE_UNITS(units_f64, double, 8, tile8_f64, tile4_f64, tile2_f64, cols_f64, rows_f64)
-/* int64 wraps on overflow like PyTorch's; unsigned arithmetic keeps that defined */
-DEFINE_REF(ref_i64, uint64_t)
-DEFINE_TILE(tile8_i64, uint64_t, 8)
-DEFINE_TILE(tile4_i64, uint64_t, 4)
-DEFINE_TILE(tile2_i64, uint64_t, 2)
-DEFINE_COLS(cols_i64, uint64_t)
-DEFINE_ROWS(rows_i64, uint64_t, 8, ref_i64, hsum_i64)
-DEFINE_UNITS(units_i64, uint64_t, 8, tile8_i64, tile4_i64, tile2_i64, cols_i64, rows_i64)
+/* The kernel (matmul_impl.h) for each compute type; int64 as uint64_t. */
+#define T float
+#define NR 16
+#define HSUM hsum_f32
+#define FN(name) name##_f32
+#include "matmul_impl.h"
+#define T double
+#define NR 8
+#define HSUM hsum8_f64
+#define FN(name) name##_f64
+#include "matmul_impl.h"
+#define T uint64_t
+#define NR 8
+#define HSUM hsum8_i64
+#define FN(name) name##_i64
+#include "matmul_impl.h"
 
 static void run_plain(em_state *S, mm_problem *p) {
   emi_range_fn fn = p->ct == EM_FLOAT32 ? units_f32 : p->ct == EM_FLOAT64 ? units_f64 : units_i64;

@@ -17,18 +17,20 @@
 
 #define EMI_AVX512 __attribute__((target("avx512f")))
 
-/* The end of both 8x32 kernels: rows 0..7 of the accumulators c<r>0, c<r>1 (two
-** vectors, masked by m0/m1 at the right edge) added to C where acc, then stored. */
-#define STORE_ROW(C, ldc, acc, m0, m1, r)                                                \
-  {                                                                                      \
-    float *c = (C) + (r) * (ldc);                                                        \
-    if (acc) {                                                                           \
-      c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, c));                    \
-      c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, c + 16));               \
-    }                                                                                    \
-    _mm512_mask_storeu_ps(c, m0, c##r##0);                                               \
-    _mm512_mask_storeu_ps(c + 16, m1, c##r##1);                                          \
+/* The end of both 8x32 kernels: one row's accumulators v0, v1 (two vectors,
+** masked by m0/m1 at the right edge) added to the row c where acc, then stored. */
+EMI_AVX512 static inline __attribute__((always_inline)) void
+store_row(float *c, int acc, __mmask16 m0, __mmask16 m1, __m512 v0, __m512 v1) {
+  if (acc) {
+    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, c));
+    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, c + 16));
   }
+  _mm512_mask_storeu_ps(c, m0, v0);
+  _mm512_mask_storeu_ps(c + 16, m1, v1);
+}
+/* Rows 0..7, from the accumulators c<r>0, c<r>1 of the kernel. */
+#define STORE_ROW(C, ldc, acc, m0, m1, r) \
+  store_row((C) + (r) * (ldc), acc, m0, m1, c##r##0, c##r##1);
 #define STORE_8x32(C, ldc, acc, m0, m1)                                                  \
   STORE_ROW(C, ldc, acc, m0, m1, 0) STORE_ROW(C, ldc, acc, m0, m1, 1)                    \
   STORE_ROW(C, ldc, acc, m0, m1, 2) STORE_ROW(C, ldc, acc, m0, m1, 3)                    \

@@ -4,87 +4,20 @@
 ** on logits, in its stable form max(x,0) - x*y + log1p(exp(-|x|))). Sums are
 ** kept in double. Targets are read (any int dtype and stride), range-checked and
 ** turned into 0-based int64 plus an ignore mask before any output is written.
-** The typed loops are written once, in LOSS_KERNELS, for float and double.
+** The typed loops are written once, in nn_loss_impl.h, which this file includes
+** for float and for double.
 */
 #include "cpu.h"
 #include <math.h>
 
-/* -- Per-dtype loops (T is float or double) ------------------------------------------ */
-#define LOSS_KERNELS(T, SFX)                                                                \
-static void ce_fwd_##SFX(int64_t N, int64_t C, const T *x, const int64_t *t,                \
-                         const unsigned char *ign, double smooth, double *loss,             \
-                         T *lse_out) {                                                      \
-  for (int64_t i = 0; i < N; i++) {                                                         \
-    const T *r = x + i * C;                                                                 \
-    T m = r[0];                                                                             \
-    for (int64_t c = 1; c < C; c++) m = r[c] > m || isnan(r[c]) ? r[c] : m;                 \
-    double s = 0, sx = 0;                                                                   \
-    if (isinf(m) && m < 0) m = 0;          /* a row of -inf: avoid -inf - -inf */           \
-    for (int64_t c = 0; c < C; c++) {                                                       \
-      s += exp((double)r[c] - (double)m);                                                   \
-      sx += r[c];                                                                           \
-    }                                                                                       \
-    double lse = (double)m + log(s);                                                        \
-    if (lse_out) lse_out[i] = (T)lse;                                                       \
-    if (ign[i]) { loss[i] = 0; continue; }                                                  \
-    double l = (1 - smooth) * (lse - (double)r[t[i]]);                                      \
-    if (smooth > 0) l += smooth * (lse - sx / (double)C);                                   \
-    loss[i] = l;                                                                            \
-  }                                                                                         \
-}                                                                                           \
-                                                                                            \
-/* d loss_i / d x_ic = p_c - (1-eps)*[c == t] - eps/C. */                                   \
-static void ce_bwd_##SFX(int64_t N, int64_t C, const T *x, const int64_t *t,                \
-                         const unsigned char *ign, double smooth, const double *gl,         \
-                         const T *lse, T *gx) {                                             \
-  T off = (T)(smooth / (double)C);                                                          \
-  for (int64_t i = 0; i < N; i++) {                                                         \
-    const T *r = x + i * C;                                                                 \
-    T *o = gx + i * C;                                                                      \
-    if (ign[i]) {                                                                           \
-      for (int64_t c = 0; c < C; c++) o[c] = 0;                                             \
-      continue;                                                                             \
-    }                                                                                       \
-    T g = (T)gl[i], l = lse[i];                                                             \
-    for (int64_t c = 0; c < C; c++) o[c] = g * ((T)exp(r[c] - l) - off);                    \
-    o[t[i]] -= g * (T)(1 - smooth);                                                         \
-  }                                                                                         \
-}                                                                                           \
-                                                                                            \
-static double pw_fwd_##SFX(int kind, int64_t n, const T *x, const T *y, T *out) {           \
-  double sum = 0;                                                                           \
-  for (int64_t i = 0; i < n; i++) {                                                         \
-    double l;                                                                               \
-    if (kind == EMI_LOSS_MSE) {                                                             \
-      double d = (double)x[i] - (double)y[i];                                               \
-      l = d * d;                                                                            \
-    } else {                                                                                \
-      double v = x[i];                                                                      \
-      l = (v > 0 ? v : 0) - v * (double)y[i] + log1p(exp(-fabs(v)));                        \
-    }                                                                                       \
-    if (out) out[i] = (T)l;                                                                 \
-    sum += l;                                                                               \
-  }                                                                                         \
-  return sum;                                                                               \
-}                                                                                           \
-                                                                                            \
-static void pw_bwd_##SFX(int kind, int64_t n, const T *x, const T *y, const T *gl,          \
-                         double g, T *gx) {                                                 \
-  for (int64_t i = 0; i < n; i++) {                                                         \
-    double s = gl ? (double)gl[i] : g, d;                                                   \
-    if (kind == EMI_LOSS_MSE) d = 2 * ((double)x[i] - (double)y[i]);                        \
-    else {                                                                                  \
-      double v = x[i], e = exp(-fabs(v));                                                   \
-      double sig = v >= 0 ? 1 / (1 + e) : e / (1 + e);                                      \
-      d = sig - (double)y[i];                                                               \
-    }                                                                                       \
-    gx[i] = (T)(s * d);                                                                     \
-  }                                                                                         \
-}
+/* -- Per-dtype loops (nn_loss_impl.h, T float then double) ------------------------------ */
 
-LOSS_KERNELS(float, f32)
-LOSS_KERNELS(double, f64)
-#undef LOSS_KERNELS
+#define T float
+#define FN(name) name##_f32
+#include "nn_loss_impl.h"
+#define T double
+#define FN(name) name##_f64
+#include "nn_loss_impl.h"
 
 /* -- Targets, reductions and gradient factors ------------------------------------------ */
 

@@ -5,7 +5,8 @@
 ** Batch norm works channel by channel over an (N, C, L) view (and moves the
 ** running statistics, PyTorch's rule: the biased variance normalizes, the
 ** unbiased one goes into running_var); layer norm row by row over (M, K). The
-** loops are written once, in NORMALIZE_KERNELS, for float and double.
+** loops are written once, in normalize_impl.h, which this file includes for
+** float and for double.
 */
 #include "cpu.h"
 #include <math.h>
@@ -24,143 +25,14 @@ static int64_t normalize_grain(int64_t per) {
   return g < 1 ? 1 : g;
 }
 
-/* -- Per-dtype loops (T is float or double) ------------------------------------------ */
-#define NORMALIZE_KERNELS(T, SFX)                                                           \
-static void bn_stats_##SFX(void *ctx, int64_t c0, int64_t c1) {                             \
-  const normalize_job *j = ctx;                                                             \
-  const T *x = j->x;                                                                        \
-  for (int64_t c = c0; c < c1; c++) {                                                       \
-    double s = 0, q = 0;                                                                    \
-    for (int64_t n = 0; n < j->N; n++) {                                                    \
-      const T *r = x + (n * j->C + c) * j->L;                                               \
-      T a = 0;                                                                              \
-      for (int64_t l = 0; l < j->L; l++) a += r[l];                                         \
-      s += a;                                                                               \
-    }                                                                                       \
-    double m = s / (double)(j->N * j->L);                                                   \
-    for (int64_t n = 0; n < j->N; n++) {                                                    \
-      const T *r = x + (n * j->C + c) * j->L;                                               \
-      double a = 0;                                                                         \
-      for (int64_t l = 0; l < j->L; l++) {                                                  \
-        double d = (double)r[l] - m;                                                        \
-        a += d * d;                                                                         \
-      }                                                                                     \
-      q += a;                                                                               \
-    }                                                                                       \
-    j->dmean[c] = m;                                                                        \
-    j->var[c] = q / (double)(j->N * j->L);                                                  \
-  }                                                                                         \
-}                                                                                           \
-                                                                                            \
-static void bn_apply_##SFX(void *ctx, int64_t p0, int64_t p1) {                             \
-  const normalize_job *j = ctx;                                                             \
-  const T *x = j->x, *w = j->w, *b = j->b;                                                  \
-  T *y = j->y;                                                                              \
-  for (int64_t p = p0; p < p1; p++) {                                                       \
-    int64_t c = p % j->C;                                                                   \
-    T sc = (T)j->invstd[c] * (w ? w[c] : 1);                                                \
-    T sh = (b ? b[c] : 0) - (T)j->mean[c] * sc;                                             \
-    const T *r = x + p * j->L;                                                              \
-    T *o = y + p * j->L;                                                                    \
-    for (int64_t l = 0; l < j->L; l++) o[l] = r[l] * sc + sh;                               \
-  }                                                                                         \
-}                                                                                           \
-                                                                                            \
-static void bn_bwd_##SFX(void *ctx, int64_t c0, int64_t c1) {                               \
-  const normalize_job *j = ctx;                                                             \
-  const T *x = j->x, *gy = j->gy, *w = j->w;                                                \
-  T *gx = j->gx, *gw = j->gw, *gb = j->gb;                                                  \
-  double cnt = (double)(j->N * j->L);                                                       \
-  for (int64_t c = c0; c < c1; c++) {                                                       \
-    double m = (double)((const T *)j->cmean)[c], is = (double)((const T *)j->crstd)[c];     \
-    double sg = 0, sgx = 0;                                                                 \
-    for (int64_t n = 0; n < j->N; n++) {                                                    \
-      const T *r = x + (n * j->C + c) * j->L, *g = gy + (n * j->C + c) * j->L;              \
-      T a = 0, b = 0;                                                                       \
-      for (int64_t l = 0; l < j->L; l++) {                                                  \
-        a += g[l];                                                                          \
-        b += g[l] * (r[l] - (T)m);                                                          \
-      }                                                                                     \
-      sg += a;                                                                              \
-      sgx += b;                                                                             \
-    }                                                                                       \
-    if (gw) gw[c] = (T)(sgx * is);                                                          \
-    if (gb) gb[c] = (T)sg;                                                                  \
-    if (!gx) continue;                                                                      \
-    double wc = w ? (double)w[c] : 1;                                                       \
-    T k = (T)(wc * is), mg = (T)(sg / cnt), pr = (T)(sgx * is * is / cnt);                  \
-    for (int64_t n = 0; n < j->N; n++) {                                                    \
-      const T *r = x + (n * j->C + c) * j->L, *g = gy + (n * j->C + c) * j->L;              \
-      T *o = gx + (n * j->C + c) * j->L;                                                    \
-      if (j->training)                                                                      \
-        for (int64_t l = 0; l < j->L; l++) o[l] = k * (g[l] - mg - (r[l] - (T)m) * pr);     \
-      else                                                                                  \
-        for (int64_t l = 0; l < j->L; l++) o[l] = k * g[l];                                 \
-    }                                                                                       \
-  }                                                                                         \
-}                                                                                           \
-                                                                                            \
-static void ln_fwd_##SFX(void *ctx, int64_t r0, int64_t r1) {                               \
-  const normalize_job *j = ctx;                                                             \
-  const T *x = j->x, *w = j->w, *b = j->b;                                                  \
-  T *y = j->y, *mo = j->mean_o, *ro = j->rstd_o;                                            \
-  for (int64_t i = r0; i < r1; i++) {                                                       \
-    const T *r = x + i * j->K;                                                              \
-    T *o = y + i * j->K;                                                                    \
-    double s = 0, q = 0;                                                                    \
-    for (int64_t k = 0; k < j->K; k++) s += r[k];                                           \
-    double m = s / (double)j->K;                                                            \
-    for (int64_t k = 0; k < j->K; k++) { double d = r[k] - m; q += d * d; }                 \
-    double rs = 1 / sqrt(q / (double)j->K + j->eps);                                        \
-    mo[i] = (T)m;                                                                           \
-    ro[i] = (T)rs;                                                                          \
-    T fm = (T)m, fr = (T)rs;                                                                \
-    for (int64_t k = 0; k < j->K; k++) {                                                    \
-      T v = (r[k] - fm) * fr;                                                               \
-      o[k] = v * (w ? w[k] : 1) + (b ? b[k] : 0);                                           \
-    }                                                                                       \
-  }                                                                                         \
-}                                                                                           \
-                                                                                            \
-static void ln_bwd_x_##SFX(void *ctx, int64_t r0, int64_t r1) {                             \
-  const normalize_job *j = ctx;                                                             \
-  const T *x = j->x, *gy = j->gy, *w = j->w, *mean = j->cmean, *rstd = j->crstd;            \
-  T *gx = j->gx;                                                                            \
-  for (int64_t i = r0; i < r1; i++) {                                                       \
-    const T *r = x + i * j->K, *g = gy + i * j->K;                                          \
-    T *o = gx + i * j->K, m = mean[i], rs = rstd[i];                                        \
-    double a = 0, b = 0;   /* sum(g*w), sum(g*w*xhat) */                                    \
-    for (int64_t k = 0; k < j->K; k++) {                                                    \
-      T gw = g[k] * (w ? w[k] : 1);                                                         \
-      a += gw;                                                                              \
-      b += gw * (r[k] - m) * rs;                                                            \
-    }                                                                                       \
-    T ma = (T)(a / (double)j->K), mb = (T)(b / (double)j->K);                               \
-    for (int64_t k = 0; k < j->K; k++)                                                      \
-      o[k] = rs * (g[k] * (w ? w[k] : 1) - ma - (r[k] - m) * rs * mb);                      \
-  }                                                                                         \
-}                                                                                           \
-                                                                                            \
-static void ln_bwd_wb_##SFX(const normalize_job *j, double *acc, T *gw, T *gb) {            \
-  const T *x = j->x, *gy = j->gy, *mean = j->cmean, *rstd = j->crstd;                       \
-  for (int64_t k = 0; k < 2 * j->K; k++) acc[k] = 0;                                        \
-  for (int64_t i = 0; i < j->M; i++) {                                                      \
-    const T *r = x + i * j->K, *g = gy + i * j->K;                                          \
-    T m = mean[i], rs = rstd[i];                                                            \
-    for (int64_t k = 0; k < j->K; k++) {                                                    \
-      acc[k] += g[k] * (r[k] - m) * rs;                                                     \
-      acc[j->K + k] += g[k];                                                                \
-    }                                                                                       \
-  }                                                                                         \
-  for (int64_t k = 0; k < j->K; k++) {                                                      \
-    if (gw) gw[k] = (T)acc[k];                                                              \
-    if (gb) gb[k] = (T)acc[j->K + k];                                                       \
-  }                                                                                         \
-}
+/* -- Per-dtype loops (normalize_impl.h, T float then double) ---------------------------- */
 
-NORMALIZE_KERNELS(float, f32)
-NORMALIZE_KERNELS(double, f64)
-#undef NORMALIZE_KERNELS
+#define T float
+#define FN(name) name##_f32
+#include "normalize_impl.h"
+#define T double
+#define FN(name) name##_f64
+#include "normalize_impl.h"
 
 /* -- Entries ---------------------------------------------------------------------------- */
 

@@ -61,14 +61,18 @@ enum {
 };
 enum { C_ADD, C_MUL, C_MAX, C_MIN };
 
-#define COMB_ADD(a, b) ((a) + (b))
-#define COMB_MUL(a, b) ((a) * (b))
 /* NaN-propagating: once acc is NaN no comparison replaces it. `|`, not `||`:
 ** a branch-free condition is what lets GCC vectorise the loops. */
 #define COMB_MAX(a, b) ((((b) > (a)) | ((b) != (b))) ? (b) : (a))
 #define COMB_MIN(a, b) ((((b) < (a)) | ((b) != (b))) ? (b) : (a))
 
-static inline double comb(int c, double a, double b) {
+/* Each kernel below is written once as a function of the kind and of the
+** element type, inlined into one small wrapper per kind and type: in each
+** wrapper the kind is a constant, its switches fold away, and the loop
+** vectorises as if it had been written for that kind alone. */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE double comb(int c, double a, double b) {
   switch (c) {
   case C_ADD: return a + b;
   case C_MUL: return a * b;
@@ -77,158 +81,173 @@ static inline double comb(int c, double a, double b) {
   }
 }
 
-/* The macros below define kernels for every kind; the table keeps only those
-** it uses. */
-#define UNUSED __attribute__((unused))
-
-/* Segment kernel: COMB-reduce n contiguous T values into one double. */
-#define DEF_SEG(NAME, T, EXPR, COMB, ID)                                            \
-  static UNUSED double NAME(const T *restrict a, int64_t n, double s, double p) {   \
-    double acc[LANES];                                                              \
-    (void)s; (void)p;                                                               \
-    if (n <= LANES) {            /* short rows: skip the lanes' set-up and fold */  \
-      double r = (ID);                                                              \
-      for (int64_t i = 0; i < n; i++) {                                             \
-        double x = a[i];                                                            \
-        r = COMB(r, (EXPR));                                                        \
-      }                                                                             \
-      return r;                                                                     \
-    }                                                                               \
-    for (int j = 0; j < LANES; j++) acc[j] = (ID);                                  \
-    int64_t i = 0;                                                                  \
-    for (; i + LANES <= n; i += LANES)                                              \
-      for (int j = 0; j < LANES; j++) {                                             \
-        double x = a[i + j];                                                        \
-        acc[j] = COMB(acc[j], (EXPR));                                              \
-      }                                                                             \
-    for (int j = 0; i < n; i++, j++) {                                              \
-      double x = a[i];                                                              \
-      acc[j] = COMB(acc[j], (EXPR));                                                \
-    }                                                                               \
-    for (int w = LANES / 2; w > 0; w /= 2)                                          \
-      for (int j = 0; j < w; j++) acc[j] = COMB(acc[j], acc[j + w]);                \
-    return acc[0];                                                                  \
+/* What kind k accumulates for an element x: s is the output's shift (var,
+** logsumexp), p the norm's exponent. */
+INLINE double term(int k, double x, double s, double p) {
+  switch (k) {
+  case K_SUMEXP: return exp(x - s);
+  case K_SUMSQDEV: return (x - s) * (x - s);
+  case K_SUMABS: case K_MAXABS: case K_MINABS: return fabs(x);
+  case K_SUMSQ: return x * x;
+  case K_SUMPOW: return pow(fabs(x), p);
+  case K_CNTNZ: return (double)(x != 0);
+  default: return x;                   /* K_SUM, K_PROD, K_MAX, K_MIN */
   }
+}
 
-/* Rows kernel: acc[j] = COMB(acc[j], EXPR(row_r[j])) for nrows rows of M
-** contiguous T values, rs bytes apart; sh[j] is column j's shift. */
-#define DEF_ROWS(NAME, T, EXPR, COMB)                                               \
-  static UNUSED void NAME(double *restrict acc, const char *base, int64_t M,        \
-                   int64_t nrows, int64_t rs, const double *restrict sh,            \
-                   double p) {                                                      \
-    (void)p; (void)sh;                                                              \
-    for (int64_t r = 0; r < nrows; r++) {                                           \
-      const T *restrict a = (const T *)(base + r * rs);                             \
-      for (int64_t j = 0; j < M; j++) {                                             \
-        double x = a[j], s = sh[j];                                                 \
-        (void)s;                                                                    \
-        acc[j] = COMB(acc[j], (EXPR));                                              \
-      }                                                                             \
-    }                                                                               \
+/* How kind k combines its terms, and the identity it starts from. */
+INLINE int kind_comb(int k) {
+  switch (k) {
+  case K_PROD: return C_MUL;
+  case K_MAX: case K_MAXABS: return C_MAX;
+  case K_MIN: case K_MINABS: return C_MIN;
+  default: return C_ADD;
   }
-
-#define DEF_KIND(NAME, EXPR, COMB, ID)                                              \
-  DEF_SEG(NAME##_seg32, float, EXPR, COMB, ID)                                      \
-  DEF_SEG(NAME##_seg64, double, EXPR, COMB, ID)                                     \
-  DEF_ROWS(NAME##_rows32, float, EXPR, COMB)                                        \
-  DEF_ROWS(NAME##_rows64, double, EXPR, COMB)
-
-DEF_KIND(k_sum, x, COMB_ADD, 0.0)
-DEF_KIND(k_sumexp, exp(x - s), COMB_ADD, 0.0)
-DEF_KIND(k_sumsqdev, (x - s) * (x - s), COMB_ADD, 0.0)
-DEF_KIND(k_sumabs, fabs(x), COMB_ADD, 0.0)
-DEF_KIND(k_sumsq, x * x, COMB_ADD, 0.0)
-DEF_KIND(k_sumpow, pow(fabs(x), p), COMB_ADD, 0.0)
-DEF_KIND(k_cntnz, (double)(x != 0), COMB_ADD, 0.0)
-DEF_KIND(k_prod, x, COMB_MUL, 1.0)
-DEF_KIND(k_max, x, COMB_MAX, -INFINITY)
-DEF_KIND(k_min, x, COMB_MIN, INFINITY)
-DEF_KIND(k_maxabs, fabs(x), COMB_MAX, 0.0)
-DEF_KIND(k_minabs, fabs(x), COMB_MIN, INFINITY)
-
-/* float32 fast kernels for the hot kinds. Sums: 64 float lanes add blocks of
-** 1024 elements (16 per lane, so float rounding stays tiny), then each block
-** is added into 16 double lanes; this runs at memory speed where converting
-** every element to double would not. max/min: emi_extreme_f32 (vecmath.h). */
-#define DEF_FSUM32(NAME, EXPR)                                                      \
-  static double NAME(const float *restrict a, int64_t n, double s, double p) {      \
-    int64_t i = 0;                                                                  \
-    (void)s; (void)p;                                                               \
-    if (n <= 16) {                                                                  \
-      double r = 0;                                                                 \
-      for (; i < n; i++) {                                                          \
-        double x = a[i];                                                            \
-        r += (EXPR);                                                                \
-      }                                                                             \
-      return r;                                                                     \
-    }                                                                               \
-    double d[16] = {0};                                                             \
-    while (i + 256 <= n) {          /* blocks of up to 1024, whole 64s */           \
-      int64_t blk = n - i >= 1024 ? 1024 : (n - i) & ~(int64_t)63;                  \
-      float f[64] = {0};                                                            \
-      for (int64_t k = 0; k < blk; k += 64)                                         \
-        for (int j = 0; j < 64; j++) {                                              \
-          float x = a[i + k + j];                                                   \
-          f[j] += (EXPR);                                                           \
-        }                                                                           \
-      float g[16];                                                                  \
-      for (int j = 0; j < 16; j++) g[j] = (f[j] + f[j + 16]) + (f[j + 32] + f[j + 48]); \
-      for (int j = 0; j < 8; j++) d[j] += (double)(g[j] + g[j + 8]);                \
-      i += blk;                                                                     \
-    }                                                                               \
-    for (; i + 16 <= n; i += 16)                                                    \
-      for (int j = 0; j < 16; j++) {                                                \
-        double x = a[i + j];                                                        \
-        d[j] += (EXPR);                                                             \
-      }                                                                             \
-    for (int j = 0; i < n; i++, j++) {                                              \
-      double x = a[i];                                                              \
-      d[j] += (EXPR);                                                               \
-    }                                                                               \
-    for (int j = 0; j < 8; j++) d[j] += d[j + 8];                                   \
-    for (int j = 0; j < 4; j++) d[j] += d[j + 4];                                   \
-    return (d[0] + d[2]) + (d[1] + d[3]);                                           \
+}
+INLINE double kind_id(int k) {
+  switch (k) {
+  case K_PROD: return 1.0;
+  case K_MAX: return -INFINITY;
+  case K_MIN: case K_MINABS: return INFINITY;
+  default: return 0.0;
   }
-DEF_FSUM32(fsum32, x)
-DEF_FSUM32(fsumsq32, x * x)
-DEF_FSUM32(fsumabs32, fabs(x))
+}
+
+/* Element i of a float (f64 = 0) or double (f64 = 1) array, as a double. */
+INLINE double load(const void *restrict a, int64_t i, int f64) {
+  return f64 ? ((const double *)a)[i] : (double)((const float *)a)[i];
+}
+
+/* Segment kernel: kind k reduces n contiguous values into one double, in
+** LANES independent accumulators folded by halves at the end. */
+INLINE double seg(int k, int f64, const void *restrict a, int64_t n, double s, double p) {
+  int c = kind_comb(k);
+  double acc[LANES];
+  if (n <= LANES) {            /* short rows: skip the lanes' set-up and fold */
+    double r = kind_id(k);
+    for (int64_t i = 0; i < n; i++) r = comb(c, r, term(k, load(a, i, f64), s, p));
+    return r;
+  }
+  for (int j = 0; j < LANES; j++) acc[j] = kind_id(k);
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES)
+    for (int j = 0; j < LANES; j++)
+      acc[j] = comb(c, acc[j], term(k, load(a, i + j, f64), s, p));
+  for (int j = 0; i < n; i++, j++) acc[j] = comb(c, acc[j], term(k, load(a, i, f64), s, p));
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++) acc[j] = comb(c, acc[j], acc[j + w]);
+  return acc[0];
+}
+
+/* Rows kernel: acc[j] = COMB(acc[j], term(row_r[j])) for nrows rows of M
+** contiguous values, rs bytes apart; sh[j] is column j's shift. */
+INLINE void rows(int k, int f64, double *restrict acc, const char *base, int64_t M,
+                 int64_t nrows, int64_t rs, const double *restrict sh, double p) {
+  int c = kind_comb(k);
+  for (int64_t r = 0; r < nrows; r++) {
+    const double *restrict ad = (const double *)(base + r * rs);
+    const float *restrict af = (const float *)(base + r * rs);
+    if (f64)
+      for (int64_t j = 0; j < M; j++) acc[j] = comb(c, acc[j], term(k, ad[j], sh[j], p));
+    else
+      for (int64_t j = 0; j < M; j++) acc[j] = comb(c, acc[j], term(k, af[j], sh[j], p));
+  }
+}
+
+/* NAME_seg32, NAME_seg64, NAME_rows32 and NAME_rows64: the kernels of kind K
+** (the table below keeps only those it uses). */
+#define SEG_FN(NAME, T, K, F64)                                                     \
+  static __attribute__((unused)) double NAME(const T *restrict a, int64_t n, double s, \
+                                             double p) { return seg(K, F64, a, n, s, p); }
+#define ROWS_FN(NAME, K, F64)                                                       \
+  static __attribute__((unused)) void NAME(double *restrict acc, const char *base, int64_t M, \
+      int64_t nrows, int64_t rs, const double *restrict sh, double p) {             \
+    rows(K, F64, acc, base, M, nrows, rs, sh, p); }
+#define KIND_FNS(NAME, K) SEG_FN(NAME##_seg32, float, K, 0) SEG_FN(NAME##_seg64, double, K, 1) \
+  ROWS_FN(NAME##_rows32, K, 0) ROWS_FN(NAME##_rows64, K, 1)
+
+KIND_FNS(k_sum, K_SUM)
+KIND_FNS(k_sumexp, K_SUMEXP)
+KIND_FNS(k_sumsqdev, K_SUMSQDEV)
+KIND_FNS(k_sumabs, K_SUMABS)
+KIND_FNS(k_sumsq, K_SUMSQ)
+KIND_FNS(k_sumpow, K_SUMPOW)
+KIND_FNS(k_cntnz, K_CNTNZ)
+KIND_FNS(k_prod, K_PROD)
+KIND_FNS(k_max, K_MAX)
+KIND_FNS(k_min, K_MIN)
+KIND_FNS(k_maxabs, K_MAXABS)
+KIND_FNS(k_minabs, K_MINABS)
+
+/* float32 fast kernels for the hot kinds (K_SUM, K_SUMSQ, K_SUMABS). Sums: 64
+** float lanes add blocks of 1024 elements (16 per lane, so float rounding stays
+** tiny), then each block is added into 16 double lanes; this runs at memory
+** speed where converting every element to double would not. max/min:
+** emi_extreme_f32 (vecmath.h). */
+
+/* The term of those kinds in float. */
+INLINE float fterm(int k, float x) {
+  return k == K_SUMSQ ? x * x : k == K_SUMABS ? fabsf(x) : x;
+}
+
+INLINE double fsum(int k, const float *restrict a, int64_t n) {
+  int64_t i = 0;
+  if (n <= 16) {
+    double r = 0;
+    for (; i < n; i++) r += term(k, a[i], 0, 0);
+    return r;
+  }
+  double d[16] = {0};
+  while (i + 256 <= n) {          /* blocks of up to 1024, whole 64s */
+    int64_t blk = n - i >= 1024 ? 1024 : (n - i) & ~(int64_t)63;
+    float f[64] = {0};
+    for (int64_t k0 = 0; k0 < blk; k0 += 64)
+      for (int j = 0; j < 64; j++) f[j] += fterm(k, a[i + k0 + j]);
+    float g[16];
+    for (int j = 0; j < 16; j++) g[j] = (f[j] + f[j + 16]) + (f[j + 32] + f[j + 48]);
+    for (int j = 0; j < 8; j++) d[j] += (double)(g[j] + g[j + 8]);
+    i += blk;
+  }
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; j++) d[j] += term(k, a[i + j], 0, 0);
+  for (int j = 0; i < n; i++, j++) d[j] += term(k, a[i], 0, 0);
+  for (int j = 0; j < 8; j++) d[j] += d[j + 8];
+  for (int j = 0; j < 4; j++) d[j] += d[j + 4];
+  return (d[0] + d[2]) + (d[1] + d[3]);
+}
 
 /* Rows of float32 summed into double column accumulators: four rows are
 ** added in float first (pairwise), so the accumulator row is loaded and stored
 ** once per four input rows. */
-#define DEF_FROWS32(NAME, EXPR)                                                     \
-  static void NAME(double *restrict acc, const char *base, int64_t M,               \
-                   int64_t nrows, int64_t rs, const double *restrict sh,            \
-                   double p) {                                                      \
-    (void)p; (void)sh;                                                              \
-    int64_t r = 0;                                                                  \
-    for (; r + 4 <= nrows; r += 4) {                                                \
-      const float *restrict a0 = (const float *)(base + r * rs);                    \
-      const float *restrict a1 = (const float *)(base + (r + 1) * rs);              \
-      const float *restrict a2 = (const float *)(base + (r + 2) * rs);              \
-      const float *restrict a3 = (const float *)(base + (r + 3) * rs);              \
-      for (int64_t j = 0; j < M; j++) {                                             \
-        float x = a0[j], t0 = (EXPR);                                               \
-        x = a1[j];                                                                  \
-        float t1 = (EXPR);                                                          \
-        x = a2[j];                                                                  \
-        float t2 = (EXPR);                                                          \
-        x = a3[j];                                                                  \
-        float t3 = (EXPR);                                                          \
-        acc[j] += (double)((t0 + t1) + (t2 + t3));                                  \
-      }                                                                             \
-    }                                                                               \
-    for (; r < nrows; r++) {                                                        \
-      const float *restrict a = (const float *)(base + r * rs);                     \
-      for (int64_t j = 0; j < M; j++) {                                             \
-        double x = a[j];                                                            \
-        acc[j] += (EXPR);                                                           \
-      }                                                                             \
-    }                                                                               \
+INLINE void frows(int k, double *restrict acc, const char *base, int64_t M, int64_t nrows,
+                  int64_t rs) {
+  int64_t r = 0;
+  for (; r + 4 <= nrows; r += 4) {
+    const float *restrict a0 = (const float *)(base + r * rs);
+    const float *restrict a1 = (const float *)(base + (r + 1) * rs);
+    const float *restrict a2 = (const float *)(base + (r + 2) * rs);
+    const float *restrict a3 = (const float *)(base + (r + 3) * rs);
+    for (int64_t j = 0; j < M; j++) {
+      float t0 = fterm(k, a0[j]), t1 = fterm(k, a1[j]), t2 = fterm(k, a2[j]),
+            t3 = fterm(k, a3[j]);
+      acc[j] += (double)((t0 + t1) + (t2 + t3));
+    }
   }
-DEF_FROWS32(frows_sum32, x)
-DEF_FROWS32(frows_sumsq32, x * x)
-DEF_FROWS32(frows_sumabs32, fabs(x))
+  for (; r < nrows; r++) {
+    const float *restrict a = (const float *)(base + r * rs);
+    for (int64_t j = 0; j < M; j++) acc[j] += term(k, a[j], 0, 0);
+  }
+}
+
+/* SEG and ROWS: the float32 fast kernels of kind K. */
+#define FSUM_FNS(SEG, ROWS, K)                                                      \
+  static double SEG(const float *restrict a, int64_t n, double s, double p) {       \
+    return fsum(K, a, n); }                                                         \
+  static void ROWS(double *restrict acc, const char *base, int64_t M, int64_t nrows, \
+      int64_t rs, const double *restrict sh, double p) { frows(K, acc, base, M, nrows, rs); }
+FSUM_FNS(fsum32, frows_sum32, K_SUM)
+FSUM_FNS(fsumsq32, frows_sumsq32, K_SUMSQ)
+FSUM_FNS(fsumabs32, frows_sumabs32, K_SUMABS)
 
 static double fmax32(const float *restrict a, int64_t n, double s, double p) {
   (void)s; (void)p;

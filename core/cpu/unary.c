@@ -30,15 +30,12 @@
     (void)p_;                                                                          \
   }
 
-#define HALF1(NAME)                                                                    \
-  static void NAME##_f16(char *o, const char *a, int64_t n, int64_t so, int64_t sa,    \
-                         emi_kparams *p) {                                             \
-    emi_half_loop1(NAME##_f32, EM_FLOAT16, 0, o, a, n, so, sa, p);                     \
-  }                                                                                    \
-  static void NAME##_bf16(char *o, const char *a, int64_t n, int64_t so, int64_t sa,   \
-                          emi_kparams *p) {                                            \
-    emi_half_loop1(NAME##_f32, EM_BFLOAT16, 0, o, a, n, so, sa, p);                    \
-  }
+/* The float16 and bfloat16 loops of NAME: its float32 loop through an adapter. */
+#define HALF1_FN(NAME, SFX, DT)                                                        \
+  static void NAME##_##SFX(char *o, const char *a, int64_t n, int64_t so, int64_t sa,  \
+                           emi_kparams *p) {                                           \
+    emi_half_loop1(NAME##_f32, DT, 0, o, a, n, so, sa, p); }
+#define HALF1(NAME) HALF1_FN(NAME, f16, EM_FLOAT16) HALF1_FN(NAME, bf16, EM_BFLOAT16)
 /* EXPR sees x of type T; constants are written (T)c to stay in T's precision. */
 #define FLOAT_UN(NAME, PRE32, PRE64, EXPR)                                             \
   UN_LOOP(NAME##_f32, float, float, PRE32, EXPR)                                       \
