@@ -223,7 +223,7 @@ static void *stuck_replica(void *arg) {
     return NULL;
   }
   if (j->rank == 0) {
-    emk_cuda *cu = S->cuda;
+    emk_cuda *cu = emk_ctx(S);
     cu->rt->ops->host_callback(cu->rt, cu->dev[0]->compute, sleep_3s, NULL);
   }
   double t0 = em_profile_clock();

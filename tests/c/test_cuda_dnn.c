@@ -371,7 +371,7 @@ static void test_algo_cache(em_state *S) {
   int plans = !emulated && emk_real_conv_plans;
   emk_dnn_cache_stats_get(&a);
   REQUIRE_OK(S, em_conv2d(S, dx, dw, NULL, s, p, d, 1, &y1));
-  if (plans) plans = emk_real_conv_plans(S->cuda->rt, &pa) == 0;
+  if (plans) plans = emk_real_conv_plans(emk_ctx(S)->rt, &pa) == 0;
   emk_dnn_cache_stats_get(&b);
   CHECK(b.misses == a.misses + 1 && b.hits == a.hits, "first call: a miss (%llu -> %llu "
         "misses, %llu -> %llu hits)", (unsigned long long)a.misses,
@@ -381,7 +381,7 @@ static void test_algo_cache(em_state *S) {
   emk_dnn_cache_stats_get(&c);
   CHECK(c.hits == b.hits + 1 && c.misses == b.misses, "second call of the shape: a hit");
   if (plans) {              /* cuDNN's descriptors: built once per geometry */
-    CHECK(emk_real_conv_plans(S->cuda->rt, &pb) == 0 && pb.hits == pa.hits + 1 &&
+    CHECK(emk_real_conv_plans(emk_ctx(S)->rt, &pb) == 0 && pb.hits == pa.hits + 1 &&
           pb.misses == pa.misses, "descriptor sets: %llu -> %llu hits, %llu -> %llu misses",
           (unsigned long long)pa.hits, (unsigned long long)pb.hits,
           (unsigned long long)pa.misses, (unsigned long long)pb.misses);
@@ -403,7 +403,7 @@ static void test_algo_cache(em_state *S) {
 /* The emulator's conv refuses a workspace smaller than its algorithm needs. */
 static void test_emu_workspace_contract(em_state *S) {
   if (!emulated) return;
-  emk_runtime *rt = S->cuda->rt;
+  emk_runtime *rt = emk_ctx(S)->rt;
   emk_conv_desc c;
   memset(&c, 0, sizeof c);
   c.dir = EMK_CONV_FWD, c.dtype = EM_FLOAT32;
@@ -418,14 +418,14 @@ static void test_emu_workspace_contract(em_state *S) {
   CHECK(n == 3 && list[0].math == EMK_MATH_FMA && list[1].math == EMK_MATH_FMA &&
         list[2].math == EMK_MATH_FMA, "float32 without TF32: FMA only");
   int dummy;
-  em_status st = rt->ops->conv(rt, S->cuda->dev[0]->compute, &c, &list[0], &dummy, 4,
+  em_status st = rt->ops->conv(rt, emk_ctx(S)->dev[0]->compute, &c, &list[0], &dummy, 4,
                                &dummy, &dummy, &dummy, NULL);
   CHECK(st == EM_ERR_ARG && strstr(rt->errmsg, "workspace"), "too small a workspace: %s",
         rt->errmsg);
   /* a tensor-core mode where TF32 is off is refused before anything runs */
   emk_conv_algo tc = {2, 0, EMK_MATH_TENSOR_OP};
   tc.workspace = emk_emu_conv_workspace(&c, 2);
-  st = rt->ops->conv(rt, S->cuda->dev[0]->compute, &c, &tc, &dummy, tc.workspace, &dummy,
+  st = rt->ops->conv(rt, emk_ctx(S)->dev[0]->compute, &c, &tc, &dummy, tc.workspace, &dummy,
                      &dummy, &dummy, NULL);
   CHECK(st == EM_ERR_ARG && strstr(rt->errmsg, "math mode") && strstr(rt->errmsg, "float32"),
         "TENSOR_OP without TF32: %s", rt->errmsg);
@@ -570,7 +570,7 @@ int main(void) {
   em_state *S;
   if (cuda_check_open(&S, "2:256")) return 1;
   emk_device_props props;
-  if (S->cuda->rt->ops->device_props(S->cuda->rt, 0, &props) == EM_OK)
+  if (emk_ctx(S)->rt->ops->device_props(emk_ctx(S)->rt, 0, &props) == EM_OK)
     emulated = props.emulated;
   RUN(test_conv2d, S);
   RUN(test_pooling, S);

@@ -98,7 +98,7 @@ static int same_as_ref(em_state *S, em_tensor *x, em_tensor *y, const ref *r, in
   return ok;
 }
 
-static emk_runtime *rt_of(em_state *S) { return S->cuda->rt; }
+static emk_runtime *rt_of(em_state *S) { return emk_ctx(S)->rt; }
 
 static void stats(em_loader *l, em_loader_stats *s) { em_loader_stats_get(l, s); }
 
@@ -174,7 +174,7 @@ static void test_reuse(em_state *S) {
   em_loader *l = make_loader(S, d, 2, 4, 0, 1, 1);
   REQUIRE(l, "loader: %s", em_errmsg(S));
   emk_runtime *rt = rt_of(S);
-  emk_stream *copy = S->cuda->dev[0]->copy;
+  emk_stream *copy = emk_ctx(S)->dev[0]->copy;
   int bad = 0;
   for (int e = 1; e <= 2; e++) {
     REQUIRE(fill_ref(S, d, e, &r), "reference");

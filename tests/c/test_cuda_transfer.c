@@ -124,7 +124,7 @@ static void test_peer_source_reuse(em_state *S) {
 }
 
 static void test_pinned(em_state *S) {
-  emk_runtime *rt = S->cuda->rt;
+  emk_runtime *rt = emk_ctx(S)->rt;
   em_tensor *h, *p, *p2, *d, *back;
   REQUIRE_OK(S, host_values(S, EM_FLOAT32, 64, 100, &h));
   CHECK(!em_tensor_is_pinned(h), "ordinary memory is not pinned");
@@ -231,7 +231,7 @@ static void test_pressure_and_reclaim(em_state *S) {
 ** with a clear error, the values are right whenever the calls succeed, and
 ** nothing is left allocated. */
 static void test_injected_failures(em_state *S) {
-  emk_runtime *rt = S->cuda->rt;
+  emk_runtime *rt = emk_ctx(S)->rt;
   em_tensor *h, *p;
   REQUIRE_OK(S, host_values(S, EM_INT32, 30, 40, &h));
   REQUIRE_OK(S, em_tensor_pin_memory(S, h, &p));
