@@ -130,14 +130,24 @@ define install_missing
 	  $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; fi
 endef
 
-deps:
-	$(call install_missing,$(DEB_PACKAGES))
-deps-run:
-	$(call install_missing,$(RUN_PACKAGES))
-deps-bench:
-	$(call install_missing,$(BENCH_PACKAGES))
-deps-test:
-	$(call install_missing,$(TEST_PACKAGES))
+# Each list's check leaves a stamp in $(BUILD)/deps/ and runs again only when dpkg's
+# status file (rewritten by every install or removal) or this Makefile (the lists)
+# is newer than the stamp: a make with nothing to do runs no dpkg-query. Without
+# dpkg there is no status file and no stamp, and apt-get's failure stops the build.
+DPKG_STATUS := $(wildcard /var/lib/dpkg/status)
+DEPS_STAMP  := $(BUILD)/deps
+deps: $(DEPS_STAMP)/build
+deps-run: $(DEPS_STAMP)/run
+deps-bench: $(DEPS_STAMP)/bench
+deps-test: $(DEPS_STAMP)/test
+$(DEPS_STAMP)/build: DEB_LIST = $(DEB_PACKAGES)
+$(DEPS_STAMP)/run: DEB_LIST = $(RUN_PACKAGES)
+$(DEPS_STAMP)/bench: DEB_LIST = $(BENCH_PACKAGES)
+$(DEPS_STAMP)/test: DEB_LIST = $(TEST_PACKAGES)
+$(DEPS_STAMP)/build $(DEPS_STAMP)/run $(DEPS_STAMP)/bench $(DEPS_STAMP)/test: \
+    $(DEPS_STAMP)/%: $(DPKG_STATUS) $(firstword $(MAKEFILE_LIST))
+	$(call install_missing,$(DEB_LIST))
+	@mkdir -p $(dir $@) && touch $@
 
 # What optional engines this machine has (reported; the CPU build never needs them).
 report: $(BUILD)/.reported

@@ -1,6 +1,6 @@
--- demo.lua -- a short tour of ember's tensors, run by `make run` until the
--- Fashion-MNIST example takes its place: softmax regression on synthetic
--- blobs, with the gradient written out by hand (autograd comes next).
+-- demo.lua -- a short tour of ember's tensors without autograd: softmax
+-- regression on synthetic blobs, with the gradient written out by hand
+-- (examples/fashion_mnist.lua trains with autograd and nn).
 --
 --   ember examples/demo.lua [steps]
 

@@ -193,7 +193,8 @@ static const char INFO_LUA[] =
   "print('threads: ' .. em.get_num_threads())\n"
   "for line in em.build_info():gmatch('[^\\n]+') do print(line) end\n"
   /* The real CUDA libraries, loaded (dlopen) only to ask: versions and files, or
-  ** where they were looked for. pcall: a libember from before this call. */
+  ** where they were looked for. pcall: an older libember without this call
+  ** leaves the section out. */
   "do local buf = ffi.new('char[4096]')\n"
   "  if pcall(function() return core.C.em_cuda_libs_info end)\n"
   "     and core.C.em_cuda_libs_info(buf, 4096) == 0 then\n"

@@ -10,7 +10,7 @@ iteration starts after a barrier, the slower replica's time counts, and the
 figure is the median over ITERS iterations after WARM. The PyTorch twin,
 bench_allreduce.py, times torch.distributed's gloo backend (2 processes on
 127.0.0.1) the same way, and prints its figure under both names, so that run.sh's
-ratios are local/gloo (the issue's goal: >= 4 x) and mpi/gloo. See
+ratios are local/gloo (the target: >= 4 x) and mpi/gloo. See
 dist_common.lua for the driver/worker split.
 ]]
 local dir = debug.getinfo(1, 'S').source:sub(2):match('(.*/)')

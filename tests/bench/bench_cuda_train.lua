@@ -1,6 +1,6 @@
 --[[
 bench_cuda_train.lua -- whole training steps on a GPU, ember beside PyTorch eager
-on the same GPU in the same run (issue 11's benchmarks):
+on the same GPU in the same run:
 
   cnn     the Fashion-MNIST CNN of examples/fashion_mnist.lua, batch 128, Adam 1e-3
   resnet  an 18-layer residual network for 32x32 inputs: a 3x3 stem of 16
@@ -13,7 +13,7 @@ on the same GPU in the same run (issue 11's benchmarks):
 Each figure is samples per second over whole steps (forward, cross-entropy,
 backward, optimizer step), after warm-up steps, with a synchronize before the
 clock starts and stops: the median of several repetitions. The ratio is ember /
-PyTorch (above 1: ember faster); the issue's goal is >= 1.2.
+PyTorch (above 1: ember faster); the target is >= 1.2.
 
   build/ember tests/bench/bench_cuda_train.lua [--smoke] [--steps N] [--tf32]
 

@@ -1,6 +1,6 @@
 --[[
-bench_ddp_cnn.lua -- data-parallel training of the Fashion-MNIST CNN (issue:
-em.distribute): global samples/s, all replicas together, of
+bench_ddp_cnn.lua -- data-parallel training of the Fashion-MNIST CNN
+(em.distribute): global samples/s, all replicas together, of
 
   ddp_cnn_local   ember --replicas 2, 1 intra-op thread each
   ddp_cnn_mpi     mpirun -np 2 ember, 1 intra-op thread each
@@ -10,7 +10,7 @@ each with batch 128 per replica on its shard of the shuffled train set, Adam
 1e-3, a loader with workers = 0 (ddp_common.lua). The PyTorch twin,
 bench_ddp_cnn.py, runs DDP over gloo, 2 processes x torch.set_num_threads(1),
 DistributedSampler over the same data, and prints its figure under the names
-ddp_cnn_local and ddp_cnn_mpi: run.sh's ratios are ember/DDP (the issue's goal:
+ddp_cnn_local and ddp_cnn_mpi: run.sh's ratios are ember/DDP (the target:
 >= 1.5 x). The TensorFlow twin, bench_ddp_cnn_tf.py, trains the same CNN in Keras
 under MirroredStrategy (2 logical CPU devices) and MultiWorkerMirroredStrategy (2
 workers on localhost) and prints the faster under the same names. Standalone, this
@@ -22,7 +22,7 @@ x 2 threads.
   ember tests/bench/bench_ddp_cnn.lua [--steps N]    N steps per replica after 10
                                                       (default 100, or EMBER_BENCH_DDP_STEPS)
   ember tests/bench/bench_ddp_cnn.lua --epochs 5      whole epochs, and the test
-                  accuracy after them, on replica 0 (the issue's goal: >= 90.5 %)
+                  accuracy after them, on replica 0 (the target: >= 90.5 %)
 ]]
 local dir = debug.getinfo(1, 'S').source:sub(2):match('(.*/)')
 local W = dofile(dir .. 'ddp_common.lua')

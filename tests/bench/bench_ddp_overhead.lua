@@ -1,5 +1,5 @@
 --[[
-bench_ddp_overhead.lua -- the mirrored strategy's own cost (issue: em.distribute):
+bench_ddp_overhead.lua -- the mirrored strategy's own cost (em.distribute):
 one process, one replica, all (2) threads, the Fashion-MNIST CNN of
 train_common.lua, Adam 1e-3, batch 128 from the first Fashion-MNIST samples held
 in memory (no loader, so only the wrapper differs): training steps of the model
@@ -11,7 +11,7 @@ alternately, is what keeps the comparison within a percent. Reported:
 
   ddp_step_unwrapped   ms per step (median), plain model
   ddp_step_wrapped     ms per step (median), s:wrap(model)
-  ddp_wrap_cost        wrapped / unwrapped (the issue's goal: <= 1.03, at most 3 % slower)
+  ddp_wrap_cost        wrapped / unwrapped (the target: <= 1.03, at most 3 % slower)
 
 No PyTorch twin: the ratio is ember against itself.
 ]]

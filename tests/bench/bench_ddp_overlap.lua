@@ -1,6 +1,6 @@
 --[[
-bench_ddp_overlap.lua -- does gradient averaging overlap backward (issue:
-em.distribute)? The data-parallel CNN of bench_ddp_cnn.lua (ddp_common.lua) on
+bench_ddp_overlap.lua -- does gradient averaging overlap backward
+(em.distribute)? The data-parallel CNN of bench_ddp_cnn.lua (ddp_common.lua) on
 `ember --replicas 2`, 1 thread each, in three bucket plans:
 
   b25     the default: bucket_mb = 25, the first bucket 1 MB (the CNN's ~1.7 MB of

@@ -1,5 +1,5 @@
 --[[
-bench_jpeg_scale.lua -- reduced JPEG decode in image_folder (issue 12): 40 photo-like
+bench_jpeg_scale.lua -- reduced JPEG decode in image_folder: 40 photo-like
 1024x768 JPEGs (quality 90, made here once with ember and reused), each read by
 image_folder{size = N} on this one thread, for N = 64 and 224:
   - full: full_decode = true, the whole image decoded, then the bilinear resize;

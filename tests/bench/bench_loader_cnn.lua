@@ -1,5 +1,5 @@
 --[[
-bench_loader_cnn.lua -- does the loader keep the training step fed (issue 4)? The
+bench_loader_cnn.lua -- does the loader keep the training step fed? The
 Fashion-MNIST CNN (train_common.lua's, as in examples/fashion_mnist.lua), Adam
 1e-3, batch 128, fed by ds:shuffle():map(to_float, normalize):batch(128) with 2
 loader workers, timed over STEPS steps after WARM; then the same on
@@ -10,8 +10,8 @@ em.data.synthetic uint8 samples through the same map (alternating, best of 2). R
   loader_cnn_synthetic      samples/s on synthetic data
   loader_cnn_real_vs_synth  the ratio of the two (1 = reading real data costs nothing)
 
-The machine has 2 cores: the 2 workers compete with the 2 compute threads, as the
-issue specifies. The PyTorch twin is bench_loader_cnn.py. Without Debian's
+The machine has 2 cores: the 2 workers compete with the 2 compute threads, which
+is the case measured (a loader that needs cores of its own is not keeping up). The PyTorch twin is bench_loader_cnn.py. Without Debian's
 dataset-fashion-mnist it prints a skip line.
 ]]
 local B = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'common.lua')

@@ -1,5 +1,5 @@
 --[[
-bench_loader_jpeg.lua -- the loader on a folder of JPEGs (issue 4): 5,000 256x256
+bench_loader_jpeg.lua -- the loader on a folder of JPEGs: 5,000 256x256
 RGB JPEGs in 10 class folders (made once by make_jpegs.py, then reused), read by
 em.data.image_folder, shuffled, random_crop(224), hflip(0.5), to_float,
 normalize(ImageNet mean/std), batches of 64, 2 loader workers; images/s over one

@@ -1,5 +1,5 @@
 --[[
-bench_loader_mem.lua -- loader throughput on data already in memory (issue 4):
+bench_loader_mem.lua -- loader throughput on data already in memory:
 Fashion-MNIST train as uint8 (60000, 1, 28, 28), shuffled, batches of 128, no
 transform, 2 worker threads; samples/s over 2 whole epochs after a warm-up epoch.
 What it measures is the pipeline's own overhead (gather of shuffled samples into

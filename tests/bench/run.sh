@@ -121,7 +121,7 @@ best "$TMP/torch" > "$TMP/torch.best"; echo "RESULT _ 0 _" >> "$TMP/torch.best"
 best "$TMP/tf" > "$TMP/tf.best"; echo "RESULT _ 0 _" >> "$TMP/tf.best"
 sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # The table: ember's lines joined with torch's and tensorflow's on the name. Then the
-# ratios the issues name, as RESULT lines of their own (ember / peer, same run):
+# the headline ratios, as RESULT lines of their own (ember / peer, same run):
 # ddp_cnn_vs_torch2 and ddp_cnn_vs_tf (the threads replicas' global samples/s),
 # train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf.
 awk '

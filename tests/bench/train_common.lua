@@ -1,6 +1,6 @@
 --[[
 train_common.lua -- the ember side of the training benchmarks (bench_train_mlp,
-bench_train_cnn): the issue's recipe (Adam 1e-3, batch 128, cross-entropy) on the
+bench_train_cnn): one recipe for both peers (Adam 1e-3, batch 128, cross-entropy) on the
 first samples of Fashion-MNIST, timed over whole steps (forward, backward,
 update) after a warm-up, and the process's peak RSS (VmHWM) at the end. The
 PyTorch twin is train_common.py; both read the same files.

@@ -1,12 +1,13 @@
 /*
-** test_cuda_backend.c -- the CUDA backend as far as it goes today (issue 10), on
-** the emulated runtime (EMBER_CUDA_EMULATE): devices opened on first use, tensors
-** whose storage comes from the caching allocator, copies to and from the device
-** for every dtype (contiguous, strided and through conversions on the CPU side),
-** fills and strided copies run as kernels on the grid emulator, queued work read
-** back correctly without explicit syncs, memory statistics, out-of-memory on a
-** small device, and clear errors for what is not built yet. Every value read back
-** is compared with the CPU's.
+** test_cuda_backend.c -- the CUDA backend's devices, memory and copies, on the
+** emulated runtime (EMBER_CUDA_EMULATE) or on a real GPU (EMBER_TEST_REAL_CUDA):
+** no device without either, and a reason that says how to get one; devices opened
+** on first use, tensors whose storage comes from the caching allocator, copies to
+** and from the device for every dtype (contiguous, strided and through conversions
+** on the CPU side), fills and strided copies run as kernels, queued work read back
+** correctly without explicit syncs, memory statistics, out-of-memory on a small
+** device with the state usable after it, and a clear error for a device that is
+** not there. Every value read back is compared with the CPU's.
 */
 #include "cuda_check.h"
 #include <stdlib.h>
@@ -104,8 +105,8 @@ static void test_conversions_and_strided_targets(em_state *S) {
   REQUIRE_OK(S, em_to(S, x, EM_FLOAT32, EM_CPU, &xb));
   CHECK(same_values(h, xb), "float64 -> float32 on the device");
   em_tensor_release(x); em_tensor_release(xb);
-  /* an op on tensors of two devices names both (conv2d has its kernel now:
-  ** kernels/k_dnn.c, tested in test_cuda_dnn.c) */
+  /* an op on tensors of two devices names both (conv2d's values on the device
+  ** are test_cuda_dnn.c's) */
   em_tensor *d4, *h4;
   int64_t one[2] = {1, 1}, zero[2] = {0, 0}, s4[4] = {1, 1, 2, 2};
   REQUIRE_OK(S, em_full(S, s4, 4, 1, EM_FLOAT32, 0, &d4));

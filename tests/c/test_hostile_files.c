@@ -1,5 +1,5 @@
-/* test_hostile_files.c -- regression tests for what a fuzzer found in the file
-** readers (issue 12): files that lie about their size. Every file is made here,
+/* test_hostile_files.c -- the file readers on files that lie about their size
+** (what a fuzzer tries first). Every file is made here,
 ** tiny, with a header claiming something huge:
 **   - shapes with a zero dimension whose strides overflow: [0, 2^62, 2^62] from a
 **     safetensors header or em_empty, [0, 2^32-1, 2^32-1, 2^32-1] from a 20-byte IDX;

@@ -1,5 +1,5 @@
 --[[
-test_infer.lua -- the small-net inference path (issue 12, part 4): the matmul
+test_infer.lua -- the small-net inference path: the matmul
 kernel for short blocks of rows (M < 4: batch-1 layers), in every layout and
 compute type, against a plain Lua sum; F.linear / em_linear (one call, no
 intermediate tensors without autograd) against x:matmul(w:t()) + b, in values,
