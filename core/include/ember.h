@@ -1020,13 +1020,20 @@ const char *em_device_str(int device, char *buf, size_t len);
 em_status em_device_memory(em_state *S, int device, em_device_memory_stats *out);
 em_status em_device_reset_peak(em_state *S, int device);
 
-/* -- CUDA devices (kernels/) ----------------------------------------------------------
+/* -- CUDA devices (kernels/, libember_cuda.so) ------------------------------------------
 ** Devices 0, 1, ... are served by the CUDA backend: the GPUs, through the CUDA
 ** runtime and cuBLASLt (loaded with dlopen when first used), or with
 ** EMBER_CUDA_EMULATE=N[:MB] N emulated devices of MB megabytes (default 1024)
 ** whose memory, streams and kernels are the backend's own code on the CPU.
-** The devices are opened on first use, per state. Ops are queued on the device's
-** stream and the host does not wait; copies to the CPU wait for what they read. */
+** The backend is a library of its own, libember_cuda.so, that libember loads the
+** first time a state asks for a CUDA device: from beside libember.so (or the
+** executable that links libember.a and exports its symbols with -rdynamic), its
+** lib/ and ../lib/, or $EMBER_CUDA_LIB; a host that links libember_cuda.a (or
+** libember_cuda.so) itself has it already. Without it, these calls and CUDA
+** tensors fail with the reason, and everything else works. The devices are
+** opened on first use, per state. Ops are queued on the device's stream and the
+** host does not wait; copies to the CPU wait for what they read. The em_cuda_*
+** calls below are core's: a CPU-only host links them and gets the reason. */
 typedef struct em_cuda_memory {
   int64_t allocated, reserved, peak_allocated, capacity;
   int64_t num_allocs, num_frees, cache_hits, oom_retries;
