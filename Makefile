@@ -280,7 +280,8 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a $(BUILD)/libem
 # which they find in ../lib beside themselves.
 GPU_TESTS := test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwise \
              test_cuda_transfer test_cuda_reduce test_cuda_index test_cuda_random \
-             test_cuda_matmul test_cuda_dnn test_cuda_graph test_cuda_loader test_comm_nccl
+             test_cuda_matmul test_cuda_dnn test_cuda_graph test_cuda_loader test_comm_nccl \
+             test_cuda_optim test_backend_parity
 .PHONY: gpu-tests
 gpu-tests: $(GPU_TESTS:%=$(BUILD)/gpu-tests/%)
 $(BUILD)/gpu-tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.so $(BUILD)/libember_cuda.so

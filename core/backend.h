@@ -20,6 +20,7 @@
 #ifndef EMBER_BACKEND_H
 #define EMBER_BACKEND_H
 #include "ember.h"
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
@@ -100,6 +101,7 @@ enum { EMI_LOSS_MSE = 0, EMI_LOSS_BCE_LOGITS = 1 };
 ** (broadcast dims have stride 0). */
 typedef struct emi_backend {
   const char *name;
+  int id;                  /* EMI_BACKEND_*: which row of the dispatch counters */
   /* A storage of nbytes on this device: the backend lays out the header and the
   ** data (the CPU puts both in one block) and sets data, nbytes and block_size;
   ** tensor.c sets the rest. NULL when the device is out of memory. */
@@ -253,21 +255,16 @@ typedef struct emi_backend {
   ** range-checked here before out is touched. */
   em_status (*scatter_add)(emi_device *d, em_tensor *out, int dim, const em_tensor *idx,
                            const em_tensor *src, int index_base);
-  /* One fused step per parameter: p, g, buf (NULL when momentum is 0) contiguous,
-  ** one shape and dtype (float32/float64); numel >= 1. */
-  em_status (*sgd_step)(emi_device *d, em_tensor *p, const em_tensor *g, em_tensor *buf,
-                        double lr, double momentum, double dampening, double wd,
-                        int nesterov, int first_step);
-  /* As sgd_step with moments m, v. step_size = lr / (1 - beta1^step), bc2_sqrt =
+  /* Fused optimizer steps over n >= 1 parameters of this device and one dtype
+  ** (float32/float64): p[i], g[i], buf[i] contiguous, one shape (numel >= 1); buf
+  ** is NULL as a whole when momentum is 0. All are updated by one call -- on cuda
+  ** one kernel launch -- with the same arithmetic, element for element, on every
+  ** backend. A single parameter is the case n = 1.
+  ** SGD: d = g + wd*p; buf = first[i] ? d : momentum*buf + (1-dampening)*d;
+  ** d = nesterov ? d + momentum*buf : buf; p -= lr*d.
+  ** Adam: with moments m, v; step_size[i] = lr / (1 - beta1^step), bc2_sqrt[i] =
   ** sqrt(1 - beta2^step), decay: the factor p is multiplied by first (AdamW; 1 for
   ** Adam), wd: the L2 term added to g (Adam). */
-  em_status (*adam_step)(emi_device *d, em_tensor *p, const em_tensor *g, em_tensor *m,
-                         em_tensor *v, double beta1, double beta2, double eps, double wd,
-                         double decay, double step_size, double bc2_sqrt);
-  /* Multi-tensor forms: n >= 1 parameters of this device and one dtype, each as
-  ** sgd_step / adam_step take it (buf NULL as a whole when momentum is 0; first[i],
-  ** step_size[i], bc2_sqrt[i] per parameter), all updated by one call -- on cuda
-  ** one kernel launch -- with the same arithmetic, element for element. */
   em_status (*sgd_step_multi)(emi_device *d, int n, em_tensor *const *p,
                               const em_tensor *const *g, em_tensor *const *buf,
                               const int *first, double lr, double momentum,
@@ -291,6 +288,37 @@ typedef struct emi_backend {
   /* t[i] *= (T)scale for n tensors as norm_multi's. */
   em_status (*scale_multi)(emi_device *d, int n, em_tensor *const *t, double scale);
 } emi_backend;
+
+/* -- Backend entries by name, and their counters ---------------------------------
+** EMI_BACKEND_ENTRIES(X) is X(entry) for every entry of emi_backend, in the
+** struct's order, so code can walk the entries by name and index (EMI_ENTRY_<name>).
+** The checks below break the build when the list and the struct disagree: each
+** listed entry sits at its index, and the entries fill the struct from alloc on.
+** Every call through the dispatch point (and every storage alloc and free, in
+** tensor.c) adds one to S->dispatch_counts[backend id][entry], which the parity
+** test (tests/c/test_backend_parity.c) reads to fail on an entry no case reached. */
+#define EMI_BACKEND_ENTRIES(X)                                                       \
+  X(alloc) X(free) X(copy) X(fill) X(unary) X(binary) X(binary_scalar) X(add_scaled) \
+  X(clamp) X(where) X(reduce) X(var) X(norm) X(arg_reduce) X(softmax) X(matmul)      \
+  X(index_select) X(gather) X(uniform) X(normal) X(randint) X(arange) X(conv2d)      \
+  X(conv2d_backward) X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d)              \
+  X(avg_pool2d_backward) X(adaptive_avg_pool2d) X(adaptive_avg_pool2d_backward)      \
+  X(batch_norm) X(batch_norm_backward) X(layer_norm) X(layer_norm_backward)          \
+  X(cross_entropy) X(cross_entropy_backward) X(nll_loss) X(nll_loss_backward)        \
+  X(pointwise_loss) X(pointwise_loss_backward) X(index_add) X(scatter_add)           \
+  X(sgd_step_multi) X(adam_step_multi) X(norm_multi) X(scale_multi)
+#define EMI_ENTRY_INDEX_(e) EMI_ENTRY_##e,
+enum { EMI_BACKEND_ENTRIES(EMI_ENTRY_INDEX_) EMI_NENTRIES };
+#define EMI_ENTRY_AT_(e)                                                             \
+  static_assert(offsetof(emi_backend, e) ==                                          \
+                offsetof(emi_backend, alloc) + EMI_ENTRY_##e * sizeof(void (*)(void)),  \
+                "EMI_BACKEND_ENTRIES: " #e " is not at its index in emi_backend");
+EMI_BACKEND_ENTRIES(EMI_ENTRY_AT_)
+static_assert(sizeof(emi_backend) ==
+              offsetof(emi_backend, alloc) + EMI_NENTRIES * sizeof(void (*)(void)),
+              "EMI_BACKEND_ENTRIES does not list every entry of emi_backend");
+/* Backend ids: small, fixed, one per backend table. */
+enum { EMI_BACKEND_CPU = 0, EMI_BACKEND_CUDA = 1, EMI_BACKEND_META = 2, EMI_MAX_BACKENDS = 4 };
 
 
 extern const emi_backend emi_cpu_backend;

@@ -74,6 +74,7 @@ struct em_state {
   int index_base;          /* messages number dims, positions, indices from it (0|1) */
   int64_t image_max_pixels; /* em_image_set_max_pixels: 0 default, > 0 limit, -1 none */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
+  uint64_t dispatch_counts[EMI_MAX_BACKENDS][EMI_NENTRIES];   /* calls per backend entry */
   char errmsg[EMI_ERRMSG_SIZE];
 };
 
@@ -96,7 +97,8 @@ em_status emi_wrap_dim(em_state *S, const char *op, int *dim, int ndim);
 ** and the remaining arguments, and yields its em_status. t also names what the
 ** profiler records (op name, t's shape, dtype and device). A device without a
 ** backend, or a backend without the entry, is a clear EM_ERR_DEVICE naming the op
-** and the device. Profiling off costs the one test of S->profiler. */
+** and the device. Profiling off costs the one test of S->profiler; the count of
+** calls per (backend, entry), one plain increment (a state's ops run on one thread). */
 em_status emi_no_kernel(em_state *S, const char *op, const char *entry, int device);
 double emi_profile_op_begin(em_state *S);
 void emi_profile_op_end(em_state *S, const char *op, const em_tensor *t, double t0);
@@ -107,14 +109,17 @@ void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
     const em_tensor *t_ = (t);                                                      \
     emi_device *d_ = emi_device_of(S_, t_->device);                                 \
     em_status st_;                                                                  \
-    if (__builtin_expect(!d_ || !d_->backend->entry, 0))                            \
+    if (__builtin_expect(!d_ || !d_->backend->entry, 0)) {                          \
       st_ = emi_no_kernel(S_, (op), #entry, t_->device);                            \
-    else if (__builtin_expect(__atomic_load_n(&S_->profiler, __ATOMIC_RELAXED) != NULL, 0)) {                           \
-      double t0_ = emi_profile_op_begin(S_);                                        \
-      st_ = d_->backend->entry(d_, __VA_ARGS__);                                    \
-      emi_profile_op_end(S_, (op), t_, t0_);                                        \
-    } else                                                                          \
-      st_ = d_->backend->entry(d_, __VA_ARGS__);                                    \
+    } else {                                                                        \
+      S_->dispatch_counts[d_->backend->id][EMI_ENTRY_##entry]++;                    \
+      if (__builtin_expect(__atomic_load_n(&S_->profiler, __ATOMIC_RELAXED) != NULL, 0)) { \
+        double t0_ = emi_profile_op_begin(S_);                                      \
+        st_ = d_->backend->entry(d_, __VA_ARGS__);                                  \
+        emi_profile_op_end(S_, (op), t_, t0_);                                      \
+      } else                                                                        \
+        st_ = d_->backend->entry(d_, __VA_ARGS__);                                  \
+    }                                                                               \
     st_; })
 
 /* -- Memory (state.c) ------------------------------------------------------------- */

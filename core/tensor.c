@@ -33,8 +33,16 @@ static void account(em_state *S, int device, size_t nbytes) {
   if (c) count_up(&c->allocated, &c->peak, (int64_t)nbytes);
 }
 
+/* The dispatch counters of alloc and free (internal.h). These two are counted
+** with an atomic add, unlike the ops': loader workers make and drop storages on
+** threads of their own. */
+static inline void count_entry(em_state *S, const emi_device *d, int entry) {
+  __atomic_add_fetch(&S->dispatch_counts[d->backend->id][entry], 1, __ATOMIC_RELAXED);
+}
+
 static emi_storage *storage_new(emi_device *d, size_t nbytes) {
   em_state *S = d->S;
+  count_entry(S, d, EMI_ENTRY_alloc);
   emi_storage *st = d->backend->alloc(d, nbytes);
   if (!st) return NULL;
   st->refcount = 1;
@@ -66,6 +74,7 @@ void emi_storage_release(emi_storage *st) {
     return;
   }
   emi_device *d = emi_device_of(S, st->device);
+  count_entry(S, d, EMI_ENTRY_free);
   d->backend->free(d, st);
 }
 

@@ -246,6 +246,7 @@ static em_status cuda_fill(emi_device *d, em_tensor *out, double value) {
 
 const emi_backend emk_cuda_backend = {
   .name = "cuda",
+  .id = EMI_BACKEND_CUDA,
   .alloc = cuda_alloc,
   .free = cuda_free,
   .copy = cuda_copy,

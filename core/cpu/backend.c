@@ -31,6 +31,7 @@ static void cpu_free(emi_device *d, emi_storage *st) {
 
 const emi_backend emi_cpu_backend = {
   .name = "cpu",
+  .id = EMI_BACKEND_CPU,
   .alloc = cpu_alloc,
   .free = cpu_free,
   .copy = emi_cpu_copy,
@@ -73,8 +74,6 @@ const emi_backend emi_cpu_backend = {
   .pointwise_loss_backward = emi_cpu_pointwise_loss_backward,
   .index_add = emi_cpu_index_add,
   .scatter_add = emi_cpu_scatter_add,
-  .sgd_step = emi_cpu_sgd_step,
-  .adam_step = emi_cpu_adam_step,
   .sgd_step_multi = emi_cpu_sgd_step_multi,
   .adam_step_multi = emi_cpu_adam_step_multi,
   .norm_multi = emi_cpu_norm_multi,

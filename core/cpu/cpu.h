@@ -111,14 +111,7 @@ em_status emi_cpu_index_add(emi_device *dev, em_tensor *out, int dim, const em_t
                             const em_tensor *src, int index_base);
 em_status emi_cpu_scatter_add(emi_device *dev, em_tensor *out, int dim, const em_tensor *idx,
                               const em_tensor *src, int index_base);
-/* optim.c */
-em_status emi_cpu_sgd_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *buf,
-                           double lr, double momentum, double dampening, double wd,
-                           int nesterov, int first_step);
-em_status emi_cpu_adam_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *m,
-                            em_tensor *v, double beta1, double beta2, double eps, double wd,
-                            double decay, double step_size, double bc2_sqrt);
-/* The multi-tensor entries (internal.h): loops over the ones above, and
+/* optim.c: the optimizer entries (internal.h), one fused pass per parameter, and
 ** clip_grad_norm's norm and scaling. */
 em_status emi_cpu_sgd_step_multi(emi_device *dev, int n, em_tensor *const *p,
                                  const em_tensor *const *g, em_tensor *const *buf,

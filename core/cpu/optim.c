@@ -4,14 +4,14 @@
 ** update), where the unfused form would make four to six passes and temporaries.
 ** The arithmetic follows PyTorch 1.13's single-tensor rules operation by operation
 ** (each intermediate rounded to the parameter's dtype), so results agree to the
-** last few ulps. Loops are branch-free inside, over restrict pointers, so they
-** vectorize; large parameters are split across the state's workers.
+** last few ulps. Loops test only flags fixed for the call, over restrict pointers,
+** so they vectorize; large parameters are split across the state's workers.
 **
-** The multi-tensor entries (one call for a list of parameters, as the CUDA
-** backend runs them in one launch) loop over the per-tensor kernels here. The CUDA
-** kernels (kernels/k_optim.c) repeat these expressions in the same order, and
-** neither side lets the compiler fuse a*b + c into an FMA (fp-contract off below),
-** so a step gives the same bits on both. norm_multi (clip_grad_norm) folds in the
+** The entries take a list of parameters (one call, as the CUDA backend runs them
+** in one launch; a single parameter is a list of one) and make one fused pass
+** over each. The CUDA kernels (kernels/k_optim.c) repeat these expressions in the
+** same order, and neither side lets the compiler fuse a*b + c into an FMA
+** (fp-contract off below), so a step gives the same bits on both. norm_multi (clip_grad_norm) folds in the
 ** fixed chunk / lane / tree order internal.h prescribes, which the GPU keeps too.
 */
 #pragma GCC optimize("fp-contract=off")
@@ -22,63 +22,44 @@
 enum { OPTIM_GRAIN = 32768 };
 
 /* -- SGD ----------------------------------------------------------------------------
-** d = g + wd*p; buf = first ? d : momentum*buf + (1-dampening)*d;
-** d = nesterov ? d + momentum*buf : buf; p -= lr*d. */
+** d = g + wd*p; m = first ? d : momentum*buf + (1-dampening)*d; buf = m;
+** p -= lr * (nesterov ? d + momentum*m : m). Without a buffer (momentum 0), m = d.
+** Both flags are fixed for a call, so the compiler hoists their tests out of the
+** loop and vectorizes each variant. */
 typedef struct sgd_ctx {
-  void *p, *buf;
+  void *p, *buf;               /* buf NULL: no momentum */
   const void *g;
   double lr, momentum, dampening, wd;
-  int nesterov, first, has_buf;
+  int nesterov, first;
 } sgd_ctx;
 
-#define SGD_KERNEL(NAME, T)                                                           \
-  static void NAME(void *c_, int64_t b, int64_t e) {                                  \
-    const sgd_ctx *c = c_;                                                            \
-    T *restrict p = (T *)c->p + b;                                                    \
-    const T *restrict g = (const T *)c->g + b;                                        \
-    T *restrict buf = c->has_buf ? (T *)c->buf + b : NULL;                            \
-    const T lr = (T)c->lr, wd = (T)c->wd, mom = (T)c->momentum;                       \
-    const T damp1 = (T)(1.0 - c->dampening);                                          \
-    int64_t n = e - b;                                                                \
-    if (!buf) {                                                                       \
-      for (int64_t i = 0; i < n; i++) {                                               \
-        T d = g[i] + wd * p[i];                                                       \
-        p[i] = p[i] - lr * d;                                                         \
-      }                                                                               \
-    } else if (c->first) {                                                            \
-      for (int64_t i = 0; i < n; i++) {                                               \
-        T d = g[i] + wd * p[i];                                                       \
-        buf[i] = d;                                                                   \
-        T u = c->nesterov ? d + mom * d : d;                                          \
-        p[i] = p[i] - lr * u;                                                         \
-      }                                                                               \
-    } else if (c->nesterov) {                                                         \
-      for (int64_t i = 0; i < n; i++) {                                               \
-        T d = g[i] + wd * p[i];                                                       \
-        T m = mom * buf[i] + damp1 * d;                                               \
-        buf[i] = m;                                                                   \
-        p[i] = p[i] - lr * (d + mom * m);                                             \
-      }                                                                               \
-    } else {                                                                          \
-      for (int64_t i = 0; i < n; i++) {                                               \
-        T d = g[i] + wd * p[i];                                                       \
-        T m = mom * buf[i] + damp1 * d;                                               \
-        buf[i] = m;                                                                   \
-        p[i] = p[i] - lr * m;                                                         \
-      }                                                                               \
-    }                                                                                 \
+/* Elements [0, n) of p, g, buf in T's arithmetic: each intermediate rounds to T. */
+#define SGD_LOOP(T)                                                                  \
+  for (int64_t i = 0; i < n; i++) {                                                  \
+    T d = g[i] + wd * p[i], m = (!buf || first) ? d : mom * buf[i] + damp1 * d;      \
+    if (buf) buf[i] = m;                                                             \
+    p[i] = p[i] - lr * (nesterov ? d + mom * m : m);                                 \
   }
-SGD_KERNEL(sgd_f32, float)
-SGD_KERNEL(sgd_f64, double)
 
-em_status emi_cpu_sgd_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *buf,
-                           double lr, double momentum, double dampening, double wd,
-                           int nesterov, int first_step) {
-  em_state *S = dev->S;
-  sgd_ctx c = { em_tensor_data(p), buf ? em_tensor_data(buf) : NULL, em_tensor_data(g),
-                lr, momentum, dampening, wd, nesterov != 0, first_step != 0, buf != NULL };
-  emi_parallel_for(S, p->numel, OPTIM_GRAIN, p->dtype == EM_FLOAT64 ? sgd_f64 : sgd_f32, &c);
-  return EM_OK;
+static void sgd_f32(void *c_, int64_t b, int64_t e) {
+  const sgd_ctx *c = c_;
+  const int64_t n = e - b;
+  const int first = c->first, nesterov = c->nesterov;
+  float *restrict p = (float *)c->p + b, *restrict buf = c->buf ? (float *)c->buf + b : NULL;
+  const float *restrict g = (const float *)c->g + b;
+  const float lr = (float)c->lr, wd = (float)c->wd, mom = (float)c->momentum;
+  const float damp1 = (float)(1.0 - c->dampening);
+  SGD_LOOP(float)
+}
+
+static void sgd_f64(void *c_, int64_t b, int64_t e) {
+  const sgd_ctx *c = c_;
+  const int64_t n = e - b;
+  const int first = c->first, nesterov = c->nesterov;
+  double *restrict p = (double *)c->p + b, *restrict buf = c->buf ? (double *)c->buf + b : NULL;
+  const double *restrict g = (const double *)c->g + b;
+  const double lr = c->lr, wd = c->wd, mom = c->momentum, damp1 = 1.0 - c->dampening;
+  SGD_LOOP(double)
 }
 
 /* -- Adam / AdamW ----------------------------------------------------------------------
@@ -90,50 +71,53 @@ typedef struct adam_ctx {
   double beta1, beta2, eps, wd, decay, step_size, bc2_sqrt;
 } adam_ctx;
 
-#define ADAM_KERNEL(NAME, T, SQRT)                                                    \
-  static void NAME(void *c_, int64_t b, int64_t e) {                                  \
-    const adam_ctx *c = c_;                                                           \
-    T *restrict p = (T *)c->p + b;                                                    \
-    T *restrict m = (T *)c->m + b;                                                    \
-    T *restrict v = (T *)c->v + b;                                                    \
-    const T *restrict g = (const T *)c->g + b;                                        \
-    const T b1 = (T)c->beta1, b2 = (T)c->beta2, one_b1 = (T)(1.0 - c->beta1);         \
-    const T one_b2 = (T)(1.0 - c->beta2), eps = (T)c->eps, wd = (T)c->wd;             \
-    const T decay = (T)c->decay, step = (T)c->step_size, bc2 = (T)c->bc2_sqrt;        \
-    int64_t n = e - b;                                                                \
-    for (int64_t i = 0; i < n; i++) {                                                 \
-      T x = p[i] * decay;                                                             \
-      T gi = g[i] + wd * x;                                                           \
-      T mi = b1 * m[i] + one_b1 * gi;                                                 \
-      T vi = b2 * v[i] + one_b2 * (gi * gi);                                          \
-      m[i] = mi;                                                                      \
-      v[i] = vi;                                                                      \
-      p[i] = x - step * (mi / (SQRT(vi) / bc2 + eps));                                \
-    }                                                                                 \
+/* Elements [0, n) of p, g, m, v in T's arithmetic, as SGD_LOOP. */
+#define ADAM_LOOP(T, SQRT)                                                           \
+  for (int64_t i = 0; i < n; i++) {                                                  \
+    T x = p[i] * decay, gi = g[i] + wd * x;                                          \
+    T mi = b1 * m[i] + one_b1 * gi, vi = b2 * v[i] + one_b2 * (gi * gi);             \
+    m[i] = mi;                                                                       \
+    v[i] = vi;                                                                       \
+    p[i] = x - step * (mi / (SQRT(vi) / bc2 + eps));                                 \
   }
-ADAM_KERNEL(adam_f32, float, sqrtf)
-ADAM_KERNEL(adam_f64, double, sqrt)
 
-em_status emi_cpu_adam_step(emi_device *dev, em_tensor *p, const em_tensor *g, em_tensor *m,
-                            em_tensor *v, double beta1, double beta2, double eps, double wd,
-                            double decay, double step_size, double bc2_sqrt) {
-  em_state *S = dev->S;
-  adam_ctx c = { em_tensor_data(p), em_tensor_data(m), em_tensor_data(v),
-                 em_tensor_data(g), beta1, beta2, eps, wd, decay, step_size, bc2_sqrt };
-  emi_parallel_for(S, p->numel, OPTIM_GRAIN, p->dtype == EM_FLOAT64 ? adam_f64 : adam_f32,
-                   &c);
-  return EM_OK;
+static void adam_f32(void *c_, int64_t b, int64_t e) {
+  const adam_ctx *c = c_;
+  const int64_t n = e - b;
+  float *restrict p = (float *)c->p + b, *restrict m = (float *)c->m + b;
+  float *restrict v = (float *)c->v + b;
+  const float *restrict g = (const float *)c->g + b;
+  const float b1 = (float)c->beta1, b2 = (float)c->beta2, one_b1 = (float)(1.0 - c->beta1);
+  const float one_b2 = (float)(1.0 - c->beta2), eps = (float)c->eps, wd = (float)c->wd;
+  const float decay = (float)c->decay, step = (float)c->step_size, bc2 = (float)c->bc2_sqrt;
+  ADAM_LOOP(float, sqrtf)
 }
 
-/* -- Multi-tensor entries ---------------------------------------------------------- */
+static void adam_f64(void *c_, int64_t b, int64_t e) {
+  const adam_ctx *c = c_;
+  const int64_t n = e - b;
+  double *restrict p = (double *)c->p + b, *restrict m = (double *)c->m + b;
+  double *restrict v = (double *)c->v + b;
+  const double *restrict g = (const double *)c->g + b;
+  const double b1 = c->beta1, b2 = c->beta2, one_b1 = 1.0 - c->beta1;
+  const double one_b2 = 1.0 - c->beta2, eps = c->eps, wd = c->wd;
+  const double decay = c->decay, step = c->step_size, bc2 = c->bc2_sqrt;
+  ADAM_LOOP(double, sqrt)
+}
+
+/* -- The entries: a fused pass per parameter, split over the workers when large ---- */
 
 em_status emi_cpu_sgd_step_multi(emi_device *dev, int n, em_tensor *const *p,
                                  const em_tensor *const *g, em_tensor *const *buf,
                                  const int *first, double lr, double momentum,
                                  double dampening, double wd, int nesterov) {
-  for (int i = 0; i < n; i++)
-    emi_cpu_sgd_step(dev, p[i], g[i], buf ? buf[i] : NULL, lr, momentum, dampening, wd,
-                     nesterov, first[i]);
+  for (int i = 0; i < n; i++) {
+    sgd_ctx c = { em_tensor_data(p[i]), buf ? em_tensor_data(buf[i]) : NULL,
+                  em_tensor_data(g[i]), lr, momentum, dampening, wd, nesterov != 0,
+                  first[i] != 0 };
+    emi_parallel_for(dev->S, p[i]->numel, OPTIM_GRAIN,
+                     p[i]->dtype == EM_FLOAT64 ? sgd_f64 : sgd_f32, &c);
+  }
   return EM_OK;
 }
 
@@ -142,9 +126,13 @@ em_status emi_cpu_adam_step_multi(emi_device *dev, int n, em_tensor *const *p,
                                   em_tensor *const *v, const double *step_size,
                                   const double *bc2_sqrt, double beta1, double beta2,
                                   double eps, double wd, double decay) {
-  for (int i = 0; i < n; i++)
-    emi_cpu_adam_step(dev, p[i], g[i], m[i], v[i], beta1, beta2, eps, wd, decay,
-                      step_size[i], bc2_sqrt[i]);
+  for (int i = 0; i < n; i++) {
+    adam_ctx c = { em_tensor_data(p[i]), em_tensor_data(m[i]), em_tensor_data(v[i]),
+                   em_tensor_data(g[i]), beta1, beta2, eps, wd, decay, step_size[i],
+                   bc2_sqrt[i] };
+    emi_parallel_for(dev->S, p[i]->numel, OPTIM_GRAIN,
+                     p[i]->dtype == EM_FLOAT64 ? adam_f64 : adam_f32, &c);
+  }
   return EM_OK;
 }
 
@@ -170,43 +158,40 @@ static inline double nm_comb(int kind, double acc, double y) {
   return acc + y;
 }
 
-#define NORM_ROW(T)                                                                   \
-  do {                                                                                \
-    const T *x = (const T *)xv;                                                       \
-    for (int64_t r = 0; r < len; r += NLANES) {                                       \
-      int64_t w = len - r < NLANES ? len - r : NLANES;                                \
-      const T *xr = x + r;                                                            \
-      if (kind == NK_SUMSQ)                                                           \
-        for (int64_t l = 0; l < w; l++) lane[l] += (double)xr[l] * (double)xr[l];     \
-      else if (kind == NK_SUMABS)                                                     \
-        for (int64_t l = 0; l < w; l++) lane[l] += fabs((double)xr[l]);               \
-      else if (kind == NK_SUMPOW)                                                     \
-        for (int64_t l = 0; l < w; l++) lane[l] += pow(fabs((double)xr[l]), c->p);    \
-      else                                                                            \
-        for (int64_t l = 0; l < w; l++) lane[l] = nm_comb(kind, lane[l], fabs((double)xr[l])); \
-    }                                                                                 \
-  } while (0)
+/* Folds w <= NLANES values x[0..w) into lanes 0..w). */
+static void norm_row(const norm_ctx *c, double *lane, const double *restrict x, int64_t w) {
+  switch (c->kind) {
+  case NK_SUMSQ: for (int64_t l = 0; l < w; l++) lane[l] += x[l] * x[l]; break;
+  case NK_SUMABS: for (int64_t l = 0; l < w; l++) lane[l] += fabs(x[l]); break;
+  case NK_SUMPOW: for (int64_t l = 0; l < w; l++) lane[l] += pow(fabs(x[l]), c->p); break;
+  default: for (int64_t l = 0; l < w; l++) lane[l] = nm_comb(c->kind, lane[l], fabs(x[l]));
+  }
+}
 
+/* Chunks [b, e): each folded row by row into the lanes (float32 rows widened to
+** double first, exactly), then the lanes' halving tree into partial[k]. */
 static void norm_chunks(void *c_, int64_t b, int64_t e) {
   const norm_ctx *c = c_;
-  double lane[NLANES];
+  double lane[NLANES], wide[NLANES];
   int ti = 0;
   for (int64_t k = b; k < e; k++) {
     while (c->chunk0[ti + 1] <= k) ti++;
     const em_tensor *t = c->t[ti];
     int64_t off = (k - c->chunk0[ti]) * NCHUNK;
     int64_t len = t->numel - off < NCHUNK ? t->numel - off : NCHUNK;
-    int kind = c->kind;
     for (int l = 0; l < NLANES; l++) lane[l] = 0;
-    if (t->dtype == EM_FLOAT64) {
-      const double *xv = (const double *)em_tensor_data(t) + off;
-      NORM_ROW(double);
-    } else {
-      const float *xv = (const float *)em_tensor_data(t) + off;
-      NORM_ROW(float);
+    for (int64_t r = 0; r < len; r += NLANES) {
+      int64_t w = len - r < NLANES ? len - r : NLANES;
+      if (t->dtype == EM_FLOAT64) {
+        norm_row(c, lane, (const double *)em_tensor_data(t) + off + r, w);
+      } else {
+        const float *x = (const float *)em_tensor_data(t) + off + r;
+        for (int64_t l = 0; l < w; l++) wide[l] = x[l];
+        norm_row(c, lane, wide, w);
+      }
     }
     for (int s = NLANES / 2; s > 0; s >>= 1)
-      for (int l = 0; l < s; l++) lane[l] = nm_comb(kind, lane[l], lane[l + s]);
+      for (int l = 0; l < s; l++) lane[l] = nm_comb(c->kind, lane[l], lane[l + s]);
     c->partial[k] = lane[0];
   }
 }

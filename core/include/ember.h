@@ -478,7 +478,8 @@ em_status em_adam_step_multi_(em_state *S, int n, em_tensor *const *params,
 ** one norm launch and, when clipping, one scaling launch per device and dtype);
 ** when it exceeds max_norm every tensor is scaled in place by
 ** max_norm / (total + 1e-6). The sums run in double, in an order that does not
-** depend on the device, so every backend gives the same total. */
+** depend on the device, so every backend gives the same total. With meta
+** tensors the total is NaN (there are no values) and the scaling runs, as shapes. */
 em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double max_norm,
                              double norm_type, double *total_norm);
 

@@ -255,20 +255,6 @@ static em_status meta_scatter_add(emi_device *d, em_tensor *out, int dim,
   return EM_OK;
 }
 
-static em_status meta_sgd_step(emi_device *d, em_tensor *p, const em_tensor *g,
-                               em_tensor *buf, double lr, double momentum,
-                               double dampening, double wd, int nesterov,
-                               int first_step) {
-  return EM_OK;
-}
-
-static em_status meta_adam_step(emi_device *d, em_tensor *p, const em_tensor *g,
-                                em_tensor *m, em_tensor *v, double beta1, double beta2,
-                                double eps, double wd, double decay, double step_size,
-                                double bc2_sqrt) {
-  return EM_OK;
-}
-
 static em_status meta_sgd_step_multi(emi_device *d, int n, em_tensor *const *p,
                                      const em_tensor *const *g, em_tensor *const *buf,
                                      const int *first, double lr, double momentum,
@@ -296,6 +282,7 @@ static em_status meta_scale_multi(emi_device *d, int n, em_tensor *const *t,
 
 const emi_backend emi_meta_backend = {
   .name = "meta",
+  .id = EMI_BACKEND_META,
   .alloc = meta_alloc,
   .free = meta_free,
   .copy = meta_copy,
@@ -338,8 +325,6 @@ const emi_backend emi_meta_backend = {
   .pointwise_loss_backward = meta_pointwise_loss_backward,
   .index_add = meta_index_add,
   .scatter_add = meta_scatter_add,
-  .sgd_step = meta_sgd_step,
-  .adam_step = meta_adam_step,
   .sgd_step_multi = meta_sgd_step_multi,
   .adam_step_multi = meta_adam_step_multi,
   .norm_multi = meta_norm_multi,

@@ -1,9 +1,9 @@
 /*
 ** optim.c -- the optimizer update ops: argument checks, then the device's backend
-** table. em_sgd_step_ / em_adam_step_ update one parameter (one fused kernel);
-** em_sgd_step_multi_ / em_adam_step_multi_ update a list of parameters of one
-** device and dtype with one backend call (on cuda one kernel launch for all,
-** kernels/k_optim.c; on the CPU a fused pass per parameter, cpu/optim.c), and
+** table. em_sgd_step_multi_ / em_adam_step_multi_ update a list of parameters of
+** one device and dtype with one backend call (on cuda one kernel launch for all,
+** kernels/k_optim.c; on the CPU a fused pass per parameter, cpu/optim.c);
+** em_sgd_step_ / em_adam_step_ are the lists of one, through the same entries, and
 ** em_clip_grad_norm_ does clip_grad_norm with one norm and one scaling call per
 ** device and dtype. The Lua optimizers (lua/ember/optim/) keep the state tensors
 ** and hyper-parameters and call the list forms once per group, device and dtype.
@@ -48,67 +48,13 @@ static em_status check_param(em_state *S, const char *op, const em_tensor *p) {
   return EM_OK;
 }
 
-em_status em_sgd_step_(em_state *S, em_tensor *param, const em_tensor *grad,
-                       em_tensor *momentum_buf, double lr, double momentum,
-                       double dampening, double weight_decay, int nesterov,
-                       int first_step) {
-  const char *op = "sgd_step_";
-  em_status st;
-  if ((st = check_param(S, op, param)) || (st = check_like(S, op, param, grad, "grad")))
-    return st;
-  if (momentum != 0 && (st = check_like(S, op, param, momentum_buf, "momentum_buf")))
-    return st;
-  if (!(lr >= 0) || !(momentum >= 0) || !(weight_decay >= 0))
-    return emi_error(S, EM_ERR_ARG, "%s: lr, momentum and weight_decay must be >= 0 "
-                     "(got %g, %g, %g)", op, lr, momentum, weight_decay);
-  if (nesterov && (momentum <= 0 || dampening != 0))
-    return emi_error(S, EM_ERR_ARG, "%s: nesterov needs momentum > 0 and dampening = 0 "
-                     "(got momentum %g, dampening %g)", op, momentum, dampening);
-  if (param->numel == 0) return EM_OK;
-  /* Like every in-place write: saved copies of the parameter (autograd) see it.
-  ** An optimizer step is not recorded, as under PyTorch's no_grad. */
-  emi_bump_version(param);
-  if (momentum != 0) emi_bump_version(momentum_buf);
-  return EMI_DISPATCH(S, "sgd_step", param, sgd_step, param, grad,
-                      momentum != 0 ? momentum_buf : NULL, lr, momentum, dampening,
-                      weight_decay, nesterov != 0, first_step != 0);
-}
-
-em_status em_adam_step_(em_state *S, em_tensor *param, const em_tensor *grad,
-                        em_tensor *exp_avg, em_tensor *exp_avg_sq, double lr, double beta1,
-                        double beta2, double eps, double weight_decay, int decoupled,
-                        int64_t step) {
-  const char *op = decoupled ? "adamw_step_" : "adam_step_";
-  em_status st;
-  if ((st = check_param(S, op, param)) || (st = check_like(S, op, param, grad, "grad")) ||
-      (st = check_like(S, op, param, exp_avg, "exp_avg")) ||
-      (st = check_like(S, op, param, exp_avg_sq, "exp_avg_sq")))
-    return st;
-  if (step < 1)
-    return emi_error(S, EM_ERR_ARG, "%s: step counts from 1, got %lld", op, (long long)step);
-  if (!(lr >= 0) || !(eps >= 0) || !(weight_decay >= 0) || !(beta1 >= 0 && beta1 < 1) ||
-      !(beta2 >= 0 && beta2 < 1))
-    return emi_error(S, EM_ERR_ARG, "%s: need lr, eps, weight_decay >= 0 and betas in "
-                     "[0, 1) (got lr %g, betas (%g, %g), eps %g, weight_decay %g)", op, lr,
-                     beta1, beta2, eps, weight_decay);
-  if (param->numel == 0) return EM_OK;
-  emi_bump_version(param);
-  emi_bump_version(exp_avg);
-  emi_bump_version(exp_avg_sq);
-  double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
-  double decay = decoupled ? 1 - lr * weight_decay : 1;
-  double wd = decoupled ? 0 : weight_decay;
-  return EMI_DISPATCH(S, decoupled ? "adamw_step" : "adam_step", param, adam_step, param,
-                      grad, exp_avg, exp_avg_sq, beta1, beta2, eps, wd, decay, lr / bc1,
-                      sqrt(bc2));
-}
-
-/* -- Multi-tensor forms -------------------------------------------------------------
+/* -- The steps ----------------------------------------------------------------------
 ** One backend call per list (the CUDA backend: one kernel launch for all of them,
-** kernels/k_optim.c). Each parameter is checked as the single forms check it; the
-** list must share one device and one dtype, since a launch runs on one device and
-** its kernel is compiled per dtype (lua/ember/optim groups the parameters so).
-** Parameters without elements are dropped from the list handed to the backend. */
+** kernels/k_optim.c). Each parameter is checked on its own; the list must share
+** one device and one dtype, since a launch runs on one device and its kernel is
+** compiled per dtype (lua/ember/optim groups the parameters so). Parameters
+** without elements are dropped from the list handed to the backend. `rec` is the
+** name the profiler records: the single forms keep their own. */
 
 /* A scratch block for the compacted lists: `lists` arrays of n 8-byte entries
 ** (pointers, doubles; int arrays use part of one). */
@@ -140,10 +86,10 @@ static em_status check_same_group(em_state *S, const char *op, em_tensor *const 
   return EM_OK;
 }
 
-em_status em_sgd_step_multi_(em_state *S, int n, em_tensor *const *params,
-                             const em_tensor *const *grads, em_tensor *const *momentum_bufs,
-                             const int *first_steps, double lr, double momentum,
-                             double dampening, double weight_decay, int nesterov) {
+static em_status sgd_steps(em_state *S, const char *rec, int n, em_tensor *const *params,
+                           const em_tensor *const *grads, em_tensor *const *momentum_bufs,
+                           const int *first_steps, double lr, double momentum,
+                           double dampening, double weight_decay, int nesterov) {
   const char *op = "sgd_step_";
   em_status st;
   if (n < 0 || (n > 0 && (!params || !grads || !first_steps)))
@@ -182,26 +128,18 @@ em_status em_sgd_step_multi_(em_state *S, int n, em_tensor *const *params,
     F[k++] = first_steps[i] != 0;
   }
   st = EM_OK;
-  if (k > 0) {
-    emi_device *d = emi_device_of(S, P[0]->device);
-    if (d && d->backend->sgd_step_multi)
-      st = EMI_DISPATCH(S, "sgd_step_multi", P[0], sgd_step_multi, k, P, G,
-                        momentum != 0 ? B : NULL, F, lr, momentum, dampening, weight_decay,
-                        nesterov != 0);
-    else                       /* a backend without the list form: one by one */
-      for (int i = 0; i < k && !st; i++)
-        st = EMI_DISPATCH(S, "sgd_step", P[i], sgd_step, P[i], G[i], B[i], lr, momentum,
-                          dampening, weight_decay, nesterov != 0, F[i]);
-  }
+  if (k > 0)
+    st = EMI_DISPATCH(S, rec, P[0], sgd_step_multi, k, P, G, momentum != 0 ? B : NULL, F,
+                      lr, momentum, dampening, weight_decay, nesterov != 0);
   emi_free(S, l.block, l.bytes);
   return st;
 }
 
-em_status em_adam_step_multi_(em_state *S, int n, em_tensor *const *params,
-                              const em_tensor *const *grads, em_tensor *const *exp_avgs,
-                              em_tensor *const *exp_avg_sqs, const int64_t *steps, double lr,
-                              double beta1, double beta2, double eps, double weight_decay,
-                              int decoupled) {
+static em_status adam_steps(em_state *S, const char *rec, int n, em_tensor *const *params,
+                            const em_tensor *const *grads, em_tensor *const *exp_avgs,
+                            em_tensor *const *exp_avg_sqs, const int64_t *steps, double lr,
+                            double beta1, double beta2, double eps, double weight_decay,
+                            int decoupled) {
   const char *op = decoupled ? "adamw_step_" : "adam_step_";
   em_status st;
   if (n < 0 || (n > 0 && (!params || !grads || !exp_avgs || !exp_avg_sqs || !steps)))
@@ -238,25 +176,51 @@ em_status em_adam_step_multi_(em_state *S, int n, em_tensor *const *params,
     G[k] = grads[i];
     M[k] = exp_avgs[i];
     V[k] = exp_avg_sqs[i];
-    /* as em_adam_step_ computes them, so both forms give the same bits */
     SS[k] = lr / (1 - pow(beta1, (double)steps[i]));
     BC[k++] = sqrt(1 - pow(beta2, (double)steps[i]));
   }
   double decay = decoupled ? 1 - lr * weight_decay : 1;
   double wd = decoupled ? 0 : weight_decay;
   st = EM_OK;
-  if (k > 0) {
-    emi_device *d = emi_device_of(S, P[0]->device);
-    if (d && d->backend->adam_step_multi)
-      st = EMI_DISPATCH(S, decoupled ? "adamw_step_multi" : "adam_step_multi", P[0],
-                        adam_step_multi, k, P, G, M, V, SS, BC, beta1, beta2, eps, wd, decay);
-    else
-      for (int i = 0; i < k && !st; i++)
-        st = EMI_DISPATCH(S, decoupled ? "adamw_step" : "adam_step", P[i], adam_step, P[i],
-                          G[i], M[i], V[i], beta1, beta2, eps, wd, decay, SS[i], BC[i]);
-  }
+  if (k > 0)
+    st = EMI_DISPATCH(S, rec, P[0], adam_step_multi, k, P, G, M, V, SS, BC, beta1, beta2,
+                      eps, wd, decay);
   emi_free(S, l.block, l.bytes);
   return st;
+}
+
+em_status em_sgd_step_multi_(em_state *S, int n, em_tensor *const *params,
+                             const em_tensor *const *grads, em_tensor *const *momentum_bufs,
+                             const int *first_steps, double lr, double momentum,
+                             double dampening, double weight_decay, int nesterov) {
+  return sgd_steps(S, "sgd_step_multi", n, params, grads, momentum_bufs, first_steps, lr,
+                   momentum, dampening, weight_decay, nesterov);
+}
+
+em_status em_sgd_step_(em_state *S, em_tensor *param, const em_tensor *grad,
+                       em_tensor *momentum_buf, double lr, double momentum,
+                       double dampening, double weight_decay, int nesterov,
+                       int first_step) {
+  return sgd_steps(S, "sgd_step", 1, &param, &grad, &momentum_buf, &first_step, lr,
+                   momentum, dampening, weight_decay, nesterov);
+}
+
+em_status em_adam_step_multi_(em_state *S, int n, em_tensor *const *params,
+                              const em_tensor *const *grads, em_tensor *const *exp_avgs,
+                              em_tensor *const *exp_avg_sqs, const int64_t *steps, double lr,
+                              double beta1, double beta2, double eps, double weight_decay,
+                              int decoupled) {
+  return adam_steps(S, decoupled ? "adamw_step_multi" : "adam_step_multi", n, params, grads,
+                    exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay,
+                    decoupled);
+}
+
+em_status em_adam_step_(em_state *S, em_tensor *param, const em_tensor *grad,
+                        em_tensor *exp_avg, em_tensor *exp_avg_sq, double lr, double beta1,
+                        double beta2, double eps, double weight_decay, int decoupled,
+                        int64_t step) {
+  return adam_steps(S, decoupled ? "adamw_step" : "adam_step", 1, &param, &grad, &exp_avg,
+                    &exp_avg_sq, &step, lr, beta1, beta2, eps, weight_decay, decoupled);
 }
 
 /* -- clip_grad_norm -------------------------------------------------------------------
@@ -314,9 +278,11 @@ em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double
       st = EMI_DISPATCH(S, op, T[0], norm_multi, outs[gi], k, (const em_tensor *const *)T,
                         norm_type);
   }
+  int meta = 0;                        /* no values on meta: the total is NaN */
   for (int gi = 0; gi < ng; gi++) {
     double v = 0;
-    if (!st && outs[gi]) st = em_tensor_item(S, outs[gi], &v);
+    if (!st && outs[gi] && outs[gi]->device == EM_META) { meta = 1; v = NAN; }
+    else if (!st && outs[gi]) st = em_tensor_item(S, outs[gi], &v);
     em_tensor_release(outs[gi]);
     if (inf) raw = (v > raw || v != v) ? v : raw;
     else raw += v;
@@ -324,7 +290,7 @@ em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double
   double total = inf ? raw : norm_type == 2 ? sqrt(raw) : norm_type == 1 ? raw
                  : pow(raw, 1 / norm_type);
   double coef = max_norm / (total + 1e-6);
-  for (int gi = 0; gi < ng && !st && coef < 1; gi++) {
+  for (int gi = 0; gi < ng && !st && (coef < 1 || meta); gi++) {
     int k = 0;
     for (int i = 0; i < n; i++)
       if (grp[i] == gi) {

@@ -186,7 +186,7 @@ fi
 # -- The C tests, most basic first -------------------------------------------------------------
 for t in test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwise test_cuda_transfer \
          test_cuda_reduce test_cuda_index test_cuda_random test_cuda_matmul test_cuda_dnn \
-         test_cuda_graph test_cuda_loader test_comm_nccl; do
+         test_cuda_graph test_cuda_loader test_comm_nccl test_cuda_optim test_backend_parity; do
   [ -x "$PACK/tests/$t" ] || { record "$t" 0 "SKIP (not in the archive)"; continue; }
   step "$t" 60 12 "$ember_env" "$PACK/tests/$t"
 done
