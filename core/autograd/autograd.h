@@ -17,7 +17,8 @@
 **         emi_ag_node *n;
 **         em_status st = emi_ag_node_new(S, "conv2d", conv2d_backward, *out, in, 2, &n);
 **         if (st) return emi_ag_fail(out, st);     (releases *out, sets it NULL)
-**         n->iarg[0] = stride; ...                  (op parameters)
+**         n->iarg[CONV_GROUPS] = groups; ...       (op parameters, at positions
+**                                                   named by an enum in the file)
 **         conv2d_saved v = {.x = x, .weight = w};   (a named view, see below)
 **         if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
 **         return EM_OK;
