@@ -17,9 +17,10 @@
 **         emi_ag_node *n;
 **         em_status st = emi_ag_node_new(S, "conv2d", conv2d_backward, *out, in, 2, &n);
 **         if (st) return emi_ag_fail(out, st);     (releases *out, sets it NULL)
-**         n->iarg[0] = stride; ...                  (op parameters)
-**         if ((st = emi_ag_save(S, n, x)) || (st = emi_ag_save(S, n, w)))
-**           return emi_ag_fail(out, st);
+**         n->iarg[CONV_GROUPS] = groups; ...       (op parameters, at positions
+**                                                   named by an enum in the file)
+**         conv2d_saved v = {.x = x, .weight = w};   (a named view, see below)
+**         if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
 **         return EM_OK;
 **
 **     Declare it below beside the others. emi_ag_node_new links the node to the
@@ -35,8 +36,9 @@
 **     dtype as the output) and writes a NEW reference into gin[i] for every
 **     input i with emi_ag_needs(n, i) (others may stay NULL). Compute it with
 **     the public em_* ops (grad mode is off during backward, so nothing is
-**     recorded and every backend works); emi_ag_saved(S, n, k, &t) fetches saved
-**     tensor k (borrowed) after checking its version. A gradient may be
+**     recorded and every backend works); EMI_AG_LOAD_VIEW(S, n, v) fetches the
+**     saved tensors into v's fields (borrowed) after checking their versions,
+**     and emi_ag_saved(S, n, k, &t) fetches slot k alone. A gradient may be
 **     broadcast-shaped or of another floating dtype: the engine sums it back to
 **     the input's shape and casts it to the input's dtype. An op that has a
 **     public backward kernel (em_conv2d_backward, em_max_pool2d_backward, ...)
@@ -50,6 +52,7 @@
 #ifndef EMBER_AUTOGRAD_H
 #define EMBER_AUTOGRAD_H
 #include "../internal.h"
+#include <stddef.h>
 
 typedef struct emi_ag_node emi_ag_node;
 typedef em_status (*emi_ag_fn)(em_state *S, emi_ag_node *n, const em_tensor *g,
@@ -111,7 +114,33 @@ em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor
                           const em_tensor *const *inputs, int n, emi_ag_node **node);
 em_status emi_ag_save(em_state *S, emi_ag_node *n, const em_tensor *t);
 em_status emi_ag_saved(em_state *S, emi_ag_node *n, int k, em_tensor **t);
+em_status emi_ag_save_view(em_state *S, emi_ag_node *n, const em_tensor *const *slot,
+                           int k);
+em_status emi_ag_load_view(em_state *S, emi_ag_node *n, const em_tensor **slot, int k);
 void emi_ag_node_release(emi_ag_node *n);
+
+/* -- Named views of saved tensors -----------------------------------------------------
+** The node keeps its saved tensors in numbered slots; an op reads and writes
+** them through a view that names them: a union of a struct of const em_tensor *
+** fields and slot[], one slot per field, field k being the node's slot k.
+**
+**     typedef union conv2d_saved {
+**       struct { const em_tensor *x, *weight; };
+**       const em_tensor *slot[2];
+**     } conv2d_saved;
+**     EMI_AG_VIEW_CHECK(conv2d_saved, weight);      (its last field)
+**
+** The recorder fills the fields by name and calls EMI_AG_SAVE_VIEW; the backward
+** calls EMI_AG_LOAD_VIEW and reads v.x, v.weight. A field left NULL (an absent
+** optional tensor) keeps its slot and loads as NULL. */
+#define EMI_AG_VIEW_LEN(v) ((int)(sizeof(v).slot / sizeof *(v).slot))
+#define EMI_AG_SAVE_VIEW(S, n, v) emi_ag_save_view(S, n, (v).slot, EMI_AG_VIEW_LEN(v))
+#define EMI_AG_LOAD_VIEW(S, n, v) emi_ag_load_view(S, n, (v).slot, EMI_AG_VIEW_LEN(v))
+/* The fields of view type T fill its slots exactly, last being the last field. */
+#define EMI_AG_VIEW_CHECK(T, last)                                                        \
+  _Static_assert(sizeof(T) == sizeof(((T *)0)->slot) &&                                  \
+                     offsetof(T, last) == sizeof(T) - sizeof(const em_tensor *),         \
+                 #T ": its fields and slots differ")
 
 /* -- Formula helpers (formula.c) -----------------------------------------------------
 ** An emi_f collects every intermediate; after the first error each helper returns

@@ -243,14 +243,15 @@ em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor
 }
 
 /* Saved tensors are detached views: a node never holds a handle whose grad_fn
-** could lead back to itself. */
+** could lead back to itself. NULL (an absent optional tensor) takes a slot that
+** stays empty, so the slots after it keep their places. */
 em_status emi_ag_save(em_state *S, emi_ag_node *n, const em_tensor *t) {
   if (n->nsaved >= EMI_AG_SAVED)
     return emi_error(S, EM_ERR_INTERNAL, "%s: too many saved tensors", n->name);
-  em_tensor *v;
-  em_status st = em_detach(S, t, &v);
+  em_tensor *v = NULL;
+  em_status st = t ? em_detach(S, t, &v) : EM_OK;
   if (st) return st;
-  n->saved_version[n->nsaved] = emi_version(t);
+  n->saved_version[n->nsaved] = t ? emi_version(t) : 0;
   n->saved[n->nsaved++] = v;
   return EM_OK;
 }
@@ -259,6 +260,7 @@ em_status emi_ag_saved(em_state *S, emi_ag_node *n, int k, em_tensor **t) {
   if (k >= n->nsaved)
     return emi_error(S, EM_ERR_INTERNAL, "%s: saved tensor %d missing", n->name, k);
   em_tensor *v = n->saved[k];
+  if (!v) { *t = NULL; return EM_OK; }   /* an empty slot */
   uint32_t now = emi_version(v);
   if (now != n->saved_version[k])
     return emi_error(S, EM_ERR_ARG, "backward: one of the variables needed for gradient "
@@ -266,6 +268,23 @@ em_status emi_ag_saved(em_state *S, emi_ag_node *n, int k, em_tensor **t) {
                      "shape %s saved by %s is at version %u; expected version %u instead",
                      emi_tshape(S, v), n->name, now, n->saved_version[k]);
   *t = v;
+  return EM_OK;
+}
+
+em_status emi_ag_save_view(em_state *S, emi_ag_node *n, const em_tensor *const *slot,
+                           int k) {
+  em_status st = EM_OK;
+  for (int i = 0; i < k && !st; i++) st = emi_ag_save(S, n, slot[i]);
+  return st;
+}
+
+em_status emi_ag_load_view(em_state *S, emi_ag_node *n, const em_tensor **slot, int k) {
+  for (int i = 0; i < k; i++) {
+    em_tensor *t;
+    em_status st = emi_ag_saved(S, n, i, &t);
+    if (st) return st;
+    slot[i] = t;
+  }
   return EM_OK;
 }
 

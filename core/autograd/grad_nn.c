@@ -2,42 +2,81 @@
 ** grad_nn.c -- autograd for the nn kernels (conv, pooling, losses, normalization
 ** layers): each recorder makes a node that saves what the kernel's public
 ** backward needs (em_conv2d_backward, em_max_pool2d_backward, ...) and the
-** backward just calls it. Optional inputs (weight, bias) are recorded only when
-** given; iarg holds their presence so the input positions can be found again.
+** backward just calls it.
+**
+** Every node reads its saved tensors through a named view (autograd.h) and its
+** parameters through named iarg positions. Optional inputs (weight, bias) are
+** recorded only when given, so their input positions depend on which were
+** given: nn_inputs says where each one sits, from presence flags kept in iarg.
 */
 #include "grad_nn.h"
 
-/* Inputs x and the optional w, b packed in order; returns how many. */
-static int pack3(const em_tensor **in, const em_tensor *x, const em_tensor *w,
-                 const em_tensor *b) {
-  int n = 0;
-  in[n++] = x;
-  if (w) in[n++] = w;
-  if (b) in[n++] = b;
-  return n;
+/* -- Input positions -------------------------------------------------------------------- */
+
+/* The op's main input is always the node's first; mse and bce_with_logits have
+** their target second. */
+enum { IN_INPUT = 0, IN_TARGET = 1 };
+
+/* Where the input x and the optional weight and bias sit among a node's inputs;
+** -1 for one not given. */
+typedef struct nn_inputs { int x, weight, bias; } nn_inputs;
+
+static nn_inputs nn_inputs_of(int has_weight, int has_bias) {
+  return (nn_inputs){.x = IN_INPUT, .weight = has_weight ? 1 : -1,
+                     .bias = has_bias ? 1 + (has_weight != 0) : -1};
 }
 
-/* Save up to 4 tensors (NULL ends the list). */
-static em_status save_all(em_state *S, emi_ag_node *n, const em_tensor *a, const em_tensor *b,
-                          const em_tensor *c, const em_tensor *d) {
-  const em_tensor *l[4] = {a, b, c, d};
-  em_status st = EM_OK;
-  for (int i = 0; i < 4 && l[i] && !st; i++) st = emi_ag_save(S, n, l[i]);
-  return st;
+/* x and the optional w, b at their positions in in[]; returns how many. */
+static int pack_inputs(const em_tensor **in, const em_tensor *x, const em_tensor *w,
+                       const em_tensor *b) {
+  nn_inputs p = nn_inputs_of(w != NULL, b != NULL);
+  in[p.x] = x;
+  if (w) in[p.weight] = w;
+  if (b) in[p.bias] = b;
+  return 1 + (w != NULL) + (b != NULL);
 }
+
+/* Where the gradient of input i goes: gin[i] when i was given and needs one. */
+static em_tensor **grad_of(emi_ag_node *n, em_tensor **gin, int i) {
+  return i >= 0 && emi_ag_needs(n, i) ? &gin[i] : NULL;
+}
+
+/* -- Saved views shared by several ops ------------------------------------------------ */
+
+typedef union input_saved {
+  struct { const em_tensor *x; };
+  const em_tensor *slot[1];
+} input_saved;
+EMI_AG_VIEW_CHECK(input_saved, x);
+
+/* An input and its target (nll_loss, mse_loss, bce_with_logits). */
+typedef union target_saved {
+  struct { const em_tensor *input, *target; };
+  const em_tensor *slot[2];
+} target_saved;
+EMI_AG_VIEW_CHECK(target_saved, target);
 
 /* -- conv2d ----------------------------------------------------------------------------- */
-/* iarg: stride[2] padding[2] dilation[2] groups has_bias */
+
+enum { CONV_STRIDE = 0, CONV_PADDING = 2, CONV_DILATION = 4, CONV_GROUPS = 6,
+       CONV_HAS_BIAS = 7 };
+
+typedef union conv2d_saved {
+  struct { const em_tensor *x, *weight; };
+  const em_tensor *slot[2];
+} conv2d_saved;
+EMI_AG_VIEW_CHECK(conv2d_saved, weight);
+
 static em_status conv2d_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                  em_tensor **gin) {
-  em_tensor *x, *w;
-  em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &w))) return st;
-  int hb = (int)n->iarg[7];
-  return em_conv2d_backward(S, g, x, w, n->iarg, n->iarg + 2, n->iarg + 4, n->iarg[6],
-                            emi_ag_needs(n, 0) ? &gin[0] : NULL,
-                            emi_ag_needs(n, 1) ? &gin[1] : NULL,
-                            hb && emi_ag_needs(n, 2) ? &gin[2] : NULL);
+  conv2d_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  const int64_t *ia = n->iarg;
+  nn_inputs in = nn_inputs_of(1, (int)ia[CONV_HAS_BIAS]);
+  return em_conv2d_backward(S, g, v.x, v.weight, ia + CONV_STRIDE, ia + CONV_PADDING,
+                            ia + CONV_DILATION, ia[CONV_GROUPS], grad_of(n, gin, in.x),
+                            grad_of(n, gin, in.weight), grad_of(n, gin, in.bias));
 }
 
 em_status emi_ag_record_conv2d(em_state *S, const em_tensor *x, const em_tensor *w,
@@ -45,28 +84,39 @@ em_status emi_ag_record_conv2d(em_state *S, const em_tensor *x, const em_tensor 
                                const int64_t *padding, const int64_t *dilation,
                                int64_t groups, em_tensor **out) {
   const em_tensor *in[3];
-  int k = pack3(in, x, w, b);
+  int k = pack_inputs(in, x, w, b);
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, "conv2d", conv2d_backward, *out, in, k, &n);
   if (st) return emi_ag_fail(out, st);
   for (int i = 0; i < 2; i++) {
-    n->iarg[i] = stride ? stride[i] : 1;
-    n->iarg[2 + i] = padding ? padding[i] : 0;
-    n->iarg[4 + i] = dilation ? dilation[i] : 1;
+    n->iarg[CONV_STRIDE + i] = stride ? stride[i] : 1;
+    n->iarg[CONV_PADDING + i] = padding ? padding[i] : 0;
+    n->iarg[CONV_DILATION + i] = dilation ? dilation[i] : 1;
   }
-  n->iarg[6] = groups;
-  n->iarg[7] = b != NULL;
-  if ((st = save_all(S, n, x, w, NULL, NULL))) return emi_ag_fail(out, st);
+  n->iarg[CONV_GROUPS] = groups;
+  n->iarg[CONV_HAS_BIAS] = b != NULL;
+  conv2d_saved v = {.x = x, .weight = w};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
 /* -- pooling --------------------------------------------------------------------------- */
+
+enum { MAXPOOL_INDEX_BASE = 0 };
+
+typedef union max_pool_saved {
+  struct { const em_tensor *x, *indices; };
+  const em_tensor *slot[2];
+} max_pool_saved;
+EMI_AG_VIEW_CHECK(max_pool_saved, indices);
+
 static em_status max_pool2d_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                      em_tensor **gin) {
-  em_tensor *x, *idx;
-  em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &idx))) return st;
-  return em_max_pool2d_backward(S, g, x, idx, (int)n->iarg[0], &gin[0]);
+  max_pool_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  return em_max_pool2d_backward(S, g, v.x, v.indices, (int)n->iarg[MAXPOOL_INDEX_BASE],
+                                &gin[IN_INPUT]);
 }
 
 em_status emi_ag_record_max_pool2d(em_state *S, const em_tensor *x, const em_tensor *indices,
@@ -74,19 +124,24 @@ em_status emi_ag_record_max_pool2d(em_state *S, const em_tensor *x, const em_ten
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, "max_pool2d", max_pool2d_backward, *out, &x, 1, &n);
   if (st) return emi_ag_fail(out, st);
-  n->iarg[0] = index_base;
-  if ((st = save_all(S, n, x, indices, NULL, NULL))) return emi_ag_fail(out, st);
+  n->iarg[MAXPOOL_INDEX_BASE] = index_base;
+  max_pool_saved v = {.x = x, .indices = indices};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
-/* iarg: kernel[2] stride[2] padding[2] ceil_mode count_include_pad */
+enum { AVGPOOL_KERNEL = 0, AVGPOOL_STRIDE = 2, AVGPOOL_PADDING = 4, AVGPOOL_CEIL_MODE = 6,
+       AVGPOOL_COUNT_INCLUDE_PAD = 7 };
+
 static em_status avg_pool2d_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                      em_tensor **gin) {
-  em_tensor *x;
-  em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x))) return st;
-  return em_avg_pool2d_backward(S, g, x, n->iarg, n->iarg + 2, n->iarg + 4, (int)n->iarg[6],
-                                (int)n->iarg[7], &gin[0]);
+  input_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  const int64_t *ia = n->iarg;
+  return em_avg_pool2d_backward(S, g, v.x, ia + AVGPOOL_KERNEL, ia + AVGPOOL_STRIDE,
+                                ia + AVGPOOL_PADDING, (int)ia[AVGPOOL_CEIL_MODE],
+                                (int)ia[AVGPOOL_COUNT_INCLUDE_PAD], &gin[IN_INPUT]);
 }
 
 em_status emi_ag_record_avg_pool2d(em_state *S, const em_tensor *x, const int64_t *kernel,
@@ -96,43 +151,55 @@ em_status emi_ag_record_avg_pool2d(em_state *S, const em_tensor *x, const int64_
   em_status st = emi_ag_node_new(S, "avg_pool2d", avg_pool2d_backward, *out, &x, 1, &n);
   if (st) return emi_ag_fail(out, st);
   for (int i = 0; i < 2; i++) {
-    n->iarg[i] = kernel[i];
-    n->iarg[2 + i] = stride ? stride[i] : kernel[i];
-    n->iarg[4 + i] = padding ? padding[i] : 0;
+    n->iarg[AVGPOOL_KERNEL + i] = kernel[i];
+    n->iarg[AVGPOOL_STRIDE + i] = stride ? stride[i] : kernel[i];
+    n->iarg[AVGPOOL_PADDING + i] = padding ? padding[i] : 0;
   }
-  n->iarg[6] = ceil_mode;
-  n->iarg[7] = count_include_pad;
-  if ((st = emi_ag_save(S, n, x))) return emi_ag_fail(out, st);
+  n->iarg[AVGPOOL_CEIL_MODE] = ceil_mode;
+  n->iarg[AVGPOOL_COUNT_INCLUDE_PAD] = count_include_pad;
+  input_saved v = {.x = x};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
 static em_status adaptive_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                    em_tensor **gin) {
-  em_tensor *x;
-  em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x))) return st;
-  return em_adaptive_avg_pool2d_backward(S, g, x, &gin[0]);
+  input_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  return em_adaptive_avg_pool2d_backward(S, g, v.x, &gin[IN_INPUT]);
 }
 
 em_status emi_ag_record_adaptive_avg_pool2d(em_state *S, const em_tensor *x, em_tensor **out) {
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, "adaptive_avg_pool2d", adaptive_backward, *out, &x, 1, &n);
   if (st) return emi_ag_fail(out, st);
-  if ((st = emi_ag_save(S, n, x))) return emi_ag_fail(out, st);
+  input_saved v = {.x = x};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
 /* -- losses ----------------------------------------------------------------------------- */
-/* iarg: index_base ignore_index reduction; darg[0]: label_smoothing */
+
+/* cross_entropy and nll_loss; darg[LOSS_LABEL_SMOOTHING] for cross_entropy. */
+enum { LOSS_INDEX_BASE = 0, LOSS_IGNORE_INDEX = 1, LOSS_REDUCTION = 2 };
+enum { LOSS_LABEL_SMOOTHING = 0 };
+
+typedef union cross_entropy_saved {
+  struct { const em_tensor *logits, *target, *lse; };
+  const em_tensor *slot[3];
+} cross_entropy_saved;
+EMI_AG_VIEW_CHECK(cross_entropy_saved, lse);
+
 static em_status cross_entropy_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                         em_tensor **gin) {
-  em_tensor *x, *t, *lse;
-  em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &t)) ||
-      (st = emi_ag_saved(S, n, 2, &lse)))
-    return st;
-  return em_cross_entropy_backward(S, g, x, t, lse, (int)n->iarg[0], n->iarg[1], n->darg[0],
-                                   (int)n->iarg[2], &gin[0]);
+  cross_entropy_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  return em_cross_entropy_backward(S, g, v.logits, v.target, v.lse,
+                                   (int)n->iarg[LOSS_INDEX_BASE], n->iarg[LOSS_IGNORE_INDEX],
+                                   n->darg[LOSS_LABEL_SMOOTHING],
+                                   (int)n->iarg[LOSS_REDUCTION], &gin[IN_INPUT]);
 }
 
 em_status emi_ag_record_cross_entropy(em_state *S, const em_tensor *logits,
@@ -143,20 +210,22 @@ em_status emi_ag_record_cross_entropy(em_state *S, const em_tensor *logits,
   em_status st = emi_ag_node_new(S, "cross_entropy", cross_entropy_backward, *out, &logits, 1,
                                  &n);
   if (st) return emi_ag_fail(out, st);
-  n->iarg[0] = index_base;
-  n->iarg[1] = ignore_index;
-  n->iarg[2] = reduction;
-  n->darg[0] = label_smoothing;
-  if ((st = save_all(S, n, logits, target, lse, NULL))) return emi_ag_fail(out, st);
+  n->iarg[LOSS_INDEX_BASE] = index_base;
+  n->iarg[LOSS_IGNORE_INDEX] = ignore_index;
+  n->iarg[LOSS_REDUCTION] = reduction;
+  n->darg[LOSS_LABEL_SMOOTHING] = label_smoothing;
+  cross_entropy_saved v = {.logits = logits, .target = target, .lse = lse};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
 static em_status nll_backward(em_state *S, emi_ag_node *n, const em_tensor *g, em_tensor **gin) {
-  em_tensor *x, *t;
-  em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &t))) return st;
-  return em_nll_loss_backward(S, g, x, t, (int)n->iarg[0], n->iarg[1], (int)n->iarg[2],
-                              &gin[0]);
+  target_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  return em_nll_loss_backward(S, g, v.input, v.target, (int)n->iarg[LOSS_INDEX_BASE],
+                              n->iarg[LOSS_IGNORE_INDEX], (int)n->iarg[LOSS_REDUCTION],
+                              &gin[IN_INPUT]);
 }
 
 em_status emi_ag_record_nll_loss(em_state *S, const em_tensor *logp, const em_tensor *target,
@@ -165,28 +234,33 @@ em_status emi_ag_record_nll_loss(em_state *S, const em_tensor *logp, const em_te
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, "nll_loss", nll_backward, *out, &logp, 1, &n);
   if (st) return emi_ag_fail(out, st);
-  n->iarg[0] = index_base;
-  n->iarg[1] = ignore_index;
-  n->iarg[2] = reduction;
-  if ((st = save_all(S, n, logp, target, NULL, NULL))) return emi_ag_fail(out, st);
+  n->iarg[LOSS_INDEX_BASE] = index_base;
+  n->iarg[LOSS_IGNORE_INDEX] = ignore_index;
+  n->iarg[LOSS_REDUCTION] = reduction;
+  target_saved v = {.input = logp, .target = target};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
-/* iarg: bce reduction. The target's gradient: -d(input) for mse; for
-** bce_with_logits d/dt = -x, times g (divided by the count for the mean). */
+/* The target's gradient: -d(input) for mse; for bce_with_logits d/dt = -x,
+** times g (divided by the count for the mean). */
+enum { POINTWISE_BCE = 0, POINTWISE_REDUCTION = 1 };
+
 static em_status pointwise_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                     em_tensor **gin) {
-  em_tensor *x, *t;
-  em_status st;
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &t))) return st;
-  int bce = (int)n->iarg[0], red = (int)n->iarg[1];
+  target_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  const em_tensor *x = v.input, *t = v.target;
+  int bce = (int)n->iarg[POINTWISE_BCE], red = (int)n->iarg[POINTWISE_REDUCTION];
+  int need_x = emi_ag_needs(n, IN_INPUT), need_t = emi_ag_needs(n, IN_TARGET);
   em_tensor *gx = NULL;
-  if (emi_ag_needs(n, 0) || (!bce && emi_ag_needs(n, 1))) {
+  if (need_x || (!bce && need_t)) {
     st = bce ? em_bce_with_logits_backward(S, g, x, t, red, &gx)
              : em_mse_loss_backward(S, g, x, t, red, &gx);
     if (st) return st;
   }
-  if (emi_ag_needs(n, 1)) {
+  if (need_t) {
     emi_f F, *f = &F;
     emi_f_init(f, S);
     em_tensor *r;
@@ -196,12 +270,12 @@ static em_status pointwise_backward(em_state *S, emi_ag_node *n, const em_tensor
       double scale = red == EM_REDUCE_MEAN ? -1.0 / (double)(x->numel ? x->numel : 1) : -1.0;
       r = emi_f_sc(f, EM_MUL, emi_f_bin(f, EM_MUL, x, g), scale);
     }
-    if ((st = emi_f_end(f, r, &gin[1]))) {
+    if ((st = emi_f_end(f, r, &gin[IN_TARGET]))) {
       em_tensor_release(gx);
       return st;
     }
   }
-  if (emi_ag_needs(n, 0)) gin[0] = gx;
+  if (need_x) gin[IN_INPUT] = gx;
   else em_tensor_release(gx);
   return EM_OK;
 }
@@ -209,32 +283,46 @@ static em_status pointwise_backward(em_state *S, emi_ag_node *n, const em_tensor
 em_status emi_ag_record_pointwise_loss(em_state *S, int bce, const em_tensor *input,
                                        const em_tensor *target, int reduction,
                                        em_tensor **out) {
-  const em_tensor *in[2] = {input, target};
+  const em_tensor *in[2];
+  in[IN_INPUT] = input;
+  in[IN_TARGET] = target;
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, bce ? "binary_cross_entropy_with_logits" : "mse_loss",
                                  pointwise_backward, *out, in, 2, &n);
   if (st) return emi_ag_fail(out, st);
-  n->iarg[0] = bce;
-  n->iarg[1] = reduction;
-  if ((st = save_all(S, n, input, target, NULL, NULL))) return emi_ag_fail(out, st);
+  n->iarg[POINTWISE_BCE] = bce;
+  n->iarg[POINTWISE_REDUCTION] = reduction;
+  target_saved v = {.input = input, .target = target};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
 /* -- normalization layers ----------------------------------------------------------------- */
-/* iarg: has_w has_b training; saved: x, mean, invstd[, w] */
+
+/* batch_norm and layer_norm: which optional inputs were given, then the mode. */
+enum { NORM_HAS_WEIGHT = 0, NORM_HAS_BIAS = 1, BN_TRAINING = 2, LN_NORMALIZED_NDIM = 2 };
+
+/* The input, the statistics of the forward (the mean and 1/sqrt(var + eps),
+** which batch_norm calls invstd) and the optional weight. */
+typedef union norm_saved {
+  struct { const em_tensor *x, *mean, *rstd, *weight; };
+  const em_tensor *slot[4];
+} norm_saved;
+EMI_AG_VIEW_CHECK(norm_saved, weight);
+
+static nn_inputs norm_inputs(const emi_ag_node *n) {
+  return nn_inputs_of((int)n->iarg[NORM_HAS_WEIGHT], (int)n->iarg[NORM_HAS_BIAS]);
+}
+
 static em_status batch_norm_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                      em_tensor **gin) {
-  em_tensor *x, *m, *inv, *w = NULL;
-  em_status st;
-  int hw = (int)n->iarg[0], hb = (int)n->iarg[1];
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &m)) ||
-      (st = emi_ag_saved(S, n, 2, &inv)) || (hw && (st = emi_ag_saved(S, n, 3, &w))))
-    return st;
-  int ib = 1 + hw;
-  return em_batch_norm_backward(S, g, x, w, m, inv, (int)n->iarg[2],
-                                emi_ag_needs(n, 0) ? &gin[0] : NULL,
-                                hw && emi_ag_needs(n, 1) ? &gin[1] : NULL,
-                                hb && emi_ag_needs(n, ib) ? &gin[ib] : NULL);
+  norm_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  nn_inputs in = norm_inputs(n);
+  return em_batch_norm_backward(S, g, v.x, v.weight, v.mean, v.rstd,
+                                (int)n->iarg[BN_TRAINING], grad_of(n, gin, in.x),
+                                grad_of(n, gin, in.weight), grad_of(n, gin, in.bias));
 }
 
 em_status emi_ag_record_batch_norm(em_state *S, const em_tensor *x, const em_tensor *w,
@@ -242,31 +330,27 @@ em_status emi_ag_record_batch_norm(em_state *S, const em_tensor *x, const em_ten
                                    const em_tensor *save_invstd, int training,
                                    em_tensor **out) {
   const em_tensor *in[3];
-  int k = pack3(in, x, w, b);
+  int k = pack_inputs(in, x, w, b);
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, "batch_norm", batch_norm_backward, *out, in, k, &n);
   if (st) return emi_ag_fail(out, st);
-  n->iarg[0] = w != NULL;
-  n->iarg[1] = b != NULL;
-  n->iarg[2] = training;
-  if ((st = save_all(S, n, x, save_mean, save_invstd, w))) return emi_ag_fail(out, st);
+  n->iarg[NORM_HAS_WEIGHT] = w != NULL;
+  n->iarg[NORM_HAS_BIAS] = b != NULL;
+  n->iarg[BN_TRAINING] = training;
+  norm_saved v = {.x = x, .mean = save_mean, .rstd = save_invstd, .weight = w};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }
 
-/* iarg: has_w has_b normalized_ndim; saved: x, mean, rstd[, w] */
 static em_status layer_norm_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                      em_tensor **gin) {
-  em_tensor *x, *m, *r, *w = NULL;
-  em_status st;
-  int hw = (int)n->iarg[0], hb = (int)n->iarg[1];
-  if ((st = emi_ag_saved(S, n, 0, &x)) || (st = emi_ag_saved(S, n, 1, &m)) ||
-      (st = emi_ag_saved(S, n, 2, &r)) || (hw && (st = emi_ag_saved(S, n, 3, &w))))
-    return st;
-  int ib = 1 + hw;
-  return em_layer_norm_backward(S, g, x, (int)n->iarg[2], m, r, w,
-                                emi_ag_needs(n, 0) ? &gin[0] : NULL,
-                                hw && emi_ag_needs(n, 1) ? &gin[1] : NULL,
-                                hb && emi_ag_needs(n, ib) ? &gin[ib] : NULL);
+  norm_saved v;
+  em_status st = EMI_AG_LOAD_VIEW(S, n, v);
+  if (st) return st;
+  nn_inputs in = norm_inputs(n);
+  return em_layer_norm_backward(S, g, v.x, (int)n->iarg[LN_NORMALIZED_NDIM], v.mean, v.rstd,
+                                v.weight, grad_of(n, gin, in.x), grad_of(n, gin, in.weight),
+                                grad_of(n, gin, in.bias));
 }
 
 em_status emi_ag_record_layer_norm(em_state *S, const em_tensor *x, int normalized_ndim,
@@ -274,13 +358,14 @@ em_status emi_ag_record_layer_norm(em_state *S, const em_tensor *x, int normaliz
                                    const em_tensor *mean, const em_tensor *rstd,
                                    em_tensor **out) {
   const em_tensor *in[3];
-  int k = pack3(in, x, w, b);
+  int k = pack_inputs(in, x, w, b);
   emi_ag_node *n;
   em_status st = emi_ag_node_new(S, "layer_norm", layer_norm_backward, *out, in, k, &n);
   if (st) return emi_ag_fail(out, st);
-  n->iarg[0] = w != NULL;
-  n->iarg[1] = b != NULL;
-  n->iarg[2] = normalized_ndim;
-  if ((st = save_all(S, n, x, mean, rstd, w))) return emi_ag_fail(out, st);
+  n->iarg[NORM_HAS_WEIGHT] = w != NULL;
+  n->iarg[NORM_HAS_BIAS] = b != NULL;
+  n->iarg[LN_NORMALIZED_NDIM] = normalized_ndim;
+  norm_saved v = {.x = x, .mean = mean, .rstd = rstd, .weight = w};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
   return EM_OK;
 }

@@ -73,27 +73,27 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
                        emi_tshape(S, bias), (long long)g.O, emi_tshape(S, weight));
   }
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
-  em_tensor *t[4] = {0};   /* x, w, b, y */
+  em_tensor *x = NULL, *w = NULL, *b = NULL, *y = NULL;   /* contiguous inputs, output */
   int64_t shape[4] = {g.N, g.O, g.OH, g.OW};
-  if ((st = nn_contig(S, input, &t[0])) || (st = nn_contig(S, weight, &t[1])) ||
-      (bias && (st = nn_contig(S, bias, &t[2]))) ||
-      (st = emi_tensor_new(S, op, shape, 4, input->dtype, input->device, &t[3])))
+  if ((st = nn_contig(S, input, &x)) || (st = nn_contig(S, weight, &w)) ||
+      (bias && (st = nn_contig(S, bias, &b))) ||
+      (st = emi_tensor_new(S, op, shape, 4, input->dtype, input->device, &y)))
     goto done;
-  if (t[3]->numel) {
-    if (g.C) st = EMI_DISPATCH(S, op, t[0], conv2d, &g, t[3], t[0], t[1], t[2]);
-    else st = EMI_DISPATCH(S, op, t[3], fill, t[3], 0);  /* no input channels: y = bias */
+  if (y->numel) {
+    if (g.C) st = EMI_DISPATCH(S, op, x, conv2d, &g, y, x, w, b);
+    else st = EMI_DISPATCH(S, op, y, fill, y, 0);  /* no input channels: y = bias */
     if (!st && !g.C && bias) {
       em_tensor *bv = NULL;
       int64_t bs[4] = {g.N, g.O, g.OH, g.OW}, bst[4] = {0, 1, 0, 0};
-      if (!(st = emi_tensor_view(S, t[2], bs, bst, 4, t[2]->offset, &bv)))
-        st = EMI_DISPATCH(S, op, t[3], copy, t[3], bv);
+      if (!(st = emi_tensor_view(S, b, bs, bst, 4, b->offset, &bv)))
+        st = EMI_DISPATCH(S, op, y, copy, y, bv);
       em_tensor_release(bv);
     }
   }
 done:
-  if (st) { nn_release(t, 4); return st; }
-  *out = t[3];
-  nn_release(t, 3);
+  NN_RELEASE(x, w, b);
+  if (st) { em_tensor_release(y); return st; }
+  *out = y;
   if (emi_ag_wanted_opt(S, input, weight, bias))
     return emi_ag_record_conv2d(S, input, weight, bias, stride, padding, dilation, groups, out);
   return EM_OK;
@@ -115,39 +115,39 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match the output shape "
                      "[%lld,%lld,%lld,%lld]", op, emi_tshape(S, grad_out), (long long)g.N,
                      (long long)g.O, (long long)g.OH, (long long)g.OW);
-  em_tensor *t[6] = {0};   /* gy, x, w, gx, gw, gb */
-  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
-      (st = nn_contig(S, weight, &t[2])))
+  em_tensor *gy = NULL, *x = NULL, *w = NULL;   /* contiguous inputs */
+  em_tensor *gx = NULL, *gw = NULL, *gb = NULL;  /* the gradients asked for */
+  if ((st = nn_contig(S, grad_out, &gy)) || (st = nn_contig(S, input, &x)) ||
+      (st = nn_contig(S, weight, &w)))
     goto done;
   int dev = input->device;
-  if (grad_input &&
-      (st = emi_tensor_new(S, op, input->sizes, 4, input->dtype, dev, &t[3])))
+  if (grad_input && (st = emi_tensor_new(S, op, input->sizes, 4, input->dtype, dev, &gx)))
     goto done;
-  if (grad_weight &&
-      (st = emi_tensor_new(S, op, weight->sizes, 4, input->dtype, dev, &t[4])))
+  if (grad_weight && (st = emi_tensor_new(S, op, weight->sizes, 4, input->dtype, dev, &gw)))
     goto done;
-  if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, dev, &t[5])))
+  if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, dev, &gb)))
     goto done;
   if (g.N == 0 || g.C == 0 || g.OH * g.OW == 0) {
-    for (int i = 3; i < 6 && !st; i++)
-      if (t[i] && t[i]->numel) st = EMI_DISPATCH(S, op, t[i], fill, t[i], 0);
-    if (!st && t[5] && g.C == 0 && g.N > 0 && g.OH * g.OW > 0) {
+    em_tensor *grads[3] = {gx, gw, gb};   /* no products to sum: zeros */
+    for (int i = 0; i < 3 && !st; i++)
+      if (grads[i] && grads[i]->numel) st = EMI_DISPATCH(S, op, grads[i], fill, grads[i], 0);
+    if (!st && gb && g.C == 0 && g.N > 0 && g.OH * g.OW > 0) {
       /* the bias gradient still flows without input channels: gy summed over
       ** (N, OH, OW) into gb seen as [1,O,1,1] */
       em_tensor *gb4 = NULL;
       int64_t s4[4] = {1, g.O, 1, 1}, st4[4] = {g.O, 1, 1, 1};
-      if (!(st = emi_tensor_view(S, t[5], s4, st4, 4, t[5]->offset, &gb4)))
-        st = EMI_DISPATCH(S, op, t[0], reduce, EM_SUM, gb4, t[0], 1u | 4u | 8u);
+      if (!(st = emi_tensor_view(S, gb, s4, st4, 4, gb->offset, &gb4)))
+        st = EMI_DISPATCH(S, op, gy, reduce, EM_SUM, gb4, gy, 1u | 4u | 8u);
       em_tensor_release(gb4);
     }
   } else {
-    st = EMI_DISPATCH(S, op, t[1], conv2d_backward, &g, t[3], t[4], t[5], t[0], t[1], t[2]);
+    st = EMI_DISPATCH(S, op, x, conv2d_backward, &g, gx, gw, gb, gy, x, w);
   }
 done:
-  if (st) { nn_release(t, 6); return st; }
-  if (grad_input) *grad_input = t[3];
-  if (grad_weight) *grad_weight = t[4];
-  if (grad_bias) *grad_bias = t[5];
-  nn_release(t, 3);
+  NN_RELEASE(gy, x, w);
+  if (st) { NN_RELEASE(gx, gw, gb); return st; }
+  if (grad_input) *grad_input = gx;
+  if (grad_weight) *grad_weight = gw;
+  if (grad_bias) *grad_bias = gb;
   return EM_OK;
 }

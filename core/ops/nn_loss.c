@@ -73,25 +73,25 @@ em_status em_cross_entropy(em_state *S, const em_tensor *logits, const em_tensor
   int64_t N = logits->sizes[0], C = logits->sizes[1];
   if (C < 1 && N > 0)
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s has no classes", op, emi_tshape(S, logits));
-  em_tensor *t[3] = {0};   /* x, lse, loss */
-  if ((st = nn_contig(S, logits, &t[0])) ||
-      (st = emi_tensor_new(S, op, &N, 1, logits->dtype, logits->device, &t[1])) ||
-      (st = new_loss(S, op, logits, N, reduction, &t[2])) ||
-      (st = EMI_DISPATCH(S, op, t[0], cross_entropy, t[2], t[1], t[0], target, index_base,
+  em_tensor *x = NULL, *lse_out = NULL, *l = NULL;   /* contiguous logits, outputs */
+  if ((st = nn_contig(S, logits, &x)) ||
+      (st = emi_tensor_new(S, op, &N, 1, logits->dtype, logits->device, &lse_out)) ||
+      (st = new_loss(S, op, logits, N, reduction, &l)) ||
+      (st = EMI_DISPATCH(S, op, x, cross_entropy, l, lse_out, x, target, index_base,
                          ignore_index, label_smoothing, reduction))) {
-    nn_release(t, 3);
+    NN_RELEASE(x, lse_out, l);
     return st;
   }
-  *loss = t[2];
+  em_tensor_release(x);
+  *loss = l;   /* the recorder releases it on failure */
   if (emi_ag_wanted1(S, logits) &&
-      (st = emi_ag_record_cross_entropy(S, logits, target, t[1], index_base, ignore_index,
+      (st = emi_ag_record_cross_entropy(S, logits, target, lse_out, index_base, ignore_index,
                                         label_smoothing, reduction, loss))) {
-    nn_release(t, 2);
+    em_tensor_release(lse_out);
     return st;
   }
-  if (lse) *lse = t[1];
-  else em_tensor_release(t[1]);
-  em_tensor_release(t[0]);
+  if (lse) *lse = lse_out;
+  else em_tensor_release(lse_out);
   return EM_OK;
 }
 
@@ -113,16 +113,16 @@ em_status em_cross_entropy_backward(em_state *S, const em_tensor *grad_loss,
     return emi_error(S, EM_ERR_SHAPE, "%s: lse %s must be [%lld]", op, emi_tshape(S, lse),
                      (long long)N);
   if ((st = check_grad(S, op, grad_loss, logits, N, reduction))) return st;
-  em_tensor *t[3] = {0};   /* x, lse, gx */
-  if ((st = nn_contig(S, logits, &t[0])) || (st = nn_contig(S, lse, &t[1])) ||
-      (st = emi_tensor_new(S, op, logits->sizes, 2, logits->dtype, logits->device, &t[2])) ||
-      (st = EMI_DISPATCH(S, op, t[0], cross_entropy_backward, t[2], grad_loss, t[0], target,
-                         t[1], index_base, ignore_index, label_smoothing, reduction))) {
-    nn_release(t, 3);
+  em_tensor *x = NULL, *lse_c = NULL, *gx = NULL;   /* contiguous inputs, the gradient */
+  if ((st = nn_contig(S, logits, &x)) || (st = nn_contig(S, lse, &lse_c)) ||
+      (st = emi_tensor_new(S, op, logits->sizes, 2, logits->dtype, logits->device, &gx)) ||
+      (st = EMI_DISPATCH(S, op, x, cross_entropy_backward, gx, grad_loss, x, target, lse_c,
+                         index_base, ignore_index, label_smoothing, reduction))) {
+    NN_RELEASE(x, lse_c, gx);
     return st;
   }
-  *grad_logits = t[2];
-  nn_release(t, 2);
+  NN_RELEASE(x, lse_c);
+  *grad_logits = gx;
   return EM_OK;
 }
 
@@ -184,16 +184,16 @@ static em_status pointwise(em_state *S, const char *op, int kind, const em_tenso
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s and target %s must have the same shape",
                      op, emi_tshape(S, input), emi_tshape(S, target));
   if (!loss) return emi_error(S, EM_ERR_ARG, "%s: loss is NULL", op);
-  em_tensor *t[3] = {0};   /* x, y, loss */
-  if ((st = nn_contig(S, input, &t[0])) || (st = nn_contig(S, target, &t[1])) ||
+  em_tensor *x = NULL, *y = NULL, *l = NULL;   /* contiguous input and target, the loss */
+  if ((st = nn_contig(S, input, &x)) || (st = nn_contig(S, target, &y)) ||
       (st = emi_tensor_new(S, op, input->sizes, reduction == EM_REDUCE_NONE ? input->ndim : 0,
-                           input->dtype, input->device, &t[2])) ||
-      (st = EMI_DISPATCH(S, op, t[0], pointwise_loss, kind, t[2], t[0], t[1], reduction))) {
-    nn_release(t, 3);
+                           input->dtype, input->device, &l)) ||
+      (st = EMI_DISPATCH(S, op, x, pointwise_loss, kind, l, x, y, reduction))) {
+    NN_RELEASE(x, y, l);
     return st;
   }
-  *loss = t[2];
-  nn_release(t, 2);
+  NN_RELEASE(x, y);
+  *loss = l;
   return EM_OK;
 }
 
@@ -214,18 +214,17 @@ static em_status pointwise_backward(em_state *S, const char *op, int kind,
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_loss %s does not fit input %s (reduction %d)",
                      op, emi_tshape(S, grad), emi_tshape(S, input), reduction);
   if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
-  em_tensor *t[4] = {0};   /* x, y, g, gx */
-  if ((st = nn_contig(S, input, &t[0])) || (st = nn_contig(S, target, &t[1])) ||
-      (st = nn_contig(S, grad, &t[2])) ||
+  em_tensor *x = NULL, *y = NULL, *g = NULL, *gx = NULL;   /* contiguous inputs, gradient */
+  if ((st = nn_contig(S, input, &x)) || (st = nn_contig(S, target, &y)) ||
+      (st = nn_contig(S, grad, &g)) ||
       (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, input->device,
-                           &t[3])) ||
-      (st = EMI_DISPATCH(S, op, t[0], pointwise_loss_backward, kind, t[3], t[2], t[0], t[1],
-                         reduction))) {
-    nn_release(t, 4);
+                           &gx)) ||
+      (st = EMI_DISPATCH(S, op, x, pointwise_loss_backward, kind, gx, g, x, y, reduction))) {
+    NN_RELEASE(x, y, g, gx);
     return st;
   }
-  *grad_input = t[3];
-  nn_release(t, 3);
+  NN_RELEASE(x, y, g);
+  *grad_input = gx;
   return EM_OK;
 }
 

@@ -54,32 +54,32 @@ em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *we
     return emi_error(S, EM_ERR_SHAPE, "%s: expected more than 1 value per channel when "
                      "training, got input %s", op, emi_tshape(S, input));
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
-  em_tensor *t[6] = {0};   /* x, w, b, y, save_mean, save_invstd */
+  em_tensor *x = NULL, *w = NULL, *b = NULL;           /* contiguous inputs */
+  em_tensor *y = NULL, *mean = NULL, *invstd = NULL;   /* outputs */
   int dev = input->device;
-  if ((st = nn_contig(S, input, &t[0])) || (weight && (st = nn_contig(S, weight, &t[1]))) ||
-      (bias && (st = nn_contig(S, bias, &t[2]))) ||
-      (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &t[3])) ||
-      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[4])) ||
-      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[5])))
+  if ((st = nn_contig(S, input, &x)) || (weight && (st = nn_contig(S, weight, &w))) ||
+      (bias && (st = nn_contig(S, bias, &b))) ||
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &y)) ||
+      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &mean)) ||
+      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &invstd)))
     goto done;
-  st = EMI_DISPATCH(S, op, t[0], batch_norm, t[3], t[4], t[5], running_mean, running_var,
-                    t[0], t[1], t[2], training, momentum, eps);
+  st = EMI_DISPATCH(S, op, x, batch_norm, y, mean, invstd, running_mean, running_var, x, w, b,
+                    training, momentum, eps);
   if (!st && training) {   /* the running statistics moved */
     if (running_mean) emi_bump_version(running_mean);
     if (running_var) emi_bump_version(running_var);
   }
 done:
-  if (st) { nn_release(t, 6); return st; }
-  *out = t[3];
+  NN_RELEASE(x, w, b);
+  if (st) { NN_RELEASE(y, mean, invstd); return st; }
+  *out = y;   /* the recorder releases it on failure */
   if (emi_ag_wanted_opt(S, input, weight, bias) &&
-      (st = emi_ag_record_batch_norm(S, input, weight, bias, t[4], t[5], training, out))) {
-    t[3] = NULL;
-    nn_release(t, 6);
+      (st = emi_ag_record_batch_norm(S, input, weight, bias, mean, invstd, training, out))) {
+    NN_RELEASE(mean, invstd);
     return st;
   }
-  if (save_mean) *save_mean = t[4]; else em_tensor_release(t[4]);
-  if (save_invstd) *save_invstd = t[5]; else em_tensor_release(t[5]);
-  nn_release(t, 3);
+  if (save_mean) *save_mean = mean; else em_tensor_release(mean);
+  if (save_invstd) *save_invstd = invstd; else em_tensor_release(invstd);
   return EM_OK;
 }
 
@@ -102,24 +102,25 @@ em_status em_batch_norm_backward(em_state *S, const em_tensor *grad_out,
   if (!nn_same_shape(grad_out, input))
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match input %s", op,
                      emi_tshape(S, grad_out), emi_tshape(S, input));
-  em_tensor *t[8] = {0};   /* gy, x, w, mean, invstd, gx, gw, gb */
+  /* contiguous inputs, then the gradients asked for */
+  em_tensor *gy = NULL, *x = NULL, *w = NULL, *mean = NULL, *invstd = NULL;
+  em_tensor *gx = NULL, *gw = NULL, *gb = NULL;
   int dev = input->device;
-  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
-      (weight && (st = nn_contig(S, weight, &t[2]))) ||
-      (st = nn_contig(S, save_mean, &t[3])) || (st = nn_contig(S, save_invstd, &t[4])) ||
-      (grad_input &&
-       (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &t[5]))) ||
-      (grad_weight && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[6]))) ||
-      (grad_bias && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &t[7]))))
+  if ((st = nn_contig(S, grad_out, &gy)) || (st = nn_contig(S, input, &x)) ||
+      (weight && (st = nn_contig(S, weight, &w))) ||
+      (st = nn_contig(S, save_mean, &mean)) || (st = nn_contig(S, save_invstd, &invstd)) ||
+      (grad_input && (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &gx))) ||
+      (grad_weight && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &gw))) ||
+      (grad_bias && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &gb))))
     goto done;
-  st = EMI_DISPATCH(S, op, t[1], batch_norm_backward, t[5], t[6], t[7], t[0], t[1], t[3], t[4],
-                    t[2], training);
+  st = EMI_DISPATCH(S, op, x, batch_norm_backward, gx, gw, gb, gy, x, mean, invstd, w,
+                    training);
 done:
-  if (st) { nn_release(t, 8); return st; }
-  if (grad_input) *grad_input = t[5];
-  if (grad_weight) *grad_weight = t[6];
-  if (grad_bias) *grad_bias = t[7];
-  nn_release(t, 5);
+  NN_RELEASE(gy, x, w, mean, invstd);
+  if (st) { NN_RELEASE(gx, gw, gb); return st; }
+  if (grad_input) *grad_input = gx;
+  if (grad_weight) *grad_weight = gw;
+  if (grad_bias) *grad_bias = gb;
   return EM_OK;
 }
 
@@ -163,34 +164,33 @@ em_status em_layer_norm(em_state *S, const em_tensor *input, int normalized_ndim
   int64_t sshape[EM_MAX_DIMS];
   memcpy(sshape, input->sizes, sizeof(int64_t) * input->ndim);
   for (int d = input->ndim - normalized_ndim; d < input->ndim; d++) sshape[d] = 1;
-  em_tensor *t[6] = {0};   /* x, w, b, y, mean, rstd */
-  if ((st = nn_contig(S, input, &t[0])) || (weight && (st = nn_contig(S, weight, &t[1]))) ||
-      (bias && (st = nn_contig(S, bias, &t[2]))) ||
-      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, input->device,
-                           &t[3])) ||
-      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, input->device, &t[4])) ||
-      (st = emi_tensor_new(S, op, sshape, input->ndim, input->dtype, input->device, &t[5])))
-    goto fail;
+  em_tensor *x = NULL, *w = NULL, *b = NULL;                 /* contiguous inputs */
+  em_tensor *y = NULL, *mean_out = NULL, *rstd_out = NULL;   /* outputs */
+  em_dtype dt = input->dtype;
+  int dev = input->device;
+  if ((st = nn_contig(S, input, &x)) || (weight && (st = nn_contig(S, weight, &w))) ||
+      (bias && (st = nn_contig(S, bias, &b))) ||
+      (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &y)) ||
+      (st = emi_tensor_new(S, op, sshape, input->ndim, dt, dev, &mean_out)) ||
+      (st = emi_tensor_new(S, op, sshape, input->ndim, dt, dev, &rstd_out)))
+    goto done;
   if (K > 0 && M > 0)
-    st = EMI_DISPATCH(S, op, t[0], layer_norm, t[3], t[4], t[5], t[0], t[1], t[2], eps);
-  else if (M > 0 && !(st = EMI_DISPATCH(S, op, t[4], fill, t[4], 0)))   /* empty rows */
-    st = EMI_DISPATCH(S, op, t[5], fill, t[5], NAN);
-  if (st) goto fail;
-  *out = t[3];
+    st = EMI_DISPATCH(S, op, x, layer_norm, y, mean_out, rstd_out, x, w, b, eps);
+  else if (M > 0 && !(st = EMI_DISPATCH(S, op, mean_out, fill, mean_out, 0)))  /* empty rows */
+    st = EMI_DISPATCH(S, op, rstd_out, fill, rstd_out, NAN);
+done:
+  NN_RELEASE(x, w, b);
+  if (st) { NN_RELEASE(y, mean_out, rstd_out); return st; }
+  *out = y;   /* the recorder releases it on failure */
   if (emi_ag_wanted_opt(S, input, weight, bias) &&
-      (st = emi_ag_record_layer_norm(S, input, normalized_ndim, weight, bias, t[4], t[5],
-                                     out))) {
-    t[3] = NULL;
-    nn_release(t, 6);
+      (st = emi_ag_record_layer_norm(S, input, normalized_ndim, weight, bias, mean_out,
+                                     rstd_out, out))) {
+    NN_RELEASE(mean_out, rstd_out);
     return st;
   }
-  if (mean) *mean = t[4]; else em_tensor_release(t[4]);
-  if (rstd) *rstd = t[5]; else em_tensor_release(t[5]);
-  nn_release(t, 3);
+  if (mean) *mean = mean_out; else em_tensor_release(mean_out);
+  if (rstd) *rstd = rstd_out; else em_tensor_release(rstd_out);
   return EM_OK;
-fail:
-  nn_release(t, 6);
-  return st;
 }
 
 em_status em_layer_norm_backward(em_state *S, const em_tensor *grad_out,
@@ -213,22 +213,23 @@ em_status em_layer_norm_backward(em_state *S, const em_tensor *grad_out,
                      emi_tshape(S, rstd), emi_tshape(S, input));
   const int64_t *ns = input->sizes + input->ndim - normalized_ndim;
   int dev = input->device;
-  em_tensor *t[8] = {0};   /* gy, x, mean, rstd, w, gx, gw, gb */
-  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, input, &t[1])) ||
-      (st = nn_contig(S, mean, &t[2])) || (st = nn_contig(S, rstd, &t[3])) ||
-      (weight && (st = nn_contig(S, weight, &t[4]))) ||
-      (grad_input && (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &t[5]))) ||
-      (grad_weight && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, dev, &t[6]))) ||
-      (grad_bias && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, dev, &t[7]))))
+  /* contiguous inputs, then the gradients asked for */
+  em_tensor *gy = NULL, *x = NULL, *mean_c = NULL, *rstd_c = NULL, *w = NULL;
+  em_tensor *gx = NULL, *gw = NULL, *gb = NULL;
+  if ((st = nn_contig(S, grad_out, &gy)) || (st = nn_contig(S, input, &x)) ||
+      (st = nn_contig(S, mean, &mean_c)) || (st = nn_contig(S, rstd, &rstd_c)) ||
+      (weight && (st = nn_contig(S, weight, &w))) ||
+      (grad_input && (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &gx))) ||
+      (grad_weight && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, dev, &gw))) ||
+      (grad_bias && (st = emi_tensor_new(S, op, ns, normalized_ndim, dt, dev, &gb))))
     goto done;
   if (K > 0)   /* M may be 0: then gw, gb are zeros */
-    st = EMI_DISPATCH(S, op, t[1], layer_norm_backward, t[5], t[6], t[7], t[0], t[1], t[2],
-                      t[3], t[4]);
+    st = EMI_DISPATCH(S, op, x, layer_norm_backward, gx, gw, gb, gy, x, mean_c, rstd_c, w);
 done:
-  if (st) { nn_release(t, 8); return st; }
-  if (grad_input) *grad_input = t[5];
-  if (grad_weight) *grad_weight = t[6];
-  if (grad_bias) *grad_bias = t[7];
-  nn_release(t, 5);
+  NN_RELEASE(gy, x, mean_c, rstd_c, w);
+  if (st) { NN_RELEASE(gx, gw, gb); return st; }
+  if (grad_input) *grad_input = gx;
+  if (grad_weight) *grad_weight = gw;
+  if (grad_bias) *grad_bias = gb;
   return EM_OK;
 }

@@ -95,23 +95,23 @@ em_status em_max_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, &g, shape);
-  em_tensor *t[3] = {0};
-  if ((st = nn_contig(S, input, &t[0])) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &t[1])) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, EM_INT64, input->device, &t[2])) ||
-      (st = EMI_DISPATCH(S, op, t[0], max_pool2d, &g, t[1], t[2], t[0], index_base))) {
-    nn_release(t, 3);
+  em_tensor *x = NULL, *y = NULL, *ind = NULL;   /* contiguous input, outputs */
+  if ((st = nn_contig(S, input, &x)) ||
+      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &y)) ||
+      (st = emi_tensor_new(S, op, shape, input->ndim, EM_INT64, input->device, &ind)) ||
+      (st = EMI_DISPATCH(S, op, x, max_pool2d, &g, y, ind, x, index_base))) {
+    NN_RELEASE(x, y, ind);
     return st;
   }
-  em_tensor_release(t[0]);
-  *out = t[1];
+  em_tensor_release(x);
+  *out = y;   /* the recorder releases it on failure */
   if (emi_ag_wanted1(S, input) &&
-      (st = emi_ag_record_max_pool2d(S, input, t[2], index_base, out))) {
-    em_tensor_release(t[2]);
+      (st = emi_ag_record_max_pool2d(S, input, ind, index_base, out))) {
+    em_tensor_release(ind);
     return st;
   }
-  if (indices) *indices = t[2];
-  else em_tensor_release(t[2]);
+  if (indices) *indices = ind;
+  else em_tensor_release(ind);
   return EM_OK;
 }
 
@@ -137,15 +137,15 @@ em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
   emi_pool_geom g = {.H = input->sizes[nd - 2], .W = input->sizes[nd - 1],
                      .OH = grad_out->sizes[nd - 2], .OW = grad_out->sizes[nd - 1]};
   g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
-  em_tensor *t[3] = {0};   /* gy, ind, gx */
-  if ((st = nn_contig(S, grad_out, &t[0])) || (st = nn_contig(S, indices, &t[1])) ||
-      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &t[2])) ||
-      (st = EMI_DISPATCH(S, op, t[0], max_pool2d_backward, &g, t[2], t[0], t[1], index_base))) {
-    nn_release(t, 3);
+  em_tensor *gy = NULL, *ind = NULL, *gx = NULL;   /* contiguous inputs, the gradient */
+  if ((st = nn_contig(S, grad_out, &gy)) || (st = nn_contig(S, indices, &ind)) ||
+      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &gx)) ||
+      (st = EMI_DISPATCH(S, op, gy, max_pool2d_backward, &g, gx, gy, ind, index_base))) {
+    NN_RELEASE(gy, ind, gx);
     return st;
   }
-  *grad_input = t[2];
-  nn_release(t, 2);
+  NN_RELEASE(gy, ind);
+  *grad_input = gx;
   return EM_OK;
 }
 
@@ -159,15 +159,15 @@ em_status em_avg_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, &g, shape);
-  em_tensor *t[2] = {0};
-  if ((st = nn_contig(S, input, &t[0])) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &t[1])) ||
-      (st = EMI_DISPATCH(S, op, t[0], avg_pool2d, &g, t[1], t[0], count_include_pad))) {
-    nn_release(t, 2);
+  em_tensor *x = NULL, *y = NULL;   /* contiguous input, output */
+  if ((st = nn_contig(S, input, &x)) ||
+      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &y)) ||
+      (st = EMI_DISPATCH(S, op, x, avg_pool2d, &g, y, x, count_include_pad))) {
+    NN_RELEASE(x, y);
     return st;
   }
-  em_tensor_release(t[0]);
-  *out = t[1];
+  em_tensor_release(x);
+  *out = y;
   if (emi_ag_wanted1(S, input))
     return emi_ag_record_avg_pool2d(S, input, kernel, stride, padding, ceil_mode,
                                     count_include_pad, out);
@@ -185,16 +185,16 @@ em_status em_avg_pool2d_backward(em_state *S, const em_tensor *grad_out,
   if (st) return st;
   if ((st = check_grad(S, op, grad_out, input, &g))) return st;
   if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
-  em_tensor *t[2] = {0};
-  if ((st = nn_contig(S, grad_out, &t[0])) ||
+  em_tensor *gy = NULL, *gx = NULL;   /* contiguous grad_out, the gradient */
+  if ((st = nn_contig(S, grad_out, &gy)) ||
       (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, input->device,
-                           &t[1])) ||
-      (st = EMI_DISPATCH(S, op, t[0], avg_pool2d_backward, &g, t[1], t[0], count_include_pad))) {
-    nn_release(t, 2);
+                           &gx)) ||
+      (st = EMI_DISPATCH(S, op, gy, avg_pool2d_backward, &g, gx, gy, count_include_pad))) {
+    NN_RELEASE(gy, gx);
     return st;
   }
-  em_tensor_release(t[0]);
-  *grad_input = t[1];
+  em_tensor_release(gy);
+  *grad_input = gx;
   return EM_OK;
 }
 
@@ -215,15 +215,15 @@ em_status em_adaptive_avg_pool2d(em_state *S, const em_tensor *input,
   g.kW = (g.W + g.OW - 1) / g.OW + 1;
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, &g, shape);
-  em_tensor *t[2] = {0};
-  if ((st = nn_contig(S, input, &t[0])) ||
-      (st = emi_tensor_new(S, op, shape, nd, input->dtype, input->device, &t[1])) ||
-      (st = EMI_DISPATCH(S, op, t[0], adaptive_avg_pool2d, &g, t[1], t[0]))) {
-    nn_release(t, 2);
+  em_tensor *x = NULL, *y = NULL;   /* contiguous input, output */
+  if ((st = nn_contig(S, input, &x)) ||
+      (st = emi_tensor_new(S, op, shape, nd, input->dtype, input->device, &y)) ||
+      (st = EMI_DISPATCH(S, op, x, adaptive_avg_pool2d, &g, y, x))) {
+    NN_RELEASE(x, y);
     return st;
   }
-  em_tensor_release(t[0]);
-  *out = t[1];
+  em_tensor_release(x);
+  *out = y;
   if (emi_ag_wanted1(S, input)) return emi_ag_record_adaptive_avg_pool2d(S, input, out);
   return EM_OK;
 }
@@ -246,14 +246,14 @@ em_status em_adaptive_avg_pool2d_backward(em_state *S, const em_tensor *grad_out
   g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
   g.kH = (g.H + g.OH - 1) / g.OH + 1;
   g.kW = (g.W + g.OW - 1) / g.OW + 1;
-  em_tensor *t[2] = {0};
-  if ((st = nn_contig(S, grad_out, &t[0])) ||
-      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &t[1])) ||
-      (st = EMI_DISPATCH(S, op, t[0], adaptive_avg_pool2d_backward, &g, t[1], t[0]))) {
-    nn_release(t, 2);
+  em_tensor *gy = NULL, *gx = NULL;   /* contiguous grad_out, the gradient */
+  if ((st = nn_contig(S, grad_out, &gy)) ||
+      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &gx)) ||
+      (st = EMI_DISPATCH(S, op, gy, adaptive_avg_pool2d_backward, &g, gx, gy))) {
+    NN_RELEASE(gy, gx);
     return st;
   }
-  em_tensor_release(t[0]);
-  *grad_input = t[1];
+  em_tensor_release(gy);
+  *grad_input = gx;
   return EM_OK;
 }

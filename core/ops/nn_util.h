@@ -1,8 +1,9 @@
 /*
 ** nn_util.h -- argument checks shared by the nn ops (core/ops/nn_*.c): the
-** dtype rule (float32/float64, one dtype per call), one device per call, and
-** making inputs contiguous. Header-only, static inline. The kernels are reached
-** through the device's backend table (EMI_DISPATCH), never directly.
+** dtype rule (float32/float64, one dtype per call), one device per call,
+** making inputs contiguous, and releasing the op's tensors by name. Header-only,
+** static inline. The kernels are reached through the device's backend table
+** (EMI_DISPATCH), never directly.
 */
 #ifndef EMBER_OPS_NN_UTIL_H
 #define EMBER_OPS_NN_UTIL_H
@@ -54,7 +55,12 @@ static inline int nn_same_shape(const em_tensor *a, const em_tensor *b) {
   return 1;
 }
 
-static inline void nn_release(em_tensor **ts, int n) {
+static inline void nn_release(em_tensor *const *ts, int n) {
   for (int i = 0; i < n; i++) em_tensor_release(ts[i]);
 }
+
+/* Releases each tensor named, NULL ones included: NN_RELEASE(x, w, b). */
+#define NN_RELEASE(...)                                                                  \
+  nn_release((em_tensor *[]){__VA_ARGS__},                                              \
+             (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)))
 #endif
