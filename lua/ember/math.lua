@@ -8,7 +8,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
+local FLOAT32, INT64, BOOL = C.EM_FLOAT32, C.EM_INT64, C.EM_BOOL
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out = core.Tensor, core.H, core.out
 local binop, binop_, unop, number_of = core.binop, core.binop_, core.unop, core.number_of
@@ -74,7 +74,7 @@ local function add_scaled(name, a, b, alpha)
   end
   if istype(box_t, b) and istype(box_t, a) then
     if C.em_add_scaled(S, a._h, b._h, alpha, out) ~= 0 then
-      again(C.em_add_scaled, S, a._h, b._h, alpha, out)
+      fail()
     end
     return wrap(out[0])
   end
@@ -134,7 +134,7 @@ function Tensor.clamp(a, lo, hi)
   if type(lo) ~= 'number' or type(hi) ~= 'number' then
     raise(('clamp: bounds must be numbers or nil, got %s and %s'):format(kind(lo), kind(hi)))
   end
-  if C.em_clamp(S, h, lo, hi, out) ~= 0 then again(C.em_clamp, S, h, lo, hi, out) end
+  if C.em_clamp(S, h, lo, hi, out) ~= 0 then fail() end
   return wrap(out[0])
 end
 function Tensor.clamp_(a, lo, hi)
@@ -164,13 +164,13 @@ local function scalar_like(v, other, name, dev)
   local integral = s % 1 == 0
   if other then
     dt = core.dtype_of(other._h)
-    if not core.is_float[dt] and not integral then dt = 0 end
-    if dt == 7 and type(v) ~= 'boolean' then dt = integral and 5 or 0 end
+    if not core.is_float[dt] and not integral then dt = FLOAT32 end
+    if dt == BOOL and type(v) ~= 'boolean' then dt = integral and INT64 or FLOAT32 end
   else
-    dt = type(v) == 'boolean' and 7 or (integral and 5 or 0)
+    dt = type(v) == 'boolean' and BOOL or (integral and INT64 or FLOAT32)
   end
   if C.em_full(S, nil, 0, s, dt, dev, out) ~= 0 then
-    again(C.em_full, S, nil, 0, s, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -184,7 +184,7 @@ function M.where(cond, a, b)
   if not tb then b = scalar_like(b, a, 'where', dev) end
   -- Handles are taken only now: making the scalars above may sweep.
   if C.em_where(S, cond._h, a._h, b._h, out) ~= 0 then
-    again(C.em_where, S, cond._h, a._h, b._h, out)
+    fail()
   end
   return wrap(out[0])
 end

@@ -11,7 +11,6 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out, out2 = core.Tensor, core.H, core.out, core.out2
 
@@ -55,7 +54,7 @@ local function reducer(name, op)
     if type(dim) == 'boolean' and keepdim == nil then dim, keepdim = nil, dim end
     local n = parse_dims(name, h, dim)
     if C.em_reduce(S, op, h, dims_buf, n, check_keepdim(name, keepdim), out) ~= 0 then
-      again(C.em_reduce, S, op, h, dims_buf, n, check_keepdim(name, keepdim), out)
+      fail()
     end
     return wrap(out[0])
   end
@@ -124,7 +123,7 @@ function Tensor.norm(a, p, dim, keepdim)
   end
   local n = parse_dims('norm', h, dim)
   if C.em_norm(S, h, p, dims_buf, n, check_keepdim('norm', keepdim), out) ~= 0 then
-    again(C.em_norm, S, h, p, dims_buf, n, check_keepdim('norm', keepdim), out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -136,7 +135,7 @@ local function extreme(name, redop, binop, fn)
     local h = H(a, name, 0)
     if dim == nil then
       if C.em_reduce(S, redop, h, dims_buf, 0, 0, out) ~= 0 then
-        again(C.em_reduce, S, redop, h, dims_buf, 0, 0, out)
+        fail()
       end
       return wrap(out[0])
     end
@@ -172,7 +171,7 @@ local function softmax(name, log)
     local h = H(a, name, 0)
     if dim == nil then raise(name .. ': dim is required (e.g. -1 for the last dim)') end
     if C.em_softmax(S, h, core.cdim(name, h, dim), log, out) ~= 0 then
-      again(C.em_softmax, S, h, core.cdim(name, h, dim), log, out)
+      fail()
     end
     return wrap(out[0])
   end

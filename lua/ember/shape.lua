@@ -11,7 +11,6 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out = core.Tensor, core.H, core.out
 local cdim, cindex = core.cdim, core.cindex
@@ -146,7 +145,7 @@ end
 -- -- Copies -----------------------------------------------------------------------------
 function Tensor.clone(a)
   if C.em_clone(S, H(a, 'clone', 0), out) ~= 0 then
-    again(C.em_clone, S, H(a, 'clone', 0), out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -162,7 +161,7 @@ end
 
 function Tensor.contiguous(a)
   if C.em_contiguous(S, H(a, 'contiguous', 0), out) ~= 0 then
-    again(C.em_contiguous, S, H(a, 'contiguous', 0), out)
+    fail()
   end
   return same_or_wrap(a, out[0])
 end
@@ -175,7 +174,7 @@ end
 
 -- -- Conversions --------------------------------------------------------------------------
 local function convert(a, name, dt, dev)
-  if C.em_to(S, a._h, dt, dev, out) ~= 0 then again(C.em_to, S, a._h, dt, dev, out) end
+  if C.em_to(S, a._h, dt, dev, out) ~= 0 then fail() end
   return same_or_wrap(a, out[0])
 end
 
@@ -230,10 +229,7 @@ function Tensor.cuda(a, i)
   local h = H(a, 'cuda', 0)
   local dev = i == nil and 0 or core.device_id(i, 'cuda')
   if C.em_to(S, h, core.dtype_of(h), dev, out) ~= 0 then
-    -- a device short of memory: Lua's garbage first (core.again), then the error
-    if not pcall(again, C.em_to, S, h, core.dtype_of(h), dev, out) then
-      raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
-    end
+    raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
   end
   return same_or_wrap(a, out[0])
 end
