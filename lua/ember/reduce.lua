@@ -60,14 +60,14 @@ local function reducer(name, op)
   end
 end
 
-Tensor.sum = reducer('sum', 0)
-Tensor.mean = reducer('mean', 1)
-Tensor.prod = reducer('prod', 2)
-Tensor.amax = reducer('amax', 3)
-Tensor.amin = reducer('amin', 4)
-Tensor.logsumexp = reducer('logsumexp', 5)
-Tensor.any = reducer('any', 6)
-Tensor.all = reducer('all', 7)
+Tensor.sum = reducer('sum', C.EM_SUM)
+Tensor.mean = reducer('mean', C.EM_MEAN)
+Tensor.prod = reducer('prod', C.EM_PROD)
+Tensor.amax = reducer('amax', C.EM_AMAX)
+Tensor.amin = reducer('amin', C.EM_AMIN)
+Tensor.logsumexp = reducer('logsumexp', C.EM_LOGSUMEXP)
+Tensor.any = reducer('any', C.EM_ANY)
+Tensor.all = reducer('all', C.EM_ALL)
 
 -- var/std(dim, keepdim) as every reduction of API.md; the correction comes in
 -- an options table as the last argument: {unbiased = false} or {correction = 0}
@@ -149,8 +149,8 @@ local function extreme(name, redop, binop, fn)
     return wrap(v), wrap(i)
   end
 end
-Tensor.max = extreme('max', 3, 5, C.em_max_dim)
-Tensor.min = extreme('min', 4, 6, C.em_min_dim)
+Tensor.max = extreme('max', C.EM_AMAX, C.EM_MAXIMUM, C.em_max_dim)
+Tensor.min = extreme('min', C.EM_AMIN, C.EM_MINIMUM, C.em_min_dim)
 
 local function argext(name, fn)
   return function(a, dim, keepdim)

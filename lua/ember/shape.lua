@@ -206,8 +206,9 @@ function Tensor.to(a, x, y)
   return convert(a, 'to', dt, dev)
 end
 
-for name, dt in pairs({ float = 0, double = 1, half = 2, bfloat16 = 3, int = 4, long = 5,
-  byte = 6, bool = 7 }) do
+for name, dt in pairs({ float = C.EM_FLOAT32, double = C.EM_FLOAT64, half = C.EM_FLOAT16,
+  bfloat16 = C.EM_BFLOAT16, int = C.EM_INT32, long = C.EM_INT64, byte = C.EM_UINT8,
+  bool = C.EM_BOOL }) do
   Tensor[name] = function(a)
     return convert(a, name, dt, C.em_tensor_device(H(a, name, 0)))
   end
@@ -221,7 +222,7 @@ function Tensor.type(a, dt)
 end
 
 function Tensor.cpu(a)
-  return convert(a, 'cpu', core.dtype_of(H(a, 'cpu', 0)), -1)
+  return convert(a, 'cpu', core.dtype_of(H(a, 'cpu', 0)), C.EM_CPU)
 end
 
 -- cuda([i]): device i (0-based); the error names cuda, not the generic to.

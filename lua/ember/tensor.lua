@@ -216,13 +216,15 @@ mt.__len = function(t)
   return tonumber(C.em_tensor_size(h, 0))
 end
 
-mt.__add = function(a, b) return binop(0, 'add', a, b) end
-mt.__sub = function(a, b) return binop(1, 'sub', a, b) end
-mt.__mul = function(a, b) return binop(2, 'mul', a, b) end
-mt.__div = function(a, b) return binop(3, 'div', a, b) end
-mt.__pow = function(a, b) return binop(4, 'pow', a, b) end
-mt.__mod = function(a, b) return binop(13, 'remainder', a, b) end
-mt.__unm = function(a) return unop(0, 'neg', a) end
+local EM_ADD, EM_SUB, EM_MUL, EM_DIV = C.EM_ADD, C.EM_SUB, C.EM_MUL, C.EM_DIV
+local EM_POW, EM_REMAINDER, EM_NEG = C.EM_POW, C.EM_REMAINDER, C.EM_NEG
+mt.__add = function(a, b) return binop(EM_ADD, 'add', a, b) end
+mt.__sub = function(a, b) return binop(EM_SUB, 'sub', a, b) end
+mt.__mul = function(a, b) return binop(EM_MUL, 'mul', a, b) end
+mt.__div = function(a, b) return binop(EM_DIV, 'div', a, b) end
+mt.__pow = function(a, b) return binop(EM_POW, 'pow', a, b) end
+mt.__mod = function(a, b) return binop(EM_REMAINDER, 'remainder', a, b) end
+mt.__unm = function(a) return unop(EM_NEG, 'neg', a) end
 mt.__tostring = function(t) return require('ember.format').tostring(t) end
 mt.__concat = function(a, b)
   return (istype(box_t, a) and tostring(a) or a) .. (istype(box_t, b) and tostring(b) or b)
