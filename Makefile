@@ -91,7 +91,8 @@ CUDA_OBJ := $(CUDA_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
 LUA_SRC  := $(wildcard lua/ember/*.lua lua/ember/*/*.lua)
-LUA_OUT  := $(LUA_SRC:lua/%=$(BUILD)/lua/%) $(BUILD)/lua/ember/cdefs.lua
+LUA_OUT  := $(LUA_SRC:lua/%=$(BUILD)/lua/%) $(BUILD)/lua/ember/cdefs.lua \
+            $(BUILD)/lua/ember/hostdefs.lua $(BUILD)/lua/ember/capi.lua
 CTEST_SRC := $(wildcard tests/c/test_*.c)
 CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
@@ -223,7 +224,7 @@ $(FATBIN_OBJ): $(FATBIN_S) $(KERNEL_FATBIN)
 
 FORCE:
 
-$(BUILD)/obj/lua/host/%.o: lua/host/%.c lua/host/host.h core/include/ember.h | deps
+$(BUILD)/obj/lua/host/%.o: lua/host/%.c lua/host/host.h lua/host/ffi_exports.h core/include/ember.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -DEMBER_PREFIX='"$(PREFIX)"' -c $< -o $@
 
@@ -264,6 +265,27 @@ $(BUILD)/lua/ember/cdefs.lua: core/include/ember.h tools/gen_cdefs.sh | deps
 	@mkdir -p $(dir $@)
 	sh tools/gen_cdefs.sh $< > $@.tmp
 	@luajit -e 'dofile(arg[1])' $@.tmp || { echo "ember.h: the FFI can't parse these declarations" >&2; rm -f $@.tmp; exit 1; }
+	@mv $@.tmp $@
+
+# The table of C functions the Lua layer calls: each one that may allocate tensor
+# memory wrapped once with the collect-and-retry on a device out of memory.
+$(BUILD)/lua/ember/capi.lua: core/include/ember.h tools/gen_capi.lua | deps
+	@mkdir -p $(dir $@)
+	luajit tools/gen_capi.lua $< > $@.tmp
+	@mv $@.tmp $@
+
+# Host declarations: lua/host's exports as its header states them, then the C
+# library's as the compiler sees them (tools/gen_hostdefs.c checks each one).
+$(BUILD)/tools/gen_hostdefs: tools/gen_hostdefs.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -Wall -Wextra -o $@ $<
+
+$(BUILD)/lua/ember/hostdefs.lua: lua/host/ffi_exports.h tools/gen_cdefs.sh $(BUILD)/tools/gen_hostdefs \
+                                 $(BUILD)/lua/ember/cdefs.lua
+	@mkdir -p $(dir $@)
+	{ sh tools/gen_cdefs.sh $<; $(BUILD)/tools/gen_hostdefs; } > $@.tmp
+	@luajit -e "dofile('$(BUILD)/lua/ember/cdefs.lua') dofile('$@.tmp')" || \
+	  { echo "$@: the FFI can't parse these declarations" >&2; rm -f $@.tmp; exit 1; }
 	@mv $@.tmp $@
 
 # -- Tests ------------------------------------------------------------------------------

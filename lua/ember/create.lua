@@ -13,7 +13,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
+local FLOAT32, INT64, BOOL = C.EM_FLOAT32, C.EM_INT64, C.EM_BOOL
 local box_t, istype = core.box_t, ffi.istype
 local out = core.out
 local parse_shape, parse_opts = core.parse_shape, core.parse_opts
@@ -23,16 +23,16 @@ local M = {}
 -- -- Helpers ---------------------------------------------------------------------
 local function empty(op, n, shape, dt, dev)
   if C.em_empty(S, shape, n, dt, dev, out) ~= 0 then
-    again(C.em_empty, S, shape, n, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
 
 local function filled(op, value, ...)
   local n, opts, shape = parse_shape(op, false, ...)
-  local dt, dev = parse_opts(op, opts, 0)
+  local dt, dev = parse_opts(op, opts, FLOAT32)
   if C.em_full(S, shape, n, value, dt, dev, out) ~= 0 then
-    again(C.em_full, S, shape, n, value, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -42,14 +42,14 @@ function M.ones(...) return filled('ones', 1, ...) end
 
 function M.empty(...)
   local n, opts, shape = parse_shape('empty', false, ...)
-  local dt, dev = parse_opts('empty', opts, 0)
+  local dt, dev = parse_opts('empty', opts, FLOAT32)
   return empty('empty', n, shape, dt, dev)
 end
 
 local function infer_scalar_dtype(v)
-  if type(v) == 'boolean' then return 7 end
-  if v % 1 == 0 then return 5 end
-  return 0
+  if type(v) == 'boolean' then return BOOL end
+  if v % 1 == 0 then return INT64 end
+  return FLOAT32
 end
 
 function M.full(shape, value, opts)
@@ -61,7 +61,7 @@ function M.full(shape, value, opts)
   if v == nil then raise('full: expected a number or boolean fill value, got ' .. kind(value)) end
   local dt, dev = parse_opts('full', opts, infer_scalar_dtype(value))
   if C.em_full(S, shp, n, v, dt, dev, out) ~= 0 then
-    again(C.em_full, S, shp, n, v, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -104,7 +104,7 @@ local function tensor_from_table(data, opts)
         elseif istype(box_t, v) and tonumber(C.em_tensor_numel(v._h)) == 1 then
           local dt = core.dtype_of(v._h)
           if core.is_float[dt] then has_float = true end
-          if dt == 7 then has_bool = true else has_num = true end
+          if dt == BOOL then has_bool = true else has_num = true end
           v = v:item()
           if type(v) == 'boolean' then v = v and 1 or 0 end
         elseif type(v) == 'cdata' and tonumber(v) then
@@ -120,12 +120,12 @@ local function tensor_from_table(data, opts)
     end
   end
   if ndim > 0 and numel > 0 then walk(data, 1, 'data') end
-  local def = has_float and 0 or (has_num and 5 or (has_bool and 7 or 0))
+  local def = has_float and FLOAT32 or (has_num and INT64 or (has_bool and BOOL or FLOAT32))
   local dt, dev = parse_opts('tensor', opts, def)
   local shp = core.shape_buf2
   for i = 1, ndim do shp[i - 1] = shape[i] end
-  if C.em_from_data(S, shp, ndim, dt, buf, 1, out) ~= 0 then
-    again(C.em_from_data, S, shp, ndim, dt, buf, 1, out)
+  if C.em_from_data(S, shp, ndim, dt, buf, C.EM_FLOAT64, out) ~= 0 then
+    fail()
   end
   local t = wrap(out[0])
   if dev >= 0 then return t:to(core.device_name(dev)) end
@@ -136,7 +136,7 @@ function M.tensor(data, opts)
   if istype(box_t, data) then
     local dt, dev = parse_opts('tensor', opts, core.dtype_of(data._h),
       C.em_tensor_device(data._h))
-    if C.em_to(S, data._h, dt, dev, out) ~= 0 then again(C.em_to, S, data._h, dt, dev, out) end
+    if C.em_to(S, data._h, dt, dev, out) ~= 0 then fail() end
     local h = out[0]
     if h == data._h then  -- same dtype and device: em.tensor copies
       local st = C.em_clone(S, h, out)
@@ -150,7 +150,7 @@ function M.tensor(data, opts)
   if v ~= nil then
     local dt, dev = parse_opts('tensor', opts, infer_scalar_dtype(data))
     if C.em_full(S, nil, 0, v, dt, dev, out) ~= 0 then
-      again(C.em_full, S, nil, 0, v, dt, dev, out)
+      fail()
     end
     return wrap(out[0])
   end
@@ -181,9 +181,9 @@ function M.arange(a, b, c, d)
   elseif #nums == 3 then start, stop, step = nums[1], nums[2], nums[3]
   else raise('arange: expected (stop), (start, stop) or (start, stop, step)') end
   local integral = start % 1 == 0 and stop % 1 == 0 and step % 1 == 0
-  local dt, dev = parse_opts('arange', opts, integral and 5 or 0)
+  local dt, dev = parse_opts('arange', opts, integral and INT64 or FLOAT32)
   if C.em_arange(S, start, stop, step, dt, dev, out) ~= 0 then
-    again(C.em_arange, S, start, stop, step, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -191,9 +191,9 @@ end
 function M.eye(n, m, opts)
   if type(m) ~= 'number' then m, opts = nil, m end
   if type(n) ~= 'number' then raise('eye: expected a size, got ' .. kind(n)) end
-  local dt, dev = parse_opts('eye', opts, 0)
+  local dt, dev = parse_opts('eye', opts, FLOAT32)
   if C.em_eye(S, n, m or n, dt, dev, out) ~= 0 then
-    again(C.em_eye, S, n, m or n, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -201,7 +201,7 @@ end
 -- -- Random ------------------------------------------------------------------------------
 function M.rand(...)
   local n, opts, shape = parse_shape('rand', false, ...)
-  local dt, dev = parse_opts('rand', opts, 0)
+  local dt, dev = parse_opts('rand', opts, FLOAT32)
   local t = empty('rand', n, shape, dt, dev)
   if C.em_uniform_(S, t._h, 0, 1) ~= 0 then fail() end
   return t
@@ -209,7 +209,7 @@ end
 
 function M.randn(...)
   local n, opts, shape = parse_shape('randn', false, ...)
-  local dt, dev = parse_opts('randn', opts, 0)
+  local dt, dev = parse_opts('randn', opts, FLOAT32)
   local t = empty('randn', n, shape, dt, dev)
   if C.em_normal_(S, t._h, 0, 1) ~= 0 then fail() end
   return t
@@ -226,7 +226,7 @@ function M.randint(lo, hi, shape, opts)
     raise('randint: expected a shape (table or number) after the bounds, got ' .. kind(shape))
   end
   local n, _, shp = parse_shape('randint', false, shape)
-  local dt, dev = parse_opts('randint', opts, 5)
+  local dt, dev = parse_opts('randint', opts, INT64)
   local t = empty('randint', n, shp, dt, dev)
   if C.em_randint_(S, t._h, lo, hi) ~= 0 then fail() end
   return t
@@ -261,7 +261,7 @@ end
 function M.zeros_like(t, opts)
   local n, shape, dt, dev = like('zeros_like', t, opts)
   if C.em_full(S, shape, n, 0, dt, dev, out) ~= 0 then
-    again(C.em_full, S, shape, n, 0, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -269,7 +269,7 @@ end
 function M.ones_like(t, opts)
   local n, shape, dt, dev = like('ones_like', t, opts)
   if C.em_full(S, shape, n, 1, dt, dev, out) ~= 0 then
-    again(C.em_full, S, shape, n, 1, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -279,7 +279,7 @@ function M.full_like(t, value, opts)
   local v = core.number_of(value)
   if v == nil then raise('full_like: expected a number fill value, got ' .. kind(value)) end
   if C.em_full(S, shape, n, v, dt, dev, out) ~= 0 then
-    again(C.em_full, S, shape, n, v, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end

@@ -10,6 +10,14 @@ set, else the libember.so next to this tree (build/lua/ember/ -> build/, or
 <prefix>/share/lua/5.1/ember/ -> <prefix>/lib/), else ember/libember.so on
 package.cpath (a luarocks tree), else the system's search path.
 
+This is the one module that touches ffi.C. The others reach the core through
+core.C, the table of ember.h's functions and constants (ember.capi, generated
+from the header: the functions that may allocate tensor memory are wrapped
+there with the collect-and-retry below, so no call site writes it out), and
+the process itself -- the C library, and the functions of lua/host inside the
+ember command -- through core.process, declared by ember.hostdefs (also
+generated: lua/host/ffi_exports.h and the C library as the compiler sees it).
+
 One em_state per Lua state, opened when this module is first required and
 closed when the Lua state closes (a userdata sentinel whose __gc releases every
 live tensor, then the state).
@@ -30,15 +38,11 @@ caching allocator).
 ]]
 local ffi = require 'ffi'
 require 'ember.cdefs'
+require 'ember.hostdefs'
 
 local core = {}
 
-ffi.cdef [[
-typedef struct em_box { em_tensor *_h; int32_t _id; } em_box;
-void *ember_host_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
-void *em_lua_realloc_(void *p, size_t n) __asm__("realloc");
-void em_lua_free_(void *p) __asm__("free");
-]]
+ffi.cdef [[ typedef struct em_box { em_tensor *_h; int32_t _id; } em_box; ]]
 
 -- -- Where this package lives ---------------------------------------------------
 local src = debug.getinfo(1, 'S').source
@@ -71,8 +75,29 @@ local function find_lib()
     'system library path: %s); set EMBER_LIB to its path'):format(dir, tostring(lib)), 0)
 end
 
-local C, libpath = find_lib()
-core.C, core.libpath = C, libpath
+local lib, libpath = find_lib()
+core.libpath = libpath
+core.process = ffi.C
+
+-- The second try of a call that failed (ember.capi's wrappers call it with
+-- the function, its status and its arguments): when it failed because a
+-- device ran out of memory (the allocator raised the pressure flag), Lua's
+-- garbage is collected -- the allocator can't do that from inside the op --
+-- and fn(...) is called once more; its status is returned. Otherwise the
+-- first status is. (A failed op leaves the state as it was, so calling it
+-- again is safe.) S is set below, before any op can run.
+local S, pressure
+local function again(fn, st, ...)
+  pressure = pressure or lib.em_memory_pressure_flag(S)
+  if pressure[0] ~= 0 and core.collect then
+    core.collect()
+    return fn(...)
+  end
+  return st
+end
+
+local C = require('ember.capi')(lib, again)
+core.C = C
 
 -- -- The state ----------------------------------------------------------------------------
 local cfg = ffi.new('em_config')
@@ -115,7 +140,7 @@ if open_status ~= 0 then
   error('ember: could not open the C state: ' .. (open_status == C.EM_ERR_NOMEM and
     'out of memory (the allocator refused the state)' or ffi.string(C.em_errmsg(nil))), 0)
 end
-local S = Sbox[0]
+S = Sbox[0]
 core.S = S
 -- C messages then number dims, list positions and indices from 1, as Lua does.
 C.em_set_index_base(S, 1)
@@ -154,7 +179,6 @@ core.errmsg = errmsg
 -- Raise the state's last error message. When a device ran out of memory, Lua's
 -- garbage is collected first, so the memory of the tensors it no longer
 -- reaches is free when the caller goes on (handles.lua sets core.collect).
-local pressure
 local function fail()
   local msg = errmsg()
   pressure = pressure or C.em_memory_pressure_flag(S)
@@ -162,23 +186,6 @@ local function fail()
   error(msg, blame_level())
 end
 
--- The second try of a call that failed, then its error: when it failed
--- because a device ran out of memory (the allocator raised the pressure flag),
--- Lua's garbage is collected -- the allocator can't do that from inside the op
--- -- and fn(...) is called once more; otherwise, or when that fails too, the
--- error is raised. Ops that make device memory use it as
---   if C.em_op(S, ..., out) ~= 0 then again(C.em_op, S, ..., out) end
--- which costs nothing when the first call succeeds. (A failed op leaves the
--- state as it was, so calling it again is safe.)
-local function again(fn, ...)
-  pressure = pressure or C.em_memory_pressure_flag(S)
-  if pressure[0] ~= 0 and core.collect then
-    core.collect()
-    if fn(...) == 0 then return end
-  end
-  error(errmsg(), blame_level())
-end
-core.again = again
 core.fail = fail
 
 local function check(st)
@@ -197,15 +204,16 @@ end
 core.kind = kind
 
 -- -- Dtypes ----------------------------------------------------------------------------
-local dtype_names = { [0] = 'float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64',
-  'uint8', 'bool' }
-local dtype_ids = {}
-for i = 0, 7 do dtype_ids[dtype_names[i]] = i end
-local aliases = { float = 0, double = 1, half = 2, int = 4, long = 5, byte = 6 }
+-- Ids are em_dtype's values; names and kinds come from the core.
+local dtype_names, dtype_ids, is_float = {}, {}, {}
+for i = 0, C.EM_NUM_DTYPES - 1 do
+  dtype_names[i] = ffi.string(C.em_dtype_name(i))
+  dtype_ids[dtype_names[i]] = i
+  is_float[i] = C.em_dtype_is_floating(i) ~= 0
+end
+local aliases = { float = C.EM_FLOAT32, double = C.EM_FLOAT64, half = C.EM_FLOAT16,
+  int = C.EM_INT32, long = C.EM_INT64, byte = C.EM_UINT8 }
 core.dtype_names, core.dtype_ids = dtype_names, dtype_ids
-core.FLOAT32, core.FLOAT64, core.FLOAT16, core.BFLOAT16 = 0, 1, 2, 3
-core.INT32, core.INT64, core.UINT8, core.BOOL = 4, 5, 6, 7
-local is_float = { [0] = true, true, true, true, false, false, false, false }
 core.is_float = is_float
 
 function core.dtype_id(name, op)

@@ -177,10 +177,10 @@ function M.tostring(t)
     local c, p, want = core.readable(h)
     local ok, res = pcall(function()
       local get
-      if want == 5 then get = function(k) return tonumber(p[k]) end
-      elseif want == 7 then get = function(k) return p[k] ~= 0 end
+      if want == C.EM_INT64 then get = function(k) return tonumber(p[k]) end
+      elseif want == C.EM_BOOL then get = function(k) return p[k] ~= 0 end
       else get = function(k) return p[k] end end
-      return body(shape, get, core.is_float[dt], dt == 7, numel > opts.threshold)
+      return body(shape, get, core.is_float[dt], dt == C.EM_BOOL, numel > opts.threshold)
     end)
     C.em_tensor_release(c)
     if not ok then error(res, 0) end

@@ -47,7 +47,7 @@ local box_t = core.box_t
 local tnew = require 'table.new'
 local rel = C.em_tensor_release
 local mem_allocated = C.em_memory_allocated
-local realloc, cfree = ffi.C.em_lua_realloc_, ffi.C.em_lua_free_
+local realloc, cfree = core.process.em_host_realloc, core.process.em_host_free
 
 local M = {}
 

@@ -10,7 +10,6 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out = core.Tensor, core.H, core.out
 local cdim = core.cdim
@@ -43,7 +42,7 @@ end
 function M.cat(list, dim)
   local buf, n = tensor_list('cat', list)
   local d = cdim('cat', buf[0], dim == nil and 1 or dim)
-  if C.em_cat(S, buf, n, d, out) ~= 0 then again(C.em_cat, S, buf, n, d, out) end
+  if C.em_cat(S, buf, n, d, out) ~= 0 then fail() end
   return wrap(out[0])
 end
 M.concat, M.concatenate = M.cat, M.cat
@@ -52,7 +51,7 @@ M.concat, M.concatenate = M.cat, M.cat
 function M.stack(list, dim)
   local buf, n = tensor_list('stack', list)
   local d = cdim('stack', buf[0], dim == nil and 1 or dim, 1)
-  if C.em_stack(S, buf, n, d, out) ~= 0 then again(C.em_stack, S, buf, n, d, out) end
+  if C.em_stack(S, buf, n, d, out) ~= 0 then fail() end
   return wrap(out[0])
 end
 
@@ -92,7 +91,7 @@ function M.one_hot(labels, n)
     raise('one_hot: number of classes must be an integer, got ' .. kind(n))
   end
   if C.em_one_hot(S, hi, n or -1, 1, out) ~= 0 then
-    again(C.em_one_hot, S, hi, n or -1, 1, out)
+    fail()
   end
   local r = wrap(out[0])
   keep = nil
@@ -105,7 +104,7 @@ M.index_select, M.gather = Tensor.index_select, Tensor.gather
 -- -- Linear algebra ----------------------------------------------------------------------
 function M.matmul(a, b)
   local ha, hb = H(a, 'matmul', 1), H(b, 'matmul', 2)
-  if C.em_matmul(S, ha, hb, out) ~= 0 then again(C.em_matmul, S, ha, hb, out) end
+  if C.em_matmul(S, ha, hb, out) ~= 0 then fail() end
   return wrap(out[0])
 end
 Tensor.matmul = M.matmul

@@ -89,11 +89,11 @@ local function load_core()
 
   -- Wall-clock seconds from a monotonic clock, for timing loops (os.clock counts
   -- CPU time of every thread, which overstates a multi-threaded step).
-  ffi.cdef 'typedef struct { long sec, nsec; } em_lua_timespec; int clock_gettime(int, em_lua_timespec *);'
-  local ts = ffi.new('em_lua_timespec')
+  local libc = core.process
+  local ts = ffi.new('em_host_timespec')
   function em.clock()
-    ffi.C.clock_gettime(1, ts)          -- CLOCK_MONOTONIC
-    return tonumber(ts.sec) + tonumber(ts.nsec) * 1e-9
+    libc.em_host_clock_gettime(libc.EM_HOST_CLOCK_MONOTONIC, ts)
+    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
   end
 
   -- Run a full collection now and hand the memory of dead tensors back to C.

@@ -8,7 +8,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
+local FLOAT32, INT64, BOOL = C.EM_FLOAT32, C.EM_INT64, C.EM_BOOL
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out = core.Tensor, core.H, core.out
 local binop, binop_, unop, number_of = core.binop, core.binop_, core.unop, core.number_of
@@ -16,15 +16,13 @@ local binop, binop_, unop, number_of = core.binop, core.binop_, core.unop, core.
 local M = {}   -- em.* functions defined here
 
 -- -- Unary ------------------------------------------------------------------------
--- Lua names in em_unop order.
+-- Lua names of em_unop's ops (EM_NEG is neg, ...).
 local unops = { 'neg', 'abs', 'exp', 'log', 'sqrt', 'rsqrt', 'sin', 'cos', 'tanh', 'sigmoid',
   'relu', 'gelu', 'silu', 'floor', 'ceil', 'round', 'trunc', 'sign', 'reciprocal', 'square',
   'log1p', 'expm1', 'log2', 'log10', 'tan', 'asin', 'acos', 'atan', 'sinh', 'cosh', 'erf',
   'logical_not' }
-local GELU_TANH = 32
-
-for i, name in ipairs(unops) do
-  local op = i - 1
+for _, name in ipairs(unops) do
+  local op = C['EM_' .. name:upper()]
   local iname = name .. '_'
   Tensor[name] = function(a) return unop(op, name, a) end
   Tensor[iname] = function(a)
@@ -35,8 +33,8 @@ end
 
 -- gelu(approximate): 'none' (erf, the default) or 'tanh'.
 local function gelu_op(name, approximate)
-  if approximate == nil or approximate == 'none' then return 11 end
-  if approximate == 'tanh' then return GELU_TANH end
+  if approximate == nil or approximate == 'none' then return C.EM_GELU end
+  if approximate == 'tanh' then return C.EM_GELU_TANH end
   raise(("%s: approximate must be 'none' or 'tanh', got %s"):format(name, tostring(approximate)))
 end
 function Tensor.gelu(a, approximate) return unop(gelu_op('gelu', approximate), 'gelu', a) end
@@ -47,9 +45,11 @@ end
 Tensor.negative, Tensor.absolute, Tensor.fix = Tensor.neg, Tensor.abs, Tensor.trunc
 
 -- -- Binary -------------------------------------------------------------------------
-local binops = { add = 0, sub = 1, mul = 2, div = 3, pow = 4, maximum = 5, minimum = 6,
-  eq = 7, ne = 8, lt = 9, le = 10, gt = 11, ge = 12, remainder = 13, atan2 = 14,
-  logical_and = 15, logical_or = 16 }
+local binops = {}
+for _, name in ipairs({ 'add', 'sub', 'mul', 'div', 'pow', 'maximum', 'minimum', 'eq', 'ne',
+  'lt', 'le', 'gt', 'ge', 'remainder', 'atan2', 'logical_and', 'logical_or' }) do
+  binops[name] = C['EM_' .. name:upper()]
+end
 local inplace = { mul = true, div = true, pow = true, remainder = true, atan2 = true,
   eq = true, ne = true, lt = true, le = true, gt = true, ge = true,
   logical_and = true, logical_or = true }
@@ -74,7 +74,7 @@ local function add_scaled(name, a, b, alpha)
   end
   if istype(box_t, b) and istype(box_t, a) then
     if C.em_add_scaled(S, a._h, b._h, alpha, out) ~= 0 then
-      again(C.em_add_scaled, S, a._h, b._h, alpha, out)
+      fail()
     end
     return wrap(out[0])
   end
@@ -83,16 +83,16 @@ local function add_scaled(name, a, b, alpha)
     raise(('%s: expected a tensor and a tensor or number, got %s and %s'):format(name,
       kind(a), kind(b)))
   end
-  return binop(0, name, a, s * alpha)
+  return binop(C.EM_ADD, name, a, s * alpha)
 end
 
 function Tensor.add(a, b, alpha)
-  if alpha == nil then return binop(0, 'add', a, b) end
+  if alpha == nil then return binop(C.EM_ADD, 'add', a, b) end
   return add_scaled('add', a, b, alpha)
 end
 
 function Tensor.sub(a, b, alpha)
-  if alpha == nil then return binop(1, 'sub', a, b) end
+  if alpha == nil then return binop(C.EM_SUB, 'sub', a, b) end
   return add_scaled('sub', a, b, -alpha)
 end
 M.add, M.sub = Tensor.add, Tensor.sub
@@ -105,7 +105,7 @@ local function add_scaled_(name, a, b, alpha)
   end
   local s = number_of(b)
   if s == nil then raise(('%s: expected a tensor or a number, got %s'):format(name, kind(b))) end
-  if C.em_binary_scalar_(S, 0, h, s * alpha) ~= 0 then fail() end
+  if C.em_binary_scalar_(S, C.EM_ADD, h, s * alpha) ~= 0 then fail() end
   return a
 end
 
@@ -115,14 +115,14 @@ function Tensor.add_(a, b, alpha)
       if C.em_binary_(S, 0, a._h, b._h) ~= 0 then fail() end
       return a
     end
-    return binop_(0, 'add_', a, b)
+    return binop_(C.EM_ADD, 'add_', a, b)
   end
   if type(alpha) ~= 'number' then raise('add_: alpha must be a number, got ' .. kind(alpha)) end
   return add_scaled_('add_', a, b, alpha)
 end
 
 function Tensor.sub_(a, b, alpha)
-  if alpha == nil then return binop_(1, 'sub_', a, b) end
+  if alpha == nil then return binop_(C.EM_SUB, 'sub_', a, b) end
   if type(alpha) ~= 'number' then raise('sub_: alpha must be a number, got ' .. kind(alpha)) end
   return add_scaled_('sub_', a, b, -alpha)
 end
@@ -134,7 +134,7 @@ function Tensor.clamp(a, lo, hi)
   if type(lo) ~= 'number' or type(hi) ~= 'number' then
     raise(('clamp: bounds must be numbers or nil, got %s and %s'):format(kind(lo), kind(hi)))
   end
-  if C.em_clamp(S, h, lo, hi, out) ~= 0 then again(C.em_clamp, S, h, lo, hi, out) end
+  if C.em_clamp(S, h, lo, hi, out) ~= 0 then fail() end
   return wrap(out[0])
 end
 function Tensor.clamp_(a, lo, hi)
@@ -164,13 +164,13 @@ local function scalar_like(v, other, name, dev)
   local integral = s % 1 == 0
   if other then
     dt = core.dtype_of(other._h)
-    if not core.is_float[dt] and not integral then dt = 0 end
-    if dt == 7 and type(v) ~= 'boolean' then dt = integral and 5 or 0 end
+    if not core.is_float[dt] and not integral then dt = FLOAT32 end
+    if dt == BOOL and type(v) ~= 'boolean' then dt = integral and INT64 or FLOAT32 end
   else
-    dt = type(v) == 'boolean' and 7 or (integral and 5 or 0)
+    dt = type(v) == 'boolean' and BOOL or (integral and INT64 or FLOAT32)
   end
   if C.em_full(S, nil, 0, s, dt, dev, out) ~= 0 then
-    again(C.em_full, S, nil, 0, s, dt, dev, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -184,7 +184,7 @@ function M.where(cond, a, b)
   if not tb then b = scalar_like(b, a, 'where', dev) end
   -- Handles are taken only now: making the scalars above may sweep.
   if C.em_where(S, cond._h, a._h, b._h, out) ~= 0 then
-    again(C.em_where, S, cond._h, a._h, b._h, out)
+    fail()
   end
   return wrap(out[0])
 end

@@ -11,7 +11,6 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out, out2 = core.Tensor, core.H, core.out, core.out2
 
@@ -55,20 +54,20 @@ local function reducer(name, op)
     if type(dim) == 'boolean' and keepdim == nil then dim, keepdim = nil, dim end
     local n = parse_dims(name, h, dim)
     if C.em_reduce(S, op, h, dims_buf, n, check_keepdim(name, keepdim), out) ~= 0 then
-      again(C.em_reduce, S, op, h, dims_buf, n, check_keepdim(name, keepdim), out)
+      fail()
     end
     return wrap(out[0])
   end
 end
 
-Tensor.sum = reducer('sum', 0)
-Tensor.mean = reducer('mean', 1)
-Tensor.prod = reducer('prod', 2)
-Tensor.amax = reducer('amax', 3)
-Tensor.amin = reducer('amin', 4)
-Tensor.logsumexp = reducer('logsumexp', 5)
-Tensor.any = reducer('any', 6)
-Tensor.all = reducer('all', 7)
+Tensor.sum = reducer('sum', C.EM_SUM)
+Tensor.mean = reducer('mean', C.EM_MEAN)
+Tensor.prod = reducer('prod', C.EM_PROD)
+Tensor.amax = reducer('amax', C.EM_AMAX)
+Tensor.amin = reducer('amin', C.EM_AMIN)
+Tensor.logsumexp = reducer('logsumexp', C.EM_LOGSUMEXP)
+Tensor.any = reducer('any', C.EM_ANY)
+Tensor.all = reducer('all', C.EM_ALL)
 
 -- var/std(dim, keepdim) as every reduction of API.md; the correction comes in
 -- an options table as the last argument: {unbiased = false} or {correction = 0}
@@ -124,7 +123,7 @@ function Tensor.norm(a, p, dim, keepdim)
   end
   local n = parse_dims('norm', h, dim)
   if C.em_norm(S, h, p, dims_buf, n, check_keepdim('norm', keepdim), out) ~= 0 then
-    again(C.em_norm, S, h, p, dims_buf, n, check_keepdim('norm', keepdim), out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -136,7 +135,7 @@ local function extreme(name, redop, binop, fn)
     local h = H(a, name, 0)
     if dim == nil then
       if C.em_reduce(S, redop, h, dims_buf, 0, 0, out) ~= 0 then
-        again(C.em_reduce, S, redop, h, dims_buf, 0, 0, out)
+        fail()
       end
       return wrap(out[0])
     end
@@ -150,8 +149,8 @@ local function extreme(name, redop, binop, fn)
     return wrap(v), wrap(i)
   end
 end
-Tensor.max = extreme('max', 3, 5, C.em_max_dim)
-Tensor.min = extreme('min', 4, 6, C.em_min_dim)
+Tensor.max = extreme('max', C.EM_AMAX, C.EM_MAXIMUM, C.em_max_dim)
+Tensor.min = extreme('min', C.EM_AMIN, C.EM_MINIMUM, C.em_min_dim)
 
 local function argext(name, fn)
   return function(a, dim, keepdim)
@@ -172,7 +171,7 @@ local function softmax(name, log)
     local h = H(a, name, 0)
     if dim == nil then raise(name .. ': dim is required (e.g. -1 for the last dim)') end
     if C.em_softmax(S, h, core.cdim(name, h, dim), log, out) ~= 0 then
-      again(C.em_softmax, S, h, core.cdim(name, h, dim), log, out)
+      fail()
     end
     return wrap(out[0])
   end

@@ -11,7 +11,6 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
-local again = core.again
 local box_t, istype = core.box_t, ffi.istype
 local Tensor, H, out = core.Tensor, core.H, core.out
 local cdim, cindex = core.cdim, core.cindex
@@ -146,7 +145,7 @@ end
 -- -- Copies -----------------------------------------------------------------------------
 function Tensor.clone(a)
   if C.em_clone(S, H(a, 'clone', 0), out) ~= 0 then
-    again(C.em_clone, S, H(a, 'clone', 0), out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -162,7 +161,7 @@ end
 
 function Tensor.contiguous(a)
   if C.em_contiguous(S, H(a, 'contiguous', 0), out) ~= 0 then
-    again(C.em_contiguous, S, H(a, 'contiguous', 0), out)
+    fail()
   end
   return same_or_wrap(a, out[0])
 end
@@ -175,7 +174,7 @@ end
 
 -- -- Conversions --------------------------------------------------------------------------
 local function convert(a, name, dt, dev)
-  if C.em_to(S, a._h, dt, dev, out) ~= 0 then again(C.em_to, S, a._h, dt, dev, out) end
+  if C.em_to(S, a._h, dt, dev, out) ~= 0 then fail() end
   return same_or_wrap(a, out[0])
 end
 
@@ -207,8 +206,9 @@ function Tensor.to(a, x, y)
   return convert(a, 'to', dt, dev)
 end
 
-for name, dt in pairs({ float = 0, double = 1, half = 2, bfloat16 = 3, int = 4, long = 5,
-  byte = 6, bool = 7 }) do
+for name, dt in pairs({ float = C.EM_FLOAT32, double = C.EM_FLOAT64, half = C.EM_FLOAT16,
+  bfloat16 = C.EM_BFLOAT16, int = C.EM_INT32, long = C.EM_INT64, byte = C.EM_UINT8,
+  bool = C.EM_BOOL }) do
   Tensor[name] = function(a)
     return convert(a, name, dt, C.em_tensor_device(H(a, name, 0)))
   end
@@ -222,7 +222,7 @@ function Tensor.type(a, dt)
 end
 
 function Tensor.cpu(a)
-  return convert(a, 'cpu', core.dtype_of(H(a, 'cpu', 0)), -1)
+  return convert(a, 'cpu', core.dtype_of(H(a, 'cpu', 0)), C.EM_CPU)
 end
 
 -- cuda([i]): device i (0-based); the error names cuda, not the generic to.
@@ -230,10 +230,7 @@ function Tensor.cuda(a, i)
   local h = H(a, 'cuda', 0)
   local dev = i == nil and 0 or core.device_id(i, 'cuda')
   if C.em_to(S, h, core.dtype_of(h), dev, out) ~= 0 then
-    -- a device short of memory: Lua's garbage first (core.again), then the error
-    if not pcall(again, C.em_to, S, h, core.dtype_of(h), dev, out) then
-      raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
-    end
+    raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
   end
   return same_or_wrap(a, out[0])
 end

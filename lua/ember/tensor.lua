@@ -13,9 +13,10 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.handles'
 local C, S, wrap, fail, raise = core.C, core.S, core.wrap, core.fail, core.raise
-local again = core.again
 local box_t, kind = core.box_t, core.kind
 local istype, tonumber, type = ffi.istype, tonumber, type
+local FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = C.EM_FLOAT32, C.EM_FLOAT64, C.EM_FLOAT16, C.EM_BFLOAT16
+local INT32, INT64, UINT8, BOOL = C.EM_INT32, C.EM_INT64, C.EM_UINT8, C.EM_BOOL
 
 local out = ffi.new('em_tensor*[1]')
 local out2 = ffi.new('em_tensor*[1]')
@@ -40,9 +41,10 @@ core.H = H
 
 -- -- Element access helpers --------------------------------------------------------
 local ptr_ct = {
-  [0] = ffi.typeof('float *'), ffi.typeof('double *'), ffi.typeof('uint16_t *'),
-  ffi.typeof('uint16_t *'), ffi.typeof('int32_t *'), ffi.typeof('int64_t *'),
-  ffi.typeof('uint8_t *'), ffi.typeof('uint8_t *'),
+  [FLOAT32] = ffi.typeof('float *'), [FLOAT64] = ffi.typeof('double *'),
+  [FLOAT16] = ffi.typeof('uint16_t *'), [BFLOAT16] = ffi.typeof('uint16_t *'),
+  [INT32] = ffi.typeof('int32_t *'), [INT64] = ffi.typeof('int64_t *'),
+  [UINT8] = ffi.typeof('uint8_t *'), [BOOL] = ffi.typeof('uint8_t *'),
 }
 core.ptr_ct = ptr_ct
 
@@ -50,11 +52,11 @@ core.ptr_ct = ptr_ct
 -- float16 / bfloat16 bits are converted by C, as every op converts them.
 local function load(h, dt, k)
   local v = ffi.cast(ptr_ct[dt], C.em_tensor_data(h))[k]
-  if dt <= 1 then return v end
-  if dt == 5 then return tonumber(v) end
-  if dt == 7 then return v ~= 0 end
-  if dt == 2 then return C.em_half_to_float(v) end
-  if dt == 3 then return C.em_bfloat16_to_float(v) end
+  if dt == FLOAT32 or dt == FLOAT64 then return v end
+  if dt == INT64 then return tonumber(v) end
+  if dt == BOOL then return v ~= 0 end
+  if dt == FLOAT16 then return C.em_half_to_float(v) end
+  if dt == BFLOAT16 then return C.em_bfloat16_to_float(v) end
   return v
 end
 core.load = load
@@ -63,9 +65,9 @@ core.load = load
 -- caller has called em_tensor_bump_version.
 local function store(h, dt, k, v)
   local p = ffi.cast(ptr_ct[dt], C.em_tensor_data(h))
-  if dt == 2 then p[k] = C.em_float_to_half(v)
-  elseif dt == 3 then p[k] = C.em_float_to_bfloat16(v)
-  elseif dt == 7 then p[k] = v ~= 0 and 1 or 0
+  if dt == FLOAT16 then p[k] = C.em_float_to_half(v)
+  elseif dt == BFLOAT16 then p[k] = C.em_float_to_bfloat16(v)
+  elseif dt == BOOL then p[k] = v ~= 0 and 1 or 0
   else p[k] = v end
 end
 
@@ -141,7 +143,7 @@ local function binop(op, name, a, b)
   if istype(box_t, a) then
     if istype(box_t, b) then
       if C.em_binary(S, op, a._h, b._h, out) ~= 0 then
-        again(C.em_binary, S, op, a._h, b._h, out)
+        fail()
       end
       return wrap(out[0])
     end
@@ -150,7 +152,7 @@ local function binop(op, name, a, b)
       raise(('%s: expected a tensor or a number, got %s'):format(name, kind(b)))
     end
     if C.em_binary_scalar(S, op, a._h, s, 0, out) ~= 0 then
-      again(C.em_binary_scalar, S, op, a._h, s, 0, out)
+      fail()
     end
     return wrap(out[0])
   end
@@ -160,7 +162,7 @@ local function binop(op, name, a, b)
       kind(a), kind(b)))
   end
   if C.em_binary_scalar(S, op, b._h, s, 1, out) ~= 0 then
-    again(C.em_binary_scalar, S, op, b._h, s, 1, out)
+    fail()
   end
   return wrap(out[0])
 end
@@ -183,7 +185,7 @@ core.binop_ = binop_
 
 local function unop(op, name, a)
   if not istype(box_t, a) then H(a, name, 1) end
-  if C.em_unary(S, op, a._h, out) ~= 0 then again(C.em_unary, S, op, a._h, out) end
+  if C.em_unary(S, op, a._h, out) ~= 0 then fail() end
   return wrap(out[0])
 end
 core.unop = unop
@@ -214,13 +216,15 @@ mt.__len = function(t)
   return tonumber(C.em_tensor_size(h, 0))
 end
 
-mt.__add = function(a, b) return binop(0, 'add', a, b) end
-mt.__sub = function(a, b) return binop(1, 'sub', a, b) end
-mt.__mul = function(a, b) return binop(2, 'mul', a, b) end
-mt.__div = function(a, b) return binop(3, 'div', a, b) end
-mt.__pow = function(a, b) return binop(4, 'pow', a, b) end
-mt.__mod = function(a, b) return binop(13, 'remainder', a, b) end
-mt.__unm = function(a) return unop(0, 'neg', a) end
+local EM_ADD, EM_SUB, EM_MUL, EM_DIV = C.EM_ADD, C.EM_SUB, C.EM_MUL, C.EM_DIV
+local EM_POW, EM_REMAINDER, EM_NEG = C.EM_POW, C.EM_REMAINDER, C.EM_NEG
+mt.__add = function(a, b) return binop(EM_ADD, 'add', a, b) end
+mt.__sub = function(a, b) return binop(EM_SUB, 'sub', a, b) end
+mt.__mul = function(a, b) return binop(EM_MUL, 'mul', a, b) end
+mt.__div = function(a, b) return binop(EM_DIV, 'div', a, b) end
+mt.__pow = function(a, b) return binop(EM_POW, 'pow', a, b) end
+mt.__mod = function(a, b) return binop(EM_REMAINDER, 'remainder', a, b) end
+mt.__unm = function(a) return unop(EM_NEG, 'neg', a) end
 mt.__tostring = function(t) return require('ember.format').tostring(t) end
 mt.__concat = function(a, b)
   return (istype(box_t, a) and tostring(a) or a) .. (istype(box_t, b) and tostring(b) or b)
@@ -269,12 +273,12 @@ local ibox = ffi.new('int64_t[1]')
 function Tensor.item(t)
   local h = H(t, 'item', 0)
   local dt = core.dtype_of(h)
-  if dt == 5 or dt == 4 then
+  if dt == INT64 or dt == INT32 then
     if C.em_tensor_item_int(S, h, ibox) ~= 0 then fail() end
     return tonumber(ibox[0])
   end
   if C.em_tensor_item(S, h, dbox) ~= 0 then fail() end
-  if dt == 7 then return dbox[0] ~= 0 end
+  if dt == BOOL then return dbox[0] ~= 0 end
   return dbox[0]
 end
 
@@ -282,8 +286,8 @@ end
 -- for integers, uint8 for bool. Returns handle (owned), typed data pointer.
 function core.readable(h)
   local dt = core.dtype_of(h)
-  local want = core.is_float[dt] and 1 or (dt == 7 and 7 or 5)
-  if C.em_to(S, h, want, -1, out) ~= 0 then again(C.em_to, S, h, want, -1, out) end
+  local want = core.is_float[dt] and FLOAT64 or (dt == BOOL and BOOL or INT64)
+  if C.em_to(S, h, want, C.EM_CPU, out) ~= 0 then fail() end
   local a = out[0]
   local st = C.em_contiguous(S, a, out)
   C.em_tensor_release(a)

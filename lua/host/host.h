@@ -8,6 +8,8 @@
 #include <lua.h>
 #include <stddef.h>
 
+#include "ffi_exports.h"   /* what the Lua layer calls here: alloc.c, luamap.c */
+
 /* luaopen.c */
 int luaopen_ember(lua_State *L);
 /* Puts the ember Lua directories (beside the executable, then the install
@@ -15,9 +17,6 @@ int luaopen_ember(lua_State *L);
 void ember_host_paths(lua_State *L);
 /* The directory of the running executable (static buffer; "" if unknown). */
 const char *ember_host_exe_dir(void);
-
-/* alloc.c: em_config.alloc for the host (per-thread caches of small blocks). */
-void *ember_host_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 
 /* main.c: run the function below the nargs arguments on the stack in protected
 ** mode with a traceback handler and Ctrl-C armed; returns the lua_pcall status

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "ember.h"
+#include "ffi_exports.h"
 
 typedef struct luamap_slot {
   pthread_mutex_t mu;
@@ -48,12 +49,6 @@ typedef struct ember_luamap {
   luamap_slot **slots;
   int nslots;
 } ember_luamap;
-
-void *ember_luamap_new(const char *blob, size_t len, const char *path, const char *cpath);
-int ember_luamap_call(void *ud, int worker, uint64_t seed, em_tensor **fields, int nfields,
-                      char *err, size_t errlen);
-void ember_luamap_release(void *ud);
-int ember_luamap_live(void);
 
 /* Worker states open in the process, for tests (a dropped loader and dataset
 ** must close theirs). */

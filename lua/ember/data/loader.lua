@@ -31,7 +31,6 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local C, S, wrap, raise = core.C, core.S, core.wrap, core.raise
 
-pcall(ffi.cdef, 'int isatty(int fd);')
 ffi.cdef [[ typedef struct em_ldbox { em_loader *_h; } em_ldbox; ]]
 -- The box's finalizer frees the loader (stopping its threads): see data.lua, Lifetime.
 local free_loader = require('ember.data')._releaser(C.em_loader_free)
@@ -44,8 +43,7 @@ Loader.__index = Loader
 local function now() return require('ember').clock() end
 
 local function is_tty()
-  local ok, r = pcall(function() return ffi.C.isatty(1) end)
-  return ok and r == 1
+  return core.process.em_host_isatty(1) == 1
 end
 
 local function nproc()

@@ -34,22 +34,14 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local C, S, raise = core.C, core.S, core.raise
 
-ffi.cdef [[
-void *ember_luamap_new(const char *blob, size_t len, const char *path, const char *cpath);
-int ember_luamap_call(void *ud, int worker, em_tensor **fields, int nfields, char *err,
-                      size_t errlen);
-void ember_luamap_release(void *ud);
-int ember_luamap_live(void);
-]]
-
 local M = {}
 
 -- -- The C functions: in the process (the ember command), else libember_lua.so ---
 local lib
 local function luamap_lib()
   if lib then return lib end
-  if pcall(function() return ffi.C.ember_luamap_new end) then
-    lib = ffi.C
+  if pcall(function() return core.process.ember_luamap_new end) then
+    lib = core.process
     return lib
   end
   local tried = {}

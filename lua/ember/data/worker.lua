@@ -99,8 +99,8 @@ local shape0 = ffi.new('int64_t[1]')
 local function scalar(v)
   if v % 1 == 0 and v >= -2 ^ 63 and v < 2 ^ 63 then
     i64[0] = v
-    if C.em_from_data(S, shape0, 0, core.INT64, i64, core.INT64, out) ~= 0 then core.fail() end
-  elseif C.em_full(S, shape0, 0, v, core.FLOAT32, -1, out) ~= 0 then
+    if C.em_from_data(S, shape0, 0, C.EM_INT64, i64, C.EM_INT64, out) ~= 0 then core.fail() end
+  elseif C.em_full(S, shape0, 0, v, C.EM_FLOAT32, C.EM_CPU, out) ~= 0 then
     core.fail()
   end
   return wrap(out[0])

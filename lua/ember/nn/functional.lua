@@ -10,11 +10,6 @@ local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
 local C, S, wrap, fail, raise, kind = core.C, core.S, core.wrap, core.fail, core.raise, core.kind
--- An op's C call; when a device ran short of memory, Lua's garbage is collected
--- and the call made once more before its error is raised (core.again).
-local function call(fn, ...)
-  if fn(...) ~= 0 then core.again(fn, ...) end
-end
 local H, box_t, istype = core.H, core.box_t, ffi.istype
 
 local F = {}
@@ -50,7 +45,7 @@ function F.linear(x, w, b)
   local hx, hw = H(x, 'linear', 1), H(w, 'linear', 2)
   local hb = nil
   if b ~= nil then hb = H(b, 'linear', 3) end
-  if C.em_linear(S, hx, hw, hb, o1) ~= 0 then core.again(C.em_linear, S, hx, hw, hb, o1) end
+  if C.em_linear(S, hx, hw, hb, o1) ~= 0 then fail() end
   return wrap(o1[0])
 end
 
@@ -77,9 +72,9 @@ end
 function F.conv2d(x, w, b, stride, padding, dilation, groups)
   local hx, hw = H(x, 'conv2d', 1), H(w, 'conv2d', 2)
   local hb = b ~= nil and H(b, 'conv2d', 3) or nil
-  call(C.em_conv2d, S, hx, hw, hb, pair('conv2d', 'stride', stride, ps, 1),
+  if C.em_conv2d(S, hx, hw, hb, pair('conv2d', 'stride', stride, ps, 1),
       pair('conv2d', 'padding', padding, pp, 0), pair('conv2d', 'dilation', dilation, pd, 1),
-      groups or 1, o1)
+      groups or 1, o1) ~= 0 then fail() end
   return wrap(o1[0])
 end
 
@@ -95,9 +90,9 @@ end
 
 function F.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad)
   local hx = H(x, 'avg_pool2d', 1)
-  call(C.em_avg_pool2d, S, hx, pair('avg_pool2d', 'kernel_size', kernel, pk),
+  if C.em_avg_pool2d(S, hx, pair('avg_pool2d', 'kernel_size', kernel, pk),
       pair('avg_pool2d', 'stride', stride, ps), pair('avg_pool2d', 'padding', padding, pp, 0),
-      ceil_mode and 1 or 0, count_include_pad == false and 0 or 1, o1)
+      ceil_mode and 1 or 0, count_include_pad == false and 0 or 1, o1) ~= 0 then fail() end
   return wrap(o1[0])
 end
 
@@ -121,7 +116,7 @@ function F.cross_entropy(input, target, opts)
   local r = reduction_of('cross_entropy', opts.reduction)
   local ls, ign = opts.label_smoothing or 0, opts.ignore_index or -100
   local hx, ht = H(input, 'cross_entropy', 1), H(target, 'cross_entropy', 2)
-  call(C.em_cross_entropy, S, hx, ht, 1, ign, ls, r, o1, nil)
+  if C.em_cross_entropy(S, hx, ht, 1, ign, ls, r, o1, nil) ~= 0 then fail() end
   return wrap(o1[0])
 end
 
@@ -138,15 +133,17 @@ end
 function F.mse_loss(input, target, opts)
   opts = opts_of('mse_loss', opts)
   local r = reduction_of('mse_loss', opts.reduction)
-  call(C.em_mse_loss, S, H(input, 'mse_loss', 1), H(target, 'mse_loss', 2), r, o1)
+  if C.em_mse_loss(S, H(input, 'mse_loss', 1), H(target, 'mse_loss', 2), r, o1) ~= 0 then
+    fail()
+  end
   return wrap(o1[0])
 end
 
 function F.binary_cross_entropy_with_logits(input, target, opts)
   opts = opts_of('binary_cross_entropy_with_logits', opts)
   local r = reduction_of('binary_cross_entropy_with_logits', opts.reduction)
-  call(C.em_bce_with_logits, S, H(input, 'binary_cross_entropy_with_logits', 1),
-      H(target, 'binary_cross_entropy_with_logits', 2), r, o1)
+  if C.em_bce_with_logits(S, H(input, 'binary_cross_entropy_with_logits', 1),
+      H(target, 'binary_cross_entropy_with_logits', 2), r, o1) ~= 0 then fail() end
   return wrap(o1[0])
 end
 
@@ -171,8 +168,8 @@ function F.layer_norm(x, shape, w, b, eps)
   if type(shape) == 'number' then shape = { shape } end
   local nd = #shape
   local h = H(x, 'layer_norm', 1)
-  call(C.em_layer_norm, S, h, nd, w ~= nil and H(w, 'layer_norm', 3) or nil,
-      b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil)
+  if C.em_layer_norm(S, h, nd, w ~= nil and H(w, 'layer_norm', 3) or nil,
+      b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil) ~= 0 then fail() end
   return wrap(o1[0])
 end
 
