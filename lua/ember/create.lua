@@ -128,7 +128,7 @@ local function tensor_from_table(data, opts)
     fail()
   end
   local t = wrap(out[0])
-  if dev >= 0 then return t:to(core.device_name(dev)) end
+  if dev ~= -1 then return t:to(core.device_name(dev)) end
   return t
 end
 

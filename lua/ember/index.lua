@@ -62,7 +62,7 @@ local function index_arg(op, idx, dev)
   if type(idx) == 'number' then idx = { idx } end
   if type(idx) == 'table' then
     local t = require('ember.create').tensor(idx, { dtype = 'int64' })
-    if dev >= 0 then t = t:cuda(dev) end
+    if dev ~= -1 then t = t:to(core.device_name(dev)) end
     return t._h, t
   end
   raise(('%s: expected an index tensor or a list of indices, got %s'):format(op, kind(idx)))

@@ -90,7 +90,7 @@ local function index_get(t, i)
   local n = C.em_tensor_ndim(h)
   if n == 0 then raise("index: can't index a 0-D tensor (use item())") end
   local j = cindex('index', i, tonumber(C.em_tensor_size(h, 0)), 1, h)
-  if n == 1 and C.em_tensor_device(h) < 0 then
+  if n == 1 and C.em_tensor_device(h) == -1 then
     return load(h, core.dtype_of(h), j * C.em_tensor_stride(h, 0))
   end
   if C.em_select(S, h, 0, j, out) ~= 0 then fail() end
@@ -109,7 +109,7 @@ local function index_set(t, i, v)
     -- the version bump every in-place write makes (a backward that saved t
     -- then fails). A tracked one takes the general path below, which refuses
     -- in grad mode with fill_'s message, as it does for any other shape.
-    if n == 1 and C.em_tensor_device(h) < 0 and C.em_tensor_requires_grad(h) == 0 then
+    if n == 1 and C.em_tensor_device(h) == -1 and C.em_tensor_requires_grad(h) == 0 then
       if C.em_tensor_bump_version(S, h, 'index') ~= 0 then fail() end
       store(h, core.dtype_of(h), j * C.em_tensor_stride(h, 0), v)
       return

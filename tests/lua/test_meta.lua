@@ -53,6 +53,20 @@ H.test('reading a meta tensor is an error; printing shows its shape', function()
   H.eq(c.device, 'meta', 'a CPU tensor moves to meta')
 end)
 
+H.test('the Lua layer keeps meta tensors on meta: literals, indexing, index lists, loaders', function()
+  local t = em.tensor({ 1, 2, 3 }, { device = 'meta' })
+  H.eq(t.device, 'meta', 'em.tensor with device meta')
+  local ok, err = pcall(function() return t[2] end)
+  H.check(not ok and err:find('meta tensor'), 'reading an element is an error: ' .. tostring(err))
+  t[2] = 5                                   -- a write with nothing to write to
+  H.eq(t.device, 'meta')
+  local v = em.zeros(4, 3, { device = 'meta' }):index_select(1, { 1, 3 })
+  H.eq(v.device, 'meta'); H.eq(v:size()[1], 2, 'an index list goes to the tensor\'s device')
+  local ds = em.data.tensors(em.zeros(8, 2))
+  ok, err = pcall(function() return em.data.loader(ds, { batch_size = 4, device = 'meta' }) end)
+  H.check(not ok and err:find('meta'), 'a loader onto meta is refused: ' .. tostring(err))
+end)
+
 -- The tensor bytes of one training step, from the start of the forward.
 local function step_peak(device)
   em.manual_seed(1)

@@ -68,6 +68,10 @@ function Loader.new(ds, o)
   end
   local device = o.device or 'cpu'
   local dev = core.device_id(device, 'loader')
+  if dev == -2 then
+    raise("loader: device 'meta' has no data for batches; load on the CPU and move " ..
+      "the model's inputs with :to('meta')")
+  end
   if dev >= 0 then device = core.device_name(dev) end
   local pin = o.pin_memory and true or false
   local ahead = o.device_prefetch == nil and -1 or o.device_prefetch

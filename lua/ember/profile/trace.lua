@@ -76,7 +76,7 @@ function M.part(p, rank, zero)
         for d = 0, math.min(e.ndim, 8) - 1 do dims[#dims + 1] = tostring(tonumber(e.sizes[d])) end
         args = fmt('{"shape":"[%s]","dtype":"%s","device":"%s"}', table.concat(dims, ','),
                    ffi.string(core.C.em_dtype_name(e.dtype)),
-                   e.device < 0 and 'cpu' or ('cuda:' .. e.device))
+                   core.device_name(e.device))
       elseif k == K.COLLECTIVE then
         args = fmt('{"bytes":%d,"waiting_for_peers_us":%.3f,"replicas":%d,"seq":%d}',
                    tonumber(e.bytes), e.wait * 1e6, tonumber(e.arg0), tonumber(e.flow))
