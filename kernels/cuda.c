@@ -12,6 +12,7 @@
 ** number >= 0, so a CPU-only script pays nothing.
 */
 #include "cuda.h"
+#include "dnn.h"
 #include "emu/grid.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@ static void close_all(em_state *S, emk_cuda *c) {
   if (c->rt) emk_pinned_collect(c);
   pthread_mutex_destroy(&c->pinned_mu);
   if (c->rt) c->rt->ops->close(c->rt);
+  emk_algo_cache_free(c->algos);
   emi_free(S, c, sizeof *c);
 }
 
@@ -81,6 +83,7 @@ static em_status open_devices(em_state *S, void **ctx, char *why, size_t whylen)
   pthread_mutex_init(&c->pinned_mu, NULL);
   c->rt = rt;
   c->emulated = emulated;
+  c->algos = emk_algo_cache_new();       /* NULL: convolutions choose every time */
   emk_alloc_config acfg = {.oom_hook = oom_hook, .pressure_hook = pressure_hook,
                            .hook_ud = S};
   emi_host_allocator(S, &acfg.host_alloc, &acfg.host_ud);

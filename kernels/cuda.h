@@ -28,6 +28,7 @@ typedef struct emk_cuda {
   emk_alloc *alloc;
   int ndev, emulated;
   emk_cuda_device *dev[EMK_MAX_DEVICES];
+  struct emk_algo_cache *algos;  /* convolution algorithms by geometry (algo_cache.c) */
   pthread_mutex_t pinned_mu;     /* guards pinned_dead */
   void *pinned_dead;             /* pinned blocks to give back (pinned.c) */
 } emk_cuda;

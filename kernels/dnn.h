@@ -36,11 +36,19 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
                                   const em_tensor *mean, const em_tensor *invstd,
                                   const em_tensor *w, int training);
 
-/* -- The algorithm cache (k_dnn.c) ---------------------------------------------------
-** One algorithm per (runtime, device, direction, dtype, geometry), picked at the
-** first convolution of that key. Counters since the process started. */
+/* -- The algorithm cache (algo_cache.c) ----------------------------------------------
+** One algorithm per (device, direction, dtype, geometry), picked at the first
+** convolution of that key, in the state's CUDA context. Counters since the
+** context opened. */
 typedef struct emk_dnn_cache_stats { uint64_t hits, misses, entries; } emk_dnn_cache_stats;
-void emk_dnn_cache_stats_get(emk_dnn_cache_stats *out);
+typedef struct emk_algo_cache emk_algo_cache;
+emk_algo_cache *emk_algo_cache_new(void);                /* NULL: out of memory */
+void emk_algo_cache_free(emk_algo_cache *c);
+int emk_algo_cache_find(emk_algo_cache *c, int dev, const emk_conv_desc *desc,
+                        emk_conv_algo *out);              /* 1: a hit, into out */
+void emk_algo_cache_put(emk_algo_cache *c, int dev, const emk_conv_desc *desc,
+                        const emk_conv_algo *pick);
+void emk_algo_cache_stats(const emk_algo_cache *c, emk_dnn_cache_stats *out);
 
 /* -- Math modes ------------------------------------------------------------------------
 ** cuDNN's heuristics rank each algorithm under a math mode (runtime.h's EMK_MATH_*,

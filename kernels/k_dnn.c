@@ -290,96 +290,17 @@ static const char *conv_what(em_state *S, const emk_conv_desc *c, char *buf, siz
   return buf;
 }
 
-/* -- The algorithm cache ------------------------------------------------------------------ */
+/* -- Choosing an algorithm ------------------------------------------------------------ */
 
-enum { CACHE_MAX = 4096, ALGO_LIST = 16 };
+enum { ALGO_LIST = 16 };
 static const size_t WS_LIMIT = (size_t)1 << 30;
-
-typedef struct algo_key {
-  const emk_runtime *rt;
-  const void *ops;                /* the runtime's kind: a runtime closed and another
-                                  ** opened at its address is not taken for it */
-  int dev;
-  emk_conv_desc c;
-} algo_key;
-
-typedef struct algo_entry {
-  algo_key key;
-  emk_conv_algo pick;
-} algo_entry;
-
-static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
-static algo_entry *cache_v;
-static size_t cache_len, cache_cap;
-static uint64_t cache_hits, cache_misses;
-
-void emk_dnn_cache_stats_get(emk_dnn_cache_stats *out) {
-  pthread_mutex_lock(&cache_mu);
-  out->hits = cache_hits;
-  out->misses = cache_misses;
-  out->entries = cache_len;
-  pthread_mutex_unlock(&cache_mu);
-}
-
-static void key_of(algo_key *k, emi_device *d, const emk_conv_desc *c) {
-  memset(k, 0, sizeof *k);        /* padding too: keys are compared with memcmp */
-  k->rt = rt_of(d);
-  k->ops = k->rt->ops;
-  k->dev = d->index;
-  k->c.dir = c->dir;
-  k->c.dtype = c->dtype;
-  k->c.allow_tf32 = c->allow_tf32;
-  k->c.N = c->N, k->c.C = c->C, k->c.H = c->H, k->c.W = c->W, k->c.O = c->O;
-  k->c.kH = c->kH, k->c.kW = c->kW, k->c.OH = c->OH, k->c.OW = c->OW;
-  k->c.sH = c->sH, k->c.sW = c->sW, k->c.pH = c->pH, k->c.pW = c->pW;
-  k->c.dH = c->dH, k->c.dW = c->dW, k->c.G = c->G;
-}
-
-/* 1 and *out when key is cached (a hit); counts a miss otherwise. */
-static int cache_find(const algo_key *k, emk_conv_algo *out) {
-  int found = 0;
-  pthread_mutex_lock(&cache_mu);
-  for (size_t i = cache_len; i-- > 0;)
-    if (!memcmp(&cache_v[i].key, k, sizeof *k)) {
-      *out = cache_v[i].pick;
-      found = 1;
-      break;
-    }
-  if (found) cache_hits++;
-  else cache_misses++;
-  pthread_mutex_unlock(&cache_mu);
-  return found;
-}
-
-/* Remembers a pick; a full table starts over (a process cycling through more
-** shapes than that pays the choice again, nothing worse). */
-static void cache_put(const algo_key *k, const emk_conv_algo *pick) {
-  pthread_mutex_lock(&cache_mu);
-  if (cache_len == cache_cap) {
-    size_t cap = cache_cap ? cache_cap * 2 : 64;
-    if (cap > CACHE_MAX) cap = CACHE_MAX;
-    if (cache_len == cap) {
-      cache_len = 0;
-    } else {
-      algo_entry *v = (algo_entry *)realloc(cache_v, cap * sizeof *v);
-      if (!v) { pthread_mutex_unlock(&cache_mu); return; }   /* simply not cached */
-      cache_v = v;
-      cache_cap = cap;
-    }
-  }
-  cache_v[cache_len].key = *k;
-  cache_v[cache_len].pick = *pick;
-  cache_len++;
-  pthread_mutex_unlock(&cache_mu);
-}
 
 /* The algorithm for c on d: cached, or chosen now from the runtime's list. */
 static em_status pick_algo(emi_device *d, const char *op, const emk_conv_desc *c,
                            emk_conv_algo *out) {
   emk_runtime *rt = rt_of(d);
-  algo_key k;
-  key_of(&k, d, c);
-  if (cache_find(&k, out)) return EM_OK;
+  emk_algo_cache *cache = emk_dev(d)->cuda->algos;
+  if (cache && emk_algo_cache_find(cache, d->index, c, out)) return EM_OK;
   emk_conv_algo list[ALGO_LIST];
   int n = 0;
   em_status st = rt->ops->conv_algos(rt, d->index, c, list, ALGO_LIST, &n);
@@ -398,7 +319,7 @@ static em_status pick_algo(emi_device *d, const char *op, const emk_conv_desc *c
     if (list[i].workspace < list[least].workspace) least = i;
   }
   *out = list[best >= 0 ? best : least];
-  cache_put(&k, out);
+  if (cache) emk_algo_cache_put(cache, d->index, c, out);
   return EM_OK;
 }
 

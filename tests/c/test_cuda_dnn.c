@@ -369,16 +369,16 @@ static void test_algo_cache(em_state *S) {
   emk_dnn_cache_stats a, b, c, e;
   emk_plan_cache_stats pa, pb;
   int plans = !emulated && emk_real_conv_plans;
-  emk_dnn_cache_stats_get(&a);
+  emk_algo_cache_stats(emk_ctx(S)->algos, &a);
   REQUIRE_OK(S, em_conv2d(S, dx, dw, NULL, s, p, d, 1, &y1));
   if (plans) plans = emk_real_conv_plans(emk_ctx(S)->rt, &pa) == 0;
-  emk_dnn_cache_stats_get(&b);
+  emk_algo_cache_stats(emk_ctx(S)->algos, &b);
   CHECK(b.misses == a.misses + 1 && b.hits == a.hits, "first call: a miss (%llu -> %llu "
         "misses, %llu -> %llu hits)", (unsigned long long)a.misses,
         (unsigned long long)b.misses, (unsigned long long)a.hits, (unsigned long long)b.hits);
   CHECK(b.entries == a.entries + 1, "one entry more");
   REQUIRE_OK(S, em_conv2d(S, dx, dw, NULL, s, p, d, 1, &y2));
-  emk_dnn_cache_stats_get(&c);
+  emk_algo_cache_stats(emk_ctx(S)->algos, &c);
   CHECK(c.hits == b.hits + 1 && c.misses == b.misses, "second call of the shape: a hit");
   if (plans) {              /* cuDNN's descriptors: built once per geometry */
     CHECK(emk_real_conv_plans(emk_ctx(S)->rt, &pb) == 0 && pb.hits == pa.hits + 1 &&
@@ -392,7 +392,7 @@ static void test_algo_cache(em_state *S) {
   REQUIRE_OK(S, em_conv2d_backward(S, gy, dx, dw, s, p, d, 1, &gx, &gw, NULL));
   em_tensor_release(gx), em_tensor_release(gw);
   REQUIRE_OK(S, em_conv2d_backward(S, gy, dx, dw, s, p, d, 1, &gx, &gw, NULL));
-  emk_dnn_cache_stats_get(&e);
+  emk_algo_cache_stats(emk_ctx(S)->algos, &e);
   CHECK(e.misses == c.misses + 2 && e.hits == c.hits + 2, "backward: 2 misses then 2 hits "
         "(%llu misses, %llu hits)", (unsigned long long)(e.misses - c.misses),
         (unsigned long long)(e.hits - c.hits));
@@ -476,11 +476,11 @@ static void test_conv_tf32(em_state *S) {
   REQUIRE_OK(S, em_conv2d(S, x, w, NULL, s, p, d, 1, &y));
   REQUIRE_OK(S, em_conv2d(S, dx, dw, NULL, s, p, d, 1, &dy));
   emk_dnn_cache_stats a, b;
-  emk_dnn_cache_stats_get(&a);
+  emk_algo_cache_stats(emk_ctx(S)->algos, &a);
   em_cuda_set_allow_tf32(S, 1);
   em_status st = em_conv2d(S, dx, dw, NULL, s, p, d, 1, &dy2);
   em_cuda_set_allow_tf32(S, 0);
-  emk_dnn_cache_stats_get(&b);
+  emk_algo_cache_stats(emk_ctx(S)->algos, &b);
   if (CHECK_OK(S, st)) {
     CHECK(b.misses == a.misses + 1, "TF32 is a key of its own");
     same(S, "conv2d with TF32", y, dy2, emulated ? tol_of(EM_FLOAT32) : 5e-3);
