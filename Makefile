@@ -101,10 +101,13 @@ CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 # warnings as errors and any register spill in our kernels an error (ptxas).
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 # The fuzzing build tests the parsers: no CUDA kernels (the fatbin table is empty);
-# the emulator's objects come from clang++.
+# the emulator's objects come from clang++, without UBSan's function check, whose
+# type info needs the C++ runtime that libember's C link does not bring (the
+# kernels are called from C anyway).
 ifeq ($(SANITIZE),fuzz)
 NVCC :=
 CXX := clang++
+KERNEL_CXXSAN := -fno-sanitize=function
 endif
 NVCC_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90
@@ -112,7 +115,8 @@ NVCC_FLAGS := -x cu -std=c++17 $(NVCC_ARCH) -Werror all-warnings \
               -Xptxas -warn-spills -Xptxas -Werror -Icore/include -Icore -Ikernels
 # gnu++17 as the core's gnu11: the same floating-point contraction, so the
 # emulator's results are the same bits as from C.
-KERNEL_CXXFLAGS := $(filter-out -std=gnu11,$(CFLAGS)) -std=gnu++17 -fno-exceptions -fno-rtti
+KERNEL_CXXFLAGS := $(filter-out -std=gnu11,$(CFLAGS)) $(KERNEL_CXXSAN) -std=gnu++17 \
+                   -fno-exceptions -fno-rtti
 KERNEL_SRC := $(wildcard kernels/k_*.cu)
 KERNEL_FATBIN := $(if $(NVCC),$(KERNEL_SRC:kernels/%.cu=$(BUILD)/kernels/%.fatbin))
 CORE_OBJ += $(KERNEL_SRC:%=$(BUILD)/obj/%.o)

@@ -1,7 +1,7 @@
 /*
-** k_copy_args.h -- what the fill and strided copy kernel (k_copy.cu) and its C launchers
-** (k_copy.c) share: the argument struct, the launch sizes and the kernel's
-** descriptor. Included by C and C++ alike.
+** k_copy_args.h -- what the fill and strided copy kernel (k_copy.cu) and its C
+** launchers (k_copy.c) share: the argument struct, the launch sizes and the
+** kernel's descriptor. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_COPY_ARGS_H
 #define EMBER_KERNELS_K_COPY_ARGS_H

@@ -1,6 +1,6 @@
 /*
-** k_dnn_args.h -- what the pooling and evaluation batch norm kernels (k_dnn.cu) and the nn
-** entries (k_dnn.c) share: the argument structs, the launch sizes and the
+** k_dnn_args.h -- what the pooling and evaluation batch norm kernels (k_dnn.cu) and
+** the nn entries (k_dnn.c) share: the argument structs, the launch sizes and the
 ** kernels' descriptors. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_DNN_ARGS_H

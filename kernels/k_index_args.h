@@ -1,7 +1,7 @@
 /*
-** k_index_args.h -- what the indexing kernels (k_index.cu) and their C launchers (k_index.c)
-** share: the argument struct, the launch sizes and the kernels' descriptors.
-** Included by C and C++ alike.
+** k_index_args.h -- what the indexing kernels (k_index.cu) and their C launchers
+** (k_index.c) share: the argument struct, the launch sizes and the kernels'
+** descriptors. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_INDEX_ARGS_H
 #define EMBER_KERNELS_K_INDEX_ARGS_H

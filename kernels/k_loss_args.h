@@ -1,7 +1,7 @@
 /*
-** k_loss_args.h -- what the loss kernels (k_loss.cu) and their C launchers (k_loss.c) share:
-** the argument structs, the launch sizes and the kernels' descriptors. Included
-** by C and C++ alike.
+** k_loss_args.h -- what the loss kernels (k_loss.cu) and their C launchers
+** (k_loss.c) share: the argument structs, the launch sizes and the kernels'
+** descriptors. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_LOSS_ARGS_H
 #define EMBER_KERNELS_K_LOSS_ARGS_H

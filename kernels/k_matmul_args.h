@@ -1,6 +1,6 @@
 /*
-** k_matmul_args.h -- what the integer matmul kernel (k_matmul.cu) and the matmul entry
-** (k_matmul.c) share: the argument struct, the launch sizes and the kernel's
+** k_matmul_args.h -- what the integer matmul kernel (k_matmul.cu) and the matmul
+** entry (k_matmul.c) share: the argument struct, the launch sizes and the kernel's
 ** descriptor. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_MATMUL_ARGS_H

@@ -1,7 +1,7 @@
 /*
-** k_norm_args.h -- what the layer norm kernels (k_norm.cu) and their C launchers (k_norm.c)
-** share: the argument struct, the launch sizes and the kernels' descriptors.
-** Included by C and C++ alike.
+** k_norm_args.h -- what the layer norm kernels (k_norm.cu) and their C launchers
+** (k_norm.c) share: the argument struct, the launch sizes and the kernels'
+** descriptors. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_NORM_ARGS_H
 #define EMBER_KERNELS_K_NORM_ARGS_H

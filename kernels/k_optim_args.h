@@ -1,8 +1,8 @@
 /*
-** k_optim_args.h -- what the multi-tensor optimizer kernels (k_optim.cu) and their C launchers
-** (k_optim.c) share: the chunk table's entries, the argument struct, the kinds
-** of update and of norm, the chunk and lane counts, and the kernels' descriptors.
-** Included by C and C++ alike.
+** k_optim_args.h -- what the multi-tensor optimizer kernels (k_optim.cu) and their
+** C launchers (k_optim.c) share: the chunk table's entries, the argument struct,
+** the kinds of update and of norm, the chunk and lane counts, and the kernels'
+** descriptors. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_OPTIM_ARGS_H
 #define EMBER_KERNELS_K_OPTIM_ARGS_H

@@ -1,7 +1,7 @@
 /*
-** k_random_args.h -- what the random kernels (k_random.cu) and their C launchers (k_random.c)
-** share: the argument struct, the kinds of draw, the launch sizes and the
-** kernel's descriptor. Included by C and C++ alike.
+** k_random_args.h -- what the random kernels (k_random.cu) and their C launchers
+** (k_random.c) share: the argument struct, the kinds of draw, the launch sizes and
+** the kernel's descriptor. Included by C and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_RANDOM_ARGS_H
 #define EMBER_KERNELS_K_RANDOM_ARGS_H

@@ -1,7 +1,8 @@
 /*
-** k_reduce_args.h -- what the reductions' kernels (k_reduce.cu) and their C launchers
-** (k_reduce.c) share: the argument structs, the accumulation and finishing kinds,
-** the launch sizes, and the kernels' descriptors. Included by C and C++ alike.
+** k_reduce_args.h -- what the reductions' kernels (k_reduce.cu) and their C
+** launchers (k_reduce.c) share: the argument structs, the accumulation and
+** finishing kinds, the launch sizes, and the kernels' descriptors. Included by C
+** and C++ alike.
 */
 #ifndef EMBER_KERNELS_K_REDUCE_ARGS_H
 #define EMBER_KERNELS_K_REDUCE_ARGS_H
