@@ -166,7 +166,7 @@ __device__ __forceinline__ int64_t emk_atomic_cas_i64(int64_t *p, int64_t cmp, i
 }
 
 #else
-/* == Host C for the grid emulator ================================================ */
+/* == Host C++ (a .cu) or C, for the grid emulator ================================ */
 #include <stdint.h>
 #include <string.h>
 
