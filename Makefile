@@ -1,6 +1,6 @@
 # ember -- build, test, run and install.
 #
-#   make            build/libember.so, build/libember.a, build/ember
+#   make            build/libember.so, build/libember.a, build/ember, build/libember_cuda.so
 #   make test       C and Lua tests; ends with "N passed, N failed"
 #   make test SANITIZE=1   the C tests under AddressSanitizer + UBSan
 #   make test SANITIZE=thread   the tests of threaded code (loader, communicators, replicas) under ThreadSanitizer
@@ -11,7 +11,7 @@
 #
 # Missing Debian packages are installed by the `deps` step (apt-get, as root or
 # through sudo). CUDA, cuDNN, NCCL and MPI are detected and reported; where nvcc is
-# found, the CUDA kernels (kernels/k_*.c) are also compiled by it, as a build check.
+# found, the CUDA kernels (kernels/k_*.cu) are also compiled by it, as a build check.
 
 PREFIX   ?= /usr/local
 SANITIZE ?= 0
@@ -98,21 +98,33 @@ CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 
 .PHONY: all FORCE deps deps-run deps-bench deps-test report test test-c test-lua run bench fuzz deps-fuzz install portable clean
 
-# Where nvcc is found (as in CI), every kernels/k_*.c is also compiled as CUDA C++
-# into $(BUILD)/kernels/*.fatbin: sm_80 and sm_90 code plus compute_90 PTX, with
+# The kernels' device code, kernels/k_*.cu, is compiled twice: by the host C++
+# compiler into libember_cuda, for the grid emulator (with the core's flags and
+# $(SANFLAGS)), and, where nvcc is found (as in CI), as CUDA C++ into
+# $(BUILD)/kernels/*.fatbin: sm_80 and sm_90 code plus compute_90 PTX, with
 # warnings as errors and any register spill in our kernels an error (ptxas).
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-# The fuzzing build tests the parsers: no CUDA kernels (the fatbin table is empty).
+# The fuzzing build tests the parsers: no CUDA kernels (the fatbin table is empty);
+# the emulator's objects come from clang++, without UBSan's function check, whose
+# type info needs the C++ runtime that libember's C link does not bring (the
+# kernels are called from C anyway).
 ifeq ($(SANITIZE),fuzz)
 NVCC :=
+CXX := clang++
+KERNEL_CXXSAN := -fno-sanitize=function
 endif
 NVCC_ARCH  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS := -x cu -std=c++17 $(NVCC_ARCH) -Werror all-warnings \
               -Xptxas -warn-spills -Xptxas -Werror -Icore/include -Icore -Ikernels
-KERNEL_SRC := $(wildcard kernels/k_*.c)
-KERNEL_FATBIN := $(if $(NVCC),$(KERNEL_SRC:kernels/%.c=$(BUILD)/kernels/%.fatbin))
-# The fatbins are embedded in libember (kernels/real/fatbins.h): a generated
+# gnu++17 as the core's gnu11: the same floating-point contraction, so the
+# emulator's results are the same bits as from C.
+KERNEL_CXXFLAGS := $(filter-out -std=gnu11,$(CFLAGS)) $(KERNEL_CXXSAN) -std=gnu++17 \
+                   -fno-exceptions -fno-rtti
+KERNEL_SRC := $(wildcard kernels/k_*.cu)
+KERNEL_FATBIN := $(if $(NVCC),$(KERNEL_SRC:kernels/%.cu=$(BUILD)/kernels/%.fatbin))
+CUDA_OBJ += $(KERNEL_SRC:%=$(BUILD)/obj/%.o)
+# The fatbins are embedded in libember_cuda (kernels/real/fatbins.h): a generated
 # assembler file .incbin's each one and lists them; without nvcc its table is empty.
 FATBIN_S   := $(BUILD)/kernels/fatbins.S
 FATBIN_OBJ := $(BUILD)/obj/kernels/fatbins.o
@@ -186,10 +198,16 @@ $(BUILD)/obj/kernels/real/%.o: kernels/real/%.c kernels/real/libs.h kernels/real
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
 
-# The kernels as CUDA (device code only: a fatbin per source, embedded in libember
+# The kernels for the grid emulator: each .cu as C++ (k_x.cu -> k_x.cu.o, beside
+# its C launchers' k_x.o).
+$(BUILD)/obj/kernels/%.cu.o: kernels/%.cu kernels/device.h kernels/runtime.h | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(KERNEL_CXXFLAGS) -x c++ -c $< -o $@
+
+# The kernels as CUDA (device code only: a fatbin per source, embedded in libember_cuda
 # below and loaded by the real runtime with cudaLibraryLoadData). nvcc's -MMD lists
 # the headers each one includes.
-$(BUILD)/kernels/%.fatbin: kernels/%.c kernels/device.h kernels/runtime.h | deps
+$(BUILD)/kernels/%.fatbin: kernels/%.cu kernels/device.h kernels/runtime.h | deps
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
 	@$(NVCC) $(NVCC_FLAGS) -fatbin -MMD -MP -MF $(@:.fatbin=.d) -MT $@ $< -o $@ || \

@@ -1,11 +1,12 @@
 /*
 ** device.h -- one kernel source for nvcc and for the grid emulator.
 **
-** A kernel of the CUDA backend is written once, with these macros, and compiled
-** twice: by nvcc as CUDA C++ (__CUDACC__ defined, sm_80/sm_90) into a __global__
-** function, and by gcc as host C11 (a .c file, or a header included from one)
-** into a function the grid emulator (kernels/emu/grid.c) runs once per CUDA
-** thread, each thread a fiber. A kernel takes one argument struct, by value:
+** A kernel family of the CUDA backend is written once, in a kernels/k_*.cu file
+** with these macros, and compiled twice: by nvcc as CUDA C++ (__CUDACC__
+** defined, sm_80/sm_90) into a fatbin of __global__ functions, and by the host
+** C++ compiler into functions the grid emulator (kernels/emu/grid.c) runs once
+** per CUDA thread, each thread a fiber. (A C file may define kernels too, as the
+** emulator's tests do.) A kernel takes one argument struct, by value:
 **
 **     typedef struct { const float *x; float *y; int n; } scale_args;
 **     // y is (n,), x is (n,)
@@ -15,7 +16,10 @@
 **     }
 **
 ** which defines the descriptor `k_scale` (an emk_kernel, runtime.h) that the
-** runtime's launch takes. In the body `a` is a const copy of the arguments, and
+** runtime's launch takes: in a .cu, with C linkage for the C launchers, which
+** declare it with EMK_KERNEL_DECL; in a C file, static. Dtype variants are
+** templates the kernels call; the kernels themselves are plain functions, so
+** their names stay unmangled. In the body `a` is a const copy of the arguments, and
 ** threadIdx, blockIdx, blockDim, gridDim are the current thread's, as in CUDA.
 **
 ** A kernel that calls EMK_SYNCTHREADS(), EMK_SYNCWARP() or any warp operation
@@ -79,14 +83,12 @@
 #define EMK_RESTRICT __restrict__
 
 /* The __global__ function has C linkage, so its name in the fatbin is exactly
-** "k_xxx_emk_dev": the real runtime (kernels/real/runtime_real.c), built by gcc,
-** knows a kernel only by its descriptor's name and looks that symbol up in the
-** embedded fatbins (a static one would get a mangled, module-private name).
-** Kernel names are therefore unique across kernels/k_*.c. */
+** "k_xxx_emk_dev": the real runtime (kernels/real/launch_real.c) knows a kernel
+** only by its descriptor's name and looks that symbol up in the embedded
+** fatbins (a static one would get a mangled, module-private name). Kernel names
+** are therefore unique across kernels/k_*.cu. The descriptor comes from the
+** host build; the fatbin holds device code only. */
 #define EMK_KERNEL_IMPL_(name, args_type, sync)                                    \
-  extern "C" __global__ void name##_emk_dev(const args_type a);                   \
-  static const emk_kernel name __attribute__((unused)) = {                        \
-      #name, NULL, reinterpret_cast<const void *>(&name##_emk_dev), sync};        \
   extern "C" __global__ void name##_emk_dev(const args_type a)
 
 #define EMK_SYNCTHREADS() __syncthreads()
@@ -164,7 +166,7 @@ __device__ __forceinline__ int64_t emk_atomic_cas_i64(int64_t *p, int64_t cmp, i
 }
 
 #else
-/* == Host C for the grid emulator ================================================ */
+/* == Host C++ (a .cu) or C, for the grid emulator ================================ */
 #include <stdint.h>
 #include <string.h>
 
@@ -199,13 +201,20 @@ void *emk__shared_dynamic(void);
 }
 #endif
 
+/* The descriptor's linkage: a .cu's (C++) is the C launchers' (EMK_KERNEL_DECL),
+** a C file's stays in the file. */
+#ifdef __cplusplus
+#define EMK__DESC_LINKAGE extern "C" __attribute__((visibility("hidden")))
+#else
+#define EMK__DESC_LINKAGE static
+#endif
 #define EMK_KERNEL_IMPL_(name, args_type, sync)                                    \
   static void name##_emk_body(const args_type a);                                 \
   static void name##_emk_host(const void *p) {                                    \
     name##_emk_body(*(const args_type *)p);                                       \
   }                                                                                \
-  static const emk_kernel name __attribute__((unused)) = {#name, name##_emk_host, \
-                                                          NULL, sync};            \
+  EMK__DESC_LINKAGE const emk_kernel name __attribute__((unused)) = {             \
+      #name, name##_emk_host, NULL, sync};                                         \
   static void name##_emk_body(const args_type a)
 
 #define EMK_SYNCTHREADS() emk__syncthreads()

@@ -1,8 +1,8 @@
 /*
 ** k_dnn.c -- the CUDA backend's nn entries (core/internal.h): conv2d and its
 ** backward, max / average / adaptive-average pooling and their backwards, batch
-** norm and its backward. One source for nvcc and the grid emulator (device.h):
-** the host code here must also be valid C++.
+** norm and its backward. The pooling and evaluation batch norm kernels are
+** k_dnn.cu.
 **
 ** Who computes what, and why:
 **   - Convolutions go to the runtime's conv entry (runtime.h): cuDNN on a GPU
@@ -30,7 +30,7 @@
 **     bias, contiguous running statistics (both or neither) and every gradient:
 **     stand-ins (ones, zeros, scratch, contiguous copies) are made here.
 **   - Evaluation-mode batch norm and its backward, and all pooling, are our own
-**     kernels below, on both runtimes. cuDNN's pooling returns no argmax indices
+**     kernels (k_dnn.cu), on both runtimes. cuDNN's pooling returns no argmax indices
 **     (max_pool2d's contract), has no adaptive pooling, and its output size rule
 **     differs from ceil_mode; inference batch norm is a per-channel affine that
 **     cuDNN would not run faster, and ours also yields mean and invstd. Forward
@@ -40,230 +40,11 @@
 **     deterministic.
 */
 #include "cuda.h"
-#include "device.h"
 #include "dnn.h"
+#include "k_dnn_args.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-enum { THREADS = 256, MAX_BLOCKS = 4096 };
-
-/* == Kernels ============================================================================ */
-
-typedef struct pool_args {
-  const void *x;
-  void *y;
-  int64_t *ind;
-  const int64_t *cind;
-  int64_t total;                  /* threads' work items: outputs, or planes */
-  int64_t H, W, OH, OW, kH, kW, sH, sW, pH, pW, dH, dW;
-  int base, include_pad;
-} pool_args;
-
-typedef struct bn_args {
-  const void *x, *gy, *w, *b, *rm, *rv;
-  void *y, *mean, *invstd, *gx, *gw, *gb;
-  int64_t N, C, L, total, rms, rvs;   /* rms, rvs: running stats' strides */
-  double eps;
-} bn_args;
-
-EMK_DEVICE int64_t ada_lo(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
-EMK_DEVICE int64_t ada_hi(int64_t o, int64_t in, int64_t out) {
-  return ((o + 1) * in + out - 1) / out;
-}
-
-/* Per dtype (T float or double), as the CPU's pool.c and normalize.c compute. */
-#define DNN_KERNELS(T, SFX)                                                                \
-EMK_DEVICE T avg_inv_##SFX(const pool_args *q, int64_t oh, int64_t ow, int64_t *h0,        \
-                           int64_t *h1, int64_t *w0, int64_t *w1) {                        \
-  int64_t hs = oh * q->sH - q->pH, ws = ow * q->sW - q->pW, he = hs + q->kH, we = ws + q->kW; \
-  if (he > q->H + q->pH) he = q->H + q->pH;                                                \
-  if (we > q->W + q->pW) we = q->W + q->pW;                                                \
-  int64_t padded = (he - hs) * (we - ws);                                                  \
-  *h0 = hs < 0 ? 0 : hs;                                                                   \
-  *w0 = ws < 0 ? 0 : ws;                                                                   \
-  *h1 = he > q->H ? q->H : he;                                                             \
-  *w1 = we > q->W ? q->W : we;                                                             \
-  int64_t n = q->include_pad ? padded : (*h1 - *h0) * (*w1 - *w0);                         \
-  return n > 0 ? (T)1 / (T)n : (T)0;                                                       \
-}                                                                                          \
-                                                                                           \
-/* one output each: the first maximum wins; a NaN is taken, then only a later one */       \
-EMK_DEVICE void dnn_maxpool_##SFX(const pool_args *A) {                                    \
-  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
-    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH;               \
-    const T *x = (const T *)A->x + p * A->H * A->W;                                        \
-    int64_t h0 = oh * A->sH - A->pH, w0 = ow * A->sW - A->pW, bi = -1;                     \
-    T best = (T)-INFINITY;                                                                 \
-    for (int64_t kh = 0; kh < A->kH; kh++) {                                               \
-      int64_t ih = h0 + kh * A->dH;                                                        \
-      if (ih < 0 || ih >= A->H) continue;                                                  \
-      for (int64_t kw = 0; kw < A->kW; kw++) {                                             \
-        int64_t iw = w0 + kw * A->dW;                                                      \
-        if (iw < 0 || iw >= A->W) continue;                                                \
-        T v = x[ih * A->W + iw];                                                           \
-        if (bi < 0 || v > best || v != v) {                                                \
-          best = v;                                                                        \
-          bi = ih * A->W + iw;                                                             \
-        }                                                                                  \
-      }                                                                                    \
-    }                                                                                      \
-    ((T *)A->y)[i] = best;                                                                 \
-    A->ind[i] = (bi < 0 ? 0 : bi) + A->base;                                               \
-  }                                                                                        \
-}                                                                                          \
-                                                                                           \
-/* one plane each: zeros, then every output's gradient added at its index in order */      \
-EMK_DEVICE void dnn_maxpool_bwd_##SFX(const pool_args *A) {                                \
-  int64_t step = (int64_t)gridDim.x * blockDim.x, HW = A->H * A->W, L = A->OH * A->OW;     \
-  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) { \
-    T *gx = (T *)A->y + p * HW;                                                            \
-    const T *gy = (const T *)A->x + p * L;                                                 \
-    const int64_t *ind = A->cind + p * L;                                                  \
-    for (int64_t i = 0; i < HW; i++) gx[i] = 0;                                            \
-    for (int64_t l = 0; l < L; l++) {                                                      \
-      int64_t k = ind[l] - A->base;                                                        \
-      if (k >= 0 && k < HW) gx[k] += gy[l];      /* the entry checked the range */         \
-    }                                                                                      \
-  }                                                                                        \
-}                                                                                          \
-                                                                                           \
-EMK_DEVICE void dnn_avgpool_##SFX(const pool_args *A) {                                    \
-  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
-    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH, h0, h1, w0, w1; \
-    const T *x = (const T *)A->x + p * A->H * A->W;                                        \
-    T inv = avg_inv_##SFX(A, oh, ow, &h0, &h1, &w0, &w1), acc = 0;                         \
-    for (int64_t ih = h0; ih < h1; ih++)                                                   \
-      for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * A->W + iw];                       \
-    ((T *)A->y)[i] = acc * inv;                                                            \
-  }                                                                                        \
-}                                                                                          \
-                                                                                           \
-EMK_DEVICE void dnn_avgpool_bwd_##SFX(const pool_args *A) {                                \
-  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
-  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) { \
-    T *gx = (T *)A->y + p * A->H * A->W;                                                   \
-    const T *gy = (const T *)A->x + p * A->OH * A->OW;                                     \
-    for (int64_t i = 0; i < A->H * A->W; i++) gx[i] = 0;                                   \
-    for (int64_t oh = 0; oh < A->OH; oh++)                                                 \
-      for (int64_t ow = 0; ow < A->OW; ow++) {                                             \
-        int64_t h0, h1, w0, w1;                                                            \
-        T v = gy[oh * A->OW + ow] * avg_inv_##SFX(A, oh, ow, &h0, &h1, &w0, &w1);          \
-        for (int64_t ih = h0; ih < h1; ih++)                                               \
-          for (int64_t iw = w0; iw < w1; iw++) gx[ih * A->W + iw] += v;                    \
-      }                                                                                    \
-  }                                                                                        \
-}                                                                                          \
-                                                                                           \
-EMK_DEVICE void dnn_adapool_##SFX(const pool_args *A) {                                    \
-  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
-    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH;               \
-    int64_t h0 = ada_lo(oh, A->H, A->OH), h1 = ada_hi(oh, A->H, A->OH);                    \
-    int64_t w0 = ada_lo(ow, A->W, A->OW), w1 = ada_hi(ow, A->W, A->OW);                    \
-    const T *x = (const T *)A->x + p * A->H * A->W;                                        \
-    T acc = 0;                                                                             \
-    for (int64_t ih = h0; ih < h1; ih++)                                                   \
-      for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * A->W + iw];                       \
-    ((T *)A->y)[i] = acc / (T)((h1 - h0) * (w1 - w0));                                     \
-  }                                                                                        \
-}                                                                                          \
-                                                                                           \
-EMK_DEVICE void dnn_adapool_bwd_##SFX(const pool_args *A) {                                \
-  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
-  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) { \
-    T *gx = (T *)A->y + p * A->H * A->W;                                                   \
-    const T *gy = (const T *)A->x + p * A->OH * A->OW;                                     \
-    for (int64_t i = 0; i < A->H * A->W; i++) gx[i] = 0;                                   \
-    for (int64_t oh = 0; oh < A->OH; oh++) {                                               \
-      int64_t h0 = ada_lo(oh, A->H, A->OH), h1 = ada_hi(oh, A->H, A->OH);                  \
-      for (int64_t ow = 0; ow < A->OW; ow++) {                                             \
-        int64_t w0 = ada_lo(ow, A->W, A->OW), w1 = ada_hi(ow, A->W, A->OW);                \
-        T v = gy[oh * A->OW + ow] / (T)((h1 - h0) * (w1 - w0));                            \
-        for (int64_t ih = h0; ih < h1; ih++)                                               \
-          for (int64_t iw = w0; iw < w1; iw++) gx[ih * A->W + iw] += v;                    \
-      }                                                                                    \
-    }                                                                                      \
-  }                                                                                        \
-}                                                                                          \
-                                                                                           \
-/* evaluation: mean and invstd (C) from the running statistics (any strides) */            \
-EMK_DEVICE void dnn_bn_eval_stats_##SFX(const bn_args *A) {                                \
-  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;                              \
-  if (c >= A->C) return;                                                                   \
-  double m = (double)((const T *)A->rm)[c * A->rms];                                       \
-  double v = (double)((const T *)A->rv)[c * A->rvs];                                       \
-  ((T *)A->mean)[c] = (T)m;                                                                \
-  ((T *)A->invstd)[c] = (T)(1 / sqrt(v + A->eps));                                         \
-}                                                                                          \
-                                                                                           \
-/* y = x * sc + sh per (n, c) row, as the CPU's bn_apply */                                \
-EMK_DEVICE void dnn_bn_apply_##SFX(const bn_args *A) {                                     \
-  int64_t step = (int64_t)gridDim.x * blockDim.x;                                          \
-  const T *w = (const T *)A->w, *b = (const T *)A->b;                                      \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) { \
-    int64_t c = (i / A->L) % A->C;                                                         \
-    T sc = ((const T *)A->invstd)[c] * (w ? w[c] : (T)1);                                  \
-    T sh = (b ? b[c] : (T)0) - ((const T *)A->mean)[c] * sc;                               \
-    ((T *)A->y)[i] = ((const T *)A->x)[i] * sc + sh;                                       \
-  }                                                                                        \
-}                                                                                          \
-                                                                                           \
-/* evaluation backward, one channel each in the CPU's order (gx = w*invstd*gy) */          \
-EMK_DEVICE void dnn_bn_eval_bwd_##SFX(const bn_args *A) {                                  \
-  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;                              \
-  if (c >= A->C) return;                                                                   \
-  const T *x = (const T *)A->x, *gy = (const T *)A->gy, *w = (const T *)A->w;              \
-  double m = (double)((const T *)A->mean)[c], is = (double)((const T *)A->invstd)[c];      \
-  double sg = 0, sgx = 0;                                                                  \
-  for (int64_t n = 0; n < A->N; n++) {                                                     \
-    const T *r = x + (n * A->C + c) * A->L, *g = gy + (n * A->C + c) * A->L;               \
-    T s0 = 0, s1 = 0;                                                                      \
-    for (int64_t l = 0; l < A->L; l++) {                                                   \
-      s0 += g[l];                                                                          \
-      s1 += g[l] * (r[l] - (T)m);                                                          \
-    }                                                                                      \
-    sg += s0;                                                                              \
-    sgx += s1;                                                                             \
-  }                                                                                        \
-  if (A->gw) ((T *)A->gw)[c] = (T)(sgx * is);                                              \
-  if (A->gb) ((T *)A->gb)[c] = (T)sg;                                                      \
-  if (!A->gx) return;                                                                      \
-  T k = (T)((w ? (double)w[c] : 1.0) * is);                                                \
-  for (int64_t n = 0; n < A->N; n++) {                                                     \
-    const T *g = gy + (n * A->C + c) * A->L;                                               \
-    T *o = (T *)A->gx + (n * A->C + c) * A->L;                                             \
-    for (int64_t l = 0; l < A->L; l++) o[l] = k * g[l];                                    \
-  }                                                                                        \
-}
-
-DNN_KERNELS(float, f32)
-DNN_KERNELS(double, f64)
-#undef DNN_KERNELS
-
-/* The kernels, named in full: the real runtime finds each by its name in the fatbin. */
-EMK_KERNEL(k_dnn_maxpool_f32, pool_args) { dnn_maxpool_f32(&a); }
-EMK_KERNEL(k_dnn_maxpool_f64, pool_args) { dnn_maxpool_f64(&a); }
-EMK_KERNEL(k_dnn_maxpool_bwd_f32, pool_args) { dnn_maxpool_bwd_f32(&a); }
-EMK_KERNEL(k_dnn_maxpool_bwd_f64, pool_args) { dnn_maxpool_bwd_f64(&a); }
-EMK_KERNEL(k_dnn_avgpool_f32, pool_args) { dnn_avgpool_f32(&a); }
-EMK_KERNEL(k_dnn_avgpool_f64, pool_args) { dnn_avgpool_f64(&a); }
-EMK_KERNEL(k_dnn_avgpool_bwd_f32, pool_args) { dnn_avgpool_bwd_f32(&a); }
-EMK_KERNEL(k_dnn_avgpool_bwd_f64, pool_args) { dnn_avgpool_bwd_f64(&a); }
-EMK_KERNEL(k_dnn_adapool_f32, pool_args) { dnn_adapool_f32(&a); }
-EMK_KERNEL(k_dnn_adapool_f64, pool_args) { dnn_adapool_f64(&a); }
-EMK_KERNEL(k_dnn_adapool_bwd_f32, pool_args) { dnn_adapool_bwd_f32(&a); }
-EMK_KERNEL(k_dnn_adapool_bwd_f64, pool_args) { dnn_adapool_bwd_f64(&a); }
-EMK_KERNEL(k_dnn_bn_eval_stats_f32, bn_args) { dnn_bn_eval_stats_f32(&a); }
-EMK_KERNEL(k_dnn_bn_eval_stats_f64, bn_args) { dnn_bn_eval_stats_f64(&a); }
-EMK_KERNEL(k_dnn_bn_apply_f32, bn_args) { dnn_bn_apply_f32(&a); }
-EMK_KERNEL(k_dnn_bn_apply_f64, bn_args) { dnn_bn_apply_f64(&a); }
-EMK_KERNEL(k_dnn_bn_eval_bwd_f32, bn_args) { dnn_bn_eval_bwd_f32(&a); }
-EMK_KERNEL(k_dnn_bn_eval_bwd_f64, bn_args) { dnn_bn_eval_bwd_f64(&a); }
-
-/* == Host side ========================================================================== */
 
 static emk_runtime *rt_of(emi_device *d) { return emk_dev(d)->cuda->rt; }
 

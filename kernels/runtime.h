@@ -50,7 +50,9 @@ typedef enum emk_copy_kind {
   EMK_HOST_TO_DEVICE, EMK_DEVICE_TO_HOST, EMK_DEVICE_TO_DEVICE
 } emk_copy_kind;
 
-/* A kernel, as grid.h's EMK_KERNEL defines it: one source, two bodies. */
+/* A kernel, as device.h's EMK_KERNEL defines it: one source, two bodies. The
+** descriptor lives in the host build of the source (a .cu compiled as C++, or a C
+** file such as a test's); the real runtime finds the device body by the name. */
 typedef struct emk_kernel {
   const char *name;
   /* The host-compiled body, run once per CUDA thread by the grid emulator with
@@ -61,6 +63,15 @@ typedef struct emk_kernel {
   const void *device_fn;
   int uses_barriers;       /* calls __syncthreads or warp shuffles: needs fibers */
 } emk_kernel;
+
+/* Declares the descriptor of a kernel that a kernels/k_*.cu defines, for the C
+** launchers that queue it: C linkage, and hidden, so libember does not export it. */
+#ifdef __cplusplus
+#define EMK_KERNEL_DECL(name) \
+  extern "C" __attribute__((visibility("hidden"))) const emk_kernel name
+#else
+#define EMK_KERNEL_DECL(name) extern __attribute__((visibility("hidden"))) const emk_kernel name
+#endif
 
 /* The nn entries' arguments (below). A convolution (cross-correlation, groups G)
 ** of x (N, C, H, W) with w (O, C/G, kH, kW) giving y (N, O, OH, OW), run in one

@@ -9,10 +9,11 @@
 **
 ** The entries take a list of parameters (one call, as the CUDA backend runs them
 ** in one launch; a single parameter is a list of one) and make one fused pass
-** over each. The CUDA kernels (kernels/k_optim.c) repeat these expressions in the
-** same order, and neither side lets the compiler fuse a*b + c into an FMA
-** (fp-contract off below), so a step gives the same bits on both. norm_multi (clip_grad_norm) folds in the
-** fixed chunk / lane / tree order internal.h prescribes, which the GPU keeps too.
+** over each. The CUDA kernels (kernels/k_optim.cu) repeat these expressions in
+** the same order, and neither side lets the compiler fuse a*b + c into an FMA
+** (fp-contract off below), so a step gives the same bits on both. norm_multi
+** (clip_grad_norm) folds in the fixed chunk / lane / tree order core/backend.h
+** prescribes, which the GPU keeps too.
 */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
@@ -137,7 +138,7 @@ em_status emi_cpu_adam_step_multi(emi_device *dev, int n, em_tensor *const *p,
 }
 
 /* -- norm_multi ----------------------------------------------------------------------
-** The order internal.h prescribes (and kernels/k_optim.c's k_mt_norm keeps): chunks
+** The order internal.h prescribes (and kernels/k_optim.cu's k_mt_norm keeps): chunks
 ** of NCHUNK elements within one tensor; in a chunk, lane l of NLANES folds elements
 ** l, l + NLANES, ... (here: a row of NLANES at a time, so the loop vectorizes), then
 ** the lanes combine by halving; the chunks' results fold in order from 0. Chunks run

@@ -1,7 +1,7 @@
 /*
 ** fatbins.h -- the device code of the CUDA backend, embedded in libember.
 **
-** nvcc compiles every kernels/k_*.c into $(BUILD)/kernels/k_*.fatbin (SASS for
+** nvcc compiles every kernels/k_*.cu into $(BUILD)/kernels/k_*.fatbin (SASS for
 ** sm_80 and sm_90, PTX for newer GPUs); the Makefile then generates
 ** $(BUILD)/kernels/fatbins.S, which pulls each file in with the assembler's
 ** .incbin and lists them in the table below, and links it into libember. So the

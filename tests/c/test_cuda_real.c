@@ -13,7 +13,7 @@
 **   - the same through real cuBLASLt descriptors and layouts, read back with
 **     cublasLt*GetAttribute (no GPU needed), with the compute, scale and data
 **     types of each dtype;
-**   - the fatbins embedded in libember: one per kernels/k_*.c, a real fatbin
+**   - the fatbins embedded in libember: one per kernels/k_*.cu, a real fatbin
 **     each, holding the C-linkage symbol k_xxx_emk_dev of every kernel its
 **     source defines (and no other module holding it);
 **   - the plan table (plan_cache.h) that keeps gemm and convolution plans: hits,
@@ -449,19 +449,19 @@ static void test_fatbins(void *unused) {
           "%s: a fatbin (%llu bytes, magic %08x, at %p)", fb->name,
           (unsigned long long)fb->size, magic, (const void *)fb->data);
   }
-  /* one module per kernels/k_*.c, each holding its kernels' C-linkage names */
+  /* one module per kernels/k_*.cu, each holding its kernels' C-linkage names */
   const char *dirs[] = {"kernels", "../kernels", "../../kernels"};
   glob_t gl;
   memset(&gl, 0, sizeof gl);
   int found = 0;
   for (size_t d = 0; d < sizeof dirs / sizeof *dirs && !found; d++) {
     char pat[64];
-    snprintf(pat, sizeof pat, "%s/k_*.c", dirs[d]);
+    snprintf(pat, sizeof pat, "%s/k_*.cu", dirs[d]);
     if (glob(pat, 0, NULL, &gl) == 0 && gl.gl_pathc > 0) found = 1;
     else globfree(&gl);
   }
   if (!found) {
-    printf("     skipped (kernel names): kernels/k_*.c not found from %s\n", getcwd(why, 512));
+    printf("     skipped (kernel names): kernels/k_*.cu not found from %s\n", getcwd(why, 512));
     return;
   }
   CHECK(gl.gl_pathc == n, "%zu sources, %llu modules", gl.gl_pathc, (unsigned long long)n);
@@ -469,7 +469,7 @@ static void test_fatbins(void *unused) {
   for (size_t i = 0; i < gl.gl_pathc; i++) {
     const char *src = gl.gl_pathv[i], *base = strrchr(src, '/') + 1;
     char mod[64];
-    snprintf(mod, sizeof mod, "%.*s", (int)(strlen(base) - 2), base);
+    snprintf(mod, sizeof mod, "%.*s", (int)(strlen(base) - 3), base);
     const emk_fatbin *fb = module(mod);
     CHECK(fb != NULL, "no module %s for %s", mod, src);
     if (!fb) continue;
