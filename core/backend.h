@@ -3,8 +3,9 @@
 ** storage and tensor layouts, a device's context, the two tables every device
 ** kind fills (the op table and the device-services table), the registration of a
 ** device kind, and the few core helpers a backend may call. core/cpu/, core/meta/
-** and kernels/ (the CUDA backend, built as its own library) include this and
-** nothing else of core's; core/internal.h builds on it.
+** and kernels/ (the CUDA backend, built as its own library) include this -- and
+** core/philox.h, the counter-based generator whose numbers every backend must
+** reproduce -- and nothing else of core's; core/internal.h builds on it.
 **
 ** The seam. ops/ check arguments, work out shapes and dtypes, allocate outputs
 ** and call ONE entry of the op table of the tensors' device (EMI_DISPATCH in
