@@ -307,12 +307,11 @@ $(BUILD)/lua/ember/hostdefs.lua: lua/host/ffi_exports.h tools/gen_cdefs.sh $(BUI
 	@mv $@.tmp $@
 
 # -- Tests ------------------------------------------------------------------------------
-# The C tests link the CUDA backend in (the tests of kernels/ reach inside it) and
-# export it (-rdynamic): the registry then finds it in the process and loads no
-# library.
+# The C tests link the CUDA backend in (the tests of kernels/ reach inside it):
+# it registers itself as the program starts, and the registry loads no library.
 $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a $(BUILD)/libember_cuda.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -rdynamic -Itests/c -o $@ $< -Wl,--whole-archive $(BUILD)/libember_cuda.a \
+	$(CC) $(CFLAGS) -Itests/c -o $@ $< -Wl,--whole-archive $(BUILD)/libember_cuda.a \
 	  -Wl,--no-whole-archive $(BUILD)/libember.a $(LDLIBS)
 
 # The GPU carry's tests (tests/bench/gpu_pack.sh): the C tests that touch a device,

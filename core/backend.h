@@ -456,6 +456,10 @@ typedef struct emi_cuda_api {
   em_status (*libs_info)(char *buf, size_t len);
 } emi_cuda_api;
 
+/* A kind's one registration: its library calls this as it is loaded (from a
+** constructor), whether linked into the host or loaded by the registry. A kind
+** built for other table layouts (abi) is ignored. */
+void emi_register_kind(const emi_backend_kind *k);
 /* The context a kind opened for S (NULL before, or when it has none). */
 void *emi_kind_ctx(em_state *S, const emi_backend_kind *k);
 /* The CPU's device context: backends run CPU stand-ins through its table. */

@@ -148,3 +148,6 @@ const emi_backend_kind emk_cuda_kind = {
   .device = kind_device,
   .api = &cuda_api,
 };
+
+/* The kind's registration, as the library is loaded (before main when linked). */
+__attribute__((constructor)) static void register_cuda(void) { emi_register_kind(&emk_cuda_kind); }

@@ -7,9 +7,10 @@
 ** the accelerator kind, cuda. Its backend -- kernels, fatbins, the emulated
 ** runtime -- is a library of its own, libember_cuda.so, so a CPU-only host
 ** carries none of it. The first state that asks for a CUDA device loads it:
-**   1. linked in already (a host that links libember_cuda.a and exports its
-**      symbols, or has libember_cuda.so among its libraries): emk_cuda_kind is
-**      found in the process, and no library is loaded;
+**   1. linked in already (a host that links libember_cuda.a, or has
+**      libember_cuda.so among its libraries): the library registered its kind
+**      when the process started (emi_register_kind, from its constructor), and
+**      no library is loaded;
 **   2. else $EMBER_CUDA_LIB, or libember_cuda.so beside the object that holds
 **      this code (libember.so, or the ember executable), then in lib/, ../lib/
 **      and a rock's ../lib/lua/5.1/ember/ from there (a packed, an installed and
@@ -74,10 +75,17 @@ static const emi_backend_kind *try_open(const char *path, char *err, size_t errl
   return k;            /* the library stays loaded for the process's life */
 }
 
-/* The kind's registration, when the process has it already. */
+/* The kind a library registered as it was loaded (its constructor runs before
+** main for a linked library, inside dlopen for a loaded one: no lock here, as
+** dlopen runs under load_mu). */
+static const emi_backend_kind *registered;
+
+void emi_register_kind(const emi_backend_kind *k) {
+  if (k && k->abi == EMI_BACKEND_ABI) __atomic_store_n(&registered, k, __ATOMIC_RELEASE);
+}
+
 static const emi_backend_kind *linked_in(void) {
-  const emi_backend_kind *k = dlsym(RTLD_DEFAULT, "emk_cuda_kind");
-  return k && k->abi == EMI_BACKEND_ABI ? k : NULL;
+  return __atomic_load_n(&registered, __ATOMIC_ACQUIRE);
 }
 
 static const emi_backend_kind *load_kind(void) {

@@ -1029,8 +1029,8 @@ em_status em_device_reset_peak(em_state *S, int device);
 ** The backend is a library of its own, libember_cuda.so, that libember loads the
 ** first time a state asks for a CUDA device: from beside libember.so (or the
 ** executable that links libember.a and exports its symbols with -rdynamic), its
-** lib/ and ../lib/, or $EMBER_CUDA_LIB; a host that links libember_cuda.a (or
-** libember_cuda.so) itself has it already. Without it, these calls and CUDA
+** lib/ and ../lib/, or $EMBER_CUDA_LIB; a host that links libember_cuda.a (whole)
+** or libember_cuda.so itself has it already: it registers as the program starts. Without it, these calls and CUDA
 ** tensors fail with the reason, and everything else works. The devices are
 ** opened on first use, per state. Ops are queued on the device's stream and the
 ** host does not wait; copies to the CPU wait for what they read. The em_cuda_*
