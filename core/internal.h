@@ -36,8 +36,10 @@ void emi_parallel_for(em_state *S, int64_t n, int64_t grain, emi_range_fn fn,
 
 /* -- State ------------------------------------------------------------------------
 ** A kind's slot: its context for this state, opened once on first use (tried),
-** and why it has no devices when it has none. */
-enum { EMI_MAX_KINDS = 2 };
+** and why it has no devices when it has none. One accelerator kind (cuda) serves
+** device numbers 0 .. EMI_MAX_DEVICES-1; a second would take a slot here and the
+** next range of numbers. */
+enum { EMI_MAX_KINDS = 1 };
 typedef struct emi_kind_slot {
   void *ctx;
   int tried;
