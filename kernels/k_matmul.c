@@ -1,5 +1,5 @@
 /*
-** k_matmul.c -- the CUDA backend's matmul entry (core/internal.h): out (*batch,
+** k_matmul.c -- the CUDA backend's matmul entry (core/backend.h): out (*batch,
 ** M, N, contiguous) = a (*batch, M, K) @ b (*batch, K, N), strided views whose
 ** broadcast batch dims have stride 0; out's dtype decides the arithmetic.
 **
