@@ -106,7 +106,7 @@ CTEST_BIN := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 # The fuzzing build tests the parsers: no CUDA kernels (the fatbin table is empty);
 # the emulator's objects come from clang++, without UBSan's function check, whose
-# type info needs the C++ runtime that libember's C link does not bring (the
+# type info needs the C++ runtime that libember_cuda's C link does not bring (the
 # kernels are called from C anyway).
 ifeq ($(SANITIZE),fuzz)
 NVCC :=
@@ -315,8 +315,8 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a $(BUILD)/libem
 	  -Wl,--no-whole-archive $(BUILD)/libember.a $(LDLIBS)
 
 # The GPU carry's tests (tests/bench/gpu_pack.sh): the C tests that touch a device,
-# linked against libember.so (one copy of the core and the fatbins for all of them),
-# which they find in ../lib beside themselves.
+# linked against libember_cuda.so and libember.so (one copy of the core and of the
+# fatbins for all of them), which they find in ../lib beside themselves.
 GPU_TESTS := test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwise \
              test_cuda_transfer test_cuda_reduce test_cuda_index test_cuda_random \
              test_cuda_matmul test_cuda_dnn test_cuda_graph test_cuda_loader test_comm_nccl \

@@ -2,10 +2,11 @@
 ** backend.h -- what core/ exports to the backends that serve its devices: the
 ** storage and tensor layouts, a device's context, the two tables every device
 ** kind fills (the op table and the device-services table), the registration of a
-** device kind, and the few core helpers a backend may call. core/cpu/, core/meta/
-** and kernels/ (the CUDA backend, built as its own library) include this -- and
-** core/philox.h, the counter-based generator whose numbers every backend must
-** reproduce -- and nothing else of core's; core/internal.h builds on it.
+** device kind, and the few core helpers a backend may call. kernels/ (the CUDA
+** backend, built as its own library) includes this, ember.h and philox.h (the
+** random streams' layout) and nothing else of core's; core/internal.h builds
+** on it, and the built-in backends (core/cpu/, core/meta/), part of core,
+** include internal.h (the CPU's kernels run on the state's workers).
 **
 ** The seam. ops/ check arguments, work out shapes and dtypes, allocate outputs
 ** and call ONE entry of the op table of the tensors' device (EMI_DISPATCH in
@@ -66,12 +67,13 @@ struct em_tensor {
 /* -- Devices ------------------------------------------------------------------------
 ** The state owns one context per device it uses: the backend table that serves the
 ** device and whatever that backend keeps per device (for CUDA: streams, library
-** handles). The CPU's is built into the state; others are added as backends
-** register. */
+** handles). cpu's and meta's are built into the state; an accelerator kind's come
+** from the kind's context, which the registry opens for the state on its first
+** use of one of the kind's devices (core/device/registry.c). */
 struct emi_backend;
 typedef struct emi_device {
   em_state *S;
-  int index;                          /* EM_CPU or a CUDA ordinal */
+  int index;                          /* EM_CPU, EM_META or the kind's ordinal */
   const struct emi_backend *backend;
   void *impl;                         /* the backend's own per-device data */
 } emi_device;
@@ -326,12 +328,13 @@ extern const emi_backend emi_cpu_backend;
 extern const emi_backend emi_meta_backend;
 
 /* -- Device services ------------------------------------------------------------
-** What the loader, the communicators, the profiler and em_memory_stats need from a
+** What the loader, the communicators, the profiler and em_device_memory need from a
 ** device beside its ops. Streams are named by role: the compute stream runs the
 ** device's ops in call order; the copy stream runs copies from pinned memory
 ** beside it; the communication stream runs collectives. An event marks a point on
-** a stream. Entries may be NULL where the kind has no such thing (the CPU and
-** meta devices have no streams: work there is done when the call returns). */
+** a stream. Entries may be NULL where the kind has no such thing. The CPU and
+** meta devices have no services table (emi_services_of gives NULL): they have
+** no streams, and work there is done when the call returns. */
 typedef enum { EMI_STREAM_COMPUTE = 0, EMI_STREAM_COPY = 1, EMI_STREAM_COMM = 2 } emi_stream;
 typedef enum { EMI_COPY_H2D = 0, EMI_COPY_D2H = 1 } emi_copy_dir;
 typedef struct emi_event emi_event;

@@ -130,9 +130,9 @@ const char *emi_shape_str(char *buf, const int64_t *sizes, int ndim) {
 }
 
 const char *emi_tshape(em_state *S, const em_tensor *t) {
-  /* Rotating buffers: messages quote up to four shapes. Per process rather than
-  ** per state is fine because a message is formatted and copied at once... but
-  ** two states on two threads could race, so keep them thread-local. */
+  /* Rotating buffers: a message quotes up to four shapes, and is formatted and
+  ** copied at once. They are thread-local, not per state: states on two threads
+  ** format their messages at the same time. */
   static __thread char bufs[4][EMI_SHAPE_STR];
   static __thread int next;
   (void)S;

@@ -33,7 +33,7 @@ static void account(em_state *S, int device, size_t nbytes) {
   if (c) count_up(&c->allocated, &c->peak, (int64_t)nbytes);
 }
 
-/* The dispatch counters of alloc and free (internal.h). These two are counted
+/* The dispatch counters of alloc and free (backend.h). These two are counted
 ** with an atomic add, unlike the ops': loader workers make and drop storages on
 ** threads of their own. */
 static inline void count_entry(em_state *S, const emi_device *d, int entry) {

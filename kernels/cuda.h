@@ -18,7 +18,7 @@ typedef struct emk_cuda_device {
   int index;
   emk_stream *compute;           /* every op of this state on this device, in order */
   emk_stream *copy;              /* asynchronous copies from pinned memory (pinned.c) */
-  emk_stream *comm;              /* collectives (comm_cuda.c), made on first use */
+  emk_stream *comm;              /* collectives (services.c), made on first use */
   struct em_cuda_graph *capture; /* the graph being captured here, or NULL (graph.c) */
 } emk_cuda_device;
 
@@ -101,7 +101,7 @@ void emk_graph_free(em_state *S, em_cuda_graph *g);
 em_status emk_pin_memory(em_state *S, void *ctx, const em_tensor *t, em_tensor **out);
 em_status emk_libs_info(char *buf, size_t len);
 
-/* The matmul entry (k_matmul.c), as core/internal.h's emi_backend describes it. */
+/* The matmul entry (k_matmul.c), as core/backend.h's emi_backend describes it. */
 em_status emk_matmul(emi_device *d, em_tensor *out, const em_tensor *a, const em_tensor *b);
 
 #endif

@@ -1,8 +1,9 @@
 /*
 ** dnn.h -- the CUDA backend's nn entries (k_dnn.c: convolution, pooling, batch
-** norm, as core/internal.h's emi_backend describes them), the runtimes' nn
+** norm, as core/backend.h's emi_backend describes them), the runtimes' nn
 ** entries that serve them (runtime.h: emulated in emu/dnn_emu.c, cuDNN in
-** real/dnn_real.c), and the convolution-algorithm cache's counters for tests.
+** real/dnn_real.c), and the state's convolution-algorithm cache (algo_cache.c)
+** with its counters for tests.
 */
 #ifndef EMBER_KERNELS_DNN_H
 #define EMBER_KERNELS_DNN_H
@@ -37,9 +38,9 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
                                   const em_tensor *w, int training);
 
 /* -- The algorithm cache (algo_cache.c) ----------------------------------------------
-** One algorithm per (device, direction, dtype, geometry), picked at the first
-** convolution of that key, in the state's CUDA context. Counters since the
-** context opened. */
+** One algorithm per (device, direction, dtype, allow_tf32, geometry), picked at
+** the first convolution of that key, in the state's CUDA context. Counters since
+** the context opened. */
 typedef struct emk_dnn_cache_stats { uint64_t hits, misses, entries; } emk_dnn_cache_stats;
 typedef struct emk_algo_cache emk_algo_cache;
 emk_algo_cache *emk_algo_cache_new(void);                /* NULL: out of memory */

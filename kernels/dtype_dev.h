@@ -2,7 +2,7 @@
 ** dtype_dev.h -- dtypes inside kernels: float16 / bfloat16 conversions and
 ** loading / storing one element of any dtype, for device code (nvcc) and the
 ** grid emulator alike (device.h's EMK_DEVICE). The conversions round exactly as
-** the CPU backend's (core/dtype.c, internal.h), so a kernel's float16 results
+** the CPU backend's (core/dtype.c, backend.h), so a kernel's float16 results
 ** match the CPU's bit for bit when the arithmetic in float32 does.
 **
 ** Element kinds: floating dtypes compute in float32 (float16, bfloat16, float32)

@@ -1,7 +1,7 @@
 /*
-** k_copy.cu -- the CUDA backend's fill and same-dtype strided copy kernels, and
-** their launches. The device code, one source for nvcc and the grid emulator
-** (device.h); the launchers are k_copy.c.
+** k_copy.cu -- the CUDA backend's fill and same-dtype strided copy kernels. The
+** device code, one source for nvcc and the grid emulator (device.h); the
+** launchers are k_copy.c.
 **
 ** Both walk the output's elements in flat (row-major) order with a grid-stride
 ** loop, unravel the flat index into the tensor's dims and move whole elements as

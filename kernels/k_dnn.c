@@ -1,5 +1,5 @@
 /*
-** k_dnn.c -- the CUDA backend's nn entries (core/internal.h): conv2d and its
+** k_dnn.c -- the CUDA backend's nn entries (core/backend.h): conv2d and its
 ** backward, max / average / adaptive-average pooling and their backwards, batch
 ** norm and its backward. The pooling and evaluation batch norm kernels are
 ** k_dnn.cu.
@@ -9,18 +9,18 @@
 **     (real/dnn_real.c), the CPU backend's conv on the emulator (emu/dnn_emu.c).
 **     This file picks the algorithm once per shape and owns the workspace, so the
 **     policy is the same code on both runtimes and is tested without a GPU:
-**       * the algorithm cache: the first convolution of a key (runtime, device,
-**         direction, dtype, geometry) asks the runtime's conv_algos for its list,
-**         best first, and keeps the first whose workspace is at most a quarter of
-**         the device's free memory (and WS_LIMIT) -- else the one needing least.
-**         The pick is the runtime's whole answer (number, workspace and the math
-**         mode cuDNN ranked it under, already fitted to allow_tf32 by the
-**         runtime), and conv gets it whole, so the mode that was ranked is the
-**         mode that runs. Later calls of that key take it from the table (hits
-**         and misses are counted for tests). The table is process-wide behind a mutex: the
-**         backend has no per-state slot for it, and a key names its runtime
-**         (address and kind; a closed runtime's entries are only dead weight,
-**         bounded by CACHE_MAX).
+**       * the algorithm cache: the first convolution of a key (device,
+**         direction, dtype, allow_tf32, geometry) asks the runtime's conv_algos
+**         for its list, best first, and keeps the first whose workspace is at
+**         most a quarter of the device's free memory (and WS_LIMIT) -- else the
+**         one needing least. The pick is the runtime's whole answer (number,
+**         workspace and the math mode cuDNN ranked it under, already fitted to
+**         allow_tf32 by the runtime), and conv gets it whole, so the mode that
+**         was ranked is the mode that runs. Later calls of that key take it from
+**         the table (hits and misses are counted for tests). The table is the
+**         state's, in its CUDA context (algo_cache.c, emk_cuda.algos), so it
+**         needs no lock and two states share nothing; without it (no memory for
+**         it when the context opened) every convolution chooses afresh.
 **       * the workspace comes from the caching allocator on the compute stream
 **         and is released right after the call is queued: the allocator hands
 **         that memory again only to later work on the same stream. No room for it

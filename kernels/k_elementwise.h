@@ -2,7 +2,7 @@
 ** k_elementwise.h -- the CUDA backend's element-wise entries (k_elementwise.c):
 ** unary, binary, binary_scalar, add_scaled, clamp, where, and dtype conversions
 ** within one device. Each takes tensors on d's device (operands out-shaped, as
-** core/internal.h's emi_backend describes) and queues its kernel on the
+** core/backend.h's emi_backend describes) and queues its kernel on the
 ** device's compute stream; results match the CPU backend's.
 */
 #ifndef EMBER_KERNELS_K_ELEMENTWISE_H

@@ -1,5 +1,5 @@
 /*
-** k_matmul.c -- the CUDA backend's matmul entry (core/internal.h): out (*batch,
+** k_matmul.c -- the CUDA backend's matmul entry (core/backend.h): out (*batch,
 ** M, N, contiguous) = a (*batch, M, K) @ b (*batch, K, N), strided views whose
 ** broadcast batch dims have stride 0; out's dtype decides the arithmetic.
 **
@@ -113,8 +113,8 @@ static em_status float_matmul(emi_device *d, em_tensor *out, const mm_operand *A
   emk_cuda_device *cd = emk_dev(d);
   emk_runtime *rt = cd->cuda->rt;
   if (!rt->ops->gemm)
-    return emi_error(d->S, EM_ERR_UNSUPPORTED, "matmul: the %s runtime has no gemm yet "
-                     "(cuBLASLt comes later)", rt->ops->name);
+    return emi_error(d->S, EM_ERR_UNSUPPORTED, "matmul: the %s runtime has no gemm",
+                     rt->ops->name);
   int nb = out->ndim - 2;
   int64_t M = out->sizes[nb], N = out->sizes[nb + 1];
   size_t es = em_dtype_size(out->dtype);

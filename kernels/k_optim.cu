@@ -25,7 +25,7 @@
 ** Division and sqrt are IEEE in both (nvcc's defaults -prec-div, -prec-sqrt).
 ** So float32 and float64 steps are meant to be bit-identical to the CPU's.
 **
-** The norm. k_mt_norm folds each chunk as internal.h's norm_multi prescribes
+** The norm. k_mt_norm folds each chunk as core/backend.h's norm_multi prescribes
 ** (256 lanes, each its strided share in order, then a halving tree in shared
 ** memory) into partial[chunk]; the last block to finish (an atomic count of
 ** finished blocks, after a memory fence) folds the partials in chunk order into

@@ -2,7 +2,7 @@
 ** k_optim.h -- the CUDA backend's multi-tensor optimizer entries (k_optim.c):
 ** SGD and Adam(W) steps, the gradient-norm reduction and the gradient scaling of
 ** clip_grad_norm, each over a whole list of tensors in one kernel launch, with
-** the semantics core/internal.h gives the emi_backend entries of the same names.
+** the semantics core/backend.h gives the emi_backend entries of the same names.
 */
 #ifndef EMBER_KERNELS_K_OPTIM_H
 #define EMBER_KERNELS_K_OPTIM_H

@@ -8,7 +8,7 @@
 #define EMBER_KERNELS_K_OPTIM_ARGS_H
 #include "runtime.h"
 
-/* CHUNK and LANES are part of norm_multi's contract (internal.h, core/cpu/optim.c). */
+/* CHUNK and LANES are part of norm_multi's contract (core/backend.h, core/cpu/optim.c). */
 enum { CHUNK = 4096, LANES = 256, MAX_BLOCKS = 4096 };
 enum { MT_SGD, MT_ADAM, MT_SCALE };
 enum { N_SUMSQ, N_SUMABS, N_SUMPOW, N_MAXABS };

@@ -28,9 +28,9 @@
 **      given back at once).
 ** Any other pinned copy (into a view, a strided or other-dtype destination)
 ** runs on the compute stream, still without staging. The loader's device feed
-** (feed.c) takes steps 1, 2, 4 and 5 at once (emk_pinned_copy_queue) and step 3
-** only when it hands the batch out, so a batch copied ahead does not make the
-** ops of the step before it wait.
+** (core/data/feed.c) takes steps 1, 2, 4 and 5 at once (the services' copy_pinned,
+** emk_pinned_copy_queue) and step 3 only when it hands the batch out, so a batch
+** copied ahead does not make the ops of the step before it wait.
 **
 ** The loader's pool. A loader with pin_memory assembles batches straight into
 ** pinned memory (em_loader_config.buffer_alloc), from a pool of buffers kept

@@ -13,13 +13,14 @@
 ** So the backend's own code -- its allocator, its stream discipline, its kernels
 ** -- runs and is tested on a machine without a GPU (DESIGN.md, principle 8).
 **
-** Conventions. A runtime is an object (no globals): emk_runtime_open makes one,
-** the state owns it. Every entry returns EM_OK or an error code with a message in
-** rt->errmsg. Errors of asynchronous work (a kernel that failed on a stream, a
-** copy out of bounds) are kept by the stream and returned by its next
-** synchronising call (stream_sync, event_sync, or any call on that stream), as
-** CUDA does with sticky errors -- but a failed stream stays usable after it was
-** reported. Pointers are device pointers unless named host.
+** Conventions. A runtime is an object (no globals): emk_real_open or
+** emk_emu_open makes one, the state's CUDA context owns it (emk_cuda, cuda.h).
+** Every entry returns EM_OK or an error code with a message in rt->errmsg.
+** Errors of asynchronous work (a kernel that failed on a stream, a copy out of
+** bounds) are kept by the stream and returned by its next synchronising call
+** (stream_sync, event_sync, or any call on that stream), as CUDA does with
+** sticky errors -- but a failed stream stays usable after it was reported.
+** Pointers are device pointers unless named host.
 */
 #ifndef EMBER_KERNELS_RUNTIME_H
 #define EMBER_KERNELS_RUNTIME_H
@@ -65,7 +66,8 @@ typedef struct emk_kernel {
 } emk_kernel;
 
 /* Declares the descriptor of a kernel that a kernels/k_*.cu defines, for the C
-** launchers that queue it: C linkage, and hidden, so libember does not export it. */
+** launchers that queue it: C linkage, and hidden, so libember_cuda does not export
+** it. */
 #ifdef __cplusplus
 #define EMK_KERNEL_DECL(name) \
   extern "C" __attribute__((visibility("hidden"))) const emk_kernel name

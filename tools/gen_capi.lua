@@ -16,8 +16,8 @@ makes anyway, and the JIT inlines it.
 Which functions: those returning em_status that hand out new tensors through
 an `em_tensor **` argument, plus RETRY below, minus NEVER below. A failed op
 leaves the state as it was, so a second try repeats the first; NEVER lists the
-calls where it would not. The build stops when a name in either list is no
-longer in the header, or a chosen function has varargs.
+calls where it would not. The build stops when a name in either list is not
+in the header, or a chosen function has varargs.
 ]]
 
 -- Allocating calls that hand out no tensor.

@@ -4,8 +4,8 @@
 **
 ** How to make a new op differentiable (e.g. conv2d in ops/nn_conv.c):
 **
-**  1. At the end of the public op, once *out is computed and nothing can fail
-**     any more, add ONE branch (the no-grad path must stay a single test):
+**  1. At the end of the public op, once *out is computed and nothing after it
+**     can fail, add ONE branch (the no-grad path must stay a single test):
 **
 **         if (emi_ag_wanted2(S, x, w))
 **           return emi_ag_record_conv2d(S, x, w, args..., out);

@@ -1,6 +1,6 @@
 /*
 ** cpu.h -- the CPU backend's kernels, one declaration per backend table entry
-** (see emi_backend in internal.h for what each one may assume), and the
+** (see emi_backend in backend.h for what each one may assume), and the
 ** process-wide OpenBLAS thread-count registry (blas.c). Only core/cpu/ includes it.
 */
 #ifndef EMBER_CPU_H
@@ -111,7 +111,7 @@ em_status emi_cpu_index_add(emi_device *dev, em_tensor *out, int dim, const em_t
                             const em_tensor *src, int index_base);
 em_status emi_cpu_scatter_add(emi_device *dev, em_tensor *out, int dim, const em_tensor *idx,
                               const em_tensor *src, int index_base);
-/* optim.c: the optimizer entries (internal.h), one fused pass per parameter, and
+/* optim.c: the optimizer entries (backend.h), one fused pass per parameter, and
 ** clip_grad_norm's norm and scaling. */
 em_status emi_cpu_sgd_step_multi(emi_device *dev, int n, em_tensor *const *p,
                                  const em_tensor *const *g, em_tensor *const *buf,

@@ -138,7 +138,7 @@ em_status emi_cpu_adam_step_multi(emi_device *dev, int n, em_tensor *const *p,
 }
 
 /* -- norm_multi ----------------------------------------------------------------------
-** The order internal.h prescribes (and kernels/k_optim.cu's k_mt_norm keeps): chunks
+** The order backend.h prescribes (and kernels/k_optim.cu's k_mt_norm keeps): chunks
 ** of NCHUNK elements within one tensor; in a chunk, lane l of NLANES folds elements
 ** l, l + NLANES, ... (here: a row of NLANES at a time, so the loop vectorizes), then
 ** the lanes combine by halving; the chunks' results fold in order from 0. Chunks run

@@ -125,7 +125,7 @@ em_status emi_transform_new(em_state *S, const emi_transform_vt *vt, void *impl,
 em_status emi_transform_run(em_transform *t, emi_dctx *c, emi_drng *rng,
                             em_tensor **fields, int nfields);
 
-/* -- A loader's device side (kernels/feed.c) -------------------------------------
+/* -- A loader's device side (feed.c) ----------------------------------------------
 ** em_loader_to_device gives a loader a feed: the pinned buffer pool its workers
 ** assemble batches in, and the queue of batches whose copies to the device run
 ** ahead of the consumer. All on the consumer's thread, except the pool's hooks. */

@@ -32,11 +32,12 @@
 ** Reuse. A pinned buffer goes back to the pool when its tensor dies; the feed
 ** lets go of the host tensors as soon as their copies are queued, so the last
 ** reference is the copy's own, dropped by the host callback after the copy
-** (the CUDA backend's pinned.c, step 2). The pool is told which buffers a pending copy holds, so
-** a worker short of buffers waits for those rather than allocating more.
+** (the CUDA backend's kernels/pinned.c, step 2). The pool is told which buffers
+** a pending copy holds, so a worker short of buffers waits for those rather than
+** allocating more.
 **
 ** Without pin_memory, a batch is staged and copied on the compute stream when
-** it is handed out (backend.c's pageable path); nothing is copied ahead.
+** it is handed out (kernels/backend.c's pageable path); nothing is copied ahead.
 */
 #include "data.h"
 

@@ -25,7 +25,7 @@
 ** with workers = 0 the whole computation of each item is wait time, since the
 ** step waits for it either way.
 **
-** Devices. em_loader_to_device puts a feed (kernels/feed.c) between the slots
+** Devices. em_loader_to_device puts a feed (feed.c) between the slots
 ** and the consumer: it takes items through emi_loader_take -- also without
 ** waiting, to copy the next batch to the device ahead of its step -- and with
 ** pin_memory its pool of pinned buffers becomes the loader's buffer allocator.

@@ -10,7 +10,7 @@
 ** call order, every replica meets every collective in the same order without
 ** any further agreement.
 **
-** Device tensors (c->dev, core/dist/nccl.c). The same queue and thread serve a
+** Device tensors (c->dev: commdev.c, nccl.c). The same queue and thread serve a
 ** communicator whose tensors live on a CUDA device: submission marks the
 ** compute stream (an event after the work that wrote the input), the comm thread
 ** waits for that mark before it reads, and a wait makes the compute stream wait

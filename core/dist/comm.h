@@ -4,7 +4,8 @@
 ** move the bytes: local.c (threads of one process, shared memory) and mpi.c
 ** (processes, through a libmpi loaded at run time), and nccl.c (GPU replicas:
 ** one more emi_comm_backend on real GPUs; on emulated devices a host backend
-** with the device buffers staged around it -- see "Device communicators").
+** with the device buffers staged around it by commdev.c -- see "Device
+** communicators").
 **
 ** The model. Every communicator owns one thread, its "comm thread", and a FIFO
 ** of work items. A collective call checks its arguments on the caller's thread,

@@ -19,9 +19,10 @@
 **   - on emulated devices the boot communicator itself becomes the `nccl`
 **     communicator: the host collective is NCCL's stand-in, and comm.c stages
 **     the device buffers through host memory around it with the very same
-**     events (kernels/comm_cuda.c), so that ordering logic runs in CI.
-** What never ran here: the NCCL calls themselves (kernels/real/nccl_real.c) --
-** this project's machines have no GPU; the code compiles against nccl.h.
+**     events (commdev.c), so that ordering logic runs in CI.
+** What CI does not run: the NCCL calls themselves (kernels/real/nccl_real.c) --
+** its machines have no GPU; the code compiles against nccl.h, and the GPU tests
+** (make gpu-tests, test_comm_nccl) run them where a GPU is.
 */
 #include "comm.h"
 #include <stdio.h>
@@ -74,7 +75,7 @@ em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCC
 typedef struct nccl_comm {
   em_comm *boot;             /* host communicator: id, barriers, failure */
   em_local_group *g;         /* the threads' group (NULL under MPI) */
-  void *nc;                  /* NCCL's communicator (nccl_real.c) */
+  void *nc;                  /* NCCL's communicator (kernels/real/nccl_real.c) */
   unsigned char id[EMI_NCCL_ID_BYTES];
 } nccl_comm;
 

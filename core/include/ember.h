@@ -997,11 +997,13 @@ em_status em_profile_range_push(em_state *S, const char *name, int kind);
 em_status em_profile_range_pop(em_state *S);
 
 /* -- CUDA libraries (kernels/real/libs.c) ------------------------------------------
-** What `ember --info` says of the real CUDA libraries, which libember never links
-** but loads (dlopen) when used: one line each for the CUDA runtime (with the
-** driver), cuBLASLt, cuDNN and NCCL -- version and file, or why not and the places
-** tried ($EMBER_CUDA_HOME/lib64, /usr/local/cuda/lib64, the system search path).
-** Loads them to ask (a fraction of a second): for information, not hot paths.
+** What `ember --info` says of the real CUDA libraries, which neither libember nor
+** libember_cuda links: the CUDA backend loads them (dlopen) when used. One line
+** each for the CUDA runtime (with the driver), cuBLASLt, cuDNN and NCCL -- version
+** and file, or why not and the places tried ($EMBER_CUDA_HOME/lib64,
+** /usr/local/cuda/lib64, the system search path); without the CUDA backend's
+** library, the one line of why it could not be loaded. Loads them to ask (a
+** fraction of a second): for information, not hot paths.
 ** Writes at most len bytes, NUL-terminated; EM_ERR_ARG for no buffer. Any thread. */
 em_status em_cuda_libs_info(char *buf, size_t len);
 

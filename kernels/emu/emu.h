@@ -6,7 +6,9 @@
 **   stream_emu.c   streams (a worker thread each), their work items, events,
 **                  kernel launches and sticky errors;
 **   gemm_emu.c     the gemm entry: OpenBLAS standing in for cuBLASLt, run as a
-**                  work item on the stream's thread (emi_emu_queue_work).
+**                  work item on the stream's thread (emi_emu_queue_work);
+**   dnn_emu.c      the nn entries: the CPU backend standing in for cuDNN's
+**                  convolutions and batch norm, as work items too.
 ** Nothing here is seen outside kernels/emu/.
 **
 ** Locks, always taken in this order (a thread holding one never waits for an

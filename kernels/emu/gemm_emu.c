@@ -8,7 +8,7 @@
 **     when every matrix has a unit stride (transposed operands go in as
 **     CblasTrans); otherwise a plain loop;
 **   - float16/bfloat16 converted to dense float32 matrices, sgemm, and each
-**     result rounded once with the CPU's conversions (internal.h).
+**     result rounded once with the CPU's conversions (core/backend.h).
 ** allow_tf32 is ignored: the emulator computes in full float32.
 */
 #include "emu.h"

@@ -1,10 +1,10 @@
 /*
-** fatbins.h -- the device code of the CUDA backend, embedded in libember.
+** fatbins.h -- the device code of the CUDA backend, embedded in libember_cuda.
 **
 ** nvcc compiles every kernels/k_*.cu into $(BUILD)/kernels/k_*.fatbin (SASS for
 ** sm_80 and sm_90, PTX for newer GPUs); the Makefile then generates
 ** $(BUILD)/kernels/fatbins.S, which pulls each file in with the assembler's
-** .incbin and lists them in the table below, and links it into libember. So the
+** .incbin and lists them in the table below, and links it into libember_cuda. So the
 ** real runtime (runtime_real.c) finds its kernels in its own image -- no file
 ** path at run time, no fatbin out of step with the library. In a build without
 ** nvcc the generated table is empty, and a launch says so.

@@ -4,7 +4,7 @@
 ** Where the device code comes from. The library is built by gcc, so a kernel's
 ** descriptor (device.h's host branch) has a name, "k_scale", and no device
 ** function. nvcc compiled the same sources into fatbins, which the build embeds
-** in libember (fatbins.h); there the kernel is the C-linkage symbol
+** in libember_cuda (fatbins.h); there the kernel is the C-linkage symbol
 ** "k_scale_emk_dev" (device.h's nvcc branch). When a device opens (its first
 ** stream), every embedded fatbin is loaded with cudaLibraryLoadData, once per
 ** runtime, and every kernel of them is listed by name (cudaLibraryEnumerateKernels,
@@ -237,8 +237,8 @@ static em_status find_kernel(emr *R, const emk_kernel *k, const char *name, int 
   }
   if (found == R->nmods) {
     st = emr_fail(R, EM_ERR_UNSUPPORTED, "launch %s: no device code: %s is in none of the %zu "
-                  "embedded modules (was libember built before this kernel was added, or "
-                  "without its source?)", name, sym, R->nmods);
+                  "embedded modules (was libember_cuda built before this kernel was added, "
+                  "or without its source?)", name, sym, R->nmods);
     goto done;
   }
   emr_kslot ks = {k, fn, 0};

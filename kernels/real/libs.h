@@ -2,9 +2,10 @@
 ** libs.h -- the real CUDA libraries (CUDA runtime, cuBLASLt, cuDNN, NCCL), loaded
 ** only when used.
 **
-** Why dlopen. libember links nothing of CUDA (DESIGN.md, principle 7): a CPU-only
-** host must load and run ember without the toolkit, and a GPU host must not fail
-** to start because cuDNN or NCCL is missing when it only wants GEMMs. So each
+** Why dlopen. Neither libember nor libember_cuda links anything of CUDA
+** (DESIGN.md, principle 7): a CPU-only host must load and run ember without the
+** toolkit, and a GPU host must not fail to start because cuDNN or NCCL is missing
+** when it only wants GEMMs. So each
 ** library is opened with dlopen the first time something asks for it, and every
 ** function ember calls is looked up with dlsym into a table. The toolkit's
 ** headers are read for types, constants and prototypes only (each table entry is

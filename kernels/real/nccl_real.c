@@ -1,6 +1,7 @@
 /*
 ** nccl_real.c -- NCCL communicators for GPU replicas on real devices (the
-** device half of core/dist/nccl.c, reached through kernels/comm_cuda.c).
+** device half of core/dist/nccl.c, reached from core/dist/commdev.c through the
+** services table's collective entries in kernels/services.c).
 ** libnccl is loaded with dlopen like the other CUDA libraries (libs.h), so every
 ** call goes through the emk_nccl_fns table.
 **
@@ -10,7 +11,7 @@
 ** until the operation left that state -- bounded by the strategy's timeout, after
 ** which the caller aborts the communicator (ncclCommAbort), which is the only
 ** way to get a rank out of NCCL when a peer died. Completion of the queued
-** collectives themselves is an event on the comm stream that comm_cuda.c polls,
+** collectives themselves is an event on the comm stream that commdev.c polls,
 ** asking ncclCommGetAsyncError in between (a peer gone shows there as
 ** ncclRemoteError or ncclSystemError).
 **
@@ -174,7 +175,7 @@ em_status emk_nccl_collective(emk_nccl *n, int kind, int op, em_dtype dt, const 
     break;
   case EMI_COLL_REDUCE_SCATTER:
     call = "ncclReduceScatter";
-    /* recvcount: this rank's part; comm.c checked that count splits evenly */
+    /* recvcount: this rank's part; core/dist/comm.c checked that count splits evenly */
     r = n->f->ncclReduceScatter(in, out, c / (size_t)n->nranks, t, rop, n->comm, cs);
     break;
   default:

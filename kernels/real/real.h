@@ -1,7 +1,8 @@
 /*
-** real.h -- the internals of the real device runtime, shared by its three files:
+** real.h -- the internals of the real device runtime, shared by its files:
 ** runtime_real.c (the object, devices, memory, streams, events, copies),
-** launch_real.c (kernels from the embedded fatbins) and gemm_real.c (cuBLASLt).
+** launch_real.c (kernels from the embedded fatbins), gemm_real.c (cuBLASLt),
+** dnn_real.c (cuDNN) and nccl_real.c (NCCL).
 ** Only compiled with the CUDA headers (libs_fn.h); everything CUDA is reached
 ** through the dlopen'ed tables of libs.c.
 */

@@ -166,7 +166,7 @@ function Dataset:loader(o)
   return require('ember.data.loader').new(self, opts_table('loader', o))
 end
 
-local named = { images = 1, labels = 2 }   -- in-memory image sources, as before
+local named = { images = 1, labels = 2 }   -- ds.images, ds.labels: an image source's fields
 box_t = ffi.metatype('em_dsbox', {
   __index = function(self, k)
     if type(k) == 'number' then return { self:get(k) } end
@@ -205,7 +205,7 @@ local function data_root(opts, folder)
 end
 
 -- Image options (core/io/image.c): max_pixels = n (> 0) or false (no limit); nil
--- takes the state's setting (em.data.max_pixels, PIL's 89,478,485 at first).
+-- takes the state's setting (em.data.max_pixels, by default PIL's 89,478,485).
 local image_opts = ffi.new('em_image_opts')
 local function fill_image_opts(op, o)
   local m = o.max_pixels

@@ -18,7 +18,7 @@ The bar: redrawn in place at most 10 times a second when stdout is a terminal;
 otherwise a plain line every 10 seconds (none for epochs shorter than that), so
 logs stay readable; progress = n (seconds) sets that interval, false turns both off.
 
-device and pin_memory (em_loader_to_device; kernels/feed.c): batches come out
+device and pin_memory (em_loader_to_device; core/data/feed.c): batches come out
 on `device`. With pin_memory the workers assemble them in pinned buffers of a
 pool the loader keeps, and each batch's copy runs on the device's copy stream
 `device_prefetch` batches (default 1) ahead of its step; without it, a batch is

@@ -24,7 +24,7 @@ return function(nn)
     return self
   end
   -- The children's names "1", "2", ... made once: tostring(i) on every forward
-  -- was a visible share of a small net's inference time.
+  -- would be a visible share of a small net's inference time.
   local names = setmetatable({}, { __index = function(t, i)
     local s = tostring(i)
     t[i] = s
