@@ -8,46 +8,74 @@
 ** reads two values of one type T and writes T (or bool for comparisons and the
 ** logical ops). Integer arithmetic wraps (done in the unsigned type: signed
 ** overflow is undefined in C), as PyTorch's does on every platform it runs on.
+**
+** A loop is written once per type, in loop_impl.h; an op is an element function
+** (an expression of x and y) that the short BIN_FN macro wraps in it, one line
+** per op and dtype family below.
 */
 #include "loops.h"
+#include "inline.h"
 #include <tgmath.h>
 
-/* -- Loop template --------------------------------------------------------------------
-** The three unit-stride branches (both operands, scalar right, scalar left) are
-** the ones the compiler vectorizes; everything else takes the strided branch.
-** T and U (the unsigned twin of T, for wrapping integer arithmetic) are typedefs
-** inside the loop so that EXPR and PRE can name them. */
-#define BIN_LOOP(NAME, T_, U_, OT, PRE, EXPR)                                          \
-  static void NAME(char *o_, const char *a_, const char *b_, int64_t n, int64_t so,    \
-                   int64_t sa, int64_t sb, emi_kparams *p_) {                          \
-    typedef T_ T;                                                                      \
-    typedef U_ U; (void)sizeof(U);                                                     \
-    PRE;                                                                               \
-    if (so == sizeof(OT) && sa == sizeof(T) && sb == sizeof(T)) {                      \
-      OT *o = (OT *)o_;                                                                \
-      const T *a = (const T *)a_, *b = (const T *)b_;                                  \
-      for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; o[i] = (OT)(EXPR); }     \
-    } else if (so == sizeof(OT) && sa == sizeof(T) && sb == 0) {                       \
-      OT *o = (OT *)o_;                                                                \
-      const T *a = (const T *)a_;                                                      \
-      const T y = *(const T *)b_;                                                      \
-      for (int64_t i = 0; i < n; i++) { T x = a[i]; o[i] = (OT)(EXPR); }               \
-    } else if (so == sizeof(OT) && sa == 0 && sb == sizeof(T)) {                       \
-      OT *o = (OT *)o_;                                                                \
-      const T *b = (const T *)b_;                                                      \
-      const T x = *(const T *)a_;                                                      \
-      for (int64_t i = 0; i < n; i++) { T y = b[i]; o[i] = (OT)(EXPR); }               \
-    } else {                                                                           \
-      for (int64_t i = 0; i < n; i++) {                                                \
-        T x = *(const T *)(a_ + i * sa), y = *(const T *)(b_ + i * sb);                \
-        *(OT *)(o_ + i * so) = (OT)(EXPR);                                             \
-      }                                                                                \
-    }                                                                                  \
-    (void)p_;                                                                          \
-  }
+/* -- Loops ----------------------------------------------------------------------------
+** The loops themselves are loop_impl.h's, one copy per operand type and result
+** type (T, or bool stored as uint8 for comparisons and the logical ops). */
+#define T float
+#define OT float
+#define FN(name) name##_f32
+#include "loop_impl.h"
+#define T double
+#define OT double
+#define FN(name) name##_f64
+#include "loop_impl.h"
+#define T int32_t
+#define OT int32_t
+#define FN(name) name##_i32
+#include "loop_impl.h"
+#define T int64_t
+#define OT int64_t
+#define FN(name) name##_i64
+#include "loop_impl.h"
+#define T uint8_t
+#define OT uint8_t
+#define FN(name) name##_u8
+#include "loop_impl.h"
+#define T float
+#define OT uint8_t
+#define FN(name) name##_f32_b
+#include "loop_impl.h"
+#define T double
+#define OT uint8_t
+#define FN(name) name##_f64_b
+#include "loop_impl.h"
+#define T int32_t
+#define OT uint8_t
+#define FN(name) name##_i32_b
+#include "loop_impl.h"
+#define T int64_t
+#define OT uint8_t
+#define FN(name) name##_i64_b
+#include "loop_impl.h"
+#define loop2_u8_b loop2_u8                 /* bool is stored as uint8 */
+#define loop2_b loop2_u8
 
+/* The loop of a result that is T (OB 0) or bool (OB 1). */
 #define OUT_0(T) T
 #define OUT_1(T) uint8_t
+#define LOOP2_0(SFX) loop2_##SFX
+#define LOOP2_1(SFX) loop2_##SFX##_b
+
+/* NAME_SFX, the kernel of one op and dtype: the element function NAME_SFX_x
+** computes EXPR of x and y (of type T; U is T's unsigned twin, for wrapping
+** integer arithmetic; p_ the parameters). ELEM_TYPES names T and U for EXPR,
+** which may use either or neither. */
+#define ELEM_TYPES(T_, U_) typedef T_ T; typedef U_ U; (void)sizeof(T); (void)sizeof(U)
+#define BIN_FN(NAME, SFX, OB, T_, U_, EXPR)                                            \
+  EMI_INLINE OUT_##OB(T_) NAME##_##SFX##_x(T_ x, T_ y, emi_kparams *p_) {              \
+    ELEM_TYPES(T_, U_); (void)p_; return (OUT_##OB(T))(EXPR); }                        \
+  static void NAME##_##SFX(char *o, const char *a, const char *b, int64_t n, int64_t so, \
+                           int64_t sa, int64_t sb, emi_kparams *p) {                   \
+    LOOP2_##OB(SFX)(o, a, b, n, so, sa, sb, p, NAME##_##SFX##_x); }
 
 /* float32, float64, and the half adapters built on the float32 loop. */
 #define HALF2_FN(NAME, OB, SFX, DT)                                                    \
@@ -55,15 +83,15 @@
                            int64_t sa, int64_t sb, emi_kparams *p) {                   \
     emi_half_loop2(NAME##_f32, DT, OB, o, a, b, n, so, sa, sb, 0, 0, p); }
 #define HALF2(NAME, OB) HALF2_FN(NAME, OB, f16, EM_FLOAT16) HALF2_FN(NAME, OB, bf16, EM_BFLOAT16)
-#define FLOAT_OP(NAME, OB, PRE32, PRE64, EXPR)                                         \
-  BIN_LOOP(NAME##_f32, float, float, OUT_##OB(float), PRE32, EXPR)                     \
-  BIN_LOOP(NAME##_f64, double, double, OUT_##OB(double), PRE64, EXPR)                  \
+#define FLOAT_OP(NAME, OB, EXPR)                                                       \
+  BIN_FN(NAME, f32, OB, float, float, EXPR)                                            \
+  BIN_FN(NAME, f64, OB, double, double, EXPR)                                          \
   HALF2(NAME, OB)
-#define INT_OP(NAME, OB, PRE, EXPR)                                                    \
-  BIN_LOOP(NAME##_i32, int32_t, uint32_t, OUT_##OB(int32_t), PRE, EXPR)                \
-  BIN_LOOP(NAME##_i64, int64_t, uint64_t, OUT_##OB(int64_t), PRE, EXPR)                \
-  BIN_LOOP(NAME##_u8, uint8_t, uint32_t, OUT_##OB(uint8_t), PRE, EXPR)
-#define BOOL_OP(NAME, EXPR) BIN_LOOP(NAME##_b, uint8_t, uint8_t, uint8_t, , EXPR)
+#define INT_OP(NAME, OB, EXPR)                                                         \
+  BIN_FN(NAME, i32, OB, int32_t, uint32_t, EXPR)                                       \
+  BIN_FN(NAME, i64, OB, int64_t, uint64_t, EXPR)                                       \
+  BIN_FN(NAME, u8, OB, uint8_t, uint32_t, EXPR)
+#define BOOL_OP(NAME, EXPR) BIN_FN(NAME, b, 0, uint8_t, uint8_t, EXPR)
 
 /* -- Element functions that need more than an expression ------------------------- */
 
@@ -72,16 +100,16 @@
   static inline T frem_##F(T x, T y) {                                                 \
     T m = fmod(x, y);                                                                  \
     if (m != 0 && ((y < 0) != (m < 0))) m += y;                                        \
-    return m;                                                                          \
-  }
+    return m; }
 FREM_FN(float, f32)
 FREM_FN(double, f64)
 #define FREM(x, y) _Generic((x), float: frem_f32, default: frem_f64)(x, y)
 
 /* Integer remainder: division by zero is reported (PyTorch raises
-** ZeroDivisionError); INT_MIN % -1 is undefined in C, and 0 anyway. */
+** ZeroDivisionError); INT_MIN % -1 is undefined in C, and 0 anyway. p is the
+** loop's own copy of the parameters (loop_impl.h), so a plain store does. */
 static inline int64_t rem_int(int64_t x, int64_t y, emi_kparams *p) {
-  if (y == 0) { __atomic_store_n(&p->err, 1, __ATOMIC_RELAXED); return 0; }
+  if (y == 0) { p->err = 1; return 0; }
   if (y == -1) return 0;
   int64_t r = x % y;
   if (r != 0 && ((r < 0) != (y < 0))) r += y;
@@ -107,34 +135,32 @@ static inline int64_t ipow(int64_t b, int64_t e) {
 
 /* -- The loops ------------------------------------------------------------------------ */
 
-FLOAT_OP(add, 0, , , x + y)
-INT_OP(add, 0, , (U)x + (U)y)
+FLOAT_OP(add, 0, x + y)
+INT_OP(add, 0, (U)x + (U)y)
 BOOL_OP(add, x | y)
 
-FLOAT_OP(sub, 0, , , x - y)
-INT_OP(sub, 0, , (U)x - (U)y)
+FLOAT_OP(sub, 0, x - y)
+INT_OP(sub, 0, (U)x - (U)y)
 
-FLOAT_OP(mul, 0, , , x * y)
-INT_OP(mul, 0, , (U)x * (U)y)
+FLOAT_OP(mul, 0, x * y)
+INT_OP(mul, 0, (U)x * (U)y)
 BOOL_OP(mul, x & y)
 
-FLOAT_OP(div, 0, , , x / y)
+FLOAT_OP(div, 0, x / y)
 
-FLOAT_OP(pow, 0, , , pow(x, y))
-INT_OP(pow, 0, , ipow(x, y))
+FLOAT_OP(pow, 0, pow(x, y))
+INT_OP(pow, 0, ipow(x, y))
 
-FLOAT_OP(max, 0, , , FMAX(x, y))
-INT_OP(max, 0, , x > y ? x : y)
+FLOAT_OP(max, 0, FMAX(x, y))
+INT_OP(max, 0, x > y ? x : y)
 BOOL_OP(max, x | y)
 
-FLOAT_OP(min, 0, , , FMIN(x, y))
-INT_OP(min, 0, , x < y ? x : y)
+FLOAT_OP(min, 0, FMIN(x, y))
+INT_OP(min, 0, x < y ? x : y)
 BOOL_OP(min, x & y)
 
 #define CMP_OP(NAME, OPR)                                                              \
-  FLOAT_OP(NAME, 1, , , x OPR y)                                                       \
-  INT_OP(NAME, 1, , x OPR y)                                                           \
-  BOOL_OP(NAME, x OPR y)
+  FLOAT_OP(NAME, 1, x OPR y) INT_OP(NAME, 1, x OPR y) BOOL_OP(NAME, x OPR y)
 CMP_OP(eq, ==)
 CMP_OP(ne, !=)
 CMP_OP(lt, <)
@@ -142,22 +168,24 @@ CMP_OP(le, <=)
 CMP_OP(gt, >)
 CMP_OP(ge, >=)
 
-FLOAT_OP(rem, 0, , , FREM(x, y))
-INT_OP(rem, 0, , rem_int(x, y, p_))
+FLOAT_OP(rem, 0, FREM(x, y))
+INT_OP(rem, 0, rem_int(x, y, p_))
 
-FLOAT_OP(atan2, 0, , , atan2(x, y))
+FLOAT_OP(atan2, 0, atan2(x, y))
 
-FLOAT_OP(land, 1, , , x != 0 && y != 0)
-INT_OP(land, 1, , x != 0 && y != 0)
+FLOAT_OP(land, 1, x != 0 && y != 0)
+INT_OP(land, 1, x != 0 && y != 0)
 BOOL_OP(land, x & y)
 
-FLOAT_OP(lor, 1, , , x != 0 || y != 0)
-INT_OP(lor, 1, , x != 0 || y != 0)
+FLOAT_OP(lor, 1, x != 0 || y != 0)
+INT_OP(lor, 1, x != 0 || y != 0)
 BOOL_OP(lor, x | y)
 
 /* a + alpha*b: alpha arrives in the params as float / double / int64. */
-FLOAT_OP(adds, 0, const float al = p_->f0, const double al = p_->d0, x + al * y)
-INT_OP(adds, 0, const U al = (U)p_->i0, (U)x + al * (U)y)
+BIN_FN(adds, f32, 0, float, float, x + p_->f0 * y)
+BIN_FN(adds, f64, 0, double, double, x + p_->d0 * y)
+HALF2(adds, 0)
+INT_OP(adds, 0, (U)x + (U)p_->i0 * (U)y)
 BOOL_OP(adds, x | (y & (p_->d0 != 0)))
 
 /* -- Tables --------------------------------------------------------------------------- */
@@ -284,25 +312,15 @@ static void sc_row(void *ctx, char *const *p, const int64_t *s, int64_t n) {
 
 /* x^3 and x^-2 have their own loops in PyTorch (as x^2, x^0.5, x^-1, x^-0.5 map to
 ** square, sqrt, reciprocal, rsqrt): the products are not always what pow rounds to. */
-#define UN_LOOP(NAME, T, EXPR)                                                         \
-  static void NAME(char *o_, const char *a_, int64_t n, int64_t so, int64_t sa,        \
-                   emi_kparams *p_) {                                                  \
-    (void)p_;                                                                          \
-    if (so == sizeof(T) && sa == sizeof(T)) {                                          \
-      T *o = (T *)o_;                                                                  \
-      const T *a = (const T *)a_;                                                      \
-      for (int64_t i = 0; i < n; i++) { T x = a[i]; o[i] = EXPR; }                     \
-    } else {                                                                           \
-      for (int64_t i = 0; i < n; i++) {                                                \
-        T x = *(const T *)(a_ + i * sa);                                               \
-        *(T *)(o_ + i * so) = EXPR;                                                    \
-      }                                                                                \
-    }                                                                                  \
-  }
-UN_LOOP(cube_f32, float, x * x * x)
-UN_LOOP(cube_f64, double, x * x * x)
-UN_LOOP(rsq_f32, float, 1 / (x * x))
-UN_LOOP(rsq_f64, double, 1 / (x * x))
+#define POW_FN(NAME, SFX, T, EXPR)                                                     \
+  EMI_INLINE T NAME##_##SFX##_x(T x, emi_kparams *p) { (void)p; return EXPR; }         \
+  static void NAME##_##SFX(char *o, const char *a, int64_t n, int64_t so, int64_t sa,  \
+                           emi_kparams *p) {                                           \
+    loop1_##SFX(o, a, n, so, sa, p, NAME##_##SFX##_x, NULL); }
+POW_FN(cube, f32, float, x * x * x)
+POW_FN(cube, f64, double, x * x * x)
+POW_FN(rsq, f32, float, 1 / (x * x))
+POW_FN(rsq, f64, double, 1 / (x * x))
 
 static emi_loop1 pow_special(em_dtype ct, double s) {
   em_dtype ft = ct == EM_FLOAT64 ? EM_FLOAT64 : EM_FLOAT32;

@@ -8,8 +8,15 @@
 ** float), then converts the way emi_store_f64 does: float -> integer truncates
 ** toward zero with NaN -> 0 and out-of-range values clamped to int64 before the
 ** narrowing wrap, anything -> bool is "!= 0".
+**
+** A conversion is one element function (a load, a conversion, a store) that the
+** short CONV macro wraps in cast_rows, a loop written once and always inlined,
+** so each pair still gets its own vectorized loop; the loop works on bytes, as
+** 56 source and destination pairs are too many for one copy per type. The
+** same-dtype loops are copy_impl.h's, one copy per element size.
 */
 #include "loops.h"
+#include "inline.h"
 
 /* -- Element types: storage type and load-as-value ---------------------------------- */
 #define ST_f32 float
@@ -41,19 +48,24 @@
 #define CV_u8(v) TO_INT(uint8_t, v)
 #define CV_b(v) ((uint8_t)((v) != 0))
 
-#define CONV(S, D)                                                                     \
-  static void cv_##S##_##D(char *o_, const char *a_, int64_t n, int64_t so, int64_t sa,\
-                           emi_kparams *p_) {                                          \
-    (void)p_;                                                                          \
-    if (so == sizeof(ST_##D) && sa == sizeof(ST_##S)) {                                \
-      ST_##D *o = (ST_##D *)o_;                                                        \
-      const ST_##S *a = (const ST_##S *)a_;                                            \
-      for (int64_t i = 0; i < n; i++) o[i] = CV_##D(LD_##S(a[i]));                     \
-    } else {                                                                           \
-      for (int64_t i = 0; i < n; i++)                                                  \
-        *(ST_##D *)(o_ + i * so) = CV_##D(LD_##S(*(const ST_##S *)(a_ + i * sa)));     \
-    }                                                                                  \
+/* n elements: f converts the one at a to the one at o. eo and ea are the element
+** sizes of o and a, constants in each inlined copy. */
+EMI_INLINE void cast_rows(char *o, const char *a, int64_t n, int64_t so, int64_t sa,
+                          int64_t eo, int64_t ea, void (*f)(char *, const char *)) {
+  if (so == eo && sa == ea) {
+    for (int64_t i = 0; i < n; i++) f(o + i * eo, a + i * ea);
+  } else {
+    for (int64_t i = 0; i < n; i++) f(o + i * so, a + i * sa);
   }
+}
+
+/* cv_S_D, the loop from S to D: cast_rows around the element function cv_S_D_x. */
+#define CONV(S, D)                                                                     \
+  EMI_INLINE void cv_##S##_##D##_x(char *o, const char *a) {                           \
+    *(ST_##D *)o = CV_##D(LD_##S(*(const ST_##S *)a)); }                               \
+  static void cv_##S##_##D(char *o, const char *a, int64_t n, int64_t so, int64_t sa,  \
+                           emi_kparams *p) {                                           \
+    cast_rows(o, a, n, so, sa, sizeof(ST_##D), sizeof(ST_##S), cv_##S##_##D##_x); }
 /* One source to every destination (the diagonal is never used: same dtype moves
 ** bytes), and the table row that goes with it. */
 #define CONV_FROM(S)                                                                   \
@@ -78,24 +90,19 @@ static const emi_loop1 CONV[EM_NUM_DTYPES][EM_NUM_DTYPES] = {
   ROW(f32), ROW(f64), ROW(f16), ROW(bf16), ROW(i32), ROW(i64), ROW(u8), ROW(b),
 };
 
-/* -- Same-dtype moves ------------------------------------------------------------------ */
-#define MOVE(NAME, T)                                                                  \
-  static void NAME(char *o, const char *a, int64_t n, int64_t so, int64_t sa,          \
-                   emi_kparams *p) {                                                   \
-    (void)p;                                                                           \
-    if (so == sizeof(T) && sa == sizeof(T)) {                                          \
-      memcpy(o, a, (size_t)n * sizeof(T));                                             \
-    } else if (sa == 0) {                                                              \
-      const T v = *(const T *)a;                                                       \
-      for (int64_t i = 0; i < n; i++) *(T *)(o + i * so) = v;                          \
-    } else {                                                                           \
-      for (int64_t i = 0; i < n; i++) *(T *)(o + i * so) = *(const T *)(a + i * sa);   \
-    }                                                                                  \
-  }
-MOVE(move_1, uint8_t)
-MOVE(move_2, uint16_t)
-MOVE(move_4, uint32_t)
-MOVE(move_8, uint64_t)
+/* -- Same-dtype moves and fills (copy_impl.h) ------------------------------------ */
+#define T uint8_t
+#define FN(name) name##_1
+#include "copy_impl.h"
+#define T uint16_t
+#define FN(name) name##_2
+#include "copy_impl.h"
+#define T uint32_t
+#define FN(name) name##_4
+#include "copy_impl.h"
+#define T uint64_t
+#define FN(name) name##_8
+#include "copy_impl.h"
 
 static emi_loop1 move_loop(size_t size) {
   switch (size) {
@@ -152,21 +159,7 @@ em_status emi_cpu_copy(emi_device *dev, em_tensor *out, const em_tensor *src) {
 }
 
 /* -- fill --------------------------------------------------------------------------------- */
-#define FILL(NAME, T)                                                                  \
-  static void NAME(char *o, int64_t n, int64_t so, const void *pv) {                   \
-    const T v = *(const T *)pv;                                                        \
-    if (so == sizeof(T)) {                                                             \
-      T *oo = (T *)o;                                                                  \
-      for (int64_t i = 0; i < n; i++) oo[i] = v;                                       \
-    } else {                                                                           \
-      for (int64_t i = 0; i < n; i++) *(T *)(o + i * so) = v;                          \
-    }                                                                                  \
-  }
-FILL(fill_1, uint8_t)
-FILL(fill_2, uint16_t)
-FILL(fill_4, uint32_t)
-FILL(fill_8, uint64_t)
-
+/* fill_1 .. fill_8 are copy_impl.h's. */
 typedef void (*fill_fn)(char *o, int64_t n, int64_t so, const void *pv);
 typedef struct fill_ctx { fill_fn f; uint64_t v; int zero; int64_t es; } fill_ctx;
 

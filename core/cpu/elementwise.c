@@ -218,28 +218,21 @@ void emi_half_loop2(emi_loop2 f32, em_dtype dt, int out_bool, char *o, const cha
 }
 
 /* -- where -------------------------------------------------------------------------
-** A pure selection, so one loop per element size serves every dtype. */
+** A pure selection, so one loop per element size serves every dtype: where_impl.h,
+** included once per size. */
 
-#define WHERE_LOOP(NAME, T)                                                          \
-  static void NAME(char *const *p, const int64_t *s, int64_t n) {                      \
-    char *o = p[0];                                                                    \
-    const char *c = p[1], *a = p[2], *b = p[3];                                        \
-    if (s[0] == sizeof(T) && s[1] == 1 && s[2] == sizeof(T) && s[3] == sizeof(T)) {   \
-      T *oo = (T *)o;                                                                  \
-      const T *aa = (const T *)a, *bb = (const T *)b;                                  \
-      const uint8_t *cc = (const uint8_t *)c;                                          \
-      for (int64_t i = 0; i < n; i++) oo[i] = cc[i] ? aa[i] : bb[i];                   \
-    } else {                                                                           \
-      for (int64_t i = 0; i < n; i++)                                                  \
-        *(T *)(o + i * s[0]) = *(const uint8_t *)(c + i * s[1])                        \
-                                   ? *(const T *)(a + i * s[2])                        \
-                                   : *(const T *)(b + i * s[3]);                       \
-    }                                                                                  \
-  }
-WHERE_LOOP(where_1, uint8_t)
-WHERE_LOOP(where_2, uint16_t)
-WHERE_LOOP(where_4, uint32_t)
-WHERE_LOOP(where_8, uint64_t)
+#define T uint8_t
+#define FN(name) name##_1
+#include "where_impl.h"
+#define T uint16_t
+#define FN(name) name##_2
+#include "where_impl.h"
+#define T uint32_t
+#define FN(name) name##_4
+#include "where_impl.h"
+#define T uint64_t
+#define FN(name) name##_8
+#include "where_impl.h"
 
 typedef void (*where_fn)(char *const *p, const int64_t *s, int64_t n);
 typedef struct where_ctx { where_fn fn; } where_ctx;
