@@ -33,9 +33,8 @@
 #include <stdlib.h>
 
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
-static const emi_backend_kind *loaded;     /* set once, read under load_mu or after */
-static int load_tried;
-static char load_why[256];
+static const emi_backend_kind *loaded;     /* set once, under load_mu */
+static char load_why[256];                 /* why none was found, once looked for */
 
 /* The folder of the object this code is in, with a trailing '/', or "". */
 static void own_dir(char *buf, size_t len, char *path, size_t plen) {
@@ -90,12 +89,8 @@ static const emi_backend_kind *linked_in(void) {
 
 static const emi_backend_kind *load_kind(void) {
   pthread_mutex_lock(&load_mu);
-  if (!load_tried) {
-    load_tried = 1;
-    loaded = linked_in();
-  }
-  if (!loaded && load_tried == 1) {
-    load_tried = 2;
+  if (!loaded) loaded = linked_in();
+  if (!loaded && !load_why[0]) {            /* looked for once: the reason stays */
     char dir[1024], core[1024], path[1200], err[170] = "";
     own_dir(dir, sizeof dir, core, sizeof core);
     promote_core(core);
