@@ -131,6 +131,10 @@ void em_config_init(em_config *cfg);
 em_status em_open(em_state **S, const em_config *cfg);
 void em_close(em_state *S);
 const char *em_errmsg(em_state *S);
+/* Sets S's error message to msg and returns code: for a host callback (a
+** gradient hook, a backward callback, a custom function) whose failure ember
+** reports as the failure of the call that ran it. */
+em_status em_set_errmsg(em_state *S, em_status code, const char *msg);
 /* The numbering messages use for dims, list positions and indices: 0 (the
 ** default, C's) or 1 (the Lua layer's); index values passed to ops keep their
 ** own index_base argument. */
@@ -424,6 +428,22 @@ int em_tensor_is_leaf(const em_tensor *t);
 ** changed values, and it refuses, naming op, when grad mode is on and t
 ** requires grad (autograd can't follow such a write). */
 em_status em_tensor_bump_version(em_state *S, em_tensor *t, const char *op);
+/* The version of t's storage: bumped by every in-place write (em_tensor_bump_version),
+** so a caller can tell whether a tensor was written since it last looked. */
+uint32_t em_tensor_version(const em_tensor *t);
+/* Parameters whose data comes and goes (sharded training: a parameter is
+** gathered for its module's forward and backward and freed between). t must own
+** its whole storage (contiguous, offset 0) and, the first time, be its only
+** handle. em_tensor_free_data frees the memory and keeps the storage, so every
+** view of it -- autograd's saved tensors included -- sees the data again after
+** em_tensor_fill_data, which allocates it anew on t's device and copies src
+** (t's shape; any dtype, same device) in without bumping the version (the
+** values are the ones saved tensors were recorded with). While freed, t reads
+** as a tensor of the meta device: shapes work, values are an error, and ops
+** with tensors of other devices fail naming both devices. */
+em_status em_tensor_free_data(em_state *S, em_tensor *t);
+em_status em_tensor_fill_data(em_state *S, em_tensor *t, const em_tensor *src);
+int em_tensor_has_data(const em_tensor *t);
 /* A new reference to t's accumulated gradient, or NULL when there is none. */
 em_tensor *em_tensor_grad(const em_tensor *t);
 /* Replaces t's gradient (g may be NULL to clear it; same shape otherwise). */
