@@ -121,6 +121,8 @@ void *em_tensor_data(const em_tensor *t) {
 int em_tensor_same_storage(const em_tensor *a, const em_tensor *b) {
   return a && b && a->storage == b->storage;
 }
+const void *em_tensor_storage_id(const em_tensor *t) { return t->storage; }
+int64_t em_tensor_storage_nbytes(const em_tensor *t) { return (int64_t)t->storage->nbytes; }
 
 int em_tensor_is_contiguous(const em_tensor *t) {
   if (t->numel == 0) return 1;               /* no element to be out of place (as PyTorch) */

@@ -185,6 +185,11 @@ int em_tensor_is_contiguous(const em_tensor *t);
 void *em_tensor_data(const em_tensor *t);
 /* Two tensors view the same storage. */
 int em_tensor_same_storage(const em_tensor *a, const em_tensor *b);
+/* The storage a tensor views, as an identity (every view of one storage gives the
+** same pointer, on every device, meta included), and that storage's size in bytes:
+** for counting memory once per storage. */
+const void *em_tensor_storage_id(const em_tensor *t);
+int64_t em_tensor_storage_nbytes(const em_tensor *t);
 /* The single element of a one-element tensor, as a double / as an int64. */
 em_status em_tensor_item(em_state *S, const em_tensor *t, double *out);
 em_status em_tensor_item_int(em_state *S, const em_tensor *t, int64_t *out);
