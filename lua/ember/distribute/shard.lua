@@ -51,6 +51,7 @@ local em = require 'ember'
 local core = require 'ember.ffi'
 local dist = require 'ember.distribute'
 local layout = require 'ember.distribute.shard_layout'
+local memory_kinds = require 'ember.memory_kinds'
 local C, S = core.C, core.S
 local raise = core.raise
 
@@ -262,8 +263,7 @@ function M.wrap(s, model, o)
   end
   check(C.em_backward_add_callback(S, backward_end, ffi.cast('void *', ffi.cast('intptr_t', dm._id))))
   dm._cb_ud = ffi.cast('void *', ffi.cast('intptr_t', dm._id))
-  local mk = package.loaded['ember.memory_kinds']
-  if mk and mk.register_model then mk.register_model(dm) end
+  memory_kinds.register_model(dm)
   return dm
 end
 
@@ -639,11 +639,10 @@ function Sharded:memory()
       end
     end
   end
-  local opt_bytes = 0
-  local optim = package.loaded['ember.optim']
-  local mine = {}
+  -- the state of the optimizers that update these shards (each storage once)
+  local opt_bytes, mine, seen = 0, {}, {}
   for _, sh in ipairs(self._shards) do mine[sh] = true end
-  for opt in pairs(optim and optim._live or {}) do
+  for _, opt in ipairs(memory_kinds.optimizers()) do
     local i = 0
     for _, g in ipairs(opt.param_groups) do
       for _, p in ipairs(g.params) do
@@ -651,7 +650,13 @@ function Sharded:memory()
         local st = opt.state[i]
         if mine[p] and st then
           for _, v in pairs(st) do
-            if ffi.istype(core.box_t, v) then opt_bytes = opt_bytes + nbytes(v) end
+            if ffi.istype(core.box_t, v) then
+              local key = tostring(C.em_tensor_storage_id(v._h))
+              if not seen[key] then
+                seen[key] = true
+                opt_bytes = opt_bytes + tonumber(C.em_tensor_storage_nbytes(v._h))
+              end
+            end
           end
         end
       end
