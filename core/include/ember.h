@@ -400,12 +400,32 @@ const char *em_safetensors_metadata_value(const em_safetensors *f, int64_t i);
 ** a temporary file in the same folder and renamed over path, so path holds
 ** either its old content or the complete new one, never a mix; with
 ** EM_SAVE_SYNC the data and the rename are also flushed to the disk (fsync of
-** the file, then of the folder) before the call returns. */
-enum { EM_SAVE_SYNC = 1 };
+** the file, then of the folder) before the call returns.
+** EM_SAVE_IN_PLACE writes path itself, created or truncated, with no temporary
+** file: for a file that nothing reads until a later commit names it (the
+** shards of a sharded checkpoint), so that a crash leaves no stray temporary. */
+enum { EM_SAVE_SYNC = 1, EM_SAVE_IN_PLACE = 2 };
 em_status em_safetensors_write(em_state *S, const char *path, const char *const *names,
                                em_tensor *const *tensors, int64_t n,
                                const char *const *meta_keys,
                                const char *const *meta_values, int64_t nmeta, int flags);
+/* Elements [lo, hi) of entry i, flattened (row-major), into a new 1-D CPU tensor
+** of hi - lo elements: only those bytes are read from the file (a sharded
+** checkpoint's loader reads just the ranges it needs). 0 <= lo <= hi <= numel. */
+em_status em_safetensors_read_range(em_state *S, em_safetensors *f, int64_t i, int64_t lo,
+                                    int64_t hi, em_tensor **out);
+
+/* Files for checkpoints made of several files. em_file_write replaces path with
+** the n bytes at data as em_safetensors_write does (a temporary file in the same
+** folder renamed over path; with EM_SAVE_SYNC the file, then its folder, are
+** fsynced). em_dir_make creates the folder path (one level, mode 0777 less the
+** umask); a folder already there is fine, anything else there is an error.
+** em_dir_sync fsyncs the folder path, so that renames and removals in it are on
+** the disk when it returns. */
+em_status em_file_write(em_state *S, const char *path, const void *data, size_t n, int flags);
+em_status em_dir_make(em_state *S, const char *path);
+em_status em_dir_sync(em_state *S, const char *path);
+
 /* The JSON string quoting the writer above uses, for hosts that write JSON
 ** themselves (the Lua layer's checkpoint document): s[0..n) as a quoted JSON
 ** string into dst when dst is not NULL; returns the quoted length (call with NULL
