@@ -174,6 +174,11 @@ H.test('checkpoint: errors', function()
   local y = nn.checkpoint(function(t) n = n + 1; return t:narrow(1, 1, n) end, x)
   H.raises(function() y:sum():backward() end, 'recomputed forward')
   H.raises(function() nn.Checkpoint(3) end, 'Checkpoint', 'expected a module')
+  -- its inputs go with the first backward, as saved tensors do
+  y = nn.checkpoint(function(t) return t * 2 end, x)
+  local loss = y:sum() * 1
+  y:sum():backward()
+  H.raises(function() loss:backward() end, 'second time')
 end)
 
 H.test('checkpoint: a 16-layer MLP peaks lower', function()

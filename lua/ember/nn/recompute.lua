@@ -34,8 +34,24 @@ local function pack(...) return { n = select('#', ...), ... } end
 local function is_tensor(x) return istype(box_t, x) end
 local function addr(t) return tonumber(ffi.cast('intptr_t', t._h)) end
 
+-- The tensors fn made and dropped are garbage that only Lua's collector frees:
+-- left to it, they would stay until the next collection and eat the memory
+-- checkpointing saves. When what fn allocated beyond its results passes
+-- GARBAGE bytes, they are collected at once (the cost of a collection is
+-- small beside computing that much).
+local GARBAGE = 8 * 2 ^ 20
+local function tidy(before, res, from)
+  local kept = 0
+  for i = from, res.n do
+    local v = res[i]
+    if is_tensor(v) then kept = kept + v:numel() * C.em_dtype_size(core.dtype_of(v._h)) end
+  end
+  if tonumber(C.em_memory_allocated(S)) - before - kept > GARBAGE then core.collect() end
+end
+
 -- fn(...) under no_grad with a probe; returns its results and the probed tensors.
 local function probed_forward(fn, args)
+  local before = tonumber(C.em_memory_allocated(S))
   if C.em_grad_probe_begin(S) ~= 0 then core.fail() end
   local was = C.em_is_grad_enabled(S)
   C.em_set_grad_enabled(S, 0)
@@ -48,6 +64,7 @@ local function probed_forward(fn, args)
   if st ~= 0 then core.fail() end
   local seen = {}
   for i = 1, n do seen[i] = wrap(buf[i - 1]) end
+  tidy(before, res, 2)
   return res, seen
 end
 
@@ -138,6 +155,11 @@ local function checkpoint(fn, ...)
   for k, i in ipairs(pos) do shapes[k] = res[i].shape end
 
   local function backward(g)
+    if not args then
+      error('checkpoint: trying to backward through the graph a second time; the inputs ' ..
+        'it recomputes from were freed by the first backward', 0)
+    end
+    local before = tonumber(C.em_memory_allocated(S))
     local now = em.get_rng_state()
     em.set_rng_state(rng)
     local copies, wrt = {}, {}
@@ -162,7 +184,12 @@ local function checkpoint(fn, ...)
     end
     local root = em.enable_grad(packed, again, apos)
     if not root.requires_grad then return {} end
-    return em.autograd.backward_capture(root, g, wrt)
+    local gs = em.autograd.backward_capture(root, g, wrt)
+    -- as a node's saved tensors, the inputs go with the first backward
+    again, root, copies, args, params = nil, nil, nil, nil, nil
+    gs.n = #wrt
+    tidy(before, gs, 1)
+    return gs
   end
   jit.off(backward)
 
