@@ -131,10 +131,6 @@ void em_config_init(em_config *cfg);
 em_status em_open(em_state **S, const em_config *cfg);
 void em_close(em_state *S);
 const char *em_errmsg(em_state *S);
-/* Sets S's error message to msg and returns code: for a host callback (a
-** gradient hook, a backward callback, a custom function) whose failure ember
-** reports as the failure of the call that ran it. */
-em_status em_set_errmsg(em_state *S, em_status code, const char *msg);
 /* The numbering messages use for dims, list positions and indices: 0 (the
 ** default, C's) or 1 (the Lua layer's); index values passed to ops keep their
 ** own index_base argument. */

@@ -83,7 +83,7 @@ local PARAM_BITS = 2 ^ 20
 local function guarded(fn, ...)
   local ok, err = pcall(fn, ...)
   if ok then return 0 end
-  return C.em_set_errmsg(S, 9, tostring(err))
+  return C.em_set_error(S, C.EM_ERR_INTERNAL, tostring(err))
 end
 local grad_hook = ffi.cast('em_grad_hook_fn', function(_, _, ud)
   local v = tonumber(ffi.cast('intptr_t', ud))
@@ -96,8 +96,6 @@ local backward_end = ffi.cast('em_backward_callback_fn', function(_, failed, ud)
   if not dm or not dm._armed then return 0 end
   return guarded(on_backward_end, dm, failed ~= 0)
 end)
--- backward calls back into Lua: the call into C must not run inside a trace
-jit.off(core.Tensor.backward)
 
 -- -- Options -----------------------------------------------------------------------------------
 local MODES = { optimizer = true, gradients = true, parameters = true }
