@@ -275,7 +275,6 @@ netns_case() {
     sleep 0.1; i=$((i + 1))
   done
   check '[ -z "$left" ]' "nothing left running in the namespaces${left:+ (left: $(echo $left))}"
-  pids=""
   common_checks
   [ "$failed" = "$failed0" ] || { show "$d/out"; show "$d/out.0"; show "$d/out.1"; }
 }
