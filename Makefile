@@ -346,6 +346,13 @@ test: all deps-run deps-test $(CTEST_BIN)
 	@sh tests/run.sh $(BUILD)
 endif
 
+# Fault tests (tests/faults/run.sh): replicas killed, stopped or cut off under
+# mpirun, a full disk during a checkpoint; about two minutes. Needs root for the
+# network namespaces and the tmpfs (those cases skip otherwise).
+.PHONY: test-faults
+test-faults: deps all
+	@sh tests/faults/run.sh $(BUILD)
+
 # -- Running -------------------------------------------------------------------------------
 # The main job: the Fashion-MNIST CNN, 5 epochs; its last line is the test accuracy.
 run: all deps-run

@@ -34,7 +34,12 @@ load reads such a folder, or loads any checkpoint into a sharded model
 
 Loading calls obj:load_state_dict(sd) for each object passed in, restores the
 RNG state last (so that the next random draw equals the one that followed the
-save), and returns the other fields. Nothing in the file is ever run: the JSON
+save), and returns the other fields. It restores every object or none: a file
+that cannot be read, lacks an entry, or holds a state an object refuses (a
+checkpoint of another run's model or optimizer) raises an error naming the file
+and leaves every object and the RNG as they were. For that, each object's state
+(its :state_dict(), where it has one) is copied to host memory before it is
+loaded, and put back on a refusal. Nothing in the file is ever run: the JSON
 is parsed by a small strict decoder (ember/checkpoint/json.lua), with a depth
 limit. Writing it, the strings are quoted and UTF-8-checked by the core
 (em_json_quote, em_utf8_valid: the safetensors writer's own rules).
@@ -263,6 +268,44 @@ local function sharded_dir(path)
   return false
 end
 
+-- A copy of state dict v that later changes to the object do not reach:
+-- tensors are copied to host memory (a GPU model's copy takes no device memory).
+local function copy_state(v, depth)
+  if istype(box_t, v) then
+    local c = v:to('cpu')
+    return rawequal(c, v) and v:clone() or c
+  elseif type(v) == 'table' and depth < MAX_DEPTH then
+    local t = {}
+    for k, x in pairs(v) do t[k] = copy_state(x, depth + 1) end
+    return t
+  end
+  return v
+end
+
+-- Restores every object from fields, or none: an object whose state is refused
+-- (a checkpoint of another model or optimizer) leaves every object as it was,
+-- each one put back from a copy of its state taken before, and the error names
+-- the file.
+local function restore_all(path, objects, fields)
+  local done = {}
+  for k, obj in pairs(objects) do
+    -- (an object without a state to give yet -- one that only loads -- is not copied)
+    local sd = state_dict_of(obj)
+    local got, before = pcall(function() return sd and sd(obj) end)
+    if got and type(before) == 'table' then
+      done[#done + 1] = { obj = obj, before = copy_state(before, 0) }
+    end
+    local ok, err = pcall(obj.load_state_dict, obj, fields[k])
+    if not ok then
+      for i = #done, 1, -1 do done[i].obj:load_state_dict(done[i].before) end
+      -- the object's error, without the position that raise gave it
+      err = tostring(err):gsub('^[^\n]-:%d+: ', '', 1)
+      raise(fmt("checkpoint.load: '%s': objects.%s refused its state: %s", path, tostring(k),
+        err))
+    end
+  end
+end
+
 function M.save(path, state, opts)
   if type(path) ~= 'string' then
     raise('checkpoint.save: expected a file name as argument 1, got ' .. kind(path))
@@ -328,15 +371,14 @@ function M.load(path, objects)
   if type(fields) ~= 'table' then
     raise(fmt("checkpoint.load: '%s': corrupt checkpoint document: fields is not a table", path))
   end
-  for k, obj in pairs(objects) do
-    local sd = fields[k]
-    if sd == nil then
+  for k in pairs(objects) do
+    if fields[k] == nil then
       raise(fmt("checkpoint.load: '%s' has no '%s' entry to restore objects.%s from", path,
         tostring(k), tostring(k)))
     end
-    obj:load_state_dict(sd)
-    fields[k] = nil
   end
+  restore_all(path, objects, fields)
+  for k in pairs(objects) do fields[k] = nil end
   C.em_rng_set_state(S, res.seed, res.offset)
   return fields
 end
