@@ -171,6 +171,9 @@ local function load(src, tg, objects)
     end
     for i, b in ipairs(tg.buffers) do b.t:copy_(bufs[i]) end
   end)
+  -- a sharded model gathers its full weights from the shards before it next runs
+  local model = objects.model
+  if type(model) == 'table' and model.shard_mode and model.invalidate then model:invalidate() end
   for k, obj in pairs(objects) do
     if k ~= 'model' and k ~= 'optimizer' then
       obj:load_state_dict(fields[k])

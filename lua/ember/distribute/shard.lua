@@ -554,10 +554,12 @@ function Sharded:shard_layout()
            rank = self.strategy.rank, params = params, buffers = buffers }
 end
 
--- The full state on every replica (a collective: every replica calls it).
+-- The full state on every replica (a collective: every replica calls it): the
+-- tensors are the model's own for 'optimizer' and 'gradients', copies for
+-- 'parameters'.
 function Sharded:state_dict()
   if self.shard_mode ~= 'parameters' then
-    if self._stale then M._gather_all(self) end
+    M._gather_all(self)         -- the shards may have changed since (a step, a load)
     return self.module:state_dict()
   end
   local sd = self.module:state_dict()

@@ -9,14 +9,22 @@
 -- The reference is a plain model trained on the same full gradients in this process;
 -- values are compared exactly. Prints 'match true' or what differs.
 local dir = arg[0]:match('^(.*/)') or './'
-local standin = dofile(dir .. 'shard_standin.lua')
 local nn = em.nn
 local action, path, optname, mode, unit = arg[1], arg[2], arg[3], arg[4], tonumber(arg[5])
 local s = em.distribute.mirrored{ timeout = 60 }
 
--- The one place the stand-in is used (the real s:wrap(model, {shard = mode}) replaces it).
+-- The sharded model; unit sets the size of its buckets (parameters per unit,
+-- about: 'parameters' makes one unit per layer whatever it says).
 local function shard(model, mode_, unit_)
-  return standin.wrap(s, model, { shard = mode_, unit = unit_ })
+  return s:wrap(model, { shard = mode_, bucket_mb = (unit_ or 1) * 64 / 2 ^ 20 })
+end
+
+-- The full value of a shard-shaped tensor v of parameter p (a collective): each
+-- element lives on exactly one replica, so a sum puts them together.
+local function gather(p, v)
+  local full = em.zeros(p.numel, { dtype = v.dtype })
+  full:narrow(1, p.lo + 1, p.hi - p.lo):copy_(v)
+  return s:allreduce(full, 'sum')
 end
 
 local function build(seed)
@@ -133,11 +141,11 @@ elseif action == 'load' then
   for i, p in ipairs(lay.params) do
     local st = opt.state[i]
     full_state[i] = {}
-    -- every replica gathers the same keys (a collective); an absent shard is NaN
+    -- every replica gathers the same keys (a collective); an absent shard adds zeros
     local keys = optname == 'adam' and { 'exp_avg', 'exp_avg_sq' } or { 'momentum_buffer' }
     for _, key in ipairs(keys) do
-      local v = st and st[key] or em.full({ p.hi - p.lo }, 0 / 0)
-      full_state[i][key] = dm:gather(p, v)
+      local v = st and st[key] or em.zeros(p.hi - p.lo)
+      full_state[i][key] = gather(p, v)
     end
     if st then full_state[i].step = st.step end
   end
