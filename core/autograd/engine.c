@@ -224,7 +224,7 @@ em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor
     const em_tensor *t = inputs[i];
     emi_ag_edge *e = &n->in[i];
     e->dtype = t->dtype;
-    e->device = t->device;
+    e->device = t->storage->device;   /* a resident tensor's, while its data is away */
     e->ndim = t->ndim;
     memcpy(e->sizes, t->sizes, sizeof *t->sizes * (size_t)t->ndim);
     if (!t->requires_grad) continue;

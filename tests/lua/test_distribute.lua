@@ -16,39 +16,9 @@ local H = dofile(dir .. 'harness.lua')
 local em = require 'ember'
 local ember = arg[-1] or 'ember'
 
--- Runs `ember --replicas n script args` and returns its output (stdout and
--- stderr), exit status and wall seconds.
-local function replicas(n, script, args, env)
-  local cmd = ('%s%s --replicas %d %s %s 2>&1; echo "exit=$?"'):format(env and env .. ' ' or '',
-    ember, n, dir .. 'dist/' .. script, args or '')
-  local t0 = em.clock()
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  local rc = tonumber(out:match('exit=(%d+)%s*$'))
-  return out, rc, em.clock() - t0
-end
-
--- The same under mpirun (as root it needs Open MPI's allow-run-as-root variables);
--- nil when mpirun is missing.
--- EMBER_TEST_NO_MPI: the ThreadSanitizer pass (Open MPI's uninstrumented plugins
--- trip it inside libmpi; ember's own threads are checked by the local runs).
-local no_mpi = os.getenv('EMBER_TEST_NO_MPI')
-local function have_mpirun()
-  return not no_mpi and os.execute('command -v mpirun >/dev/null 2>&1') == 0
-end
-local no_mpirun_why = no_mpi and 'mpirun runs skipped: ' .. no_mpi or 'mpirun not found (Debian: openmpi-bin)'
-local function mpirun(n, script, args)
-  local cmd = ('OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun ' ..
-    '--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo ' ..
-    '--mca oob_tcp_if_include lo -np %d %s %s %s 2>&1; echo "exit=$?"')
-    :format(n, ember, script:match('^/') and script or dir .. 'dist/' .. script, args or '')
-  local t0 = em.clock()
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  return out, tonumber(out:match('exit=(%d+)%s*$')), em.clock() - t0
-end
+local L = dofile(dir .. 'dist/launch.lua')(dir, ember)
+local replicas, mpirun, have_mpirun, no_mpirun_why = L.replicas, L.mpirun, L.have_mpirun,
+  L.no_mpirun_why
 
 H.test('a plain script is one replica', function()
   local s = em.distribute.mirrored{}

@@ -7,12 +7,40 @@ max_norm / (total + 1e-6). Returns the total norm as a number (0 when no
 parameter has a gradient). params: a tensor or a list of tensors, on any devices.
 The norm's sums run in double in a fixed order (core/ops/optim.c's
 em_clip_grad_norm_), so cpu and cuda give the same total.
+
+Shards. The parameters of a sharded model (dm:parameters(), ember.distribute.shard)
+are this replica's parts of the full gradient, which no replica holds whole: their
+norm is summed (the largest taken, for 'inf') across the replicas, so every
+replica computes the norm of the whole gradient and scales its part alike.
+Every replica must then call clip_grad_norm, as it calls the optimizer's step.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local C, S, wrap, raise, kind = core.C, core.S, core.wrap, core.raise, core.kind
 local box_t, istype = core.box_t, ffi.istype
+
+-- The norm of shards' gradients across the replicas of strategy s (a collective).
+local function global_norm(s, grads, max_norm, norm_type)
+  local inf = norm_type == math.huge
+  local acc = 0
+  for _, g in ipairs(grads) do
+    if g:numel() > 0 then
+      local n = tonumber(g:double():norm(norm_type):item())
+      if inf then acc = (n > acc or n ~= n) and n or acc else acc = acc + n ^ norm_type end
+    end
+  end
+  local create = require 'ember.create'
+  local t = create.full({ 1 }, acc, { dtype = 'float64', device = s.device })
+  s:allreduce(t, inf and 'max' or 'sum')
+  acc = tonumber(t:item())
+  local total = inf and acc or acc ^ (1 / norm_type)
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 then
+    for _, g in ipairs(grads) do g:mul_(coef) end
+  end
+  return total
+end
 
 return function(params, max_norm, norm_type)
   local op = 'clip_grad_norm'
@@ -28,14 +56,17 @@ return function(params, max_norm, norm_type)
   if type(norm_type) ~= 'number' then
     raise(('%s: norm_type must be a number or \'inf\', got %s'):format(op, kind(norm_type)))
   end
-  local grads = {}
+  local grads, owner = {}, nil
+  local shard = package.loaded['ember.distribute.shard']
   for i, p in ipairs(params) do
     if not istype(box_t, p) then
       raise(('%s: parameter %d is a %s, not a tensor'):format(op, i, kind(p)))
     end
     local gh = C.em_tensor_grad(p._h)
     if gh ~= nil then grads[#grads + 1] = wrap(gh) end
+    owner = owner or (shard and shard.owner_of(p))
   end
+  if owner then return global_norm(owner.strategy, grads, max_norm, norm_type) end
   if #grads == 0 then return 0 end
   -- In C when it can (every gradient contiguous, norm_type > 0): one norm launch
   -- and at most one scaling launch per device and dtype, the sums in double in an
