@@ -9,6 +9,7 @@
 **   ember                     the REPL when stdin is a terminal, else run stdin
 **   ember -i ...              the REPL after the script / -e code
 **   ember -l name             require(name) into the global `name` first
+**   ember --memory-limit SIZE caps each replica's CPU tensor memory
 **   ember --version | --info | --help
 **
 ** Errors print a traceback to stderr and exit with status 1. Ctrl-C while Lua
@@ -169,6 +170,9 @@ static void usage(FILE *f) {
     "  --replicas N  run the script as N replicas (threads) of em.distribute\n"
     "  --devices L   the replicas' devices, e.g. cuda:0,cuda:1 (replica k takes\n"
     "                entry k mod the count; also EMBER_DEVICES)\n"
+    "  --memory-limit SIZE  cap each replica's CPU tensor memory: bytes, or a\n"
+    "                whole number with K, M or G (powers of 1024), e.g. 256M\n"
+    "                (also EMBER_MEMORY_LIMIT; em.set_memory_limit)\n"
     "  --profile     profile the whole script: print a report at exit and write\n"
     "                ember-trace.json and ember-profile.html (em.profile)\n"
     "  --version   print the version\n"
@@ -225,6 +229,28 @@ static void make_arg(lua_State *L, char **argv, int argc, int script) {
   lua_setglobal(L, "arg");
 }
 
+/* A size for --memory-limit / EMBER_MEMORY_LIMIT: digits, then K, M or G (powers
+** of 1024) or nothing (bytes). The Lua layer (ember/memlimit.lua) reads the same
+** forms from the variable in each replica's state. */
+static int size_ok(const char *v) {
+  if (!v) return 0;
+  while (*v == ' ') v++;
+  const char *p = v;
+  unsigned long long n = 0;
+  while (*p >= '0' && *p <= '9') {
+    if (n > (1ull << 62) / 10) return 0;
+    n = n * 10 + (unsigned)(*p++ - '0');
+  }
+  if (p == v) return 0;
+  int shift = 0;
+  switch (*p) {
+  case 'K': case 'k': shift = 10; p++; break;
+  case 'M': case 'm': shift = 20; p++; break;
+  case 'G': case 'g': shift = 30; p++; break;
+  }
+  while (*p == ' ') p++;
+  return !*p && n < (1ull << (62 - shift));
+}
 
 static int parse(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
@@ -255,6 +281,15 @@ static int parse(int argc, char **argv, opts *o) {
       o->replicas = (int)n;
     } else if (strcmp(a, "--profile") == 0) {
       o->profile = 1;
+    } else if (strcmp(a, "--memory-limit") == 0 || strncmp(a, "--memory-limit=", 15) == 0) {
+      /* each replica's state reads the variable when it opens (ember/memlimit.lua) */
+      const char *v = a[14] == '=' ? a + 15 : (++i < argc ? argv[i] : NULL);
+      if (!size_ok(v)) {
+        fprintf(stderr, "%s: --memory-limit needs a size: bytes, or a whole number with K, M "
+                "or G (powers of 1024), e.g. 256M; got '%s'\n", progname, v ? v : "nothing");
+        return -1;
+      }
+      setenv("EMBER_MEMORY_LIMIT", v, 1);
     } else if (strcmp(a, "--devices") == 0 || strncmp(a, "--devices=", 10) == 0) {
       /* em.distribute reads the list from the environment (so that MPI processes
       ** given EMBER_DEVICES by their launcher behave the same): replica k takes
@@ -272,6 +307,12 @@ static int parse(int argc, char **argv, opts *o) {
     }
   }
   if (i < argc) o->script = i;
+  const char *env = getenv("EMBER_MEMORY_LIMIT");
+  if (env && *env && !size_ok(env)) {
+    fprintf(stderr, "%s: EMBER_MEMORY_LIMIT needs a size: bytes, or a whole number with K, M "
+            "or G (powers of 1024), e.g. 256M; got '%s'\n", progname, env);
+    return -1;
+  }
   return 0;
 }
 
@@ -280,7 +321,8 @@ static int run_options(lua_State *L, int argc, char **argv, int upto) {
   for (int i = 1; i < upto; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) break;
-    if (strcmp(a, "--replicas") == 0 || strcmp(a, "--devices") == 0) { i++; continue; }
+    if (strcmp(a, "--replicas") == 0 || strcmp(a, "--devices") == 0 ||
+        strcmp(a, "--memory-limit") == 0) { i++; continue; }
     if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
     const char *val = a[2] ? a + 2 : argv[++i];
     int status;
