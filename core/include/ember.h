@@ -831,6 +831,11 @@ void em_local_group_release(em_local_group *g);
 ** other replicas' collectives fail with "replica <rank> failed: <message>". Any
 ** thread; the first failure wins. */
 void em_local_group_abort(em_local_group *g, int rank, const char *message);
+/* Says that replica `rank` has ended without failing (its script returned or
+** called os.exit(0)): a collective of the local communicator that waits for it,
+** or starts afterwards, fails with "replica <rank> exited" -- the others go on
+** as long as they need it for nothing. Any thread. */
+void em_local_group_leave(em_local_group *g, int rank);
 
 /* 1 when the group has failed, with the first failure's message copied into buf
 ** (size bytes): "replica K failed: ..." or the timeout that found a replica missing. */

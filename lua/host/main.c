@@ -63,6 +63,65 @@ static void on_sigint(int sig) {
   lua_sethook(globalL, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
+/* -- os.exit ----------------------------------------------------------------------
+** os.exit ends the script of its own Lua state only: under `--replicas` the
+** state is one replica among threads of one process, and under mpirun the
+** process must still close its communicator (which finalizes MPI) after a zero
+** exit. So os.exit(code) raises a sentinel error (the address of exit_token)
+** that unwinds the script like any error, and the host sees it where it sees
+** errors: it reports nothing, closes the state (files are flushed, the em_state
+** and its communicator closed) and ends this replica with the code. pcall,
+** xpcall and coroutine.resume pass the sentinel on, so a script's own error
+** handling can't stop an exit. */
+static const char exit_token = 0;
+static __thread int exit_requested, exit_code;
+
+static int is_exit(lua_State *L, int idx) {
+  return lua_touserdata(L, idx) == (void *)&exit_token;
+}
+
+/* os.exit([code [, close]]): true or none is 0, false is 1, a number itself. */
+static int host_exit(lua_State *L) {
+  int code = 0;
+  if (lua_isboolean(L, 1)) code = lua_toboolean(L, 1) ? 0 : 1;
+  else if (!lua_isnoneornil(L, 1)) code = (int)luaL_checkinteger(L, 1);
+  exit_requested = 1;
+  exit_code = code;
+  lua_pushlightuserdata(L, (void *)&exit_token);
+  return lua_error(L);
+}
+
+static const char EXIT_LUA[] =
+  "local token, exit = ...\n"
+  "local error, pcall0, xpcall0, resume0 = error, pcall, xpcall, coroutine.resume\n"
+  "local function pass(ok, ...)\n"
+  "  if not ok and (...) == token then error(token) end\n"
+  "  return ok, ...\n"
+  "end\n"
+  "os.exit = exit\n"
+  "pcall = function(...) return pass(pcall0(...)) end\n"
+  "xpcall = function(f, h, ...)\n"
+  "  return pass(xpcall0(f, function(e) if e == token then return e end return h(e) end, ...))\n"
+  "end\n"
+  "coroutine.resume = function(...) return pass(resume0(...)) end\n";
+
+static void install_exit(lua_State *L) {
+  /* ember's messages and tracebacks skip this chunk's frames by its name
+  ** (ember/ffi.lua's blame_level, trim_traceback below) */
+  if (luaL_loadbuffer(L, EXIT_LUA, sizeof EXIT_LUA - 1, "=[ember host]") == 0) {
+    lua_pushlightuserdata(L, (void *)&exit_token);
+    lua_pushcfunction(L, host_exit);
+    lua_call(L, 2, 0);
+  } else {
+    lua_pop(L, 1);
+  }
+}
+
+int ember_host_exit_requested(int *code) {
+  if (exit_requested && code) *code = exit_code;
+  return exit_requested;
+}
+
 /* -- Protected calls -------------------------------------------------------------- */
 /* The frames inside ember's own Lua files (and the error() call that raised
 ** from there) say nothing to a user whose error ember reported: drop them from
@@ -88,7 +147,8 @@ static void trim_traceback(lua_State *L) {
     /* a frame line is "\t<where>: ..."; drop ember's and a [C] error() just above them */
     int drop = 0;
     if (p[0] == '\t') {
-      if (strncmp(p + 1, dir, strlen(dir)) == 0) drop = 1;
+      if (strncmp(p + 1, dir, strlen(dir)) == 0 || strncmp(p + 1, "[ember host]:", 13) == 0)
+        drop = 1;
       else if (strncmp(p + 1, "[C]: in function 'error'", 24) == 0 && nl &&
                strncmp(nl + 2, dir, strlen(dir)) == 0)
         drop = 1;
@@ -102,6 +162,7 @@ static void trim_traceback(lua_State *L) {
 }
 
 static int traceback(lua_State *L) {
+  if (is_exit(L, 1)) return 1;          /* os.exit: no message, no traceback */
   if (!lua_isstring(L, 1)) {           /* an error object: try its __tostring */
     if (lua_isnoneornil(L, 1) || !luaL_callmeta(L, 1, "__tostring") || !lua_isstring(L, -1)) {
       lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
@@ -138,6 +199,7 @@ int ember_host_docall(lua_State *L, int nargs, int nresults) {
 }
 
 void ember_host_report(lua_State *L, int status) {
+  if (status && is_exit(L, -1)) { lua_pop(L, 1); return; }   /* os.exit: nothing to say */
   if (status && !lua_isnil(L, -1)) {
     const char *msg = lua_tostring(L, -1);
     if (!msg) msg = "(error object is not a string)";
@@ -452,6 +514,7 @@ static int pmain(lua_State *L) {
   lua_gc(L, LUA_GCSTOP, 0);
   luaL_openlibs(L);
   lua_gc(L, LUA_GCRESTART, -1);
+  install_exit(L);
   make_arg(L, argv, argc, o->script ? o->script : 0);
   set_replica(L, s->replica);
   if (s->replica && s->replica->world_size > 1) prefix_output(L, s->replica->rank);
@@ -478,6 +541,18 @@ static int pmain(lua_State *L) {
     lua_setglobal(L, "_EMBER_PROFILE_FAILED");
     if (dochunk(L, luaL_loadstring(L, PROFILE_STOP_LUA)) && !status) status = 1;
   }
+  int code;
+  if (ember_host_exit_requested(&code)) {
+    /* os.exit: a zero exit is a clean end; another code fails this replica, and
+    ** the others are told (under mpirun the job ends, naming it) */
+    s->status = code;
+    if (code) {
+      char msg[64];
+      snprintf(msg, sizeof msg, "os.exit(%d)", code);
+      record_failure(L, s, msg);
+    }
+    return 0;
+  }
   if (status) {
     record_failure(L, s, last_error);
     s->status = 1;
@@ -493,6 +568,7 @@ static int pmain(lua_State *L) {
       s->status = run_script(L, argc, argv, 0, 1) ? 1 : 0;
     }
   }
+  if (ember_host_exit_requested(&code)) s->status = code;   /* os.exit in the REPL or stdin */
   return 0;
 }
 
@@ -503,6 +579,7 @@ int ember_host_run(int argc, char **argv, opts *o, const ember_replica *replica,
   if (replica && replica->world_size > 1 && replica->rank > 0)
     snprintf(prefix, sizeof prefix, "[rank %d] ", replica->rank);
   report_prefix = prefix;
+  exit_requested = exit_code = 0;
   if (failure && failure_size) failure[0] = 0;
   lua_State *L = luaL_newstate();
   if (!L) {
