@@ -198,11 +198,37 @@ int ember_host_docall(lua_State *L, int nargs, int nresults) {
   return status;
 }
 
+/* A line left open on stdout -- the data loader's progress bar, drawn with '\r'
+** and no newline, says so in ember.ffi's stdout_line_open -- is ended first, so
+** that a message starts on a line of its own. The stack is left as it was. */
+static void end_open_line(lua_State *L) {
+  lua_getglobal(L, "package");
+  if (lua_istable(L, -1)) {
+    lua_getfield(L, -1, "loaded");
+    if (lua_istable(L, -1)) {
+      lua_getfield(L, -1, "ember.ffi");
+      if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "stdout_line_open");
+        if (lua_toboolean(L, -1)) {
+          fputs("\n", stdout);
+          lua_pushboolean(L, 0);
+          lua_setfield(L, -3, "stdout_line_open");
+        }
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
 void ember_host_report(lua_State *L, int status) {
   if (status && is_exit(L, -1)) { lua_pop(L, 1); return; }   /* os.exit: nothing to say */
   if (status && !lua_isnil(L, -1)) {
     const char *msg = lua_tostring(L, -1);
     if (!msg) msg = "(error object is not a string)";
+    end_open_line(L);
     fflush(stdout);
     fprintf(stderr, "%s%s: %s\n", report_prefix, progname, msg);
     fflush(stderr);
