@@ -563,7 +563,8 @@ static int pmain(lua_State *L) {
   if (!status && o->script) status = run_script(L, argc, argv, o->script, o->stdin_script);
   if (o->profile) {          /* the report, also for a failed script (its replicas
                                 may be gone: then this replica's view alone) */
-    lua_pushboolean(L, status != 0);
+    /* os.exit(0) is no failure */
+    lua_pushboolean(L, status != 0 && !(exit_requested && exit_code == 0));
     lua_setglobal(L, "_EMBER_PROFILE_FAILED");
     if (dochunk(L, luaL_loadstring(L, PROFILE_STOP_LUA)) && !status) status = 1;
   }
