@@ -12,7 +12,9 @@
 ** two (at most 12.5% waste), so every block in a class has the same size and a
 ** class is a plain free list. The cache holds at most cache_limit bytes; a
 ** request the allocator hook refuses empties the cache and retries once, so
-** cached memory never causes an out-of-memory error.
+** cached memory never causes an out-of-memory error. Under a cap on the CPU's
+** tensor memory (memlimit.c) the cache keeps only the room under the cap:
+** tensors plus cached blocks stay near it, as on a device of that size.
 **
 ** Blocks may be freed from any thread (a tensor can outlive its use on the
 ** thread that made it), so the lists sit behind a mutex; small blocks bypass
@@ -37,6 +39,14 @@ static size_t size_class(size_t n, int *cls) {
   return r;
 }
 
+/* Under cache_mu: whether tensors (whose count already holds a new block's bytes, or no longer
+** holds a freed one's) plus the cache plus extra bytes pass the cap, if any. */
+static bool over_cap(em_state *S, size_t extra) {
+  int64_t limit = __atomic_load_n(&S->cpu_limit, __ATOMIC_RELAXED);
+  return limit > 0 && __atomic_load_n(&S->cpu_mem.allocated, __ATOMIC_RELAXED) +
+                      (int64_t)(S->cache_bytes + extra) > limit;
+}
+
 void *emi_block_alloc(em_state *S, size_t n, size_t *actual) {
   *actual = n;
   if (n < CACHE_MIN || S->cache_limit == 0) return emi_malloc(S, n);
@@ -49,6 +59,12 @@ void *emi_block_alloc(em_state *S, size_t n, size_t *actual) {
     if (b) { S->cache[cls] = b->next; S->cache_bytes -= r; }
     pthread_mutex_unlock(&S->cache_mu);
     if (b) return b;
+  }
+  if (__atomic_load_n(&S->cpu_limit, __ATOMIC_RELAXED) > 0) {   /* make room first */
+    pthread_mutex_lock(&S->cache_mu);
+    bool over = S->cache_bytes > 0 && over_cap(S, 0);
+    pthread_mutex_unlock(&S->cache_mu);
+    if (over) emi_cache_release(S);
   }
   void *p = emi_malloc(S, r);
   if (!p && S->cache_bytes > 0) {
@@ -64,7 +80,7 @@ void emi_block_free(em_state *S, void *p, size_t actual) {
   if (actual >= CACHE_MIN && S->cache_limit != 0 &&
       size_class(actual, &cls) == actual && cls < EMI_CACHE_CLASSES) {
     pthread_mutex_lock(&S->cache_mu);
-    if (S->cache_bytes + actual <= S->cache_limit) {
+    if (S->cache_bytes + actual <= S->cache_limit && !over_cap(S, actual)) {
       free_block *b = p;
       b->next = S->cache[cls];
       S->cache[cls] = b;

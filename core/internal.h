@@ -63,6 +63,7 @@ struct em_state {
   emi_device cpu;                          /* the CPU's context, always there */
   emi_device meta;                         /* the meta device's (core/meta/) */
   emi_mem_count cpu_mem, meta_mem;         /* per device; mem_allocated sums all */
+  int64_t cpu_limit;                       /* em_set_memory_limit: 0 = none (atomic) */
   emi_device *devices[EMI_MAX_DEVICES];    /* the accelerator kind's, NULL until used */
   emi_kind_slot kinds[EMI_MAX_KINDS];      /* each accelerator kind's context (registry.c) */
   struct emi_profiler *profiler;           /* NULL unless recording (core/profile/) */
@@ -134,6 +135,10 @@ void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
 void *emi_block_alloc(em_state *S, size_t n, size_t *actual);
 void emi_block_free(em_state *S, void *p, size_t actual);
 void emi_cache_release(em_state *S);
+/* memlimit.c: S->alloc_why for a CPU allocation of nbytes the cap refused (and
+** the pressure flag raised); "1.50 MiB" into buf. */
+void emi_cpu_limit_why(em_state *S, size_t nbytes);
+const char *emi_fmt_bytes(char *buf, size_t len, int64_t n);
 
 /* -- Tensor construction (tensor.c) -------------------------------------------------
 ** emi_tensor_new makes a contiguous tensor with fresh, uninitialised storage. */

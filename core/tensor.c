@@ -27,10 +27,27 @@ static emi_mem_count *device_count(em_state *S, int device) {
   return device == EM_CPU ? &S->cpu_mem : device == EM_META ? &S->meta_mem : NULL;
 }
 
-static void account(em_state *S, int device, size_t nbytes) {
+/* reserved: the device's count already holds nbytes (cpu_reserve); only its
+** peak is brought up to date. */
+static void account(em_state *S, int device, size_t nbytes, bool reserved) {
   count_up(&S->mem_allocated, &S->mem_peak, (int64_t)nbytes);
   emi_mem_count *c = device_count(S, device);
-  if (c) count_up(&c->allocated, &c->peak, (int64_t)nbytes);
+  if (c) count_up(&c->allocated, &c->peak, reserved ? 0 : (int64_t)nbytes);
+}
+
+/* The CPU's cap (em_set_memory_limit). The bytes are added to the count before
+** the block is allocated, so that threads allocating at once (loader workers)
+** can't pass the cap together; a refusal takes them off again. Returns whether
+** nbytes were reserved (false also when there is no cap). */
+static bool cpu_reserve(em_state *S, size_t nbytes, bool *over) {
+  int64_t limit = __atomic_load_n(&S->cpu_limit, __ATOMIC_RELAXED);
+  if (limit <= 0) return false;
+  int64_t now = __atomic_add_fetch(&S->cpu_mem.allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
+  if (now > limit) {
+    __atomic_sub_fetch(&S->cpu_mem.allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
+    *over = true;
+  }
+  return !*over;
 }
 
 /* The dispatch counters of alloc and free (backend.h). These two are counted
@@ -43,24 +60,37 @@ static inline void count_entry(em_state *S, const emi_device *d, int entry) {
 /* Counts nbytes in (delta > 0) or out of the state's and the device's totals,
 ** outside a storage's own make and release (core/resident.c). */
 void emi_storage_account(em_state *S, int device, int64_t delta) {
-  if (delta > 0) { account(S, device, (size_t)delta); return; }
+  if (delta > 0) { account(S, device, (size_t)delta, false); return; }
   __atomic_add_fetch(&S->mem_allocated, delta, __ATOMIC_RELAXED);
   emi_mem_count *c = device_count(S, device);
   if (c) __atomic_add_fetch(&c->allocated, delta, __ATOMIC_RELAXED);
 }
 
-emi_storage *emi_storage_new(emi_device *d, size_t nbytes) {
+/* NULL when the device refused; *over says when the CPU's cap was the reason. */
+static emi_storage *storage_new(emi_device *d, size_t nbytes, bool *over) {
   em_state *S = d->S;
+  bool reserved = d->index == EM_CPU && cpu_reserve(S, nbytes, over);
+  if (*over) return NULL;
   count_entry(S, d, EMI_ENTRY_alloc);
   emi_storage *st = d->backend->alloc(d, nbytes);
-  if (!st) return NULL;
+  if (!st) {
+    if (reserved) __atomic_sub_fetch(&S->cpu_mem.allocated, (int64_t)nbytes, __ATOMIC_RELAXED);
+    return NULL;
+  }
   st->refcount = 1;
   st->device = d->index;
   st->S = S;
   st->version = 0;
   st->ext_free = NULL;
   st->ext_ud = NULL;
-  account(S, d->index, nbytes);
+  account(S, d->index, nbytes, reserved);
+  return st;
+}
+
+emi_storage *emi_storage_new(emi_device *d, size_t nbytes) {
+  bool over = false;
+  emi_storage *st = storage_new(d, nbytes, &over);
+  if (!st && over) emi_cpu_limit_why(d->S, nbytes);
   return st;
 }
 
@@ -243,10 +273,11 @@ static em_tensor *handle_new(em_state *S, emi_storage *st, const int64_t *sizes,
   return t;
 }
 
-static em_tensor *tensor_alloc(emi_device *d, const int64_t *sizes, int ndim, em_dtype dt) {
+static em_tensor *tensor_alloc(emi_device *d, const int64_t *sizes, int ndim, em_dtype dt,
+                               bool *over) {
   em_state *S = d->S;
   size_t nbytes = (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt);
-  emi_storage *st = emi_storage_new(d, nbytes);
+  emi_storage *st = storage_new(d, nbytes, over);
   if (!st) return NULL;
   em_tensor *t = handle_new(S, st, sizes, ndim, dt);
   if (!t) emi_storage_release(st);
@@ -254,7 +285,8 @@ static em_tensor *tensor_alloc(emi_device *d, const int64_t *sizes, int ndim, em
 }
 
 em_tensor *emi_tensor_try_new(em_state *S, const int64_t *sizes, int ndim, em_dtype dt) {
-  return tensor_alloc(&S->cpu, sizes, ndim, dt);
+  bool over = false;
+  return tensor_alloc(&S->cpu, sizes, ndim, dt, &over);
 }
 
 em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
@@ -271,7 +303,7 @@ em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
   st->block_size = sizeof *st;
   st->ext_free = free_fn;
   st->ext_ud = ud;
-  account(S, EM_CPU, nbytes);
+  account(S, EM_CPU, nbytes, false);
   em_tensor *t = handle_new(S, st, sizes, ndim, dt);
   if (!t) {                       /* the caller still owns data on failure */
     st->ext_free = NULL;
@@ -300,9 +332,11 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
                      device, emi_accel_why(S));
   }
   S->alloc_why[0] = 0;
-  em_tensor *t = tensor_alloc(d, sizes, ndim, dt);
+  bool over = false;
+  em_tensor *t = tensor_alloc(d, sizes, ndim, dt, &over);
   if (!t) {
     char b[EMI_SHAPE_STR];
+    if (over) emi_cpu_limit_why(S, (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt));
     if (S->alloc_why[0])          /* the device allocator's own account */
       return emi_error(S, EM_ERR_NOMEM, "%s: %s (for a %s tensor of shape %s)", op,
                        S->alloc_why, em_dtype_name(dt), emi_shape_str(b, sizes, ndim));

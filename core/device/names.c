@@ -58,7 +58,7 @@ em_status em_device_memory(em_state *S, int device, em_device_memory_stats *out)
     out->allocated = __atomic_load_n(&c->allocated, __ATOMIC_RELAXED);
     out->peak = __atomic_load_n(&c->peak, __ATOMIC_RELAXED);
     out->reserved = out->allocated + (device == EM_CPU ? em_memory_cached(S) : 0);
-    out->capacity = 0;
+    out->capacity = device == EM_CPU ? __atomic_load_n(&S->cpu_limit, __ATOMIC_RELAXED) : 0;
     return EM_OK;
   }
   emi_device *d;

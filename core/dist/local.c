@@ -26,6 +26,14 @@
 ** the collective they were missing), or replicas that called different
 ** collectives. Every replica waiting at a barrier wakes up, and every later
 ** collective fails at once with the same message.
+**
+** Leaving. A replica whose script ended without failing (it returned, or called
+** os.exit(0)) leaves the group (em_local_group_leave): it will never arrive at a
+** barrier again. That is no failure of the group -- the others may need it for
+** nothing more -- but a barrier that waits for it, now or later, fails that
+** replica's collective with "replica K exited" at once instead of at the
+** timeout. A replica leaves only after its own collectives have finished, and
+** a barrier that completed before is not affected.
 */
 #include "comm.h"
 #include <errno.h>
@@ -44,6 +52,7 @@ struct em_local_group {
   uint64_t *arrived_seq;     /* [size]: the last collective each rank reached */
   int failed;
   char failure[EMI_COMM_MSG];
+  int left;                  /* the first replica that left (em_local_group_leave), or -1 */
 };
 
 typedef struct local_comm {
@@ -66,6 +75,7 @@ em_local_group *em_local_group_new(int world_size) {
   }
   g->refcount = 1;
   g->size = world_size;
+  g->left = -1;
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
   return g;
@@ -99,6 +109,14 @@ void em_local_group_abort(em_local_group *g, int rank, const char *message) {
   snprintf(msg, sizeof msg, "replica %d failed: %s", rank, message ? message : "aborted");
   pthread_mutex_lock(&g->mu);
   group_fail_locked(g, msg);
+  pthread_mutex_unlock(&g->mu);
+}
+
+void em_local_group_leave(em_local_group *g, int rank) {
+  if (!g) return;
+  pthread_mutex_lock(&g->mu);
+  if (g->left < 0) g->left = rank;
+  pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
 }
 
@@ -164,6 +182,7 @@ static void timeout_message(em_local_group *g, em_comm *c, const em_comm_work *w
 static em_status group_barrier(em_comm *c, em_comm_work *w, int phase) {
   em_local_group *g = ((local_comm *)c->impl)->g;
   char msg[EMI_COMM_MSG];
+  int gone = -1;             /* a replica this barrier would wait for in vain */
   pthread_mutex_lock(&g->mu);
   if (phase == 0) {
     g->posted[c->rank] = w;
@@ -183,13 +202,14 @@ static em_status group_barrier(em_comm *c, em_comm_work *w, int phase) {
       double wait_s = deadline - emi_now();
       double abs_s = (double)now_rt.tv_sec + now_rt.tv_nsec * 1e-9 + (wait_s > 0 ? wait_s : 0);
       struct timespec ts = {(time_t)abs_s, (long)((abs_s - (double)(time_t)abs_s) * 1e9)};
-      while (g->gen == gen && !g->failed && !emi_comm_failed(c)) {
+      while (g->gen == gen && !g->failed && g->left < 0 && !emi_comm_failed(c)) {
         if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && g->gen == gen &&
             !g->failed) {
           timeout_message(g, c, w, phase, msg);
           group_fail_locked(g, msg);
         }
       }
+      if (g->gen == gen && !g->failed) gone = g->left;
     }
   }
   int gfailed = g->failed;
@@ -197,6 +217,10 @@ static em_status group_barrier(em_comm *c, em_comm_work *w, int phase) {
   pthread_mutex_unlock(&g->mu);
   if (gfailed) {
     emi_comm_fail(c, 0, "%s", msg);
+    return EM_ERR_IO;
+  }
+  if (gone >= 0) {
+    emi_comm_fail(c, 0, "replica %d exited", gone);
     return EM_ERR_IO;
   }
   return emi_comm_failed(c) ? EM_ERR_IO : EM_OK;

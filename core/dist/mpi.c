@@ -37,6 +37,11 @@
 **    learns why the job stops). When every replica did start the collective
 **    (MPI itself is slow, or replicas called different collectives) one more
 **    timeout is allowed before giving up.
+**  - another replica left: a replica whose script ended without failing (it
+**    returned, or called os.exit(0)) sends EXIT with the number of the last
+**    collective it started before it finalizes; a collective it never started
+**    fails with "replica K exited" (without failing the others, which may need
+**    it for nothing more).
 ** FAIL messages are sent with MPI_Isend by the comm thread only (abort_notify,
 ** called from any thread, sets a flag) and waited for a bounded time, so a dead
 ** peer never blocks the exit. After a failure MPI_Finalize is not called: it
@@ -171,7 +176,7 @@ static em_status load_lib(em_state *S) {
 
 /* -- The communicator ----------------------------------------------------------- */
 
-enum { TAG_FAIL = 1, TAG_QUERY = 2, TAG_ANSWER = 3 };
+enum { TAG_FAIL = 1, TAG_QUERY = 2, TAG_ANSWER = 3, TAG_EXIT = 4 };
 #define GRACE_S 1.5          /* how long a timed-out replica collects answers */
 #define SEND_WAIT_S 2.0      /* how long FAIL messages may take to leave at exit */
 #define SPIN_S 0.002         /* polling without sleeping: at least this long, */
@@ -194,6 +199,7 @@ typedef struct mpi_comm {
   /* a query round of a timed-out collective */
   uint64_t qid;
   int64_t *answers;          /* [size]: each replica's last started seq, -1 = none */
+  int64_t *exited;           /* [size]: the last seq a replica that left started, -1 = here */
   ctl_send *sends;
   int nsends;
 } mpi_comm;
@@ -264,6 +270,8 @@ static void ctl_poll(em_comm *c, mpi_comm *m) {
         ctl_post(m, src, TAG_ANSWER, a, 2, L.u64, sizeof a);
       } else if (st.MPI_TAG == TAG_ANSWER && q[0] == m->qid && src < c->size) {
         m->answers[src] = (int64_t)q[1];
+      } else if (st.MPI_TAG == TAG_EXIT && src < c->size) {
+        m->exited[src] = (int64_t)q[0];
       }
     }
   }
@@ -334,6 +342,13 @@ static em_status wait_request(em_comm *c, mpi_comm *m, em_comm_work *w, MPI_Requ
     }
     ctl_poll(c, m);
     if (emi_comm_failed(c)) break;
+    int gone = -1;            /* a replica that left before starting w never will */
+    for (int r = 0; r < c->size && gone < 0; r++)
+      if (m->exited[r] >= 0 && (uint64_t)m->exited[r] < w->seq) gone = r;
+    if (gone >= 0) {
+      emi_comm_fail(c, 0, "replica %d exited", gone);
+      break;
+    }
     double now = emi_now();
     if (!querying && now - t0 > limit) {
       start_query(c, m);
@@ -539,12 +554,14 @@ static em_status mpi_thread_start(em_comm *c, char *err) {
   L.Comm_rank(m->data, &rank);
   L.Comm_size(m->data, &size);
   m->answers = calloc((size_t)size, sizeof *m->answers);
+  m->exited = malloc((size_t)size * sizeof *m->exited);
   m->nsends = 4 * size + 4;
   m->sends = calloc((size_t)m->nsends, sizeof *m->sends);
-  if (!m->answers || !m->sends) {
+  if (!m->answers || !m->exited || !m->sends) {
     snprintf(err, EMI_COMM_MSG, "comm_mpi: out of memory");
     return EM_ERR_NOMEM;
   }
+  for (int r = 0; r < size; r++) m->exited[r] = -1;
   /* Known only now; the creator reads them after this thread reports ready. */
   c->rank = rank;
   c->size = size;
@@ -559,6 +576,9 @@ static void mpi_thread_stop(em_comm *c) {
   while (ctl_progress(m) && emi_now() - t0 < SEND_WAIT_S) nap(100000);
   if (emi_comm_failed(c)) return;      /* no MPI_Finalize: peers may be gone */
   ctl_poll(c, m);                      /* answer what is still asked */
+  uint64_t last[2] = {m->started, 0};  /* and say that we leave */
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) ctl_post(m, r, TAG_EXIT, last, 2, L.u64, sizeof last);
   while (ctl_progress(m) && emi_now() - t0 < SEND_WAIT_S) nap(100000);
   L.Comm_free(&m->ctl);
   L.Comm_free(&m->data);
@@ -572,6 +592,7 @@ static void mpi_thread_stop(em_comm *c) {
 static void mpi_destroy(em_comm *c) {
   mpi_comm *m = c->impl;
   free(m->answers);
+  free(m->exited);
   free(m->sends);
   free(m);
   /* MPI cannot be initialised again in this process, finalized or not. */

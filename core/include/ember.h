@@ -920,6 +920,11 @@ void em_local_group_release(em_local_group *g);
 ** other replicas' collectives fail with "replica <rank> failed: <message>". Any
 ** thread; the first failure wins. */
 void em_local_group_abort(em_local_group *g, int rank, const char *message);
+/* Says that replica `rank` has ended without failing (its script returned or
+** called os.exit(0)): a collective of the local communicator that waits for it,
+** or starts afterwards, fails with "replica <rank> exited" -- the others go on
+** as long as they need it for nothing. Any thread. */
+void em_local_group_leave(em_local_group *g, int rank);
 
 /* 1 when the group has failed, with the first failure's message copied into buf
 ** (size bytes): "replica K failed: ..." or the timeout that found a replica missing. */
@@ -1103,7 +1108,7 @@ em_status em_cuda_libs_info(char *buf, size_t len);
 ** em_device_memory: the bytes the device's tensors hold now (allocated), the most
 ** since the state began or the last reset (peak), what its allocator keeps
 ** (reserved: allocated plus cached blocks) and its memory (capacity: 0 where
-** there is no fixed amount, as for cpu and meta). For cpu, meta and cuda:N. */
+** there is no fixed amount, as for meta and for cpu without em_set_memory_limit). For cpu, meta and cuda:N. */
 typedef struct em_device_memory_stats {
   int64_t allocated, peak, reserved, capacity;
 } em_device_memory_stats;
@@ -1111,6 +1116,14 @@ em_status em_device_parse(em_state *S, const char *name, int *device);
 const char *em_device_str(int device, char *buf, size_t len);
 em_status em_device_memory(em_state *S, int device, em_device_memory_stats *out);
 em_status em_device_reset_peak(em_state *S, int device);
+/* Caps the bytes the device's tensors may hold (0: no cap), for cpu only: a
+** CUDA device's cap is its memory. An allocation past it fails as a full GPU
+** does: EM_ERR_NOMEM, a message naming the device, the size asked, what is
+** allocated and the limit, the pressure flag raised (em_memory_pressure_flag),
+** and the state as it was. Blocks kept for reuse do not count. A cap below what
+** is allocated now refuses every new CPU tensor until enough are released. The
+** capacity of em_device_memory reports it. */
+em_status em_set_memory_limit(em_state *S, int device, int64_t bytes);
 
 /* -- CUDA devices (kernels/, libember_cuda.so) ------------------------------------------
 ** Devices 0, 1, ... are served by the CUDA backend: the GPUs, through the CUDA

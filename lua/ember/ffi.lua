@@ -151,13 +151,15 @@ local getinfo = debug.getinfo
 -- caller of blame_level's caller (error's numbering). C frames are skipped
 -- too: after a tail call (`return t:add(u)`) the user's frame is gone and the
 -- next frame may be pcall; the nearest Lua line is the useful position then.
--- 0 (no position) when there is none.
+-- The ember command's pcall and xpcall wrappers (lua/host/main.c, the chunk
+-- '=[ember host]') are skipped as well. 0 (no position) when there is none.
 local function blame_level()
   local lvl = 3
   while true do
     local info = getinfo(lvl, 'S')
     if not info then return 0 end
-    if info.what ~= 'C' and info.source:sub(1, #pkg_prefix) ~= pkg_prefix then
+    if info.what ~= 'C' and info.source:sub(1, #pkg_prefix) ~= pkg_prefix and
+       info.source ~= '=[ember host]' then
       return lvl - 1
     end
     lvl = lvl + 1

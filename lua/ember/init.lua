@@ -86,6 +86,8 @@ local function load_core()
   function em.reset_peak_memory_stats(device)
     core.check(C.em_device_reset_peak(S, core.device_id(device, 'reset_peak_memory_stats')))
   end
+  -- em.set_memory_limit(bytes | '256M' | nil), and EMBER_MEMORY_LIMIT applied now.
+  require('ember.memlimit').install(em)
 
   -- Wall-clock seconds from a monotonic clock, for timing loops (os.clock counts
   -- CPU time of every thread, which overstates a multi-threaded step).

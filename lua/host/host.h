@@ -22,8 +22,11 @@ const char *ember_host_exe_dir(void);
 ** mode with a traceback handler and Ctrl-C armed; returns the lua_pcall status
 ** and leaves nresults (LUA_MULTRET allowed) or the message on the stack. */
 int ember_host_docall(lua_State *L, int nargs, int nresults);
-/* Prints the message on top of the stack (and pops it) to stderr. */
+/* Prints the message on top of the stack (and pops it) to stderr; an os.exit
+** unwinding is popped silently. */
 void ember_host_report(lua_State *L, int status);
+/* Whether the script of this thread's Lua state called os.exit, and its code. */
+int ember_host_exit_requested(int *code);
 
 /* main.c: the command line. */
 typedef struct opts {

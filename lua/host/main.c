@@ -9,6 +9,7 @@
 **   ember                     the REPL when stdin is a terminal, else run stdin
 **   ember -i ...              the REPL after the script / -e code
 **   ember -l name             require(name) into the global `name` first
+**   ember --memory-limit SIZE caps each replica's CPU tensor memory
 **   ember --version | --info | --help
 **
 ** Errors print a traceback to stderr and exit with status 1. Ctrl-C while Lua
@@ -62,6 +63,65 @@ static void on_sigint(int sig) {
   lua_sethook(globalL, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
+/* -- os.exit ----------------------------------------------------------------------
+** os.exit ends the script of its own Lua state only: under `--replicas` the
+** state is one replica among threads of one process, and under mpirun the
+** process must still close its communicator (which finalizes MPI) after a zero
+** exit. So os.exit(code) raises a sentinel error (the address of exit_token)
+** that unwinds the script like any error, and the host sees it where it sees
+** errors: it reports nothing, closes the state (files are flushed, the em_state
+** and its communicator closed) and ends this replica with the code. pcall,
+** xpcall and coroutine.resume pass the sentinel on, so a script's own error
+** handling can't stop an exit. */
+static const char exit_token = 0;
+static __thread int exit_requested, exit_code;
+
+static int is_exit(lua_State *L, int idx) {
+  return lua_touserdata(L, idx) == (void *)&exit_token;
+}
+
+/* os.exit([code [, close]]): true or none is 0, false is 1, a number itself. */
+static int host_exit(lua_State *L) {
+  int code = 0;
+  if (lua_isboolean(L, 1)) code = lua_toboolean(L, 1) ? 0 : 1;
+  else if (!lua_isnoneornil(L, 1)) code = (int)luaL_checkinteger(L, 1);
+  exit_requested = 1;
+  exit_code = code;
+  lua_pushlightuserdata(L, (void *)&exit_token);
+  return lua_error(L);
+}
+
+static const char EXIT_LUA[] =
+  "local token, exit = ...\n"
+  "local error, pcall0, xpcall0, resume0 = error, pcall, xpcall, coroutine.resume\n"
+  "local function pass(ok, ...)\n"
+  "  if not ok and (...) == token then error(token) end\n"
+  "  return ok, ...\n"
+  "end\n"
+  "os.exit = exit\n"
+  "pcall = function(...) return pass(pcall0(...)) end\n"
+  "xpcall = function(f, h, ...)\n"
+  "  return pass(xpcall0(f, function(e) if e == token then return e end return h(e) end, ...))\n"
+  "end\n"
+  "coroutine.resume = function(...) return pass(resume0(...)) end\n";
+
+static void install_exit(lua_State *L) {
+  /* ember's messages and tracebacks skip this chunk's frames by its name
+  ** (ember/ffi.lua's blame_level, trim_traceback below) */
+  if (luaL_loadbuffer(L, EXIT_LUA, sizeof EXIT_LUA - 1, "=[ember host]") == 0) {
+    lua_pushlightuserdata(L, (void *)&exit_token);
+    lua_pushcfunction(L, host_exit);
+    lua_call(L, 2, 0);
+  } else {
+    lua_pop(L, 1);
+  }
+}
+
+int ember_host_exit_requested(int *code) {
+  if (exit_requested && code) *code = exit_code;
+  return exit_requested;
+}
+
 /* -- Protected calls -------------------------------------------------------------- */
 /* The frames inside ember's own Lua files (and the error() call that raised
 ** from there) say nothing to a user whose error ember reported: drop them from
@@ -87,7 +147,8 @@ static void trim_traceback(lua_State *L) {
     /* a frame line is "\t<where>: ..."; drop ember's and a [C] error() just above them */
     int drop = 0;
     if (p[0] == '\t') {
-      if (strncmp(p + 1, dir, strlen(dir)) == 0) drop = 1;
+      if (strncmp(p + 1, dir, strlen(dir)) == 0 || strncmp(p + 1, "[ember host]:", 13) == 0)
+        drop = 1;
       else if (strncmp(p + 1, "[C]: in function 'error'", 24) == 0 && nl &&
                strncmp(nl + 2, dir, strlen(dir)) == 0)
         drop = 1;
@@ -101,6 +162,7 @@ static void trim_traceback(lua_State *L) {
 }
 
 static int traceback(lua_State *L) {
+  if (is_exit(L, 1)) return 1;          /* os.exit: no message, no traceback */
   if (!lua_isstring(L, 1)) {           /* an error object: try its __tostring */
     if (lua_isnoneornil(L, 1) || !luaL_callmeta(L, 1, "__tostring") || !lua_isstring(L, -1)) {
       lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
@@ -136,10 +198,37 @@ int ember_host_docall(lua_State *L, int nargs, int nresults) {
   return status;
 }
 
+/* A line left open on stdout -- the data loader's progress bar, drawn with '\r'
+** and no newline, says so in ember.ffi's stdout_line_open -- is ended first, so
+** that a message starts on a line of its own. The stack is left as it was. */
+static void end_open_line(lua_State *L) {
+  lua_getglobal(L, "package");
+  if (lua_istable(L, -1)) {
+    lua_getfield(L, -1, "loaded");
+    if (lua_istable(L, -1)) {
+      lua_getfield(L, -1, "ember.ffi");
+      if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "stdout_line_open");
+        if (lua_toboolean(L, -1)) {
+          fputs("\n", stdout);
+          lua_pushboolean(L, 0);
+          lua_setfield(L, -3, "stdout_line_open");
+        }
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
 void ember_host_report(lua_State *L, int status) {
+  if (status && is_exit(L, -1)) { lua_pop(L, 1); return; }   /* os.exit: nothing to say */
   if (status && !lua_isnil(L, -1)) {
     const char *msg = lua_tostring(L, -1);
     if (!msg) msg = "(error object is not a string)";
+    end_open_line(L);
     fflush(stdout);
     fprintf(stderr, "%s%s: %s\n", report_prefix, progname, msg);
     fflush(stderr);
@@ -169,6 +258,9 @@ static void usage(FILE *f) {
     "  --replicas N  run the script as N replicas (threads) of em.distribute\n"
     "  --devices L   the replicas' devices, e.g. cuda:0,cuda:1 (replica k takes\n"
     "                entry k mod the count; also EMBER_DEVICES)\n"
+    "  --memory-limit SIZE  cap each replica's CPU tensor memory: bytes, or a\n"
+    "                whole number with K, M or G (powers of 1024), e.g. 256M\n"
+    "                (also EMBER_MEMORY_LIMIT; em.set_memory_limit)\n"
     "  --profile     profile the whole script: print a report at exit and write\n"
     "                ember-trace.json and ember-profile.html (em.profile)\n"
     "  --version   print the version\n"
@@ -225,6 +317,28 @@ static void make_arg(lua_State *L, char **argv, int argc, int script) {
   lua_setglobal(L, "arg");
 }
 
+/* A size for --memory-limit / EMBER_MEMORY_LIMIT: digits, then K, M or G (powers
+** of 1024) or nothing (bytes). The Lua layer (ember/memlimit.lua) reads the same
+** forms from the variable in each replica's state. */
+static int size_ok(const char *v) {
+  if (!v) return 0;
+  while (*v == ' ') v++;
+  const char *p = v;
+  unsigned long long n = 0;
+  while (*p >= '0' && *p <= '9') {
+    if (n > (1ull << 62) / 10) return 0;
+    n = n * 10 + (unsigned)(*p++ - '0');
+  }
+  if (p == v) return 0;
+  int shift = 0;
+  switch (*p) {
+  case 'K': case 'k': shift = 10; p++; break;
+  case 'M': case 'm': shift = 20; p++; break;
+  case 'G': case 'g': shift = 30; p++; break;
+  }
+  while (*p == ' ') p++;
+  return !*p && n < (1ull << (62 - shift));
+}
 
 static int parse(int argc, char **argv, opts *o) {
   memset(o, 0, sizeof *o);
@@ -255,6 +369,15 @@ static int parse(int argc, char **argv, opts *o) {
       o->replicas = (int)n;
     } else if (strcmp(a, "--profile") == 0) {
       o->profile = 1;
+    } else if (strcmp(a, "--memory-limit") == 0 || strncmp(a, "--memory-limit=", 15) == 0) {
+      /* each replica's state reads the variable when it opens (ember/memlimit.lua) */
+      const char *v = a[14] == '=' ? a + 15 : (++i < argc ? argv[i] : NULL);
+      if (!size_ok(v)) {
+        fprintf(stderr, "%s: --memory-limit needs a size: bytes, or a whole number with K, M "
+                "or G (powers of 1024), e.g. 256M; got '%s'\n", progname, v ? v : "nothing");
+        return -1;
+      }
+      setenv("EMBER_MEMORY_LIMIT", v, 1);
     } else if (strcmp(a, "--devices") == 0 || strncmp(a, "--devices=", 10) == 0) {
       /* em.distribute reads the list from the environment (so that MPI processes
       ** given EMBER_DEVICES by their launcher behave the same): replica k takes
@@ -272,6 +395,12 @@ static int parse(int argc, char **argv, opts *o) {
     }
   }
   if (i < argc) o->script = i;
+  const char *env = getenv("EMBER_MEMORY_LIMIT");
+  if (env && *env && !size_ok(env)) {
+    fprintf(stderr, "%s: EMBER_MEMORY_LIMIT needs a size: bytes, or a whole number with K, M "
+            "or G (powers of 1024), e.g. 256M; got '%s'\n", progname, env);
+    return -1;
+  }
   return 0;
 }
 
@@ -280,7 +409,8 @@ static int run_options(lua_State *L, int argc, char **argv, int upto) {
   for (int i = 1; i < upto; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) break;
-    if (strcmp(a, "--replicas") == 0 || strcmp(a, "--devices") == 0) { i++; continue; }
+    if (strcmp(a, "--replicas") == 0 || strcmp(a, "--devices") == 0 ||
+        strcmp(a, "--memory-limit") == 0) { i++; continue; }
     if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
     const char *val = a[2] ? a + 2 : argv[++i];
     int status;
@@ -410,6 +540,7 @@ static int pmain(lua_State *L) {
   lua_gc(L, LUA_GCSTOP, 0);
   luaL_openlibs(L);
   lua_gc(L, LUA_GCRESTART, -1);
+  install_exit(L);
   make_arg(L, argv, argc, o->script ? o->script : 0);
   set_replica(L, s->replica);
   if (s->replica && s->replica->world_size > 1) prefix_output(L, s->replica->rank);
@@ -432,9 +563,22 @@ static int pmain(lua_State *L) {
   if (!status && o->script) status = run_script(L, argc, argv, o->script, o->stdin_script);
   if (o->profile) {          /* the report, also for a failed script (its replicas
                                 may be gone: then this replica's view alone) */
-    lua_pushboolean(L, status != 0);
+    /* os.exit(0) is no failure */
+    lua_pushboolean(L, status != 0 && !(exit_requested && exit_code == 0));
     lua_setglobal(L, "_EMBER_PROFILE_FAILED");
     if (dochunk(L, luaL_loadstring(L, PROFILE_STOP_LUA)) && !status) status = 1;
+  }
+  int code;
+  if (ember_host_exit_requested(&code)) {
+    /* os.exit: a zero exit is a clean end; another code fails this replica, and
+    ** the others are told (under mpirun the job ends, naming it) */
+    s->status = code;
+    if (code) {
+      char msg[64];
+      snprintf(msg, sizeof msg, "os.exit(%d)", code);
+      record_failure(L, s, msg);
+    }
+    return 0;
   }
   if (status) {
     record_failure(L, s, last_error);
@@ -451,6 +595,7 @@ static int pmain(lua_State *L) {
       s->status = run_script(L, argc, argv, 0, 1) ? 1 : 0;
     }
   }
+  if (ember_host_exit_requested(&code)) s->status = code;   /* os.exit in the REPL or stdin */
   return 0;
 }
 
@@ -461,6 +606,7 @@ int ember_host_run(int argc, char **argv, opts *o, const ember_replica *replica,
   if (replica && replica->world_size > 1 && replica->rank > 0)
     snprintf(prefix, sizeof prefix, "[rank %d] ", replica->rank);
   report_prefix = prefix;
+  exit_requested = exit_code = 0;
   if (failure && failure_size) failure[0] = 0;
   lua_State *L = luaL_newstate();
   if (!L) {

@@ -183,6 +183,7 @@ int ember_repl(lua_State *L) {
     if (status == 0) print_results(L);
     else ember_host_report(L, status);
     lua_settop(L, 0);
+    if (ember_host_exit_requested(NULL)) break;   /* os.exit: the caller takes its code */
   }
   lua_settop(L, 0);
   fputs("\n", stdout);

@@ -17,6 +17,12 @@
 ** stopped from outside its thread, so the process exits -- no thread is left
 ** behind either way. The exit status is 1 after any failure, with the root
 ** cause -- the group's first failure -- as the last line on stderr.
+**
+** Exits. os.exit(code) ends its own replica only (main.c). A replica that ends
+** without failing -- its script returned, or os.exit(0) -- leaves the group: the
+** others go on, and one that then needs it in a collective fails with "replica K
+** exited". os.exit with another code is that replica's failure. The process's
+** exit status is the worst (largest) of the replicas'.
 */
 #include "host.h"
 #include "ember.h"
@@ -53,6 +59,8 @@ static void *replica_main(void *arg) {
     if (!t->failure[0]) snprintf(t->failure, sizeof t->failure, "exited with status %d", t->status);
     em_local_group_abort(t->r.group, t->r.rank, t->failure);
     if (first_failed < 0) first_failed = t->r.rank;
+  } else {
+    em_local_group_leave(t->r.group, t->r.rank);   /* a collective needing it now fails */
   }
   t->done = 1;
   pthread_cond_broadcast(&cv);
@@ -144,7 +152,10 @@ int ember_replicas_main(int argc, char **argv, opts *o, const char *progname) {
   int failed = first_failed;
   pthread_mutex_unlock(&mu);
 
+  /* the worst of the replicas' statuses (os.exit(code) sets one's) */
   int status = failed >= 0 ? 1 : 0;
+  for (int k = 0; k < n; k++)
+    if (ts[k].done && ts[k].status > status) status = ts[k].status;
   if (failed >= 0) {
     fflush(stdout);
     /* The group knows the root cause (the first failure, or the timeout that

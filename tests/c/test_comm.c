@@ -196,6 +196,12 @@ static void *replica(void *arg) {
         j->st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
       break;
     case 3: j->st = run_reducer(S, c, j); break;
+    case 5:               /* all meet once; then replica 1 leaves while the others wait */
+      if ((j->st = em_comm_barrier(S, c, NULL))) break;
+      if (j->rank == 1) { usleep(100000); em_local_group_leave(j->g, 1); break; }
+      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+        j->st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+      break;
     case 4:               /* replica 1 broadcasts while the others allreduce */
       if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
         j->st = j->rank == 1 ? em_comm_broadcast(S, c, t, 0, NULL)
@@ -278,6 +284,18 @@ static void test_mismatch(void) {
   }
 }
 
+static void test_leave(void) {
+  static job jobs[3];
+  run_group(3, 5, jobs);
+  CHECK(jobs[1].st == EM_OK, "replica 1: %s", jobs[1].msg);
+  for (int r = 0; r < 3; r += 2) {
+    CHECK(jobs[r].st == EM_ERR_IO, "replica %d's allreduce failed (%d)", r, (int)jobs[r].st);
+    CHECK(strstr(jobs[r].msg, "replica 1 exited") != NULL && !strstr(jobs[r].msg, "timed out"),
+          "message: %s", jobs[r].msg);
+    CHECK(jobs[r].bad == 0, "%s", jobs[r].why);
+  }
+}
+
 static void test_reducer(void) {
   static job jobs[MAXR];
   for (int n = 1; n <= MAXR; n += 2) {
@@ -337,6 +355,7 @@ int main(void) {
   RUN(test_abort);
   RUN(test_timeout);
   RUN(test_mismatch);
+  RUN(test_leave);
   RUN(test_reducer);
   RUN(test_arguments_and_plan, S);
   em_close(S);

@@ -136,7 +136,11 @@ local function draw(self, st, final)
   st = st or self:stats()
   if self.tty then
     self.last_draw = t
-    if final then io.stdout:write('\r' .. (' '):rep(self.width or 0) .. '\r'); io.stdout:flush(); return end
+    if final then
+      io.stdout:write('\r' .. (' '):rep(self.width or 0) .. '\r'); io.stdout:flush()
+      core.stdout_line_open = false
+      return
+    end
     local w = 24
     local fill = st.total_batches > 0 and math.floor(w * st.batches / st.total_batches) or w
     local line = ('epoch %d [%s%s] %d/%d  %.0f samples/s  wait %2.0f%%  %s'):format(st.epoch,
@@ -145,6 +149,9 @@ local function draw(self, st, final)
     self.width = math.max(self.width or 0, #line)
     io.stdout:write('\r' .. line .. (' '):rep(self.width - #line))
     io.stdout:flush()
+    -- the bar's line stays open: the ember command ends it before it prints an
+    -- error, so that the message starts on a line of its own (lua/host/main.c)
+    core.stdout_line_open = true
   elseif not final then
     self.last_draw = t
     print(('epoch %d  %d/%d batches  %.0f samples/s  wait %.0f%%  %s'):format(st.epoch,

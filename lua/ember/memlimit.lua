@@ -1,0 +1,53 @@
+--[[
+ember.memlimit -- the cap on this state's CPU tensor memory: em.set_memory_limit
+and the EMBER_MEMORY_LIMIT variable (which `ember --memory-limit SIZE` sets, so
+that every replica's state takes it when it opens).
+
+Sizes are bytes, or a whole number followed by K, M or G (powers of 1024):
+'512K', '256M', '1G'. 0 and nil mean no cap. Past the cap an op fails as on a
+full GPU (core/memlimit.c): the C call returns EM_ERR_NOMEM with the pressure
+flag raised, so ember.capi's retry collects Lua's garbage and tries once more
+before the error is final.
+]]
+local core = require 'ember.ffi'
+local C, S = core.C, core.S
+
+local M = {}
+
+local units = { [''] = 1, K = 1024, M = 1024 ^ 2, G = 1024 ^ 3 }
+
+-- Bytes for a size, or nil and why not.
+function M.parse_size(v)
+  if type(v) == 'number' then
+    if v >= 0 and v == math.floor(v) and v < 2 ^ 62 then return v end
+    return nil, ('expected a whole number of bytes >= 0, got %s'):format(tostring(v))
+  end
+  if type(v) ~= 'string' then return nil, 'expected a number of bytes or a size like 256M' end
+  local digits, unit = v:match('^%s*(%d+)%s*([KkMmGg]?)%s*$')
+  local n = digits and tonumber(digits) * units[unit:upper()]
+  if not n or n >= 2 ^ 62 then
+    return nil, ("expected bytes or a whole number with K, M or G (powers of 1024), " ..
+      "e.g. 256M, got '%s'"):format(v)
+  end
+  return n
+end
+
+function M.set(v)
+  local n, why = 0, nil
+  if v ~= nil then n, why = M.parse_size(v) end
+  if not n then core.raise('set_memory_limit: ' .. why) end
+  core.check(C.em_set_memory_limit(S, C.EM_CPU, n))
+end
+
+function M.install(em)
+  em.set_memory_limit = M.set
+  -- A ds:map worker's state is not a replica: the cap is its replica's.
+  local env = os.getenv('EMBER_MEMORY_LIMIT')
+  if env and env ~= '' and rawget(_G, 'EMBER_WORKER') == nil then
+    local n, why = M.parse_size(env)
+    if not n then error('EMBER_MEMORY_LIMIT: ' .. why, 0) end
+    core.check(C.em_set_memory_limit(S, C.EM_CPU, n))
+  end
+end
+
+return M
