@@ -173,6 +173,19 @@ end
 M.collect = collect
 core.collect = collect     -- for core.fail, after a device ran out of memory
 
+-- Releases box b's handle now, for library code that knows b is its own and
+-- dead (a sharded model's gather buffers: megabytes that must not wait for a
+-- collection). b must not be used after; its id is recycled by a later sweep.
+function M.release(b)
+  local id = b._id
+  local p = ptrs[id]
+  if p ~= nil and p == b._h then
+    rel(p)
+    ptrs[id] = nil
+  end
+  b._h = nil
+end
+
 local function pace()
   debt = 0
   collectgarbage('step', STEP_KB)

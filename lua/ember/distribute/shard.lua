@@ -60,6 +60,9 @@ local Sharded = {}
 M.Sharded = Sharded
 
 local MB = 1024 * 1024
+-- Smaller than the unsharded wrap's 25: a unit's flat gradient is whole until
+-- its reduce-scatter, so the bucket bounds what 'gradients' adds to the peak.
+local SHARD_BUCKET_MB = 4
 
 -- -- Helpers ---------------------------------------------------------------------------------
 local function pack(...) return { n = select('#', ...), ... } end
@@ -67,6 +70,9 @@ local function pack(...) return { n = select('#', ...), ... } end
 local function slice(t, start, len) return t:narrow(1, start + 1, len) end
 local function nbytes(t) return t:numel() * t:element_size() end
 local function check(st) if st ~= 0 then core.fail() end end
+-- Buffers of megabytes are released as soon as they are dead, not at Lua's next
+-- collection (which would hold every unit's gathered weights at once).
+local release = core.handles.release
 
 -- Every live sharded model by id (callbacks name them by id), and which model a
 -- shard tensor belongs to (clip_grad_norm asks).
@@ -224,7 +230,7 @@ function M.wrap(s, model, o)
   else
     local sizes, keys = {}, {}
     for i, p in ipairs(P) do sizes[i] = nbytes(p); keys[i] = p.dtype .. '@' .. p.device end
-    local mb = o.bucket_mb or 25
+    local mb = o.bucket_mb or SHARD_BUCKET_MB
     for _, idx in ipairs(layout.buckets(sizes, keys, math.min(1, mb) * MB, mb * MB)) do
       groups[#groups + 1] = { idx = idx }
     end
@@ -266,10 +272,12 @@ function M.wrap(s, model, o)
 end
 
 -- -- Gathering weights -------------------------------------------------------------------------
--- This replica's segment of unit u, on the unit's device.
+-- This replica's segment of unit u, on the unit's device, and whether it is a
+-- temporary (the caller releases it).
 local function segment(dm, u)
   if u.segt then
-    return dm._offload and u.segt:to(u.device) or u.segt
+    if dm._offload then return u.segt:to(u.device), true end
+    return u.segt, false
   end
   local pieces, used = {}, 0
   for k, i in ipairs(u.idx) do
@@ -281,7 +289,9 @@ local function segment(dm, u)
   if used < u.seg then
     pieces[#pieces + 1] = em.zeros(u.seg - used, { dtype = u.dtype, device = u.device })
   end
-  return #pieces == 1 and pieces[1] or em.cat(pieces, 1)
+  local seg = em.cat(pieces, 1)
+  for _, t in ipairs(pieces) do release(t) end
+  return seg, true
 end
 
 local function count(dm, kind, bytes)
@@ -290,24 +300,38 @@ local function count(dm, kind, bytes)
   st.bytes = st.bytes + bytes
 end
 
--- The flat unit from every replica's segment (a collective).
+-- The flat unit from every replica's segment (a collective). Async: the work,
+-- and the segment to release once it is done (or nil).
 local function allgather(dm, u, async)
-  local seg = segment(dm, u)
+  local seg, temp = segment(dm, u)
   count(dm, 'allgather', nbytes(seg) * (dm.strategy.world_size - 1))
-  return dm.strategy:allgather(seg, { async = async })
+  local r = dm.strategy:allgather(seg, { async = async })
+  if async then return r, temp and seg or nil end
+  if temp then release(seg) end
+  return r
+end
+
+-- Copies (or fills, for resident weights) every weight of unit u from its flat
+-- unit, then releases the flat unit.
+local function scatter_flat(dm, u, flat, fill)
+  for pos, i in ipairs(u.idx) do
+    local p = dm._P[i]
+    local piece = slice(flat, u.off[pos], u.numel[pos])
+    local v = piece:view(p.shape)
+    if fill then check(C.em_tensor_fill_data(S, p._h, v._h)) else p:copy_(v) end
+    release(v); release(piece)
+  end
+  release(flat)
 end
 
 -- 'optimizer' / 'gradients': every unit's full weights from the shards.
 function M._gather_all(dm)
   em.no_grad(function()
-    local works = {}
-    for k, u in ipairs(dm._units) do works[k] = allgather(dm, u, true) end
+    local works, temps = {}, {}
+    for k, u in ipairs(dm._units) do works[k], temps[k] = allgather(dm, u, true) end
     for k, u in ipairs(dm._units) do
-      local flat = works[k]:wait()
-      for pos, i in ipairs(u.idx) do
-        local p = dm._P[i]
-        p:copy_(slice(flat, u.off[pos], u.numel[pos]):view(p.shape))
-      end
+      scatter_flat(dm, u, works[k]:wait(), false)
+      if temps[k] then release(temps[k]) end
     end
   end)
   dm._stale = false
@@ -316,13 +340,7 @@ end
 -- 'parameters': unit u's weights, gathered into their resident storage.
 function M._gather(dm, u)
   if u.gathered then return end
-  em.no_grad(function()
-    local flat = allgather(dm, u, false)
-    for pos, i in ipairs(u.idx) do
-      local p = dm._P[i]
-      check(C.em_tensor_fill_data(S, p._h, slice(flat, u.off[pos], u.numel[pos]):view(p.shape)._h))
-    end
-  end)
+  em.no_grad(function() scatter_flat(dm, u, allgather(dm, u, false), true) end)
   u.gathered = true
 end
 
@@ -363,7 +381,6 @@ end
 -- -- Reducing gradients ------------------------------------------------------------------------
 local function launch(dm, u)
   local s, flat = dm.strategy, u.flat
-  u.flat = nil
   if dm.shard_mode == 'gradients' or dm.shard_mode == 'parameters' then
     count(dm, 'reduce_scatter', nbytes(flat) * (s.world_size - 1) / s.world_size)
     u.work = s:reduce_scatter(flat, 'mean', { async = true })
@@ -374,39 +391,47 @@ local function launch(dm, u)
   u.launched = true
 end
 
+local drain
 local function launch_ready(dm)
   local units = dm._units
   while dm._next <= #units and units[dm._next].ready do
     launch(dm, units[dm._next])
     dm._next = dm._next + 1
+    drain(dm, false)
   end
 end
 
--- Unit u has every gradient it will get: one flat buffer, and the weights of
--- 'parameters' go (their work in this backward is done).
+-- The unit's flat gradient buffer (zeros where no gradient arrives: padding,
+-- unused parameters), in the dtype it is sent in.
+local function flat_buffer(dm, u)
+  if not u.flat then
+    u.flat = em.zeros(u.L, { dtype = dm._comm_dtype or u.dtype, device = u.device })
+  end
+  return u.flat
+end
+
+-- Unit u has every gradient it will get; the weights of 'parameters' go (their
+-- work in this backward is done).
 local function complete(dm, u)
-  local pieces = {}
-  for pos, i in ipairs(u.idx) do
-    local g = u.g[pos]
-    pieces[pos] = g and g:reshape(-1) or
-      em.zeros(u.numel[pos], { dtype = u.dtype, device = u.device })
-  end
-  if u.L > u.total then
-    pieces[#pieces + 1] = em.zeros(u.L - u.total, { dtype = u.dtype, device = u.device })
-  end
-  local flat = #pieces == 1 and pieces[1]:contiguous() or em.cat(pieces, 1)
-  if dm._comm_dtype and dm._comm_dtype ~= u.dtype then flat = flat:to(dm._comm_dtype) end
-  u.flat, u.g, u.ready = flat, {}, true
+  flat_buffer(dm, u)
+  u.ready = true
   if dm.shard_mode == 'parameters' and u.depth == 0 then M._free(dm, u) end
 end
 
+-- Each gradient goes into its place in the flat buffer as it arrives, and the
+-- parameter lets go of it: a unit holds one buffer, not its gradients and a copy.
 on_grad = function(dm, i)
   local u = dm._units[dm._unit_of[i]]
-  local p = dm._P[i]
   local pos = dm._pos[i]
   if u.ready or u.g[pos] then return end
-  u.g[pos] = p.grad
+  local p = dm._P[i]
+  local g = p.grad
   p.grad = nil
+  local dst = slice(flat_buffer(dm, u), u.off[pos], u.numel[pos])
+  local view = dst:view(g.shape)
+  view:copy_(g)
+  release(view); release(dst); release(g)
+  u.g[pos] = true
   u.got = u.got + 1
   if u.got == #u.idx then complete(dm, u) end
   launch_ready(dm)
@@ -414,54 +439,82 @@ end
 
 -- The averaged slice of each shard: its .grad, or added to the one it has.
 local function apply(dm, u, result)
-  if result.dtype ~= u.dtype then result = result:to(u.dtype) end
-  local seg = result
-  if not (dm.shard_mode == 'gradients' or dm.shard_mode == 'parameters') and dm.shard_mode then
-    seg = slice(result, dm.strategy.rank * u.seg, u.seg)
-  end
+  local cast = result.dtype ~= u.dtype and result:to(u.dtype)
+  local seg = cast or result
+  local part = not (dm.shard_mode == 'gradients' or dm.shard_mode == 'parameters') and
+    dm.shard_mode and slice(seg, dm.strategy.rank * u.seg, u.seg)
   for pos, i in ipairs(u.idx) do
     local len = u.hi[pos] - u.lo[pos]
     local sh = dm._shards[i]
     if len > 0 then
-      local g = slice(seg, u.at[pos], len):view(sh.shape)
-      if dm._offload then g = g:to('cpu') end
+      local piece = slice(part or seg, u.at[pos], len)
+      local g = piece:view(sh.shape)
+      release(piece)
+      if dm._offload then
+        local host = g:to('cpu')
+        release(g)
+        g = host
+      end
       local have = sh.grad
-      if have == nil then sh.grad = g else have:add_(g) end
+      if have == nil then sh.grad = g else have:add_(g); release(have); release(g) end
     end
+  end
+  if part then release(part) end
+  if cast then release(cast) end
+  release(result)
+end
+
+-- Units whose collective is done are applied in unit order, releasing their
+-- flat buffers: at once when done (block = false), or waiting (block = true).
+-- At most MAX_IN_FLIGHT units are under way, so a backward holds a bounded
+-- number of flat gradient buffers whatever the model's depth.
+local MAX_IN_FLIGHT = 2
+drain = function(dm, block)
+  local units = dm._units
+  while dm._applied < dm._next - 1 do
+    local u = units[dm._applied + 1]
+    local w, flat = u.work, u.flat
+    local in_flight = dm._next - 1 - dm._applied
+    if not block and in_flight <= MAX_IN_FLIGHT and not w:done() then return end
+    local t0 = em.clock()
+    u.work, u.flat = nil, nil
+    dm._applied = dm._applied + 1
+    local ok, r = pcall(w.wait, w)
+    dm._stats.wait_s = dm._stats.wait_s + (em.clock() - t0)
+    if ok and not dm._error then apply(dm, u, r) elseif not ok then dm._error = dm._error or r end
+    -- (an allreduce's result is its input, released by apply)
+    if flat and (not ok or r ~= flat) then release(flat) end
   end
 end
 
+local function reset(dm)
+  for _, u in ipairs(dm._units) do
+    u.launched, u.ready, u.got, u.g = false, false, 0, {}
+  end
+  dm._next, dm._applied, dm._error = 1, 0, nil
+end
+
 local function finish(dm)
-  local t0 = em.clock()
   for _, u in ipairs(dm._units) do
     if not u.ready then complete(dm, u) end
   end
   launch_ready(dm)
-  local errors
-  for _, u in ipairs(dm._units) do
-    local w = u.work
-    u.work, u.launched, u.ready, u.got, u.g = nil, false, false, 0, {}
-    if w then
-      local ok, r = pcall(w.wait, w)
-      if ok then
-        if not errors then apply(dm, u, r) end
-      else
-        errors = errors or r
-      end
-    end
-  end
-  dm._stats.wait_s = dm._stats.wait_s + (em.clock() - t0)
-  if errors then error(errors, 0) end
+  drain(dm, true)
+  local err = dm._error
+  reset(dm)
+  if err then error(err, 0) end
 end
 
 on_backward_end = function(dm, failed)
   dm._armed = false
   if failed then
     -- the collectives already started must still be waited for (their buffers)
+    dm._error = 'backward failed'
+    drain(dm, true)
     for _, u in ipairs(dm._units) do
-      if u.work then pcall(u.work.wait, u.work) end
-      u.work, u.launched, u.ready, u.got, u.g, u.flat = nil, false, false, 0, {}, nil
+      if u.flat then release(u.flat); u.flat = nil end
     end
+    reset(dm)
     return
   end
   finish(dm)
@@ -496,7 +549,7 @@ function Sharded.__call(self, ...)
   if self._stale then M._gather_all(self) end
   if self._sync and em.is_grad_enabled() then
     self._armed = true
-    self._next = 1
+    reset(self)
     local dev = self.strategy.device
     em.reset_peak_memory_stats(dev)
     self._mem.start = em.memory_stats(dev).allocated
@@ -559,7 +612,8 @@ end
 -- 'parameters'.
 function Sharded:state_dict()
   if self.shard_mode ~= 'parameters' then
-    M._gather_all(self)         -- the shards may have changed since (a step, a load)
+    -- the shards may have changed since (a step, a load)
+    if self.shard_mode then M._gather_all(self) end
     return self.module:state_dict()
   end
   local sd = self.module:state_dict()

@@ -21,6 +21,9 @@ return function(dir, ember)
     return out, tonumber(out:match('exit=(%d+)%s*$')), em.clock() - t0
   end
 
+  -- Any command line (its output, status and seconds).
+  function L.run(cmd) return run(cmd .. ' 2>&1; echo "exit=$?"') end
+
   local function path(script)
     return script:match('^/') and script or dir .. 'dist/' .. script
   end
