@@ -171,6 +171,11 @@ const emi_backend_kind *emi_accel_library(char *why, size_t whylen);
 void emi_devices_close(em_state *S);      /* em_close */
 /* The services of a device's kind (NULL for cpu and meta). */
 const emi_services *emi_services_of(em_state *S, int device);
+/* A storage of nbytes from device d's backend, counted (core/tensor.c); NULL
+** when the backend has none to give. */
+emi_storage *emi_storage_new(emi_device *d, size_t nbytes);
+/* Moves delta bytes into (> 0) or out of (< 0) the memory counts of S and device. */
+void emi_storage_account(em_state *S, int device, int64_t delta);
 /* Drops one reference to a storage, freeing it with the last (core/tensor.c). */
 void emi_storage_release(emi_storage *st);
 

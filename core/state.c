@@ -111,6 +111,10 @@ const char *em_errmsg(em_state *S) {
   return S ? S->errmsg : "ember: no state (em_open failed or was not called)";
 }
 
+em_status em_set_errmsg(em_state *S, em_status code, const char *msg) {
+  return emi_error(S, code, "%s", msg ? msg : "");
+}
+
 em_status emi_error(em_state *S, em_status code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

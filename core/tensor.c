@@ -40,7 +40,16 @@ static inline void count_entry(em_state *S, const emi_device *d, int entry) {
   __atomic_add_fetch(&S->dispatch_counts[d->backend->id][entry], 1, __ATOMIC_RELAXED);
 }
 
-static emi_storage *storage_new(emi_device *d, size_t nbytes) {
+/* Counts nbytes in (delta > 0) or out of the state's and the device's totals,
+** outside a storage's own make and release (core/resident.c). */
+void emi_storage_account(em_state *S, int device, int64_t delta) {
+  if (delta > 0) { account(S, device, (size_t)delta); return; }
+  __atomic_add_fetch(&S->mem_allocated, delta, __ATOMIC_RELAXED);
+  emi_mem_count *c = device_count(S, device);
+  if (c) __atomic_add_fetch(&c->allocated, delta, __ATOMIC_RELAXED);
+}
+
+emi_storage *emi_storage_new(emi_device *d, size_t nbytes) {
   em_state *S = d->S;
   count_entry(S, d, EMI_ENTRY_alloc);
   emi_storage *st = d->backend->alloc(d, nbytes);
@@ -112,6 +121,8 @@ void *em_tensor_data(const em_tensor *t) {
 int em_tensor_same_storage(const em_tensor *a, const em_tensor *b) {
   return a && b && a->storage == b->storage;
 }
+const void *em_tensor_storage_id(const em_tensor *t) { return t->storage; }
+int64_t em_tensor_storage_nbytes(const em_tensor *t) { return (int64_t)t->storage->nbytes; }
 
 int em_tensor_is_contiguous(const em_tensor *t) {
   if (t->numel == 0) return 1;               /* no element to be out of place (as PyTorch) */
@@ -235,7 +246,7 @@ static em_tensor *handle_new(em_state *S, emi_storage *st, const int64_t *sizes,
 static em_tensor *tensor_alloc(emi_device *d, const int64_t *sizes, int ndim, em_dtype dt) {
   em_state *S = d->S;
   size_t nbytes = (size_t)emi_shape_numel(sizes, ndim) * em_dtype_size(dt);
-  emi_storage *st = storage_new(d, nbytes);
+  emi_storage *st = emi_storage_new(d, nbytes);
   if (!st) return NULL;
   em_tensor *t = handle_new(S, st, sizes, ndim, dt);
   if (!t) emi_storage_release(st);

@@ -131,6 +131,10 @@ void em_config_init(em_config *cfg);
 em_status em_open(em_state **S, const em_config *cfg);
 void em_close(em_state *S);
 const char *em_errmsg(em_state *S);
+/* Sets S's error message to msg and returns code: for a host callback (a
+** gradient hook, a backward callback, a custom function) whose failure ember
+** reports as the failure of the call that ran it. */
+em_status em_set_errmsg(em_state *S, em_status code, const char *msg);
 /* The numbering messages use for dims, list positions and indices: 0 (the
 ** default, C's) or 1 (the Lua layer's); index values passed to ops keep their
 ** own index_base argument. */
@@ -181,6 +185,11 @@ int em_tensor_is_contiguous(const em_tensor *t);
 void *em_tensor_data(const em_tensor *t);
 /* Two tensors view the same storage. */
 int em_tensor_same_storage(const em_tensor *a, const em_tensor *b);
+/* The storage a tensor views, as an identity (every view of one storage gives the
+** same pointer, on every device, meta included), and that storage's size in bytes:
+** for counting memory once per storage. */
+const void *em_tensor_storage_id(const em_tensor *t);
+int64_t em_tensor_storage_nbytes(const em_tensor *t);
 /* The single element of a one-element tensor, as a double / as an int64. */
 em_status em_tensor_item(em_state *S, const em_tensor *t, double *out);
 em_status em_tensor_item_int(em_state *S, const em_tensor *t, int64_t *out);
@@ -391,12 +400,32 @@ const char *em_safetensors_metadata_value(const em_safetensors *f, int64_t i);
 ** a temporary file in the same folder and renamed over path, so path holds
 ** either its old content or the complete new one, never a mix; with
 ** EM_SAVE_SYNC the data and the rename are also flushed to the disk (fsync of
-** the file, then of the folder) before the call returns. */
-enum { EM_SAVE_SYNC = 1 };
+** the file, then of the folder) before the call returns.
+** EM_SAVE_IN_PLACE writes path itself, created or truncated, with no temporary
+** file: for a file that nothing reads until a later commit names it (the
+** shards of a sharded checkpoint), so that a crash leaves no stray temporary. */
+enum { EM_SAVE_SYNC = 1, EM_SAVE_IN_PLACE = 2 };
 em_status em_safetensors_write(em_state *S, const char *path, const char *const *names,
                                em_tensor *const *tensors, int64_t n,
                                const char *const *meta_keys,
                                const char *const *meta_values, int64_t nmeta, int flags);
+/* Elements [lo, hi) of entry i, flattened (row-major), into a new 1-D CPU tensor
+** of hi - lo elements: only those bytes are read from the file (a sharded
+** checkpoint's loader reads just the ranges it needs). 0 <= lo <= hi <= numel. */
+em_status em_safetensors_read_range(em_state *S, em_safetensors *f, int64_t i, int64_t lo,
+                                    int64_t hi, em_tensor **out);
+
+/* Files for checkpoints made of several files. em_file_write replaces path with
+** the n bytes at data as em_safetensors_write does (a temporary file in the same
+** folder renamed over path; with EM_SAVE_SYNC the file, then its folder, are
+** fsynced). em_dir_make creates the folder path (one level, mode 0777 less the
+** umask); a folder already there is fine, anything else there is an error.
+** em_dir_sync fsyncs the folder path, so that renames and removals in it are on
+** the disk when it returns. */
+em_status em_file_write(em_state *S, const char *path, const void *data, size_t n, int flags);
+em_status em_dir_make(em_state *S, const char *path);
+em_status em_dir_sync(em_state *S, const char *path);
+
 /* The JSON string quoting the writer above uses, for hosts that write JSON
 ** themselves (the Lua layer's checkpoint document): s[0..n) as a quoted JSON
 ** string into dst when dst is not NULL; returns the quoted length (call with NULL
@@ -424,6 +453,22 @@ int em_tensor_is_leaf(const em_tensor *t);
 ** changed values, and it refuses, naming op, when grad mode is on and t
 ** requires grad (autograd can't follow such a write). */
 em_status em_tensor_bump_version(em_state *S, em_tensor *t, const char *op);
+/* The version of t's storage: bumped by every in-place write (em_tensor_bump_version),
+** so a caller can tell whether a tensor was written since it last looked. */
+uint32_t em_tensor_version(const em_tensor *t);
+/* Parameters whose data comes and goes (sharded training: a parameter is
+** gathered for its module's forward and backward and freed between). t must own
+** its whole storage (contiguous, offset 0) and, the first time, be its only
+** handle. em_tensor_free_data frees the memory and keeps the storage, so every
+** view of it -- autograd's saved tensors included -- sees the data again after
+** em_tensor_fill_data, which allocates it anew on t's device and copies src
+** (t's shape; any dtype, same device) in without bumping the version (the
+** values are the ones saved tensors were recorded with). While freed, t reads
+** as a tensor of the meta device: shapes work, values are an error, and ops
+** with tensors of other devices fail naming both devices. */
+em_status em_tensor_free_data(em_state *S, em_tensor *t);
+em_status em_tensor_fill_data(em_state *S, em_tensor *t, const em_tensor *src);
+int em_tensor_has_data(const em_tensor *t);
 /* A new reference to t's accumulated gradient, or NULL when there is none. */
 em_tensor *em_tensor_grad(const em_tensor *t);
 /* Replaces t's gradient (g may be NULL to clear it; same shape otherwise). */

@@ -603,6 +603,40 @@ em_status em_safetensors_get(em_state *S, em_safetensors *f, int64_t i, em_tenso
   return EM_OK;
 }
 
+em_status em_safetensors_read_range(em_state *S, em_safetensors *f, int64_t i, int64_t lo,
+                                    int64_t hi, em_tensor **out) {
+  const st_entry *e = NULL;
+  em_status st = entry(S, f, i, &e);
+  if (st) return st;
+  if (!out) return emi_error(S, EM_ERR_ARG, "load: out must not be NULL");
+  *out = NULL;
+  int64_t esz = DTYPES[e->dtype].size, numel = (e->end - e->begin) / esz;
+  if (lo < 0 || hi < lo || hi > numel)
+    return fail(S, EM_ERR_INDEX, "load", f->path, "range [%lld, %lld) of tensor '%.100s' is "
+                "out of bounds (it has %lld elements)", (long long)lo, (long long)hi, e->name,
+                (long long)numel);
+  int64_t n = hi - lo;
+  em_tensor *t;
+  st = em_empty(S, &n, 1, (em_dtype)DTYPES[e->dtype].em, EM_CPU, &t);
+  if (st) {
+    char msg[EMI_ERRMSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", em_errmsg(S));
+    return fail(S, st, "load", f->path, "tensor '%.100s': %s", e->name, msg);
+  }
+  int r = read_at(f->fd, em_tensor_data(t), (size_t)(n * esz), f->data_start + e->begin + lo * esz);
+  if (r) {
+    em_tensor_release(t);
+    return fail(S, EM_ERR_IO, "load", f->path, "can't read tensor '%.100s': %s", e->name,
+                r < 0 ? strerror(errno) : "the file ended early (was it changed while open?)");
+  }
+  if (DTYPES[e->dtype].em == EM_BOOL) {
+    uint8_t *b = em_tensor_data(t);
+    for (int64_t k = 0; k < n; k++) b[k] = b[k] != 0;
+  }
+  *out = t;
+  return EM_OK;
+}
+
 /* == Writing ====================================================================== */
 
 /* The header JSON for tensors in the given order, padded with spaces to a multiple
@@ -830,9 +864,10 @@ em_status em_safetensors_write(em_state *S, const char *path, const char *const 
       }
     }
   }
-  bool in_place = stat(target, &sb) == 0 && !S_ISREG(sb.st_mode);
+  bool asked = (flags & EM_SAVE_IN_PLACE) != 0;
+  bool in_place = asked || (stat(target, &sb) == 0 && !S_ISREG(sb.st_mode));
   if (in_place) {
-    fd = open(target, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    fd = open(target, O_WRONLY | O_TRUNC | O_CLOEXEC | (asked ? O_CREAT : 0), 0666);
     if (fd < 0) {
       st = fail(S, EM_ERR_IO, "save", path, "can't open: %s", strerror(errno));
       goto done;

@@ -27,6 +27,11 @@ checkpoint or the new one, whole (a stale "<path>.tmp-..." file may remain).
 save's third argument {sync = false} skips the two fsyncs (still atomic against
 a crash of the process, not against one of the machine).
 
+Sharded models. When state.model is a sharded model (dm.shard_mode set), save
+writes a folder instead, every replica its share (ember.checkpoint.shard_save);
+load reads such a folder, or loads any checkpoint into a sharded model
+(ember.checkpoint.shard_load).
+
 Loading calls obj:load_state_dict(sd) for each object passed in, restores the
 RNG state last (so that the next random draw equals the one that followed the
 save), and returns the other fields. Nothing in the file is ever run: the JSON
@@ -244,6 +249,20 @@ end
 
 local seed_box, offset_box = ffi.new('uint64_t[1]'), ffi.new('uint64_t[1]')
 
+-- A sharded wrapped model (ember.distribute's s:wrap(m, {shard = ...})).
+local function sharded(obj)
+  if type(obj) ~= 'table' then return false end
+  local ok, mode = pcall(function() return obj.shard_mode end)
+  return ok and mode ~= nil
+end
+
+-- A folder holding a sharded checkpoint (its index.json).
+local function sharded_dir(path)
+  local f = io.open(path .. '/index.json', 'rb')
+  if f then f:close() return true end
+  return false
+end
+
 function M.save(path, state, opts)
   if type(path) ~= 'string' then
     raise('checkpoint.save: expected a file name as argument 1, got ' .. kind(path))
@@ -252,6 +271,7 @@ function M.save(path, state, opts)
     raise('checkpoint.save: expected a table as argument 2 ({model = m, step = n, ...}), got ' ..
       kind(state))
   end
+  if sharded(state.model) then return require('ember.checkpoint.shard_save').save(path, state, opts) end
   local ctx = { tensors = {}, name_of = {}, seen = {} }
   local buf = {}
   encode(ctx, state, '', buf, 0)
@@ -271,6 +291,9 @@ function M.load(path, objects)
       kind(objects))
   end
   objects = objects or {}
+  if sharded(objects.model) or sharded_dir(path) then
+    return require('ember.checkpoint.shard_load').load(path, objects)
+  end
   for k, obj in pairs(objects) do
     local ok, f = pcall(function() return obj.load_state_dict end)
     if not (ok and type(f) == 'function') then
@@ -317,5 +340,34 @@ function M.load(path, objects)
   C.em_rng_set_state(S, res.seed, res.offset)
   return fields
 end
+
+-- -- For ember.checkpoint.sharded ------------------------------------------------------------
+
+-- The JSON document of value (as save writes its fields) and its tensors by name.
+function M._encode(value)
+  local ctx = { tensors = {}, name_of = {}, seen = {} }
+  local buf = {}
+  encode(ctx, value, '', buf, 0)
+  return concat(buf), ctx.tensors
+end
+
+-- The value of such a document; tensors: name -> what a tensor reference
+-- becomes. Errors are raised as tables {msg = ...}.
+function M._decode(text, tensors)
+  local v, kinds, counts = decode(text, MAX_DEPTH)
+  local ctx = { tensors = tensors, used = {}, state_dicts = {}, kinds = kinds, counts = counts }
+  return revive(ctx, v, 0)
+end
+
+-- The RNG state as two decimal strings, and its restoration from them.
+function M._rng_get()
+  C.em_rng_get_state(S, seed_box, offset_box)
+  return { seed = u64str(seed_box[0]), offset = u64str(offset_box[0]) }
+end
+function M._rng_parse(rng)
+  if type(rng) ~= 'table' then error({ msg = 'no rng state' }, 0) end
+  return { seed = parse_u64(rng.seed, 'rng seed'), offset = parse_u64(rng.offset, 'rng offset') }
+end
+function M._rng_set(parsed) C.em_rng_set_state(S, parsed.seed, parsed.offset) end
 
 return M

@@ -18,12 +18,18 @@ then measures the communicator with a calibration allreduce, and one allgather
 of text gives every replica every summary, timeline and trace part: threads and
 MPI processes alike. Only replica 0 writes the files and ember --profile prints
 only there.
+
+Memory by kind (memory_kinds.lua): start() resets the devices' peaks and each
+step() reads the step's peak against the parameters, gradients and optimizer
+state then held, so that what is left is the activations; every replica's
+figures travel with its summary.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local summary = require 'ember.profile.summary'
 local report = require 'ember.profile.report'
 local trace = require 'ember.profile.trace'
+local memory_kinds = require 'ember.memory_kinds'
 local C, S = core.C, core.S
 
 local M = {}
@@ -52,12 +58,15 @@ function M.start(o)
   cfg.auto_step = o.auto_step and 1 or 0
   check(C.em_profile_start(S, cfg))
   active = { trace = o.trace, html = o.html, auto = o.auto_step and true or false,
-             t_start = C.em_profile_clock() }
+             t_start = C.em_profile_clock(), memory = memory_kinds.tracker() }
 end
 
 function M.active() return active ~= nil end
 
-function M.step() check(C.em_profile_step(S)) end
+function M.step()
+  check(C.em_profile_step(S))
+  if active then active.memory:step() end   -- the step's peak by kind; a new peak begins
+end
 
 function M.range(name, fn, ...)
   if type(name) ~= 'string' then core.raise('profile.range: name must be a string') end
@@ -70,13 +79,17 @@ function M.range(name, fn, ...)
   return unpack(res, 2, res.n)
 end
 
--- For the optimizers: their step() as a span of its own kind.
+-- For the optimizers: their step() as a span of its own kind, its result returned.
+-- They pass their method and themselves rather than a closure over themselves: a
+-- compiled trace keeps the closure it was recorded with alive, and with it the
+-- optimizer, its parameters and its state.
 function M._optimizer_step(name, fn, ...)
   if not active then return fn(...) end
   check(C.em_profile_range_push(S, name, C.EM_PROF_OPTIMIZER))
-  local ok, err = pcall(fn, ...)
+  local ok, res = pcall(fn, ...)
   C.em_profile_range_pop(S)
-  if not ok then error(err, 0) end
+  if not ok then error(res, 0) end
+  return res
 end
 
 -- -- Joining replicas ---------------------------------------------------------------------
@@ -197,6 +210,8 @@ function M.stop(local_only)
     rank = strategy.rank
   end
   local mine = summary.summarize(p, stop_t, o.auto, rank)
+  mine.memory = o.memory:result()
+  mine.sizes = memory_kinds.sizes()
   local first = math.max(1, math.floor(mine.steps / 2))
   local tl = summary.timeline(p, stop_t, o.auto, first, TIMELINE_STEPS, TIMELINE_EVENTS)
   local peak = { cpu = mine.peak_cpu }

@@ -15,8 +15,8 @@ believing it; loading never runs code).
       become nested tables again, and name parts that are plain integers ("0",
       "12") become number keys, so lists come back as lists.
 
-M.write(op, path, flat, metadata, sync) is the plain writer that
-ember.checkpoint shares (flat: name -> tensor).
+M.write(op, path, flat, metadata, sync, in_place) is the plain writer that
+ember.checkpoint shares (flat: name -> tensor; in_place: EM_SAVE_IN_PLACE).
 ]==]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -107,7 +107,7 @@ end
 
 -- -- Writing --------------------------------------------------------------------------------
 
-function M.write(op, path, flat, metadata, sync)
+function M.write(op, path, flat, metadata, sync, in_place)
   local names = sorted_keys(flat)
   local n = #names
   local cnames = ffi.new('const char *[?]', n + 1)
@@ -150,7 +150,8 @@ function M.write(op, path, flat, metadata, sync)
     ck[i - 1] = k
     cv[i - 1] = vals[i]
   end
-  if C.em_safetensors_write(S, path, cnames, handles, n, ck, cv, nm, sync and 1 or 0) ~= 0 then
+  local flags = (sync and C.EM_SAVE_SYNC or 0) + (in_place and C.EM_SAVE_IN_PLACE or 0)
+  if C.em_safetensors_write(S, path, cnames, handles, n, ck, cv, nm, flags) ~= 0 then
     cfail(op)
   end
   return names, keep, vals      -- keeps the anchors alive until here

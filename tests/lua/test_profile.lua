@@ -9,6 +9,12 @@ Staged scenarios, each of which must get its diagnosis:
   - 2 replicas where one is slower (replica-skew naming it),
   - 2 replicas whose communicator is slowed by the test-only bandwidth cap
     EMBER_TEST_COMM_GBPS (communication-bound).
+Memory by kind: an MLP with Adam holds 4 bytes per parameter of parameters and
+of gradients and 8 of optimizer state, measured, and activations within the
+peak; views of one storage count once; meta tensors count on meta; a registered
+sharded model reports its own memory and leads the projection; the registry
+lets go of what is collected; 2 replicas report both replicas. The projection's
+traffic, step times and memory per sharding mode against hand-computed values.
 Plus: the breakdown sums to 1; op counts are exact; backward nodes, ranges and
 optimizer steps are recorded; the trace parses as JSON with the fields Perfetto
 needs (and flow arrows under a strategy); errors for misuse; ember --profile on a
@@ -174,6 +180,175 @@ H.test('the projection: more replicas cost communication, overlap hides some', f
   H.check(one.efficiency > 0 and one.efficiency <= 1)
 end)
 
+-- -- Memory by kind -------------------------------------------------------------------------
+local mk = require 'ember.memory_kinds'
+local report = require 'ember.profile.report'
+
+H.test('memory by kind, measured: an MLP with Adam', function()
+  em.manual_seed(3)
+  local m = em.nn.Sequential(em.nn.Linear(64, 128), em.nn.ReLU(), em.nn.Linear(128, 8))
+  local numel = 64 * 128 + 128 + 128 * 8 + 8
+  local opt = em.optim.Adam(m:parameters(), { lr = 1e-3 })
+  local x, y = em.randn(32, 64), em.randn(32, 8)
+  em.profile.start {}
+  for _ = 1, 3 do
+    opt:zero_grad()
+    em.nn.functional.mse_loss(m(x), y):backward()
+    opt:step()
+    em.profile.step()
+  end
+  local r = em.profile.stop()
+  local mem = r.memory
+  H.eq(mem.parameters, 4 * numel, 'float32 parameters')
+  H.eq(mem.gradients, 4 * numel, 'their gradients')
+  H.eq(mem.optimizer, 2 * 4 * numel, 'exp_avg and exp_avg_sq (step is a number)')
+  -- x, y and the hidden layer's output (saved for backward) are alive together
+  H.check(mem.activations >= 4 * (32 * 64 + 32 * 8 + 32 * 128), 'activations ' .. mem.activations)
+  H.eq(mem.parameters + mem.gradients + mem.optimizer + mem.activations, mem.peak,
+       'activations are the rest of the peak')
+  H.check(mem.peak <= r.peak_bytes.cpu, 'a step\'s peak is within the recording\'s')
+  H.eq(mem.devices.cpu.optimizer, mem.optimizer, 'all on cpu')
+  local text = tostring(r)
+  H.check(text:find('memory by kind: parameters 37.4 KB, gradients 37.4 KB, optimizer 74.8 KB',
+    1, true), text)
+  -- the projection's sizes are the model's
+  H.eq(r.projection.param_bytes, 4 * numel)
+  H.close(r.projection.state_ratio, 2, 1e-12)
+  H.eq(r.projection.mode, 'plain')
+  -- SGD with momentum keeps one buffer per parameter
+  local sgd = em.optim.SGD(m:parameters(), { lr = 0.1, momentum = 0.9 })
+  sgd:step()
+  local sizes = mk.sizes()
+  H.check(sizes.state_ratio > 1 and sizes.state_ratio < 2, 'Adam and SGD together')
+  opt = nil
+  collectgarbage('collect')
+  H.close(mk.sizes().state_ratio, 1, 1e-12, 'SGD alone, once Adam is collected')
+  H.eq(mk.measure().cpu.optimizer, 4 * numel)
+  sgd = nil
+  collectgarbage('collect')
+  H.eq(#mk.optimizers(), 0, 'the registry lets go')
+end)
+
+H.test('memory by kind: views of one storage count once, meta apart', function()
+  collectgarbage('collect')
+  local flat = em.zeros(50)
+  local a = flat:narrow(1, 1, 40):view(10, 4):detach()
+  local b = flat:narrow(1, 41, 6):detach()
+  a.requires_grad, b.requires_grad = true, true
+  local gflat = em.zeros(48)
+  a.grad = gflat:narrow(1, 1, 40):view(10, 4)
+  b.grad = gflat:narrow(1, 41, 6)
+  local opt = em.optim.SGD({ a, b }, { lr = 0.1 })
+  local lin = em.nn.Linear(8, 4):to('meta')
+  local opt2 = em.optim.SGD(lin:parameters(), { lr = 0.1 })
+  local m = mk.measure()
+  H.eq(m.cpu.parameters, 50 * 4, 'the flat buffer, once and whole')
+  H.eq(m.cpu.gradients, 48 * 4, 'the gradient buffer, once')
+  H.eq(m.cpu.optimizer, 0)
+  H.eq(m.meta.parameters, (8 * 4 + 4) * 4, 'meta tensors on meta')
+  H.eq(m.meta.gradients, 0)
+  H.eq(mk.sizes().param_bytes, (40 + 6 + 36) * 4, 'the projection counts parameters')
+  opt, opt2 = nil, nil
+end)
+
+H.test('a registered sharded model reports its own memory and leads the projection', function()
+  collectgarbage('collect')
+  local shard = em.zeros(250)
+  shard.requires_grad = true
+  local fake = { shard_mode = 'gradients' }
+  function fake:memory()
+    return { parameters = 4000, gradients = 1000, optimizer = 2000, activations = 5000 }
+  end
+  function fake:parameters() return { shard } end
+  function fake:shard_layout()
+    return { mode = 'gradients', world_size = 4, rank = 0, buffers = {},
+             params = { { name = 'w', shape = { 100, 10 }, dtype = 'float32', numel = 1000,
+                          lo = 0, hi = 250, shard = shard } } }
+  end
+  mk.register_model(fake)
+  local opt = em.optim.Adam({ shard }, { lr = 0.1 })
+  em.profile.start {}
+  for _ = 1, 2 do
+    shard.grad = em.ones(250)
+    opt:step()
+    em.profile.step()
+  end
+  local r = em.profile.stop()
+  H.eq(r.memory.parameters, 4000, 'the model\'s figures, not the optimizer\'s')
+  H.eq(r.memory.gradients, 1000)
+  H.eq(r.memory.optimizer, 2000)
+  H.eq(r.memory.activations, 5000)
+  local p = r.projection
+  H.eq(p.mode, 'gradients')
+  H.eq(p.param_bytes, 4000, 'the whole model from the layout')
+  H.eq(p.grad_bytes, 4000)
+  H.close(p.state_ratio, 2, 1e-12, 'Adam on the shard')
+  local row = p.rows[3]                           -- 8 replicas
+  H.eq(row.replicas, 8)
+  -- gradients mode: parameters whole, gradients and state split 8 ways
+  H.close(row.memory.total, 4000 + (4000 + 8000) / 8 + 5000, 1e-9)
+  H.close(row.step_s, row.modes.gradients.step_s, 0)
+  H.raises(function() mk.register_model(5) end, 'expected a wrapped model')
+  fake, opt = nil, nil
+  collectgarbage('collect')
+  H.eq(#mk.models(), 0, 'the registry lets go of the model')
+end)
+
+H.test('the projection by sharding mode against hand-computed values', function()
+  local base = { compute_s = 0.010, backward_s = 0.004, grad_bytes = 4e6, param_bytes = 4e6,
+                 state_ratio = 2, activations = 1e6, buckets = 4, mode = 'plain' }
+  local p = report.project(base, { replicas = { 1, 4 }, gbps = 10, latency_us = 20 })
+  local one, four = p.rows[1], p.rows[2]
+  for _, m in ipairs({ 'plain', 'optimizer', 'gradients', 'parameters' }) do
+    H.eq(one.modes[m].traffic_bytes, 0, m .. ': one replica sends nothing')
+    H.close(one.modes[m].step_s, 0.010, 1e-15, m)
+  end
+  -- 4 replicas, f = 3/4, B = 10 GB/s, 20 µs a collective, 4 buckets:
+  -- plain: allreduce 2f*G = 6 MB: 4*20 µs + 600 µs = 680 µs; overlap leaves 680/4
+  local x = four.modes.plain
+  H.close(x.traffic_bytes, 6e6, 1e-6)
+  H.close(x.step_s_no_overlap, 0.010 + 680e-6, 1e-12)
+  H.close(x.step_s, 0.010 + 170e-6, 1e-12)
+  H.close(four.allreduce_s, 680e-6, 1e-12)
+  -- optimizer: the allreduce, then an allgather of f*P = 3 MB (80 + 300 µs), exposed
+  x = four.modes.optimizer
+  H.close(x.traffic_bytes, 9e6, 1e-6)
+  H.close(x.step_s_no_overlap, 0.010 + 680e-6 + 380e-6, 1e-12)
+  H.close(x.step_s, 0.010 + 170e-6 + 380e-6, 1e-12)
+  -- gradients: reduce-scatter f*G (380 µs, a quarter left) and the allgather
+  x = four.modes.gradients
+  H.close(x.traffic_bytes, 6e6, 1e-6)
+  H.close(x.step_s_no_overlap, 0.010 + 380e-6 + 380e-6, 1e-12)
+  H.close(x.step_s, 0.010 + 95e-6 + 380e-6, 1e-12)
+  -- parameters: allgather in forward (380 µs, under 6 ms of forward: a quarter
+  -- left), allgather + reduce-scatter in backward (8*20 µs + 600 µs = 760 µs)
+  x = four.modes.parameters
+  H.close(x.traffic_bytes, 9e6, 1e-6, '1.5 times plain')
+  H.close(x.step_s_no_overlap, 0.010 + 380e-6 + 760e-6, 1e-12)
+  H.close(x.step_s, 0.010 + 95e-6 + 190e-6, 1e-12)
+  H.close(x.efficiency, 0.010 / (0.010 + 285e-6), 1e-12)
+  -- memory: 1e6 float32 parameters with Adam, bytes per parameter 16, 8 + 8/N,
+  -- 4 + 12/N, 16/N, plus 1 MB of activations
+  local per = { plain = 16, optimizer = 8 + 8 / 4, gradients = 4 + 12 / 4, parameters = 16 / 4 }
+  for m, b in pairs(per) do
+    H.close(four.modes[m].memory.total, b * 1e6 + 1e6, 1e-6, m)
+    H.close(one.modes[m].memory.total, 16e6 + 1e6, 1e-6, m .. ' at one replica')
+  end
+  H.close(four.modes.gradients.memory.gradients, 1e6, 1e-9)
+  H.close(four.modes.optimizer.memory.optimizer, 2e6, 1e-9)
+  -- SGD with momentum: 4 bytes of state per parameter
+  base.state_ratio = 1
+  local q = report.project(base, { replicas = 8, gbps = 10, mode = 'optimizer' })
+  H.close(q.modes.plain.memory.total, 12e6 + 1e6, 1e-6)
+  H.close(q.modes.optimizer.memory.total, (8 + 4 / 8) * 1e6 + 1e6, 1e-6)
+  H.close(q.modes.gradients.memory.total, (4 + 8 / 8) * 1e6 + 1e6, 1e-6)
+  H.close(q.modes.parameters.memory.total, 12e6 / 8 + 1e6, 1e-6)
+  H.eq(q.mode, 'optimizer')
+  H.close(q.step_s, q.modes.optimizer.step_s, 0, 'the rows describe the mode asked for')
+  H.close(q.memory_bytes, q.modes.optimizer.memory.total, 0)
+  H.raises(function() report.project(base, { mode = 'zero4' }) end, "unknown mode 'zero4'")
+end)
+
 -- -- Replicas -------------------------------------------------------------------------------
 -- EMBER_TEST_NO_MPI: the ThreadSanitizer pass (Open MPI is not instrumented).
 local no_mpi = os.getenv('EMBER_TEST_NO_MPI')
@@ -252,6 +427,25 @@ H.test('2 replicas on a slow link: communication-bound', function()
   -- enough that communication dominates even a sanitizer build's slow steps.
   local gbps = tonumber(f.GBPS)
   H.check(gbps and gbps > 0.003 and gbps < 0.05, 'measured ' .. tostring(f.GBPS))  -- never above the cap
+end)
+
+H.test('2 replicas: memory by kind of both', function()
+  local f, text = run_replicas('memory')
+  H.eq(f.exit, '0', text)
+  local numel = tonumber(f.NUMEL)
+  H.eq(numel, 64 * 64 + 64 + 64 * 4 + 4, text)
+  for rank = 0, 1 do
+    local p, g, o, a, peak = (f['MEM' .. rank] or ''):match('^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    H.check(p, 'replica ' .. rank .. ' reported: ' .. text)
+    if p then
+      H.eq(tonumber(p), 4 * numel, 'parameters of replica ' .. rank)
+      H.eq(tonumber(g), 4 * numel, 'gradients of replica ' .. rank)
+      H.eq(tonumber(o), 8 * numel, 'Adam state of replica ' .. rank)
+      H.check(tonumber(a) > 0 and tonumber(p) + tonumber(g) + tonumber(o) + tonumber(a) ==
+              tonumber(peak), 'activations the rest of the peak: ' .. f['MEM' .. rank])
+    end
+  end
+  H.eq(f.PRINTED, '2', 'r:print() has a line per replica')
 end)
 
 H.test('under mpirun: skew told from slow communication without arrival times', function()

@@ -1,7 +1,8 @@
 --[[
 test_profile_page.lua -- ember.profile.page, the profiler's self-contained HTML page.
 
-  - render: a synthetic report of two replicas (a 'replica-skew' diagnosis with a
+  - render: a synthetic report of two replicas (with memory by kind per replica and
+    a projection by sharding mode) (a 'replica-skew' diagnosis with a
     distinctive message) and a timeline; every section is there, every string from
     the report is escaped (a hostile op name stays text), nothing points outside the
     page (no http: or https:, no src= or href= but '#' anchors and data:, no //);
@@ -24,6 +25,8 @@ local SKEW_MSG = 'Rank 1 waits 3.9 ms per step for rank 0 at the all-reduce, ' .
 local HOSTILE = '<script>alert("x")</script>'
 local URL_NAME = 'loader http://evil.example//x.png'
 
+local MiB = 1024 * 1024
+
 local function synthetic(nevents)
   local report = {
     steps = 12, step_s = 0.0123,
@@ -36,9 +39,13 @@ local function synthetic(nevents)
     },
     replicas = {
       { rank = 0, step_s = 0.0123, wait_s = 0.0001,
-        breakdown = { input = 0.08, compute = 0.62, communication = 0.1, host = 0.2 } },
+        breakdown = { input = 0.08, compute = 0.62, communication = 0.1, host = 0.2 },
+        memory = { parameters = 4 * MiB, gradients = 4 * MiB, optimizer = 8 * MiB,
+                   activations = 3 * MiB, peak = 19 * MiB } },
       { rank = 1, step_s = 0.0123, wait_s = 0.0039,
-        breakdown = { input = 0.12, compute = 0.3, communication = 0.38, host = 0.15, idle = 0.05 } },
+        breakdown = { input = 0.12, compute = 0.3, communication = 0.38, host = 0.15, idle = 0.05 },
+        memory = { parameters = 4 * MiB, gradients = 4 * MiB, optimizer = 8 * MiB,
+                   activations = 5.5 * MiB, peak = 21.5 * MiB } },
     },
     peak_bytes = { cpu = 123456789, ['cuda:0'] = 2147483648 },
     diagnosis = {
@@ -53,8 +60,15 @@ local function synthetic(nevents)
         { replicas = 4, step_s = 0.0135, step_s_no_overlap = 0.0152, efficiency = 0.91,
           efficiency_no_overlap = 0.81 },
         { replicas = 8, step_s = 0.0141, step_s_no_overlap = 0.0168, efficiency = 0.87,
-          efficiency_no_overlap = 0.73 },
-      } },
+          efficiency_no_overlap = 0.73, modes = {
+            plain = { step_s = 0.0141, step_s_no_overlap = 0.0168, efficiency = 0.87,
+                      traffic_bytes = 7 * MiB, memory = { total = 19 * MiB } },
+            optimizer = { step_s = 0.0152, step_s_no_overlap = 0.0179, efficiency = 0.81,
+                          traffic_bytes = 10.5 * MiB, memory = { total = 12 * MiB,
+                          parameters = 4 * MiB, gradients = 4 * MiB, optimizer = 1 * MiB } },
+          } },
+      }, mode = 'optimizer', modes = { 'plain', 'optimizer', 'gradients', 'parameters' },
+      activations = 3 * MiB },
   }
   -- three steps of 10.5 ms; rank 0 and 1 main threads run ops inside ranges, the
   -- comm threads all-reduce, a loader worker loads.
@@ -159,6 +173,35 @@ H.test('render: every section, two replicas', function()
   H.check(html:find('measured on this machine', 1, true), 'measured')
   H.check(html:find('<td>8</td><td>14.100</td><td>16.800</td>', 1, true), 'the 8-replica row')
   H.check(html:find('95.0%', 1, true) and html:find('73.0%', 1, true), 'efficiencies')
+  -- by sharding mode: this run's mode in bold, bytes sent and memory per replica
+  H.check(html:find('<table id="modes">', 1, true), 'the table by mode')
+  H.check(html:find('<tr style="font-weight:600"><td>8</td><td>optimizer (ZeRO-1)</td>' ..
+    '<td>15.200</td><td>17.900</td><td>81.0%</td><td>10.5 MiB</td><td title="parameters ' ..
+    '4.0 MiB, gradients 4.0 MiB, optimizer 1.0 MiB, activations &ndash;">12.0 MiB</td></tr>',
+    1, true), 'the optimizer row')
+  H.check(html:find('<tr><td>8</td><td>plain data parallel</td><td>14.100</td>', 1, true),
+          'the plain row')
+  H.eq(count(html, '<td>ZeRO'), 0)
+end)
+
+H.test('render: memory per replica by kind', function()
+  local s = html:find('id="memory"', 1, true)
+  local b, t = html:find('id="breakdown"', 1, true), html:find('id="timeline"', 1, true)
+  H.check(s and b < s and s < t, 'after the breakdown, before the timeline')
+  local sec = html:sub(s, html:find('</section>', s, true))
+  H.check(sec:find('<tr><td>rank 0</td><td>4.0 MiB</td><td>4.0 MiB</td><td>8.0 MiB</td>' ..
+    '<td>3.0 MiB</td><td>19.0 MiB</td></tr>', 1, true), 'rank 0 row')
+  H.check(sec:find('<tr><td>rank 1</td><td>4.0 MiB</td><td>4.0 MiB</td><td>8.0 MiB</td>' ..
+    '<td>5.5 MiB</td><td>21.5 MiB</td></tr>', 1, true), 'rank 1 row')
+  -- one bar per replica: four kinds and a peak mark each, on the scale of 21.5 MiB
+  H.eq(count(sec, '<title>rank %d [a-z]+%: '), 10, 'kinds drawn, and the peaks')
+  H.eq(count(sec, '<title>rank %d peak%: '), 2, 'peaks marked')
+  local w = tonumber(sec:match('<rect x="[%d.]+" y="%d+" width="([%d.]+)" height="%d+" ' ..
+    'fill="[^"]+"><title>rank 1 activations'))
+  H.close(w, 5.5 / 21.5 * (1060 - 4 - 160), 0.01, 'widths to scale')
+  for _, k in ipairs({ 'parameters', 'gradients', 'optimizer', 'activations', 'peak' }) do
+    H.check(sec:find('</i>' .. k, 1, true), 'legend: ' .. k)
+  end
 end)
 
 H.test('render: escaped and self-contained', function()
@@ -179,6 +222,12 @@ H.test('render: one process, no projection, no timeline', function()
   H.check(h:find('No scaling projection', 1, true), 'no projection said')
   H.check(h:find('No timeline', 1, true), 'no timeline said')
   H.check(h:find('replica (one process)', 1, true), 'one replica in the header')
+  H.check(h:find('No memory by kind', 1, true), 'no memory said')
+  r.memory = { parameters = 1024, gradients = 1024, optimizer = 2048, activations = 512,
+               peak = 4608 }
+  local hm = page.render(r, nil)
+  H.check(hm:find('<tr><td>this process</td><td>1.0 KiB</td><td>1.0 KiB</td><td>2.0 KiB</td>' ..
+    '<td>512 B</td><td>4.5 KiB</td></tr>', 1, true), 'this process\'s memory')
   self_contained(h, 'one-process page')
   -- an empty report still renders
   local e = page.render({}, { tracks = {}, steps = {}, events = {} })
@@ -312,6 +361,9 @@ H.test('headless Chromium: screenshot, DOM, no network', function()
   C(dom:find(SKEW_MSG, 1, true), 'the dumped page shows the skew message')
   C(dom:find('replica-skew', 1, true), 'and its badge')
   C(dom:find('rank 1 comm', 1, true), 'and the timeline lanes')
+  C(dom:find('Memory per replica', 1, true) and dom:find('rank 1 activations', 1, true),
+    'and the memory per replica')
+  C(dom:find('By sharding mode', 1, true), 'and the projection by mode')
   -- nothing left the page
   for _, name in ipairs({ 'shot', 'dom' }) do
     local urls = page_requests(tmp .. '/' .. name .. '-net.json')

@@ -43,10 +43,11 @@ local function check_opts(o)
   o = o or {}
   if type(o) ~= 'table' then raise('wrap: expected an options table, got ' .. core.kind(o)) end
   local known = { bucket_mb = true, broadcast_buffers = true, find_unused = true,
-                  first_bucket_mb = true }
+                  first_bucket_mb = true, shard = true, offload = true, comm_dtype = true }
   for k in pairs(o) do
     if not known[k] then
-      raise(("wrap: unknown option '%s' (bucket_mb, broadcast_buffers, find_unused)")
+      raise(("wrap: unknown option '%s' (bucket_mb, broadcast_buffers, find_unused, " ..
+        "shard, offload, comm_dtype)")
         :format(tostring(k)))
     end
   end
@@ -72,6 +73,12 @@ function M.wrap(s, model, o)
     raise('wrap: expected an em.nn.Module, got ' .. core.kind(model))
   end
   local mb, first, bcast_buffers, find_unused = check_opts(o)
+  -- sharded, or gradients sent in another dtype: ember.distribute.shard
+  if o and (o.shard ~= nil or o.offload ~= nil or (o.comm_dtype ~= nil and o.comm_dtype ~= 'float32')) then
+    local shard = require 'ember.distribute.shard'
+    shard.check(o)
+    return shard.wrap(s, model, o)
+  end
   -- a GPU replica trains on its device (the batches are the script's to move)
   if s.device ~= 'cpu' then model:to(s.device) end
   local named = {}

@@ -27,6 +27,7 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local create = require 'ember.create'
+local memory_kinds = require 'ember.memory_kinds'
 local C, S, raise, kind = core.C, core.S, core.raise, core.kind
 local box_t, istype = core.box_t, ffi.istype
 
@@ -136,6 +137,7 @@ function M.class(name, defaults, check, update)
     local self = setmetatable({ class = cls, state = {}, defaults = d }, mt)
     self.param_groups = make_groups(name, params, d)
     for gi, g in ipairs(self.param_groups) do check(name, g, gi) end
+    memory_kinds.register_optimizer(self)   -- the profiler's memory by kind counts it
     return self
   end
 end
@@ -154,10 +156,8 @@ end
 -- (which recomputes the loss), calls it first and returns its result.
 function Optimizer:step(closure)
   if C.em_profile_active(S) ~= 0 then    -- the step as one span on the profile
-    local res
-    require('ember.profile')._optimizer_step((self.class.name or 'optimizer') .. '.step',
-      function() res = self:_step(closure) end)
-    return res
+    return require('ember.profile')._optimizer_step((self.class.name or 'optimizer') ..
+      '.step', self._step, self, closure)
   end
   return self:_step(closure)
 end

@@ -16,9 +16,12 @@ It shows, top to bottom:
   - the diagnosis, one card per entry with its kind as a coloured badge;
   - the step breakdown per replica as stacked horizontal bars (input, compute,
     communication, host, idle), with a legend and a table of percentages;
+  - memory per replica by kind as stacked bars and a table (page_memory.lua);
   - a timeline of a few steps (page_timeline.lua);
   - the top ops as a table with an inline bar of their share of the step;
-  - the scaling projection as a table, with the bandwidth it assumed.
+  - the scaling projection as a table, with the bandwidth it assumed, and for
+    each replica count every sharding mode's step time, bytes sent and memory
+    per replica, to choose a mode by.
 
 report and timeline are the profiler's (see ember.profile); any field may be
 missing, the page then says so instead of failing. Escaping, number formats,
@@ -49,6 +52,7 @@ local KIND_COLOR = H.KIND_COLOR
 local KIND_OTHER = H.KIND_OTHER
 local css = H.css
 local timeline_section = require 'ember.profile.page_timeline'
+local memory_section = require 'ember.profile.page_memory'
 
 -- -- Sections ---------------------------------------------------------------------------
 
@@ -231,6 +235,40 @@ local function top_ops(out, r)
   out[#out + 1] = '</section>'
 end
 
+local MODE_LABEL = { plain = 'plain data parallel', optimizer = 'optimizer (ZeRO-1)',
+                     gradients = 'gradients (ZeRO-2)', parameters = 'parameters (ZeRO-3)' }
+
+-- Every sharding mode at each replica count: step time, bytes sent, memory.
+local function by_mode(out, p)
+  local modes = type(p.modes) == 'table' and p.modes or {}
+  local any = false
+  for _, row in ipairs(p.rows) do any = any or type(row.modes) == 'table' end
+  if #modes == 0 or not any then return end
+  out[#out + 1] = fmt('<h2 style="margin-top:20px">By sharding mode</h2><p class="sub">This ' ..
+    'run: <b>%s</b>. Bytes each replica sends per step (ring collectives) and the memory it ' ..
+    'holds: parameters, gradients, optimizer state and the activations measured (%s); ' ..
+    'hover a memory figure for its parts.</p>', esc(MODE_LABEL[p.mode] or p.mode or 'plain'),
+    bytes(p.activations))
+  out[#out + 1] = '<table id="modes"><tr><th>replicas</th><th>mode</th><th>step ms ' ..
+    '(overlap)</th><th>step ms (no overlap)</th><th>efficiency</th><th>sent &#47; replica</th>' ..
+    '<th>memory &#47; replica</th></tr>'
+  for _, row in ipairs(p.rows) do
+    for _, m in ipairs(modes) do
+      local x = type(row.modes) == 'table' and row.modes[m]
+      if type(x) == 'table' then
+        local mem = type(x.memory) == 'table' and x.memory or {}
+        out[#out + 1] = fmt('<tr%s><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>' ..
+          '<td>%s</td><td title="parameters %s, gradients %s, optimizer %s, activations %s">' ..
+          '%s</td></tr>', m == p.mode and ' style="font-weight:600"' or '', int(row.replicas),
+          esc(MODE_LABEL[m] or m), ms(x.step_s, '%.3f'), ms(x.step_s_no_overlap, '%.3f'),
+          pct(x.efficiency), bytes(x.traffic_bytes), bytes(mem.parameters),
+          bytes(mem.gradients), bytes(mem.optimizer), bytes(mem.activations), bytes(mem.total))
+      end
+    end
+  end
+  out[#out + 1] = '</table>'
+end
+
 local function projection(out, r)
   out[#out + 1] = '<section id="projection"><h2>Scaling projection</h2>'
   local p = r.projection
@@ -260,7 +298,9 @@ local function projection(out, r)
       '<td class="bar">%s</td></tr>', int(row.replicas), ms(row.step_s, '%.3f'),
       ms(row.step_s_no_overlap, '%.3f'), eff(row.efficiency), eff(row.efficiency_no_overlap))
   end
-  out[#out + 1] = '</table></section>'
+  out[#out + 1] = '</table>'
+  by_mode(out, p)
+  out[#out + 1] = '</section>'
 end
 
 -- -- Entry points -------------------------------------------------------------------------
@@ -278,6 +318,7 @@ function M.render(report, timeline)
   header(out, r)
   diagnosis(out, r)
   breakdown(out, r)
+  memory_section(out, r)
   timeline_section(out, timeline)
   top_ops(out, r)
   projection(out, r)

@@ -40,6 +40,24 @@ bytes G per step in k allreduces, bus bandwidth B and per-allreduce latency a:
   overlap:      c + max(allreduce(N) - backward, allreduce(N) / k)
 (overlap hides communication under backward, except at least the last bucket).
 Scaling efficiency = c / step(N): the share of ideal N-fold throughput.
+
+The sharded modes move other bytes. Per replica and step, with f = (N-1)/N,
+gradient bytes G and parameter bytes P of the whole model (ring collectives):
+  plain       allreduce of the gradients               2f*G
+  optimizer   allreduce, then allgather of the
+              updated parameter shards                 2f*G + f*P
+  gradients   reduce-scatter, then allgather           f*G + f*P
+  parameters  allgather in forward and again in
+              backward, reduce-scatter of gradients    2f*P + f*G
+The gradient collectives overlap backward as above; the allgather after the
+update waits (nothing is left to hide it); the forward allgather of
+'parameters' hides under forward (the step less backward), except at least the
+last unit. Each unit or bucket costs a latency per collective. Memory per
+replica by mode, with optimizer state O = state_ratio * P (2P for Adam, P for
+SGD with momentum) and gradients as large as the parameters:
+  plain P + G + O,  optimizer P + G + O/N,  gradients P + (G + O)/N,
+  parameters (P + G + O)/N,  each plus the activations measured (the same in
+every mode). For float32 Adam: 16, 8 + 8/N, 4 + 12/N and 16/N bytes per parameter.
 ]]
 local M = {}
 
@@ -203,8 +221,51 @@ end
 
 -- -- Projection --------------------------------------------------------------------------
 
--- o: replicas (number or list), gbps (GB/s bus bandwidth), latency_us; base: the
--- measured figures {compute_s, backward_s, grad_bytes, buckets, gbps, latency_s}.
+M.MODES = { 'plain', 'optimizer', 'gradients', 'parameters' }
+M.MODE_LABEL = { plain = 'plain', optimizer = 'optimizer (ZeRO-1)',
+                 gradients = 'gradients (ZeRO-2)', parameters = 'parameters (ZeRO-3)' }
+local is_mode = { plain = true, optimizer = true, gradients = true, parameters = true }
+
+-- Bytes one replica sends per step in `mode` at n replicas: {grad, after, forward}
+-- (the collectives during backward, after the update, during forward) and the
+-- number of collectives per unit in each.
+function M.traffic(mode, n, grad_bytes, param_bytes)
+  local t = { grad = 0, after = 0, forward = 0, grad_n = 1, after_n = 0, forward_n = 0 }
+  if n > 1 then
+    local f, G, P = (n - 1) / n, grad_bytes, param_bytes
+    if mode == 'plain' then
+      t.grad = 2 * f * G
+    elseif mode == 'optimizer' then
+      t.grad, t.after, t.after_n = 2 * f * G, f * P, 1
+    elseif mode == 'gradients' then
+      t.grad, t.after, t.after_n = f * G, f * P, 1
+    else
+      t.forward, t.forward_n = f * P, 1
+      t.grad, t.grad_n = f * P + f * G, 2
+    end
+  end
+  t.total = t.grad + t.after + t.forward
+  return t
+end
+
+-- Bytes per replica by kind in `mode` at n replicas (see the formulas above).
+function M.memory(mode, n, param_bytes, state_ratio, activations)
+  local P = param_bytes
+  local G, O = P, P * (state_ratio or 0)
+  local m = { parameters = P, gradients = G, optimizer = O, activations = activations or 0 }
+  if mode == 'optimizer' then m.optimizer = O / n
+  elseif mode == 'gradients' then m.gradients, m.optimizer = G / n, O / n
+  elseif mode == 'parameters' then
+    m.parameters, m.gradients, m.optimizer = P / n, G / n, O / n
+  end
+  m.total = m.parameters + m.gradients + m.optimizer + m.activations
+  return m
+end
+
+-- o: replicas (number or list), gbps (GB/s bus bandwidth), latency_us, mode (the
+-- one the rows' own fields describe; the measured run's by default); base: the
+-- measured figures {compute_s, backward_s, grad_bytes, buckets, gbps, latency_s,
+-- param_bytes, state_ratio, activations, mode}.
 function M.project(base, o)
   o = o or {}
   local gbps = o.gbps or base.gbps
@@ -212,15 +273,38 @@ function M.project(base, o)
   gbps = gbps or M.ASSUMED_GBPS
   local lat = o.latency_us and o.latency_us * 1e-6 or base.latency_s or M.DEFAULT_LATENCY_S
   local k = math.max(1, base.buckets or 1)
+  local mode = o.mode or base.mode or 'plain'
+  if not is_mode[mode] then
+    error(("profile.project: unknown mode '%s' (plain, optimizer, gradients, " ..
+      "parameters)"):format(tostring(mode)), 3)
+  end
+  local G = base.grad_bytes
+  local P = base.param_bytes and base.param_bytes > 0 and base.param_bytes or G
+  local c, bwd = base.compute_s, base.backward_s
+  local fwd = math.max(c - bwd, 0)
+  local function time(bytes, count)
+    return bytes > 0 and count * k * lat + bytes / (gbps * 1e9) or 0
+  end
+  local function mode_row(m, n)
+    local t = M.traffic(m, n, G, P)
+    local tg, ta, tf = time(t.grad, t.grad_n), time(t.after, t.after_n),
+                       time(t.forward, t.forward_n)
+    local with = c + (tg > 0 and math.max(tg - bwd, tg / k) or 0) + ta +
+                 (tf > 0 and math.max(tf - fwd, tf / k) or 0)
+    local without = c + tg + ta + tf
+    return { mode = m, step_s = with, step_s_no_overlap = without, comm_s = tg + ta + tf,
+             traffic_bytes = t.total, traffic = t,
+             efficiency = with > 0 and c / with or 1,
+             efficiency_no_overlap = without > 0 and c / without or 1,
+             memory = M.memory(m, n, P, base.state_ratio, base.activations) }
+  end
   local function row(n)
-    local ar = n > 1 and k * lat + 2 * (n - 1) / n * base.grad_bytes / (gbps * 1e9) or 0
-    local hidden_left = math.max(ar - base.backward_s, ar / k)
-    local with = base.compute_s + (n > 1 and hidden_left or 0)
-    local without = base.compute_s + ar
-    return { replicas = n, step_s = with, step_s_no_overlap = without,
-             allreduce_s = ar,
-             efficiency = with > 0 and base.compute_s / with or 1,
-             efficiency_no_overlap = without > 0 and base.compute_s / without or 1 }
+    local r = { replicas = n, modes = {} }
+    for _, m in ipairs(M.MODES) do r.modes[m] = mode_row(m, n) end
+    for key, v in pairs(r.modes[mode]) do r[key] = v end
+    r.allreduce_s = r.modes.plain.comm_s
+    r.memory_bytes = r.memory.total
+    return r
   end
   local ns = o.replicas or { 2, 4, 8, 16 }
   local single = type(ns) == 'number'
@@ -233,7 +317,9 @@ function M.project(base, o)
     rows[i] = row(n)
   end
   local p = { gbps = gbps, measured = measured, latency_s = lat, grad_bytes = base.grad_bytes,
-              buckets = k, compute_s = base.compute_s, rows = rows }
+              buckets = k, compute_s = base.compute_s, rows = rows, mode = mode,
+              param_bytes = P, state_ratio = base.state_ratio or 0,
+              activations = base.activations or 0, modes = M.MODES }
   if single then
     for key, v in pairs(rows[1]) do p[key] = v end
   end
@@ -259,15 +345,26 @@ function M.build(reps, cal, top_ops, peak_bytes, extra)
     local worst = 0
     for i, x in ipairs(reps) do
       r.replicas[i] = { rank = x.rank, step_s = x.step_s, breakdown = x.breakdown,
-                        wait_s = x.peer_wait_s }
+                        wait_s = x.peer_wait_s, memory = x.memory }
       worst = math.max(worst, x.step_s)
     end
     r.step_s = worst          -- replicas move in lockstep: the slowest sets the pace
   end
   r.diagnosis = M.diagnose(reps, cal)
+  local mine = reps[(extra and extra.rank or 0) + 1] or s
+  r.memory = mine.memory
+  local sizes = mine.sizes or {}
   local exposed = s.comm_s
+  local G = s.bucket_bytes > 0 and s.bucket_bytes or s.grad_bytes
+  local P = sizes.param_bytes or 0
+  -- a sharded run's gradients are the whole model's, whatever its buckets carried
+  if (sizes.mode or 'plain') ~= 'plain' and P > 0 then G = P end
+  if G == 0 then G = P end
   r._base = { compute_s = math.max(s.step_s - exposed, 1e-9), backward_s = s.backward_s,
-              grad_bytes = s.bucket_bytes > 0 and s.bucket_bytes or s.grad_bytes,
+              grad_bytes = G, param_bytes = P > 0 and P or G,
+              state_ratio = sizes.state_ratio or 0,
+              activations = mine.memory and mine.memory.activations or 0,
+              mode = sizes.mode or 'plain',
               buckets = s.buckets > 0 and s.buckets or 1,
               gbps = cal and cal.gbps, latency_s = cal and cal.latency_s }
   r.projection = M.project(r._base, {})
@@ -281,6 +378,13 @@ local function bytes_str(b)
   if b >= 1e9 then return string.format('%.2f GB', b / 1e9) end
   if b >= 1e6 then return string.format('%.1f MB', b / 1e6) end
   return string.format('%.1f KB', b / 1e3)
+end
+
+-- "parameters 1.2 MB, gradients ..., optimizer ..., activations ...; peak ..."
+local function kinds_str(m)
+  return string.format('parameters %s, gradients %s, optimizer %s, activations %s; peak %s',
+    bytes_str(m.parameters or 0), bytes_str(m.gradients or 0), bytes_str(m.optimizer or 0),
+    bytes_str(m.activations or 0), bytes_str(m.peak or 0))
 end
 
 function Report:lines()
@@ -297,6 +401,14 @@ function Report:lines()
   for dev, v in pairs(self.peak_bytes or {}) do mem[#mem + 1] = dev .. ' ' .. bytes_str(v) end
   table.sort(mem)
   if #mem > 0 then add('  peak memory: %s', table.concat(mem, ', ')) end
+  if #self.replicas > 1 then
+    add('  memory per replica by kind (the step with the highest peak):')
+    for _, x in ipairs(self.replicas) do
+      if x.memory then add('    rank %d: %s', x.rank, kinds_str(x.memory)) end
+    end
+  elseif self.memory then
+    add('  memory by kind: %s', kinds_str(self.memory))
+  end
   if #self.replicas > 1 then
     add('  replicas:')
     for _, x in ipairs(self.replicas) do
@@ -318,15 +430,26 @@ function Report:lines()
   for _, d in ipairs(self.diagnosis) do add('    [%s] %s', d.kind, d.message) end
   local p = self.projection
   if p then
-    add('  scaling projection (%s of gradients per step in %d allreduce%s, %.2f GB/s %s):',
-        bytes_str(p.grad_bytes), math.floor(p.buckets + 0.5),
-        math.floor(p.buckets + 0.5) == 1 and '' or 's', p.gbps,
-        p.measured and 'measured' or 'assumed; pass gbps= to project{}')
+    add('  scaling projection (%s of gradients and %s of parameters per step, %d bucket%s, ' ..
+        '%.2f GB/s %s; this run: %s):', bytes_str(p.grad_bytes), bytes_str(p.param_bytes or 0),
+        math.floor(p.buckets + 0.5), math.floor(p.buckets + 0.5) == 1 and '' or 's', p.gbps,
+        p.measured and 'measured' or 'assumed; pass gbps= to project{}',
+        M.MODE_LABEL[p.mode] or tostring(p.mode))
+    add('    %8s  %-20s %9s %11s %10s %14s %14s', 'replicas', 'mode', 'step ms',
+        'no overlap', 'efficiency', 'sent/replica', 'memory/replica')
     for _, row in ipairs(p.rows) do
-      add('    %3d replicas: %.2f ms per step with overlap (%s efficiency), %.2f ms without (%s)',
-          row.replicas, row.step_s * 1e3, pct(row.efficiency), row.step_s_no_overlap * 1e3,
-          pct(row.efficiency_no_overlap))
+      for _, m in ipairs(M.MODES) do
+        local x = row.modes and row.modes[m]
+        if x then
+          add('    %8d  %-20s %9.2f %11.2f %10s %14s %14s', row.replicas,
+              (M.MODE_LABEL[m] or m) .. (m == p.mode and ' *' or ''), x.step_s * 1e3,
+              x.step_s_no_overlap * 1e3, pct(x.efficiency), bytes_str(x.traffic_bytes),
+              bytes_str(x.memory.total))
+        end
+      end
     end
+    add('    (* this run\'s mode; memory: parameters, gradients, optimizer state and the ' ..
+        'activations measured)')
   end
   if (self.dropped or 0) > 0 then
     add('  note: %d events were dropped (buffers full); the figures undercount', self.dropped)

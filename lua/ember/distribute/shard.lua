@@ -1,0 +1,682 @@
+--[[
+ember.distribute.shard -- s:wrap(model, {shard = 'optimizer' | 'gradients' |
+'parameters', offload = false, comm_dtype = nil | 'bfloat16', bucket_mb = 25}):
+data parallel that stops keeping a full copy of everything on every replica
+(ZeRO, Rajbhandari et al. 2020; PyTorch's FSDP).
+
+What each mode keeps on a replica of N (float32, Adam; bytes per parameter):
+  plain        weights 4, gradients 4, moments 8            16
+  optimizer    weights 4, gradients 4, moments 8/N           8 + 8/N
+  gradients    weights 4, gradients 4/N, moments 8/N         4 + 12/N
+  parameters   all of it 1/N, plus one module's weights      16/N
+               while that module runs forward or backward
+
+The layout (shard_layout.lua). Parameters travel in units: size buckets for
+'optimizer' and 'gradients', one unit per module that owns parameters for
+'parameters'. A unit's parameters, flattened end to end and padded, split into
+N equal segments; replica r's share of each parameter (its shard) is what falls
+in segment r. dm:parameters() returns the shards -- 1-D leaf tensors -- so an
+optimizer, clip_grad_norm (which sums the norm across replicas for shards) and
+the schedules work on them unchanged.
+
+Gradients. A hook on every parameter takes its gradient once it is final for
+this backward (and drops it from the parameter); when a unit has all of them
+they are laid into one flat buffer and its collective starts on the
+communicator's thread while backward goes on: allreduce ('optimizer', and the
+unsharded comm_dtype path) or reduce-scatter ('gradients', 'parameters'), the
+mean in either case. Units start strictly in unit order, so every replica
+issues the same collectives in the same order whatever its timing; at the end
+of backward the units still missing gradients (parameters that got none) go
+with zeros, which is how ranks that touched different parameters never hang.
+Then every unit is waited for and each shard's .grad becomes its slice of the
+average -- a view, or an addition to the .grad already there (accumulation).
+comm_dtype = 'bfloat16' sends the flat buffer in bfloat16 (half the bytes; the
+backends sum bfloat16 in float32) and casts the result back.
+
+Weights. 'optimizer' and 'gradients' keep full weights; their shards are views
+of them, so the optimizer updates this replica's share in place, and the next
+forward (or state_dict) allgathers every unit's segments into the full
+weights. 'parameters' keeps only the shards (a segment tensor per unit); each
+module's weights are resident tensors (core/resident.c) whose data is gathered
+just before its forward and freed just after, gathered again when the gradient
+reaches the module's output (a custom autograd node), and freed once their
+gradients are reduced. Autograd's saved views see the data come and go.
+
+offload = true (GPU replicas) keeps the shards, their gradients and so the
+optimizer's state and update in host memory; a segment is copied to the device
+for each gather and each reduced gradient slice back to the host.
+]]
+local ffi = require 'ffi'
+local em = require 'ember'
+local core = require 'ember.ffi'
+local dist = require 'ember.distribute'
+local layout = require 'ember.distribute.shard_layout'
+local memory_kinds = require 'ember.memory_kinds'
+local C, S = core.C, core.S
+local raise = core.raise
+
+local M = {}
+local Sharded = {}
+M.Sharded = Sharded
+
+local MB = 1024 * 1024
+
+-- -- Helpers ---------------------------------------------------------------------------------
+local function pack(...) return { n = select('#', ...), ... } end
+-- narrow with a 0-based start, on dim 1 of a 1-D tensor
+local function slice(t, start, len) return t:narrow(1, start + 1, len) end
+local function nbytes(t) return t:numel() * t:element_size() end
+local function check(st) if st ~= 0 then core.fail() end end
+
+-- Every live sharded model by id (callbacks name them by id), and which model a
+-- shard tensor belongs to (clip_grad_norm asks).
+local models = setmetatable({}, { __mode = 'v' })
+local owner = setmetatable({}, { __mode = 'k' })
+local next_id = 0
+M.owner_of = function(t) return owner[t] end
+
+-- -- Callbacks from backward -----------------------------------------------------------------
+-- One ffi callback each for all models (LuaJIT has few callback slots); ud is
+-- id * 2^20 + parameter index. An error is kept as the backward's message.
+local on_grad, on_backward_end
+local PARAM_BITS = 2 ^ 20
+local function guarded(fn, ...)
+  local ok, err = pcall(fn, ...)
+  if ok then return 0 end
+  return C.em_set_errmsg(S, 9, tostring(err))
+end
+local grad_hook = ffi.cast('em_grad_hook_fn', function(_, _, ud)
+  local v = tonumber(ffi.cast('intptr_t', ud))
+  local dm = models[math.floor(v / PARAM_BITS)]
+  if not dm or not dm._armed then return 0 end
+  return guarded(on_grad, dm, v % PARAM_BITS)
+end)
+local backward_end = ffi.cast('em_backward_callback_fn', function(_, failed, ud)
+  local dm = models[tonumber(ffi.cast('intptr_t', ud))]
+  if not dm or not dm._armed then return 0 end
+  return guarded(on_backward_end, dm, failed ~= 0)
+end)
+-- backward calls back into Lua: the call into C must not run inside a trace
+jit.off(core.Tensor.backward)
+
+-- -- Options -----------------------------------------------------------------------------------
+local MODES = { optimizer = true, gradients = true, parameters = true }
+
+function M.check(o)
+  local mode = o.shard
+  if mode ~= nil and not MODES[mode] then
+    raise(("wrap: shard must be 'optimizer', 'gradients' or 'parameters', got %s")
+      :format(type(mode) == 'string' and "'" .. mode .. "'" or core.kind(mode)))
+  end
+  if o.comm_dtype ~= nil and o.comm_dtype ~= 'bfloat16' and o.comm_dtype ~= 'float16' and
+     o.comm_dtype ~= 'float32' then
+    raise(("wrap: comm_dtype must be 'bfloat16', 'float16' or 'float32', got %s")
+      :format(tostring(o.comm_dtype)))
+  end
+  if o.offload ~= nil and type(o.offload) ~= 'boolean' then
+    raise('wrap: offload must be true or false, got ' .. core.kind(o.offload))
+  end
+  if o.offload and not mode then
+    raise("wrap: offload = true keeps a sharded optimizer's state in host memory; it needs " ..
+      "shard = 'optimizer', 'gradients' or 'parameters'")
+  end
+end
+
+-- -- Building ----------------------------------------------------------------------------------
+-- The modules that own trainable parameters directly, each with those parameters'
+-- global indices, in registration order.
+local function owners(model, index_of)
+  local list = {}
+  local function walk(m)
+    local r = rawget(m, '_reg')
+    local idx = {}
+    for _, k in ipairs(r.pnames) do
+      local i = index_of[r.params[k]]
+      if i then idx[#idx + 1] = i end
+    end
+    if #idx > 0 then list[#list + 1] = { module = m, idx = idx } end
+    for _, k in ipairs(r.mnames) do walk(r.modules[k]) end
+  end
+  walk(model)
+  return list
+end
+
+local function make_unit(dm, idx)
+  local P, world, rank = dm._P, dm.strategy.world_size, dm.strategy.rank
+  local numels = {}
+  for k, i in ipairs(idx) do numels[k] = P[i]:numel() end
+  local u = layout.unit(numels, dm.shard_mode and world or 1, dm.shard_mode and rank or 0)
+  u.idx, u.dtype, u.device = idx, P[idx[1]].dtype, P[idx[1]].device
+  u.g, u.got, u.ready = {}, 0, false
+  return u
+end
+
+-- This replica's shards: views of the weights, or of a segment tensor of the unit
+-- (kept on the host with offload, the only copy with 'parameters').
+local function make_shards(dm, u)
+  local P, shard = dm._P, dm._shards
+  local own_segment = dm.shard_mode == 'parameters' or dm._offload
+  if own_segment then
+    u.segt = em.zeros(u.seg, { dtype = u.dtype, device = dm._offload and 'cpu' or u.device })
+  end
+  em.no_grad(function()
+    for k, i in ipairs(u.idx) do
+      local len = u.hi[k] - u.lo[k]
+      local flat = P[i]:detach():reshape(-1)
+      local sh
+      if not dm.shard_mode then
+        sh = P[i]
+      elseif own_segment then
+        local dst = slice(u.segt, u.at[k], len)
+        dst:copy_(slice(flat, u.lo[k], len))
+        sh = dst:detach():requires_grad_()
+      else
+        sh = slice(flat, u.lo[k], len):detach():requires_grad_()
+      end
+      shard[i] = sh
+      if dm.shard_mode then owner[sh] = dm end
+    end
+  end)
+end
+
+function M.wrap(s, model, o)
+  local mode = o.shard
+  if s.device ~= 'cpu' then model:to(s.device) end
+  local named, P, index_of = {}, {}, {}
+  for _, np in ipairs(model:named_parameters()) do
+    if np[2].requires_grad then
+      named[#named + 1] = np[1]
+      P[#P + 1] = np[2]
+      index_of[np[2]] = #P
+    end
+  end
+  if #P == 0 then raise('wrap: the model has no parameter that requires grad') end
+  for i, p in ipairs(P) do
+    if not p:is_contiguous() then
+      raise(('wrap: parameter %s is not contiguous; sharding needs contiguous parameters')
+        :format(named[i]))
+    end
+  end
+  local buffers = model:buffers()
+  -- the same starting point everywhere
+  if s.world_size > 1 then
+    em.no_grad(function()
+      for _, p in ipairs(P) do s:broadcast(p, 0) end
+      for _, b in ipairs(buffers) do s:broadcast(b, 0) end
+    end)
+  end
+  next_id = next_id + 1
+  local dm = setmetatable({
+    module = model, strategy = s, shard_mode = mode, _id = next_id,
+    _offload = o.offload and s.device ~= 'cpu' or false,
+    _comm_dtype = o.comm_dtype, _names = named, _P = P, _shards = {}, _units = {},
+    _unit_of = {}, _pos = {}, _buffers = buffers,
+    _broadcast_buffers = o.broadcast_buffers ~= false and #buffers > 0 and s.world_size > 1,
+    _sync = true, _armed = false, _stale = false, _stats = { steps = 0, comm_s = 0,
+      wait_s = 0, bytes = 0, allreduce = 0, reduce_scatter = 0, allgather = 0 },
+    _mem = { activations = 0 },
+  }, Sharded)
+  models[dm._id] = dm
+
+  -- units
+  local groups = {}
+  if mode == 'parameters' then
+    local own = owners(model, index_of)
+    for k = #own, 1, -1 do groups[#groups + 1] = own[k] end    -- backward order
+  else
+    local sizes, keys = {}, {}
+    for i, p in ipairs(P) do sizes[i] = nbytes(p); keys[i] = p.dtype .. '@' .. p.device end
+    local mb = o.bucket_mb or 25
+    for _, idx in ipairs(layout.buckets(sizes, keys, math.min(1, mb) * MB, mb * MB)) do
+      groups[#groups + 1] = { idx = idx }
+    end
+  end
+  for k, g in ipairs(groups) do
+    local u = make_unit(dm, g.idx)
+    u.k, u.module = k, g.module
+    dm._units[k] = u
+    for pos, i in ipairs(g.idx) do dm._unit_of[i], dm._pos[i] = k, pos end
+    make_shards(dm, u)
+  end
+
+  -- 'parameters': the weights become resident tensors, freed until their forward
+  if mode == 'parameters' then
+    for _, g in ipairs(groups) do
+      local r = rawget(g.module, '_reg')
+      for _, key in ipairs(r.pnames) do
+        local i = index_of[r.params[key]]
+        if i then
+          local fresh = P[i]:detach():clone():requires_grad_()
+          g.module[key] = fresh
+          P[i] = fresh
+        end
+      end
+    end
+    for _, u in ipairs(dm._units) do M._free(dm, u) end
+    for _, u in ipairs(dm._units) do M._hook_forward(dm, u) end
+  end
+
+  -- hooks
+  for i, p in ipairs(P) do
+    check(C.em_tensor_add_grad_hook(S, p._h, grad_hook,
+      ffi.cast('void *', ffi.cast('intptr_t', dm._id * PARAM_BITS + i))))
+  end
+  check(C.em_backward_add_callback(S, backward_end, ffi.cast('void *', ffi.cast('intptr_t', dm._id))))
+  dm._cb_ud = ffi.cast('void *', ffi.cast('intptr_t', dm._id))
+  memory_kinds.register_model(dm)
+  return dm
+end
+
+-- -- Gathering weights -------------------------------------------------------------------------
+-- This replica's segment of unit u, on the unit's device.
+local function segment(dm, u)
+  if u.segt then
+    return dm._offload and u.segt:to(u.device) or u.segt
+  end
+  local pieces, used = {}, 0
+  for k, i in ipairs(u.idx) do
+    if u.hi[k] > u.lo[k] then
+      pieces[#pieces + 1] = dm._shards[i]:detach()
+      used = used + u.hi[k] - u.lo[k]
+    end
+  end
+  if used < u.seg then
+    pieces[#pieces + 1] = em.zeros(u.seg - used, { dtype = u.dtype, device = u.device })
+  end
+  return #pieces == 1 and pieces[1] or em.cat(pieces, 1)
+end
+
+local function count(dm, kind, bytes)
+  local st = dm._stats
+  st[kind] = st[kind] + 1
+  st.bytes = st.bytes + bytes
+end
+
+-- The flat unit from every replica's segment (a collective).
+local function allgather(dm, u, async)
+  local seg = segment(dm, u)
+  count(dm, 'allgather', nbytes(seg) * (dm.strategy.world_size - 1))
+  return dm.strategy:allgather(seg, { async = async })
+end
+
+-- 'optimizer' / 'gradients': every unit's full weights from the shards.
+function M._gather_all(dm)
+  em.no_grad(function()
+    local works = {}
+    for k, u in ipairs(dm._units) do works[k] = allgather(dm, u, true) end
+    for k, u in ipairs(dm._units) do
+      local flat = works[k]:wait()
+      for pos, i in ipairs(u.idx) do
+        local p = dm._P[i]
+        p:copy_(slice(flat, u.off[pos], u.numel[pos]):view(p.shape))
+      end
+    end
+  end)
+  dm._stale = false
+end
+
+-- 'parameters': unit u's weights, gathered into their resident storage.
+function M._gather(dm, u)
+  if u.gathered then return end
+  em.no_grad(function()
+    local flat = allgather(dm, u, false)
+    for pos, i in ipairs(u.idx) do
+      local p = dm._P[i]
+      check(C.em_tensor_fill_data(S, p._h, slice(flat, u.off[pos], u.numel[pos]):view(p.shape)._h))
+    end
+  end)
+  u.gathered = true
+end
+
+function M._free(dm, u)
+  for _, i in ipairs(u.idx) do check(C.em_tensor_free_data(S, dm._P[i]._h)) end
+  u.gathered = false
+end
+
+-- 'parameters': the module gathers its weights for its forward, frees them after,
+-- and its outputs carry a node that gathers them again for its backward.
+function M._hook_forward(dm, u)
+  local m = u.module
+  local inner = m.forward
+  u.depth = 0
+  local function gather_for_backward(g)
+    M._gather(dm, u)
+    return { g }
+  end
+  rawset(m, 'forward', function(self, ...)
+    M._gather(dm, u)
+    u.depth = u.depth + 1
+    local res = pack(pcall(inner, self, ...))
+    u.depth = u.depth - 1
+    if u.depth == 0 then M._free(dm, u) end
+    if not res[1] then error(res[2], 0) end
+    if dm._armed and em.is_grad_enabled() then
+      for k = 2, res.n do
+        local t = res[k]
+        if ffi.istype(core.box_t, t) and t.requires_grad then
+          res[k] = em.autograd.apply('gather_for_backward', t, { t }, gather_for_backward)
+        end
+      end
+    end
+    return unpack(res, 2, res.n)
+  end)
+end
+
+-- -- Reducing gradients ------------------------------------------------------------------------
+local function launch(dm, u)
+  local s, flat = dm.strategy, u.flat
+  u.flat = nil
+  if dm.shard_mode == 'gradients' or dm.shard_mode == 'parameters' then
+    count(dm, 'reduce_scatter', nbytes(flat) * (s.world_size - 1) / s.world_size)
+    u.work = s:reduce_scatter(flat, 'mean', { async = true })
+  else
+    count(dm, 'allreduce', 2 * nbytes(flat) * (s.world_size - 1) / s.world_size)
+    u.work = s:allreduce(flat, 'mean', { async = true })
+  end
+  u.launched = true
+end
+
+local function launch_ready(dm)
+  local units = dm._units
+  while dm._next <= #units and units[dm._next].ready do
+    launch(dm, units[dm._next])
+    dm._next = dm._next + 1
+  end
+end
+
+-- Unit u has every gradient it will get: one flat buffer, and the weights of
+-- 'parameters' go (their work in this backward is done).
+local function complete(dm, u)
+  local pieces = {}
+  for pos, i in ipairs(u.idx) do
+    local g = u.g[pos]
+    pieces[pos] = g and g:reshape(-1) or
+      em.zeros(u.numel[pos], { dtype = u.dtype, device = u.device })
+  end
+  if u.L > u.total then
+    pieces[#pieces + 1] = em.zeros(u.L - u.total, { dtype = u.dtype, device = u.device })
+  end
+  local flat = #pieces == 1 and pieces[1]:contiguous() or em.cat(pieces, 1)
+  if dm._comm_dtype and dm._comm_dtype ~= u.dtype then flat = flat:to(dm._comm_dtype) end
+  u.flat, u.g, u.ready = flat, {}, true
+  if dm.shard_mode == 'parameters' and u.depth == 0 then M._free(dm, u) end
+end
+
+on_grad = function(dm, i)
+  local u = dm._units[dm._unit_of[i]]
+  local p = dm._P[i]
+  local pos = dm._pos[i]
+  if u.ready or u.g[pos] then return end
+  u.g[pos] = p.grad
+  p.grad = nil
+  u.got = u.got + 1
+  if u.got == #u.idx then complete(dm, u) end
+  launch_ready(dm)
+end
+
+-- The averaged slice of each shard: its .grad, or added to the one it has.
+local function apply(dm, u, result)
+  if result.dtype ~= u.dtype then result = result:to(u.dtype) end
+  local seg = result
+  if not (dm.shard_mode == 'gradients' or dm.shard_mode == 'parameters') and dm.shard_mode then
+    seg = slice(result, dm.strategy.rank * u.seg, u.seg)
+  end
+  for pos, i in ipairs(u.idx) do
+    local len = u.hi[pos] - u.lo[pos]
+    local sh = dm._shards[i]
+    if len > 0 then
+      local g = slice(seg, u.at[pos], len):view(sh.shape)
+      if dm._offload then g = g:to('cpu') end
+      local have = sh.grad
+      if have == nil then sh.grad = g else have:add_(g) end
+    end
+  end
+end
+
+local function finish(dm)
+  local t0 = em.clock()
+  for _, u in ipairs(dm._units) do
+    if not u.ready then complete(dm, u) end
+  end
+  launch_ready(dm)
+  local errors
+  for _, u in ipairs(dm._units) do
+    local w = u.work
+    u.work, u.launched, u.ready, u.got, u.g = nil, false, false, 0, {}
+    if w then
+      local ok, r = pcall(w.wait, w)
+      if ok then
+        if not errors then apply(dm, u, r) end
+      else
+        errors = errors or r
+      end
+    end
+  end
+  dm._stats.wait_s = dm._stats.wait_s + (em.clock() - t0)
+  if errors then error(errors, 0) end
+end
+
+on_backward_end = function(dm, failed)
+  dm._armed = false
+  if failed then
+    -- the collectives already started must still be waited for (their buffers)
+    for _, u in ipairs(dm._units) do
+      if u.work then pcall(u.work.wait, u.work) end
+      u.work, u.launched, u.ready, u.got, u.g, u.flat = nil, false, false, 0, {}, nil
+    end
+    return
+  end
+  finish(dm)
+  dm._stats.steps = dm._stats.steps + 1
+  if dm.shard_mode == 'optimizer' or dm.shard_mode == 'gradients' then dm._stale = true end
+  local ms = em.memory_stats(dm.strategy.device)
+  dm._mem.activations = math.max(0, ms.peak - dm._mem.start)
+end
+
+-- -- The wrapped model -------------------------------------------------------------------------
+Sharded.__index = function(self, k)
+  local v = rawget(Sharded, k)
+  if v ~= nil then return v end
+  local m = rawget(self, 'module')
+  local f = m[k]
+  if type(f) == 'function' then
+    return function(first, ...)
+      if first == self then return f(m, ...) end
+      return f(first, ...)
+    end
+  end
+  return f
+end
+
+function Sharded.__call(self, ...)
+  if self.strategy._box._h == nil then raise('wrapped model: its strategy was closed') end
+  if self._broadcast_buffers then
+    em.no_grad(function()
+      for _, b in ipairs(self._buffers) do self.strategy:broadcast(b, 0) end
+    end)
+  end
+  if self._stale then M._gather_all(self) end
+  if self._sync and em.is_grad_enabled() then
+    self._armed = true
+    self._next = 1
+    local dev = self.strategy.device
+    em.reset_peak_memory_stats(dev)
+    self._mem.start = em.memory_stats(dev).allocated
+  end
+  return self.module(...)
+end
+
+function Sharded.__tostring(self)
+  return ("sharded ('%s') for %d replicas (%d units):\n%s"):format(
+    self.shard_mode or 'none', self.strategy.world_size, #self._units, tostring(self.module))
+end
+
+-- What this replica's optimizer updates: its shards (every parameter's, in the
+-- model's order, empty ones included).
+function Sharded:parameters()
+  local list = {}
+  for i = 1, #self._P do list[i] = self._shards[i] end
+  return list
+end
+
+function Sharded:named_parameters()
+  local list = {}
+  for i = 1, #self._P do list[i] = { self._names[i], self._shards[i] } end
+  return list
+end
+
+function Sharded:no_sync(fn, ...)
+  if type(fn) ~= 'function' then raise('no_sync: expected a function, got ' .. core.kind(fn)) end
+  local was = self._sync
+  self._sync = false
+  local res = pack(pcall(fn, ...))
+  self._sync = was
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- The weights are stale after a step; a loader that wrote shards says so too.
+function Sharded:invalidate()
+  if self.shard_mode == 'optimizer' or self.shard_mode == 'gradients' then self._stale = true end
+end
+
+function Sharded:shard_layout()
+  local params = {}
+  for i, p in ipairs(self._P) do
+    local u = self._units[self._unit_of[i]]
+    local pos = self._pos[i]
+    params[i] = { name = self._names[i], shape = p.shape, dtype = p.dtype, numel = u.numel[pos],
+                  lo = u.lo[pos], hi = u.hi[pos], shard = self._shards[i] }
+  end
+  local buffers = {}
+  for _, nb in ipairs(self.module:named_buffers()) do
+    buffers[#buffers + 1] = { name = nb[1], tensor = nb[2] }
+  end
+  return { mode = self.shard_mode, world_size = self.strategy.world_size,
+           rank = self.strategy.rank, params = params, buffers = buffers }
+end
+
+-- The full state on every replica (a collective: every replica calls it).
+function Sharded:state_dict()
+  if self.shard_mode ~= 'parameters' then
+    if self._stale then M._gather_all(self) end
+    return self.module:state_dict()
+  end
+  local sd = self.module:state_dict()
+  em.no_grad(function()
+    for _, u in ipairs(self._units) do
+      local flat = allgather(self, u, false)
+      for pos, i in ipairs(u.idx) do
+        sd[self._names[i]] = slice(flat, u.off[pos], u.numel[pos]):view(self._P[i].shape):clone()
+      end
+    end
+  end)
+  return sd
+end
+
+function Sharded:load_state_dict(sd, strict)
+  if self.shard_mode ~= 'parameters' then
+    local r = self.module:load_state_dict(sd, strict)
+    if self._offload then
+      for _, u in ipairs(self._units) do
+        em.no_grad(function()
+          for pos, i in ipairs(u.idx) do
+            local len = u.hi[pos] - u.lo[pos]
+            slice(u.segt, u.at[pos], len):copy_(slice(self._P[i]:detach():reshape(-1), u.lo[pos], len))
+          end
+        end)
+      end
+    end
+    return r
+  end
+  if type(sd) ~= 'table' then raise('load_state_dict: expected a table of tensors, got ' .. core.kind(sd)) end
+  for i, name in ipairs(self._names) do
+    local src = sd[name]
+    if src == nil then
+      if strict ~= false then raise('load_state_dict: missing keys: ' .. name) end
+    elseif not ffi.istype(core.box_t, src) or src:numel() ~= self._P[i]:numel() then
+      raise(('load_state_dict: shape mismatch for %s: the model has [%s], the state %s'):format(
+        name, table.concat(self._P[i].shape, ','), ffi.istype(core.box_t, src) and
+        '[' .. table.concat(src.shape, ',') .. ']' or core.kind(src)))
+    end
+  end
+  em.no_grad(function()
+    for i, name in ipairs(self._names) do
+      local src = sd[name]
+      if src ~= nil then
+        local u = self._units[self._unit_of[i]]
+        local pos = self._pos[i]
+        local len = u.hi[pos] - u.lo[pos]
+        self._shards[i]:copy_(slice(src:reshape(-1), u.lo[pos], len))
+      end
+    end
+    for _, nb in ipairs(self.module:named_buffers()) do
+      if sd[nb[1]] ~= nil then nb[2]:copy_(sd[nb[1]]) end
+    end
+  end)
+  return { missing_keys = {}, unexpected_keys = {} }
+end
+
+-- This replica's bytes by kind: {parameters, gradients, optimizer, activations}.
+function Sharded:memory()
+  local params, grads = 0, 0
+  local counted = {}
+  for _, p in ipairs(self.module:parameters()) do
+    if C.em_tensor_has_data(p._h) ~= 0 then params = params + nbytes(p) end
+    local g = p.grad
+    if g then grads = grads + nbytes(g) end
+  end
+  for _, u in ipairs(self._units) do
+    if u.segt then params = params + nbytes(u.segt) end
+    -- 'optimizer' (and unsharded) shard gradients are views of the whole averaged unit
+    local whole = self.shard_mode == 'optimizer'
+    for pos, i in ipairs(u.idx) do
+      local sh = self._shards[i]
+      local g = self.shard_mode and sh.grad
+      if g and not counted[u] then
+        grads = grads + (whole and u.L * em.empty(0, { dtype = u.dtype }):element_size() or nbytes(g))
+        if whole then counted[u] = true end
+      end
+    end
+  end
+  -- the state of the optimizers that update these shards (each storage once)
+  local opt_bytes, mine, seen = 0, {}, {}
+  for _, sh in ipairs(self._shards) do mine[sh] = true end
+  for _, opt in ipairs(memory_kinds.optimizers()) do
+    local i = 0
+    for _, g in ipairs(opt.param_groups) do
+      for _, p in ipairs(g.params) do
+        i = i + 1
+        local st = opt.state[i]
+        if mine[p] and st then
+          for _, v in pairs(st) do
+            if ffi.istype(core.box_t, v) then
+              local key = tostring(C.em_tensor_storage_id(v._h))
+              if not seen[key] then
+                seen[key] = true
+                opt_bytes = opt_bytes + tonumber(C.em_tensor_storage_nbytes(v._h))
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  return { parameters = params, gradients = grads, optimizer = opt_bytes,
+           activations = self._mem.activations }
+end
+
+function Sharded:comm_stats()
+  local st = self._stats
+  local steps = math.max(st.steps, 1)
+  return { buckets = #self._units, units = #self._units, steps = st.steps, comm_s = st.comm_s,
+           overlap_s = 0, wait_s = st.wait_s, overlap = 0,
+           bytes_per_step = st.bytes / steps,
+           collectives = { allreduce = st.allreduce / steps,
+                           reduce_scatter = st.reduce_scatter / steps,
+                           allgather = st.allgather / steps } }
+end
+
+function Sharded:num_buckets() return #self._units end
+
+return M
