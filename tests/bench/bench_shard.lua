@@ -17,9 +17,10 @@ the peers above as N gloo processes x 1 thread over the same steps.
 Per configuration: global samples/s (all replicas' samples / the slowest
 replica's seconds), then one more, untimed step measured for memory, the largest
 replica's bytes by kind: dm:memory() {parameters, gradients, optimizer,
-activations}; for plain, which has no dm:memory(), the parameters', their .grad's
-and the optimizer state's tensor bytes, and as activations what the forward left
-allocated (em.memory_stats('cpu'), after em.collect()). Beside them: ZeRO's
+activations}; for plain, which has no dm:memory(), what ember.memory_kinds counts
+from the optimizer (parameters, their .grad, its state: each storage once) and,
+as dm:memory() does, activations = the peak of forward and backward above what
+was allocated when the forward began (em.memory_stats('cpu')). Beside them: ZeRO's
 formula for float32 Adam (bytes per parameter: plain 4 + 4 + 8; optimizer 4 + 4
 + 8/N; gradients 4 + 4/N + 8/N; parameters 4/N + 4/N + 8/N), PyTorch's
 figures (tensor storages counted, bench_shard.py's header says how), and the
@@ -67,19 +68,13 @@ local function formula(mode, n, N)
   return { parameters = p, gradients = g, optimizer = o }
 end
 
-local function bytes(t) return t and t:numel() * t:element_size() or 0 end
-
--- The plain wrapped model's bytes by kind, counted from its tensors.
-local function counted(model, opt)
+-- The plain wrapped model's bytes by kind: what ember.memory_kinds counts from
+-- the live optimizers (each storage once at its full size, so gradients that are
+-- views of the reducer's buckets count as the buckets), summed over devices.
+local function counted()
   local m = { parameters = 0, gradients = 0, optimizer = 0 }
-  for _, p in ipairs(model:parameters()) do
-    m.parameters = m.parameters + bytes(p)
-    m.gradients = m.gradients + bytes(p.grad)
-  end
-  for _, st in pairs(opt.state) do
-    for _, v in pairs(st) do
-      if em.is_tensor(v) then m.optimizer = m.optimizer + bytes(v) end
-    end
+  for _, d in pairs(require('ember.memory_kinds').measure()) do
+    for k in pairs(m) do m[k] = m[k] + (d[k] or 0) end
   end
   return m
 end
@@ -122,18 +117,16 @@ local function train(o)
   em.collect()
   em.reset_peak_memory_stats('cpu')
   local a0 = em.memory_stats('cpu').allocated
-  local loss = F.cross_entropy(dm(b[1]), b[2])
-  em.collect()
-  local a1 = em.memory_stats('cpu').allocated
-  loss:backward()
+  F.cross_entropy(dm(b[1]), b[2]):backward()
+  local grown = em.memory_stats('cpu').peak - a0
   opt:step()
   local peak = em.memory_stats('cpu').peak
   local m
   if dm.memory then
     m = dm:memory()
-  else
-    m = counted(dm.module, opt)
-    m.activations = a1 - a0
+  else             -- as the sharded model reports them: the peak of forward and backward
+    m = counted()  -- above what was allocated when the forward began
+    m.activations = math.max(0, grown)
   end
   local v = {}
   for i, k in ipairs(KINDS) do v[i] = m[k] or 0 end
