@@ -62,6 +62,7 @@ struct em_tensor {
   struct emi_ag_node *grad_fn;   /* owned reference, NULL for leaves */
   em_tensor *grad;               /* owned reference, NULL until a backward */
   struct emi_ag_hook *hooks;     /* gradient hooks of a leaf (owned list) */
+  struct emi_ag_walk *ag_capture; /* engine scratch: the backward capturing its grad */
 };
 
 /* -- Devices ------------------------------------------------------------------------

@@ -72,7 +72,11 @@ struct em_state {
   char alloc_why[256];                     /* why a backend's alloc just failed */
   void (*reclaim_hook)(void *ud, int device, size_t nbytes);   /* em_cuda_set_reclaim_hook */
   void *reclaim_ud;
-  int grad_disabled;       /* autograd: 0 = grad mode on (the default) */
+  int grad_disabled;       /* autograd: 0 = grad mode on (the default); set with
+                           ** emi_set_grad_disabled, which keeps ag_watch in step */
+  int ag_watch;            /* grad mode on, or a probe listening (emi_ag_wanted*) */
+  struct emi_ag_probe *ag_probe;   /* probe.c: the innermost active probe, or NULL */
+  int ag_depth;            /* engine.c: backwards running (nested in custom nodes) */
   int index_base;          /* messages number dims, positions, indices from it (0|1) */
   int64_t image_max_pixels; /* em_image_set_max_pixels: 0 default, > 0 limit, -1 none */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
@@ -225,8 +229,16 @@ static inline void emi_ag_clear_fields(em_tensor *t) {
   t->grad_fn = NULL;
   t->grad = NULL;
   t->hooks = NULL;
+  t->ag_capture = NULL;
 }
 void emi_ag_release_fields(em_tensor *t);
+/* Grad mode's one writer: a probe listens with grad mode off, so the ops' single
+** test (emi_ag_wanted*) reads ag_watch, which is either. */
+static inline void emi_set_grad_disabled(em_state *S, int off) {
+  S->grad_disabled = off;
+  S->ag_watch = !off | (S->ag_probe != NULL);
+}
+void emi_ag_probe_free(em_state *S);   /* em_close: drops probes left open */
 void emi_backward_callbacks_free(em_state *S);
 
 /* -- Numbering in messages (state.c); copies on the calling thread (cpu/strided.c) --

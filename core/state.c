@@ -46,6 +46,7 @@ em_status em_open(em_state **out, const em_config *cfg) {
   S->cpu = (emi_device){S, EM_CPU, &emi_cpu_backend, NULL};
   S->meta = (emi_device){S, EM_META, &emi_meta_backend, NULL};
   S->rng_seed = cfg->seed;
+  emi_set_grad_disabled(S, 0);
   S->cache_limit = cfg->cache_limit < 0 ? 0
                  : cfg->cache_limit == 0 ? (size_t)512 << 20 : (size_t)cfg->cache_limit;
   pthread_mutex_init(&S->cache_mu, NULL);
@@ -67,6 +68,7 @@ em_status em_open(em_state **out, const em_config *cfg) {
 void em_close(em_state *S) {
   if (!S) return;
   emi_backward_callbacks_free(S);
+  emi_ag_probe_free(S);
   emi_profile_free(S);
   emi_devices_close(S);
   emi_workers_free(S->workers);

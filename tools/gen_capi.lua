@@ -31,6 +31,8 @@ local NEVER = {
   em_transform_apply = 'it replaces fields in place',
   em_comm_allgather = 'a collective: every replica must make the same calls',
   em_comm_reduce_scatter = 'a collective: every replica must make the same calls',
+  em_backward_capture = 'a backward that failed may have accumulated into other leaves',
+  em_grad_probe_end = 'it ends the probe',
 }
 
 local path = assert(arg[1], 'usage: luajit tools/gen_capi.lua ember.h')

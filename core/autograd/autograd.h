@@ -55,6 +55,7 @@
 #include <stddef.h>
 
 typedef struct emi_ag_node emi_ag_node;
+typedef struct emi_ag_walk emi_ag_walk;   /* one running backward (engine.c) */
 typedef em_status (*emi_ag_fn)(em_state *S, emi_ag_node *n, const em_tensor *g,
                                em_tensor **gin);
 
@@ -82,7 +83,12 @@ struct emi_ag_node {
   int op;                                /* op code (unop, binop, redop, ...) */
   int64_t iarg[EMI_AG_IARGS];
   double darg[2];
+  /* custom functions (function.c): their data, freed with the node */
+  void *ext;
+  void (*ext_free)(void *ext);
   /* engine scratch */
+  struct emi_ag_walk *walk;              /* the backward that discovered it */
+  int ran;                               /* its backward ran in that walk */
   int deps;
   em_tensor *gbuf;
   emi_ag_node *next;
@@ -90,15 +96,36 @@ struct emi_ag_node {
   emi_ag_edge in[];
 };
 
+/* Whether an op records. The no-grad path is one test: requires_grad against
+** ag_watch (grad mode on, or a probe listening). A probe (probe.c) listens with
+** grad mode off: it notes the operands that require grad and the op records
+** nothing. */
+int emi_ag_probe_note(em_state *S, const em_tensor *a, const em_tensor *b,
+                      const em_tensor *c);   /* returns 0 */
+static inline int emi_ag_recording(em_state *S, const em_tensor *a, const em_tensor *b,
+                                   const em_tensor *c) {
+  return !S->grad_disabled || emi_ag_probe_note(S, a, b, c);
+}
 static inline int emi_ag_wanted1(em_state *S, const em_tensor *a) {
-  return a->requires_grad & !S->grad_disabled;
+  return (a->requires_grad & S->ag_watch) && emi_ag_recording(S, a, NULL, NULL);
 }
 static inline int emi_ag_wanted2(em_state *S, const em_tensor *a, const em_tensor *b) {
-  return (a->requires_grad | b->requires_grad) & !S->grad_disabled;
+  return ((a->requires_grad | b->requires_grad) & S->ag_watch) &&
+         emi_ag_recording(S, a, b, NULL);
 }
 static inline int emi_ag_wanted3(em_state *S, const em_tensor *a, const em_tensor *b,
                                  const em_tensor *c) {
-  return (a->requires_grad | b->requires_grad | c->requires_grad) & !S->grad_disabled;
+  return ((a->requires_grad | b->requires_grad | c->requires_grad) & S->ag_watch) &&
+         emi_ag_recording(S, a, b, c);
+}
+/* Lists (cat, stack, custom functions). */
+int emi_ag_probe_note_list(em_state *S, const em_tensor *const *list, int n);
+static inline int emi_ag_wanted_list(em_state *S, const em_tensor *const *list, int n) {
+  if (!S->ag_watch) return 0;
+  for (int i = 0; i < n; i++)
+    if (list[i]->requires_grad)
+      return !S->grad_disabled || emi_ag_probe_note_list(S, list, n);
+  return 0;
 }
 static inline int emi_ag_needs(const emi_ag_node *n, int i) {
   return n->in[i].leaf || n->in[i].fn;

@@ -16,7 +16,7 @@ struct emi_ag_hook {
 /* -- Grad mode and tensor fields ---------------------------------------------------- */
 
 em_status em_set_grad_enabled(em_state *S, int enabled) {
-  S->grad_disabled = !enabled;
+  emi_set_grad_disabled(S, !enabled);
   return EM_OK;
 }
 int em_is_grad_enabled(em_state *S) { return !S->grad_disabled; }
@@ -203,6 +203,7 @@ void emi_ag_node_release(emi_ag_node *n) {
       }
     }
     S = n->S;
+    if (n->ext_free) n->ext_free(n->ext);
     emi_free(S, n, node_size(n->ninputs));
     n = follow;
     if (n) goto free_it;
@@ -358,8 +359,8 @@ static em_status run_hooks(em_state *S, em_tensor *leaf) {
 }
 
 /* Leaf gradients are accumulated in place into .grad: the grad tensor belongs to the
-** leaf (optimizers read it), so a new sum replaces it only the first time. */
-static em_status leaf_accumulate(em_state *S, em_tensor *leaf, em_tensor *g) {
+** leaf (optimizers read it), so a new sum replaces it only the first time. Takes g. */
+static em_status leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
   em_status st = EM_OK;
   if (!leaf->grad) {
     /* .grad must own its memory: g is taken as it is only when nothing else can
@@ -369,85 +370,124 @@ static em_status leaf_accumulate(em_state *S, em_tensor *leaf, em_tensor *g) {
       leaf->grad = g;
     } else {
       em_tensor *c;
-      if ((st = em_clone(S, g, &c))) { em_tensor_release(g); return st; }
+      st = em_clone(S, g, &c);
       em_tensor_release(g);
-      leaf->grad = c;
+      if (!st) leaf->grad = c;
     }
   } else {
     st = em_binary_(S, EM_ADD, leaf->grad, g);
     em_tensor_release(g);
-    if (st) return st;
-  }
-  if (--leaf->ag_pending == 0) {
-    if (__builtin_expect(S->profiler != NULL, 0)) {  /* gradient bytes per step */
-      double t = emi_now();
-      emi_profile_span(S, EM_PROF_GRAD, "grad", t, t,
-                       leaf->grad->numel * (int64_t)em_dtype_size(leaf->grad->dtype));
-    }
-    st = run_hooks(S, leaf);
   }
   return st;
 }
 
-typedef struct walk {
-  emi_ag_node **nodes;
-  em_tensor **leaves;
-  int nn, nl, cn, cl;
-} walk;
-
-static em_status push(em_state *S, void ***arr, int *n, int *cap, void *x) {
-  if (*n == *cap) {
-    int nc = *cap ? *cap * 2 : 32;
-    void **na = emi_malloc(S, sizeof *na * (size_t)nc);
-    if (!na) return emi_error(S, EM_ERR_NOMEM, "backward: out of memory");
-    if (*n) memcpy(na, *arr, sizeof *na * (size_t)*n);
-    emi_free(S, *arr, sizeof **arr * (size_t)*cap);
-    *arr = na;
-    *cap = nc;
+/* One edge into leaf is done (with or without a contribution): when it was the
+** last one, the gradient is final and the leaf's hooks run. */
+static em_status leaf_edge_done(em_state *S, em_tensor *leaf) {
+  if (--leaf->ag_pending != 0 || !leaf->grad) return EM_OK;
+  if (__builtin_expect(S->profiler != NULL, 0)) {  /* gradient bytes per step */
+    double t = emi_now();
+    emi_profile_span(S, EM_PROF_GRAD, "grad", t, t,
+                     leaf->grad->numel * (int64_t)em_dtype_size(leaf->grad->dtype));
   }
-  (*arr)[(*n)++] = x;
+  return run_hooks(S, leaf);
+}
+
+/* -- Walks ----------------------------------------------------------------------------
+** One backward is one walk: the nodes it discovered (each marked with the walk, so
+** that a backward run inside another -- from a custom function's backward --
+** keeps its own dependency counts and buffers, and refuses to share nodes with
+** the walk outside it) and, for em_backward_capture, the leaves whose gradients
+** it returns instead of accumulating (each leaf's ag_capture names the walk).
+**
+** Leaf counts stay balanced across nesting: discover adds one to ag_pending per
+** edge into a leaf, and every such edge takes exactly one away -- when its node
+** runs, or, for nodes an error left unrun, at the walk's end. So a leaf shared
+** with an outer walk is back at the outer walk's count when an inner one ends,
+** and its gradient is final (hooks run) only when the last of all edges is done.
+** End-of-backward callbacks run when the outermost walk ends (S->ag_depth). */
+struct emi_ag_walk {
+  emi_ag_node **nodes;
+  int nn, cn;
+  int counted;                 /* leaf edges were added to ag_pending */
+  em_tensor *const *wrt;       /* capture: the leaves, their gradients */
+  int nwrt;
+  em_tensor **grads;
+};
+
+static em_status push(em_state *S, emi_ag_walk *w, emi_ag_node *n) {
+  if (n->walk && n->walk != w)
+    return emi_error(S, EM_ERR_UNSUPPORTED, "backward: a backward run inside another (from "
+                     "a custom function's backward) reaches %s, a node of the backward "
+                     "outside it; the inner backward must use a graph of its own", n->name);
+  if (w->nn == w->cn) {
+    int nc = w->cn ? w->cn * 2 : 32;
+    emi_ag_node **na = emi_malloc(S, sizeof *na * (size_t)nc);
+    if (!na) return emi_error(S, EM_ERR_NOMEM, "backward: out of memory");
+    if (w->nn) memcpy(na, w->nodes, sizeof *na * (size_t)w->nn);
+    emi_free(S, w->nodes, sizeof *w->nodes * (size_t)w->cn);
+    w->nodes = na;
+    w->cn = nc;
+  }
+  n->walk = w;
+  n->deps = 0;
+  n->ran = 0;
+  w->nodes[w->nn++] = n;
   return EM_OK;
 }
 
-/* Every node reachable from root gets deps = number of edges into it; every leaf
-** ag_pending = number of edges into it. Marks: deps > 0 or the root. */
-static em_status discover(em_state *S, emi_ag_node *root, walk *w) {
-  em_status st;
-  if ((st = push(S, (void ***)&w->nodes, &w->nn, &w->cn, root))) return st;
-  root->deps = 0;
+/* Every node reachable from root gets deps = number of edges into it; then every
+** leaf not captured by this walk gets one ag_pending per edge into it. */
+static em_status discover(em_state *S, emi_ag_node *root, emi_ag_walk *w) {
+  em_status st = push(S, w, root);
+  for (int k = 0; k < w->nn && !st; k++) {
+    emi_ag_node *n = w->nodes[k];
+    for (int i = 0; i < n->ninputs && !st; i++) {
+      emi_ag_node *f = n->in[i].fn;
+      if (!f) continue;
+      if (f->walk != w && (st = push(S, w, f))) break;
+      f->deps++;
+    }
+  }
+  if (st) return st;
   for (int k = 0; k < w->nn; k++) {
     emi_ag_node *n = w->nodes[k];
     for (int i = 0; i < n->ninputs; i++) {
-      emi_ag_edge *e = &n->in[i];
-      if (e->fn) {
-        if (e->fn->deps++ == 0 && e->fn != root &&
-            (st = push(S, (void ***)&w->nodes, &w->nn, &w->cn, e->fn)))
-          return st;
-      } else if (e->leaf) {
-        if (e->leaf->ag_pending++ == 0 &&
-            (st = push(S, (void ***)&w->leaves, &w->nl, &w->cl, e->leaf)))
-          return st;
-      }
+      em_tensor *leaf = n->in[i].leaf;
+      if (leaf && leaf->ag_capture != w) leaf->ag_pending++;
     }
   }
+  w->counted = 1;
   return EM_OK;
 }
 
-static em_status run_node(em_state *S, emi_ag_node *n, emi_ag_node **ready) {
+/* Where a captured leaf's gradient goes: the first slot naming it. */
+static em_tensor **capture_slot(emi_ag_walk *w, const em_tensor *leaf) {
+  for (int k = 0; k < w->nwrt; k++)
+    if (w->wrt[k] == leaf) return &w->grads[k];
+  return NULL;
+}
+
+static em_status run_node(em_state *S, emi_ag_walk *w, emi_ag_node *n, emi_ag_node **ready) {
   em_status st = EM_OK;
-  if (n->freed)
-    return emi_error(S, EM_ERR_ARG, "backward: trying to backward through the graph a "
-                     "second time (through %s); its saved values were freed by the first "
-                     "backward", n->name);
+  n->ran = 1;
   em_tensor *gin_small[4] = {0}, **gin = gin_small;
-  if (n->ninputs > 4) {
+  if (n->freed) {
+    st = emi_error(S, EM_ERR_ARG, "backward: trying to backward through the graph a "
+                   "second time (through %s); its saved values were freed by the first "
+                   "backward", n->name);
+  } else if (n->ninputs > 4) {
     gin = emi_malloc(S, sizeof *gin * (size_t)n->ninputs);
-    if (!gin) return emi_error(S, EM_ERR_NOMEM, "backward: out of memory");
-    memset(gin, 0, sizeof *gin * (size_t)n->ninputs);
+    if (!gin) {
+      gin = gin_small;
+      st = emi_error(S, EM_ERR_NOMEM, "backward: out of memory");
+    } else {
+      memset(gin, 0, sizeof *gin * (size_t)n->ninputs);
+    }
   }
   em_tensor *g = n->gbuf;
   n->gbuf = NULL;
-  if (g) {
+  if (g && !st) {
     if (__builtin_expect(S->profiler != NULL, 0)) {   /* the node, around its ops */
       double t0 = emi_now();
       st = n->backward(S, n, g, gin);
@@ -458,85 +498,157 @@ static em_status run_node(em_state *S, emi_ag_node *n, emi_ag_node **ready) {
   }
   em_tensor_release(g);
   /* as in PyTorch, only a node that needed saved values can't run again */
-  if (n->nsaved) n->freed = 1;
+  if (n->nsaved && !n->freed) n->freed = 1;
   drop_saved(n);
+  /* every edge is settled, even after an error: leaf counts must stay exact */
   for (int i = 0; i < n->ninputs; i++) {
     emi_ag_edge *e = &n->in[i];
-    em_tensor *gi = gin[i];
-    gin[i] = NULL;
-    if (!st && gi && (e->fn || e->leaf)) {
-      em_tensor *fit = NULL;
-      st = fit_grad(S, n, e, gi, &fit);
-      em_tensor_release(gi);
-      gi = NULL;
-      if (!st) {
-        if (e->fn) st = accumulate(S, &e->fn->gbuf, fit);
-        else st = leaf_accumulate(S, e->leaf, fit);
-      }
-    } else if (!st && !gi && e->leaf && --e->leaf->ag_pending == 0 && e->leaf->grad) {
-      st = run_hooks(S, e->leaf);   /* no contribution, but its last chance */
-    }
+    em_tensor *gi = gin == gin_small && i >= 4 ? NULL : gin[i];
+    if (gin != gin_small || i < 4) gin[i] = NULL;
+    em_tensor *fit = NULL;
+    if (!st && gi && (e->fn || e->leaf)) st = fit_grad(S, n, e, gi, &fit);
     em_tensor_release(gi);
-    if (e->fn && --e->fn->deps == 0) { e->fn->next = *ready; *ready = e->fn; }
+    if (e->fn) {
+      if (fit) st = accumulate(S, &e->fn->gbuf, fit);
+      if (--e->fn->deps == 0) { e->fn->next = *ready; *ready = e->fn; }
+    } else if (e->leaf && e->leaf->ag_capture == w) {
+      if (fit) st = accumulate(S, capture_slot(w, e->leaf), fit);
+    } else if (e->leaf) {
+      if (fit) st = leaf_add(S, e->leaf, fit);
+      if (st) e->leaf->ag_pending--;
+      else st = leaf_edge_done(S, e->leaf);
+    }
   }
   if (gin != gin_small) emi_free(S, gin, sizeof *gin * (size_t)n->ninputs);
   return st;
 }
 
-em_status em_backward(em_state *S, em_tensor *root, const em_tensor *grad) {
-  em_status st = emi_check_tensor(S, "backward", root);
-  if (st) return st;
+/* Leaves no scratch state behind, whatever happened: edges of nodes an error left
+** unrun give back their leaf counts. */
+static void walk_end(em_state *S, emi_ag_walk *w) {
+  for (int k = 0; k < w->nn; k++) {
+    emi_ag_node *n = w->nodes[k];
+    if (w->counted && !n->ran)
+      for (int i = 0; i < n->ninputs; i++) {
+        em_tensor *leaf = n->in[i].leaf;
+        if (leaf && leaf->ag_capture != w) leaf->ag_pending--;
+      }
+    n->deps = 0;
+    n->ran = 0;
+    n->walk = NULL;
+    em_tensor_release(n->gbuf);
+    n->gbuf = NULL;
+  }
+  emi_free(S, w->nodes, sizeof *w->nodes * (size_t)w->cn);
+}
+
+/* The gradient of root to start from: grad moved to root's dtype and device, or
+** ones for a one-element root. */
+static em_status seed_grad(em_state *S, const char *op, em_tensor *root, const em_tensor *grad,
+                           em_tensor **g) {
   if (!root->requires_grad)
-    return emi_error(S, EM_ERR_ARG, "backward: element 0 of tensors does not require grad "
-                     "and does not have a grad_fn");
-  em_tensor *g;
+    return emi_error(S, EM_ERR_ARG, "%s: element 0 of tensors does not require grad "
+                     "and does not have a grad_fn", op);
   if (!grad) {
     if (root->numel != 1)
-      return emi_error(S, EM_ERR_SHAPE, "backward: grad can be implicitly created only for "
-                       "scalar outputs (the root has shape %s); pass a gradient",
+      return emi_error(S, EM_ERR_SHAPE, "%s: grad can be implicitly created only for "
+                       "scalar outputs (the root has shape %s); pass a gradient", op,
                        emi_tshape(S, root));
-    if ((st = em_full(S, root->sizes, root->ndim, 1.0, root->dtype, root->device, &g)))
-      return st;
-  } else {
-    if (grad->ndim != root->ndim ||
-        memcmp(grad->sizes, root->sizes, sizeof *root->sizes * (size_t)root->ndim))
-      return emi_error(S, EM_ERR_SHAPE, "backward: mismatch in shape: grad_output has shape "
-                       "%s and output has shape %s", emi_tshape(S, grad), emi_tshape(S, root));
-    if ((st = em_to(S, grad, root->dtype, root->device, &g))) return st;
+    return em_full(S, root->sizes, root->ndim, 1.0, root->dtype, root->device, g);
   }
-  int was_disabled = S->grad_disabled;
-  S->grad_disabled = 1;
+  if (grad->ndim != root->ndim ||
+      memcmp(grad->sizes, root->sizes, sizeof *root->sizes * (size_t)root->ndim))
+    return emi_error(S, EM_ERR_SHAPE, "%s: mismatch in shape: grad_output has shape "
+                     "%s and output has shape %s", op, emi_tshape(S, grad),
+                     emi_tshape(S, root));
+  return em_to(S, grad, root->dtype, root->device, g);
+}
+
+/* The walk from root with gradient g (taken). */
+static em_status walk_run(em_state *S, emi_ag_walk *w, em_tensor *root, em_tensor *g) {
+  em_status st;
   if (!root->grad_fn) {              /* backward on a leaf: its grad is g */
-    root->ag_pending = 1;
-    st = leaf_accumulate(S, root, g);
-    root->ag_pending = 0;
-    st = run_backward_callbacks(S, st);
-    S->grad_disabled = was_disabled;
-    return st;
+    em_tensor **slot = root->ag_capture == w ? capture_slot(w, root) : NULL;
+    if (slot) return accumulate(S, slot, g);
+    root->ag_pending++;
+    if ((st = leaf_add(S, root, g))) { root->ag_pending--; return st; }
+    return leaf_edge_done(S, root);
   }
-  walk w = {0};
-  emi_ag_node *root_node = root->grad_fn, *ready = NULL;
-  if ((st = discover(S, root_node, &w))) { em_tensor_release(g); goto done; }
+  emi_ag_node *root_node = root->grad_fn, *ready;
+  if ((st = discover(S, root_node, w))) { em_tensor_release(g); return st; }
   root_node->gbuf = g;
   root_node->next = NULL;
   ready = root_node;
   while (ready && !st) {
     emi_ag_node *n = ready;
     ready = n->next;
-    st = run_node(S, n, &ready);
+    st = run_node(S, w, n, &ready);
   }
-done:
-  /* on error, leave no scratch state behind */
-  for (int k = 0; k < w.nn; k++) {
-    emi_ag_node *n = w.nodes[k];
-    n->deps = 0;
-    em_tensor_release(n->gbuf);
-    n->gbuf = NULL;
+  return st;
+}
+
+/* Grad mode off, the probe hidden, depth counted, the walk run and cleaned up;
+** the callbacks run when the outermost backward ends. */
+static em_status backward(em_state *S, emi_ag_walk *w, em_tensor *root, em_tensor *g) {
+  int was_disabled = S->grad_disabled;
+  struct emi_ag_probe *probe = S->ag_probe;
+  S->ag_probe = NULL;
+  emi_set_grad_disabled(S, 1);
+  S->ag_depth++;
+  em_status st = walk_run(S, w, root, g);
+  walk_end(S, w);
+  if (--S->ag_depth == 0) st = run_backward_callbacks(S, st);
+  S->ag_probe = probe;
+  emi_set_grad_disabled(S, was_disabled);
+  return st;
+}
+
+em_status em_backward(em_state *S, em_tensor *root, const em_tensor *grad) {
+  em_status st = emi_check_tensor(S, "backward", root);
+  if (st) return st;
+  em_tensor *g;
+  if ((st = seed_grad(S, "backward", root, grad, &g))) return st;
+  emi_ag_walk w = {0};
+  return backward(S, &w, root, g);
+}
+
+em_status em_backward_capture(em_state *S, em_tensor *root, const em_tensor *grad,
+                              em_tensor *const *wrt, int n, em_tensor **grads) {
+  em_status st = emi_check_tensor(S, "backward_capture", root);
+  if (st) return st;
+  if (n < 0 || (n > 0 && (!wrt || !grads)))
+    return emi_error(S, EM_ERR_ARG, "backward_capture: bad list of %d tensors", n);
+  for (int k = 0; k < n; k++) {
+    const em_tensor *t = wrt[k];
+    if (!t)
+      return emi_error(S, EM_ERR_ARG, "backward_capture: tensor %lld of wrt is NULL",
+                       (long long)emi_ix(S, k));
+    if (!t->requires_grad || t->grad_fn)
+      return emi_error(S, EM_ERR_ARG, "backward_capture: tensor %lld of wrt (shape %s) is "
+                       "%s; only leaves that require grad can be captured",
+                       (long long)emi_ix(S, k), emi_tshape(S, t),
+                       t->grad_fn ? "not a leaf" : "a tensor that does not require grad");
   }
-  for (int k = 0; k < w.nl; k++) w.leaves[k]->ag_pending = 0;
-  emi_free(S, w.nodes, sizeof *w.nodes * (size_t)w.cn);
-  emi_free(S, w.leaves, sizeof *w.leaves * (size_t)w.cl);
-  st = run_backward_callbacks(S, st);
-  S->grad_disabled = was_disabled;
+  em_tensor *g;
+  if ((st = seed_grad(S, "backward_capture", root, grad, &g))) return st;
+  struct emi_ag_walk *old_small[8], **old = old_small;
+  if (n > 8 && !(old = emi_malloc(S, sizeof *old * (size_t)n))) {
+    em_tensor_release(g);
+    return emi_error(S, EM_ERR_NOMEM, "backward_capture: out of memory");
+  }
+  emi_ag_walk w = {.wrt = wrt, .nwrt = n, .grads = grads};
+  for (int k = 0; k < n; k++) grads[k] = NULL;
+  for (int k = 0; k < n; k++) {     /* nested captures of one leaf: the innermost wins */
+    old[k] = wrt[k]->ag_capture;
+    wrt[k]->ag_capture = &w;
+  }
+  st = backward(S, &w, root, g);
+  for (int k = n - 1; k >= 0; k--) wrt[k]->ag_capture = old[k];
+  if (old != old_small) emi_free(S, old, sizeof *old * (size_t)n);
+  for (int k = 0; k < n; k++) {
+    if (st) { em_tensor_release(grads[k]); grads[k] = NULL; continue; }
+    for (int j = 0; j < k && !grads[k]; j++)   /* a leaf named twice: both slots */
+      if (wrt[j] == wrt[k] && grads[j]) { em_tensor_retain(grads[j]); grads[k] = grads[j]; }
+  }
   return st;
 }

@@ -12,8 +12,8 @@
 /* Whether any of a and the optional b, c requires grad, with grad mode on. */
 static inline int emi_ag_wanted_opt(em_state *S, const em_tensor *a, const em_tensor *b,
                                     const em_tensor *c) {
-  return (a->requires_grad | (b && b->requires_grad) | (c && c->requires_grad)) &
-         !S->grad_disabled;
+  return ((a->requires_grad | (b && b->requires_grad) | (c && c->requires_grad)) &
+          S->ag_watch) && emi_ag_recording(S, a, b, c);
 }
 
 em_status emi_ag_record_conv2d(em_state *S, const em_tensor *x, const em_tensor *w,

@@ -484,6 +484,54 @@ em_status em_detach(em_state *S, const em_tensor *a, em_tensor **out);
 typedef em_status (*em_grad_hook_fn)(em_state *S, em_tensor *t, void *ud);
 em_status em_tensor_add_grad_hook(em_state *S, em_tensor *t, em_grad_hook_fn fn, void *ud);
 
+/* A backward that returns gradients instead of accumulating them (as
+** torch.autograd.grad): the gradients reaching the leaves wrt[0..n) (leaves that
+** require grad) come back in grads[k], new references (NULL where none reached);
+** their .grad is left alone and their hooks don't run. Other leaves accumulate
+** as in em_backward. On error every grads[k] is NULL. */
+em_status em_backward_capture(em_state *S, em_tensor *root, const em_tensor *grad,
+                              em_tensor *const *wrt, int n, em_tensor **grads);
+/* Backwards nest: em_backward or em_backward_capture may run inside a custom
+** function's backward, on a graph of its own; the end-of-backward callbacks
+** (em_backward_add_callback) run when the outermost one ends. */
+
+/* Custom functions. em_function_apply makes *out, a view of value with no
+** history of its own, whose grad_fn is a node called name (copied) with an edge
+** to each of inputs[0..n) that requires grad (leaves or not). It records only
+** with grad mode on and some input requiring grad; otherwise *out is a plain
+** view. In backward, fn(S, ud, grad_out, grad_in) gets the gradient of *out and
+** writes into grad_in[i] a NEW reference to the gradient of inputs[i] (or leaves
+** it NULL: none); a gradient may have broadcast dims, which are summed away.
+** On failure fn returns the status after setting the message with em_set_error
+** (the backward then fails with it). The node may run in several backwards.
+** After a successful call release(ud) (may be NULL) runs exactly once: when the
+** node is freed, or before the call returns when no node was made; after a
+** failed call the caller still owns ud. */
+typedef em_status (*em_function_backward_fn)(em_state *S, void *ud, const em_tensor *grad_out,
+                                             em_tensor **grad_in);
+em_status em_function_apply(em_state *S, const char *name, const em_tensor *value,
+                            em_tensor *const *inputs, int n, em_function_backward_fn fn,
+                            void *ud, void (*release)(void *ud), em_tensor **out);
+/* A release for hosts that can't be called back whenever a node dies (LuaJIT,
+** where a tensor may be freed from compiled code): ud points to an int32_t the
+** host set non-zero; this sets it to 0, and the host polls. */
+void em_function_release_flag(void *ud);
+/* Sets the state's error message to msg and returns code (a host callback's
+** failure, told the way ember's own are). */
+em_status em_set_error(em_state *S, em_status code, const char *msg);
+
+/* The grad probe: which tensors requiring grad does a no-grad computation use?
+** Between em_grad_probe_begin and em_grad_probe_end, every op that would have
+** recorded (were grad mode on) notes its operands that require grad, once each,
+** in the order first used; ops still record nothing. Probes nest (an inner
+** probe's tensors count for the outer one too); a backward running meanwhile is
+** not watched. em_grad_probe_count is the number noted so far by the innermost
+** probe (-1: none active); em_grad_probe_end ends it and writes up to cap new
+** references into list (list may be NULL to just end it). */
+em_status em_grad_probe_begin(em_state *S);
+int em_grad_probe_count(em_state *S);
+em_status em_grad_probe_end(em_state *S, em_tensor **list, int cap);
+
 /* -- Optimizer kernels ----------------------------------------------------------
 ** One fused in-place pass per parameter, following PyTorch 1.13's update rules.
 ** The parameter must be a contiguous float32/float64 tensor; grad and the state

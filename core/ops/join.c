@@ -85,7 +85,7 @@ em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim, em_tensor 
   if ((st = emi_tensor_new(S, "cat", sizes, r->ndim, dt, r->device, &o))) return st;
   int64_t at = 0;
   int grad_off = S->grad_disabled;   /* the copies into slices are not recorded */
-  S->grad_disabled = 1;
+  emi_set_grad_disabled(S, 1);
   for (int i = 0; i < n && o->numel > 0; i++) {
     const em_tensor *t = list[i];
     if (legacy_empty(t) || t->sizes[dim] == 0) continue;
@@ -95,13 +95,11 @@ em_status em_cat(em_state *S, em_tensor *const *list, int n, int dim, em_tensor 
     if ((st = em_copy_(S, &slice, t))) break;
     at += t->sizes[dim];
   }
-  S->grad_disabled = grad_off;
+  emi_set_grad_disabled(S, grad_off);
   if (st) { em_tensor_release(o); return st; }
   *out = o;
-  if (!grad_off) {
-    for (int i = 0; i < n; i++)
-      if (list[i]->requires_grad) return emi_ag_record_join(S, 0, list, n, dim, out);
-  }
+  if (emi_ag_wanted_list(S, (const em_tensor *const *)list, n))
+    return emi_ag_record_join(S, 0, list, n, dim, out);
   return EM_OK;
 }
 
@@ -133,18 +131,16 @@ em_status em_stack(em_state *S, em_tensor *const *list, int n, int dim, em_tenso
   for (int d = 0, k = 0; d <= r->ndim; d++)
     if (d != dim) vstrides[k++] = o->strides[d];
   int grad_off = S->grad_disabled;
-  S->grad_disabled = 1;
+  emi_set_grad_disabled(S, 1);
   for (int i = 0; i < n && o->numel > 0; i++) {
     slice_of(&slice, o, r->sizes, vstrides, r->ndim, i * o->strides[dim]);
     if ((st = em_copy_(S, &slice, list[i]))) break;
   }
-  S->grad_disabled = grad_off;
+  emi_set_grad_disabled(S, grad_off);
   if (st) { em_tensor_release(o); return st; }
   *out = o;
-  if (!grad_off) {
-    for (int i = 0; i < n; i++)
-      if (list[i]->requires_grad) return emi_ag_record_join(S, 1, list, n, dim, out);
-  }
+  if (emi_ag_wanted_list(S, (const em_tensor *const *)list, n))
+    return emi_ag_record_join(S, 1, list, n, dim, out);
   return EM_OK;
 }
 

@@ -41,6 +41,7 @@ em_status em_linear(em_state *S, const em_tensor *x, const em_tensor *w, const e
 
   /* w^T as a stack handle: sizes and strides of the two dims swapped. */
   em_tensor wt = *w;
+  wt.requires_grad = 0;   /* a probe noted w above; it must never keep this handle */
   if (w->ndim == 2) {
     wt.sizes[0] = w->sizes[1]; wt.sizes[1] = w->sizes[0];
     wt.strides[0] = w->strides[1]; wt.strides[1] = w->strides[0];

@@ -5,7 +5,7 @@ t.is_leaf, t:backward([g]), t:detach(); em.no_grad(fn, ...) and
 em.enable_grad(fn, ...) run fn with grad mode off / on and restore it even when
 fn errors; em.set_grad_enabled(flag), em.is_grad_enabled(); and
 em.autograd.gradcheck, which compares the analytic Jacobian with central finite
-differences in float64.
+differences in float64; em.autograd.apply and backward_capture (ember.function).
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -51,6 +51,9 @@ function Tensor.backward(t, g)
   end
   if C.em_backward(S, h, gh) ~= 0 then fail() end
 end
+-- A custom function's backward calls back into Lua from em_backward: that FFI
+-- call must never be compiled (ember.function).
+jit.off(Tensor.backward)
 
 function Tensor.detach(t)
   if C.em_detach(S, H(t, 'detach', 0), out) ~= 0 then fail() end
@@ -213,5 +216,8 @@ function M.gradcheck(fn, inputs, opts)
   end
   return true
 end
+
+local fn = require 'ember.function'
+M.apply, M.backward_capture = fn.apply, fn.backward_capture
 
 return M

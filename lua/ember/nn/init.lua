@@ -1,7 +1,8 @@
 --[[
 ember.nn -- em.nn: Module (ember.nn.module), the layers (one file per family),
 the losses, em.nn.F (ember.nn.functional), em.nn.init (ember.nn.initializers),
-em.nn.Parameter and em.nn.utils.clip_grad_norm.
+em.nn.Parameter, em.nn.utils.clip_grad_norm, and activation checkpointing
+(em.nn.checkpoint, em.nn.Checkpoint: ember.nn.recompute).
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
@@ -22,7 +23,7 @@ function nn.Parameter(t, requires_grad)
 end
 
 for _, f in ipairs({ 'linear', 'conv', 'pool', 'norm', 'activation', 'dropout', 'embedding',
-  'container', 'loss' }) do
+  'container', 'loss', 'recompute' }) do
   require('ember.nn.' .. f)(nn)
 end
 
