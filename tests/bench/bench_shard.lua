@@ -224,6 +224,9 @@ for _, c in ipairs(runs) do
   end
 end
 if not pr then print(('PyTorch: n/a (%s)'):format(peer_why)) end
+print('activations: ember = the peak of forward and backward above its start, transient buffers '
+  .. 'included (dm:memory()); PyTorch = the tensors autograd saved for backward (its CPU '
+  .. 'allocator keeps no statistics)')
 
 for _, c in ipairs(runs) do
   local r = c.r
