@@ -1,5 +1,6 @@
 """dist_common.py -- shared by the PyTorch side of the em.distribute benchmarks
-(bench_allreduce.py, bench_ddp_cnn.py): WORLD processes started with
+(bench_allreduce.py, bench_ddp_cnn.py, bench_shard.py): WORLD processes (or
+spawn's world=) started with
 torch.multiprocessing (spawn), joined by torch.distributed's gloo backend on
 127.0.0.1 at a free port; rank 0 hands its figures back through a queue."""
 import os
@@ -20,11 +21,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, port, queue, args):
+def _entry(rank, fn, port, queue, args, world=WORLD):
     os.environ['MASTER_ADDR'] = '127.0.0.1'
     os.environ['MASTER_PORT'] = str(port)
-    torch.set_num_threads(1)        # WORLD processes x 1 intra-op thread (as ember's replicas)
-    dist.init_process_group('gloo', rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)        # world processes x 1 intra-op thread (as ember's replicas)
+    dist.init_process_group('gloo', rank=rank, world_size=world)
     try:
         out = fn(rank, *args)
         if rank == 0:
@@ -34,11 +35,11 @@ def _entry(rank, fn, port, queue, args):
         dist.destroy_process_group()
 
 
-def spawn(fn, *args):
-    """Runs fn(rank, *args) in WORLD processes; returns what rank 0's returned."""
+def spawn(fn, *args, world=WORLD):
+    """Runs fn(rank, *args) in `world` processes; returns what rank 0's returned."""
     ctx = mp.get_context('spawn')
     queue = ctx.SimpleQueue()
-    mp.spawn(_entry, args=(fn, free_port(), queue, args), nprocs=WORLD, join=True)
+    mp.spawn(_entry, args=(fn, free_port(), queue, args, world), nprocs=world, join=True)
     return queue.get()
 
 

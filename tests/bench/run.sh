@@ -123,7 +123,9 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # The table: ember's lines joined with torch's and tensorflow's on the name. Then the
 # the headline ratios, as RESULT lines of their own (ember / peer, same run):
 # ddp_cnn_vs_torch2 and ddp_cnn_vs_tf (the threads replicas' global samples/s),
-# train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf.
+# train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf, and for
+# the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
+# and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember).
 awk '
   function cmp(x, op, y) {
     if (op == "<=") return x <= y + 0 ? "met" : "MISSED"
@@ -154,6 +156,10 @@ awk '
     else if (w[1] != "ratio" && n >= 2) verdict = cmp(v, w[1], w[2])
     printf "%-24s ember %9.4g %-8s %s %s%s  (target %s)%s\n", name, v, unit, t, rs, f, target,
            verdict == "" ? "" : "  " verdict
+    # sharded data parallel: the samples/s and memory per replica of each mode against
+    # the PyTorch peer (bench_shard), as headlines below (in name order, as read)
+    if (name ~ /^shard_/ && name !~ /_vs_formula$/ && r != "")
+      shard = shard sprintf("RESULT %s_vs_torch2 %.4g x higher\n", name, r)
   }
   END {
     split("ddp_cnn_vs:ddp_cnn_local train_cnn_fp32_vs:train_cnn train_mlp_fp32_vs:train_mlp", pairs, " ")
@@ -165,6 +171,7 @@ awk '
       if (key in fv && fv[key] > 0)
         printf "RESULT %s_tf %.4g x higher\n", kv[1], ratio(eb[key], ev[key], fv[key])
     }
+    printf "%s", shard
   }
 ' "$TMP/torch.best" "$TMP/tf.best" "$TMP/ember"
 # Skipped configurations, once each.
