@@ -6,6 +6,7 @@
 --                                    [--lr 1e-3] [--resume] [--checkpoint PATH]
 --                                    [--root dir] [--limit n] [--workers 2]
 --                                    [--device cpu|cuda|cuda:N]
+--                                    [--shard optimizer|gradients|parameters]
 --
 -- --device cuda trains on a GPU (or, with EMBER_CUDA_EMULATE=1, on an emulated
 -- one: slowly, but through the same CUDA backend code); batches come to the
@@ -24,6 +25,11 @@
 -- gradients are averaged across replicas during backward. Replica 0 evaluates,
 -- prints and saves the checkpoint; the epoch line counts the samples of all
 -- replicas.
+--
+-- --shard optimizer|gradients|parameters trains sharded (ZeRO 1, 2 or 3): each
+-- replica keeps only its share of the optimizer state (and of the gradients, and
+-- of the weights); every replica then evaluates (the model's forward gathers
+-- across replicas) and writes its share of the checkpoint, a folder at PATH.d.
 --
 -- The recipe is the plain one of the benchmark (Adam 1e-3, batch 128), so that the
 -- figures compare with PyTorch doing the same work.
@@ -57,6 +63,7 @@ end
 local strategy = em.distribute.mirrored{}
 local opt = { model = 'cnn', epochs = 5, batch = 128, lr = 1e-3, resume = false,
               checkpoint = default_checkpoint(), root = nil, limit = nil, seed = 1,
+              shard = false,
               workers = strategy.world_size > 1 and 1 or 2,
               -- a replica placed on a device (--devices) trains there
               device = strategy.device or 'cpu' }
@@ -76,6 +83,11 @@ do
     end
   end
   if opt.model ~= 'mlp' and opt.model ~= 'cnn' then error('--model must be mlp or cnn', 0) end
+  if opt.shard and opt.shard ~= 'optimizer' and opt.shard ~= 'gradients' and
+     opt.shard ~= 'parameters' then
+    error('--shard must be optimizer, gradients or parameters', 0)
+  end
+  if opt.shard then opt.checkpoint = tostring(opt.checkpoint) .. '.d' end
   opt.checkpoint = tostring(opt.checkpoint)
   opt.device = tostring(opt.device)
   if opt.device ~= 'cpu' and not em.cuda.is_available() then
@@ -106,7 +118,7 @@ local function loader_options(o)
 end
 local train_loader = strategy:shard(train:shuffle()):batch(opt.batch):map(norm)
   :loader(loader_options{ workers = opt.workers })
-local test_loader = strategy:is_main() and
+local test_loader = (strategy:is_main() or opt.shard) and
   split('test'):batch(1000):map(norm):loader(loader_options{ workers = opt.workers,
                                                              progress = false })
 
@@ -122,29 +134,32 @@ local function build(kind)
     nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 end
 local model = build(opt.model):to(opt.device)
-local optimizer = em.optim.Adam(model:parameters(), { lr = opt.lr })
+-- replica 0's parameters everywhere; gradients averaged during backward (or
+-- reduce-scattered, with --shard; the optimizer then updates this replica's share)
+local dmodel = strategy:wrap(model, { shard = opt.shard or nil })
+local optimizer = em.optim.Adam(dmodel:parameters(), { lr = opt.lr })
 local first_epoch = 1
-if opt.resume then        -- every replica reads the checkpoint replica 0 wrote
-  local rest = em.checkpoint.load(opt.checkpoint, { model = model, optimizer = optimizer })
+if opt.resume then        -- every replica reads the checkpoint
+  local rest = em.checkpoint.load(opt.checkpoint, { model = dmodel, optimizer = optimizer })
   first_epoch = (rest.epoch or 0) + 1
   if strategy:is_main() then
     print(('resumed from %s after epoch %d'):format(opt.checkpoint, first_epoch - 1))
   end
 end
--- replica 0's parameters everywhere; gradients averaged during backward
-local dmodel = strategy:wrap(model)
 if strategy:is_main() then
   print(model)
   if strategy.world_size > 1 then print(tostring(strategy)) end
 end
 
 -- -- Training and evaluation -------------------------------------------------------------------------
+-- (a sharded model's forward is a collective: every replica evaluates through it)
+local evaluator = opt.shard and dmodel or model
 local function evaluate()
   model:eval()
   local correct, total = 0, 0
   em.no_grad(function()
     for x, y in test_loader:epoch() do
-      correct = correct + model(x):argmax(2):eq(y):sum():item()
+      correct = correct + evaluator(x):argmax(2):eq(y):sum():item()
       total = total + y:size(1)
     end
   end)
@@ -170,14 +185,19 @@ for epoch = first_epoch, opt.epochs do
   local mean_loss = strategy:allreduce(em.tensor({ loss_sum / batches }, { dtype = 'float64' }), 'mean')
   local speed = strategy:allreduce(em.tensor({ st.samples_per_s }, { dtype = 'float64' }))
   local wait = strategy:allreduce(em.tensor({ st.wait_fraction }, { dtype = 'float64' }), 'max')
+  if opt.shard then accuracy = evaluate() end
   if strategy:is_main() then
-    accuracy = evaluate()
+    accuracy = accuracy or evaluate()
     print(('epoch %d/%d  loss %.4f  test %.2f%%  %d samples/s  (waited for data %.1f%%)'):format(
       epoch, opt.epochs, mean_loss:item(), accuracy, math.floor(speed:item()),
       100 * wait:item()))
-    em.checkpoint.save(opt.checkpoint, { model = model, optimizer = optimizer, epoch = epoch })
+  end
+  if opt.shard or strategy:is_main() then   -- sharded: every replica writes its share
+    em.checkpoint.save(opt.checkpoint, { model = opt.shard and dmodel or model,
+      optimizer = optimizer, epoch = epoch })
   end
 end
+if opt.shard and not accuracy then accuracy = evaluate() end
 if strategy:is_main() then
   accuracy = accuracy or evaluate()
   print(('test accuracy: %.2f%%'):format(accuracy))
