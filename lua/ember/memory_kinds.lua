@@ -141,6 +141,43 @@ local function from_optimizers()
   return devices
 end
 
+-- Bytes of the storages of a list of tensors (each storage once).
+function M.bytes(tensors)
+  local seen, n = {}, 0
+  for _, t in ipairs(tensors) do
+    local key = storage_key(t._h)
+    if not seen[key] then
+      seen[key] = true
+      n = n + tonumber(C.em_tensor_storage_nbytes(t._h))
+    end
+  end
+  return n
+end
+
+-- Bytes of the state the registered optimizers keep for the given parameters
+-- (a list of tensors; each storage once): what a wrapped model reports as its
+-- optimizer memory.
+function M.optimizer_bytes(params)
+  local mine, seen, n = {}, {}, 0
+  for _, p in ipairs(params) do mine[p] = true end
+  for _, opt in ipairs(sorted(optimizers)) do
+    each_param(opt, function(i, p)
+      local st = mine[p] and opt.state and opt.state[i]
+      if type(st) ~= 'table' then return end
+      for _, v in pairs(st) do
+        if istype(box_t, v) then
+          local key = storage_key(v._h)
+          if not seen[key] then
+            seen[key] = true
+            n = n + tonumber(C.em_tensor_storage_nbytes(v._h))
+          end
+        end
+      end
+    end)
+  end
+  return n
+end
+
 -- The device a model's parameters live on ('cpu' when it has none).
 local function model_device(dm)
   local ok, params = pcall(dm.parameters, dm)

@@ -693,29 +693,7 @@ function Sharded:memory()
       end
     end
   end
-  -- the state of the optimizers that update these shards (each storage once)
-  local opt_bytes, mine, seen = 0, {}, {}
-  for _, sh in ipairs(self._shards) do mine[sh] = true end
-  for _, opt in ipairs(memory_kinds.optimizers()) do
-    local i = 0
-    for _, g in ipairs(opt.param_groups) do
-      for _, p in ipairs(g.params) do
-        i = i + 1
-        local st = opt.state[i]
-        if mine[p] and st then
-          for _, v in pairs(st) do
-            if ffi.istype(core.box_t, v) then
-              local key = tostring(C.em_tensor_storage_id(v._h))
-              if not seen[key] then
-                seen[key] = true
-                opt_bytes = opt_bytes + tonumber(C.em_tensor_storage_nbytes(v._h))
-              end
-            end
-          end
-        end
-      end
-    end
-  end
+  local opt_bytes = memory_kinds.optimizer_bytes(self._shards)
   return { parameters = params, gradients = grads, optimizer = opt_bytes,
            activations = self._mem.activations }
 end

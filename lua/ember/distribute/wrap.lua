@@ -24,6 +24,7 @@ local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
 local dist = require 'ember.distribute'
+local memory_kinds = require 'ember.memory_kinds'
 local C, S = core.C, core.S
 local raise = core.raise
 
@@ -110,11 +111,13 @@ function M.wrap(s, model, o)
     core.fail()
   end
   local box = dist._track(reducerbox_t(out[0]), free_reducer)
-  return setmetatable({
+  local dm = setmetatable({
     module = model, strategy = s, _reducer = box, _buffers = buffers,
     _broadcast_buffers = bcast_buffers and #buffers > 0 and s.world_size > 1,
-    _sync = true, _params = all,
+    _sync = true, _params = all, _step_start = 0,
   }, DistributedModel)
+  memory_kinds.register_model(dm)
+  return dm
 end
 
 -- -- The wrapped model ---------------------------------------------------------------------
@@ -139,8 +142,25 @@ function DistributedModel.__call(self, ...)
   if self._broadcast_buffers then broadcast_all(self.strategy, self._buffers) end
   if self._sync and em.is_grad_enabled() then
     if C.em_reducer_prepare(S, r) ~= 0 then core.fail() end
+    -- a step's activations: its peak above where it began
+    em.reset_peak_memory_stats(self.strategy.device)
+    self._step_start = em.memory_stats(self.strategy.device).allocated
   end
   return self.module(...)
+end
+
+-- This replica's bytes by kind: {parameters, gradients, optimizer, activations}
+-- (activations: the peak of the last step above its start).
+function DistributedModel:memory()
+  local params, grads = self.module:parameters(), {}
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g then grads[#grads + 1] = g end
+  end
+  local peak = em.memory_stats(self.strategy.device).peak
+  return { parameters = memory_kinds.bytes(params), gradients = memory_kinds.bytes(grads),
+           optimizer = memory_kinds.optimizer_bytes(params),
+           activations = math.max(0, peak - self._step_start) }
 end
 
 function DistributedModel.__tostring(self)
