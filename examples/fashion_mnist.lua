@@ -185,9 +185,8 @@ for epoch = first_epoch, opt.epochs do
   local mean_loss = strategy:allreduce(em.tensor({ loss_sum / batches }, { dtype = 'float64' }), 'mean')
   local speed = strategy:allreduce(em.tensor({ st.samples_per_s }, { dtype = 'float64' }))
   local wait = strategy:allreduce(em.tensor({ st.wait_fraction }, { dtype = 'float64' }), 'max')
-  if opt.shard then accuracy = evaluate() end
+  if opt.shard or strategy:is_main() then accuracy = evaluate() end
   if strategy:is_main() then
-    accuracy = accuracy or evaluate()
     print(('epoch %d/%d  loss %.4f  test %.2f%%  %d samples/s  (waited for data %.1f%%)'):format(
       epoch, opt.epochs, mean_loss:item(), accuracy, math.floor(speed:item()),
       100 * wait:item()))

@@ -2,7 +2,10 @@
 disk_full.lua -- a checkpoint that does not fit on the disk: a clear error, and
 the previous checkpoint still loads, whole.
 
-  ember disk_full.lua DIR
+  ember disk_full.lua DIR                       a plain checkpoint (one file)
+  ember --replicas 2 disk_full.lua DIR sharded  a sharded one (s:wrap(m, {shard =
+                                                'gradients'})): every replica
+                                                writes its share of the folder
 
 DIR is a small filesystem (tests/faults/run.sh mounts a 4 MiB tmpfs there).
 disk_full(name, save, load) is the case, written for any kind of checkpoint:
@@ -17,7 +20,8 @@ reads it back into {model = m}. The steps:
   4. a checkpoint that fits saves again (the failed one did not wedge anything).
 Checks go through tests/lua/harness.lua, so the output ends in `#counts P F`.
 ]]
-local dir = assert(arg[1], 'usage: ember disk_full.lua DIR')
+local dir = assert(arg[1], 'usage: ember disk_full.lua DIR [sharded]')
+local variant = arg[2] or 'plain'
 local tests = os.getenv('EMBER_TESTS') or 'tests'
 local H = dofile(tests .. '/lua/harness.lua')
 local nn = em.nn
@@ -67,9 +71,17 @@ local function disk_full(name, save, load, where)
   end)
 end
 
--- A plain checkpoint: one file.
-local path = dir .. '/plain.ckpt'
-disk_full('em.checkpoint.save', function(state) em.checkpoint.save(path, state) end,
-  function(objects) return em.checkpoint.load(path, objects) end, path)
+if variant == 'plain' then       -- one file
+  local path = dir .. '/plain.ckpt'
+  disk_full('em.checkpoint.save', function(state) em.checkpoint.save(path, state) end,
+    function(objects) return em.checkpoint.load(path, objects) end, path)
+else                             -- a folder, every replica writing its share
+  local s = em.distribute.mirrored{ timeout = 60 }
+  local path = dir .. '/sharded'
+  disk_full('a sharded em.checkpoint.save', function(state)
+    local dm = s:wrap(state.model, { shard = 'gradients' })
+    em.checkpoint.save(path, { model = dm, step = state.step })
+  end, function(objects) return em.checkpoint.load(path, objects) end, path)
+end
 
 H.done()

@@ -297,19 +297,28 @@ disk_case() {
   mount -t tmpfs -o size=4m ember-faults "$d" 2> "$TMP/err" ||
     { skip "could not mount a tmpfs: $(cat "$TMP/err")"; return 0; }
   cleanups="$cleanups disk_cleanup"
-  timeout -k 5 120 "$EMBER" "$HERE/disk_full.lua" "$d" > "$TMP/disk.out" 2>&1; rc=$?
-  cat "$TMP/disk.out"
+  # a plain checkpoint from one process, then a sharded one from two replicas
+  for variant in plain sharded; do
+    rm -rf "${d:?}"/*
+    if [ $variant = plain ]; then
+      timeout -k 5 120 "$EMBER" "$HERE/disk_full.lua" "$d" > "$TMP/disk.out" 2>&1; rc=$?
+    else
+      timeout -k 5 120 "$EMBER" --replicas 2 "$HERE/disk_full.lua" "$d" sharded \
+        > "$TMP/disk.out" 2>&1; rc=$?
+    fi
+    cat "$TMP/disk.out"
+    c=$(grep -E '^#counts [0-9]+ [0-9]+' "$TMP/disk.out" | tail -n 1)
+    if [ -z "$c" ] || [ "$rc" -gt 1 ]; then
+      fail "disk_full.lua ($variant) exited with status $rc${c:+ after its checks}"
+    else
+      passed=$((passed + $(echo "$c" | awk '{print $2}')))
+      f=$(echo "$c" | awk '{print $3}')
+      failed=$((failed + f))
+      [ "$f" = 0 ] || problems="$problems
+  $case ($variant): $f failed"
+    fi
+  done
   umount "$d"
-  c=$(grep -E '^#counts [0-9]+ [0-9]+' "$TMP/disk.out" | tail -n 1)
-  if [ -z "$c" ] || [ "$rc" -gt 1 ]; then
-    fail "disk_full.lua exited with status $rc${c:+ after its checks}"
-  else
-    passed=$((passed + $(echo "$c" | awk '{print $2}')))
-    f=$(echo "$c" | awk '{print $3}')
-    failed=$((failed + f))
-    [ "$f" = 0 ] || problems="$problems
-  $case: $f failed"
-  fi
 }
 disk_cleanup() { umount "$TMP/disk-full" 2> /dev/null; }
 

@@ -51,6 +51,42 @@ local function hook(step, rank)
   if M._hook then M._hook(step, rank) end
 end
 
+-- Every replica's outcome of a step (a collective in place of a barrier): when
+-- one failed -- a full disk, say -- every replica removes its new file and
+-- raises the first failed replica's error, naming it, so none waits for a
+-- replica that has left the save; the previous checkpoint is untouched. (kept:
+-- the failure came after the new index was in place, which then names the new
+-- files: they stay.) The outcome travels as int32 codes: a status, then the
+-- message's bytes.
+local MSG = 400
+local function settle(s, dir, file, ok, err, what, pending, kept)
+  local mine = em.zeros(1, MSG + 1, { dtype = 'int32' })
+  if not ok then
+    local text = tostring(err):sub(1, MSG)
+    local codes = { kept and 2 or 1 }
+    for i = 1, #text do codes[i + 1] = text:byte(i) end
+    mine:narrow(2, 1, #codes):copy_(em.tensor({ codes }, { dtype = 'int32' }))
+  end
+  local all = s:allgather(mine):totable()
+  local failed, row
+  for r = 1, s.world_size do
+    if all[r][1] ~= 0 then failed, row = r - 1, all[r]; break end
+  end
+  if failed == nil then return end
+  if row[1] ~= 2 then
+    os.remove(dir .. '/' .. file)
+    if pending then os.remove(pending) end
+  end
+  s:barrier()                   -- every replica's files are gone before anyone goes on
+  if failed == s.rank then error(err, 0) end
+  local chars = {}
+  for i = 2, MSG + 1 do
+    if row[i] == 0 then break end
+    chars[#chars + 1] = string.char(row[i])
+  end
+  raise(fmt("%s: '%s': replica %d could not %s: %s", OP, dir, failed, what, table.concat(chars)))
+end
+
 function M.file_name(rank, world, id)
   return fmt('rank-%05d-of-%05d.%s.safetensors', rank, world, id)
 end
@@ -226,46 +262,52 @@ function M.save(dir, state, opts)
   local file = M.file_name(rank, world, id)
   -- Written in place: no reader looks at it before the index names it, and a
   -- crash then leaves only names that pending.json lists.
-  save.write(OP, dir .. '/' .. file, flat, { format = 'ember.shard', ['ember.shard'] = mdoc }, sync,
-    true)
-  hook('written', rank)
-  s:barrier()
+  local wrote, werr = pcall(save.write, OP, dir .. '/' .. file, flat,
+    { format = 'ember.shard', ['ember.shard'] = mdoc }, sync, true)
+  if wrote then hook('written', rank) end
+  settle(s, dir, file, wrote, werr, 'write its share', rank == 0 and pending_path)
 
-  if rank == 0 then
-    hook('commit', rank)
-    -- The shards' folder entries reach the disk before the index that names them.
-    if sync and C.em_dir_sync(S, dir) ~= 0 then raise(OP .. ': ' .. core.errmsg()) end
-    local files, params, buffers = {}, {}, {}
-    for r = 0, world - 1 do files[r + 1] = M.file_name(r, world, id) end
-    for i, p in ipairs(tg.params) do
-      local pieces = {}
-      for r = 1, world do
-        local lo, hi = ranges[r][i][1], ranges[r][i][2]
-        if hi > lo then pieces[#pieces + 1] = { r - 1, lo, hi } end
+  local replaced = false
+  local committed, cerr = pcall(function()
+    if rank == 0 then
+      hook('commit', rank)
+      -- The shards' folder entries reach the disk before the index that names them.
+      if sync and C.em_dir_sync(S, dir) ~= 0 then raise(OP .. ': ' .. core.errmsg()) end
+      local files, params, buffers = {}, {}, {}
+      for r = 0, world - 1 do files[r + 1] = M.file_name(r, world, id) end
+      for i, p in ipairs(tg.params) do
+        local pieces = {}
+        for r = 1, world do
+          local lo, hi = ranges[r][i][1], ranges[r][i][2]
+          if hi > lo then pieces[#pieces + 1] = { r - 1, lo, hi } end
+        end
+        params[i] = { name = p.name, shape = p.shape, dtype = p.dtype, numel = p.numel,
+                      ranges = pieces }
       end
-      params[i] = { name = p.name, shape = p.shape, dtype = p.dtype, numel = p.numel,
-                    ranges = pieces }
+      for i, b in ipairs(tg.buffers) do
+        buffers[i] = { name = b.name, shape = b.t.shape, dtype = b.t.dtype }
+      end
+      local optimizer
+      if opt then
+        optimizer = { kind = opt.class and opt.class.name or tostring(opt),
+                      param_groups = opt:state_dict().param_groups }
+      end
+      local head = ckpt._encode({
+        format = M.FORMAT, version = M.VERSION, run_id = id, world_size = world,
+        shard_mode = tg.mode, files = files, params = params, buffers = buffers,
+        optimizer = optimizer, rng = rng, stale = old_files })
+      write_file(index_path, head:sub(1, -2) .. ',"fields":' .. fields_doc .. '}', sync)
+      replaced = true
+      hook('committed', rank)
+      for _, name in ipairs(old_files) do os.remove(dir .. '/' .. name) end
+      os.remove(pending_path)
+      if sync and C.em_dir_sync(S, dir) ~= 0 then raise(OP .. ': ' .. core.errmsg()) end
+      hook('cleaned', rank)
     end
-    for i, b in ipairs(tg.buffers) do
-      buffers[i] = { name = b.name, shape = b.t.shape, dtype = b.t.dtype }
-    end
-    local optimizer
-    if opt then
-      optimizer = { kind = opt.class and opt.class.name or tostring(opt),
-                    param_groups = opt:state_dict().param_groups }
-    end
-    local head = ckpt._encode({
-      format = M.FORMAT, version = M.VERSION, run_id = id, world_size = world,
-      shard_mode = tg.mode, files = files, params = params, buffers = buffers,
-      optimizer = optimizer, rng = rng, stale = old_files })
-    write_file(index_path, head:sub(1, -2) .. ',"fields":' .. fields_doc .. '}', sync)
-    hook('committed', rank)
-    for _, name in ipairs(old_files) do os.remove(dir .. '/' .. name) end
-    os.remove(pending_path)
-    if sync and C.em_dir_sync(S, dir) ~= 0 then raise(OP .. ': ' .. core.errmsg()) end
-    hook('cleaned', rank)
-  end
-  s:barrier()               -- every replica returns with the checkpoint in place
+  end)
+  -- every replica returns with the checkpoint in place, or with an error
+  settle(s, dir, file, committed, cerr, 'commit the index', rank == 0 and pending_path,
+    replaced)
 end
 
 return M
