@@ -366,7 +366,9 @@ function M._hook_forward(dm, u)
     u.depth = u.depth - 1
     if u.depth == 0 then M._free(dm, u) end
     if not res[1] then error(res[2], 0) end
-    if dm._armed and em.is_grad_enabled() then
+    -- (also outside a synced step: any backward through these outputs needs the
+    -- weights back, no_sync's included)
+    if em.is_grad_enabled() then
       for k = 2, res.n do
         local t = res[k]
         if ffi.istype(core.box_t, t) and t.requires_grad then
