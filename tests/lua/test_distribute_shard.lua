@@ -198,9 +198,11 @@ end)
 
 H.test('under mpirun', function()
   if not L.have_mpirun() then H.skip(L.no_mpirun_why) return end
-  for _, mode in ipairs({ 'optimizer', 'parameters' }) do
-    local out, rc = L.mpirun(3, 'shard_train.lua', 'train ' .. mode .. ' adam unused')
-    trains(out, rc, 3, 2e-6, 'mpirun ' .. mode)
+  for _, mode in ipairs({ 'optimizer', 'gradients', 'parameters' }) do
+    for n = 2, 4 do
+      local out, rc = L.mpirun(n, 'shard_train.lua', 'train ' .. mode .. ' adam unused')
+      trains(out, rc, n, 2e-6, ('mpirun %s x%d'):format(mode, n))
+    end
   end
 end)
 

@@ -135,13 +135,7 @@ local function all_ranges(s, tg)
   return out
 end
 
-local function read_text(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local read_text = require('ember.checkpoint.source').read_all
 
 local function exists(path)
   local f = io.open(path, 'rb')

@@ -97,6 +97,7 @@ end
 
 -- -- A sharded folder --------------------------------------------------------------------------
 
+-- A whole file's bytes, or nil when it can't be opened (shard_save.lua too).
 local function read_all(path)
   local f = io.open(path, 'rb')
   if not f then return nil end
@@ -104,6 +105,7 @@ local function read_all(path)
   f:close()
   return s
 end
+M.read_all = read_all
 
 -- Raises "op: 'where': msg" for a malformed document.
 local function corrupt(op, where, msg)

@@ -51,6 +51,7 @@ local em = require 'ember'
 local core = require 'ember.ffi'
 local dist = require 'ember.distribute'
 local layout = require 'ember.distribute.shard_layout'
+local wrap = require 'ember.distribute.wrap'
 local memory_kinds = require 'ember.memory_kinds'
 local C, S = core.C, core.S
 local raise = core.raise
@@ -527,19 +528,7 @@ on_backward_end = function(dm, failed)
 end
 
 -- -- The wrapped model -------------------------------------------------------------------------
-Sharded.__index = function(self, k)
-  local v = rawget(Sharded, k)
-  if v ~= nil then return v end
-  local m = rawget(self, 'module')
-  local f = m[k]
-  if type(f) == 'function' then
-    return function(first, ...)
-      if first == self then return f(m, ...) end
-      return f(first, ...)
-    end
-  end
-  return f
-end
+Sharded.__index = wrap.model_index(Sharded)
 
 function Sharded.__call(self, ...)
   if self.strategy._box._h == nil then raise('wrapped model: its strategy was closed') end
@@ -578,15 +567,7 @@ function Sharded:named_parameters()
   return list
 end
 
-function Sharded:no_sync(fn, ...)
-  if type(fn) ~= 'function' then raise('no_sync: expected a function, got ' .. core.kind(fn)) end
-  local was = self._sync
-  self._sync = false
-  local res = pack(pcall(fn, ...))
-  self._sync = was
-  if not res[1] then error(res[2], 0) end
-  return unpack(res, 2, res.n)
-end
+Sharded.no_sync = wrap.DistributedModel.no_sync
 
 -- The weights are stale after a step; a loader that wrote shards says so too.
 function Sharded:invalidate()

@@ -116,25 +116,31 @@ function M.wrap(s, model, o)
     _broadcast_buffers = bcast_buffers and #buffers > 0 and s.world_size > 1,
     _sync = true, _params = all, _step_start = 0,
   }, DistributedModel)
-  memory_kinds.register_model(dm)
+  -- (not registered with memory_kinds: the profiler counts a plain model's
+  -- memory from its optimizers, as it does without a wrap)
   return dm
 end
 
 -- -- The wrapped model ---------------------------------------------------------------------
-DistributedModel.__index = function(self, k)
-  local v = rawget(DistributedModel, k)
-  if v ~= nil then return v end
-  local m = rawget(self, 'module')
-  local f = m[k]
-  if type(f) == 'function' then
-    -- methods pass through: dm:parameters() is dm.module:parameters()
-    return function(first, ...)
-      if first == self then return f(m, ...) end
-      return f(first, ...)
+-- The __index of a wrapped model class: its own methods, then the model's fields
+-- and methods, which pass through (dm:train() is dm.module:train()). The sharded
+-- model (ember.distribute.shard) shares it.
+function M.model_index(Class)
+  return function(self, k)
+    local v = rawget(Class, k)
+    if v ~= nil then return v end
+    local m = rawget(self, 'module')
+    local f = m[k]
+    if type(f) == 'function' then
+      return function(first, ...)
+        if first == self then return f(m, ...) end
+        return f(first, ...)
+      end
     end
+    return f
   end
-  return f
 end
+DistributedModel.__index = M.model_index(DistributedModel)
 
 function DistributedModel.__call(self, ...)
   local r = self._reducer._h
@@ -168,7 +174,8 @@ function DistributedModel.__tostring(self)
     self:num_buckets(), tostring(self.module))
 end
 
--- fn(...) runs with gradient averaging off; its results are returned.
+-- fn(...) runs with gradient averaging off; its results are returned (the
+-- sharded model's too).
 function DistributedModel:no_sync(fn, ...)
   if type(fn) ~= 'function' then raise('no_sync: expected a function, got ' .. core.kind(fn)) end
   local was = self._sync

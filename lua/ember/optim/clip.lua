@@ -20,6 +20,15 @@ require 'ember.tensor'
 local C, S, wrap, raise, kind = core.C, core.S, core.wrap, core.raise, core.kind
 local box_t, istype = core.box_t, ffi.istype
 
+-- Every gradient times max_norm / (total + 1e-6) when that is under 1; total.
+local function scale(grads, max_norm, total)
+  local coef = max_norm / (total + 1e-6)
+  if coef < 1 then
+    for _, g in ipairs(grads) do g:mul_(coef) end
+  end
+  return total
+end
+
 -- The norm of shards' gradients across the replicas of strategy s (a collective).
 local function global_norm(s, grads, max_norm, norm_type)
   local inf = norm_type == math.huge
@@ -34,12 +43,7 @@ local function global_norm(s, grads, max_norm, norm_type)
   local t = create.full({ 1 }, acc, { dtype = 'float64', device = s.device })
   s:allreduce(t, inf and 'max' or 'sum')
   acc = tonumber(t:item())
-  local total = inf and acc or acc ^ (1 / norm_type)
-  local coef = max_norm / (total + 1e-6)
-  if coef < 1 then
-    for _, g in ipairs(grads) do g:mul_(coef) end
-  end
-  return total
+  return scale(grads, max_norm, inf and acc or acc ^ (1 / norm_type))
 end
 
 return function(params, max_norm, norm_type)
@@ -97,9 +101,5 @@ return function(params, max_norm, norm_type)
     end
     total = acc ^ (1 / norm_type)
   end
-  local coef = max_norm / (total + 1e-6)
-  if coef < 1 then
-    for _, g in ipairs(grads) do g:mul_(coef) end
-  end
-  return total
+  return scale(grads, max_norm, total)
 end
