@@ -20,16 +20,19 @@ optimizer, clip_grad_norm (which sums the norm across replicas for shards) and
 the schedules work on them unchanged.
 
 Gradients. A hook on every parameter takes its gradient once it is final for
-this backward (and drops it from the parameter); when a unit has all of them
-they are laid into one flat buffer and its collective starts on the
-communicator's thread while backward goes on: allreduce ('optimizer', and the
-unsharded comm_dtype path) or reduce-scatter ('gradients', 'parameters'), the
-mean in either case. Units start strictly in unit order, so every replica
-issues the same collectives in the same order whatever its timing; at the end
-of backward the units still missing gradients (parameters that got none) go
-with zeros, which is how ranks that touched different parameters never hang.
-Then every unit is waited for and each shard's .grad becomes its slice of the
-average -- a view, or an addition to the .grad already there (accumulation).
+this backward, copies it into its place in the unit's flat buffer (zeros where
+none arrives) and drops it from the parameter, so a unit holds one buffer, not
+its gradients and a copy. When a unit has all of them its collective starts on
+the communicator's thread while backward goes on: allreduce ('optimizer', and
+the unsharded comm_dtype path) or reduce-scatter ('gradients', 'parameters'),
+the mean in either case. Units start strictly in unit order, so every replica
+issues the same collectives in the same order whatever its timing, and at most
+two are under way (a backward holds a bounded number of flat buffers); at the
+end of backward the units still missing gradients (parameters that got none)
+go with zeros, which is how ranks that touched different parameters never hang.
+Each finished unit's shards get their slice of the average as .grad -- a view,
+or an addition to the .grad already there (accumulation) -- and its buffer is
+released at once (core.handles.release), not at Lua's next collection.
 comm_dtype = 'bfloat16' sends the flat buffer in bfloat16 (half the bytes; the
 backends sum bfloat16 in float32) and casts the result back.
 
@@ -131,13 +134,14 @@ end
 -- The modules that own trainable parameters directly, each with those parameters'
 -- global indices, in registration order.
 local function owners(model, index_of)
-  local list = {}
+  local list, taken = {}, {}
   local function walk(m)
     local r = rawget(m, '_reg')
     local idx = {}
     for _, k in ipairs(r.pnames) do
       local i = index_of[r.params[k]]
-      if i then idx[#idx + 1] = i end
+      -- (a weight two modules share belongs to the first)
+      if i and not taken[i] then idx[#idx + 1] = i; taken[i] = true end
     end
     if #idx > 0 then list[#list + 1] = { module = m, idx = idx } end
     for _, k in ipairs(r.mnames) do walk(r.modules[k]) end
@@ -267,7 +271,6 @@ function M.wrap(s, model, o)
       ffi.cast('void *', ffi.cast('intptr_t', dm._id * PARAM_BITS + i))))
   end
   check(C.em_backward_add_callback(S, backward_end, ffi.cast('void *', ffi.cast('intptr_t', dm._id))))
-  dm._cb_ud = ffi.cast('void *', ffi.cast('intptr_t', dm._id))
   memory_kinds.register_model(dm)
   return dm
 end
@@ -391,7 +394,7 @@ local function launch(dm, u)
     count(dm, 'allreduce', 2 * nbytes(flat) * (s.world_size - 1) / s.world_size)
     u.work = s:allreduce(flat, 'mean', { async = true })
   end
-  u.launched = true
+  u.t_launch = em.clock()
 end
 
 local drain
@@ -483,7 +486,11 @@ drain = function(dm, block)
     u.work, u.flat = nil, nil
     dm._applied = dm._applied + 1
     local ok, r = pcall(w.wait, w)
-    dm._stats.wait_s = dm._stats.wait_s + (em.clock() - t0)
+    local t1 = em.clock()
+    -- the collective's time from its launch to when it was seen done (under way
+    -- while backward computed, unless backward was waiting for it)
+    dm._stats.wait_s = dm._stats.wait_s + (t1 - t0)
+    dm._stats.comm_s = dm._stats.comm_s + (t1 - u.t_launch)
     if ok and not dm._error then apply(dm, u, r) elseif not ok then dm._error = dm._error or r end
     -- (an allreduce's result is its input, released by apply)
     if flat and (not ok or r ~= flat) then release(flat) end
@@ -492,7 +499,7 @@ end
 
 local function reset(dm)
   for _, u in ipairs(dm._units) do
-    u.launched, u.ready, u.got, u.g = false, false, 0, {}
+    u.ready, u.got, u.g = false, 0, {}
   end
   dm._next, dm._applied, dm._error = 1, 0, nil
 end
@@ -684,8 +691,10 @@ end
 function Sharded:comm_stats()
   local st = self._stats
   local steps = math.max(st.steps, 1)
+  local overlap_s = math.max(0, st.comm_s - st.wait_s)
   return { buckets = #self._units, units = #self._units, steps = st.steps, comm_s = st.comm_s,
-           overlap_s = 0, wait_s = st.wait_s, overlap = 0,
+           overlap_s = overlap_s, wait_s = st.wait_s,
+           overlap = st.comm_s > 0 and overlap_s / st.comm_s or 0,
            bytes_per_step = st.bytes / steps,
            collectives = { allreduce = st.allreduce / steps,
                            reduce_scatter = st.reduce_scatter / steps,
