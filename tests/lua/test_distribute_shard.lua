@@ -209,9 +209,12 @@ end)
 H.test('on emulated GPU replicas, with and without offload', function()
   local env = 'EMBER_CUDA_EMULATE=2:64'
   local dev = '--devices cuda:0,cuda:1 ' .. dir .. 'dist/shard_train.lua'
-  for _, flags in ipairs({ 'cuda', 'cuda,offload' }) do
-    local out, rc = L.run(('%s %s --replicas 2 %s train parameters adam %s'):format(env, ember, dev, flags))
-    trains(out, rc, 2, 2e-6, 'gpu ' .. flags)
+  for _, mode in ipairs({ 'optimizer', 'gradients', 'parameters' }) do
+    for _, flags in ipairs({ 'cuda', 'cuda,offload' }) do
+      local out, rc = L.run(('%s %s --replicas 2 %s train %s adam %s'):format(env, ember, dev,
+        mode, flags))
+      trains(out, rc, 2, 2e-6, ('gpu %s %s'):format(mode, flags))
+    end
   end
   local out, rc = L.run(('%s %s --replicas 2 %s memory gradients adam offload'):format(env, ember, dev))
   H.eq(rc, 0, out)
