@@ -108,4 +108,12 @@ void emi_cache_release(em_state *S) {
 }
 
 void em_memory_release_cached(em_state *S) { if (S) emi_cache_release(S); }
-int64_t em_memory_cached(em_state *S) { return S ? (int64_t)S->cache_bytes : 0; }
+/* Under the cache's lock: loader workers free blocks into it while the state's
+** thread asks (em.memory_stats in a training step). */
+int64_t em_memory_cached(em_state *S) {
+  if (!S) return 0;
+  pthread_mutex_lock(&S->cache_mu);
+  int64_t n = (int64_t)S->cache_bytes;
+  pthread_mutex_unlock(&S->cache_mu);
+  return n;
+}
