@@ -122,6 +122,11 @@ H.test('one replica trains as the plain model in every mode', function()
       H.close(H.flat(before), H.flat(ref(em.ones(1, 4)):detach()), 1e-6, 'an evaluation gathers them')
       H.eq(m[1].weight.device, 'meta', 'and frees them after')
     end
+    -- dm:zero_grad() clears what the optimizer reads, as model:zero_grad() does
+    nn.functional.mse_loss(dm(em.randn(5, 4)), em.randn(5, 2)):backward()
+    H.check(dm:parameters()[1].grad ~= nil, mode .. ': shards get gradients')
+    dm:zero_grad()
+    for _, sh in ipairs(dm:parameters()) do H.check(sh.grad == nil, mode .. ': zero_grad') end
     local lay = dm:shard_layout()
     H.eq(#lay.params, 4)
     H.eq(lay.params[1].name, '1.weight')

@@ -576,6 +576,13 @@ end
 
 Sharded.no_sync = wrap.DistributedModel.no_sync
 
+-- Drops the shards' gradients (what the optimizer reads) and any full ones, as
+-- model:zero_grad() does for a plain model.
+function Sharded:zero_grad()
+  for _, sh in ipairs(self._shards) do sh.grad = nil end
+  self.module:zero_grad()
+end
+
 -- The weights are stale after a step; a loader that wrote shards says so too.
 function Sharded:invalidate()
   if self.shard_mode == 'optimizer' or self.shard_mode == 'gradients' then self._stale = true end
