@@ -2,7 +2,7 @@
 -- characters of a text file, then writes a sample of what it learnt.
 --
 --   ember examples/gpt.lua [--layers 2] [--dim 64] [--heads 4] [--context 64]
---                          [--batch 16] [--steps 300] [--lr 3e-3] [--every 50]
+--                          [--batch 16] [--steps 500] [--lr 3e-3] [--every 100]
 --                          [--file /usr/share/common-licenses/GPL-3] [--seed 1]
 --                          [--sample 200] [--prompt 'The '] [--temperature 0.8]
 --                          [--device cpu|cuda|cuda:N]
@@ -30,8 +30,8 @@ local nn, F = em.nn, em.nn.F
 
 -- -- Options ---------------------------------------------------------------------------
 local strategy = em.distribute.mirrored{}
-local opt = { layers = 2, dim = 64, heads = 4, context = 64, batch = 16, steps = 300,
-              lr = 3e-3, every = 50, file = '/usr/share/common-licenses/GPL-3', seed = 1,
+local opt = { layers = 2, dim = 64, heads = 4, context = 64, batch = 16, steps = 500,
+              lr = 3e-3, every = 100, file = '/usr/share/common-licenses/GPL-3', seed = 1,
               sample = 200, prompt = 'The ', temperature = 0.8, shard = false,
               device = strategy.device or 'cpu' }
 do
