@@ -4,8 +4,9 @@ embedding and one block's causal attention against the same arithmetic written
 out as loops over plain Lua numbers; causality (a later token never changes an
 earlier position's logits); gradients of the whole model by gradcheck in
 float64; the example's run: its loss falls by a real margin in 30 steps, a seed
-fixes every printed figure, two replicas (plain and --shard parameters) print
-the losses of one replica on the global batch, and bad options are clear errors.
+fixes every printed figure, an emulated GPU prints the CPU's losses, two
+replicas (plain and --shard parameters) print the losses of one replica on the
+global batch, and bad options are clear errors.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -155,8 +156,8 @@ H.test('gradcheck of the whole model (float64, every parameter)', function()
 end)
 
 -- -- The example --------------------------------------------------------------------------------
-local function run(prefix, args)
-  local cmd = ('%s %s %s %s 2>&1; echo "exit=$?"'):format(ember, prefix, example, args)
+local function run(prefix, args, env)
+  local cmd = ('%s %s %s %s %s 2>&1; echo "exit=$?"'):format(env or '', ember, prefix, example, args)
   local p = io.popen(cmd)
   local out = p:read('*a')
   p:close()
@@ -224,6 +225,15 @@ H.test('--replicas 2 prints the losses of one replica on the global batch', func
   H.check(two:find('replica 0 of 2', 1, true), 'the strategy is printed:\n' .. two)
   H.eq(select(2, two:gsub('\nstep 1/8', '')), 1, 'only replica 0 prints')
   H.eq(select(2, zero3:gsub('sample %(', '')), 1, 'only replica 0 prints the sample')
+end)
+
+H.test('--device cuda (emulated) prints the CPU losses', function()
+  local args = quick .. '--steps 6 --every 1 --batch 4 --sample 0'
+  local cpu, rc1 = run('', args)
+  local gpu, rc2 = run('', args .. ' --device cuda', 'EMBER_CUDA_EMULATE=1:512')
+  H.eq({ rc1, rc2 }, { 0, 0 }, cpu .. gpu)
+  H.eq(#losses(gpu), 6, 'six losses:\n' .. gpu)
+  H.close(losses(gpu), losses(cpu), 1e-4, 'emulated GPU vs CPU')
 end)
 
 H.test('bad options are clear errors', function()
