@@ -45,11 +45,11 @@ function GPTEmbedding:init(vocab, dim, context, o)
 end
 
 function GPTEmbedding:forward(ids)
-  local T = ids:size(2)
-  if ids:dim() ~= 2 or T > self.context then
+  if ids:dim() ~= 2 or ids:size(2) > self.context then
     error(('GPTEmbedding: expected token ids (batch, time) with time <= %d, got [%s]')
           :format(self.context, table.concat(ids.shape, ',')), 2)
   end
+  local T = ids:size(2)
   local positions = em.arange(1, T + 1, { dtype = 'int64', device = ids.device })
   return self.tok(ids) + self.pos(positions)      -- (B, T, dim) + (T, dim)
 end

@@ -44,6 +44,7 @@ H.test('the embedding adds token and position rows', function()
   H.close(gotf, want, 1e-12, 'token + position')
   H.eq(m[1].pos.weight.shape, { 5, 8 }, 'one position row per context slot')
   H.raises(function() emb(ids_of({ { 1, 2, 3, 4, 5, 6 } })) end, 'GPTEmbedding', 'time <= 5', '[1,6]')
+  H.raises(function() emb(ids_of({ 1, 2 })) end, 'GPTEmbedding', '(batch, time)', '[2]')
 end)
 
 -- softmax(q k^T / sqrt(D)) v over keys j <= i, per batch row and head, then the
