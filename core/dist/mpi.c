@@ -471,6 +471,8 @@ static em_status mpi_run(em_comm *c, em_comm_work *w) {
     call = "MPI_Ibarrier";
     rc = L.Ibarrier(m->data, &req);
     break;
+  case EMI_COLL_SEND: case EMI_COLL_RECV:     /* never queued here: no p2p_post */
+    break;
   }
   if (rc != MPI_SUCCESS) {
     free(tmp);
