@@ -394,7 +394,10 @@ static em_status work_copy_back(em_state *S, em_comm_work *w) {
   if (!w->user || w->status) return EM_OK;
   int was = em_is_grad_enabled(S);
   em_set_grad_enabled(S, 0);
-  em_status st = em_copy_(S, w->user, w->in_t);
+  em_tensor *src = NULL;        /* a recv into a device tensor landed on the host */
+  em_status st = em_to(S, w->in_t, w->in_t->dtype, w->user->device, &src);
+  if (!st) st = em_copy_(S, w->user, src);
+  em_tensor_release(src);
   em_set_grad_enabled(S, was);
   return st;
 }
@@ -548,19 +551,26 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work) {
 }
 
 /* send and recv: the tensor travels in place (a recv into a strided tensor lands
-** in a contiguous copy first, copied back at the wait, as an allreduce's does) */
+** in a contiguous copy first, copied back at the wait, as an allreduce's does).
+** Device tensors are staged through host memory on this thread: a send copies
+** its tensor to the host now (after the work that wrote it), a recv copies into
+** its tensor at the wait. On a device communicator whose backend has no
+** point-to-point of its own (NCCL on real GPUs) they go through its host
+** communicator (p2p_via). */
 static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *t, int peer,
                             emi_coll_kind kind, em_comm_work **work) {
   if (work) *work = NULL;
   em_status st = check_comm_tensor(S, op, c, t);
   if (st) return st;
-  if (!c->be->p2p_post || c->dev)
+  em_comm *pc = c->be->p2p_post ? c : c->be->p2p_via ? c->be->p2p_via(c) : NULL;
+  if (!pc || !pc->be->p2p_post)
     return emi_error(S, EM_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point "
-                     "(the local one has)", op, em_comm_backend(c));
+                     "(the local one has)", op, em_comm_backend(pc ? pc : c));
   if (peer < 0 || peer >= c->size || peer == c->rank)
     return emi_error(S, EM_ERR_ARG, "%s: peer %d is not another rank of this job (0..%d, "
                      "this one is %d)", op, peer, c->size - 1, c->rank);
-  if ((st = em_comm_status(S, c))) return st;
+  if ((st = em_comm_status(S, c)) || (pc != c && (st = em_comm_status(S, pc)))) return st;
+  c = pc;
   pthread_mutex_lock(&c->mu);
   if (!c->p2p_seq) c->p2p_seq = calloc(2 * (size_t)c->size, sizeof *c->p2p_seq);
   int ok = c->p2p_seq != NULL;
@@ -568,7 +578,16 @@ static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *
   if (!ok) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
   em_comm_work *w = work_new(S, op, kind);
   if (!w) return EM_ERR_NOMEM;
-  if ((st = contiguous_of(S, t, &w->in_t))) { free(w); return st; }
+  if (t->device == EM_CPU) {
+    st = contiguous_of(S, t, &w->in_t);
+  } else if (kind == EMI_COLL_SEND) {      /* its values as the compute stream leaves them */
+    em_tensor *h = NULL;
+    if (!(st = em_to(S, t, t->dtype, EM_CPU, &h))) st = contiguous_of(S, h, &w->in_t);
+    em_tensor_release(h);
+  } else {
+    st = emi_tensor_new(S, op, t->sizes, t->ndim, t->dtype, EM_CPU, &w->in_t);
+  }
+  if (st) { free(w); return st; }
   if (kind == EMI_COLL_RECV && w->in_t != t) { em_tensor_retain(t); w->user = t; }
   w->peer = peer;
   w->dtype = t->dtype;

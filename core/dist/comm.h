@@ -123,6 +123,9 @@ typedef struct emi_comm_backend {
   ** after each collective): finish what it can; fail what timed out or whose
   ** peer failed or left; with stopping = 1 (em_comm_free) fail all of them. */
   void (*p2p_progress)(em_comm *c, int stopping);
+  /* Optional, when p2p_post is NULL: the communicator that carries this one's
+  ** sends and recvs (NCCL's host communicator), with tensors staged on the host. */
+  em_comm *(*p2p_via)(em_comm *c);
   /* On the comm thread when the communicator is freed (MPI finalizes). */
   void (*thread_stop)(em_comm *c);
   /* Any thread, after the comm thread has ended: free impl. */
