@@ -565,7 +565,7 @@ static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *
   em_comm *pc = c->be->p2p_post ? c : c->be->p2p_via ? c->be->p2p_via(c) : NULL;
   if (!pc || !pc->be->p2p_post)
     return emi_error(S, EM_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point "
-                     "(the local one has)", op, em_comm_backend(pc ? pc : c));
+                     "(the local and mpi ones have)", op, em_comm_backend(pc ? pc : c));
   if (peer < 0 || peer >= c->size || peer == c->rank)
     return emi_error(S, EM_ERR_ARG, "%s: peer %d is not another rank of this job (0..%d, "
                      "this one is %d)", op, peer, c->size - 1, c->rank);

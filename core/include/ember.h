@@ -981,9 +981,9 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work);
 ** freely (no replica's collectives wait for its sends). A send finishes once the
 ** peer has received (no copy in between): two replicas that send to each other
 ** first use work handles. A dead, exited or silent peer fails the call naming it
-** (the communicator's timeout). The local communicator, and GPU replicas' (device
+** (the communicator's timeout). The local communicator, GPU replicas' (device
 ** tensors are staged through host memory; on real GPUs through the host
-** communicator); MPI returns EM_ERR_UNSUPPORTED for now. */
+** communicator), and MPI. */
 em_status em_comm_send(em_state *S, em_comm *c, const em_tensor *t, int peer,
                        em_comm_work **work);
 em_status em_comm_recv(em_state *S, em_comm *c, em_tensor *t, int peer, em_comm_work **work);
