@@ -324,14 +324,15 @@ static void p2p_match(em_comm_work *s, em_comm_work *r) {
     char ss[96], rs[96];
     shape_str(ss, sizeof ss, s->in_t);
     shape_str(rs, sizeof rs, r->in_t);
-    char body[EMI_COMM_MSG - 32];
+    char body[EMI_COMM_MSG - 110];
     snprintf(body, sizeof body, "replica %d sent %s %s (%lld bytes) but replica %d receives "
              "into %s %s (%lld bytes); the shapes and dtypes must match", s->comm->rank,
              em_dtype_name(s->dtype), ss, (long long)(s->count * (int64_t)em_dtype_size(s->dtype)),
              r->comm->rank, em_dtype_name(r->dtype), rs,
              (long long)(r->count * (int64_t)em_dtype_size(r->dtype)));
-    snprintf(s->errmsg, sizeof s->errmsg, "send #%llu: %s", (unsigned long long)s->seq, body);
-    snprintf(r->errmsg, sizeof r->errmsg, "recv #%llu: %s", (unsigned long long)r->seq, body);
+    char ds[EMI_COMM_MSG], dr[EMI_COMM_MSG];
+    snprintf(s->errmsg, sizeof s->errmsg, "%.100s: %s", emi_coll_describe(ds, s), body);
+    snprintf(r->errmsg, sizeof r->errmsg, "%.100s: %s", emi_coll_describe(dr, r), body);
     emi_comm_p2p_done(s, EM_ERR_SHAPE);
     emi_comm_p2p_done(r, EM_ERR_SHAPE);
     return;

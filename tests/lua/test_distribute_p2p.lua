@@ -5,7 +5,7 @@ as MPI processes (mpirun) and as GPU replicas on emulated devices
 (EMBER_CUDA_EMULATE=2:64, `--devices cuda:0,cuda:1`: the nccl communicator,
 device tensors staged through host memory): every dtype from a strided source
 into contiguous and strided destinations, sync and async, a ring, a receive
-posted before its send. A peer that exits, errors or stays silent fails the
+posted before its send; a size mismatch. A peer that exits, errors or stays silent fails the
 others' pending receive with a message naming it, within the timeout. In this
 process (one replica): the argument errors.
 ]]
@@ -33,7 +33,8 @@ H.test('one replica: send and recv check their arguments', function()
   local s = em.distribute.mirrored{}
   H.raises(function() s:send(em.ones(3), 0) end, 'send: rank must be another replica of this job (0..0, this one is 0), got 0')
   H.raises(function() s:recv(em.ones(3), 1) end, 'recv: rank must be another replica')
-  H.raises(function() s:send('x', 1) end, 'send')
+  H.raises(function() s:send('x', 1) end, 'send: expected a tensor as argument 1, got string')
+  H.raises(function() s:recv(em.ones(2), 1, 'async') end, 'recv: expected an options table')
 end)
 
 H.test('ping-pong, ring and async order on replicas (threads)', function()
@@ -68,12 +69,33 @@ H.test('a peer that exits, errors or is silent fails the others naming it (threa
   end
 end)
 
-H.test('mpirun: ping-pong, and a peer that exits or errors', function()
+local function mismatch_ok(out, what)
+  for r = 0, 1 do
+    H.check(out:find(('rank %d caught: [^\n]*%s #1[^\n]*: replica 0 sent float32 %%[3, 4%%] ' ..
+      '%%(48 bytes%%) but replica 1 receives into float32 %%[5%%] %%(20 bytes%%)'):format(r,
+      r == 0 and 'send' or 'recv')), ('%s: rank %d names both sides\n%s'):format(what, r, out))
+    H.check(out:find(('rank %d then got 252'):format(r), 1, true), what .. ': the next pair goes through')
+  end
+end
+
+H.test('a size mismatch fails both sides naming both (threads, GPU replicas)', function()
+  local out, rc = L.replicas(2, 'p2p.lua', 'mismatch')
+  H.eq(rc, 0, 'exit status\n' .. out)
+  mismatch_ok(out, 'threads')
+  out, rc = L.replicas(2, 'p2p.lua', 'mismatch', 'EMBER_CUDA_EMULATE=2:64 EMBER_DEVICES=cuda:0,cuda:1')
+  H.eq(rc, 0, 'exit status\n' .. out)
+  mismatch_ok(out, 'GPU replicas')
+end)
+
+H.test('mpirun: ping-pong, a size mismatch, and a peer that exits or errors', function()
   if not L.have_mpirun() then return H.skip(L.no_mpirun_why) end
   for n = 2, 3 do
     local out, rc = L.mpirun(n, 'p2p.lua', 'pingpong')
     pingpong_ok(out, rc, n, n .. ' MPI processes', 'cpu', 'mpi')
   end
+  local out, rc = L.mpirun(2, 'p2p.lua', 'mismatch')
+  H.eq(rc, 0, 'mismatch exit status\n' .. out)
+  mismatch_ok(out, 'mpirun')
   for _, mode in ipairs({ 'exit', 'error' }) do
     local out, rc = L.mpirun(2, 'p2p.lua', mode)
     H.check((rc == 0) == (mode == 'exit'), mode .. ': exit status ' .. tostring(rc))

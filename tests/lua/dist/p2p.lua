@@ -9,6 +9,7 @@
 --   exit       replica 1 leaves at once (os.exit(0)); the others wait to
 --              receive from it
 --   error      replica 1 raises an error; the others wait to receive from it
+--   mismatch   rank 0 sends float32 [3, 4], rank 1 receives into float32 [5]
 --   silent     replica 1 sends nothing for 6 s (timeout 2 s), then ends
 -- In the failure modes, every other replica prints "caught: <message>" and
 -- ends normally (so that its exit tells the others nothing).
@@ -86,10 +87,24 @@ if mode == 'pingpong' then
   err(function() s:send(zeros('float32'), R) end, 'send: rank must be another replica')
   err(function() s:recv(zeros('float32'), N) end, 'recv: rank must be another replica')
   err(function() s:send(zeros('float32'), 0.5) end, 'rank must be another replica')
-  err(function() s:send({ 1, 2 }, (R + 1) % N) end, 'send')
+  err(function() s:send({ 1, 2 }, (R + 1) % N) end, 'send: expected a tensor')
   err(function() s:recv(zeros('float32'), (R + 1) % N, 'async') end, 'options table')
   s:barrier()
   print(('rank %d device %s backend %s checks %d failed %d'):format(R, dev, s.backend, passed, failed))
+  return
+end
+
+if mode == 'mismatch' then      -- ranks 0 and 1; then a matching pair still goes through
+  if R > 1 then return end
+  local ok, e = pcall(function()
+    if R == 0 then s:send(em.ones({ 3, 4 }, { device = dev }), 1)
+    else s:recv(em.zeros({ 5 }, { device = dev }), 0) end
+  end)
+  print(('rank %d caught: %s'):format(R, ok and 'nothing' or tostring(e)))
+  local t = R == 0 and em.full({ 6 }, 42, { dtype = 'int64', device = dev }) or
+    em.zeros({ 6 }, { dtype = 'int64', device = dev })
+  if R == 0 then s:send(t, 1) else s:recv(t, 0) end
+  print(('rank %d then got %s'):format(R, t:to('cpu'):sum():item()))
   return
 end
 
