@@ -29,12 +29,16 @@
 
 const char *emi_coll_name(emi_coll_kind k) {
   static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
-                                "barrier"};
+                                "barrier", "send", "recv"};
   return names[k];
 }
 
 const char *emi_coll_describe(char *buf, const em_comm_work *w) {
-  if (w->kind == EMI_COLL_BARRIER)
+  if (w->kind == EMI_COLL_SEND || w->kind == EMI_COLL_RECV)
+    snprintf(buf, EMI_COMM_MSG, "%s #%llu %s replica %d (%s x %lld)", emi_coll_name(w->kind),
+             (unsigned long long)w->seq, w->kind == EMI_COLL_SEND ? "to" : "from", w->peer,
+             em_dtype_name(w->dtype), (long long)w->count);
+  else if (w->kind == EMI_COLL_BARRIER)
     snprintf(buf, EMI_COMM_MSG, "barrier #%llu", (unsigned long long)w->seq);
   else
     snprintf(buf, EMI_COMM_MSG, "%s #%llu (%s x %lld)", emi_coll_name(w->kind),
@@ -63,9 +67,14 @@ static void profile_collective(em_comm *c, const em_comm_work *w);
 
 /* The item is the waiter's once done is set (it may free it at once), so the
 ** profiler reads it before. */
+static int is_p2p(const em_comm_work *w) {
+  return w->kind == EMI_COLL_SEND || w->kind == EMI_COLL_RECV;
+}
+
+/* A send or recv may finish on the peer's thread: it is not profiled there. */
 static void finish(em_comm *c, em_comm_work *w, em_status st) {
   w->t_end = emi_now();
-  if (!st && emi_profiler_of(c->S)) profile_collective(c, w);
+  if (!st && !is_p2p(w) && emi_profiler_of(c->S)) profile_collective(c, w);
   pthread_mutex_lock(&c->mu);
   w->status = st;
   w->done = 1;
@@ -122,28 +131,71 @@ static em_status run_one(em_comm *c, em_comm_work *w) {
   return st;
 }
 
+void emi_comm_p2p_done(em_comm_work *w, em_status st) {
+  em_comm *c = w->comm;
+  pthread_mutex_lock(&c->mu);
+  c->p2p_pending--;
+  pthread_mutex_unlock(&c->mu);
+  finish(c, w, st);
+}
+
+/* Posts a send or recv (comm thread): it stays pending unless it failed at once. */
+static void post_p2p(em_comm *c, em_comm_work *w, int failed) {
+  w->t_begin = w->t_ready = emi_now();
+  pthread_mutex_lock(&c->mu);
+  c->p2p_pending++;
+  pthread_mutex_unlock(&c->mu);
+  em_status st = EM_ERR_IO;
+  if (!failed) st = c->be->p2p_post(c, w);
+  if (!st) return;
+  if (emi_comm_failed(c) && !w->errmsg[0]) {
+    pthread_mutex_lock(&c->mu);
+    snprintf(w->errmsg, sizeof w->errmsg, "%s", c->failure);
+    pthread_mutex_unlock(&c->mu);
+  }
+  emi_comm_p2p_done(w, st);
+}
+
 static void *comm_thread(void *arg) {
   em_comm *c = arg;
   emi_profile_thread_label("comm", 0);
   pthread_mutex_lock(&c->mu);
   for (;;) {
     while (!c->head && !c->stopping) {
-      if (c->be->idle) {
+      if (c->be->idle || c->p2p_pending) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         long ns = ts.tv_nsec + (long)(EMI_COMM_IDLE_S * 1e9);
         ts.tv_sec += ns / 1000000000L;
         ts.tv_nsec = ns % 1000000000L;
         if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) == ETIMEDOUT && !c->head) {
+          int pending = c->p2p_pending;
           pthread_mutex_unlock(&c->mu);
-          c->be->idle(c);
+          if (c->be->idle) c->be->idle(c);
+          if (pending) c->be->p2p_progress(c, 0);
           pthread_mutex_lock(&c->mu);
         }
       } else {
         pthread_cond_wait(&c->cv, &c->mu);
       }
     }
-    if (!c->head) break;                      /* stopping, queue drained */
+    if (!c->head) {                           /* stopping, queue drained */
+      if (!c->p2p_pending) break;
+      pthread_mutex_unlock(&c->mu);
+      c->be->p2p_progress(c, 1);              /* fails every pending send / recv */
+      pthread_mutex_lock(&c->mu);
+      continue;
+    }
+    if (is_p2p(c->head)) {
+      em_comm_work *w = c->head;
+      c->head = w->next;
+      if (!c->head) c->tail = NULL;
+      int failed = c->failed;
+      pthread_mutex_unlock(&c->mu);
+      post_p2p(c, w, failed);
+      pthread_mutex_lock(&c->mu);
+      continue;
+    }
     /* one item, or with run_group every queued one (up to GROUP_MAX) */
     em_comm_work *ws[GROUP_MAX];
     em_status sts[GROUP_MAX];
@@ -152,7 +204,7 @@ static void *comm_thread(void *arg) {
       em_comm_work *w = c->head;
       c->head = w->next;
       ws[n++] = w;
-    } while (c->be->run_group && c->head && n < GROUP_MAX);
+    } while (c->be->run_group && c->head && !is_p2p(c->head) && n < GROUP_MAX);
     if (!c->head) c->tail = NULL;
     int failed = c->failed;
     pthread_mutex_unlock(&c->mu);
@@ -173,6 +225,11 @@ static void *comm_thread(void *arg) {
       finish(c, ws[k], sts[k]);
     }
     pthread_mutex_lock(&c->mu);
+    if (c->p2p_pending) {
+      pthread_mutex_unlock(&c->mu);
+      c->be->p2p_progress(c, 0);
+      pthread_mutex_lock(&c->mu);
+    }
   }
   pthread_mutex_unlock(&c->mu);
   if (c->be->thread_stop) c->be->thread_stop(c);
@@ -257,6 +314,7 @@ void em_comm_free(em_comm *c) {
   if (c->dev) emi_commdev_close(c->dev);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
+  free(c->p2p_seq);
   free(c);
 }
 
@@ -336,7 +394,10 @@ static em_status work_copy_back(em_state *S, em_comm_work *w) {
   if (!w->user || w->status) return EM_OK;
   int was = em_is_grad_enabled(S);
   em_set_grad_enabled(S, 0);
-  em_status st = em_copy_(S, w->user, w->in_t);
+  em_tensor *src = NULL;        /* a recv into a device tensor landed on the host */
+  em_status st = em_to(S, w->in_t, w->in_t->dtype, w->user->device, &src);
+  if (!st) st = em_copy_(S, w->user, src);
+  em_tensor_release(src);
   em_set_grad_enabled(S, was);
   return st;
 }
@@ -355,7 +416,10 @@ static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work *
     }
   }
   pthread_mutex_lock(&c->mu);
-  w->seq = c->next_seq++;
+  if (is_p2p(w))
+    w->seq = ++c->p2p_seq[2 * w->peer + (w->kind == EMI_COLL_RECV)];
+  else
+    w->seq = c->next_seq++;
   if (c->tail) c->tail->next = w;
   else c->head = w;
   c->tail = w;
@@ -484,6 +548,61 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work) {
   if (!w) return EM_ERR_NOMEM;
   w->dtype = EM_FLOAT32;
   return submit(S, c, w, work);
+}
+
+/* send and recv: the tensor travels in place (a recv into a strided tensor lands
+** in a contiguous copy first, copied back at the wait, as an allreduce's does).
+** Device tensors are staged through host memory on this thread: a send copies
+** its tensor to the host now (after the work that wrote it), a recv copies into
+** its tensor at the wait. On a device communicator whose backend has no
+** point-to-point of its own (NCCL on real GPUs) they go through its host
+** communicator (p2p_via). */
+static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *t, int peer,
+                            emi_coll_kind kind, em_comm_work **work) {
+  if (work) *work = NULL;
+  em_status st = check_comm_tensor(S, op, c, t);
+  if (st) return st;
+  em_comm *pc = c->be->p2p_post ? c : c->be->p2p_via ? c->be->p2p_via(c) : NULL;
+  if (!pc || !pc->be->p2p_post)
+    return emi_error(S, EM_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point "
+                     "(the local and mpi ones have)", op, em_comm_backend(pc ? pc : c));
+  if (peer < 0 || peer >= c->size || peer == c->rank)
+    return emi_error(S, EM_ERR_ARG, "%s: peer %d is not another rank of this job (0..%d, "
+                     "this one is %d)", op, peer, c->size - 1, c->rank);
+  if ((st = em_comm_status(S, c)) || (pc != c && (st = em_comm_status(S, pc)))) return st;
+  c = pc;
+  pthread_mutex_lock(&c->mu);
+  if (!c->p2p_seq) c->p2p_seq = calloc(2 * (size_t)c->size, sizeof *c->p2p_seq);
+  int ok = c->p2p_seq != NULL;
+  pthread_mutex_unlock(&c->mu);
+  if (!ok) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
+  em_comm_work *w = work_new(S, op, kind);
+  if (!w) return EM_ERR_NOMEM;
+  if (t->device == EM_CPU) {
+    st = contiguous_of(S, t, &w->in_t);
+  } else if (kind == EMI_COLL_SEND) {      /* its values as the compute stream leaves them */
+    em_tensor *h = NULL;
+    if (!(st = em_to(S, t, t->dtype, EM_CPU, &h))) st = contiguous_of(S, h, &w->in_t);
+    em_tensor_release(h);
+  } else {
+    st = emi_tensor_new(S, op, t->sizes, t->ndim, t->dtype, EM_CPU, &w->in_t);
+  }
+  if (st) { free(w); return st; }
+  if (kind == EMI_COLL_RECV && w->in_t != t) { em_tensor_retain(t); w->user = t; }
+  w->peer = peer;
+  w->dtype = t->dtype;
+  w->count = t->numel;
+  w->in = w->out = (char *)w->in_t->storage->data + w->in_t->offset * em_dtype_size(t->dtype);
+  return submit(S, c, w, work);
+}
+
+em_status em_comm_send(em_state *S, em_comm *c, const em_tensor *t, int peer,
+                       em_comm_work **work) {
+  return submit_p2p(S, "send", c, (em_tensor *)t, peer, EMI_COLL_SEND, work);
+}
+
+em_status em_comm_recv(em_state *S, em_comm *c, em_tensor *t, int peer, em_comm_work **work) {
+  return submit_p2p(S, "recv", c, t, peer, EMI_COLL_RECV, work);
 }
 
 /* -- Handles ---------------------------------------------------------------------------- */

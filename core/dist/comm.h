@@ -22,6 +22,32 @@
 ** Failure. c->failure (under c->mu) is set once, by the first of: this replica
 ** aborting (em_comm_abort), a backend learning that another replica failed, or a
 ** timeout. From then on every queued and new item fails with that message.
+**
+** Point-to-point (send, recv). These break the rule the collectives live by --
+** every replica calls the same ones in the same order -- so they are kept apart
+** from the collectives' bookkeeping:
+**   numbering  a collective's w->seq counts collectives only (c->next_seq);
+**              a send's counts the sends to that peer, a recv's the recvs from
+**              that peer (c->p2p_seq). So a pipeline stage that receives twice
+**              and sends once per micro-batch still meets the other replicas'
+**              allreduce #7 as #7, timeout messages that compare collective
+**              numbers stay right, and no mismatch check ever compares a send
+**              with a collective. Send #k to replica j is matched with replica
+**              j's recv #k from us: the pair's own order.
+**   progress   the comm thread does not run a send or recv to its end, as two
+**              replicas that each wait to receive before they send (async
+**              recv, then send) would hang each other's threads. It posts the
+**              item (backend->p2p_post), counts it in c->p2p_pending, and moves
+**              on to the next item; the item finishes later, on whichever
+**              thread completes it (the peer's comm thread when it posts the
+**              matching item, or this one in p2p_progress), through
+**              emi_comm_p2p_done. Collectives queued after a send therefore do
+**              not wait for it, but every item is still posted in call order.
+**   never hang while anything is pending, the comm thread wakes every
+**              EMI_COMM_IDLE_S to call p2p_progress, which fails what waited
+**              past the timeout, whose peer failed or left, or (freeing) all.
+** A send is a rendezvous: it finishes once the peer has the bytes, the way
+** NCCL's does, and is never copied in between.
 */
 #ifndef EMBER_DIST_COMM_H
 #define EMBER_DIST_COMM_H
@@ -39,7 +65,10 @@ struct em_comm_work {
   /* Contiguous buffers: in == out for allreduce and broadcast; allgather's out
   ** has count * size elements, reduce_scatter's count / size. */
   void *in, *out;
-  uint64_t seq;              /* 1, 2, ... per communicator, in call order */
+  uint64_t seq;              /* 1, 2, ... per communicator, in call order (send /
+                             ** recv: per peer and direction, see above) */
+  int peer;                  /* send / recv: the other replica */
+  struct em_comm_work *p2p_next;  /* the backend's matching queue */
   /* -- caller's side (comm.c) */
   em_tensor *user;           /* the caller's tensor to copy back into, or NULL */
   em_tensor *in_t, *out_t;   /* references that keep in/out alive */
@@ -85,6 +114,18 @@ typedef struct emi_comm_backend {
   /* Any thread, after c->failure was set: wake a `run` that is waiting and (for
   ** this replica's own abort) tell the others. May be NULL. */
   void (*abort_notify)(em_comm *c, int own);
+  /* On the comm thread: start a send or recv (w->kind, w->peer, w->in / w->out,
+  ** w->count of w->dtype). EM_OK: it is pending, and finishes later through
+  ** emi_comm_p2p_done (any thread). An error: it failed at once (w->errmsg).
+  ** NULL: the backend has no point-to-point (em_comm_send says so). */
+  em_status (*p2p_post)(em_comm *c, em_comm_work *w);
+  /* On the comm thread while items are pending (about every EMI_COMM_IDLE_S and
+  ** after each collective): finish what it can; fail what timed out or whose
+  ** peer failed or left; with stopping = 1 (em_comm_free) fail all of them. */
+  void (*p2p_progress)(em_comm *c, int stopping);
+  /* Optional, when p2p_post is NULL: the communicator that carries this one's
+  ** sends and recvs (NCCL's host communicator), with tensors staged on the host. */
+  em_comm *(*p2p_via)(em_comm *c);
   /* On the comm thread when the communicator is freed (MPI finalizes). */
   void (*thread_stop)(em_comm *c);
   /* Any thread, after the comm thread has ended: free impl. */
@@ -112,8 +153,14 @@ struct em_comm {
   const char *label;         /* em_comm_backend's answer when not be->name */
   unsigned char nccl_id[128];  /* the NCCL unique id this communicator shared (nccl.c) */
   int nccl_id_ok;
+  int p2p_pending;           /* posted sends / recvs not yet done, under mu */
+  uint64_t *p2p_seq;         /* [2 * size], under mu: sends to / recvs from each peer */
   char failure[EMI_COMM_MSG];
 };
+
+/* A posted send or recv has finished (any thread; w->errmsg holds the error).
+** After this w belongs to its waiter. */
+void emi_comm_p2p_done(em_comm_work *w, em_status st);
 
 /* Sets the communicator's final failure (first caller wins) and wakes everyone.
 ** own = 1 when this replica itself failed (the backend then tells the others). */

@@ -34,6 +34,17 @@
 ** replica's collective with "replica K exited" at once instead of at the
 ** timeout. A replica leaves only after its own collectives have finished, and
 ** a barrier that completed before is not affected.
+**
+** Point-to-point. The group holds one FIFO per ordered pair (src, dst) of
+** posted items that wait for their match: src's sends to dst, or dst's recvs
+** from src -- never both, as a post first looks for a match at the head of its
+** pair's queue and only queues itself when there is none. The thread that
+** posts the second of a matching pair copies the sender's buffer straight into
+** the receiver's (one copy, no intermediate), and finishes both items; the
+** k-th send of a pair so always meets the k-th recv. A pair whose dtypes or
+** element counts differ fails both items with one message naming both sides.
+** Each replica's comm thread polls its own pending items (p2p_progress): a
+** timeout, the group's failure or a peer that left fails them, naming the peer.
 */
 #include "comm.h"
 #include <errno.h>
@@ -53,6 +64,8 @@ struct em_local_group {
   int failed;
   char failure[EMI_COMM_MSG];
   int left;                  /* the first replica that left (em_local_group_leave), or -1 */
+  int *gone;                 /* [size]: replicas that left */
+  em_comm_work **pq_head, **pq_tail;   /* [size * size]: pair (src, dst) at src * size + dst */
 };
 
 typedef struct local_comm {
@@ -67,9 +80,15 @@ em_local_group *em_local_group_new(int world_size) {
   if (!g) return NULL;
   g->posted = calloc((size_t)world_size, sizeof *g->posted);
   g->arrived_seq = calloc((size_t)world_size, sizeof *g->arrived_seq);
-  if (!g->posted || !g->arrived_seq) {
+  g->gone = calloc((size_t)world_size, sizeof *g->gone);
+  g->pq_head = calloc((size_t)world_size * (size_t)world_size, sizeof *g->pq_head);
+  g->pq_tail = calloc((size_t)world_size * (size_t)world_size, sizeof *g->pq_tail);
+  if (!g->posted || !g->arrived_seq || !g->gone || !g->pq_head || !g->pq_tail) {
     free(g->posted);
     free(g->arrived_seq);
+    free(g->gone);
+    free(g->pq_head);
+    free(g->pq_tail);
     free(g);
     return NULL;
   }
@@ -91,6 +110,9 @@ void em_local_group_release(em_local_group *g) {
   pthread_mutex_destroy(&g->mu);
   free(g->posted);
   free(g->arrived_seq);
+  free(g->gone);
+  free(g->pq_head);
+  free(g->pq_tail);
   free(g);
 }
 
@@ -116,6 +138,7 @@ void em_local_group_leave(em_local_group *g, int rank) {
   if (!g) return;
   pthread_mutex_lock(&g->mu);
   if (g->left < 0) g->left = rank;
+  if (rank >= 0 && rank < g->size) g->gone[rank] = 1;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
 }
@@ -280,10 +303,125 @@ static em_status local_run(em_comm *c, em_comm_work *w) {
     emi_reduce_buffers(w->dtype, w->op, w->out, ins, N, part);
     break;
   }
-  case EMI_COLL_BARRIER: break;
+  case EMI_COLL_BARRIER: case EMI_COLL_SEND: case EMI_COLL_RECV: break;
   }
   if (outs != outs_s) { free(outs); free(ins); }
   return group_barrier(c, w, 1);
+}
+
+/* -- Point-to-point ---------------------------------------------------------------- */
+
+static void shape_str(char *buf, size_t n, const em_tensor *t) {
+  int k = snprintf(buf, n, "[");
+  for (int d = 0; d < t->ndim && k < (int)n - 24; d++)
+    k += snprintf(buf + k, n - (size_t)k, "%s%lld", d ? ", " : "", (long long)t->sizes[d]);
+  snprintf(buf + k, n - (size_t)k, "]");
+}
+
+/* Under g->mu: s (a send) meets r (its recv). Both have left their queue. */
+static void p2p_match(em_comm_work *s, em_comm_work *r) {
+  if (s->dtype != r->dtype || s->count != r->count) {
+    char ss[96], rs[96];
+    shape_str(ss, sizeof ss, s->in_t);
+    shape_str(rs, sizeof rs, r->in_t);
+    char body[EMI_COMM_MSG - 110];
+    snprintf(body, sizeof body, "replica %d sent %s %s (%lld bytes) but replica %d receives "
+             "into %s %s (%lld bytes); the shapes and dtypes must match", s->comm->rank,
+             em_dtype_name(s->dtype), ss, (long long)(s->count * (int64_t)em_dtype_size(s->dtype)),
+             r->comm->rank, em_dtype_name(r->dtype), rs,
+             (long long)(r->count * (int64_t)em_dtype_size(r->dtype)));
+    char ds[EMI_COMM_MSG], dr[EMI_COMM_MSG];
+    snprintf(s->errmsg, sizeof s->errmsg, "%.100s: %s", emi_coll_describe(ds, s), body);
+    snprintf(r->errmsg, sizeof r->errmsg, "%.100s: %s", emi_coll_describe(dr, r), body);
+    emi_comm_p2p_done(s, EM_ERR_SHAPE);
+    emi_comm_p2p_done(r, EM_ERR_SHAPE);
+    return;
+  }
+  double t = emi_now();
+  s->t_ready = r->t_ready = t;
+  if (s->count) memcpy(r->out, s->in, (size_t)s->count * em_dtype_size(s->dtype));
+  emi_comm_p2p_done(s, EM_OK);
+  emi_comm_p2p_done(r, EM_OK);
+}
+
+static em_status local_p2p_post(em_comm *c, em_comm_work *w) {
+  em_local_group *g = ((local_comm *)c->impl)->g;
+  int send = w->kind == EMI_COLL_SEND;
+  size_t pair = send ? (size_t)c->rank * (size_t)g->size + (size_t)w->peer
+                     : (size_t)w->peer * (size_t)g->size + (size_t)c->rank;
+  pthread_mutex_lock(&g->mu);
+  em_comm_work *h = g->pq_head[pair];
+  if (h && (h->kind == EMI_COLL_SEND) != send) {        /* its match waits */
+    g->pq_head[pair] = h->p2p_next;
+    if (!h->p2p_next) g->pq_tail[pair] = NULL;
+    h->p2p_next = NULL;
+    if (send) p2p_match(w, h);
+    else p2p_match(h, w);
+  } else {
+    w->p2p_next = NULL;
+    if (g->pq_tail[pair]) g->pq_tail[pair]->p2p_next = w;
+    else g->pq_head[pair] = w;
+    g->pq_tail[pair] = w;
+  }
+  pthread_mutex_unlock(&g->mu);
+  return EM_OK;
+}
+
+/* Under g->mu: why w (this replica's, pending) must fail now, or 0. */
+static int p2p_why(em_local_group *g, em_comm *c, em_comm_work *w, int stopping, double now,
+                   char *msg) {
+  char what[EMI_COMM_MSG];
+  emi_coll_describe(what, w);
+  if (g->failed) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s: %.280s", what, g->failure);
+  } else if (emi_comm_failed(c)) {
+    pthread_mutex_lock(&c->mu);
+    snprintf(msg, EMI_COMM_MSG, "%.200s: %.280s", what, c->failure);
+    pthread_mutex_unlock(&c->mu);
+  } else if (g->gone[w->peer]) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s: replica %d exited", what, w->peer);
+  } else if (now - w->t_begin > c->timeout_s) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s timed out after %g s: replica %d did not %s", what,
+             c->timeout_s, w->peer, w->kind == EMI_COLL_SEND ? "receive it" : "send");
+  } else if (stopping) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s: the communicator was freed before replica %d %s",
+             what, w->peer, w->kind == EMI_COLL_SEND ? "received it" : "sent");
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+static void local_p2p_progress(em_comm *c, int stopping) {
+  em_local_group *g = ((local_comm *)c->impl)->g;
+  int N = g->size, r = c->rank;
+  double now = emi_now();
+  pthread_mutex_lock(&g->mu);
+  for (int peer = 0; peer < N; peer++) {
+    if (peer == r) continue;
+    /* this replica's sends wait in (r, peer), its recvs in (peer, r) */
+    for (int dir = 0; dir < 2; dir++) {
+      size_t pair = dir == 0 ? (size_t)r * (size_t)N + (size_t)peer
+                             : (size_t)peer * (size_t)N + (size_t)r;
+      emi_coll_kind mine = dir == 0 ? EMI_COLL_SEND : EMI_COLL_RECV;
+      em_comm_work *prev = NULL, *w = g->pq_head[pair];
+      while (w) {
+        em_comm_work *next = w->p2p_next;
+        char msg[EMI_COMM_MSG];
+        if (w->kind == mine && w->comm == c && p2p_why(g, c, w, stopping, now, msg)) {
+          if (prev) prev->p2p_next = next;
+          else g->pq_head[pair] = next;
+          if (g->pq_tail[pair] == w) g->pq_tail[pair] = prev;
+          snprintf(w->errmsg, sizeof w->errmsg, "%s", msg);
+          emi_comm_p2p_done(w, EM_ERR_IO);
+        } else {
+          prev = w;
+        }
+        w = next;
+      }
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
 }
 
 static void local_abort_notify(em_comm *c, int own) {
@@ -311,6 +449,8 @@ static const emi_comm_backend local_backend = {
   .name = "local",
   .run = local_run,
   .abort_notify = local_abort_notify,
+  .p2p_post = local_p2p_post,
+  .p2p_progress = local_p2p_progress,
   .destroy = local_destroy,
 };
 

@@ -52,6 +52,18 @@
 ** keeps those buffers alive for the rest of the process: a late peer could still
 ** complete it, and MPI would then write into memory the caller has freed.
 **
+** Point-to-point (send, recv; see comm.h). Three messages on the data
+** communicator, each under a tag of its own made from the pair's sequence
+** number (so that matching never depends on the order in which MPI completes
+** them): a header (dtype, count, shape) and the bytes from the sender, then an
+** acknowledgement from the receiver, which says whether the header matched what
+** it receives into. The sender finishes when the acknowledgement arrives (a
+** rendezvous, as on the other backends), and a mismatch is an error on both
+** sides naming both shapes; a receiver that does not match still drains the
+** bytes into scratch memory. Pending items are polled in p2p_progress (and on
+** the control channel, so a FAIL or EXIT from the peer fails them at once); one
+** given up keeps its buffers, as a collective's.
+**
 ** float16 and bfloat16 are reduced in float32 (MPI has no such types): converted
 ** into a float32 buffer, reduced, converted back, rounded once. Broadcast and
 ** allgather move their bits as 16-bit integers. mean is a sum divided by the size.
@@ -123,7 +135,7 @@ em_status em_comm_mpi(em_state *S, double timeout_s, em_comm **out) {
   X(Initialized) X(Finalized) X(Init_thread) X(Query_thread) X(Finalize) \
   X(Comm_dup) X(Comm_free) X(Comm_rank) X(Comm_size) X(Comm_set_errhandler) \
   X(Error_string) X(Iallreduce) X(Ibcast) X(Iallgather) X(Ireduce_scatter_block) \
-  X(Ibarrier) X(Test) X(Iprobe) X(Recv) X(Isend)
+  X(Ibarrier) X(Test) X(Iprobe) X(Recv) X(Isend) X(Irecv)
 
 typedef struct mpi_lib {
   void *dl;
@@ -202,6 +214,7 @@ typedef struct mpi_comm {
   int64_t *exited;           /* [size]: the last seq a replica that left started, -1 = here */
   ctl_send *sends;
   int nsends;
+  struct p2p_rec *p2p;       /* pending sends and recvs, and acknowledgements leaving */
 } mpi_comm;
 
 static const char *mpi_err(int rc, char *buf) {
@@ -471,6 +484,8 @@ static em_status mpi_run(em_comm *c, em_comm_work *w) {
     call = "MPI_Ibarrier";
     rc = L.Ibarrier(m->data, &req);
     break;
+  case EMI_COLL_SEND: case EMI_COLL_RECV:     /* never queued here: no p2p_post */
+    break;
   }
   if (rc != MPI_SUCCESS) {
     free(tmp);
@@ -498,6 +513,237 @@ static em_status mpi_run(em_comm *c, em_comm_work *w) {
 }
 
 static void mpi_idle(em_comm *c) { ctl_poll(c, c->impl); }
+
+/* -- Point-to-point ------------------------------------------------------------------- */
+
+enum { TAG_P2P = 100, P2P_TAGS = 3000000, HDR_N = 4 + EM_MAX_DIMS };
+
+/* One send or recv in flight. w is NULL once the item has finished (the record
+** then lives on while its acknowledgement leaves, or for ever when abandoned). */
+typedef struct p2p_rec {
+  em_comm_work *w;
+  MPI_Request req[3];        /* send: header, data, ack in; recv: header, data, ack out */
+  int active[3];
+  int mismatch;              /* recv: the header did not match */
+  int abandoned;             /* MPI may still use the buffers: never freed */
+  int64_t hdr[HDR_N];        /* dtype, count, ndim, sizes */
+  int64_t ack[HDR_N];        /* 1 = matched / 0, then the receiver's dtype, count, shape */
+  void *scratch;             /* recv: where a mismatched payload drains */
+  struct p2p_rec *next;
+} p2p_rec;
+
+static int p2p_tag(const em_comm_work *w, int part) {
+  return TAG_P2P + 3 * (int)(w->seq % P2P_TAGS) + part;
+}
+
+static void describe_tensor(int64_t *h, const em_comm_work *w) {
+  const em_tensor *t = w->in_t;
+  h[0] = w->dtype;
+  h[1] = w->count;
+  h[2] = t->ndim;
+  for (int d = 0; d < t->ndim && d < EM_MAX_DIMS; d++) h[3 + d] = t->sizes[d];
+}
+
+static void header_str(char *buf, size_t n, const int64_t *h) {
+  int k = snprintf(buf, n, "%s [", em_dtype_name((em_dtype)h[0]));
+  for (int d = 0; d < h[2] && d < EM_MAX_DIMS && k < (int)n - 24; d++)
+    k += snprintf(buf + k, n - (size_t)k, "%s%lld", d ? ", " : "", (long long)h[3 + d]);
+  snprintf(buf + k, n - (size_t)k, "] (%lld bytes)",
+           (long long)(h[1] * (int64_t)em_dtype_size((em_dtype)h[0])));
+}
+
+static void mismatch_msg(em_comm_work *w, int sender, const int64_t *sent, int receiver,
+                         const int64_t *into) {
+  char a[120], b[120], d[EMI_COMM_MSG];
+  header_str(a, sizeof a, sent);
+  header_str(b, sizeof b, into);
+  snprintf(w->errmsg, sizeof w->errmsg, "%.100s: replica %d sent %.120s but replica %d receives "
+           "into %.120s; the shapes and dtypes must match", emi_coll_describe(d, w), sender, a,
+           receiver, b);
+}
+
+static em_status mpi_p2p_post(em_comm *c, em_comm_work *w) {
+  mpi_comm *m = c->impl;
+  p2p_rec *p = calloc(1, sizeof *p);
+  char d[EMI_COMM_MSG], e[MPI_MAX_ERROR_STRING + 64];
+  if (!p) {
+    snprintf(w->errmsg, sizeof w->errmsg, "%s: out of memory", emi_coll_describe(d, w));
+    return EM_ERR_NOMEM;
+  }
+  p->w = w;
+  int64_t bytes = w->count * (int64_t)em_dtype_size(w->dtype);
+  int rc = MPI_SUCCESS;
+  const char *call = "MPI_Isend";
+  if (bytes > 0x7fffffff) {
+    snprintf(w->errmsg, sizeof w->errmsg, "%s: more than 2 GiB in one message",
+             emi_coll_describe(d, w));
+    free(p);
+    return EM_ERR_UNSUPPORTED;
+  }
+  if (w->kind == EMI_COLL_SEND) {
+    describe_tensor(p->hdr, w);
+    if ((rc = L.Isend(p->hdr, HDR_N, L.i64, w->peer, p2p_tag(w, 0), m->data, &p->req[0])) ==
+        MPI_SUCCESS) {
+      p->active[0] = 1;
+      rc = L.Isend(w->in, (int)bytes, L.chr, w->peer, p2p_tag(w, 1), m->data, &p->req[1]);
+      p->active[1] = rc == MPI_SUCCESS;
+    }
+    if (rc == MPI_SUCCESS) {
+      call = "MPI_Irecv";
+      rc = L.Irecv(p->ack, HDR_N, L.i64, w->peer, p2p_tag(w, 2), m->data, &p->req[2]);
+      p->active[2] = rc == MPI_SUCCESS;
+    }
+  } else {
+    call = "MPI_Irecv";
+    rc = L.Irecv(p->hdr, HDR_N, L.i64, w->peer, p2p_tag(w, 0), m->data, &p->req[0]);
+    p->active[0] = rc == MPI_SUCCESS;
+  }
+  if (rc != MPI_SUCCESS) {
+    snprintf(w->errmsg, sizeof w->errmsg, "%.200s: %s: %.200s", emi_coll_describe(d, w), call,
+             mpi_err(rc, e));
+    p->w = NULL;
+    if (p->active[0]) {           /* MPI holds part of it: keep it */
+      em_tensor_retain(w->in_t);
+      p->abandoned = 1;
+      p->next = m->p2p;
+      m->p2p = p;
+    } else {
+      free(p);
+    }
+    return EM_ERR_IO;
+  }
+  p->next = m->p2p;
+  m->p2p = p;
+  return EM_OK;
+}
+
+/* Tests request k of p: 1 when it has completed (or was never active). */
+static int p2p_test(p2p_rec *p, int k, int *err) {
+  if (!p->active[k]) return 1;
+  int flag = 0;
+  int rc = L.Test(&p->req[k], &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) { *err = rc; return 0; }
+  if (flag) p->active[k] = 0;
+  return flag;
+}
+
+/* One step of a pending item; returns 1 when it finished (w done). */
+static int p2p_step(em_comm *c, mpi_comm *m, p2p_rec *p) {
+  em_comm_work *w = p->w;
+  char e[MPI_MAX_ERROR_STRING + 64], d[EMI_COMM_MSG];
+  int err = MPI_SUCCESS;
+  if (w->kind == EMI_COLL_SEND) {
+    int done = p2p_test(p, 0, &err) & p2p_test(p, 1, &err) & p2p_test(p, 2, &err);
+    if (err != MPI_SUCCESS) goto failed;
+    if (!done) return 0;
+    p->w = NULL;
+    if (p->ack[0] == 1) {
+      emi_comm_p2p_done(w, EM_OK);
+    } else {
+      mismatch_msg(w, c->rank, p->hdr, w->peer, p->ack + 1);
+      emi_comm_p2p_done(w, EM_ERR_SHAPE);
+    }
+    return 1;
+  }
+  /* recv: header, then the bytes, then the acknowledgement leaves */
+  if (p->active[0]) {
+    if (!p2p_test(p, 0, &err)) {
+      if (err != MPI_SUCCESS) goto failed;
+      return 0;
+    }
+    int64_t mine[HDR_N] = {0};
+    describe_tensor(mine, w);
+    p->mismatch = p->hdr[0] != mine[0] || p->hdr[1] != mine[1];
+    int64_t bytes = p->hdr[1] * (int64_t)em_dtype_size((em_dtype)p->hdr[0]);
+    void *into = w->out;
+    if (p->mismatch) {
+      into = p->scratch = malloc(bytes > 0 ? (size_t)bytes : 1);
+      if (!into) { err = MPI_ERR_NO_MEM; goto failed; }
+    }
+    int rc = L.Irecv(into, (int)bytes, L.chr, w->peer, p2p_tag(w, 1), m->data, &p->req[1]);
+    if (rc != MPI_SUCCESS) { err = rc; goto failed; }
+    p->active[1] = 1;
+  }
+  if (!p2p_test(p, 1, &err)) {
+    if (err != MPI_SUCCESS) goto failed;
+    return 0;
+  }
+  p->ack[0] = !p->mismatch;
+  describe_tensor(p->ack + 1, w);
+  if (L.Isend(p->ack, HDR_N, L.i64, w->peer, p2p_tag(w, 2), m->data, &p->req[2]) ==
+      MPI_SUCCESS)
+    p->active[2] = 1;
+  p->w = NULL;
+  if (p->mismatch) {
+    mismatch_msg(w, w->peer, p->hdr, c->rank, p->ack + 1);
+    emi_comm_p2p_done(w, EM_ERR_SHAPE);
+  } else {
+    emi_comm_p2p_done(w, EM_OK);
+  }
+  return 1;
+failed:
+  snprintf(w->errmsg, sizeof w->errmsg, "%.200s: %.200s", emi_coll_describe(d, w),
+           mpi_err(err, e));
+  p->abandoned = 1;
+  em_tensor_retain(w->in_t);
+  p->w = NULL;
+  emi_comm_p2p_done(w, EM_ERR_IO);
+  return 1;
+}
+
+/* Why a pending item must be given up now (text into msg), or 0. */
+static int p2p_why(em_comm *c, mpi_comm *m, const em_comm_work *w, int stopping, char *msg) {
+  char d[EMI_COMM_MSG];
+  emi_coll_describe(d, w);
+  if (emi_comm_failed(c)) {
+    pthread_mutex_lock(&c->mu);
+    snprintf(msg, EMI_COMM_MSG, "%.200s: %.280s", d, c->failure);
+    pthread_mutex_unlock(&c->mu);
+  } else if (m->exited[w->peer] >= 0) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s: replica %d exited", d, w->peer);
+  } else if (emi_now() - w->t_begin > c->timeout_s) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s timed out after %g s: replica %d did not %s", d,
+             c->timeout_s, w->peer, w->kind == EMI_COLL_SEND ? "receive it" : "send");
+  } else if (stopping) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s: the communicator was freed before replica %d %s", d,
+             w->peer, w->kind == EMI_COLL_SEND ? "received it" : "sent");
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+static void mpi_p2p_progress(em_comm *c, int stopping) {
+  mpi_comm *m = c->impl;
+  ctl_poll(c, m);
+  for (p2p_rec **pp = &m->p2p; *pp;) {
+    p2p_rec *p = *pp;
+    if (p->w && !p2p_step(c, m, p)) {
+      char msg[EMI_COMM_MSG];
+      if (p2p_why(c, m, p->w, stopping, msg)) {
+        em_comm_work *w = p->w;
+        snprintf(w->errmsg, sizeof w->errmsg, "%s", msg);
+        em_tensor_retain(w->in_t);      /* MPI may still write or read it */
+        p->abandoned = 1;
+        p->w = NULL;
+        emi_comm_p2p_done(w, EM_ERR_IO);
+      }
+    }
+    if (!p->w && !p->abandoned) {       /* finished: the acknowledgement leaves */
+      int err = MPI_SUCCESS;
+      if (!p2p_test(p, 2, &err) && err == MPI_SUCCESS) { pp = &p->next; continue; }
+      *pp = p->next;
+      free(p->scratch);
+      free(p);
+      continue;
+    }
+    if (p->abandoned) {                 /* kept, out of the list */
+      *pp = p->next;
+      continue;
+    }
+    pp = &p->next;
+  }
+}
 
 static void mpi_abort_notify(em_comm *c, int own) {
   mpi_comm *m = c->impl;
@@ -574,6 +820,10 @@ static void mpi_thread_stop(em_comm *c) {
   send_fails(c, m);
   double t0 = emi_now();
   while (ctl_progress(m) && emi_now() - t0 < SEND_WAIT_S) nap(100000);
+  while (m->p2p && emi_now() - t0 < SEND_WAIT_S) {     /* acknowledgements leaving */
+    mpi_p2p_progress(c, 1);
+    if (m->p2p) nap(100000);
+  }
   if (emi_comm_failed(c)) return;      /* no MPI_Finalize: peers may be gone */
   ctl_poll(c, m);                      /* answer what is still asked */
   uint64_t last[2] = {m->started, 0};  /* and say that we leave */
@@ -606,6 +856,8 @@ static const emi_comm_backend mpi_backend = {
   .thread_start = mpi_thread_start,
   .run = mpi_run,
   .idle = mpi_idle,
+  .p2p_post = mpi_p2p_post,
+  .p2p_progress = mpi_p2p_progress,
   .abort_notify = mpi_abort_notify,
   .thread_stop = mpi_thread_stop,
   .destroy = mpi_destroy,

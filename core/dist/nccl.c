@@ -203,11 +203,16 @@ static void nccl_destroy(em_comm *c) {
   free(nc);
 }
 
+/* Sends and recvs go through the host communicator, staged through host memory
+** (comm.c): ncclSend / ncclRecv are not used yet. */
+static em_comm *nccl_p2p_via(em_comm *c) { return ((nccl_comm *)c->impl)->boot; }
+
 static const emi_comm_backend nccl_backend = {
   .name = "nccl",
   .thread_start = nccl_thread_start,
   .run = nccl_run,
   .run_group = nccl_run_group,
+  .p2p_via = nccl_p2p_via,
   .device_native = 1,
   .abort_notify = nccl_abort_notify,
   .thread_stop = nccl_thread_stop,

@@ -974,6 +974,19 @@ em_status em_comm_allgather(em_state *S, em_comm *c, const em_tensor *t, em_tens
 em_status em_comm_reduce_scatter(em_state *S, em_comm *c, const em_tensor *t,
                                  em_comm_op op, em_tensor **out, em_comm_work **work);
 em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work);
+/* Point-to-point: t's values go to replica `peer`, whose em_comm_recv from this
+** replica writes them into its own t (same dtype and element count, else both
+** sides fail naming both ranks). The k-th send to a peer meets that peer's k-th
+** recv from this replica; collectives and point-to-point calls may interleave
+** freely (no replica's collectives wait for its sends). A send finishes once the
+** peer has received (no copy in between): two replicas that send to each other
+** first use work handles. A dead, exited or silent peer fails the call naming it
+** (the communicator's timeout). The local communicator, GPU replicas' (device
+** tensors are staged through host memory; on real GPUs through the host
+** communicator), and MPI. */
+em_status em_comm_send(em_state *S, em_comm *c, const em_tensor *t, int peer,
+                       em_comm_work **work);
+em_status em_comm_recv(em_state *S, em_comm *c, em_tensor *t, int peer, em_comm_work **work);
 em_status em_comm_work_wait(em_state *S, em_comm_work *w);
 /* *done = 1 once w has finished (wait still reports how). */
 em_status em_comm_work_test(em_state *S, em_comm_work *w, int *done);

@@ -8,6 +8,7 @@ data, with gradients averaged across replicas during backward.
   local loader = s:shard(ds):batch(128):loader{}
   s:allreduce(t, 'mean'); s:broadcast(t, 0); s:allgather(t); s:reduce_scatter(t)
   s:barrier(); s:check_replicas(model); s.rank, s.world_size, s:is_main()
+  s:send(t, rank); s:recv(t, rank)        -- point-to-point; {async = true} as well
 
 Which replica this Lua state is. `ember --replicas N` runs N threads and gives
 each Lua state the global EMBER_REPLICA = {rank, world_size, group, threads}; the
@@ -314,6 +315,33 @@ function Strategy:reduce_scatter(t, op, o)
   return out_collective(self, 'reduce_scatter', t, function(c, h, out, w)
     return C.em_comm_reduce_scatter(S, c, h, id, out, w)
   end, o)
+end
+
+-- Point-to-point: the k-th send to a rank meets that rank's k-th recv from this
+-- one. A send returns once the peer has the values (use async sends when two
+-- replicas send to each other first); recv fills t in place.
+local function p2p(self, name, t, rank, o, start)
+  o = o or {}
+  if type(o) ~= 'table' then raise(name .. ': expected an options table {async = true}') end
+  local h = core.H(t, name, 1)
+  if type(rank) ~= 'number' or rank % 1 ~= 0 or rank < 0 or rank >= self.world_size
+     or rank == self.rank then
+    raise(('%s: rank must be another replica of this job (0..%d, this one is %d), got %s')
+      :format(name, self.world_size - 1, self.rank, tostring(rank)))
+  end
+  local c = comm(self, name)
+  return run(self, o.async, function(w) return start(c, h, rank, w) end,
+    function() return t end)
+end
+
+function Strategy:send(t, rank, o)
+  return p2p(self, 'send', t, rank, o,
+    function(c, h, r, w) return C.em_comm_send(S, c, h, r, w) end)
+end
+
+function Strategy:recv(t, rank, o)
+  return p2p(self, 'recv', t, rank, o,
+    function(c, h, r, w) return C.em_comm_recv(S, c, h, r, w) end)
 end
 
 function Strategy:barrier(o)
