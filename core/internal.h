@@ -140,6 +140,10 @@ void emi_cache_release(em_state *S);
 void emi_cpu_limit_why(em_state *S, size_t nbytes);
 const char *emi_fmt_bytes(char *buf, size_t len, int64_t n);
 
+/* io/files.c: fsync of the folder holding path, after a rename into it; 0, or -1
+** with errno (a file system that cannot fsync folders counts as done). */
+int emi_sync_folder_of(const char *path);
+
 /* -- Tensor construction (tensor.c) -------------------------------------------------
 ** emi_tensor_new makes a contiguous tensor with fresh, uninitialised storage. */
 /* Silent forms for threads that must not touch S->errmsg (loader workers): NULL

@@ -39,6 +39,14 @@ static int sync_dir(const char *dir) {
   return r;
 }
 
+/* fsync of the folder that holds path, so that a rename into it is durable;
+** 0 or -1 with errno (shared with the safetensors writer). */
+int emi_sync_folder_of(const char *path) {
+  char dir[PATH_MAX];
+  if (!folder_of(path, dir, sizeof dir)) return 0;
+  return sync_dir(dir);
+}
+
 em_status em_dir_sync(em_state *S, const char *path) {
   if (!S) return EM_ERR_ARG;
   if (!path) return emi_error(S, EM_ERR_ARG, "dir_sync: path is NULL");

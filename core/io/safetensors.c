@@ -760,28 +760,6 @@ static em_status check_names(em_state *S, const char *path, const char *what,
   return st;
 }
 
-/* The folder of path, for fsync after the rename. */
-static int sync_folder(const char *path) {
-  char dir[PATH_MAX];
-  const char *slash = strrchr(path, '/');
-  if (!slash) strcpy(dir, ".");
-  else if (slash == path) strcpy(dir, "/");
-  else {
-    size_t n = (size_t)(slash - path);
-    if (n >= sizeof dir) return 0;
-    memcpy(dir, path, n);
-    dir[n] = 0;
-  }
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  int r = fsync(fd);
-  if (r != 0 && (errno == EINVAL || errno == EROFS)) r = 0;   /* not supported there */
-  int e = errno;
-  close(fd);
-  errno = e;
-  return r;
-}
-
 em_status em_safetensors_write(em_state *S, const char *path, const char *const *names,
                                em_tensor *const *tensors, int64_t n,
                                const char *const *meta_keys,
@@ -904,7 +882,7 @@ em_status em_safetensors_write(em_state *S, const char *path, const char *const 
               in_place ? "" : " (the previous file, if any, is untouched)");
     goto done;
   }
-  if ((flags & EM_SAVE_SYNC) && !in_place && sync_folder(target) != 0)
+  if ((flags & EM_SAVE_SYNC) && !in_place && emi_sync_folder_of(target) != 0)
     st = fail(S, EM_ERR_IO, "save", path, "the file was written, but syncing its folder "
               "failed: %s", strerror(errno));
 done:
