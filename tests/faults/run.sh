@@ -143,24 +143,31 @@ have_mpi() {
   command -v mpirun > /dev/null 2>&1 || { skip "no mpirun (Debian: openmpi-bin)"; return 1; }
 }
 
-# -- SIGKILL ------------------------------------------------------------------------------
-# kill_case NP VICTIM [ft]
-kill_case() {
-  np=$1 victim=$2 ft=$3
-  case=kill-$np-$victim${ft:+-ft}
-  wanted "$case" || return 0
+# begin_case CASE NP VICTIM [MPIRUN OPTIONS]: starts the job and waits until every
+# replica trains; sets d, job, pids and vpid (the victim's pid). False when the
+# case is over already: not wanted, cannot run here, or did not start.
+begin_case() {
+  case=$1 np=$2 victim=$3; shift 3
+  wanted "$case" || return 1
   echo "== $case"
-  have_mpi || return 0
+  have_mpi || return 1
   d=$TMP/$case
-  if [ -n "$ft" ]; then mpi_start "$d" "$np" --mca orte_enable_recovery 1
-  else mpi_start "$d" "$np"; fi
+  mpi_start "$d" "$np" "$@"
   if ! wait_ready "$d" "$np" "$job"; then
     kill "$job" 2> /dev/null; wait "$job"
-    fail "the replicas did not start training"; show "$d/out"; return
+    fail "the replicas did not start training"; show "$d/out"; return 1
   fi
   pids=$(ready_pids "$d" "$np")
   vpid=$(cat "$d/ready.$victim")
   sleep 0.3
+}
+
+# -- SIGKILL ------------------------------------------------------------------------------
+# kill_case NP VICTIM [ft]
+kill_case() {
+  ft=$3
+  if [ -n "$ft" ]; then begin_case "kill-$1-$2-ft" "$1" "$2" --mca orte_enable_recovery 1
+  else begin_case "kill-$1-$2" "$1" "$2"; fi || return 0
   kill -9 "$vpid"; t_fault=$(now)
   mpi_end
   if [ -n "$ft" ]; then
@@ -177,21 +184,10 @@ kill_case() {
 # -- SIGSTOP ------------------------------------------------------------------------------
 # stop_case NP VICTIM [cont]
 stop_case() {
-  np=$1 victim=$2 cont=$3
-  case=stop-$np-$victim${cont:+-cont}
-  wanted "$case" || return 0
-  echo "== $case"
-  have_mpi || return 0
-  d=$TMP/$case
-  if [ -n "$cont" ]; then mpi_start "$d" "$np" --mca orte_abort_on_non_zero_status 0
-  else mpi_start "$d" "$np"; fi
-  if ! wait_ready "$d" "$np" "$job"; then
-    kill "$job" 2> /dev/null; wait "$job"
-    fail "the replicas did not start training"; show "$d/out"; return
-  fi
-  pids=$(ready_pids "$d" "$np")
-  vpid=$(cat "$d/ready.$victim")
-  sleep 0.3
+  cont=$3
+  if [ -n "$cont" ]; then
+    begin_case "stop-$1-$2-cont" "$1" "$2" --mca orte_abort_on_non_zero_status 0
+  else begin_case "stop-$1-$2" "$1" "$2"; fi || return 0
   kill -STOP "$vpid"; t_fault=$(now)
   msg="timed out after $T s: replica $victim did not arrive"
   if [ -n "$cont" ]; then
