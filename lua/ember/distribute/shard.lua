@@ -48,12 +48,18 @@ gradients are reduced. Autograd's saved views see the data come and go.
 offload = true (GPU replicas) keeps the shards, their gradients and so the
 optimizer's state and update in host memory; a segment is copied to the device
 for each gather and each reduced gradient slice back to the host.
+
+Files: this one builds the model and answers its methods; shard_layout.lua is
+the arithmetic of units and segments, shard_gather.lua gathers the weights and
+shard_grads.lua reduces the gradients.
 ]]
 local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
 local dist = require 'ember.distribute'
 local layout = require 'ember.distribute.shard_layout'
+local gather = require 'ember.distribute.shard_gather'
+local grads = require 'ember.distribute.shard_grads'
 local wrap = require 'ember.distribute.wrap'
 local memory_kinds = require 'ember.memory_kinds'
 local C, S = core.C, core.S
@@ -69,14 +75,7 @@ local MB = 1024 * 1024
 local SHARD_BUCKET_MB = 4
 
 -- -- Helpers ---------------------------------------------------------------------------------
-local function pack(...) return { n = select('#', ...), ... } end
--- narrow with a 0-based start, on dim 1 of a 1-D tensor
-local function slice(t, start, len) return t:narrow(1, start + 1, len) end
-local function nbytes(t) return t:numel() * t:element_size() end
-local function check(st) if st ~= 0 then core.fail() end end
--- Buffers of megabytes are released as soon as they are dead, not at Lua's next
--- collection (which would hold every unit's gathered weights at once).
-local release = core.handles.release
+local slice, nbytes, check = gather.slice, gather.nbytes, gather.check
 
 -- Every live sharded model by id (callbacks name them by id), and which model a
 -- shard tensor belongs to (clip_grad_norm asks).
@@ -88,7 +87,6 @@ M.owner_of = function(t) return owner[t] end
 -- -- Callbacks from backward -----------------------------------------------------------------
 -- One ffi callback each for all models (LuaJIT has few callback slots); ud is
 -- id * 2^20 + parameter index. An error is kept as the backward's message.
-local on_grad, on_backward_end
 local PARAM_BITS = 2 ^ 20
 local function guarded(fn, ...)
   local ok, err = pcall(fn, ...)
@@ -99,12 +97,12 @@ local grad_hook = ffi.cast('em_grad_hook_fn', function(_, _, ud)
   local v = tonumber(ffi.cast('intptr_t', ud))
   local dm = models[math.floor(v / PARAM_BITS)]
   if not dm or not dm._armed then return 0 end
-  return guarded(on_grad, dm, v % PARAM_BITS)
+  return guarded(grads.on_grad, dm, v % PARAM_BITS)
 end)
 local backward_end = ffi.cast('em_backward_callback_fn', function(_, failed, ud)
   local dm = models[tonumber(ffi.cast('intptr_t', ud))]
   if not dm or not dm._armed then return 0 end
-  return guarded(on_backward_end, dm, failed ~= 0)
+  return guarded(grads.on_backward_end, dm, failed ~= 0)
 end)
 
 -- -- Options -----------------------------------------------------------------------------------
@@ -261,8 +259,8 @@ function M.wrap(s, model, o)
         end
       end
     end
-    for _, u in ipairs(dm._units) do M._free(dm, u) end
-    for _, u in ipairs(dm._units) do M._hook_forward(dm, u) end
+    for _, u in ipairs(dm._units) do gather.free(dm, u) end
+    for _, u in ipairs(dm._units) do gather.hook_forward(dm, u) end
   end
 
   -- hooks
@@ -275,265 +273,6 @@ function M.wrap(s, model, o)
   return dm
 end
 
--- -- Gathering weights -------------------------------------------------------------------------
--- This replica's segment of unit u, on the unit's device, and whether it is a
--- temporary (the caller releases it).
-local function segment(dm, u)
-  if u.segt then
-    if dm._offload then return u.segt:to(u.device), true end
-    return u.segt, false
-  end
-  local pieces, used = {}, 0
-  for k, i in ipairs(u.idx) do
-    if u.hi[k] > u.lo[k] then
-      pieces[#pieces + 1] = dm._shards[i]:detach()
-      used = used + u.hi[k] - u.lo[k]
-    end
-  end
-  if used < u.seg then
-    pieces[#pieces + 1] = em.zeros(u.seg - used, { dtype = u.dtype, device = u.device })
-  end
-  local seg = em.cat(pieces, 1)
-  for _, t in ipairs(pieces) do release(t) end
-  return seg, true
-end
-
-local function count(dm, kind, bytes)
-  local st = dm._stats
-  st[kind] = st[kind] + 1
-  st.bytes = st.bytes + bytes
-end
-
--- The flat unit from every replica's segment (a collective). Async: the work,
--- and the segment to release once it is done (or nil).
-local function allgather(dm, u, async)
-  local seg, temp = segment(dm, u)
-  count(dm, 'allgather', nbytes(seg) * (dm.strategy.world_size - 1))
-  local r = dm.strategy:allgather(seg, { async = async })
-  if async then return r, temp and seg or nil end
-  if temp then release(seg) end
-  return r
-end
-
--- Copies (or fills, for resident weights) every weight of unit u from its flat
--- unit, then releases the flat unit.
-local function scatter_flat(dm, u, flat, fill)
-  for pos, i in ipairs(u.idx) do
-    local p = dm._P[i]
-    local piece = slice(flat, u.off[pos], u.numel[pos])
-    local v = piece:view(p.shape)
-    if fill then check(C.em_tensor_fill_data(S, p._h, v._h)) else p:copy_(v) end
-    release(v); release(piece)
-  end
-  release(flat)
-end
-
--- 'optimizer' / 'gradients': every unit's full weights from the shards.
-function M._gather_all(dm)
-  em.no_grad(function()
-    local works, temps = {}, {}
-    for k, u in ipairs(dm._units) do works[k], temps[k] = allgather(dm, u, true) end
-    for k, u in ipairs(dm._units) do
-      scatter_flat(dm, u, works[k]:wait(), false)
-      if temps[k] then release(temps[k]) end
-    end
-  end)
-  dm._stale = false
-end
-
--- 'parameters': unit u's weights, gathered into their resident storage.
-function M._gather(dm, u)
-  if u.gathered then return end
-  em.no_grad(function() scatter_flat(dm, u, allgather(dm, u, false), true) end)
-  u.gathered = true
-end
-
-function M._free(dm, u)
-  for _, i in ipairs(u.idx) do check(C.em_tensor_free_data(S, dm._P[i]._h)) end
-  u.gathered = false
-end
-
--- 'parameters': the module gathers its weights for its forward, frees them after,
--- and its outputs carry a node that gathers them again for its backward.
-function M._hook_forward(dm, u)
-  local m = u.module
-  local inner = m.forward
-  u.depth = 0
-  local function gather_for_backward(g)
-    M._gather(dm, u)
-    return { g }
-  end
-  rawset(m, 'forward', function(self, ...)
-    M._gather(dm, u)
-    u.depth = u.depth + 1
-    local res = pack(pcall(inner, self, ...))
-    u.depth = u.depth - 1
-    if u.depth == 0 then M._free(dm, u) end
-    if not res[1] then error(res[2], 0) end
-    -- (also outside a synced step: any backward through these outputs needs the
-    -- weights back, no_sync's included)
-    if em.is_grad_enabled() then
-      for k = 2, res.n do
-        local t = res[k]
-        if ffi.istype(core.box_t, t) and t.requires_grad then
-          res[k] = em.autograd.apply('gather_for_backward', t, { t }, gather_for_backward)
-        end
-      end
-    end
-    return unpack(res, 2, res.n)
-  end)
-end
-
--- -- Reducing gradients ------------------------------------------------------------------------
-local function launch(dm, u)
-  local s, flat = dm.strategy, u.flat
-  if dm.shard_mode == 'gradients' or dm.shard_mode == 'parameters' then
-    count(dm, 'reduce_scatter', nbytes(flat) * (s.world_size - 1) / s.world_size)
-    u.work = s:reduce_scatter(flat, 'mean', { async = true })
-  else
-    count(dm, 'allreduce', 2 * nbytes(flat) * (s.world_size - 1) / s.world_size)
-    u.work = s:allreduce(flat, 'mean', { async = true })
-  end
-  u.t_launch = em.clock()
-end
-
-local drain
-local function launch_ready(dm)
-  local units = dm._units
-  while dm._next <= #units and units[dm._next].ready do
-    launch(dm, units[dm._next])
-    dm._next = dm._next + 1
-    drain(dm, false)
-  end
-end
-
--- The unit's flat gradient buffer (zeros where no gradient arrives: padding,
--- unused parameters), in the dtype it is sent in.
-local function flat_buffer(dm, u)
-  if not u.flat then
-    u.flat = em.zeros(u.L, { dtype = dm._comm_dtype or u.dtype, device = u.device })
-  end
-  return u.flat
-end
-
--- Unit u has every gradient it will get; the weights of 'parameters' go (their
--- work in this backward is done).
-local function complete(dm, u)
-  flat_buffer(dm, u)
-  u.ready = true
-  if dm.shard_mode == 'parameters' and u.depth == 0 then M._free(dm, u) end
-end
-
--- Each gradient goes into its place in the flat buffer as it arrives, and the
--- parameter lets go of it: a unit holds one buffer, not its gradients and a copy.
-on_grad = function(dm, i)
-  local u = dm._units[dm._unit_of[i]]
-  local pos = dm._pos[i]
-  if u.ready or u.g[pos] then return end
-  local p = dm._P[i]
-  local g = p.grad
-  p.grad = nil
-  local dst = slice(flat_buffer(dm, u), u.off[pos], u.numel[pos])
-  local view = dst:view(g.shape)
-  view:copy_(g)
-  release(view); release(dst); release(g)
-  u.g[pos] = true
-  u.got = u.got + 1
-  if u.got == #u.idx then complete(dm, u) end
-  launch_ready(dm)
-end
-
--- The averaged slice of each shard: its .grad, or added to the one it has.
-local function apply(dm, u, result)
-  local cast = result.dtype ~= u.dtype and result:to(u.dtype)
-  local seg = cast or result
-  local part = not (dm.shard_mode == 'gradients' or dm.shard_mode == 'parameters') and
-    dm.shard_mode and slice(seg, dm.strategy.rank * u.seg, u.seg)
-  for pos, i in ipairs(u.idx) do
-    local len = u.hi[pos] - u.lo[pos]
-    local sh = dm._shards[i]
-    if len > 0 then
-      local piece = slice(part or seg, u.at[pos], len)
-      local g = piece:view(sh.shape)
-      release(piece)
-      if dm._offload then
-        local host = g:to('cpu')
-        release(g)
-        g = host
-      end
-      local have = sh.grad
-      if have == nil then sh.grad = g else have:add_(g); release(have); release(g) end
-    end
-  end
-  if part then release(part) end
-  if cast then release(cast) end
-  release(result)
-end
-
--- Units whose collective is done are applied in unit order, releasing their
--- flat buffers: at once when done (block = false), or waiting (block = true).
--- At most MAX_IN_FLIGHT units are under way, so a backward holds a bounded
--- number of flat gradient buffers whatever the model's depth.
-local MAX_IN_FLIGHT = 2
-drain = function(dm, block)
-  local units = dm._units
-  while dm._applied < dm._next - 1 do
-    local u = units[dm._applied + 1]
-    local w, flat = u.work, u.flat
-    local in_flight = dm._next - 1 - dm._applied
-    if not block and in_flight <= MAX_IN_FLIGHT and not w:done() then return end
-    local t0 = em.clock()
-    u.work, u.flat = nil, nil
-    dm._applied = dm._applied + 1
-    local ok, r = pcall(w.wait, w)
-    local t1 = em.clock()
-    -- the collective's time from its launch to when it was seen done (under way
-    -- while backward computed, unless backward was waiting for it)
-    dm._stats.wait_s = dm._stats.wait_s + (t1 - t0)
-    dm._stats.comm_s = dm._stats.comm_s + (t1 - u.t_launch)
-    if ok and not dm._error then apply(dm, u, r) elseif not ok then dm._error = dm._error or r end
-    -- (an allreduce's result is its input, released by apply)
-    if flat and (not ok or r ~= flat) then release(flat) end
-  end
-end
-
-local function reset(dm)
-  for _, u in ipairs(dm._units) do
-    u.ready, u.got, u.g = false, 0, {}
-  end
-  dm._next, dm._applied, dm._error = 1, 0, nil
-end
-
-local function finish(dm)
-  for _, u in ipairs(dm._units) do
-    if not u.ready then complete(dm, u) end
-  end
-  launch_ready(dm)
-  drain(dm, true)
-  local err = dm._error
-  reset(dm)
-  if err then error(err, 0) end
-end
-
-on_backward_end = function(dm, failed)
-  dm._armed = false
-  if failed then
-    -- the collectives already started must still be waited for (their buffers)
-    dm._error = 'backward failed'
-    drain(dm, true)
-    for _, u in ipairs(dm._units) do
-      if u.flat then release(u.flat); u.flat = nil end
-    end
-    reset(dm)
-    return
-  end
-  finish(dm)
-  dm._stats.steps = dm._stats.steps + 1
-  if dm.shard_mode == 'optimizer' or dm.shard_mode == 'gradients' then dm._stale = true end
-  local ms = em.memory_stats(dm.strategy.device)
-  dm._mem.activations = math.max(0, ms.peak - dm._mem.start)
-end
-
 -- -- The wrapped model -------------------------------------------------------------------------
 Sharded.__index = wrap.model_index(Sharded)
 
@@ -544,10 +283,10 @@ function Sharded.__call(self, ...)
       for _, b in ipairs(self._buffers) do self.strategy:broadcast(b, 0) end
     end)
   end
-  if self._stale then M._gather_all(self) end
+  if self._stale then gather.gather_all(self) end
   if self._sync and em.is_grad_enabled() then
     self._armed = true
-    reset(self)
+    grads.reset(self)
     local dev = self.strategy.device
     em.reset_peak_memory_stats(dev)
     self._mem.start = em.memory_stats(dev).allocated
@@ -610,13 +349,13 @@ end
 function Sharded:state_dict()
   if self.shard_mode ~= 'parameters' then
     -- the shards may have changed since (a step, a load)
-    if self.shard_mode then M._gather_all(self) end
+    if self.shard_mode then gather.gather_all(self) end
     return self.module:state_dict()
   end
   local sd = self.module:state_dict()
   em.no_grad(function()
     for _, u in ipairs(self._units) do
-      local flat = allgather(self, u, false)
+      local flat = gather.allgather(self, u, false)
       for pos, i in ipairs(u.idx) do
         sd[self._names[i]] = slice(flat, u.off[pos], u.numel[pos]):view(self._P[i].shape):clone()
       end
