@@ -345,7 +345,7 @@ typedef struct emi_collective emi_collective;
 typedef enum emi_coll_kind {
   EMI_COLL_ALLREDUCE, EMI_COLL_BROADCAST, EMI_COLL_ALLGATHER, EMI_COLL_REDUCE_SCATTER,
   EMI_COLL_BARRIER,
-  EMI_COLL_SEND, EMI_COLL_RECV   /* point-to-point: host backends only (comm.h) */
+  EMI_COLL_SEND, EMI_COLL_RECV   /* point-to-point (comm.h); peer is the other replica */
 } emi_coll_kind;
 /* One collective for a device's engine (NCCL): kind (emi_coll_kind), dtype and
 ** op (em_comm_op); in/out device pointers; count elements per

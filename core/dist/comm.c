@@ -71,10 +71,14 @@ static int is_p2p(const em_comm_work *w) {
   return w->kind == EMI_COLL_SEND || w->kind == EMI_COLL_RECV;
 }
 
-/* A send or recv may finish on the peer's thread: it is not profiled there. */
+static void profile_p2p(em_comm *c, const em_comm_work *w);
+
 static void finish(em_comm *c, em_comm_work *w, em_status st) {
   w->t_end = emi_now();
-  if (!st && !is_p2p(w) && emi_profiler_of(c->S)) profile_collective(c, w);
+  if (!st && emi_profiler_of(c->S)) {
+    if (is_p2p(w)) profile_p2p(c, w);
+    else profile_collective(c, w);
+  }
   pthread_mutex_lock(&c->mu);
   w->status = st;
   w->done = 1;
@@ -117,6 +121,52 @@ static void profile_collective(em_comm *c, const em_comm_work *w) {
   emi_profile_record(emi_profiler_of(c->S), &ev);
 }
 
+/* "send #3 to 1" / "recv #3 from 0": the pair's own numbering (comm.h). */
+static const char *p2p_name(char *buf, size_t n, const em_comm_work *w) {
+  snprintf(buf, n, "%s #%llu %s %d", emi_coll_name(w->kind), (unsigned long long)w->seq,
+           w->kind == EMI_COLL_SEND ? "to" : "from", w->peer);
+  return buf;
+}
+
+/* A send or recv is a communication event like a collective, on this
+** communicator's comm track (emi_comm_p2p_done sees that it is recorded
+** there): t_begin is when it was posted, wait the part before the peer was
+** there, flow 0 (no gradient bucket launched it), arg1 the peer. */
+static void profile_p2p(em_comm *c, const em_comm_work *w) {
+  struct emi_profiler *p = emi_profiler_of(c->S);
+  if (!p) return;
+  char name[64];
+  em_profile_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.t0 = w->t_begin;
+  ev.t1 = w->t_end;
+  ev.name = emi_profile_intern(p, p2p_name(name, sizeof name, w));
+  ev.kind = EM_PROF_COLLECTIVE;
+  ev.dtype = w->dtype;
+  ev.device = EM_CPU;
+  ev.ndim = 1;
+  ev.sizes[0] = w->count;
+  ev.bytes = work_bytes(w);
+  ev.wait = w->t_ready > w->t_begin ? w->t_ready - w->t_begin : 0;
+  ev.arg0 = c->size;
+  ev.arg1 = w->peer;
+  emi_profile_record(p, &ev);
+}
+
+/* Comm thread, c->mu held (released meanwhile): finishes the sends and recvs
+** that other threads handed over. */
+static void finish_handed(em_comm *c) {
+  em_comm_work *w = c->p2p_fin;
+  c->p2p_fin = NULL;
+  pthread_mutex_unlock(&c->mu);
+  while (w) {
+    em_comm_work *next = w->p2p_next;
+    finish(c, w, w->status);
+    w = next;
+  }
+  pthread_mutex_lock(&c->mu);
+}
+
 enum { GROUP_MAX = 16 };
 
 /* One collective. On a device communicator whose backend moves host memory,
@@ -131,12 +181,23 @@ static em_status run_one(em_comm *c, em_comm_work *w) {
   return st;
 }
 
+/* A send or recv may end on another thread (a local group's peer that posted
+** the match). While profiling, it is handed to this communicator's own thread
+** to finish, so that its event is on this replica's comm track and recorded
+** before its waiter goes on (and, say, stops the profiler). */
 void emi_comm_p2p_done(em_comm_work *w, em_status st) {
   em_comm *c = w->comm;
+  int hand = emi_profiler_of(c->S) && !pthread_equal(pthread_self(), c->thread);
   pthread_mutex_lock(&c->mu);
   c->p2p_pending--;
+  if (hand) {               /* one step with the count: the thread ends on neither */
+    w->status = st;
+    w->p2p_next = c->p2p_fin;
+    c->p2p_fin = w;
+    pthread_cond_broadcast(&c->cv);
+  }
   pthread_mutex_unlock(&c->mu);
-  finish(c, w, st);
+  if (!hand) finish(c, w, st);
 }
 
 /* Posts a send or recv (comm thread): it stays pending unless it failed at once. */
@@ -161,7 +222,7 @@ static void *comm_thread(void *arg) {
   emi_profile_thread_label("comm", 0);
   pthread_mutex_lock(&c->mu);
   for (;;) {
-    while (!c->head && !c->stopping) {
+    while (!c->head && !c->stopping && !c->p2p_fin) {
       if (c->be->idle || c->p2p_pending) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -178,6 +239,10 @@ static void *comm_thread(void *arg) {
       } else {
         pthread_cond_wait(&c->cv, &c->mu);
       }
+    }
+    if (c->p2p_fin) {
+      finish_handed(c);
+      continue;
     }
     if (!c->head) {                           /* stopping, queue drained */
       if (!c->p2p_pending) break;
@@ -341,7 +406,7 @@ em_status em_comm_status(em_state *S, em_comm *c) {
 /* -- Submitting work ------------------------------------------------------------------ */
 
 static em_status check_comm_tensor(em_state *S, const char *op, em_comm *c,
-                                   const em_tensor *t) {
+                                   const em_tensor *t, int any_dtype) {
   em_status st = emi_check_tensor(S, op, t);
   if (st) return st;
   if (!c) return emi_error(S, EM_ERR_ARG, "%s: NULL communicator", op);
@@ -354,6 +419,7 @@ static em_status check_comm_tensor(em_state *S, const char *op, em_comm *c,
                      "one on %s", op, em_comm_backend(c), emi_device_name(b2, want),
                      c->dev ? " or the CPU" : "", emi_device_name(b, t->device));
   }
+  if (any_dtype) return EM_OK;   /* send / recv move bytes: uint8 and bool too */
   switch (t->dtype) {
   case EM_FLOAT32: case EM_FLOAT64: case EM_FLOAT16: case EM_BFLOAT16: case EM_INT32:
   case EM_INT64: return EM_OK;
@@ -456,7 +522,7 @@ static em_status submit_inplace(em_state *S, const char *op, em_comm *c, em_tens
                                 emi_coll_kind kind, em_comm_op rop, int root,
                                 em_comm_work **work) {
   if (work) *work = NULL;
-  em_status st = check_comm_tensor(S, op, c, t);
+  em_status st = check_comm_tensor(S, op, c, t, 0);
   if (st) return st;
   if (kind == EMI_COLL_ALLREDUCE && (st = check_op(S, op, rop, t->dtype))) return st;
   if (kind == EMI_COLL_BROADCAST && (root < 0 || root >= c->size))
@@ -490,7 +556,7 @@ static em_status submit_out(em_state *S, const char *op, em_comm *c, const em_te
                             emi_coll_kind kind, em_comm_op rop, em_tensor **out,
                             em_comm_work **work) {
   if (work) *work = NULL;
-  em_status st = check_comm_tensor(S, op, c, t);
+  em_status st = check_comm_tensor(S, op, c, t, 0);
   if (st) return st;
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: NULL output", op);
   *out = NULL;
@@ -552,17 +618,21 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work) {
 
 /* send and recv: the tensor travels in place (a recv into a strided tensor lands
 ** in a contiguous copy first, copied back at the wait, as an allreduce's does).
-** Device tensors are staged through host memory on this thread: a send copies
-** its tensor to the host now (after the work that wrote it), a recv copies into
-** its tensor at the wait. On a device communicator whose backend has no
-** point-to-point of its own (NCCL on real GPUs) they go through its host
-** communicator (p2p_via). */
+** On a backend that reads device memory itself (NCCL on real GPUs) a device
+** tensor stays there: ncclSend / ncclRecv, ordered by the same events as a
+** collective; its CPU tensors go through its host communicator (p2p_via).
+** Elsewhere device tensors are staged through host memory on this thread: a
+** send copies its tensor to the host now (after the work that wrote it), a
+** recv copies into its tensor at the wait. */
 static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *t, int peer,
                             emi_coll_kind kind, em_comm_work **work) {
   if (work) *work = NULL;
-  em_status st = check_comm_tensor(S, op, c, t);
+  em_status st = check_comm_tensor(S, op, c, t, 1);
   if (st) return st;
-  em_comm *pc = c->be->p2p_post ? c : c->be->p2p_via ? c->be->p2p_via(c) : NULL;
+  int native = c->dev && c->be->device_native && t->device != EM_CPU;
+  em_comm *pc = c->be->p2p_post && (native || !c->be->device_native) ? c
+              : c->be->p2p_via ? c->be->p2p_via(c) : NULL;
+  if (pc != c) native = 0;
   if (!pc || !pc->be->p2p_post)
     return emi_error(S, EM_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point "
                      "(the local and mpi ones have)", op, em_comm_backend(pc ? pc : c));
@@ -578,7 +648,7 @@ static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *
   if (!ok) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
   em_comm_work *w = work_new(S, op, kind);
   if (!w) return EM_ERR_NOMEM;
-  if (t->device == EM_CPU) {
+  if (t->device == EM_CPU || native) {
     st = contiguous_of(S, t, &w->in_t);
   } else if (kind == EMI_COLL_SEND) {      /* its values as the compute stream leaves them */
     em_tensor *h = NULL;
@@ -615,10 +685,14 @@ static void profile_wait(em_state *S, const em_comm_work *w, double t0, double t
   ev.t0 = t0;
   ev.t1 = t1;
   ev.name = emi_coll_name(w->kind);
+  if (is_p2p(w)) {
+    char b[64];
+    ev.name = emi_profile_intern(S->profiler, p2p_name(b, sizeof b, w));
+  }
   ev.kind = EM_PROF_COMM_WAIT;
   ev.device = EM_CPU;
   ev.bytes = work_bytes(w);
-  ev.flow = (int64_t)w->seq;
+  ev.flow = is_p2p(w) ? 0 : (int64_t)w->seq;
   double peers_end = w->t_ready < t1 ? w->t_ready : t1;
   double peers_begin = w->t_begin > t0 ? w->t_begin : t0;
   ev.wait = peers_end > peers_begin ? peers_end - peers_begin : 0;

@@ -155,11 +155,14 @@ struct em_comm {
   int nccl_id_ok;
   int p2p_pending;           /* posted sends / recvs not yet done, under mu */
   uint64_t *p2p_seq;         /* [2 * size], under mu: sends to / recvs from each peer */
+  em_comm_work *p2p_fin;     /* under mu: done on other threads, for this one to
+                             ** finish (while profiling: comm.c) */
   char failure[EMI_COMM_MSG];
 };
 
 /* A posted send or recv has finished (any thread; w->errmsg holds the error).
-** After this w belongs to its waiter. */
+** After this w belongs to its waiter (while profiling, once this communicator's
+** thread has recorded it). */
 void emi_comm_p2p_done(em_comm_work *w, em_status st);
 
 /* Sets the communicator's final failure (first caller wins) and wakes everyone.
@@ -220,6 +223,10 @@ em_status emi_commdev_stage_out(em_comm *c, em_comm_work *w);
 ** calls, polled; poll() (may be NULL) is asked in between (NCCL's async error). */
 em_status emi_commdev_finish(em_comm *c, em_comm_work *w,
                              em_status (*poll)(em_comm *c, char *err));
+/* Comm thread, real GPUs: a send's or recv's "done" event on the comm stream
+** (into w->ev_done), and whether it was reached (no waiting). */
+em_status emi_commdev_record_done(em_comm *c, em_comm_work *w);
+em_status emi_commdev_query_done(em_comm *c, em_comm_work *w, int *done);
 /* Any thread, no GPU needed: ncclGetUniqueId's 128 bytes / ncclGetVersion. */
 enum { EMI_NCCL_ID_BYTES = 128 };
 em_status emi_nccl_unique_id(unsigned char id[EMI_NCCL_ID_BYTES], char *err, size_t errlen);
@@ -230,8 +237,8 @@ em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCC
 /* The device's collective engine (NCCL on a real GPU), through its services
 ** table; EM_ERR_UNSUPPORTED in a build without the CUDA headers. The handle is
 ** opaque. init runs ncclCommInitRankConfig non-blocking, polled up to
-** timeout_s; issue queues w's collective on the device's comm stream (between
-** group(1) and group(0)); async_error is ncclCommGetAsyncError as an em_status. */
+** timeout_s; issue queues w's collective -- or its ncclSend / ncclRecv -- on the
+** device's comm stream (between group(1) and group(0)); async_error is ncclCommGetAsyncError as an em_status. */
 em_status emi_nccl_init(emi_commdev *d, const unsigned char id[EMI_NCCL_ID_BYTES], int rank,
                         int size, double timeout_s, void **out, char *err, size_t errlen);
 em_status emi_nccl_group(emi_commdev *d, void *n, int start, char *err, size_t errlen);

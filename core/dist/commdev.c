@@ -230,6 +230,23 @@ em_status emi_commdev_finish(em_comm *c, em_comm_work *w,
                     "device stopped)", poll);
 }
 
+/* Real GPUs, point-to-point: the "done" event after a send or recv queued on
+** the comm stream, and a look at it that does not wait (nccl.c polls its
+** pending ones from p2p_progress, beside the comm thread's other work). */
+em_status emi_commdev_record_done(em_comm *c, em_comm_work *w) {
+  emi_event *e = NULL;
+  if (c->dev->svc->event_new(c->dev->d, EMI_STREAM_COMM, &e)) return rt_failed(c, w, "event");
+  w->ev_done = e;
+  return EM_OK;
+}
+
+em_status emi_commdev_query_done(em_comm *c, em_comm_work *w, int *done) {
+  *done = 0;
+  if (c->dev->svc->event_query(c->dev->d, w->ev_done, done))
+    return rt_failed(c, w, "event_query");
+  return EM_OK;
+}
+
 /* -- The device's collective engine ---------------------------------------------------
 ** NCCL's id and version need no device: they come from the kind's library,
 ** loaded if need be. */
@@ -260,7 +277,8 @@ em_status emi_nccl_group(emi_commdev *cd, void *n, int start, char *err, size_t 
 }
 
 em_status emi_nccl_issue(void *n, emi_commdev *cd, em_comm_work *w, char *err, size_t errlen) {
-  emi_coll_call k = {(int)w->kind, (int)w->dtype, (int)w->op, w->root, w->dev_in, w->dev_out,
+  int peer = w->kind == EMI_COLL_SEND || w->kind == EMI_COLL_RECV ? w->peer : w->root;
+  emi_coll_call k = {(int)w->kind, (int)w->dtype, (int)w->op, peer, w->dev_in, w->dev_out,
                      w->count};
   return cd->svc->coll_issue(n, &k, err, errlen);
 }

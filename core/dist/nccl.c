@@ -20,6 +20,9 @@
 **     communicator: the host collective is NCCL's stand-in, and comm.c stages
 **     the device buffers through host memory around it with the very same
 **     events (commdev.c), so that ordering logic runs in CI.
+** Sends and recvs of device tensors are ncclSend / ncclRecv on real GPUs (see
+** "Point-to-point on real GPUs" below); on emulated devices the host
+** communicator's, staged through host memory by comm.c.
 ** What CI does not run: the NCCL calls themselves (kernels/real/nccl_real.c) --
 ** its machines have no GPU; the code compiles against nccl.h, and the GPU tests
 ** (make gpu-tests, test_comm_nccl) run them where a GPU is.
@@ -72,11 +75,20 @@ em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCC
 
 /* -- The backend on real GPUs ---------------------------------------------------- */
 
+/* A tensor NCCL may still read or write after its send or recv failed: kept
+** until the communicator is aborted. */
+typedef struct held_tensor {
+  em_tensor *t;
+  struct held_tensor *next;
+} held_tensor;
+
 typedef struct nccl_comm {
   em_comm *boot;             /* host communicator: id, barriers, failure */
   em_local_group *g;         /* the threads' group (NULL under MPI) */
   void *nc;                  /* NCCL's communicator (kernels/real/nccl_real.c) */
   unsigned char id[EMI_NCCL_ID_BYTES];
+  em_comm_work *p2p;         /* sends and recvs on the comm stream, not yet done */
+  held_tensor *held;
 } nccl_comm;
 
 static em_status nccl_thread_start(em_comm *c, char *err) {
@@ -190,11 +202,18 @@ static void nccl_abort_notify(em_comm *c, int own) {
 }
 
 /* After a failure NCCL may still hold kernels waiting for a dead peer:
-** ncclCommAbort is the one call that gets out of that. */
+** ncclCommAbort is the one call that gets out of that. Then the tensors of
+** failed sends and recvs are no longer NCCL's. */
 static void nccl_thread_stop(em_comm *c) {
   nccl_comm *nc = c->impl;
   emi_nccl_free(c->dev, nc->nc, emi_comm_failed(c));
   nc->nc = NULL;
+  for (held_tensor *h = nc->held, *n; h; h = n) {
+    n = h->next;
+    em_tensor_release(h->t);
+    free(h);
+  }
+  nc->held = NULL;
 }
 
 static void nccl_destroy(em_comm *c) {
@@ -203,15 +222,111 @@ static void nccl_destroy(em_comm *c) {
   free(nc);
 }
 
-/* Sends and recvs go through the host communicator, staged through host memory
-** (comm.c): ncclSend / ncclRecv are not used yet. */
+/* -- Point-to-point on real GPUs ----------------------------------------------------
+** A send or recv of a device tensor is ncclSend / ncclRecv, device to device:
+** the comm stream waits for the compute stream's mark, the call is issued in a
+** group of its own, and a "done" event follows it. The comm thread does not
+** wait for that event (comm.h, "progress"): p2p_progress looks at every
+** pending one about every EMI_COMM_IDLE_S, as it polls NCCL's asynchronous
+** error and the boot communicator for another replica's failure.
+**
+** What differs from the host backends. NCCL runs what it is given in stream
+** order: a send waits on the device for the peer's recv, and the collectives
+** and sends queued after it wait too. So on real GPUs a replica's sends, recvs
+** and collectives must come in an order the peers can match (NCCL's own rule;
+** a cycle of sends that each wait for the other is a deadlock on the device).
+** The never-hang rule still holds: such a wait ends at the timeout with an
+** error naming the peer, and as the stream is stuck behind it, the timeout
+** fails the communicator, whose NCCL communicator is then aborted. NCCL does
+** not compare the two sides' sizes either: a mismatch shows as that timeout.
+** CPU tensors on this communicator go through the host one (p2p_via). */
 static em_comm *nccl_p2p_via(em_comm *c) { return ((nccl_comm *)c->impl)->boot; }
+
+static void hold(nccl_comm *nc, em_comm_work *w) {
+  held_tensor *h = malloc(sizeof *h);
+  if (!h) return;             /* out of memory: the tensor is released with the work */
+  em_tensor_retain(w->in_t);
+  h->t = w->in_t;
+  h->next = nc->held;
+  nc->held = h;
+}
+
+static em_status nccl_p2p_post(em_comm *c, em_comm_work *w) {
+  nccl_comm *nc = c->impl;
+  char err[EMI_COMM_MSG] = "", d[EMI_COMM_MSG];
+  em_status st = emi_commdev_order(c, w);
+  if (st) return st;
+  st = emi_nccl_group(c->dev, nc->nc, 1, err, sizeof err);
+  if (!st) {
+    st = emi_nccl_issue(nc->nc, c->dev, w, err, sizeof err);
+    em_status end = emi_nccl_group(c->dev, nc->nc, 0, err[0] ? NULL : err,
+                                   err[0] ? 0 : sizeof err);
+    if (!st) st = end;
+  }
+  if (st) {
+    snprintf(w->errmsg, sizeof w->errmsg, "%.200s: %.300s", emi_coll_describe(d, w), err);
+    emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
+    hold(nc, w);
+    return st;
+  }
+  if ((st = emi_commdev_record_done(c, w))) { hold(nc, w); return st; }
+  w->p2p_next = nc->p2p;
+  nc->p2p = w;
+  return EM_OK;
+}
+
+/* Why pending item w ends now (text into msg), or 0 while it may go on. */
+static int p2p_why(em_comm *c, const em_comm_work *w, int stopping, char *msg) {
+  char d[EMI_COMM_MSG];
+  emi_coll_describe(d, w);
+  int send = w->kind == EMI_COLL_SEND;
+  if (emi_comm_failed(c)) {
+    pthread_mutex_lock(&c->mu);
+    snprintf(msg, EMI_COMM_MSG, "%.200s: %.280s", d, c->failure);
+    pthread_mutex_unlock(&c->mu);
+  } else if (emi_now() - w->t_begin > c->timeout_s) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s timed out after %g s: replica %d did not %s (or the "
+             "two sides' sizes differ, which NCCL does not check)", d, c->timeout_s, w->peer,
+             send ? "receive it" : "send");
+  } else if (stopping) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s: the communicator was freed before replica %d %s", d,
+             w->peer, send ? "received it" : "sent");
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+static void nccl_p2p_progress(em_comm *c, int stopping) {
+  nccl_comm *nc = c->impl;
+  char err[EMI_COMM_MSG] = "";
+  if (!emi_comm_failed(c) && nccl_poll(c, err))
+    emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
+  for (em_comm_work **pp = &nc->p2p; *pp;) {
+    em_comm_work *w = *pp;
+    int done = 0;
+    em_status st = emi_commdev_query_done(c, w, &done);
+    if (!st && !done) {
+      char msg[EMI_COMM_MSG];
+      if (!p2p_why(c, w, stopping, msg)) { pp = &w->p2p_next; continue; }
+      snprintf(w->errmsg, sizeof w->errmsg, "%s", msg);
+      st = EM_ERR_IO;
+      /* the comm stream is stuck behind it: nothing after it can run */
+      if (!emi_comm_failed(c)) emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, msg);
+    }
+    *pp = w->p2p_next;
+    if (st) hold(nc, w);
+    emi_comm_p2p_done(w, st);
+  }
+}
 
 static const emi_comm_backend nccl_backend = {
   .name = "nccl",
   .thread_start = nccl_thread_start,
   .run = nccl_run,
   .run_group = nccl_run_group,
+  .p2p_post = nccl_p2p_post,
+  .p2p_progress = nccl_p2p_progress,
   .p2p_via = nccl_p2p_via,
   .device_native = 1,
   .abort_notify = nccl_abort_notify,

@@ -981,9 +981,13 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work);
 ** freely (no replica's collectives wait for its sends). A send finishes once the
 ** peer has received (no copy in between): two replicas that send to each other
 ** first use work handles. A dead, exited or silent peer fails the call naming it
-** (the communicator's timeout). The local communicator, GPU replicas' (device
-** tensors are staged through host memory; on real GPUs through the host
-** communicator), and MPI. */
+** (the communicator's timeout). Every dtype (uint8 and bool too: bytes move).
+** The local communicator, MPI, and GPU replicas': on emulated devices tensors
+** are staged through host memory; on real GPUs device tensors go device to
+** device (ncclSend / ncclRecv), in NCCL's stream order -- a send there holds
+** back the replica's later sends, recvs and collectives until the peer
+** receives, so the replicas' orders must match (else the timeout's error, and
+** the communicator fails). */
 em_status em_comm_send(em_state *S, em_comm *c, const em_tensor *t, int peer,
                        em_comm_work **work);
 em_status em_comm_recv(em_state *S, em_comm *c, em_tensor *t, int peer, em_comm_work **work);

@@ -117,7 +117,8 @@ struct emk_cudnn_fns { int none; };
   X(ncclGetLastError, 0) \
   X(ncclCommInitRankConfig, 1) X(ncclCommGetAsyncError, 1) X(ncclCommAbort, 1) \
   X(ncclCommDestroy, 1) X(ncclCommFinalize, 0) X(ncclGroupStart, 1) X(ncclGroupEnd, 1) \
-  X(ncclAllReduce, 1) X(ncclBroadcast, 1) X(ncclAllGather, 1) X(ncclReduceScatter, 1)
+  X(ncclAllReduce, 1) X(ncclBroadcast, 1) X(ncclAllGather, 1) X(ncclReduceScatter, 1) \
+  X(ncclSend, 0) X(ncclRecv, 0)
 struct emk_nccl_fns { EMK_NCCL_FNS(EMK_FN_FIELD) };
 #else
 struct emk_nccl_fns { int none; };

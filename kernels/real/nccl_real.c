@@ -10,7 +10,8 @@
 ** ncclGroupEnd may return ncclInProgress, and ncclCommGetAsyncError is polled
 ** until the operation left that state -- bounded by the strategy's timeout, after
 ** which the caller aborts the communicator (ncclCommAbort), which is the only
-** way to get a rank out of NCCL when a peer died. Completion of the queued
+** way to get a rank out of NCCL when a peer died. Sends and recvs (ncclSend /
+** ncclRecv, device to device) are issued the same way. Completion of the queued
 ** collectives themselves is an event on the comm stream that commdev.c polls,
 ** asking ncclCommGetAsyncError in between (a peer gone shows there as
 ** ncclRemoteError or ncclSystemError).
@@ -146,9 +147,31 @@ static int nccl_type(em_dtype dt, ncclDataType_t *out) {
   }
 }
 
+/* A send or recv moves bytes, whatever the dtype (uint8 and bool too): count
+** elements of dt as ncclUint8. peer is the other rank. ncclSend and ncclRecv are
+** optional in the table (NCCL >= 2.7). NCCL does not compare the two sides'
+** sizes: core/dist/nccl.c says so when one waits past its timeout. */
+static em_status p2p(emk_nccl *n, int send, em_dtype dt, const void *in, void *out,
+                     int64_t count, int peer, cudaStream_t cs, char *err, size_t errlen) {
+  const char *call = send ? "ncclSend" : "ncclRecv";
+  if (send ? !n->f->ncclSend : !n->f->ncclRecv)
+    return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "NCCL (cuda:%d): this libnccl has no "
+                    "%s (NCCL 2.7 or newer has)", n->dev, call);
+  if (peer < 0 || peer >= n->nranks || count < 0)
+    return emk_errf(err, errlen, EM_ERR_ARG, "NCCL (cuda:%d): %s: peer %d of %d ranks", n->dev,
+                    call, peer, n->nranks);
+  size_t bytes = (size_t)count * em_dtype_size(dt);
+  ncclResult_t r = send ? n->f->ncclSend(in, bytes, ncclUint8, peer, n->comm, cs)
+                        : n->f->ncclRecv(out, bytes, ncclUint8, peer, n->comm, cs);
+  if (r != ncclSuccess && r != ncclInProgress) return nccl_err(n, r, call, err, errlen);
+  return EM_OK;
+}
+
 em_status emk_nccl_collective(emk_nccl *n, int kind, int op, em_dtype dt, const void *in,
                               void *out, int64_t count, int root, emk_stream *s, char *err,
                               size_t errlen) {
+  if (kind == EMI_COLL_SEND || kind == EMI_COLL_RECV)
+    return p2p(n, kind == EMI_COLL_SEND, dt, in, out, count, root, s->s, err, errlen);
   ncclDataType_t t;
   if (!nccl_type(dt, &t))
     return emk_errf(err, errlen, EM_ERR_DTYPE, "NCCL: dtype %s is not supported",

@@ -4,13 +4,13 @@
 **
 ** Each group starts N threads that run one scenario and record what they saw;
 ** the checks run on the main thread after the join (the harness's counters are
-** not thread-safe). Scenarios: every dtype from a strided source into a
+** not thread-safe). Scenarios: every dtype (uint8 and bool too) from a strided source into a
 ** contiguous and a strided destination and back; a ring exchange on 3 and 4
 ** replicas; async receives posted before the sends they wait for, sends pending
 ** across an allreduce (the collective's numbering is not disturbed by them);
 ** a size mismatch (both sides' errors name both ranks, shapes and dtypes); a
-** peer that aborts, one that leaves, one that never sends (timeout); bad
-** arguments. Runs under ThreadSanitizer in `make test SANITIZE=thread`.
+** peer that aborts, one that leaves, one that never sends (timeout); the
+** profile's events for sends and recvs; bad arguments. Runs under ThreadSanitizer in `make test SANITIZE=thread`.
 */
 #include "check.h"
 #include <pthread.h>
@@ -31,11 +31,16 @@ typedef struct job {
 } job;
 
 static const em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16, EM_INT32,
-                               EM_INT64};
+                               EM_INT64, EM_UINT8, EM_BOOL};
 enum { NDT = sizeof dts / sizeof *dts };
 
-/* small integers: exact in every dtype */
+/* small integers: exact in every dtype (0 .. 49: uint8 too) */
 static double value(int from, int k, int64_t i) { return (double)((from + 1) * 10 + k * 3 + i % 17 - 8); }
+/* bool holds their parity, so that its elements differ */
+static double dvalue(em_dtype dt, int from, int k, int64_t i) {
+  double v = value(from, k, i);
+  return dt == EM_BOOL ? v - 2 * (double)(int64_t)(v / 2) : v;
+}
 
 static void note_bad(job *j, const char *what, int64_t i, double got, double want) {
   if (j->bad++ == 0)
@@ -47,7 +52,7 @@ static void note_bad(job *j, const char *what, int64_t i, double got, double wan
 static em_status strided_source(em_state *S, em_dtype dt, int from, int k, em_tensor **out) {
   double v[ROWS * COLS];
   for (int r = 0; r < ROWS; r++)
-    for (int c = 0; c < COLS; c++) v[c * ROWS + r] = value(from, k, r * COLS + c);
+    for (int c = 0; c < COLS; c++) v[c * ROWS + r] = dvalue(dt, from, k, r * COLS + c);
   em_tensor *base;
   em_status st = em_from_data(S, (int64_t[]){COLS, ROWS}, 2, dt, v, EM_FLOAT64, &base);
   if (st) return st;
@@ -61,9 +66,11 @@ static em_status expect(em_state *S, job *j, const char *what, const em_tensor *
                         int k) {
   (void)S;
   int64_t n = em_tensor_numel(t);
+  em_dtype dt = em_tensor_dtype(t);
   for (int64_t i = 0; i < n; i++) {
     j->checks++;
-    if (t_get(t, i) != value(from, k, i)) note_bad(j, what, i, t_get(t, i), value(from, k, i));
+    double want = dvalue(dt, from, k, i);
+    if (t_get(t, i) != want) note_bad(j, what, i, t_get(t, i), want);
   }
   return EM_OK;
 }
@@ -224,6 +231,68 @@ static em_status run_dead_peer(em_state *S, em_comm *c, job *j) {
   return st;
 }
 
+/* mode 7: profiled. Rank 0 sends a strided float32 [7, 5] to rank 1 twice and
+** receives an int64 [6] from it. Each replica's profile must hold every send
+** and recv once as a communication event on its comm track, named after the
+** pair's numbering, with its bytes and peer -- on the track of the same thread
+** as its barrier: a local pair ends on whichever replica's thread posts second,
+** so half of them were handed over -- and the caller's wait on each, under the
+** same name. */
+static void profile_expect(em_state *S, job *j, const char *name, int64_t bytes, int peer) {
+  const em_profile_event *ev;
+  int64_t n = 0;
+  int coll = 0, wait = 0, comm_track = -1;
+  em_profile_events(S, &ev, &n);
+  for (int64_t i = 0; i < n; i++)       /* this replica's comm thread ran the barrier */
+    if (ev[i].kind == EM_PROF_COLLECTIVE && ev[i].name && !strcmp(ev[i].name, "barrier"))
+      comm_track = ev[i].track;
+  if (comm_track < 0) note_bad(j, "no barrier in the profile", 0, 0, 1);
+  for (int64_t i = 0; i < n; i++) {
+    if (!ev[i].name || strcmp(ev[i].name, name) != 0) continue;
+    const char *track = em_profile_track_name(S, ev[i].track);
+    if (ev[i].kind == EM_PROF_COLLECTIVE) {
+      coll++;
+      j->checks++;
+      if (ev[i].bytes != bytes || ev[i].arg1 != peer || ev[i].t1 < ev[i].t0 ||
+          ev[i].flow != 0 || ev[i].track != comm_track || !track || strcmp(track, "comm"))
+        note_bad(j, name, ev[i].arg1, (double)ev[i].bytes, (double)bytes);
+    } else if (ev[i].kind == EM_PROF_COMM_WAIT) {
+      wait++;
+      j->checks++;
+      if (ev[i].bytes != bytes || (track && strcmp(track, "comm") == 0))
+        note_bad(j, name, -1, (double)ev[i].bytes, (double)bytes);
+    }
+  }
+  if (coll != 1 || wait != 1) note_bad(j, name, coll, wait, 1);
+}
+
+static em_status run_profile(em_state *S, em_comm *c, job *j) {
+  em_tensor *a = NULL, *b = NULL;
+  int r = j->rank;
+  em_status st = em_profile_start(S, NULL);
+  if (!st) st = r == 0 ? strided_source(S, EM_FLOAT32, 0, 0, &a)
+                       : em_full(S, (int64_t[]){ROWS, COLS}, 2, 0, EM_FLOAT32, EM_CPU, &a);
+  if (!st) st = em_full(S, (int64_t[]){6}, 1, 7, EM_INT64, EM_CPU, &b);
+  for (int k = 0; k < 2 && !st; k++)
+    st = r == 0 ? em_comm_send(S, c, a, 1, NULL) : em_comm_recv(S, c, a, 0, NULL);
+  if (!st) st = r == 0 ? em_comm_recv(S, c, b, 1, NULL) : em_comm_send(S, c, b, 0, NULL);
+  if (!st) st = em_comm_barrier(S, c, NULL);
+  em_status stop = em_profile_stop(S);
+  if (!st) st = stop;
+  if (!st && r == 0) {
+    profile_expect(S, j, "send #1 to 1", ROWS * COLS * 4, 1);
+    profile_expect(S, j, "send #2 to 1", ROWS * COLS * 4, 1);
+    profile_expect(S, j, "recv #1 from 1", 48, 1);
+  } else if (!st) {
+    profile_expect(S, j, "recv #1 from 0", ROWS * COLS * 4, 0);
+    profile_expect(S, j, "recv #2 from 0", ROWS * COLS * 4, 0);
+    profile_expect(S, j, "send #1 to 0", 48, 0);
+  }
+  em_tensor_release(a);
+  em_tensor_release(b);
+  return st;
+}
+
 static void *replica(void *arg) {
   job *j = arg;
   em_config cfg;
@@ -239,6 +308,7 @@ static void *replica(void *arg) {
     case 1: j->st = run_ring(S, c, j); break;
     case 2: j->st = run_async(S, c, j); break;
     case 3: j->st = run_mismatch(S, c, j); break;
+    case 7: j->st = run_profile(S, c, j); break;
     default: j->st = run_dead_peer(S, c, j); break;
     }
     if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
@@ -320,6 +390,12 @@ static void test_dead_peer(void) {
   }
 }
 
+static void test_profile(void) {
+  static job jobs[2];
+  run_group(2, 7, jobs);
+  check_values(jobs, 2, 6);
+}
+
 static void test_arguments(em_state *S) {
   em_local_group *g = em_local_group_new(2);
   em_comm *c = NULL;
@@ -333,9 +409,10 @@ static void test_arguments(em_state *S) {
         "out of range: %s", em_errmsg(S));
   CHECK(em_comm_recv(S, c, t, -1, NULL) == EM_ERR_ARG, "negative: %s", em_errmsg(S));
   CHECK(em_comm_send(S, NULL, t, 1, NULL) == EM_ERR_ARG, "NULL comm: %s", em_errmsg(S));
+  /* send and recv take bool (test_dtypes); the reductions do not */
   if (!em_full(S, (int64_t[]){3}, 1, 0, EM_BOOL, EM_CPU, &b)) {
-    CHECK(em_comm_send(S, c, b, 1, NULL) == EM_ERR_DTYPE && strstr(em_errmsg(S), "send: dtype bool"),
-          "bool: %s", em_errmsg(S));
+    CHECK(em_comm_allreduce(S, c, b, EM_COMM_SUM, NULL) == EM_ERR_DTYPE &&
+          strstr(em_errmsg(S), "allreduce: dtype bool"), "bool: %s", em_errmsg(S));
     em_tensor_release(b);
   }
   em_tensor_release(t);
@@ -351,6 +428,7 @@ int main(void) {
   RUN(test_async);
   RUN(test_mismatch);
   RUN(test_dead_peer);
+  RUN(test_profile);
   RUN(test_arguments, S);
   em_close(S);
   return check_done();

@@ -4,9 +4,11 @@ tests/lua/dist/p2p.lua on 2 and 3 replicas as threads (`ember --replicas N`),
 as MPI processes (mpirun) and as GPU replicas on emulated devices
 (EMBER_CUDA_EMULATE=2:64, `--devices cuda:0,cuda:1`: the nccl communicator,
 device tensors staged through host memory): every dtype from a strided source
-into contiguous and strided destinations, sync and async, a ring, a receive
-posted before its send; a size mismatch. A peer that exits, errors or stays silent fails the
-others' pending receive with a message naming it, within the timeout. In this
+into contiguous and strided destinations (float32 .. int64, uint8, bool), sync
+and async, a ring, a receive posted before its send; a size mismatch. A peer
+that exits, errors or stays silent (never receives, never sends) fails the
+others' pending recv or send with a message naming it, within the timeout, on
+threads and under mpirun. In this
 process (one replica): the argument errors.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
@@ -56,10 +58,12 @@ local want = {
   exit = 'recv #1 from replica 1 %(float32 x 35%): replica 1 exited',
   error = 'recv #1 from replica 1 %(float32 x 35%): replica 1 failed: [^\n]*boom in replica one',
   silent = 'recv #1 from replica 1 %(float32 x 35%) timed out after 2 s: replica 1 did not send',
+  silent_send = 'send #1 to replica 1 %(int64 x 35%) timed out after 2 s: replica 1 did not ' ..
+    'receive it',
 }
 
 H.test('a peer that exits, errors or is silent fails the others naming it (threads)', function()
-  for _, mode in ipairs({ 'exit', 'error', 'silent' }) do
+  for _, mode in ipairs({ 'exit', 'error', 'silent', 'silent_send' }) do
     local out, rc = L.replicas(3, 'p2p.lua', mode)
     H.eq(rc, mode == 'error' and 1 or 0, mode .. ': exit status')
     for _, r in ipairs({ 0, 2 }) do
@@ -87,7 +91,46 @@ H.test('a size mismatch fails both sides naming both (threads, GPU replicas)', f
   mismatch_ok(out, 'GPU replicas')
 end)
 
-H.test('mpirun: ping-pong, a size mismatch, and a peer that exits or errors', function()
+-- The joined trace of a profiled run: each send and recv once as a collective
+-- on the replica's comm thread and once as the step thread's wait, named after
+-- the pair's numbering, with its bytes.
+local function profile_ok(trace, what)
+  local f = io.open(trace)
+  local doc = f and f:read('*a') or ''
+  if f then f:close() end
+  local want = {
+    { 0, 'send #1 to 1', 140 }, { 0, 'send #2 to 1', 140 }, { 0, 'recv #1 from 1', 280 },
+    { 1, 'recv #1 from 0', 140 }, { 1, 'recv #2 from 0', 140 }, { 1, 'send #1 to 0', 280 },
+  }
+  for _, w in ipairs(want) do
+    for _, cat in ipairs({ 'collective', 'comm-wait' }) do
+      local n = 0
+      for pid, bytes in doc:gmatch('"name":"' .. w[2]:gsub('#', '%%#') .. '","cat":"' ..
+          cat:gsub('%-', '%%-') .. '","pid":(%d+),[^\n]-"bytes":(%d+)') do
+        n = n + 1
+        H.eq(tonumber(pid), w[1], what .. ': ' .. w[2] .. ' on replica ' .. w[1])
+        H.eq(tonumber(bytes), w[3], what .. ': ' .. w[2] .. ' bytes')
+      end
+      H.eq(n, 1, ('%s: %s once as %s'):format(what, w[2], cat))
+    end
+  end
+end
+
+H.test('the profile shows sends and recvs as communication (threads, mpirun)', function()
+  local trace = os.tmpname()
+  local out, rc = L.replicas(2, 'p2p.lua', 'profile ' .. trace)
+  H.eq(rc, 0, 'exit status\n' .. out)
+  profile_ok(trace, 'threads')
+  if L.have_mpirun() then
+    os.remove(trace)
+    out, rc = L.mpirun(2, 'p2p.lua', 'profile ' .. trace)
+    H.eq(rc, 0, 'mpirun exit status\n' .. out)
+    profile_ok(trace, 'mpirun')
+  end
+  os.remove(trace)
+end)
+
+H.test('mpirun: ping-pong, a size mismatch, and a peer that exits, errors or is silent', function()
   if not L.have_mpirun() then return H.skip(L.no_mpirun_why) end
   for n = 2, 3 do
     local out, rc = L.mpirun(n, 'p2p.lua', 'pingpong')
@@ -96,9 +139,9 @@ H.test('mpirun: ping-pong, a size mismatch, and a peer that exits or errors', fu
   local out, rc = L.mpirun(2, 'p2p.lua', 'mismatch')
   H.eq(rc, 0, 'mismatch exit status\n' .. out)
   mismatch_ok(out, 'mpirun')
-  for _, mode in ipairs({ 'exit', 'error' }) do
+  for _, mode in ipairs({ 'exit', 'error', 'silent', 'silent_send' }) do
     local out, rc = L.mpirun(2, 'p2p.lua', mode)
-    H.check((rc == 0) == (mode == 'exit'), mode .. ': exit status ' .. tostring(rc))
+    H.check((rc == 0) == (mode ~= 'error'), mode .. ': exit status ' .. tostring(rc))
     H.check(out:find('rank 0 caught: [^\n]*' .. want[mode]), mode .. ': rank 0 names replica 1\n' .. out)
   end
 end)

@@ -10,33 +10,43 @@
 --              receive from it
 --   error      replica 1 raises an error; the others wait to receive from it
 --   mismatch   rank 0 sends float32 [3, 4], rank 1 receives into float32 [5]
+--   profile    profiled: rank 0 sends two float32 [7, 5] to rank 1 and receives
+--              an int64 [7, 5]; the trace goes to arg[2]
 --   silent     replica 1 sends nothing for 6 s (timeout 2 s), then ends
+--   silent_send  the same, while the others send to it (it never receives)
 -- In the failure modes, every other replica prints "caught: <message>" and
 -- ends normally (so that its exit tells the others nothing).
 local mode = arg[1] or 'pingpong'
-local s = em.distribute.mirrored{ timeout = mode == 'silent' and 2 or 60 }
+local silent = mode == 'silent' or mode == 'silent_send'
+local s = em.distribute.mirrored{ timeout = silent and 2 or 60 }
 local R, N, dev = s.rank, s.world_size, s.device
 local passed, failed = 0, 0
 local function check(ok, what)
   if ok then passed = passed + 1 else failed = failed + 1; print('FAILED ' .. what) end
 end
 -- element i (1-based, row-major) of what replica r sends in round k: small integers
-local function val(r, k, i) return (r + 1) * 10 + k * 3 + i % 17 - 8 end
+-- (5 .. 122, uint8 too); bool holds their parity, so that its elements differ
+local function val(r, k, i, dt)
+  local v = (r + 1) * 10 + k * 3 + i % 17 - 8
+  if dt == 'bool' then return v % 2 == 1 end
+  return v
+end
 local function source(dt, r, k) -- a [7, 5] transposed view of a [5, 7] tensor, on dev
   local v = {}
   for c = 1, 5 do
     v[c] = {}
-    for row = 1, 7 do v[c][row] = val(r, k, (row - 1) * 5 + c) end
+    for row = 1, 7 do v[c][row] = val(r, k, (row - 1) * 5 + c, dt) end
   end
   return em.tensor(v, { dtype = dt }):to(dev):t()
 end
-local function expect(t, r, k, what)
+local function expect(t, r, k, what, dt)
   check(t.device == dev, what .. ': stays on ' .. dev .. ', got ' .. tostring(t.device))
-  local v = t:to('cpu'):double():flatten():totable()
+  local v = t:to('cpu'):flatten():totable()
   check(#v == 35, what .. ': 35 values')
   for i = 1, #v do
-    if v[i] ~= val(r, k, i) then
-      check(false, ('%s [%d]: got %s, want %s'):format(what, i, v[i], val(r, k, i)))
+    if v[i] ~= val(r, k, i, dt) then
+      check(false, ('%s [%d]: got %s, want %s'):format(what, i, tostring(v[i]),
+        tostring(val(r, k, i, dt))))
       return
     end
   end
@@ -45,21 +55,22 @@ end
 local function zeros(dt) return em.zeros({ 7, 5 }, { dtype = dt, device = dev }) end
 
 if mode == 'pingpong' then
-  local dtypes = { 'float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64' }
+  local dtypes = { 'float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64', 'uint8',
+                   'bool' }
   for k, dt in ipairs(dtypes) do
     if R == 0 then
       for p = 1, N - 1 do
         check(s:send(source(dt, 0, k), p) ~= nil, 'send returns its tensor')
         local b = zeros(dt)
         check(s:recv(b, p) == b, 'recv returns its tensor')
-        expect(b, p, k, 'answer of ' .. p .. ' ' .. dt)
+        expect(b, p, k, 'answer of ' .. p .. ' ' .. dt, dt)
         local w = s:recv(zeros(dt), p, { async = true })
-        expect(w:wait(), p, k + 20, 'async answer of ' .. p .. ' ' .. dt)
+        expect(w:wait(), p, k + 20, 'async answer of ' .. p .. ' ' .. dt, dt)
       end
     else
       local dst = zeros(dt):t():contiguous():t()       -- a strided destination
       s:recv(dst, 0)
-      expect(dst, 0, k, 'recv ' .. dt)
+      expect(dst, 0, k, 'recv ' .. dt, dt)
       s:send(source(dt, R, k), 0)
       local w = s:send(source(dt, R, k + 20), 0, { async = true })
       check(w:wait() ~= nil, 'async send')
@@ -94,6 +105,23 @@ if mode == 'pingpong' then
   return
 end
 
+if mode == 'profile' then       -- ranks 0 and 1, profiled; arg[2]: the trace's path
+  em.profile.start { trace = arg[2] }
+  if R == 0 then
+    s:send(source('float32', 0, 1), 1)
+    s:send(source('float32', 0, 2), 1, { async = true }):wait()
+    s:recv(zeros('int64'), 1)
+  elseif R == 1 then
+    s:recv(zeros('float32'), 0)
+    s:recv(zeros('float32'), 0)
+    s:send(source('int64', 1, 3), 0)
+  end
+  em.profile.step()
+  em.profile.stop()
+  print(('rank %d profiled'):format(R))
+  return
+end
+
 if mode == 'mismatch' then      -- ranks 0 and 1; then a matching pair still goes through
   if R > 1 then return end
   local ok, e = pcall(function()
@@ -112,7 +140,10 @@ end
 if R == 1 then
   if mode == 'exit' then os.exit(0) end
   if mode == 'error' then error('boom in replica one') end
-  if mode == 'silent' then local t0 = em.clock(); while em.clock() - t0 < 6 do end return end
+  if silent then local t0 = em.clock(); while em.clock() - t0 < 6 do end return end
 end
-local ok, e = pcall(function() return s:recv(zeros('float32'), 1) end)
+local ok, e = pcall(function()
+  if mode == 'silent_send' then return s:send(source('int64', R, 1), 1) end
+  return s:recv(zeros('float32'), 1)
+end)
 print(('rank %d caught: %s'):format(R, ok and 'nothing' or tostring(e)))
