@@ -42,6 +42,7 @@ local dist = require 'ember.distribute'
 local schedule = require 'ember.distribute.pipeline_schedule'
 local cut = require 'ember.distribute.pipeline_cut'
 local wire = require 'ember.distribute.pipeline_wire'
+local handles = require 'ember.handles'
 local raise, kind = core.raise, core.kind
 local fmt = string.format
 
@@ -50,6 +51,8 @@ local M = {}
 local Pipeline = {}
 Pipeline.__index = Pipeline
 M.Pipeline = Pipeline
+
+local COLLECT_BYTES = 1024 * 1024
 
 local KNOWN = { stages = true, chunks = true, schedule = true, balance = true, shard = true,
                 strategy = true, sample = true }
@@ -243,6 +246,7 @@ function Pipeline:step(x, y, loss_fn)
   local prof = profiler()
   em.reset_peak_memory_stats(dev)
   self._wait_s = 0
+  local base = em.memory_stats(dev).allocated
   local t0 = em.clock()
   local ops = schedule.ops(self.schedule, P, Mc, st)
   local live, total = {}, 0
@@ -281,7 +285,13 @@ function Pipeline:step(x, y, loss_fn)
         local g = rec.inp.grad or em.zeros(rec.inp.shape, { dtype = rec.inp.dtype, device = dev })
         w:send(nil, nil, g, prev)
       end
-      live[i] = nil                  -- the micro-batch's activations go now
+      -- The micro-batch's activations go now: the tensors of its forward are
+      -- garbage, whose memory Lua would hand back only at its next collection
+      -- (a collection costs a millisecond or so: only when there is memory
+      -- worth it to hand back).
+      live[i] = nil
+      rec = nil
+      if em.memory_stats(dev).allocated - base > COLLECT_BYTES then handles.collect() end
     end
   end
   w:flush()
@@ -354,6 +364,51 @@ function Pipeline:load_state_dict(sd)
     if name then own[name] = v end
   end
   return (self.wrapped or self.module):load_state_dict(own)
+end
+
+-- What a sharded checkpoint saves and loads (the interface of
+-- ember.checkpoint.target): every parameter and buffer of the whole model, in
+-- its order and under its names. This stage's parameters are held whole here
+-- ([0, numel)) and written by its replica of data index 0 only (write = false
+-- on the others, which load them all the same); the other stages' are empty
+-- ranges. optimizer_index[k] is the entry of pp:parameters()[k]. A buffer is
+-- written by the replica that holds it on data index 0 (rank = its stage).
+function Pipeline:shard_layout()
+  if self.wrapped and self.wrapped.shard_mode then
+    raise('pipeline: checkpoints of a pipeline whose stages are sharded (shard = ...) are ' ..
+      'not supported yet')
+  end
+  local s, dev = self.strategy, self.strategy.device
+  local own = {}
+  for k, np in ipairs(self:named_parameters()) do own[np[1]] = { t = np[2], pos = k } end
+  local empty = em.zeros({ 0 }, { device = dev })
+  local writes = self.data_index == 0
+  local params, index = {}, {}
+  for i, np in ipairs(self._full:named_parameters()) do
+    local t, o = np[2], own[np[1]]
+    local n = t:numel()
+    local shape = {}
+    for d, v in ipairs(t.shape) do shape[d] = v end
+    params[i] = { name = np[1], shape = shape, dtype = t.dtype, numel = n,
+                  lo = 0, hi = o and n or 0, shard = o and o.t or empty,
+                  write = o ~= nil and writes }
+    if o then index[o.pos] = i end
+  end
+  local bufs, mine = {}, {}
+  for _, nb in ipairs(self.module:named_buffers()) do mine[self:_full_name(nb[1])] = nb[2] end
+  for i, nb in ipairs(self._full:named_buffers()) do
+    local j = tonumber(nb[1]:match('^(%d+)'))
+    local owner = 0
+    for k = 1, self.stages do
+      local first = 1
+      for q = 1, k - 1 do first = first + self.counts[q] end
+      if j >= first and j < first + self.counts[k] then owner = k - 1 end
+    end
+    bufs[i] = { name = nb[1], tensor = mine[nb[1]], shape = nb[2].shape, dtype = nb[2].dtype,
+                rank = owner, write = mine[nb[1]] ~= nil and writes }
+  end
+  return { mode = 'pipeline', world_size = s.world_size, rank = s.rank, params = params,
+           buffers = bufs, optimizer_index = index }
 end
 
 function Pipeline:stats()

@@ -16,11 +16,17 @@ local s = em.distribute.mirrored{ timeout = 60 }
 local nn = em.nn
 local R, N, dev = s.rank, s.world_size, s.device
 
-local function build(width)
+-- the output times a buffer (checkpoints must carry it, from the last stage's file)
+local Scale = nn.Module:extend('Scale')
+function Scale:init(n) self:register_buffer('scale', em.ones(n)) end
+function Scale:forward(x) return x * self.scale end
+local function build(scale)
   em.manual_seed(7)
-  width = width or 8
-  return nn.Sequential(nn.Linear(5, width), nn.Tanh(), nn.Linear(width, width), nn.ReLU(),
-    nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Linear(width, 3))
+  local width = 8
+  local m = nn.Sequential(nn.Linear(5, width), nn.Tanh(), nn.Linear(width, width), nn.ReLU(),
+    nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Linear(width, 3), Scale(3))
+  m[9].scale:copy_(em.tensor({ 1, scale or 2, 0.5 }))
+  return m
 end
 local function mse(out, y) return ((out - y) ^ 2):mean() end
 local function batch(step, B)
@@ -49,7 +55,8 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
   local D = N / P
   local B = 16
   local ref = build()
-  local pp = em.distribute.pipeline(build(), { stages = P, chunks = chunks, schedule = sched,
+  -- a loaded pipeline starts from other buffers: the checkpoint's must replace them
+  local pp = em.distribute.pipeline(build(mode == 'load' and 3 or 2), { stages = P, chunks = chunks, schedule = sched,
     balance = balance, sample = em.randn(4, 5) })
   -- a stage of activations only (a balance may cut so) has nothing to update
   local opt = #pp:parameters() > 0 and em.optim.Adam(pp:parameters(), { lr = 1e-2 }) or
@@ -125,7 +132,7 @@ if mode == 'bubble' or mode == 'memory' then
   end
   local pp = em.distribute.pipeline(model, { stages = P, chunks = chunks, schedule = sched })
   local width = mode == 'bubble' and 4 or 256
-  local rows = mode == 'bubble' and chunks or chunks * 64
+  local rows = mode == 'bubble' and chunks or chunks * 256
   local x, y = em.randn(rows, width), em.randn(rows, width)
   for _ = 1, 2 do pp:step(x, y, function(o, t) return ((o - t) ^ 2):mean() end) end
   local st = pp:stats()
@@ -148,7 +155,7 @@ if mode == 'errors' then
     local pp = em.distribute.pipeline(m, { stages = P, chunks = 5 })
     pp:step(em.randn(4, 5), em.randn(4, 3), mse)
   end)
-  case('stages', function() em.distribute.pipeline(m, { stages = 9 }) end)
+  case('stages', function() em.distribute.pipeline(m, { stages = 10 }) end)
   case('divisible', function() em.distribute.pipeline(m, { stages = 3 }) end)
   case('balance', function() em.distribute.pipeline(m, { stages = P, balance = { 3, 4 } }) end)
   case('balance_len', function() em.distribute.pipeline(m, { stages = P, balance = { 8 } }) end)
