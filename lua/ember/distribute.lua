@@ -396,6 +396,14 @@ function Strategy:wrap(model, o)
   return require('ember.distribute.wrap').wrap(self, model, o)
 end
 
+-- A pipeline over this strategy's replicas (ember.distribute.pipeline).
+function Strategy:pipeline(model, o)
+  return require('ember.distribute.pipeline').pipeline(model, o, self)
+end
+function M.pipeline(model, o)
+  return require('ember.distribute.pipeline').pipeline(model, o)
+end
+
 -- Called by the ember command when the script failed: every communicator of this
 -- state fails, and the other replicas hear "replica K failed: <message>".
 function M._abort(message)

@@ -68,9 +68,11 @@ local function optimizer_state(src, tg)
   for gi, g in ipairs(opt.param_groups) do
     local n = type(groups[gi]) == 'table' and type(groups[gi].params) == 'table' and
       #groups[gi].params
-    if n ~= #g.params then
+    -- a pipeline stage's optimizer holds a part of the model's parameters
+    local want = tg.opt_index and #tg.params or #g.params
+    if n ~= want then
       raise(fmt("%s: '%s': group %d has %s parameters, the optimizer's %d", OP, src.path, gi,
-        tostring(n), #g.params))
+        tostring(n), want))
     end
   end
   if so.by_index then
@@ -82,8 +84,11 @@ local function optimizer_state(src, tg)
     end
   end
   local state = {}
+  local index = tg.opt_index
+  local pos = {}                -- tg index -> the optimizer's position
+  for k, i in ipairs(index or {}) do pos[i] = k end
   for i, p in ipairs(tg.params) do
-    local st = so.by_name and so.by_name[p.name] or so.by_index and so.by_index[i]
+    local st = (not index or pos[i]) and (so.by_name and so.by_name[p.name] or so.by_index and so.by_index[i])
     if st then
       local ns = {}
       for k, v in pairs(st.scalars) do ns[k] = v end
@@ -94,13 +99,18 @@ local function optimizer_state(src, tg)
         end
         ns[key] = src:range(e, p.lo, p.hi)
       end
-      state[i] = ns
+      state[index and pos[i] or i] = ns
     end
   end
   local sd_groups = {}
   for gi, g in ipairs(groups) do
     local ng = {}
     for k, v in pairs(g) do ng[k] = v end
+    if tg.opt_index then          -- the stage's own parameters, by position
+      local own = {}
+      for k = 1, #opt.param_groups[gi].params do own[k] = k end
+      ng.params = own
+    end
     sd_groups[gi] = ng
   end
   return { state = state, param_groups = sd_groups }
@@ -124,9 +134,10 @@ local function load(src, tg, objects)
     own[b.name] = true
     local ref = src.buffers[b.name]
     if not ref then raise(fmt("%s: '%s' has no buffer %s (the model's)", OP, src.path, b.name)) end
-    if not same_shape(ref.shape, b.t.shape) or ref.dtype ~= b.t.dtype then
+    local shape, dtype = b.shape or b.t.shape, b.dtype or b.t.dtype
+    if not same_shape(ref.shape, shape) or ref.dtype ~= dtype then
       raise(fmt("%s: '%s': buffer %s is %s %s in the checkpoint, %s %s in the model", OP,
-        src.path, b.name, ref.dtype, shape_str(ref.shape), b.t.dtype, shape_str(b.t.shape)))
+        src.path, b.name, ref.dtype, shape_str(ref.shape), dtype, shape_str(shape)))
     end
   end
   local extra = {}
@@ -156,7 +167,7 @@ local function load(src, tg, objects)
   local values = {}
   for i, p in ipairs(tg.params) do values[i] = src:range(src.params[p.name], p.lo, p.hi) end
   local bufs = {}
-  for i, b in ipairs(tg.buffers) do bufs[i] = src:whole(src.buffers[b.name]) end
+  for i, b in ipairs(tg.buffers) do bufs[i] = b.t and src:whole(src.buffers[b.name]) end
   local osd = tg.optimizer and optimizer_state(src, tg)
   local fields = resolve(src, src.fields, {})
   local rng = src.world_size == tg.world_size and src.rank_rng[tg.rank + 1] or src.rng
@@ -165,11 +176,9 @@ local function load(src, tg, objects)
   if osd then tg.optimizer:load_state_dict(osd) end
   em.no_grad(function()
     for i, p in ipairs(tg.params) do
-      local v = values[i]
-      if tg.mode == nil then v = v:reshape(p.shape) end
-      p.t:copy_(v)
+      p.t:copy_(values[i]:reshape(p.t.shape))
     end
-    for i, b in ipairs(tg.buffers) do b.t:copy_(bufs[i]) end
+    for i, b in ipairs(tg.buffers) do if b.t then b.t:copy_(bufs[i]) end end
   end)
   -- a sharded model gathers its full weights from the shards before it next runs
   local model = objects.model

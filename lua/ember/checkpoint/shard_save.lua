@@ -122,8 +122,10 @@ local function all_ranges(s, tg)
   local n = #tg.params
   local mine = em.zeros(1, 2 * math.max(n, 1), { dtype = 'float64' })
   for i, p in ipairs(tg.params) do
-    mine[1][2 * i - 1] = p.lo
-    mine[1][2 * i] = p.hi
+    if p.write ~= false then
+      mine[1][2 * i - 1] = p.lo
+      mine[1][2 * i] = p.hi
+    end
   end
   if s.device and s.device ~= 'cpu' then mine = mine:to(s.device) end
   local rows = s:allgather(mine):cpu():totable()
@@ -172,11 +174,14 @@ end
 local function shard_contents(tg, id, rng)
   local flat, params, state = {}, {}, {}
   local opt = tg.optimizer
+  local pos = {}                -- tg index -> the optimizer's position
+  for k, i in ipairs(tg.opt_index or {}) do pos[i] = k end
   for i, p in ipairs(tg.params) do
-    local n = p.hi - p.lo
-    params[i] = { name = p.name, lo = p.lo, hi = p.hi }
+    local writes = p.write ~= false
+    local n = writes and p.hi - p.lo or 0
+    params[i] = { name = p.name, lo = writes and p.lo or 0, hi = writes and p.hi or 0 }
     if n > 0 then flat['model.' .. p.name] = p.t:detach():reshape(n) end
-    local st = opt and opt.state[i]
+    local st = opt and writes and opt.state[tg.opt_index and pos[i] or i]
     if st then
       local rec = { index = i, name = p.name, tensors = {}, scalars = {} }
       for key, v in pairs(st) do
@@ -250,7 +255,11 @@ function M.save(dir, state, opts)
     local doc, tensors = ckpt._encode(rest)
     fields_doc = doc
     for name, t in pairs(tensors) do flat['fields.' .. name] = t end
-    for _, b in ipairs(tg.buffers) do flat['buffers.' .. b.name] = b.t end
+  end
+  -- buffers: in the file of the replica that holds them (replica 0, but for a
+  -- pipeline's later stages)
+  for _, b in ipairs(tg.buffers) do
+    if b.write and (b.rank or 0) == rank then flat['buffers.' .. b.name] = b.t end
   end
   local mdoc = ckpt._encode(meta)
   local file = M.file_name(rank, world, id)
@@ -279,12 +288,24 @@ function M.save(dir, state, opts)
                       ranges = pieces }
       end
       for i, b in ipairs(tg.buffers) do
-        buffers[i] = { name = b.name, shape = b.t.shape, dtype = b.t.dtype }
+        buffers[i] = { name = b.name, shape = b.shape, dtype = b.dtype, file = b.rank or 0 }
       end
       local optimizer
       if opt then
+        local groups = opt:state_dict().param_groups
+        if tg.opt_index then
+          -- a pipeline stage's optimizer holds its stage's parameters: the
+          -- checkpoint's one group is the whole model's
+          if #groups ~= 1 then
+            raise(fmt('%s: a pipeline\'s optimizer must have one parameter group, it has %d',
+              OP, #groups))
+          end
+          local all = {}
+          for i = 1, #tg.params do all[i] = i end
+          groups[1].params = all
+        end
         optimizer = { kind = opt.class and opt.class.name or tostring(opt),
-                      param_groups = opt:state_dict().param_groups }
+                      param_groups = groups }
       end
       local head = ckpt._encode({
         format = M.FORMAT, version = M.VERSION, run_id = id, world_size = world,

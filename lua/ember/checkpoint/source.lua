@@ -196,9 +196,11 @@ local function open_sharded(self, op, dir)
     self.params[p.name] = e
     self.order[i] = p.name
   end
-  -- Buffers and field tensors: replica 0's file.
+  -- Buffers: the file the index names (replica 0's, but for a pipeline's later
+  -- stages); field tensors: replica 0's file.
   for _, b in ipairs(ix.buffers or {}) do
-    self.buffers[b.name] = ref_of(op, self, files[1].path, files[1].f, 'buffers.' .. b.name)
+    local f = files[(tonumber(b.file) or 0) + 1] or files[1]   -- a pipeline's stage's file
+    self.buffers[b.name] = ref_of(op, self, f.path, f.f, 'buffers.' .. b.name)
   end
   for _, r in ipairs(wanted) do
     local ref = ref_of(op, self, files[1].path, files[1].f, 'fields.' .. r.field)

@@ -13,6 +13,13 @@ tensors t, in this order (opt.state[i] belongs to tg.params[i]). tg.mode,
 tg.world_size, tg.rank, tg.strategy: the sharding (nil, 1, 0, nil for a plain
 model).
 
+A pipeline (mode 'pipeline') lists the whole model, the other stages' parameters
+as empty ranges; its optimizer holds only this stage's: tg.opt_index[k] is the
+entry of the optimizer's k-th parameter. Entries with write = false are held
+and loaded but left to another replica to save (a stage's data replicas), and
+each buffer names the replica (rank) whose file holds it; t is nil for a buffer
+held elsewhere.
+
 A sharded model is known by its interface only (dm.shard_mode,
 dm:shard_layout(), dm.strategy): how it groups parameters into units is its
 own affair; each parameter's [lo, hi) is all that matters here.
@@ -46,9 +53,14 @@ local function from_sharded(op, dm)
         p.shard:numel(), p.lo, p.hi, p.hi - p.lo))
     end
     tg.params[i] = { name = p.name, shape = copy_list(p.shape), dtype = p.dtype, numel = p.numel,
-                     lo = p.lo, hi = p.hi, t = p.shard }
+                     lo = p.lo, hi = p.hi, t = p.shard, write = p.write ~= false }
   end
-  for i, b in ipairs(lay.buffers or {}) do tg.buffers[i] = { name = b.name, t = b.tensor } end
+  for i, b in ipairs(lay.buffers or {}) do
+    tg.buffers[i] = { name = b.name, t = b.tensor, shape = b.shape or b.tensor.shape,
+                      dtype = b.dtype or b.tensor.dtype, rank = b.rank or 0,
+                      write = b.write ~= false and b.tensor ~= nil }
+  end
+  tg.opt_index = lay.optimizer_index
   return tg
 end
 
@@ -72,10 +84,11 @@ local function check_optimizer(op, tg, opt)
     raise(('%s: optimizer is a %s, expected an em.optim optimizer'):format(op, kind(opt)))
   end
   local i = 0
+  local index = tg.opt_index
   for _, g in ipairs(groups) do
     for _, p in ipairs(g.params) do
       i = i + 1
-      local want = tg.params[i]
+      local want = tg.params[index and index[i] or i]
       if not want or not ffi.istype(box_t, p) or p._h ~= want.t._h then
         raise(('%s: the optimizer is not built on the model\'s parameters (its parameter %d ' ..
           'is not %s); build it on %s'):format(op, i, want and want.name or '(none)',
@@ -83,7 +96,7 @@ local function check_optimizer(op, tg, opt)
       end
     end
   end
-  if i ~= #tg.params then
+  if i ~= (index and #index or #tg.params) then
     raise(('%s: the optimizer has %d parameters, the model %d'):format(op, i, #tg.params))
   end
 end

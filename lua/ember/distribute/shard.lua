@@ -294,6 +294,13 @@ function Sharded.__call(self, ...)
   return self.module(...)
 end
 
+-- The next backward averages (reduces) gradients, as after a forward through
+-- dm (see DistributedModel:arm).
+function Sharded:arm()
+  self._armed = true
+  reset(self)
+end
+
 function Sharded.__tostring(self)
   return ("sharded ('%s') for %d replicas (%d units):\n%s"):format(
     self.shard_mode or 'none', self.strategy.world_size, #self._units, tostring(self.module))

@@ -155,6 +155,15 @@ function DistributedModel.__call(self, ...)
   return self.module(...)
 end
 
+-- The next backward averages gradients, as after a forward through dm: a
+-- pipeline runs its micro-batches' forwards under no_sync and arms the stage
+-- just before its last backward, so the accumulated gradients are averaged once.
+function DistributedModel:arm()
+  local r = self._reducer._h
+  if r == nil then raise('wrapped model: its strategy was closed') end
+  if C.em_reducer_prepare(S, r) ~= 0 then core.fail() end
+end
+
 -- This replica's bytes by kind: {parameters, gradients, optimizer, activations}
 -- (activations: the peak of the last step above its start).
 function DistributedModel:memory()

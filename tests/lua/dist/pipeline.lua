@@ -1,0 +1,172 @@
+-- pipeline.lua -- run by test_distribute_pipeline.lua under `ember --replicas N`,
+-- mpirun and emulated GPU replicas: em.distribute.pipeline.
+--   equiv SCHED P CHUNKS [BALANCE]  a pipeline of P stages (world P x D) against one
+--        model trained on the whole batch: 3 Adam steps; each step compares the loss
+--        and every gradient of this stage, then the parameters after the update.
+--        Prints "rank R stage S lossdiff X graddiff Y maxdiff Z counts a,b,..".
+--   bubble SCHED P CHUNKS   P stages that each sleep 20 ms in forward and in backward
+--        per micro-batch: prints "rank R bubble B"
+--   memory SCHED P CHUNKS   prints "rank R peak BYTES inflight K"
+--   errors P                 every bad setting, caught: "rank R case NAME: message"
+--   save DIR                  P = 2 (world 2): 2 Adam steps, then em.checkpoint.save
+--   load DIR P                 loads DIR into a P-stage pipeline (world P x D), runs a
+--        third step and compares with a model trained 3 steps: "rank R loaddiff X"
+local mode = arg[1] or 'equiv'
+local s = em.distribute.mirrored{ timeout = 60 }
+local nn = em.nn
+local R, N, dev = s.rank, s.world_size, s.device
+
+-- the output times a buffer (checkpoints must carry it, from the last stage's file)
+local Scale = nn.Module:extend('Scale')
+function Scale:init(n) self:register_buffer('scale', em.ones(n)) end
+function Scale:forward(x) return x * self.scale end
+local function build(scale)
+  em.manual_seed(7)
+  local width = 8
+  local m = nn.Sequential(nn.Linear(5, width), nn.Tanh(), nn.Linear(width, width), nn.ReLU(),
+    nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width), nn.Linear(width, 3), Scale(3))
+  m[9].scale:copy_(em.tensor({ 1, scale or 2, 0.5 }))
+  return m
+end
+local function mse(out, y) return ((out - y) ^ 2):mean() end
+local function batch(step, B)
+  em.manual_seed(100 + step)
+  return em.randn(B, 5), em.randn(B, 3)
+end
+-- the model's named parameters: name -> tensor
+local function by_name(m)
+  local t = {}
+  for _, np in ipairs(m:named_parameters()) do t[np[1]] = np[2] end
+  return t
+end
+local function maxabs(a, b) return (a:to('cpu') - b:to('cpu')):abs():max():item() end
+
+if mode == 'equiv' or mode == 'load' or mode == 'save' then
+  local sched, P, chunks = arg[2], tonumber(arg[3]), tonumber(arg[4])
+  local balance = arg[5]
+  local dir
+  if mode == 'save' then dir, sched, P, chunks = arg[2], '1f1b', 2, 4 end
+  if mode == 'load' then dir, P, sched, chunks = arg[2], tonumber(arg[3]), 'gpipe', 2 end
+  if balance and balance:find(',') then
+    local list = {}
+    for c in balance:gmatch('%d+') do list[#list + 1] = tonumber(c) end
+    balance = list
+  end
+  local D = N / P
+  local B = 16
+  local ref = build()
+  -- a loaded pipeline starts from other buffers: the checkpoint's must replace them
+  local pp = em.distribute.pipeline(build(mode == 'load' and 3 or 2), { stages = P, chunks = chunks, schedule = sched,
+    balance = balance, sample = em.randn(4, 5) })
+  -- a stage of activations only (a balance may cut so) has nothing to update
+  local opt = #pp:parameters() > 0 and em.optim.Adam(pp:parameters(), { lr = 1e-2 }) or
+    { zero_grad = function() end, step = function() end }
+  local ropt = em.optim.Adam(ref:parameters(), { lr = 1e-2 })
+  local mine = pp:named_parameters()
+  local rp = by_name(ref)
+  local lossdiff, graddiff, maxdiff, loaddiff = 0, 0, 0, nil
+  local first_step = 1
+  if mode == 'load' then
+    -- the reference trains the two saved steps; the pipeline loads them
+    for step = 1, 2 do
+      local x, y = batch(step, B)
+      ropt:zero_grad(); mse(ref(x), y):backward(); ropt:step()
+    end
+    em.checkpoint.load(dir, { model = pp, optimizer = opt })
+    first_step = 3
+  end
+  local last = mode == 'save' and 2 or 3
+  for step = first_step, last do
+    local x, y = batch(step, B)
+    ropt:zero_grad()
+    local rl = mse(ref(x), y)
+    rl:backward()
+    local d = pp.data_index
+    local per = B / D
+    local xs, ys = x:narrow(1, d * per + 1, per), y:narrow(1, d * per + 1, per)
+    opt:zero_grad()
+    local loss = pp:step(xs, ys, mse)
+    lossdiff = math.max(lossdiff, math.abs(loss:item() - rl:item()))
+    for _, np in ipairs(mine) do
+      graddiff = math.max(graddiff, maxabs(np[2].grad, rp[np[1]].grad))
+    end
+    opt:step(); ropt:step()
+  end
+  for _, np in ipairs(mine) do maxdiff = math.max(maxdiff, maxabs(np[2], rp[np[1]])) end
+  if mode == 'save' then
+    em.checkpoint.save(dir, { model = pp, optimizer = opt })
+    print(('rank %d saved'):format(R))
+    return
+  end
+  -- forward: the last stage's output on every replica
+  local xe = batch(9, 6)
+  local out = pp:forward(xe)
+  local fdiff = maxabs(out, ref(xe):detach())
+  local counts = table.concat(pp.counts, ',')
+  print(('rank %d stage %d lossdiff %.3g graddiff %.3g maxdiff %.3g forward %.3g device %s ' ..
+    'counts %s'):format(R, pp.stage, lossdiff, graddiff, maxdiff, fdiff, dev, counts))
+  return
+end
+
+if mode == 'bubble' or mode == 'memory' then
+  local sched, P, chunks = arg[2], tonumber(arg[3]), tonumber(arg[4])
+  local model
+  if mode == 'bubble' then
+    local ffi = require 'ffi'
+    pcall(ffi.cdef, 'int usleep(unsigned int usec);')
+    local function nap() ffi.C.usleep(20000) end
+    local Sleep = nn.Module:extend('Sleep')
+    function Sleep:forward(x)
+      nap()
+      return em.autograd.apply('sleep', x:detach():clone(), { x }, function(g) nap(); return { g } end)
+    end
+    local kids = {}
+    for k = 1, P do kids[k] = Sleep() end
+    kids[1] = nn.Sequential(nn.Linear(4, 4), Sleep())
+    model = nn.Sequential(kids)
+  else
+    em.manual_seed(1)
+    local kids = {}
+    for k = 1, P do kids[#kids + 1] = nn.Linear(256, 256); kids[#kids + 1] = nn.Tanh() end
+    model = nn.Sequential(kids)
+  end
+  local pp = em.distribute.pipeline(model, { stages = P, chunks = chunks, schedule = sched })
+  local width = mode == 'bubble' and 4 or 256
+  local rows = mode == 'bubble' and chunks or chunks * 256
+  local x, y = em.randn(rows, width), em.randn(rows, width)
+  for _ = 1, 2 do pp:step(x, y, function(o, t) return ((o - t) ^ 2):mean() end) end
+  local st = pp:stats()
+  if mode == 'bubble' then
+    print(('rank %d bubble %.4f step_s %.3f'):format(R, st.bubble, st.step_s))
+  else
+    print(('rank %d peak %d'):format(R, st.peak_bytes))
+  end
+  return
+end
+
+if mode == 'errors' then
+  local P = tonumber(arg[2])
+  local function case(name, fn)
+    local ok, e = pcall(fn)
+    print(('rank %d case %s: %s'):format(R, name, ok and 'no error' or tostring(e)))
+  end
+  local m = build()
+  case('chunks', function()
+    local pp = em.distribute.pipeline(m, { stages = P, chunks = 5 })
+    pp:step(em.randn(4, 5), em.randn(4, 3), mse)
+  end)
+  case('stages', function() em.distribute.pipeline(m, { stages = 10 }) end)
+  case('divisible', function() em.distribute.pipeline(m, { stages = 3 }) end)
+  case('balance', function() em.distribute.pipeline(m, { stages = P, balance = { 3, 4 } }) end)
+  case('balance_len', function() em.distribute.pipeline(m, { stages = P, balance = { 8 } }) end)
+  case('schedule', function() em.distribute.pipeline(m, { stages = P, schedule = 'zigzag' }) end)
+  case('option', function() em.distribute.pipeline(m, { stages = P, chunk = 2 }) end)
+  case('sequential', function() em.distribute.pipeline(nn.Linear(3, 3), { stages = P }) end)
+  case('sample', function() em.distribute.pipeline(m, { stages = P, balance = 'time' }) end)
+  -- after all of that, a pipeline still works
+  local pp = em.distribute.pipeline(build(), { stages = P, chunks = 2 })
+  local l = pp:step(em.randn(4, 5), em.randn(4, 3), mse)
+  print(('rank %d after errors loss %s'):format(R, tostring(l:item() == l:item())))
+  return
+end
+error('pipeline.lua: unknown mode ' .. tostring(mode))
