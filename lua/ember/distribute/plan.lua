@@ -37,7 +37,10 @@ Plan.__index = Plan
 M.Plan = Plan
 
 local GiB = 2 ^ 30
-local function gib(n) return ('%.2f GiB'):format(n / GiB) end
+local function gib(n)
+  if n >= GiB then return ('%.2f GiB'):format(n / GiB) end
+  return ('%.1f MiB'):format(n / 2 ^ 20)
+end
 M.gib = gib
 
 -- -- Options ---------------------------------------------------------------------------------
@@ -202,9 +205,9 @@ function M.plan(model, o)
   for _, c in ipairs(candidates) do
     if not c.fits then
       local p = c.parts
-      why[c.name] = ('%s: %s > %s (parameters %.2f, gradients %.2f, optimizer %.2f, ' ..
-        'activations %.2f GiB; with a %d%% margin)'):format(c.name, gib(c.peak), gib(mem),
-        p.parameters / GiB, p.gradients / GiB, p.optimizer / GiB, p.activations / GiB,
+      why[c.name] = ('%s: %s > %s (parameters %s, gradients %s, optimizer %s, ' ..
+        'activations %s; with a %d%% margin)'):format(c.name, gib(c.peak), gib(mem),
+        gib(p.parameters), gib(p.gradients), gib(p.optimizer), gib(p.activations),
         math.floor(layouts.SAFETY * 100 + 0.5))
     end
   end

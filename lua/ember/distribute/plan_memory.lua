@@ -59,13 +59,23 @@ end
 
 -- Each direct child's forward runs under em.nn.checkpoint (keeping only its
 -- inputs); returns the function that undoes it. Parameter names stay as they are.
-function M.checkpoint_children(model)
+-- On meta (tidy = true) the garbage a checkpointed forward leaves is collected
+-- past GARBAGE bytes, as em.nn.checkpoint does with the CPU's count (which meta
+-- tensors do not enter).
+local GARBAGE = 8 * 2 ^ 20
+M.GARBAGE = GARBAGE
+function M.checkpoint_children(model, tidy)
   local undo = {}
   for _, c in ipairs(model:children()) do
     local own = rawget(c, 'forward')
     local inner = own or getmetatable(c).forward
     rawset(c, 'forward', function(self, ...)
-      return em.nn.checkpoint(function(...) return inner(self, ...) end, ...)
+      local before = tidy and em.memory_stats('meta').allocated
+      local out = em.nn.checkpoint(function(...) return inner(self, ...) end, ...)
+      if tidy and em.memory_stats('meta').allocated - before - out:numel() * out:element_size() > GARBAGE then
+        em.collect()
+      end
+      return out
     end)
     undo[#undo + 1] = function() rawset(c, 'forward', own) end
   end
@@ -98,6 +108,7 @@ local function allocated() return em.memory_stats('meta').allocated end
 local function run_step(model, params, o)
   em.collect()
   local base = allocated()
+  local last = base
   em.reset_peak_memory_stats('meta')
   local segs, arrived = {}, 0
   local r = {}
@@ -110,6 +121,9 @@ local function run_step(model, params, o)
       p.grad = nil
       release(g)
     end
+    -- (a checkpointed backward's recomputations tidy up as its forward does)
+    if o.checkpoint and allocated() - last > GARBAGE then em.collect() end
+    last = allocated()
     em.reset_peak_memory_stats('meta')
   end
   for i, p in ipairs(params) do
@@ -148,7 +162,7 @@ function M.step(model, o)
     for _, run in ipairs(o.runs) do
       local key = run.batch .. '/' .. (run.checkpoint and 1 or 0)
       if not results[key] then
-        local undo = run.checkpoint and M.checkpoint_children(model)
+        local undo = run.checkpoint and M.checkpoint_children(model, true)
         local function shaped(t)
           if not t then return nil end
           local sh = { unpack(t.shape) }
@@ -156,7 +170,8 @@ function M.step(model, o)
           return { shape = sh, dtype = t.dtype }
         end
         local ok2, res = pcall(run_step, model, params,
-          { input = shaped(o.input), target = shaped(o.target), loss = o.loss })
+          { input = shaped(o.input), target = shaped(o.target), loss = o.loss,
+            checkpoint = run.checkpoint })
         if undo then undo() end
         if not ok2 then error(res, 0) end
         results[key] = res
