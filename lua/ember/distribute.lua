@@ -403,6 +403,8 @@ end
 function M.pipeline(model, o)
   return require('ember.distribute.pipeline').pipeline(model, o)
 end
+-- The planner (ember.distribute.plan): whether and how a model fits N devices.
+function M.plan(model, o) return require('ember.distribute.plan')(model, o) end
 
 -- Called by the ember command when the script failed: every communicator of this
 -- state fails, and the other replicas hear "replica K failed: <message>".

@@ -1,0 +1,266 @@
+--[[
+ember.distribute.plan -- em.distribute.plan(model, o): before anything trains,
+whether a model trains in the given memory per device, and how.
+
+  local plan = em.distribute.plan(model, {
+    input = {shape = {64, 128}, dtype = 'int64'},      -- the global batch
+    target = {shape = {64 * 128}, dtype = 'int64'},    -- optional
+    loss = function(out, y) return F.cross_entropy(out:view(-1, V), y) end,
+    optimizer = 'adam' | 'sgd', devices = 4, memory = 512 * 2^20,
+    strategy = s,            -- optional: measures the link (a collective)
+    pipeline = true,         -- consider pipeline layouts (when em.distribute.pipeline exists)
+    schedule = '1f1b' | 'gpipe', time = true })  -- time = false: no timing runs
+  plan.fits, plan.layout, plan.peak_bytes, plan.step_s, plan.candidates, plan.why
+  plan:print(); local dm = plan:apply(s)
+
+input.shape[1] is the global batch of one step; a layout with D data replicas
+gives each B/D rows (and a pipeline splits those into M micro-batches). A step
+is: zero_grad, forward, loss, backward, optimizer step.
+
+How: plan_memory measures the step on the meta device at each per-replica batch
+(with and without checkpointing); plan_time times each child on the real
+device and the link; plan_layouts turns those into each layout's peak and step
+time and picks the fastest that fits; plan_print prints the table. Measurements
+of identical children are shared, so a deep stack of equal blocks costs one
+block's measurement.
+]]
+local em = require 'ember'
+local core = require 'ember.ffi'
+local memory = require 'ember.distribute.plan_memory'
+local timing = require 'ember.distribute.plan_time'
+local layouts = require 'ember.distribute.plan_layouts'
+local raise = core.raise
+
+local M = {}
+local Plan = {}
+Plan.__index = Plan
+M.Plan = Plan
+
+local GiB = 2 ^ 30
+local function gib(n)
+  if n >= GiB then return ('%.2f GiB'):format(n / GiB) end
+  return ('%.1f MiB'):format(n / 2 ^ 20)
+end
+M.gib = gib
+
+-- -- Options ---------------------------------------------------------------------------------
+local KNOWN = { input = true, target = true, loss = true, optimizer = true, devices = true,
+                memory = true, dtype = true, strategy = true, pipeline = true, schedule = true,
+                time = true, momentum = true }
+
+local function check_shape(name, v)
+  if type(v) ~= 'table' or type(v.shape) ~= 'table' or #v.shape < 1 then
+    raise(('plan: %s must be {shape = {batch, ...}, dtype = ...}, got %s'):format(name, core.kind(v)))
+  end
+  for i, d in ipairs(v.shape) do
+    if type(d) ~= 'number' or d < 1 or d % 1 ~= 0 then
+      raise(('plan: %s.shape[%d] must be a positive integer, got %s'):format(name, i, tostring(d)))
+    end
+  end
+end
+
+local function check(model, o)
+  if type(model) ~= 'table' or not model.named_parameters then
+    raise('plan: expected an em.nn.Module, got ' .. core.kind(model))
+  end
+  if type(o) ~= 'table' then raise('plan: expected an options table, got ' .. core.kind(o)) end
+  for k in pairs(o) do
+    if not KNOWN[k] then
+      raise(("plan: unknown option '%s' (input, target, loss, optimizer, devices, memory, " ..
+        "dtype, strategy, pipeline, schedule, time)"):format(tostring(k)))
+    end
+  end
+  check_shape('input', o.input)
+  if o.target ~= nil then check_shape('target', o.target) end
+  if o.loss ~= nil and type(o.loss) ~= 'function' then
+    raise('plan: loss must be a function(output, target) returning the loss, got ' .. core.kind(o.loss))
+  end
+  local opt = o.optimizer or 'adam'
+  if opt ~= 'adam' and opt ~= 'adamw' and opt ~= 'sgd' then
+    raise(("plan: optimizer must be 'adam' or 'sgd', got %s"):format(tostring(o.optimizer)))
+  end
+  local N = o.devices or (o.strategy and o.strategy.world_size) or 1
+  if type(N) ~= 'number' or N < 1 or N % 1 ~= 0 then
+    raise('plan: devices must be a positive integer, got ' .. tostring(o.devices))
+  end
+  local mem = o.memory
+  if type(mem) == 'string' then
+    local n, why = require('ember.memlimit').parse_size(mem)
+    if not n then raise('plan: memory: ' .. why) end
+    mem = n
+  end
+  if type(mem) ~= 'number' or not (mem > 0) then
+    raise('plan: memory must be the bytes of one device (a number > 0 or a size like 512M), got ' ..
+      tostring(o.memory))
+  end
+  if o.schedule ~= nil and o.schedule ~= '1f1b' and o.schedule ~= 'gpipe' then
+    raise(("plan: schedule must be '1f1b' or 'gpipe', got %s"):format(tostring(o.schedule)))
+  end
+  if o.input.shape[1] % 1 ~= 0 then raise('plan: input.shape[1] (the batch) must be an integer') end
+  return N, mem, opt
+end
+
+local function default_loss(out) return out:sum() end
+
+local function is_sequential(model)
+  return getmetatable(model) == em.nn.Sequential or
+    (type(model.__name) == 'string' and model.__name == 'Sequential')
+end
+
+local function has_pipeline()
+  local ok, mod = pcall(require, 'ember.distribute.pipeline')
+  return ok and mod
+end
+
+-- -- Planning --------------------------------------------------------------------------------
+function M.plan(model, o)
+  local N, mem, optname = check(model, o)
+  local B = o.input.shape[1]
+  local loss = o.loss or default_loss
+  local seq = is_sequential(model)
+  local children = seq and model:children() or { model }
+  local pipeline_ok = o.pipeline ~= false and seq and has_pipeline() and true or false
+
+  -- the model's sizes
+  local W, pmax, unit = 0, 0, 0
+  for _, m in ipairs(model:modules()) do
+    local r, own = rawget(m, '_reg'), 0
+    for _, k in ipairs(r.pnames) do
+      local p = r.params[k]
+      if p.requires_grad then
+        local b = p:numel() * p:element_size()
+        W, pmax, own = W + b, math.max(pmax, b), own + b
+      end
+    end
+    unit = math.max(unit, own)
+  end
+  if W == 0 then raise('plan: the model has no parameter that requires grad') end
+  local state_factor = optname == 'sgd' and (o.momentum == 0 and 0 or 1) or 2
+
+  local list, skipped = layouts.enumerate{ devices = N, batch = B,
+    children = seq and #children or nil, pipeline = pipeline_ok }
+  if #list == 0 then
+    raise(('plan: no layout splits the batch of %d over %d devices (make it a multiple of %d)')
+      :format(B, N, N))
+  end
+
+  -- memory: one meta step per data-parallel batch and checkpointing
+  local runs = {}
+  for _, l in ipairs(list) do
+    if l.pipeline == 1 then runs[#runs + 1] = { batch = B / l.data, checkpoint = l.checkpoint } end
+  end
+  local steps = memory.step(model, { input = o.input, target = o.target, loss = loss, runs = runs })
+
+  -- time: the children at the smallest per-replica batch
+  local t
+  local b0 = B / N
+  local base_shape = { shape = o.input.shape, dtype = o.input.dtype }
+  if o.time == false then
+    -- no timing runs: seconds proportional to the weights (a stand-in, for tests)
+    t = { fwd = W * 1e-10, bwd = 2 * W * 1e-10, fwd_i = {}, bwd_i = {}, batch = b0 }
+    for i, c in ipairs(children) do
+      local w = 0
+      for _, p in ipairs(c:parameters()) do w = w + p:numel() * p:element_size() end
+      t.fwd_i[i], t.bwd_i[i] = w * 1e-10, 2 * w * 1e-10
+    end
+  else
+    local device = children[1]:parameters()[1] and children[1]:parameters()[1].device or 'cpu'
+    t = timing.children(children, { input = base_shape, batch = b0, device = device })
+  end
+  local bw, bw_how = timing.bandwidth(o.strategy)
+  t.bandwidth = bw
+
+  local candidates, child_cache = {}, {}
+  for _, l in ipairs(list) do
+    local c = { layout = l, name = layouts.name(l) }
+    if l.pipeline == 1 then
+      local b = B / l.data
+      local m = { weights = W, state = W * state_factor, unit = unit, param_max = pmax,
+                  step = steps[b .. '/' .. (l.checkpoint and 1 or 0)] }
+      c.peak, c.parts = layouts.data_memory(l, m)
+      c.step_s = layouts.data_time(l, t, W, b)
+    else
+      local mb = B / (l.data * l.chunks)
+      local kids = memory.children(model, { input = o.input, batch = mb, checkpoint = l.checkpoint,
+                                            cache = child_cache })
+      local costs = {}
+      for i, k in ipairs(kids) do
+        local n = 1
+        for _, d in ipairs(k.out.shape) do n = n * d end
+        k.out_bytes = n * 4
+        costs[i] = k.params * (1 + 1 + state_factor) + k.held * math.min(l.pipeline, l.chunks)
+      end
+      local counts = layouts.cut(costs, l.pipeline)
+      l.stages = counts
+      c.peak, c.parts = layouts.pipeline_memory(l, { state_factor = state_factor }, kids, counts,
+        o.schedule or '1f1b')
+      c.step_s = layouts.pipeline_time(l, t, kids, counts, mb)
+    end
+    candidates[#candidates + 1] = c
+  end
+  local best = layouts.choose(candidates, mem)
+
+  local why = {}
+  for name, reason in pairs(skipped) do why[name] = reason end
+  for _, c in ipairs(candidates) do
+    if not c.fits then
+      local p = c.parts
+      why[c.name] = ('%s: %s > %s (parameters %s, gradients %s, optimizer %s, ' ..
+        'activations %s; with a %d%% margin)'):format(c.name, gib(c.peak), gib(mem),
+        gib(p.parameters), gib(p.gradients), gib(p.optimizer), gib(p.activations),
+        math.floor(layouts.SAFETY * 100 + 0.5))
+    end
+  end
+  local smallest = candidates[1]
+  for _, c in ipairs(candidates) do if c.peak < smallest.peak then smallest = c end end
+  local chosen = best or smallest
+  return setmetatable({
+    fits = best ~= nil, layout = chosen.layout, peak_bytes = chosen.peak, step_s = chosen.step_s,
+    candidates = candidates, why = why, memory = mem, devices = N, bandwidth = bw,
+    bandwidth_how = bw_how, weights = W, optimizer = optname, sequential = seq,
+    schedule = o.schedule or '1f1b', batch = B,
+  }, Plan)
+end
+
+-- -- The plan -------------------------------------------------------------------------------------
+function Plan:print(out)
+  return require('ember.distribute.plan_print').print(self, out)
+end
+
+function Plan.__tostring(self) return require('ember.distribute.plan_print').format(self) end
+
+-- The model as the layout runs it: s:wrap (data parallel, sharded or not) or a
+-- pipeline; with layout.checkpoint each child's forward runs under
+-- em.nn.checkpoint. Every replica calls it.
+function Plan:apply(s, model)
+  if type(s) ~= 'table' or not s.wrap then
+    raise('plan:apply: expected the strategy (em.distribute.mirrored{}), got ' .. core.kind(s))
+  end
+  model = model or self.model
+  if not self.fits then
+    raise(('plan:apply: no layout fits %s per device on %d devices; the smallest, %s, needs %s ' ..
+      '(see plan.why)'):format(gib(self.memory), self.devices, layouts.name(self.layout),
+      gib(self.peak_bytes)))
+  end
+  if s.world_size ~= self.devices then
+    raise(('plan:apply: the plan is for %d devices, the strategy has %d replicas')
+      :format(self.devices, s.world_size))
+  end
+  local l = self.layout
+  if l.checkpoint then memory.checkpoint_children(model) end
+  local shard = l.shard ~= 'none' and l.shard or nil
+  if l.pipeline == 1 then return s:wrap(model, { shard = shard }) end
+  local pipeline = has_pipeline()
+  if not pipeline then
+    raise('plan:apply: the layout is a pipeline, and em.distribute.pipeline is not available ' ..
+      'in this build (plan with pipeline = false)')
+  end
+  return em.distribute.pipeline(model, { stages = l.pipeline, chunks = l.chunks,
+    schedule = self.schedule, balance = l.stages, shard = shard })
+end
+
+return function(model, o)
+  local p = M.plan(model, o)
+  rawset(p, 'model', model)
+  return p
+end

@@ -1,0 +1,269 @@
+--[[
+ember.distribute.plan_layouts -- the planner's arithmetic, pure functions of the
+measurements (no tensors): which layouts there are for N devices, what each one
+holds per device and how long its step takes, which one wins, and how a
+pipeline cuts a Sequential into stages.
+
+A layout is {data = D, pipeline = P, shard = 'none' | 'optimizer' | 'gradients'
+| 'parameters', checkpoint = bool, chunks = M} with D x P = N.
+
+Memory of data parallel (P = 1), per device. From the meta step at the
+per-replica batch (plan_memory.step): each backward segment's peak, plus the
+gradients the layout holds at that point, plus what is resident all along:
+
+  shard        weights      gradients during backward              optimizer
+  none         W            W (wrap's buckets, from wrap time)     S
+  optimizer    W            arrived + one bucket being filled      S/N
+  gradients    W            arrived/N + flat buckets in flight      S/N
+  parameters   W/N + 2 U    arrived/N + flat units in flight        S/N
+
+(W weights, S optimizer state: 2W for Adam, W for SGD's momentum; U the largest
+module's weights, gathered for its forward and backward; shard.lua reduces at
+most MAX_IN_FLIGHT units at once, plus the one filling.) After backward the
+optimizer step holds weights, final gradients (W, or W/N), state and what the
+backward left (its garbage included, as the meta step measured it). ZeRO 1 and
+2 gather every unit's weights at the next forward: W more, for a moment.
+
+Pipelines (P > 1): stage s holds its children's weights, gradients and state
+(sharded across its D replicas as above) and, under 1F1B, min(P - s, M)
+micro-batches of its children's saved activations (GPipe: M), the worst
+child's transient, and a received input and a sent output.
+
+Time: the measured forward and backward seconds of the children scale with the
+batch; checkpointing adds a forward; gradients cost 2(D-1)/D of their bytes over
+the link (ring allreduce), ZeRO 2 and 3 a reduce-scatter and allgathers of
+(D-1)/D each; a pipeline's step is (M + P - 1) micro-batch slots of its slowest
+stage (the bubble is (P - 1)/(M + P - 1) of it) plus its point-to-point sends.
+Communication is counted as not overlapping computation: an upper bound.
+
+A fixed SAFETY share is added to every predicted peak, so that a layout said to
+fit does not run out of memory through what the model leaves out (the data
+loader's tensors, Lua's collector running late).
+]]
+local M = {}
+
+M.SAFETY = 0.05
+M.SHARD_BUCKET = 4 * 2 ^ 20     -- shard.lua's unit size for 'optimizer' and 'gradients'
+M.MAX_IN_FLIGHT = 2             -- shard.lua: units reduced at once
+M.ZERO3_REGATHER = 0.15
+M.SHARDS = { 'none', 'optimizer', 'gradients', 'parameters' }
+
+-- -- Enumerating -------------------------------------------------------------------------------
+-- Every layout for N devices: o = {devices, batch, children (count; nil when the
+-- model is no Sequential), pipeline (false: no pipeline layouts)}. Returns the
+-- layouts and, for those impossible, why (layout name -> reason).
+function M.enumerate(o)
+  local list, skipped = {}, {}
+  local N, B = o.devices, o.batch
+  for P = 1, N do
+    if N % P == 0 and (P == 1 or (o.pipeline ~= false and o.children and P <= o.children)) then
+      local D = N / P
+      local chunks = P == 1 and { 1 } or { P, 2 * P, 4 * P }
+      for _, shard in ipairs(M.SHARDS) do
+        if shard == 'none' or D > 1 then
+          for _, ckpt in ipairs({ false, true }) do
+            for _, Mc in ipairs(chunks) do
+              local l = { data = D, pipeline = P, shard = shard, checkpoint = ckpt, chunks = Mc }
+              if B % (D * Mc) ~= 0 then
+                skipped[M.name(l)] = ('the batch %d does not split into %d x %d micro-batches')
+                  :format(B, D, Mc)
+              else
+                list[#list + 1] = l
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  return list, skipped
+end
+
+function M.name(l)
+  local s = ('data=%d'):format(l.data)
+  if l.pipeline > 1 then s = s .. (' pipeline=%d chunks=%d'):format(l.pipeline, l.chunks) end
+  s = s .. ' shard=' .. l.shard
+  if l.checkpoint then s = s .. ' checkpoint' end
+  return s
+end
+
+-- -- Memory: data parallel -----------------------------------------------------------------------
+-- m = {weights W, state S, unit U (largest module's weights), param_max, step
+-- (plan_memory.step's result at this layout's batch and checkpointing)}.
+-- Returns the peak and its parts {parameters, gradients, optimizer, activations}.
+function M.data_memory(l, m)
+  local N, mode = l.data, l.shard
+  local W, S = m.weights, m.state
+  local sharded = mode ~= 'none'
+  local params = mode == 'parameters' and math.ceil(W / N) + 2 * m.unit or W
+  local state = sharded and math.ceil(S / N) or S
+  local bucket = math.min(math.max(M.SHARD_BUCKET, m.param_max), W)
+  local unit = mode == 'parameters' and m.unit or bucket
+  local function grads_at(arrived)
+    if mode == 'none' then return N > 1 and W or arrived end
+    if mode == 'optimizer' then return math.min(W, arrived + bucket) end
+    return arrived / N + math.min(arrived + unit, (M.MAX_IN_FLIGHT + 2) * unit, W)
+  end
+  local fb, fb_grads, fb_act = 0, 0, 0
+  for _, seg in ipairs(m.step.segments) do
+    local g = grads_at(seg.arrived)
+    if seg.peak + g > fb then fb, fb_grads, fb_act = seg.peak + g, g, seg.peak end
+  end
+  -- ZeRO 3's backward re-gathers a module's weights when the gradient reaches
+  -- its output, which the engine's order can do for several modules before the
+  -- first is reduced; measured against shard.lua that costs up to ZERO3_REGATHER
+  -- of the activations' peak (an empirical share, not a derivation).
+  if mode == 'parameters' then fb = fb + M.ZERO3_REGATHER * fb_act end
+  fb = fb + params + state
+  local final = (mode == 'gradients' or mode == 'parameters') and math.ceil(W / N) or W
+  local opt = params + state + final + m.step.after
+  local gather = (mode == 'optimizer' or mode == 'gradients') and
+    (W + state + W + math.ceil(W / N)) or 0
+  local peak = math.max(fb, opt, gather)
+  local parts = { parameters = params, optimizer = state }
+  if peak == fb then
+    parts.gradients, parts.activations = fb_grads, fb_act
+  elseif peak == opt then
+    parts.gradients, parts.activations = final, m.step.after
+  else
+    parts.gradients, parts.activations, parts.parameters = 0, 0, 2 * W + math.ceil(W / N)
+  end
+  return peak, parts
+end
+
+-- -- Memory: pipelines -----------------------------------------------------------------------
+-- children: plan_memory.children's list at the micro-batch; counts: children per
+-- stage; m.state_factor: state bytes per weight byte. The worst stage's peak,
+-- its parts, and each stage's peak.
+function M.pipeline_memory(l, m, children, counts, schedule)
+  local D, P, Mc = l.data, l.pipeline, l.chunks
+  local worst, worst_parts, per = 0, nil, {}
+  local first = 1
+  for s = 0, P - 1 do
+    local W, U, held, extra, boundary = 0, 0, 0, 0, 0
+    for i = first, first + counts[s + 1] - 1 do
+      local c = children[i]
+      W = W + c.params
+      U = math.max(U, c.params)
+      held = held + c.held
+      extra = math.max(extra, c.fwd_peak - c.held, c.bwd_peak - c.held)
+    end
+    local last = children[first + counts[s + 1] - 1]
+    if s > 0 then boundary = boundary + children[first - 1].held end  -- (an upper bound)
+    boundary = boundary + (last and last.held or 0)
+    first = first + counts[s + 1]
+    local sharded = l.shard ~= 'none'
+    local params = l.shard == 'parameters' and math.ceil(W / D) + 2 * U or W
+    local state = math.ceil(W * m.state_factor / (sharded and D or 1))
+    local grads = (l.shard == 'gradients' or l.shard == 'parameters') and
+      math.ceil(W / D) + (M.MAX_IN_FLIGHT + 2) * math.max(U, M.SHARD_BUCKET) or W
+    local k = schedule == 'gpipe' and Mc or math.min(P - s, Mc)
+    local act = k * held + extra + boundary
+    local peak = params + state + grads + act
+    per[s + 1] = peak
+    if peak > worst then
+      worst = peak
+      worst_parts = { parameters = params, gradients = grads, optimizer = state, activations = act }
+    end
+  end
+  return worst, worst_parts, per
+end
+
+-- -- Cutting a Sequential into stages -------------------------------------------------------------
+-- costs[i] >= 0 per child; the counts of P consecutive groups (each at least one
+-- child) that make the largest group's total smallest. Exact (dynamic
+-- programming over prefix sums), O(n^2 P).
+function M.cut(costs, P)
+  local n = #costs
+  if P < 1 or P > n then
+    error(('cut: %d stages for %d children'):format(P, n), 2)
+  end
+  local pre = { [0] = 0 }
+  for i = 1, n do pre[i] = pre[i - 1] + costs[i] end
+  -- best[k][i]: the smallest largest total cutting the first i children into k groups
+  local best, from = { [0] = { [0] = 0 } }, {}
+  for k = 1, P do
+    best[k], from[k] = {}, {}
+    for i = k, n - (P - k) do
+      local b, arg = math.huge, nil
+      for j = k - 1, i - 1 do
+        local prev = best[k - 1][j]
+        if prev then
+          local v = math.max(prev, pre[i] - pre[j])
+          if v < b then b, arg = v, j end
+        end
+      end
+      best[k][i], from[k][i] = b, arg
+    end
+  end
+  local counts, i = {}, n
+  for k = P, 1, -1 do
+    local j = from[k][i]
+    counts[k] = i - j
+    i = j
+  end
+  return counts
+end
+
+-- -- Time ------------------------------------------------------------------------------------------
+-- t = {fwd, bwd (seconds of the whole model at batch t.batch), fwd_i, bwd_i (per
+-- child), bandwidth (bytes/s)}; W weights' bytes; b the per-replica batch.
+function M.data_time(l, t, W, b)
+  local scale = b / t.batch
+  local compute = (t.fwd * (l.checkpoint and 2 or 1) + t.bwd) * scale
+  local N = l.data
+  local ring = N > 1 and (N - 1) / N or 0
+  local bytes
+  if l.shard == 'none' then bytes = 2 * ring * W
+  elseif l.shard == 'optimizer' then bytes = 2 * ring * W + ring * W
+  elseif l.shard == 'gradients' then bytes = 2 * ring * W
+  else bytes = 3 * ring * W end
+  return compute + bytes / t.bandwidth
+end
+
+function M.pipeline_time(l, t, children, counts, mb)
+  local scale = mb / t.batch
+  local slowest, first, p2p, Wmax = 0, 1, 0, 0
+  for s = 1, l.pipeline do
+    local f, b, W = 0, 0, 0
+    for i = first, first + counts[s] - 1 do
+      f, b, W = f + t.fwd_i[i], b + t.bwd_i[i], W + children[i].params
+    end
+    first = first + counts[s]
+    slowest = math.max(slowest, (f * (l.checkpoint and 2 or 1) + b) * scale)
+    if s < l.pipeline then
+      p2p = math.max(p2p, 2 * children[first - 1].out_bytes / t.bandwidth)
+    end
+    Wmax = math.max(Wmax, W)
+  end
+  local slots = l.chunks + l.pipeline - 1
+  local dp = M.data_time({ data = l.data, shard = l.shard, checkpoint = false },
+    { fwd = 0, bwd = 0, batch = 1, bandwidth = t.bandwidth }, Wmax, 1)
+  return slots * (slowest + p2p) + dp
+end
+
+-- -- Choosing ----------------------------------------------------------------------------------------
+-- candidates: {layout, peak, step_s, ...}; memory: bytes per device. Marks each
+-- fits (peak with the safety share within memory) and returns the fastest that
+-- fits (ties: the smaller peak, then the simpler layout), or nil.
+function M.choose(candidates, memory)
+  local best
+  for _, c in ipairs(candidates) do
+    c.fits = c.peak * (1 + M.SAFETY) <= memory
+    if c.fits then
+      if not best or c.step_s < best.step_s or
+         (c.step_s == best.step_s and (c.peak < best.peak or
+           (c.peak == best.peak and M.complexity(c.layout) < M.complexity(best.layout)))) then
+        best = c
+      end
+    end
+  end
+  return best
+end
+
+local SHARD_RANK = { none = 0, optimizer = 1, gradients = 2, parameters = 3 }
+function M.complexity(l)
+  return (l.pipeline - 1) * 100 + SHARD_RANK[l.shard] * 10 + (l.checkpoint and 1 or 0) + l.chunks * 0.01
+end
+
+return M

@@ -1,0 +1,249 @@
+--[[
+ember.distribute.plan_memory -- what one training step of a model holds, measured
+on the meta device (tensors with shapes and no data: every op runs its shape
+logic and its allocation is counted, nothing is computed), for the planner.
+
+The model is measured in place: its parameters and buffers are swapped for meta
+copies for the measurement and put back after, so the user's model is never
+copied nor changed.
+
+Two measurements:
+
+  M.step(model, o) -- the whole step (forward, loss, backward) at one batch size,
+  with gradient hooks that drop each parameter's gradient the moment it is final.
+  Each hook closes a segment of the backward: the segment's peak (bytes above the
+  parameters) and how many gradient bytes had arrived before it. A layout then
+  puts back what it holds of those gradients (all of them for plain data
+  parallel; a 1/N share and a few flat buffers in flight for ZeRO) on top of each
+  segment's peak: the step's peak for that layout, exactly, without running the
+  layout.
+
+  M.children(model, o) -- each child of a Sequential alone (its input a meta
+  tensor): what its forward keeps for backward, its forward and backward peaks.
+  A pipeline stage holds several micro-batches of those. Identical children
+  (same class, parameter shapes and input shape) are measured once.
+
+Peaks include the garbage a step leaves for Lua's collector (the same garbage
+the real step leaves, since the ops are the same): what em.memory_stats reports.
+]]
+local ffi = require 'ffi'
+local em = require 'ember'
+local core = require 'ember.ffi'
+local C, S = core.C, core.S
+local release = core.handles.release
+
+local M = {}
+
+local function nbytes(t) return t:numel() * t:element_size() end
+
+-- -- Swapping a model onto meta and back ---------------------------------------------------
+-- Every module's parameter and buffer tables, as they are; model:to('meta') then
+-- replaces them; the returned function puts the originals back.
+function M.to_meta(model)
+  local saved = {}
+  for _, m in ipairs(model:modules()) do
+    local r = rawget(m, '_reg')
+    local p, b = {}, {}
+    for k, v in pairs(r.params) do p[k] = v end
+    for k, v in pairs(r.buffers) do b[k] = v end
+    saved[#saved + 1] = { r = r, p = p, b = b }
+  end
+  model:to('meta')
+  return function()
+    for _, s in ipairs(saved) do
+      for k, v in pairs(s.p) do s.r.params[k] = v end
+      for k, v in pairs(s.b) do s.r.buffers[k] = v end
+    end
+  end
+end
+
+-- Each direct child's forward runs under em.nn.checkpoint (keeping only its
+-- inputs); returns the function that undoes it. Parameter names stay as they are.
+-- On meta (tidy = true) the garbage a checkpointed forward leaves is collected
+-- past GARBAGE bytes, as em.nn.checkpoint does with the CPU's count (which meta
+-- tensors do not enter).
+local GARBAGE = 8 * 2 ^ 20
+M.GARBAGE = GARBAGE
+function M.checkpoint_children(model, tidy)
+  local undo = {}
+  for _, c in ipairs(model:children()) do
+    local own = rawget(c, 'forward')
+    local inner = own or getmetatable(c).forward
+    rawset(c, 'forward', function(self, ...)
+      local before = tidy and em.memory_stats('meta').allocated
+      local out = em.nn.checkpoint(function(...) return inner(self, ...) end, ...)
+      if tidy and em.memory_stats('meta').allocated - before - out:numel() * out:element_size() > GARBAGE then
+        em.collect()
+      end
+      return out
+    end)
+    undo[#undo + 1] = function() rawset(c, 'forward', own) end
+  end
+  return function() for _, f in ipairs(undo) do f() end end
+end
+
+-- A meta tensor of the given shape and dtype; integer inputs (token ids) are
+-- ones, a valid id for any 1-based index.
+function M.input(shape, dtype, device)
+  return em.ones(shape, { dtype = dtype or 'float32', device = device or 'meta' })
+end
+
+-- -- Gradient hooks --------------------------------------------------------------------------
+-- One ffi callback for all measurements (LuaJIT has few callback slots); ud is
+-- the parameter's index in the running measurement.
+local running
+local hook = ffi.cast('em_grad_hook_fn', function(_, _, ud)
+  local r = running
+  if not r then return 0 end
+  local ok, err = pcall(r.on_grad, tonumber(ffi.cast('intptr_t', ud)))
+  if ok then return 0 end
+  return C.em_set_error(S, C.EM_ERR_INTERNAL, tostring(err))
+end)
+
+local function peak() return em.memory_stats('meta').peak end
+local function allocated() return em.memory_stats('meta').allocated end
+
+-- One step on meta of a model already on meta: segments {peak, arrived} (bytes
+-- above `base`, the parameters), `after` (allocated once backward returned).
+local function run_step(model, params, o)
+  em.collect()
+  local base = allocated()
+  local last = base
+  em.reset_peak_memory_stats('meta')
+  local segs, arrived = {}, 0
+  local r = {}
+  function r.on_grad(i)
+    local p = params[i]
+    local g = p.grad
+    segs[#segs + 1] = { peak = peak() - base, arrived = arrived }
+    if g then
+      arrived = arrived + nbytes(g)
+      p.grad = nil
+      release(g)
+    end
+    -- (a checkpointed backward's recomputations tidy up as its forward does)
+    if o.checkpoint and allocated() - last > GARBAGE then em.collect() end
+    last = allocated()
+    em.reset_peak_memory_stats('meta')
+  end
+  for i, p in ipairs(params) do
+    core.check(C.em_tensor_add_grad_hook(S, p._h, hook, ffi.cast('void *', ffi.cast('intptr_t', i))))
+  end
+  running = r
+  local ok, err = pcall(function()
+    local x = M.input(o.input.shape, o.input.dtype)
+    local y = o.target and M.input(o.target.shape, o.target.dtype)
+    local out = model(x)
+    local loss = o.loss(out, y)
+    loss:backward()
+  end)
+  running = nil
+  for i, p in ipairs(params) do
+    C.em_tensor_remove_grad_hook(p._h, hook, ffi.cast('void *', ffi.cast('intptr_t', i)))
+  end
+  if not ok then error(err, 0) end
+  segs[#segs + 1] = { peak = peak() - base, arrived = arrived }
+  local after = allocated() - base
+  return { segments = segs, after = after, grad_bytes = arrived }
+end
+
+-- The step measured for each batch size and checkpointing choice asked for:
+-- o = {input = {shape, dtype}, target = {shape, dtype}?, loss, runs = {{batch,
+-- checkpoint}, ...}}; the batch replaces shape[1] of input and target.
+-- Returns results keyed 'batch/0|1'.
+function M.step(model, o)
+  local restore = M.to_meta(model)
+  local results = {}
+  local ok, err = pcall(function()
+    local params = {}
+    for _, p in ipairs(model:parameters()) do
+      if p.requires_grad then params[#params + 1] = p end
+    end
+    for _, run in ipairs(o.runs) do
+      local key = run.batch .. '/' .. (run.checkpoint and 1 or 0)
+      if not results[key] then
+        local undo = run.checkpoint and M.checkpoint_children(model, true)
+        local function shaped(t)
+          if not t then return nil end
+          local sh = { unpack(t.shape) }
+          sh[1] = t.shape[1] * run.batch / o.input.shape[1]   -- (a target may be flattened)
+          return { shape = sh, dtype = t.dtype }
+        end
+        local ok2, res = pcall(run_step, model, params,
+          { input = shaped(o.input), target = shaped(o.target), loss = o.loss,
+            checkpoint = run.checkpoint })
+        if undo then undo() end
+        if not ok2 then error(res, 0) end
+        results[key] = res
+      end
+    end
+  end)
+  restore()
+  em.collect()
+  if not ok then error(err, 0) end
+  return results
+end
+
+-- -- Children of a Sequential ----------------------------------------------------------------
+local function child_key(c, shape, dtype, ckpt)
+  local parts = { tostring(c.__name), table.concat(shape, 'x'), dtype, ckpt and 'c' or '' }
+  for _, np in ipairs(c:named_parameters()) do
+    parts[#parts + 1] = np[1] .. ':' .. table.concat(np[2].shape, 'x') .. np[2].dtype
+  end
+  return table.concat(parts, ';')
+end
+
+-- One child alone: {held (bytes its forward keeps, its output included),
+-- fwd_peak, bwd_peak (above its input, the output's gradient included), out
+-- = {shape, dtype}, params (bytes)}.
+local function measure_child(c, shape, dtype, ckpt)
+  em.collect()
+  local x = M.input(shape, dtype)
+  local floating = x:is_floating_point()
+  if floating then x:requires_grad_() end
+  local base = allocated()
+  em.reset_peak_memory_stats('meta')
+  local fn = function(t) return c(t) end
+  local out = ckpt and em.nn.checkpoint(fn, x) or fn(x)
+  local fwd_peak = peak() - base
+  local held = allocated() - base
+  em.reset_peak_memory_stats('meta')
+  local g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
+  out:backward(g)
+  local bwd_peak = peak() - base
+  local pbytes = 0
+  for _, p in ipairs(c:parameters()) do
+    if p.requires_grad then pbytes = pbytes + nbytes(p) end
+    p.grad = nil
+  end
+  return { held = held, fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
+           out = { shape = out.shape, dtype = out.dtype } }
+end
+
+-- Every child's footprint at the given input (o.input with shape[1] = batch),
+-- with or without checkpointing; o.cache (a table) keeps them across calls.
+function M.children(model, o)
+  local cache = o.cache or {}
+  local restore = M.to_meta(model)
+  local list = {}
+  local ok, err = pcall(function()
+    local shape, dtype = { unpack(o.input.shape) }, o.input.dtype or 'float32'
+    shape[1] = o.batch
+    for i, c in ipairs(model:children()) do
+      local key = child_key(c, shape, dtype, o.checkpoint)
+      local m = cache[key]
+      if not m then
+        m = measure_child(c, shape, dtype, o.checkpoint)
+        cache[key] = m
+      end
+      list[i] = m
+      shape, dtype = m.out.shape, m.out.dtype
+    end
+  end)
+  restore()
+  em.collect()
+  if not ok then error(err, 0) end
+  return list
+end
+
+return M

@@ -1,0 +1,45 @@
+--[[
+ember.distribute.plan_print -- plan:print(): the planner's verdict and a compact
+table of every candidate layout, fastest first, with its predicted peak per
+device, step time and whether it fits.
+]]
+local layouts = require 'ember.distribute.plan_layouts'
+
+local M = {}
+
+local MiB = 2 ^ 20
+
+function M.format(plan)
+  local lines = {}
+  local function add(...) lines[#lines + 1] = string.format(...) end
+  add('plan: %d devices x %.0f MiB, %s, batch %d, weights %.1f MiB, link %.2f GB/s (%s)',
+    plan.devices, plan.memory / MiB, plan.optimizer, plan.batch, plan.weights / MiB,
+    plan.bandwidth / 1e9, plan.bandwidth_how)
+  if plan.fits then
+    add('  fits: %s -- peak %.1f MiB per device, step %.3f s', layouts.name(plan.layout),
+      plan.peak_bytes / MiB, plan.step_s)
+  else
+    add('  does not fit: the smallest layout, %s, needs %.1f MiB per device',
+      layouts.name(plan.layout), plan.peak_bytes / MiB)
+  end
+  local sorted = {}
+  for i, c in ipairs(plan.candidates) do sorted[i] = c end
+  table.sort(sorted, function(a, b)
+    if a.fits ~= b.fits then return a.fits end
+    if a.step_s ~= b.step_s then return a.step_s < b.step_s end
+    return a.peak < b.peak
+  end)
+  add('  %-44s %10s %10s  %s', 'layout', 'peak MiB', 'step s', 'fits')
+  for _, c in ipairs(sorted) do
+    add('  %-44s %10.1f %10.4f  %s', c.name, c.peak / MiB, c.step_s, c.fits and 'yes' or 'no')
+  end
+  return table.concat(lines, '\n')
+end
+
+function M.print(plan, out)
+  local s = M.format(plan)
+  if out then out:write(s, '\n') else print(s) end
+  return plan
+end
+
+return M

@@ -1,0 +1,105 @@
+--[[
+ember.distribute.plan_time -- the planner's clock: each child's forward and
+backward seconds, measured on the real device at one batch, and the link's
+bandwidth.
+
+Children are timed one at a time, on inputs of the shape the previous child
+produced (random floats; ones for integer inputs such as token ids), the best
+of a few runs after a warm-up. Identical children (same class, parameter shapes
+and input shape) are timed once. The model's own parameters are used as they
+are; their gradients are dropped after.
+
+The bandwidth: with a strategy of several replicas, the time of an allreduce of
+4 MiB (every replica must plan: it is a collective), as bus bytes 2(N-1)/N x
+size per second. Without one, DEFAULT_BANDWIDTH, an assumed figure for a
+host's shared memory.
+]]
+local em = require 'ember'
+
+local M = {}
+
+M.DEFAULT_BANDWIDTH = 5e9
+M.RUNS = 3
+
+local function key_of(c, shape, dtype)
+  local parts = { tostring(c.__name), table.concat(shape, 'x'), dtype }
+  for _, np in ipairs(c:named_parameters()) do
+    parts[#parts + 1] = np[1] .. ':' .. table.concat(np[2].shape, 'x')
+  end
+  return table.concat(parts, ';')
+end
+
+local function input(shape, dtype, device)
+  if dtype == 'float32' or dtype == 'float64' or dtype == 'float16' or dtype == 'bfloat16' then
+    return em.randn(shape, { dtype = dtype, device = device })
+  end
+  return em.ones(shape, { dtype = dtype, device = device })
+end
+
+local function sync(device)
+  if device ~= 'cpu' then em.cuda.synchronize(tonumber(device:match(':(%d+)$')) or 0) end
+end
+
+-- One child at one input: (forward seconds, backward seconds, output shape and dtype).
+local function time_child(c, shape, dtype, device, runs)
+  local f, b = math.huge, math.huge
+  local out_shape, out_dtype
+  for r = 0, runs do
+    local x = input(shape, dtype, device)
+    if x:is_floating_point() then x:requires_grad_() end
+    local t0 = em.clock()
+    local y = c(x)
+    sync(device)
+    local t1 = em.clock()
+    y:backward(em.ones(y.shape, { dtype = y.dtype, device = device }))
+    sync(device)
+    local t2 = em.clock()
+    if r > 0 then f, b = math.min(f, t1 - t0), math.min(b, t2 - t1) end
+    out_shape, out_dtype = y.shape, y.dtype
+    for _, p in ipairs(c:parameters()) do p.grad = nil end
+  end
+  return f, b, out_shape, out_dtype
+end
+
+-- o = {input = {shape, dtype}, batch, device, runs, cache}; children: the list
+-- of modules run in order (a model that is no Sequential: itself alone).
+-- Returns {fwd, bwd, fwd_i, bwd_i, batch}.
+function M.children(children, o)
+  local cache = o.cache or {}
+  local shape, dtype = { unpack(o.input.shape) }, o.input.dtype or 'float32'
+  shape[1] = o.batch
+  local t = { fwd = 0, bwd = 0, fwd_i = {}, bwd_i = {}, batch = o.batch }
+  for i, c in ipairs(children) do
+    local key = key_of(c, shape, dtype)
+    local m = cache[key]
+    if not m then
+      local f, b, sh, dt = time_child(c, shape, dtype, o.device or 'cpu', o.runs or M.RUNS)
+      m = { fwd = f, bwd = b, shape = sh, dtype = dt }
+      cache[key] = m
+    end
+    t.fwd_i[i], t.bwd_i[i] = m.fwd, m.bwd
+    t.fwd, t.bwd = t.fwd + m.fwd, t.bwd + m.bwd
+    shape, dtype = m.shape, m.dtype
+  end
+  return t
+end
+
+-- Bytes per second over the strategy's link (see above), or the default.
+function M.bandwidth(s)
+  if not s or s.world_size < 2 then return M.DEFAULT_BANDWIDTH, 'assumed' end
+  local n = 2 ^ 20
+  local t = em.zeros(n, { device = s.device })
+  s:allreduce(t, 'sum')              -- warm-up (and connection set-up)
+  local best = math.huge
+  for _ = 1, M.RUNS do
+    local t0 = em.clock()
+    s:allreduce(t, 'sum')
+    best = math.min(best, em.clock() - t0)
+  end
+  -- every replica must agree: the slowest one's figure
+  local worst = s:allreduce(em.tensor({ best }, { dtype = 'float64' }), 'max'):item()
+  local N = s.world_size
+  return 2 * (N - 1) / N * n * 4 / math.max(worst, 1e-9), 'measured'
+end
+
+return M
