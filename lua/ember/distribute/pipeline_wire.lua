@@ -22,6 +22,13 @@ gradient back: both would wait on each other. Every send is therefore started
 asynchronously and waited for at the end of the step, so a stage only ever
 blocks in a receive, and receives are issued in an order both sides agree on
 (pipeline_schedule).
+
+Why host memory between real GPUs. NCCL runs a replica's sends and receives in
+its stream's order, and a send holds the stream until the peer receives: the
+1F1B exchange above (each side sending before it receives) would stall both
+streams. Over a real NCCL communicator the wire therefore moves host copies,
+which the host communicator matches out of order as on CPU replicas; emulated
+devices already stage through host memory.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
@@ -39,8 +46,9 @@ local Wire = {}
 Wire.__index = Wire
 
 function M.new(s, device, wait)
-  return setmetatable({ s = s, dev = device, wait = wait, told = {}, known = {}, pending = {} },
-    Wire)
+  local host = s.backend == 'nccl' and device ~= 'cpu' and not em.cuda.emulated()
+  return setmetatable({ s = s, dev = device, wire_dev = host and 'cpu' or device, wait = wait,
+                        told = {}, known = {}, pending = {} }, Wire)
 end
 
 local function header(t, dev)
@@ -60,15 +68,18 @@ end
 function Wire:send(kind, key, t, peer)
   local k = kind and kind .. '|' .. key .. '|' .. peer
   if k and not self.told[k] then
-    local h = header(t, self.dev)
+    local h = header(t, self.wire_dev)
     self.pending[#self.pending + 1] = self.s:send(h, peer, { async = true })
     self.told[k] = true
   end
+  if self.wire_dev ~= self.dev then t = t:to(self.wire_dev) end
   self.pending[#self.pending + 1] = self.s:send(t, peer, { async = true })
 end
 
 function Wire:recv_into(t, peer)
-  self.wait('pipeline.recv', function() self.s:recv(t, peer) end)
+  local into = t.device == self.wire_dev and t or em.empty(t.shape, { dtype = t.dtype, device = self.wire_dev })
+  self.wait('pipeline.recv', function() self.s:recv(into, peer) end)
+  if into ~= t then em.no_grad(function() t:copy_(into) end) end
   return t
 end
 
@@ -76,7 +87,7 @@ function Wire:recv(kind, key, peer)
   local k = kind .. '|' .. key .. '|' .. peer
   local meta = self.known[k]
   if not meta then
-    local h = em.zeros({ MAX_DIMS + 2 }, { dtype = 'int64', device = self.dev })
+    local h = em.zeros({ MAX_DIMS + 2 }, { dtype = 'int64', device = self.wire_dev })
     self:recv_into(h, peer)
     local v = h:to('cpu'):totable()
     local shape = {}
