@@ -126,6 +126,7 @@ function M._pipeline(o)
   p.stage, p.stages, p.chunks = o.stage or 0, o.stages, o.chunks
   p.schedule = tostring(o.schedule or '1f1b')
   p.calls = p.calls + 1
+  if tonumber(o.bubble) then p.given = true end
   p.bubble_sum = p.bubble_sum + (tonumber(o.bubble) or 0)
   p.step_sum = p.step_sum + (tonumber(o.step_s) or 0)
 end
@@ -149,13 +150,14 @@ end
 function M._expected_peak(bytes) M.expect { peak_bytes = bytes } end
 
 -- The pipeline figures of a recording, for the summary: the layout, the mean
--- bubble and step time, and the formula's bubble (p-1)/(m+p-1).
-local function pipeline_summary(p)
+-- bubble and step time, and the formula's bubble (p-1)/(m+p-1). A pipeline that
+-- gave no bubble of its own gets the breakdown's (its spans' share of the step).
+local function pipeline_summary(p, breakdown)
   if not p or p.calls == 0 then return nil end
   local P, m = p.stages, p.chunks
   return { stage = p.stage, stages = P, chunks = m, schedule = p.schedule, steps = p.calls,
-           bubble = p.bubble_sum / p.calls, step_s = p.step_sum / p.calls,
-           expected = (P - 1) / (m + P - 1) }
+           bubble = p.given and p.bubble_sum / p.calls or breakdown.bubble or 0,
+           step_s = p.step_sum / p.calls, expected = (P - 1) / (m + P - 1) }
 end
 
 -- -- Joining replicas ---------------------------------------------------------------------
@@ -278,7 +280,7 @@ function M.stop(local_only)
   local mine = summary.summarize(p, stop_t, o.auto, rank)
   mine.memory = o.memory:result()
   mine.sizes = memory_kinds.sizes()
-  mine.pipeline = pipeline_summary(o.pipeline)
+  mine.pipeline = pipeline_summary(o.pipeline, mine.breakdown)
   mine.expected_peak = expected
   local first = math.max(1, math.floor(mine.steps / 2))
   local tl = summary.timeline(p, stop_t, o.auto, first, TIMELINE_STEPS, TIMELINE_EVENTS)
