@@ -135,7 +135,9 @@ end
 -- device (the planner's plan.peak_bytes), shown beside the measured peak in the
 -- report. It holds for every later recording; expect{} forgets it.
 function M.expect(o)
-  if type(o) ~= 'table' then core.raise('profile.expect: expected {peak_bytes = n}, got ' .. type(o)) end
+  if type(o) ~= 'table' then
+    core.raise('profile.expect: expected {peak_bytes = n}, got ' .. type(o))
+  end
   for k in pairs(o) do
     if k ~= 'peak_bytes' then
       core.raise("profile.expect: unknown option '" .. tostring(k) .. "' (peak_bytes)")

@@ -180,7 +180,9 @@ H.test('pipeline-bubble: the margin over (p-1)/(m+p-1)', function()
   local f = 3 / 7                                       -- p = 4, m = 4
   local function diag(bubbles, computes)
     local reps = {}
-    for i, b in ipairs(bubbles) do reps[i] = rep(i - 1, 4, 4, b, computes and computes[i] or 0.05) end
+    for i, b in ipairs(bubbles) do
+      reps[i] = rep(i - 1, 4, 4, b, computes and computes[i] or 0.05)
+    end
     return kinds_of(report.diagnose(reps, nil))
   end
   H.check(not diag({ f, f, f, f })['pipeline-bubble'], 'at the formula')

@@ -216,7 +216,8 @@ local function diagnose_bubble(reps)
       if not fast or r.compute_s < fast.compute_s then fast = r end
     end
   end
-  if slow and slow ~= fast and slow.compute_s >= M.STAGE_SKEW * math.max(fast.compute_s, 1e-12) then
+  if slow and slow ~= fast and
+     slow.compute_s >= M.STAGE_SKEW * math.max(fast.compute_s, 1e-12) then
     msg = msg .. string.format('The stages are uneven: stage %d computes %s per step against ' ..
       '%s on stage %d, and the others wait for it; cut the model by measured time ' ..
       '(balance = \'time\') or move children off stage %d. ', slow.pipeline.stage,
