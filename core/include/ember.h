@@ -1061,7 +1061,9 @@ typedef enum em_profile_kind {
   EM_PROF_RANGE,         /* a user range (em_profile_range_push/pop) */
   EM_PROF_OPTIMIZER,     /* an optimizer step (a range of this kind) */
   EM_PROF_STEP,          /* instant: the end of a training step */
-  EM_PROF_COPY           /* a copy between devices */
+  EM_PROF_COPY,          /* a copy between devices */
+  EM_PROF_BUBBLE         /* a pipeline stage blocked on a neighbour stage (a range of
+                            this kind): the pipeline's bubble */
 } em_profile_kind;
 
 typedef struct em_profile_event {
@@ -1102,8 +1104,8 @@ int64_t em_profile_peak_bytes(em_state *S, int device);
 double em_profile_clock(void);
 /* Marks the end of a training step (now). */
 em_status em_profile_step(em_state *S);
-/* A named span on the calling thread: kind EM_PROF_RANGE or EM_PROF_OPTIMIZER;
-** ranges nest (at most 32 deep). No-ops when not recording. */
+/* A named span on the calling thread: kind EM_PROF_RANGE, EM_PROF_OPTIMIZER or
+** EM_PROF_BUBBLE; ranges nest (at most 32 deep). No-ops when not recording. */
 em_status em_profile_range_push(em_state *S, const char *name, int kind);
 em_status em_profile_range_pop(em_state *S);
 

@@ -308,9 +308,9 @@ em_status em_profile_step(em_state *S) {
 em_status em_profile_range_push(em_state *S, const char *name, int kind) {
   emi_profiler *p = emi_profiler_of(S);
   if (!p) return EM_OK;
-  if (kind != EM_PROF_RANGE && kind != EM_PROF_OPTIMIZER)
-    return emi_error(S, EM_ERR_ARG, "profile.range: kind must be a range or an optimizer "
-                     "step, got %d", kind);
+  if (kind != EM_PROF_RANGE && kind != EM_PROF_OPTIMIZER && kind != EM_PROF_BUBBLE)
+    return emi_error(S, EM_ERR_ARG, "profile.range: kind must be a range, an optimizer "
+                     "step or a pipeline bubble, got %d", kind);
   prof_buf *b = thread_buf(p);
   if (!b) return EM_OK;
   if (b->depth >= MAX_RANGE_DEPTH)

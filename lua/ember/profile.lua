@@ -19,6 +19,14 @@ of text gives every replica every summary, timeline and trace part: threads and
 MPI processes alike. Only replica 0 writes the files and ember --profile prints
 only there.
 
+Pipelines. em.distribute.pipeline wraps each blocking wait on a neighbour
+stage in M._bubble (a span of kind BUBBLE: the timeline shows it and the
+breakdown gives it a share of its own) and reports each pp:step through
+M._pipeline (stage, stages, chunks, schedule, its measured bubble, step time),
+which the report sets against the formula (p-1)/(m+p-1) for the
+'pipeline-bubble' diagnosis. M.expect{peak_bytes = n} (the planner's
+prediction for this device) puts the prediction beside the measured peak.
+
 Memory by kind (memory_kinds.lua): start() resets the devices' peaks and each
 step() reads the step's peak against the parameters, gradients and optimizer
 state then held, so that what is left is the activations; every replica's
@@ -36,6 +44,7 @@ local M = {}
 
 local active          -- the options of the recording in progress
 local last            -- the last report
+local expected        -- the predicted peak bytes of this replica's device (expect{})
 
 local function check(st) if st ~= 0 then core.fail() end end
 local function pack(...) return { n = select('#', ...), ... } end
@@ -90,6 +99,67 @@ function M._optimizer_step(name, fn, ...)
   C.em_profile_range_pop(S)
   if not ok then error(res, 0) end
   return res
+end
+
+-- A pipeline stage blocked on a neighbour stage: fn as a bubble span, its results
+-- returned; a plain call when not recording.
+function M._bubble(name, fn, ...)
+  if not active then return fn(...) end
+  check(C.em_profile_range_push(S, name, C.EM_PROF_BUBBLE))
+  local res = pack(pcall(fn, ...))
+  C.em_profile_range_pop(S)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- One pp:step of a pipeline stage: {stage, stages, chunks, schedule, bubble (the
+-- measured share of the step), step_s}. The recording keeps the layout and the
+-- sums, for the mean bubble of the steps recorded.
+function M._pipeline(o)
+  if not active then return end
+  if type(o) ~= 'table' or type(o.stages) ~= 'number' or type(o.chunks) ~= 'number' then
+    core.raise('profile._pipeline: expected {stage, stages, chunks, schedule, bubble, ' ..
+      'step_s}, got ' .. (type(o) == 'table' and 'a table without stages or chunks' or type(o)))
+  end
+  local p = active.pipeline
+  if not p then p = { calls = 0, bubble_sum = 0, step_sum = 0 }; active.pipeline = p end
+  p.stage, p.stages, p.chunks = o.stage or 0, o.stages, o.chunks
+  p.schedule = tostring(o.schedule or '1f1b')
+  p.calls = p.calls + 1
+  if tonumber(o.bubble) then p.given = true end
+  p.bubble_sum = p.bubble_sum + (tonumber(o.bubble) or 0)
+  p.step_sum = p.step_sum + (tonumber(o.step_s) or 0)
+end
+
+-- em.profile.expect{peak_bytes = n}: the peak memory predicted for this replica's
+-- device (the planner's plan.peak_bytes), shown beside the measured peak in the
+-- report. It holds for every later recording; expect{} forgets it.
+function M.expect(o)
+  if type(o) ~= 'table' then
+    core.raise('profile.expect: expected {peak_bytes = n}, got ' .. type(o))
+  end
+  for k in pairs(o) do
+    if k ~= 'peak_bytes' then
+      core.raise("profile.expect: unknown option '" .. tostring(k) .. "' (peak_bytes)")
+    end
+  end
+  local n = o.peak_bytes
+  if n ~= nil and (type(n) ~= 'number' or n < 0 or n ~= n) then
+    core.raise('profile.expect: peak_bytes must be a number of bytes >= 0, got ' .. tostring(n))
+  end
+  expected = n
+end
+function M._expected_peak(bytes) M.expect { peak_bytes = bytes } end
+
+-- The pipeline figures of a recording, for the summary: the layout, the mean
+-- bubble and step time, and the formula's bubble (p-1)/(m+p-1). A pipeline that
+-- gave no bubble of its own gets the breakdown's (its spans' share of the step).
+local function pipeline_summary(p, breakdown)
+  if not p or p.calls == 0 then return nil end
+  local P, m = p.stages, p.chunks
+  return { stage = p.stage, stages = P, chunks = m, schedule = p.schedule, steps = p.calls,
+           bubble = p.given and p.bubble_sum / p.calls or breakdown.bubble or 0,
+           step_s = p.step_sum / p.calls, expected = (P - 1) / (m + P - 1) }
 end
 
 -- -- Joining replicas ---------------------------------------------------------------------
@@ -212,6 +282,8 @@ function M.stop(local_only)
   local mine = summary.summarize(p, stop_t, o.auto, rank)
   mine.memory = o.memory:result()
   mine.sizes = memory_kinds.sizes()
+  mine.pipeline = pipeline_summary(o.pipeline, mine.breakdown)
+  mine.expected_peak = expected
   local first = math.max(1, math.floor(mine.steps / 2))
   local tl = summary.timeline(p, stop_t, o.auto, first, TIMELINE_STEPS, TIMELINE_EVENTS)
   local peak = { cpu = mine.peak_cpu }

@@ -125,7 +125,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # ddp_cnn_vs_torch2 and ddp_cnn_vs_tf (the threads replicas' global samples/s),
 # train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf, and for
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
-# and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember).
+# and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember),
+# and for the pipelines pipe_<schedule>_p<P>_m<M>_vs_torch2 (samples/s, ember/PyTorch).
 awk '
   function cmp(x, op, y) {
     if (op == "<=") return x <= y + 0 ? "met" : "MISSED"
@@ -157,8 +158,9 @@ awk '
     printf "%-24s ember %9.4g %-8s %s %s%s  (target %s)%s\n", name, v, unit, t, rs, f, target,
            verdict == "" ? "" : "  " verdict
     # sharded data parallel: the samples/s and memory per replica of each mode against
-    # the PyTorch peer (bench_shard), as headlines below (in name order, as read)
-    if (name ~ /^shard_/ && name !~ /_vs_formula$/ && r != "")
+    # the PyTorch peer (bench_shard), and the samples/s of the pipelines (bench_pipeline), as
+    # headlines below (in name order, as read)
+    if (((name ~ /^shard_/ && name !~ /_vs_formula$/) || name ~ /^pipe_.*_m[0-9]+$/) && r != "")
       shard = shard sprintf("RESULT %s_vs_torch2 %.4g x higher\n", name, r)
   }
   END {

@@ -25,6 +25,9 @@ static void test_ops_and_ranges(em_state *S) {
   CHECK(em_profile_active(S), "recording after start");
   enum { N = 10000 };                  /* several chunks of 4096 events */
   REQUIRE_OK(S, em_profile_range_push(S, "loop", EM_PROF_RANGE));
+  /* a pipeline's wait on a neighbour stage: a range of the bubble kind */
+  REQUIRE_OK(S, em_profile_range_push(S, "recv activation", EM_PROF_BUBBLE));
+  REQUIRE_OK(S, em_profile_range_pop(S));
   em_status st = EM_OK;
   for (int i = 0; i < N && !st; i++) {
     if (!(st = em_binary(S, EM_ADD, a, b, &c))) em_tensor_release(c);
@@ -41,6 +44,7 @@ static void test_ops_and_ranges(em_state *S) {
         (long long)count_kind(ev, n, EM_PROF_OP, "add"), N);
   CHECK(count_kind(ev, n, EM_PROF_STEP, NULL) == 10, "10 step marks");
   CHECK(count_kind(ev, n, EM_PROF_RANGE, "loop") == 1, "the range");
+  CHECK(count_kind(ev, n, EM_PROF_BUBBLE, "recv activation") == 1, "the bubble");
   CHECK(em_profile_dropped(S) == 0, "nothing dropped");
   int sorted = 1, shapes = 1, inside = 1;
   double t_range0 = 0, t_range1 = 0;

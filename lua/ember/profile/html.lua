@@ -71,18 +71,19 @@ end
 
 -- The parts of a step, in drawing order, and their colours (shared with the
 -- timeline's categories: input ~ data, compute ~ op, communication ~ collective).
-local PARTS = { 'input', 'compute', 'communication', 'host', 'idle' }
+local PARTS = { 'input', 'compute', 'communication', 'bubble', 'host', 'idle' }
 local PART_COLOR = { input = '#f2a93b', compute = '#4c78a8', communication = '#b279a2',
-                     host = '#7f8c8d', idle = '#d5dae0' }
+                     bubble = '#e8b4b8', host = '#7f8c8d', idle = '#d5dae0' }
 local EXTRA_COLORS = { '#72b7b2', '#54a24b', '#e45756', '#9d755d', '#eeca3b' }
-local DARK_TEXT = { idle = true, input = true }   -- light fills get dark labels
+local DARK_TEXT = { idle = true, input = true, bubble = true }   -- light fills get dark labels
 
 -- Timeline categories.
 local CATS = { 'op', 'backward', 'data', 'loader', 'collective', 'comm-wait', 'optimizer',
-               'range', 'copy' }
+               'range', 'copy', 'bubble' }
 local CAT_COLOR = { op = '#4c78a8', backward = '#72b7b2', data = '#f2a93b', loader = '#eeca3b',
                     collective = '#b279a2', ['comm-wait'] = '#e45756', optimizer = '#54a24b',
-                    range = '#c9c3bf', copy = '#9d755d', other = '#8a8f98' }
+                    range = '#c9c3bf', copy = '#9d755d', bubble = '#e8b4b8',
+                    other = '#8a8f98' }
 local CAT_CLASS = {}
 for i, c in ipairs(CATS) do CAT_CLASS[c] = 'k' .. i end
 CAT_CLASS.other = 'k0'
@@ -93,6 +94,7 @@ local KIND_COLOR = {
   ['launch-bound'] = { '#5b21b6', '#ede9fe', '#8b5cf6' },
   ['communication-bound'] = { '#1e40af', '#dbeafe', '#3b82f6' },
   ['replica-skew'] = { '#991b1b', '#fee2e2', '#ef4444' },
+  ['pipeline-bubble'] = { '#9d174d', '#fce7f3', '#ec4899' },
   ['balanced'] = { '#166534', '#dcfce7', '#22c55e' },
 }
 local KIND_OTHER = { '#374151', '#e5e7eb', '#9ca3af' }

@@ -51,6 +51,7 @@ local DARK_TEXT = H.DARK_TEXT
 local KIND_COLOR = H.KIND_COLOR
 local KIND_OTHER = H.KIND_OTHER
 local css = H.css
+local pipeline_table     -- below the breakdown (defined after parts_of)
 local timeline_section = require 'ember.profile.page_timeline'
 local memory_section = require 'ember.profile.page_memory'
 
@@ -121,6 +122,33 @@ local function parts_of(bars)
   return list, colors
 end
 
+-- Pipeline stages: each one's layout and measured bubble against the formula.
+pipeline_table = function(out, r)
+  local rows = {}
+  if type(r.replicas) == 'table' and #r.replicas > 0 then
+    for i, rep in ipairs(r.replicas) do
+      if type(rep.pipeline) == 'table' then
+        rows[#rows + 1] = { label = 'rank ' .. tostring(rep.rank or (i - 1)), p = rep.pipeline }
+      end
+    end
+  elseif type(r.pipeline) == 'table' then
+    rows[1] = { label = 'this process', p = r.pipeline }
+  end
+  if #rows == 0 then return end
+  out[#out + 1] = '<h2 style="margin-top:20px">Pipeline</h2><p class="sub">The bubble is the ' ..
+    'share of each pipeline step a stage sat blocked on a neighbour stage; the formula ' ..
+    '(p&minus;1)&#47;(m+p&minus;1) is what GPipe and 1F1B leave idle with p stages and m ' ..
+    'chunks on stages of equal cost.</p>'
+  out[#out + 1] = '<table id="pipeline"><tr><th>replica</th><th>stage</th><th>chunks</th>' ..
+    '<th>schedule</th><th>step ms</th><th>bubble</th><th>formula</th></tr>'
+  for _, row in ipairs(rows) do
+    local p = row.p
+    out[#out + 1] = fmt('<tr><td>%s</td><td>%s of %s</td><td>%s</td><td>%s</td><td>%s</td>' ..
+      '<td>%s</td><td>%s</td></tr>', esc(row.label), int(p.stage), int(p.stages), int(p.chunks),
+      esc(p.schedule or DASH), ms(p.step_s, '%.3f'), pct(p.bubble), pct(p.expected))
+  end
+  out[#out + 1] = '</table>'
+end
 
 local function breakdown(out, r)
   out[#out + 1] = '<section id="breakdown"><h2>Step breakdown</h2>'
@@ -199,7 +227,9 @@ local function breakdown(out, r)
     if any_wait then out[#out + 1] = '<td>' .. ms(b.wait_s, '%.3f') .. '</td>' end
     out[#out + 1] = '</tr>'
   end
-  out[#out + 1] = '</table></section>'
+  out[#out + 1] = '</table>'
+  pipeline_table(out, r)
+  out[#out + 1] = '</section>'
 end
 
 local MAX_OPS = 50

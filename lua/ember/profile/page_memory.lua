@@ -3,7 +3,9 @@ ember.profile.page_memory -- the page's memory per replica by kind (see page.lua
 one stacked bar per replica (parameters, gradients, optimizer state,
 activations) on a common scale with the step's peak marked, and a table of the
 bytes. The bars of all replicas share the scale of the largest peak, so a
-replica that holds more stands out.
+replica that holds more stands out. Where a peak was predicted (the planner's,
+through em.profile.expect), a dashed mark and a column show it beside the
+measured peak.
 ]]
 local fmt = string.format
 local H = require 'ember.profile.html'
@@ -19,11 +21,12 @@ local function memory_section(out, r)
   if type(r.replicas) == 'table' and #r.replicas > 0 then
     for i, rep in ipairs(r.replicas) do
       if type(rep.memory) == 'table' then
-        rows[#rows + 1] = { label = 'rank ' .. tostring(rep.rank or (i - 1)), m = rep.memory }
+        rows[#rows + 1] = { label = 'rank ' .. tostring(rep.rank or (i - 1)), m = rep.memory,
+                            predicted = rep.expected_peak_bytes }
       end
     end
   elseif type(r.memory) == 'table' then
-    rows[1] = { label = 'this process', m = r.memory }
+    rows[1] = { label = 'this process', m = r.memory, predicted = r.expected_peak_bytes }
   end
   if #rows == 0 then
     out[#out + 1] = '<p class="note">No memory by kind in this report.</p></section>'
@@ -36,7 +39,14 @@ local function memory_section(out, r)
   for _, k in ipairs(KINDS) do
     out[#out + 1] = fmt('<span><i style="background:%s"></i>%s</span>', COLOR[k], k)
   end
-  out[#out + 1] = '<span><i style="background:#24292f"></i>peak</span></div>'
+  out[#out + 1] = '<span><i style="background:#24292f"></i>peak</span>'
+  for _, row in ipairs(rows) do
+    if isnum(row.predicted) then
+      out[#out + 1] = '<span><i style="background:#e45756"></i>predicted peak</span>'
+      break
+    end
+  end
+  out[#out + 1] = '</div>'
 
   local top = 0
   for _, row in ipairs(rows) do
@@ -45,7 +55,8 @@ local function memory_section(out, r)
       if isnum(row.m[k]) and row.m[k] > 0 then sum = sum + row.m[k] end
     end
     row.sum = sum
-    top = math.max(top, sum, isnum(row.m.peak) and row.m.peak or 0)
+    top = math.max(top, sum, isnum(row.m.peak) and row.m.peak or 0,
+                   isnum(row.predicted) and row.predicted or 0)
   end
   if top <= 0 then top = 1 end
   local X0, X1, BH, GAP = 160, W - 4, 26, 12
@@ -78,15 +89,28 @@ local function memory_section(out, r)
         '<title>%s peak: %s</title></rect>', px - 1, y - 2, BH + 4, esc(row.label),
         bytes(row.m.peak))
     end
+    if isnum(row.predicted) and row.predicted > 0 then
+      local px = X0 + row.predicted / top * (X1 - X0)
+      out[#out + 1] = fmt('<line x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="#e45756" ' ..
+        'stroke-width="2" stroke-dasharray="3,2"><title>%s predicted peak: %s</title></line>',
+        px, y - 3, px, y + BH + 3, esc(row.label), bytes(row.predicted))
+    end
   end
   out[#out + 1] = '</svg>'
+  local any_predicted = false
+  for _, row in ipairs(rows) do any_predicted = any_predicted or isnum(row.predicted) end
 
   out[#out + 1] = '<table><tr><th>replica</th><th>' .. table.concat(KINDS, '</th><th>') ..
-    '</th><th>peak</th></tr>'
+    '</th><th>peak</th>' .. (any_predicted and '<th>predicted peak</th>' or '') .. '</tr>'
   for _, row in ipairs(rows) do
     local cells = { esc(row.label) }
     for _, k in ipairs(KINDS) do cells[#cells + 1] = bytes(row.m[k]) end
     cells[#cells + 1] = bytes(row.m.peak)
+    if any_predicted then
+      local d = isnum(row.predicted) and row.predicted > 0 and isnum(row.m.peak) and
+        fmt(' (%+.0f%%)', (row.m.peak - row.predicted) / row.predicted * 100) or ''
+      cells[#cells + 1] = bytes(row.predicted) .. d
+    end
     out[#out + 1] = '<tr><td>' .. table.concat(cells, '</td><td>') .. '</td></tr>'
   end
   out[#out + 1] = '</table></section>'

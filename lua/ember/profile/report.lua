@@ -21,6 +21,17 @@ the step time of the slowest-looking replica's view (replica 0 when alone):
                        add workers, raise prefetch, or lighten per-sample work.
   launch-bound         host >= HOST_SHARE of the step with >= MIN_OPS ops per
                        step averaging <= SMALL_OP_US µs.
+  pipeline-bubble      (pipeline stages) a stage's measured bubble, the mean
+                       share of pp:step it sat blocked on a neighbour stage,
+                       exceeds the formula (p-1)/(m+p-1) for p stages and m
+                       chunks (GPipe and 1F1B alike) by more than
+                       BUBBLE_MARGIN of the step. The margin is the tolerance
+                       the pipeline meets on stages of equal, known cost, so
+                       what passes it is lost time: too few chunks for the
+                       per-chunk costs, or uneven stages. Names the stage,
+                       a chunk count (max(2m, 4p)) and what the formula gives
+                       for it, interleaving, and the slowest stage when the
+                       stages' compute differs by STAGE_SKEW or more.
   balanced             none of the above.
 A slow replica makes the others' collectives long: the waiting-for-peers part
 of each collective tells skew from slow communication, and communication is
@@ -63,6 +74,7 @@ local M = {}
 
 M.INPUT_SHARE, M.HOST_SHARE, M.COMM_SHARE, M.SKEW_SHARE = 0.20, 0.35, 0.20, 0.10
 M.MIN_OPS, M.SMALL_OP_US = 50, 50
+M.BUBBLE_MARGIN, M.STAGE_SKEW = 0.05, 1.25
 M.DEFAULT_LATENCY_S = 20e-6
 M.ASSUMED_GBPS = 10      -- GB/s, when no communicator was measured and none given
 
@@ -76,7 +88,7 @@ local function diagnose_skew(reps)
   if #reps < 2 then return nil end
   local busy, slow, fast = {}, 1, 1
   for i, r in ipairs(reps) do
-    busy[i] = r.step_s - r.input_s - r.peer_wait_s
+    busy[i] = r.step_s - r.input_s - r.peer_wait_s - (r.bubble_s or 0)
     if busy[i] > busy[slow] then slow = i end
     if busy[i] < busy[fast] then fast = i end
   end
@@ -176,6 +188,50 @@ local function diagnose_launch(s)
     share = s.breakdown.host }
 end
 
+-- The formula's bubble share for p stages and m chunks.
+function M.bubble_formula(p, m) return (p - 1) / (m + p - 1) end
+
+local function diagnose_bubble(reps)
+  local worst, excess
+  for _, r in ipairs(reps) do
+    local pl = r.pipeline
+    if pl and pl.stages > 1 then
+      local x = pl.bubble - pl.expected
+      if not excess or x > excess then worst, excess = r, x end
+    end
+  end
+  if not worst or excess <= M.BUBBLE_MARGIN then return nil end
+  local pl = worst.pipeline
+  local p, m = pl.stages, pl.chunks
+  local more = math.max(2 * m, 4 * p)
+  local msg = string.format('Pipeline bubble: stage %d of %d sits idle %s of each ' ..
+    'pp:step (%s of %s), against %s that the schedule\'s formula (p-1)/(m+p-1) gives for ' ..
+    'p = %d stages and m = %d chunks (GPipe and 1F1B alike). ', pl.stage, p, pct(pl.bubble),
+    ms(pl.bubble * pl.step_s), ms(pl.step_s), pct(pl.expected), p, m)
+  -- uneven stages keep the others waiting whatever the chunk count
+  local slow, fast
+  for _, r in ipairs(reps) do
+    if r.pipeline then
+      if not slow or r.compute_s > slow.compute_s then slow = r end
+      if not fast or r.compute_s < fast.compute_s then fast = r end
+    end
+  end
+  if slow and slow ~= fast and
+     slow.compute_s >= M.STAGE_SKEW * math.max(fast.compute_s, 1e-12) then
+    msg = msg .. string.format('The stages are uneven: stage %d computes %s per step against ' ..
+      '%s on stage %d, and the others wait for it; cut the model by measured time ' ..
+      '(balance = \'time\') or move children off stage %d. ', slow.pipeline.stage,
+      ms(slow.compute_s), ms(fast.compute_s), fast.pipeline.stage, slow.pipeline.stage)
+  end
+  msg = msg .. string.format('Raise chunks to %d (the formula then gives %s; each ' ..
+    'micro-batch has 1/%d of the batch, so keep it large enough to keep the kernels busy), ' ..
+    'or interleave several smaller stages per device, which divides the bubble by their number.',
+    more, pct(M.bubble_formula(p, more)), more)
+  return { kind = 'pipeline-bubble', message = msg, stage = pl.stage, rank = worst.rank,
+           bubble = pl.bubble, expected = pl.expected, chunks_advised = more,
+           share = pl.bubble }
+end
+
 -- Without a measured arrival time (MPI), a replica's wait for peers is what it
 -- spent blocked on collectives beyond the least any replica spent.
 local function estimate_peer_waits(reps)
@@ -196,6 +252,8 @@ function M.diagnose(reps, cal)
   local out = {}
   local skew = diagnose_skew(reps)
   if skew then out[#out + 1] = skew end
+  local bubble = diagnose_bubble(reps)
+  if bubble then out[#out + 1] = bubble end
   local worst = reps[1]
   for _, r in ipairs(reps) do
     if r.comm_s - r.peer_wait_s > worst.comm_s - worst.peer_wait_s then worst = r end
@@ -345,7 +403,9 @@ function M.build(reps, cal, top_ops, peak_bytes, extra)
     local worst = 0
     for i, x in ipairs(reps) do
       r.replicas[i] = { rank = x.rank, step_s = x.step_s, breakdown = x.breakdown,
-                        wait_s = x.peer_wait_s, memory = x.memory }
+                        wait_s = x.peer_wait_s, memory = x.memory, pipeline = x.pipeline,
+                        peak_bytes = x.memory and x.memory.peak or x.peak_cpu,
+                        expected_peak_bytes = x.expected_peak }
       worst = math.max(worst, x.step_s)
     end
     r.step_s = worst          -- replicas move in lockstep: the slowest sets the pace
@@ -353,6 +413,9 @@ function M.build(reps, cal, top_ops, peak_bytes, extra)
   r.diagnosis = M.diagnose(reps, cal)
   local mine = reps[(extra and extra.rank or 0) + 1] or s
   r.memory = mine.memory
+  r.pipeline = mine.pipeline
+  r.expected_peak_bytes = mine.expected_peak
+  r.measured_peak_bytes = mine.memory and mine.memory.peak or mine.peak_cpu
   local sizes = mine.sizes or {}
   local exposed = s.comm_s
   local G = s.bucket_bytes > 0 and s.bucket_bytes or s.grad_bytes
@@ -387,14 +450,36 @@ local function kinds_str(m)
     bytes_str(m.activations or 0), bytes_str(m.peak or 0))
 end
 
+-- ", bubble 12%" where the breakdown has a pipeline bubble.
+local function bubble_str(b) return b.bubble and (', bubble ' .. pct(b.bubble)) or '' end
+
+-- "measured 1.2 MB, predicted 1.1 MB (+9%)" when a prediction was given.
+local function predicted_str(measured, predicted)
+  if not predicted then return nil end
+  local rel = predicted > 0 and measured and
+    string.format(' (%+.0f%%)', (measured - predicted) / predicted * 100) or ''
+  return string.format('peak %s measured, %s predicted%s', bytes_str(measured or 0),
+    bytes_str(predicted), rel)
+end
+
+-- "stage 0 of 2, 4 chunks, 1f1b: bubble 30% (formula 20%)"
+local function pipeline_str(pl)
+  return string.format('stage %d of %d, %d chunks, %s: bubble %s of the pipeline step ' ..
+    '(formula (p-1)/(m+p-1): %s)', pl.stage, pl.stages, pl.chunks, pl.schedule,
+    pct(pl.bubble), pct(pl.expected))
+end
+
 function Report:lines()
   local L = {}
   local function add(...) L[#L + 1] = string.format(...) end
   add('ember profile: %d step%s, %.2f ms per step%s', self.steps, self.steps == 1 and '' or 's',
       self.step_s * 1e3, #self.replicas > 1 and (', ' .. #self.replicas .. ' replicas') or '')
   local b = self.breakdown
-  add('  breakdown: compute %s, host %s, input %s, communication %s', pct(b.compute),
-      pct(b.host), pct(b.input), pct(b.communication))
+  add('  breakdown: compute %s, host %s, input %s, communication %s%s', pct(b.compute),
+      pct(b.host), pct(b.input), pct(b.communication), bubble_str(b))
+  if #self.replicas <= 1 and self.pipeline then
+    add('  pipeline: %s', pipeline_str(self.pipeline))
+  end
   add('  %d ops per step, %.1f µs per op on average', math.floor(self.ops_per_step + 0.5),
       self.mean_op_us)
   local mem = {}
@@ -405,17 +490,22 @@ function Report:lines()
     add('  memory per replica by kind (the step with the highest peak):')
     for _, x in ipairs(self.replicas) do
       if x.memory then add('    rank %d: %s', x.rank, kinds_str(x.memory)) end
+      local pr = predicted_str(x.peak_bytes, x.expected_peak_bytes)
+      if pr then add('    rank %d: %s', x.rank, pr) end
     end
-  elseif self.memory then
-    add('  memory by kind: %s', kinds_str(self.memory))
+  else
+    if self.memory then add('  memory by kind: %s', kinds_str(self.memory)) end
+    local pr = predicted_str(self.measured_peak_bytes, self.expected_peak_bytes)
+    if pr then add('  memory: %s', pr) end
   end
   if #self.replicas > 1 then
     add('  replicas:')
     for _, x in ipairs(self.replicas) do
       add('    rank %d: %.2f ms per step; compute %s, host %s, input %s, communication %s ' ..
-          '(%.2f ms waiting for peers)', x.rank, x.step_s * 1e3, pct(x.breakdown.compute),
+          '(%.2f ms waiting for peers)%s', x.rank, x.step_s * 1e3, pct(x.breakdown.compute),
           pct(x.breakdown.host), pct(x.breakdown.input), pct(x.breakdown.communication),
-          x.wait_s * 1e3)
+          x.wait_s * 1e3, bubble_str(x.breakdown))
+      if x.pipeline then add('      pipeline %s', pipeline_str(x.pipeline)) end
     end
   end
   if #self.top_ops > 0 then

@@ -11,6 +11,11 @@ the step intervals (between step marks):
   communication  time blocked on collectives (COMM_WAIT): the part not hidden
                  under compute; `peer_wait` is the share of it spent waiting
                  for slower replicas rather than moving bytes,
+  bubble         time a pipeline stage sat blocked on a neighbour stage (BUBBLE
+                 spans, em.distribute.pipeline's waits): whatever is recorded
+                 inside a bubble (the receive's wait on the communicator, say)
+                 counts as bubble, not as communication or compute, so that
+                 the shares still add up to 1,
   host           the rest: Lua, dispatch, allocation, autograd bookkeeping.
 Events are attributed to the step their start falls in.
 
@@ -32,7 +37,7 @@ local K = {
   LOADER_WORK = C.EM_PROF_LOADER_WORK, COLLECTIVE = C.EM_PROF_COLLECTIVE,
   COMM_WAIT = C.EM_PROF_COMM_WAIT, BUCKET_READY = C.EM_PROF_BUCKET_READY,
   GRAD = C.EM_PROF_GRAD, RANGE = C.EM_PROF_RANGE, OPTIMIZER = C.EM_PROF_OPTIMIZER,
-  STEP = C.EM_PROF_STEP, COPY = C.EM_PROF_COPY,
+  STEP = C.EM_PROF_STEP, COPY = C.EM_PROF_COPY, BUBBLE = C.EM_PROF_BUBBLE,
 }
 M.KIND = K
 
@@ -41,7 +46,7 @@ M.CATEGORY = {
   [K.OP] = 'op', [K.BACKWARD] = 'backward', [K.DATA_WAIT] = 'data',
   [K.LOADER_WORK] = 'loader', [K.COLLECTIVE] = 'collective', [K.COMM_WAIT] = 'comm-wait',
   [K.BUCKET_READY] = 'bucket', [K.GRAD] = 'grad', [K.RANGE] = 'range',
-  [K.OPTIMIZER] = 'optimizer', [K.STEP] = 'step', [K.COPY] = 'copy',
+  [K.OPTIMIZER] = 'optimizer', [K.STEP] = 'step', [K.COPY] = 'copy', [K.BUBBLE] = 'bubble',
 }
 
 -- The finished profile of this state as a plain view: events (cdata array, 0-based),
@@ -111,6 +116,21 @@ local function step_of(st, t)
   return st.keep[lo] and lo or nil
 end
 
+-- The bubbles on the main track, merged where they overlap (they may nest), as
+-- a sorted list of {t0, t1}.
+local function bubbles_of(p)
+  local list, ev = {}, p.events
+  for i = 0, p.n - 1 do
+    local e = ev[i]
+    if e.kind == K.BUBBLE and e.track == p.main then
+      local last = list[#list]
+      if last and e.t0 <= last[2] then last[2] = math.max(last[2], e.t1)
+      else list[#list + 1] = { e.t0, e.t1 } end
+    end
+  end
+  return list
+end
+
 -- The summary of one replica's profile p (from M.read). stop_t: the recording's
 -- end on its clock; auto: steps were marked by the loader.
 function M.summarize(p, stop_t, auto, rank)
@@ -119,7 +139,7 @@ function M.summarize(p, stop_t, auto, rank)
   local span = b.span
   local s = {
     rank = rank or 0, steps = nsteps, span_s = span, step_s = span / nsteps,
-    input_s = 0, compute_s = 0, comm_s = 0, peer_wait_s = 0, backward_s = 0,
+    input_s = 0, compute_s = 0, comm_s = 0, peer_wait_s = 0, backward_s = 0, bubble_s = 0,
     ops = 0, op_s = 0, grad_bytes = 0, coll_count = 0, coll_bytes = 0,
     coll_transfer_s = 0, coll_wait_s = 0, buckets = 0, bucket_bytes = 0,
     loader_workers = nil, loader_prefetch = nil, loader_busy_s = 0, loader_span_s = span,
@@ -127,10 +147,26 @@ function M.summarize(p, stop_t, auto, rank)
   }
   local ev, main = p.events, p.main
   local bw_end = -1          -- end of the enclosing backward node (they nest)
+  local bub, bi = bubbles_of(p), 1
+  for _, x in ipairs(bub) do
+    if step_of(b, x[1]) then s.bubble_s = s.bubble_s + (x[2] - x[1]) end
+  end
+  -- whether a main-track event starting at t lies inside a bubble (events come
+  -- sorted by their start, so one cursor walks the bubbles)
+  local function in_bubble(t)
+    while bub[bi] and bub[bi][2] < t do bi = bi + 1 end
+    return bub[bi] ~= nil and bub[bi][1] <= t
+  end
   for i = 0, p.n - 1 do
     local e = ev[i]
     local k, d = e.kind, e.t1 - e.t0
-    if k == K.COLLECTIVE then
+    -- inside a bubble the stage waits on a neighbour: the time is the bubble's
+    -- (counted above), though its ops still count as ops
+    local inb = e.track == main and (k == K.OP or k == K.DATA_WAIT or k == K.COMM_WAIT) and
+      in_bubble(e.t0)
+    if inb and k ~= K.OP then
+      -- nothing more to count
+    elseif k == K.COLLECTIVE then
       if step_of(b, e.t0) then
         s.coll_count = s.coll_count + 1
         s.coll_bytes = s.coll_bytes + tonumber(e.bytes)
@@ -141,7 +177,7 @@ function M.summarize(p, stop_t, auto, rank)
       s.loader_busy_s = s.loader_busy_s + d
     elseif e.track == main and step_of(b, e.t0) then
       if k == K.OP then
-        s.compute_s = s.compute_s + d
+        if not inb then s.compute_s = s.compute_s + d end
         s.ops = s.ops + 1
         local name = ffi.string(e.name)
         local o = s.op_table[name]
@@ -166,19 +202,22 @@ function M.summarize(p, stop_t, auto, rank)
   end
   -- per step
   for _, f in ipairs({ 'input_s', 'compute_s', 'comm_s', 'peer_wait_s', 'backward_s',
+                       'bubble_s',
                        'grad_bytes', 'coll_count', 'coll_bytes', 'coll_transfer_s',
                        'coll_wait_s', 'buckets', 'bucket_bytes' }) do
     s[f] = s[f] / nsteps
   end
   s.ops_per_step = s.ops / nsteps
   s.mean_op_us = s.ops > 0 and s.compute_s * nsteps / s.ops * 1e6 or 0
-  local host = s.step_s - s.input_s - s.compute_s - s.comm_s
+  local host = s.step_s - s.input_s - s.compute_s - s.comm_s - s.bubble_s
   if host < 0 then host = 0 end
   s.host_s = host
-  local total = s.input_s + s.compute_s + s.comm_s + host
+  local total = s.input_s + s.compute_s + s.comm_s + s.bubble_s + host
   if total <= 0 then total = 1 end
   s.breakdown = { input = s.input_s / total, compute = s.compute_s / total,
                   communication = s.comm_s / total, host = host / total }
+  -- only a pipeline stage has the share, so that other reports read as before
+  if #bub > 0 then s.breakdown.bubble = s.bubble_s / total end
   return s
 end
 
