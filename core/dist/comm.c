@@ -456,6 +456,15 @@ em_status emi_comm_p2p_queue(em_comm *c, em_comm_work *w) {
     return EM_ERR_NOMEM;
   }
   w->seq = ++seq[2 * w->peer + (w->kind == EMI_COLL_RECV)];
+  if (c->be->p2p_any_thread) {
+    int failed = c->failed;
+    pthread_mutex_unlock(&c->mu);
+    post_p2p(c, w, failed);
+    pthread_mutex_lock(&c->mu);        /* the comm thread now polls it (timeouts) */
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return EM_OK;
+  }
   if (c->tail) c->tail->next = w;
   else c->head = w;
   c->tail = w;

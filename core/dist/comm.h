@@ -124,6 +124,10 @@ typedef struct emi_comm_backend {
   ** after each collective): finish what it can; fail what timed out or whose
   ** peer failed or left; with stopping = 1 (em_comm_free) fail all of them. */
   void (*p2p_progress)(em_comm *c, int stopping);
+  /* 1 when p2p_post and p2p_progress may run on any thread at once (local: under
+  ** its group's lock): emi_comm_p2p_queue then posts at once, so that a group's
+  ** transfers (group.c) never wait behind this communicator's collectives. */
+  int p2p_any_thread;
   /* Optional, when p2p_post is NULL: the communicator that carries this one's
   ** sends and recvs (NCCL's host communicator), with tensors staged on the host. */
   em_comm *(*p2p_via)(em_comm *c);
@@ -172,9 +176,10 @@ enum { EMI_CHAN_USER = 0, EMI_CHAN_SETUP = 1, EMI_CHAN_FIRST_GROUP = 2 };
 
 /* Queues a send or recv on c (any thread; touches no em_state): w->kind, peer,
 ** chan, dtype, count, in / out are the caller's, w->in_t may be NULL. The item
-** finishes through c's comm thread like em_comm_send's (w->done under c->mu,
-** c->cv broadcast). EM_ERR_NOMEM (nothing queued) when the channel's counters
-** cannot be made. */
+** finishes like em_comm_send's (w->done under c->mu, c->cv broadcast); with
+** be->p2p_any_thread it is posted at once on this thread, otherwise when c's
+** comm thread reaches it (after c's collectives queued before it). EM_ERR_NOMEM
+** (nothing queued) when the channel's counters cannot be made. */
 em_status emi_comm_p2p_queue(em_comm *c, em_comm_work *w);
 /* The communicator whose backend carries c's sends and recvs (c itself, NCCL's
 ** host communicator), or NULL when there is none. */

@@ -50,10 +50,14 @@
 ** the job). After a failure a transfer that MPI still holds keeps its buffers
 ** (they are leaked rather than freed under MPI's feet), as mpi.c does.
 **
-** Order. A group's transfers are queued on the carrier's comm thread after the
-** carrier's collectives called before them: replicas that call the parent's and
-** a group's collectives must call them in the same relative order, as they would
-** call one communicator's. A group must be freed before its parent.
+** Order. On the local carrier (threads, and emulated GPU replicas) a group's
+** transfers are posted at once from the group's thread (p2p_any_thread), so a
+** group collective in flight never waits for the parent's. MPI is called from
+** its comm thread only, so there a group's transfers wait behind the parent's
+** collectives queued before them: under MPI, a member that has a group
+** collective in flight while it calls a parent collective needs the others to
+** call that parent collective without first waiting for the group one. A group
+** must be freed before its parent.
 */
 #include "comm.h"
 #include <stdio.h>

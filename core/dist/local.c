@@ -460,6 +460,7 @@ static const emi_comm_backend local_backend = {
   .abort_notify = local_abort_notify,
   .p2p_post = local_p2p_post,
   .p2p_progress = local_p2p_progress,
+  .p2p_any_thread = 1,
   .destroy = local_destroy,
 };
 

@@ -992,8 +992,10 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work);
 ** and failure rules are a communicator's (messages name a member as "replica 2
 ** (world 5)"); their bytes travel by the parent's point-to-point, on channels of
 ** the group's own, so the parent's sends between the same replicas never mix
-** with them. A group's and its parent's collectives are called in the same
-** relative order by all members. Free a group before its parent. */
+** with them. Members call the group's and the parent's collectives in the same
+** relative order; under MPI a member that calls a parent collective while a
+** group one is in flight needs the others not to wait for that group one first
+** (MPI runs on the parent's thread). Free a group before its parent. */
 em_status em_comm_group(em_state *S, em_comm *parent, int n, const int *ranks,
                         em_comm **out);
 em_status em_comm_send(em_state *S, em_comm *c, const em_tensor *t, int peer,

@@ -7,7 +7,8 @@
 ** not thread-safe). Scenarios: the groups {0, 2} and {1, 3} of 4 replicas at
 ** once, every collective and dtype from strided inputs against sums computed
 ** here, the group's own sends, and the world's sends and collectives between
-** the same replicas interleaved with the group's (channels keep them apart); a
+** the same replicas interleaved with the group's (channels keep them apart), a
+** group collective in flight across a world collective; a
 ** group of 3 of 4 with chunks of unequal size, and a group of that group; a
 ** member that aborts, one that exits, one that stays silent (timeout), members
 ** that call different collectives; bad arguments. Runs under ThreadSanitizer in
@@ -140,7 +141,25 @@ static em_status run_pairs(em_state *S, em_comm *w, job *j) {
   em_tensor *ws = NULL, *gs = NULL, *wr = NULL, *gr = NULL, *sum = NULL;
   em_comm_work *wsw = NULL, *gsw = NULL;
   double want[N];
-  if (!(st = strided_source(S, EM_FLOAT32, j->rank, 40, &ws)) &&
+  /* the group's rank 0 has its allreduce in flight across a world barrier, which
+  ** its partner reaches only once that allreduce is done: the group's transfers
+  ** do not wait behind the world's collective */
+  em_tensor *early = NULL;
+  em_comm_work *ew = NULL;
+  if (!(st = em_full(S, (int64_t[]){5}, 1, j->rank, EM_INT32, EM_CPU, &early))) {
+    if (j->grank == 0) {
+      if (!(st = em_comm_allreduce(S, c, early, EM_COMM_SUM, &ew)) &&
+          !(st = em_comm_barrier(S, w, NULL)))
+        st = em_comm_work_wait(S, ew);
+    } else if (!(st = em_comm_allreduce(S, c, early, EM_COMM_SUM, NULL))) {
+      st = em_comm_barrier(S, w, NULL);
+    }
+    double e = 2 * (j->rank % 2) + 2;
+    compare(j, "allreduce across a world barrier", early, (double[]){e, e, e, e, e}, 5);
+  }
+  em_comm_work_free(ew);
+  em_tensor_release(early);
+  if (!st && !(st = strided_source(S, EM_FLOAT32, j->rank, 40, &ws)) &&
       !(st = em_comm_send(S, w, ws, other, &wsw)) &&
       !(st = strided_source(S, EM_INT64, j->rank, 41, &gs)) &&
       !(st = em_comm_send(S, c, gs, 1 - j->grank, &gsw)) &&
@@ -291,7 +310,7 @@ static void test_pairs(void) {
   run_world(4, 0, jobs);
   /* per dtype: allreduce (3 ops, 4 for floats), broadcast, allgather (2N), reduce_scatter
   ** (N/2); then the world allreduce (4), the world's and the group's recv */
-  check_values(jobs, 4, -1, NDT * (6 * N + N / 2) + 4 * N + 4 + 2 * N);
+  check_values(jobs, 4, -1, 5 + NDT * (6 * N + N / 2) + 4 * N + 4 + 2 * N);
   for (int r = 0; r < 4; r++) {
     CHECK(jobs[r].grank == r / 2 && jobs[r].gsize == 2, "replica %d: group rank %d of %d", r,
           jobs[r].grank, jobs[r].gsize);
