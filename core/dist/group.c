@@ -474,13 +474,22 @@ static uint64_t hash_ranks(int n, const int *ranks) {
   return h & 0x7fffffffffffffffull;
 }
 
-enum { SETUP_N = 4 };
+enum { SETUP_N = 6 };
+
+/* The leader's answer {0, _, b, n_b, world_b, n_0} as an error. */
+static em_status disagreed(em_state *S, const int64_t *ans, int leader_world) {
+  return emi_error(S, EM_ERR_ARG, "comm_group: the members asked for different groups: "
+                   "replica %lld (world %lld) asked for a group of %lld replicas, replica 0 "
+                   "(world %d) for %lld%s; every member passes the same ranks",
+                   (long long)ans[2], (long long)ans[4], (long long)ans[3], leader_world,
+                   (long long)ans[5], ans[3] == ans[5] ? " with other ranks" : "");
+}
 
 /* The members agree on the group's channels (see the top): *chan, or an error in S. */
 static em_status agree(em_state *S, em_comm *carrier, const int *world, int n, int me,
                        const int *ranks, int *chan) {
   pthread_mutex_lock(&carrier->mu);
-  int64_t mine[SETUP_N] = {n, (int64_t)hash_ranks(n, ranks), carrier->next_chan, 0};
+  int64_t mine[SETUP_N] = {n, (int64_t)hash_ranks(n, ranks), carrier->next_chan, 0, 0, 0};
   pthread_mutex_unlock(&carrier->mu);
   int64_t (*msg)[SETUP_N] = calloc((size_t)n, sizeof *msg);
   em_comm_work *ks = calloc((size_t)n, sizeof *ks);
@@ -500,11 +509,7 @@ static em_status agree(em_state *S, em_comm *carrier, const int *world, int n, i
       st = emi_error(S, EM_ERR_IO, "comm_group: agreeing with the group's first member "
                      "(world replica %d): %.300s", world[0], ks[bad].errmsg);
     } else if (!ans[0]) {
-      int b = (int)ans[2];
-      st = emi_error(S, EM_ERR_ARG, "comm_group: the members asked for different groups: "
-                     "replica %d (world %d) asked for a group of %lld replicas, replica 0 "
-                     "(world %d) for %d %s; every member passes the same ranks", b, world[b],
-                     (long long)ans[3], world[0], n, ans[3] == n ? "with other ranks" : "");
+      st = disagreed(S, ans, world[0]);
     } else {
       *chan = (int)ans[1];
     }
@@ -516,11 +521,11 @@ static em_status agree(em_state *S, em_comm *carrier, const int *world, int n, i
       st = emi_error(S, EM_ERR_IO, "comm_group: %s did not join the group: %.300s", who,
                      ks[bad].errmsg);
     } else {
-      int64_t ans[SETUP_N] = {1, mine[2], 0, 0};
+      int64_t ans[SETUP_N] = {1, mine[2], 0, 0, 0, n};
       for (int i = 1; i < n; i++) {
         if (msg[i][2] > ans[1]) ans[1] = msg[i][2];
         if (ans[0] && (msg[i][0] != n || msg[i][1] != mine[1])) {
-          ans[0] = 0, ans[2] = i, ans[3] = msg[i][0];
+          ans[0] = 0, ans[2] = i, ans[3] = msg[i][0], ans[4] = world[i];
         }
       }
       for (int i = 1; i < n; i++)
@@ -529,11 +534,7 @@ static em_status agree(em_state *S, em_comm *carrier, const int *world, int n, i
         st = emi_error(S, EM_ERR_IO, "comm_group: replica %d (world %d) did not join the "
                        "group: %.300s", bad + 1, world[bad + 1], ks[bad].errmsg);
       } else if (!ans[0]) {
-        int b = (int)ans[2];
-        st = emi_error(S, EM_ERR_ARG, "comm_group: the members asked for different groups: "
-                       "replica %d (world %d) asked for a group of %lld replicas, replica 0 "
-                       "(world %d) for %d %s; every member passes the same ranks", b, world[b],
-                       (long long)ans[3], world[0], n, ans[3] == n ? "with other ranks" : "");
+        st = disagreed(S, ans, world[0]);
       } else {
         *chan = (int)ans[1];
       }

@@ -11,7 +11,8 @@
 ** group collective in flight across a world collective; a
 ** group of 3 of 4 with chunks of unequal size, and a group of that group; a
 ** member that aborts, one that exits, one that stays silent (timeout), members
-** that call different collectives; bad arguments. Runs under ThreadSanitizer in
+** that call different collectives, members that ask for different groups; bad
+** arguments. Runs under ThreadSanitizer in
 ** `make test SANITIZE=thread`.
 */
 #include "check.h"
@@ -262,6 +263,16 @@ done:
   return st;
 }
 
+/* mode 6: world 0 and 1 make the group {0, 1, 2}, world 2 the group {0, 2}. */
+static em_status run_disagree(em_state *S, em_comm *w, job *j) {
+  if (j->rank == 3) return EM_OK;
+  em_comm *c = NULL;
+  em_status st = j->rank == 2 ? em_comm_group(S, w, 2, (int[]){0, 2}, &c)
+                              : em_comm_group(S, w, 3, (int[]){0, 1, 2}, &c);
+  em_comm_free(c);
+  return st;
+}
+
 static void *replica(void *arg) {
   job *j = arg;
   em_config cfg;
@@ -275,6 +286,7 @@ static void *replica(void *arg) {
     switch (j->mode) {
     case 0: j->st = run_pairs(S, c, j); break;
     case 1: j->st = run_three(S, c, j); break;
+    case 6: j->st = run_disagree(S, c, j); break;
     default: j->st = run_dead(S, c, j); break;
     }
   }
@@ -355,6 +367,16 @@ static void test_dead(void) {
   }
 }
 
+static void test_disagree(void) {
+  static job jobs[4];
+  run_world(4, 6, jobs);
+  for (int r = 0; r < 3; r++)
+    CHECK(jobs[r].st == EM_ERR_ARG && strstr(jobs[r].msg, "the members asked for different "
+          "groups: replica 2 (world 2) asked for a group of 2 replicas, replica 0 (world 0) "
+          "for 3"), "world %d: %s", r, jobs[r].msg);
+  CHECK(jobs[3].st == EM_OK, "world 3: %s", jobs[3].msg);
+}
+
 static void test_arguments(em_state *S) {
   em_local_group *g = em_local_group_new(4);
   em_comm *w = NULL, *c = (em_comm *)1;
@@ -407,6 +429,7 @@ int main(void) {
   RUN(test_pairs);
   RUN(test_three);
   RUN(test_dead);
+  RUN(test_disagree);
   RUN(test_arguments, S);
   em_close(S);
   return check_done();
