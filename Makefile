@@ -338,7 +338,7 @@ else ifeq ($(SANITIZE),thread)
 # one thread, the communicator's, whose queue test_comm covers.)
 test: all $(CTEST_BIN)
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
-	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|^test_comm_p2p$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$' $(BUILD)
+	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|^test_comm_p2p$$|^test_comm_group$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$' $(BUILD)
 else
 # deps-run: test_distribute trains the example on a slice of Fashion-MNIST;
 # deps-test: test_profile_page renders the profiler's page in headless Chromium.

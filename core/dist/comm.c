@@ -27,17 +27,34 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* One channel's counters of point-to-point (comm.h). */
+struct emi_p2p_chan {
+  int chan;
+  struct emi_p2p_chan *next;
+  uint64_t seq[];            /* [2 * size]: sends to / recvs from each peer */
+};
+
 const char *emi_coll_name(emi_coll_kind k) {
   static const char *names[] = {"allreduce", "broadcast", "allgather", "reduce_scatter",
                                 "barrier", "send", "recv"};
   return names[k];
 }
 
+const char *emi_comm_who(char *buf, const em_comm *c, int rank) {
+  if (c && c->world_of && rank >= 0 && rank < c->size)
+    snprintf(buf, 64, "replica %d (world %d)", rank, c->world_of[rank]);
+  else
+    snprintf(buf, 64, "replica %d", rank);
+  return buf;
+}
+
 const char *emi_coll_describe(char *buf, const em_comm_work *w) {
+  char who[64];
   if (w->kind == EMI_COLL_SEND || w->kind == EMI_COLL_RECV)
-    snprintf(buf, EMI_COMM_MSG, "%s #%llu %s replica %d (%s x %lld)", emi_coll_name(w->kind),
-             (unsigned long long)w->seq, w->kind == EMI_COLL_SEND ? "to" : "from", w->peer,
-             em_dtype_name(w->dtype), (long long)w->count);
+    snprintf(buf, EMI_COMM_MSG, "%s #%llu %s %s (%s x %lld)", emi_coll_name(w->kind),
+             (unsigned long long)w->seq, w->kind == EMI_COLL_SEND ? "to" : "from",
+             emi_comm_who(who, w->comm, w->peer), em_dtype_name(w->dtype),
+             (long long)w->count);
   else if (w->kind == EMI_COLL_BARRIER)
     snprintf(buf, EMI_COMM_MSG, "barrier #%llu", (unsigned long long)w->seq);
   else
@@ -337,6 +354,7 @@ em_status emi_comm_new_dev(em_state *S, const emi_comm_backend *be, void *impl, 
   c->size = size;
   c->timeout_s = timeout_s > 0 ? timeout_s : 300;
   c->next_seq = 1;
+  c->next_chan = EMI_CHAN_FIRST_GROUP;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   struct start_ctx sc = {.c = c};
@@ -379,7 +397,11 @@ void em_comm_free(em_comm *c) {
   if (c->dev) emi_commdev_close(c->dev);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
-  free(c->p2p_seq);
+  while (c->chans) {
+    struct emi_p2p_chan *k = c->chans;
+    c->chans = k->next;
+    free(k);
+  }
   free(c);
 }
 
@@ -391,7 +413,9 @@ const char *em_comm_backend(const em_comm *c) {
 
 void em_comm_abort(em_comm *c, const char *message) {
   if (!c) return;
-  emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, message ? message : "aborted");
+  char who[64];
+  emi_comm_fail(c, 1, "%s failed: %s", emi_comm_who(who, c, c->rank),
+                message ? message : "aborted");
 }
 
 em_status em_comm_status(em_state *S, em_comm *c) {
@@ -468,6 +492,54 @@ static em_status work_copy_back(em_state *S, em_comm_work *w) {
   return st;
 }
 
+/* -- Channels of point-to-point (comm.h) ----------------------------------------- */
+
+/* Under c->mu: the channel's counters, made on first use (NULL: out of memory). */
+static uint64_t *chan_seq_locked(em_comm *c, int chan) {
+  for (struct emi_p2p_chan *k = c->chans; k; k = k->next)
+    if (k->chan == chan) return k->seq;
+  struct emi_p2p_chan *k = calloc(1, sizeof *k + 2 * (size_t)c->size * sizeof(uint64_t));
+  if (!k) return NULL;
+  k->chan = chan;
+  k->next = c->chans;
+  c->chans = k;
+  return k->seq;
+}
+
+em_comm *emi_comm_p2p_carrier(em_comm *c) {
+  em_comm *pc = c->be->p2p_post && !c->be->device_native ? c
+              : c->be->p2p_via ? c->be->p2p_via(c) : NULL;
+  return pc && pc->be->p2p_post ? pc : NULL;
+}
+
+em_status emi_comm_p2p_queue(em_comm *c, em_comm_work *w) {
+  w->comm = c;
+  w->done = 0;
+  w->next = NULL;
+  pthread_mutex_lock(&c->mu);
+  uint64_t *seq = chan_seq_locked(c, w->chan);
+  if (!seq) {
+    pthread_mutex_unlock(&c->mu);
+    return EM_ERR_NOMEM;
+  }
+  w->seq = ++seq[2 * w->peer + (w->kind == EMI_COLL_RECV)];
+  if (c->be->p2p_any_thread) {
+    int failed = c->failed;
+    pthread_mutex_unlock(&c->mu);
+    post_p2p(c, w, failed);
+    pthread_mutex_lock(&c->mu);        /* the comm thread now polls it (timeouts) */
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return EM_OK;
+  }
+  if (c->tail) c->tail->next = w;
+  else c->head = w;
+  c->tail = w;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return EM_OK;
+}
+
 static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work **work) {
   w->comm = c;
   if (c->dev && w->in_t && w->in_t->device != EM_CPU) {   /* where their values are final */
@@ -482,8 +554,8 @@ static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work *
     }
   }
   pthread_mutex_lock(&c->mu);
-  if (is_p2p(w))
-    w->seq = ++c->p2p_seq[2 * w->peer + (w->kind == EMI_COLL_RECV)];
+  if (is_p2p(w))        /* the channel's counters exist: submit_p2p made them */
+    w->seq = ++chan_seq_locked(c, w->chan)[2 * w->peer + (w->kind == EMI_COLL_RECV)];
   else
     w->seq = c->next_seq++;
   if (c->tail) c->tail->next = w;
@@ -629,21 +701,20 @@ static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *
   if (work) *work = NULL;
   em_status st = check_comm_tensor(S, op, c, t, 1);
   if (st) return st;
-  int native = c->dev && c->be->device_native && t->device != EM_CPU;
-  em_comm *pc = c->be->p2p_post && (native || !c->be->device_native) ? c
-              : c->be->p2p_via ? c->be->p2p_via(c) : NULL;
-  if (pc != c) native = 0;
-  if (!pc || !pc->be->p2p_post)
+  /* a real GPU's device tensor goes by NCCL itself; everything else by the host
+  ** communicator that carries this one's point-to-point */
+  int native = c->dev && c->be->device_native && t->device != EM_CPU && c->be->p2p_post;
+  em_comm *pc = native ? c : emi_comm_p2p_carrier(c);
+  if (!pc)
     return emi_error(S, EM_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point "
-                     "(the local and mpi ones have)", op, em_comm_backend(pc ? pc : c));
+                     "(the local and mpi ones have)", op, em_comm_backend(c));
   if (peer < 0 || peer >= c->size || peer == c->rank)
     return emi_error(S, EM_ERR_ARG, "%s: peer %d is not another rank of this job (0..%d, "
                      "this one is %d)", op, peer, c->size - 1, c->rank);
   if ((st = em_comm_status(S, c)) || (pc != c && (st = em_comm_status(S, pc)))) return st;
   c = pc;
   pthread_mutex_lock(&c->mu);
-  if (!c->p2p_seq) c->p2p_seq = calloc(2 * (size_t)c->size, sizeof *c->p2p_seq);
-  int ok = c->p2p_seq != NULL;
+  int ok = chan_seq_locked(c, EMI_CHAN_USER) != NULL;
   pthread_mutex_unlock(&c->mu);
   if (!ok) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory", op);
   em_comm_work *w = work_new(S, op, kind);

@@ -28,7 +28,7 @@
 ** from the collectives' bookkeeping:
 **   numbering  a collective's w->seq counts collectives only (c->next_seq);
 **              a send's counts the sends to that peer, a recv's the recvs from
-**              that peer (c->p2p_seq). So a pipeline stage that receives twice
+**              that peer, on its channel (c->chans; see below). So a pipeline stage that receives twice
 **              and sends once per micro-batch still meets the other replicas'
 **              allreduce #7 as #7, timeout messages that compare collective
 **              numbers stay right, and no mismatch check ever compares a send
@@ -68,6 +68,7 @@ struct em_comm_work {
   uint64_t seq;              /* 1, 2, ... per communicator, in call order (send /
                              ** recv: per peer and direction, see above) */
   int peer;                  /* send / recv: the other replica */
+  int chan;                  /* send / recv: the channel (EMI_CHAN_*; a group's, group.c) */
   struct em_comm_work *p2p_next;  /* the backend's matching queue */
   /* -- caller's side (comm.c) */
   em_tensor *user;           /* the caller's tensor to copy back into, or NULL */
@@ -123,6 +124,10 @@ typedef struct emi_comm_backend {
   ** after each collective): finish what it can; fail what timed out or whose
   ** peer failed or left; with stopping = 1 (em_comm_free) fail all of them. */
   void (*p2p_progress)(em_comm *c, int stopping);
+  /* 1 when p2p_post and p2p_progress may run on any thread at once (local: under
+  ** its group's lock): emi_comm_p2p_queue then posts at once, so that a group's
+  ** transfers (group.c) never wait behind this communicator's collectives. */
+  int p2p_any_thread;
   /* Optional, when p2p_post is NULL: the communicator that carries this one's
   ** sends and recvs (NCCL's host communicator), with tensors staged on the host. */
   em_comm *(*p2p_via)(em_comm *c);
@@ -154,11 +159,35 @@ struct em_comm {
   unsigned char nccl_id[128];  /* the NCCL unique id this communicator shared (nccl.c) */
   int nccl_id_ok;
   int p2p_pending;           /* posted sends / recvs not yet done, under mu */
-  uint64_t *p2p_seq;         /* [2 * size], under mu: sends to / recvs from each peer */
   em_comm_work *p2p_fin;     /* under mu: done on other threads, for this one to
                              ** finish (while profiling: comm.c) */
+  struct emi_p2p_chan *chans;  /* under mu: per channel, sends to / recvs from each peer */
+  int next_chan;             /* under mu: the lowest channel no group of this one holds */
+  /* A group (group.c): its members' ranks in the world communicator that carries
+  ** its bytes, so that messages say "replica 2 (world 5)"; NULL otherwise. */
+  const int *world_of;
   char failure[EMI_COMM_MSG];
 };
+
+/* Channels of point-to-point. Every send / recv belongs to one, and the k-th send
+** to a peer meets that peer's k-th recv from us *on the same channel*: channels
+** are independent streams between the same two replicas. The script's own sends
+** are on EMI_CHAN_USER; groups (group.c) agree on a pair of channels of their
+** own when they are made, over EMI_CHAN_SETUP. */
+enum { EMI_CHAN_USER = 0, EMI_CHAN_SETUP = 1, EMI_CHAN_FIRST_GROUP = 2 };
+
+/* Queues a send or recv on c (any thread; touches no em_state): w->kind, peer,
+** chan, dtype, count, in / out are the caller's, w->in_t may be NULL. The item
+** finishes like em_comm_send's (w->done under c->mu, c->cv broadcast); with
+** be->p2p_any_thread it is posted at once on this thread, otherwise when c's
+** comm thread reaches it (after c's collectives queued before it). EM_ERR_NOMEM
+** (nothing queued) when the channel's counters cannot be made. */
+em_status emi_comm_p2p_queue(em_comm *c, em_comm_work *w);
+/* The communicator whose backend carries c's sends and recvs (c itself, NCCL's
+** host communicator), or NULL when there is none. */
+em_comm *emi_comm_p2p_carrier(em_comm *c);
+/* "replica 2" or, on a group, "replica 2 (world 5)" into buf (64 bytes). */
+const char *emi_comm_who(char *buf, const em_comm *c, int rank);
 
 /* A posted send or recv has finished (any thread; w->errmsg holds the error).
 ** After this w belongs to its waiter (while profiling, once this communicator's

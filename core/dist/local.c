@@ -37,8 +37,9 @@
 **
 ** Point-to-point. The group holds one FIFO per ordered pair (src, dst) of
 ** posted items that wait for their match: src's sends to dst, or dst's recvs
-** from src -- never both, as a post first looks for a match at the head of its
-** pair's queue and only queues itself when there is none. The thread that
+** from src -- never both on one channel (comm.h), as a post first looks for a
+** match at the first item of its channel in its pair's queue and only queues
+** itself when there is none. The thread that
 ** posts the second of a matching pair copies the sender's buffer straight into
 ** the receiver's (one copy, no intermediate), and finishes both items; the
 ** k-th send of a pair so always meets the k-th recv. A pair whose dtypes or
@@ -311,7 +312,12 @@ static em_status local_run(em_comm *c, em_comm_work *w) {
 
 /* -- Point-to-point ---------------------------------------------------------------- */
 
-static void shape_str(char *buf, size_t n, const em_tensor *t) {
+static void shape_str(char *buf, size_t n, const em_comm_work *w) {
+  const em_tensor *t = w->in_t;
+  if (!t) {                  /* a group's buffer (group.c): flat */
+    snprintf(buf, n, "[%lld]", (long long)w->count);
+    return;
+  }
   int k = snprintf(buf, n, "[");
   for (int d = 0; d < t->ndim && k < (int)n - 24; d++)
     k += snprintf(buf + k, n - (size_t)k, "%s%lld", d ? ", " : "", (long long)t->sizes[d]);
@@ -322,8 +328,8 @@ static void shape_str(char *buf, size_t n, const em_tensor *t) {
 static void p2p_match(em_comm_work *s, em_comm_work *r) {
   if (s->dtype != r->dtype || s->count != r->count) {
     char ss[96], rs[96];
-    shape_str(ss, sizeof ss, s->in_t);
-    shape_str(rs, sizeof rs, r->in_t);
+    shape_str(ss, sizeof ss, s);
+    shape_str(rs, sizeof rs, r);
     char body[EMI_COMM_MSG - 110];
     snprintf(body, sizeof body, "replica %d sent %s %s (%lld bytes) but replica %d receives "
              "into %s %s (%lld bytes); the shapes and dtypes must match", s->comm->rank,
@@ -350,10 +356,13 @@ static em_status local_p2p_post(em_comm *c, em_comm_work *w) {
   size_t pair = send ? (size_t)c->rank * (size_t)g->size + (size_t)w->peer
                      : (size_t)w->peer * (size_t)g->size + (size_t)c->rank;
   pthread_mutex_lock(&g->mu);
-  em_comm_work *h = g->pq_head[pair];
+  /* the pair's queue may hold several channels: the first item of w's one */
+  em_comm_work *prev = NULL, *h = g->pq_head[pair];
+  while (h && h->chan != w->chan) { prev = h; h = h->p2p_next; }
   if (h && (h->kind == EMI_COLL_SEND) != send) {        /* its match waits */
-    g->pq_head[pair] = h->p2p_next;
-    if (!h->p2p_next) g->pq_tail[pair] = NULL;
+    if (prev) prev->p2p_next = h->p2p_next;
+    else g->pq_head[pair] = h->p2p_next;
+    if (g->pq_tail[pair] == h) g->pq_tail[pair] = prev;
     h->p2p_next = NULL;
     if (send) p2p_match(w, h);
     else p2p_match(h, w);
@@ -451,6 +460,7 @@ static const emi_comm_backend local_backend = {
   .abort_notify = local_abort_notify,
   .p2p_post = local_p2p_post,
   .p2p_progress = local_p2p_progress,
+  .p2p_any_thread = 1,
   .destroy = local_destroy,
 };
 

@@ -516,7 +516,11 @@ static void mpi_idle(em_comm *c) { ctl_poll(c, c->impl); }
 
 /* -- Point-to-point ------------------------------------------------------------------- */
 
-enum { TAG_P2P = 100, P2P_TAGS = 3000000, HDR_N = 4 + EM_MAX_DIMS };
+/* A tag per (channel, sequence number, part): P2P_SEQS sequence numbers of
+** P2P_CHANS channels (comm.h) fit below 2^31 - 1, Open MPI's MPI_TAG_UB. Both
+** wrap: a collision needs 65536 messages of one pair and channel in flight, or
+** two live groups made 8192 groups apart sharing a pair of replicas. */
+enum { TAG_P2P = 100, P2P_SEQS = 65536, P2P_CHANS = 8192, HDR_N = 4 + EM_MAX_DIMS };
 
 /* One send or recv in flight. w is NULL once the item has finished (the record
 ** then lives on while its acknowledgement leaves, or for ever when abandoned). */
@@ -533,13 +537,19 @@ typedef struct p2p_rec {
 } p2p_rec;
 
 static int p2p_tag(const em_comm_work *w, int part) {
-  return TAG_P2P + 3 * (int)(w->seq % P2P_TAGS) + part;
+  int64_t slot = (int64_t)(w->chan % P2P_CHANS) * P2P_SEQS + (int64_t)(w->seq % P2P_SEQS);
+  return TAG_P2P + (int)(3 * slot) + part;
 }
 
 static void describe_tensor(int64_t *h, const em_comm_work *w) {
   const em_tensor *t = w->in_t;
   h[0] = w->dtype;
   h[1] = w->count;
+  if (!t) {                  /* a group's buffer (group.c): flat */
+    h[2] = 1;
+    h[3] = w->count;
+    return;
+  }
   h[2] = t->ndim;
   for (int d = 0; d < t->ndim && d < EM_MAX_DIMS; d++) h[3 + d] = t->sizes[d];
 }

@@ -952,7 +952,7 @@ int em_mpi_launched(int *rank, int *size);
 void em_comm_free(em_comm *c);
 int em_comm_rank(const em_comm *c);
 int em_comm_size(const em_comm *c);
-/* "local", "mpi" or "nccl". */
+/* "local", "mpi", "nccl" or "group(...)". */
 const char *em_comm_backend(const em_comm *c);
 /* Fails this replica's communicator and tells the others (see above). Any thread. */
 void em_comm_abort(em_comm *c, const char *message);
@@ -988,6 +988,20 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work);
 ** back the replica's later sends, recvs and collectives until the peer
 ** receives, so the replicas' orders must match (else the timeout's error, and
 ** the communicator fails). */
+/* A communicator of some of parent's replicas (core/dist/group.c): ranks[0..n)
+** are parent ranks, ascending and distinct, and every one of them calls this
+** (only they do), in the same order relative to their other groups. The group's
+** rank is this replica's index in ranks; em_comm_backend says "group(local)",
+** "group(mpi)" or "group(nccl)". Its collectives, sends and recvs, work handles
+** and failure rules are a communicator's (messages name a member as "replica 2
+** (world 5)"); their bytes travel by the parent's point-to-point, on channels of
+** the group's own, so the parent's sends between the same replicas never mix
+** with them. Members call the group's and the parent's collectives in the same
+** relative order; under MPI a member that calls a parent collective while a
+** group one is in flight needs the others not to wait for that group one first
+** (MPI runs on the parent's thread). Free a group before its parent. */
+em_status em_comm_group(em_state *S, em_comm *parent, int n, const int *ranks,
+                        em_comm **out);
 em_status em_comm_send(em_state *S, em_comm *c, const em_tensor *t, int peer,
                        em_comm_work **work);
 em_status em_comm_recv(em_state *S, em_comm *c, em_tensor *t, int peer, em_comm_work **work);

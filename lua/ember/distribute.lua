@@ -9,6 +9,7 @@ data, with gradients averaged across replicas during backward.
   s:allreduce(t, 'mean'); s:broadcast(t, 0); s:allgather(t); s:reduce_scatter(t)
   s:barrier(); s:check_replicas(model); s.rank, s.world_size, s:is_main()
   s:send(t, rank); s:recv(t, rank)        -- point-to-point; {async = true} as well
+  local g = s:group{1, 3}                 -- a strategy of some replicas: g:wrap(model) ...
 
 Which replica this Lua state is. `ember --replicas N` runs N threads and gives
 each Lua state the global EMBER_REPLICA = {rank, world_size, group, threads}; the
@@ -50,12 +51,16 @@ local live = setmetatable({}, { __mode = 'k' })   -- box -> release function
 function M._track(obj, release) live[obj] = release; return obj end
 local releaser = core.releaser
 local free_comm, free_work = releaser(C.em_comm_free), releaser(C.em_comm_work_free)
+local free_group = releaser(C.em_comm_free)     -- a group goes before its parent
 -- Works first (they hold tensors and wait for their collective), then reducers
--- (registered by wrap.lua), then communicators.
+-- (registered by wrap.lua), then groups, then communicators.
 local comms = {}            -- backend name -> comm box
 core.on_close[#core.on_close + 1] = function()
   for obj, release in pairs(live) do if release == free_work then release(obj) end end
-  for obj, release in pairs(live) do if release ~= free_work and release ~= free_comm then release(obj) end end
+  for obj, release in pairs(live) do
+    if release ~= free_work and release ~= free_comm and release ~= free_group then release(obj) end
+  end
+  for obj, release in pairs(live) do if release == free_group then release(obj) end end
   for obj, release in pairs(live) do release(obj) end
 end
 
@@ -197,6 +202,10 @@ end
 
 function Strategy:is_main() return self.rank == 0 end
 function Strategy:__tostring()
+  if self.parent then
+    return ('group strategy: replica %d of %d (ranks %s of the parent, %s, %s)'):format(
+      self.rank, self.world_size, table.concat(self.ranks, ', '), self.backend, self.device)
+  end
   return ('mirrored strategy: replica %d of %d (%s, %s)'):format(self.rank, self.world_size,
     self.backend, self.device)
 end
@@ -389,6 +398,54 @@ function Strategy:check_replicas(model)
     end
   end
   return true
+end
+
+-- -- Groups -------------------------------------------------------------------------------------
+-- s:group(ranks): a strategy of some of s's replicas (core/dist/group.c), for
+-- instance one pipeline stage's replicas {p, p + P, p + 2P, ...}. Every member
+-- calls it with the same ranks (ascending, 0-based ranks of s); the result is a
+-- strategy like s -- rank is this replica's index in ranks, world_size #ranks --
+-- whose collectives, send / recv and wrap (any shard mode) stay among the members,
+-- with `parent` (s) and `ranks` besides. Its bytes travel by s's point-to-point on
+-- channels of its own, so s's sends between the same replicas never mix with it.
+function Strategy:group(ranks)
+  if type(ranks) ~= 'table' then
+    raise('group: expected a list of ranks, got ' .. core.kind(ranks))
+  end
+  local n = #ranks
+  local arr = ffi.new('int[?]', math.max(n, 1))
+  local copy = {}
+  for i = 1, n do
+    local r = ranks[i]
+    if type(r) ~= 'number' or r % 1 ~= 0 then
+      raise(('group: ranks[%d] must be a rank (0-based integer), got %s'):format(i, tostring(r)))
+    end
+    arr[i - 1], copy[i] = r, r
+  end
+  local c = comm(self, 'group')
+  local out = ffi.new('em_comm*[1]')
+  if C.em_comm_group(S, c, n, arr, out) ~= 0 then core.fail() end
+  local box = M._track(commbox_t(out[0]), free_group)
+  local g = box._h
+  return setmetatable({
+    _box = box, backend = ffi.string(C.em_comm_backend(g)), timeout = self.timeout,
+    rank = C.em_comm_rank(g), world_size = C.em_comm_size(g), device = self.device,
+    parent = self, ranks = copy,
+  }, Strategy)
+end
+
+-- s:split(color): every replica of s calls it; those that pass the same color
+-- (an integer) form one group, in the order of their ranks in s.
+function Strategy:split(color)
+  if type(color) ~= 'number' or color % 1 ~= 0 then
+    raise('split: color must be an integer, got ' .. tostring(color))
+  end
+  local all = self:allgather(em.tensor({ color }, { dtype = 'int64' }):to(self.device))
+  local ranks = {}
+  for r, v in ipairs(all:to('cpu'):totable()) do
+    if v == color then ranks[#ranks + 1] = r - 1 end
+  end
+  return self:group(ranks)
 end
 
 -- -- Wrapping -------------------------------------------------------------------------------------
