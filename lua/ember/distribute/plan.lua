@@ -181,19 +181,16 @@ function M.plan(model, o)
       c.step_s = layouts.data_time(l, t, W, b)
     else
       local mb = B / (l.data * l.chunks)
-      local kids = memory.children(model, { input = o.input, batch = mb, checkpoint = l.checkpoint,
-                                            cache = child_cache })
+      local kids = memory.children(model, { input = o.input, target = o.target, loss = loss,
+        batch = mb, checkpoint = l.checkpoint, cache = child_cache })
       local costs = {}
       for i, k in ipairs(kids) do
-        local n = 1
-        for _, d in ipairs(k.out.shape) do n = n * d end
-        k.out_bytes = n * 4
         costs[i] = k.params * (1 + 1 + state_factor) + k.held * math.min(l.pipeline, l.chunks)
       end
       local counts = layouts.cut(costs, l.pipeline)
       l.stages = counts
-      c.peak, c.parts = layouts.pipeline_memory(l, { state_factor = state_factor }, kids, counts,
-        o.schedule or '1f1b')
+      c.peak, c.parts, c.stage_peaks = layouts.pipeline_memory(l,
+        { state_factor = state_factor, loss = kids.loss }, kids, counts, o.schedule or '1f1b')
       c.step_s = layouts.pipeline_time(l, t, kids, counts, mb)
     end
     candidates[#candidates + 1] = c
@@ -256,7 +253,7 @@ function Plan:apply(s, model)
       'in this build (plan with pipeline = false)')
   end
   return em.distribute.pipeline(model, { stages = l.pipeline, chunks = l.chunks,
-    schedule = self.schedule, balance = l.stages, shard = shard })
+    schedule = self.schedule, balance = l.stages, shard = shard, strategy = s })
 end
 
 return function(model, o)

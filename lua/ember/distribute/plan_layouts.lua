@@ -132,33 +132,101 @@ function M.data_memory(l, m)
 end
 
 -- -- Memory: pipelines -----------------------------------------------------------------------
--- children: plan_memory.children's list at the micro-batch; counts: children per
--- stage; m.state_factor: state bytes per weight byte. The worst stage's peak,
--- its parts, and each stage's peak.
+-- children: plan_memory.children's list at the micro-batch (each {held,
+-- fwd_peak, bwd_peak, params, out_bytes}; loss: the loss's own footprint on the
+-- last child's output, or nil); counts: children per stage; m.state_factor:
+-- state bytes per weight byte. The worst stage's peak, its parts, and each
+-- stage's peak.
+--
+-- A stage's activations are not a formula but a replay of its op list
+-- (pipeline_schedule) against what pipeline.lua does with memory:
+--   F  receives its input (in bytes, stages > 0) and keeps held bytes until
+--      its B; the forward's transient rises above that for a moment;
+--   B  runs over the micro-batch's activations with the stage's gradients
+--      present (they appear at the first B: zero_grad leaves none); after it
+--      the micro-batch's tensors (activations, received input and gradient)
+--      are Lua garbage until a
+--      collection, which the pipeline runs once allocated memory exceeds the
+--      step's start by COLLECT bytes (or, the worst case, as much of it as
+--      stays under that);
+--   the optimizer step then finds the gradients and that garbage.
+M.PIPELINE_COLLECT = 1024 * 1024    -- pipeline.lua's COLLECT_BYTES
+
+local schedule_ops = function(name, P, Mc, s)
+  return require('ember.distribute.pipeline_schedule').ops(name, P, Mc, s)
+end
+
+-- One stage's activation peak above its parameters and state.
+local function replay(ops, st, grads)
+  local inflight, pending, garbage, on = 0, 0, 0, false
+  local peak = 0
+  local function live() return (on and grads or 0) + inflight + pending + garbage end
+  for _, op in ipairs(ops) do
+    if op[1] == 'F' then
+      inflight = inflight + st.held + st.inb
+      peak = math.max(peak, live() + st.fwd)
+    else
+      on = true
+      peak = math.max(peak, live() + st.bwd)
+      inflight = inflight - st.held - st.inb
+      -- (the sends' tensors: measured on the local communicator, which copies
+      -- at the receive, they add nothing past the B that sent them)
+      -- (the output's bytes stay in a send; the gradient received for it is garbage)
+      garbage = garbage + st.held + st.inb + st.recomputed
+      -- Past COLLECT the pipeline collects; below it the garbage stays. Lua's own
+      -- collector may free part of it first, at moments that vary from run to
+      -- run, which can keep the pipeline from collecting: the worst case keeps
+      -- as much garbage as stays under COLLECT.
+      if live() > M.PIPELINE_COLLECT then
+        garbage = math.max(0, math.min(garbage, M.PIPELINE_COLLECT - (live() - garbage)))
+      end
+    end
+  end
+  -- the sends are waited for at the step's end: their buffers join the garbage
+  return math.max(peak, grads + pending + garbage)
+end
+
 function M.pipeline_memory(l, m, children, counts, schedule)
   local D, P, Mc = l.data, l.pipeline, l.chunks
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
-    local W, U, held, extra, boundary = 0, 0, 0, 0, 0
-    for i = first, first + counts[s + 1] - 1 do
+    local W, U, held, fwd, bwd = 0, 0, 0, 0, 0
+    local last_i = first + counts[s + 1] - 1
+    local before = {}
+    for i = first, last_i do
       local c = children[i]
       W = W + c.params
       U = math.max(U, c.params)
+      -- a child's transients ride on the activations of the children before it
+      fwd = math.max(fwd, held + c.fwd_peak)
+      before[i] = held
       held = held + c.held
-      extra = math.max(extra, c.fwd_peak - c.held, c.bwd_peak - c.held)
     end
-    local last = children[first + counts[s + 1] - 1]
-    if s > 0 then boundary = boundary + children[first - 1].held end  -- (an upper bound)
-    boundary = boundary + (last and last.held or 0)
-    first = first + counts[s + 1]
+    -- The backward runs the children in reverse; a checkpointed child's
+    -- recomputed activations are garbage once its backward is done, and stay
+    -- under the backwards of the children before it.
+    local after = 0
+    if s == P - 1 and m.loss then
+      fwd = math.max(fwd, held + m.loss.fwd_peak)
+      bwd = math.max(bwd, held + m.loss.bwd_peak)
+      held = held + m.loss.held
+    end
+    for i = last_i, first, -1 do
+      local c = children[i]
+      bwd = math.max(bwd, before[i] + c.bwd_peak + after)
+      if l.checkpoint then after = after + math.max(0, c.bwd_peak - c.held - c.params) end
+    end
+    local st = { held = held, fwd = math.max(0, fwd - held), bwd = math.max(0, bwd - held),
+                 inb = s > 0 and children[first - 1].out_bytes or 0,
+                 outb = s < P - 1 and children[last_i].out_bytes or 0, recomputed = after }
+    first = last_i + 1
     local sharded = l.shard ~= 'none'
     local params = l.shard == 'parameters' and math.ceil(W / D) + 2 * U or W
     local state = math.ceil(W * m.state_factor / (sharded and D or 1))
     local grads = (l.shard == 'gradients' or l.shard == 'parameters') and
       math.ceil(W / D) + (M.MAX_IN_FLIGHT + 2) * math.max(U, M.SHARD_BUCKET) or W
-    local k = schedule == 'gpipe' and Mc or math.min(P - s, Mc)
-    local act = k * held + extra + boundary
+    local act = replay(schedule_ops(schedule, P, Mc, s), st, grads) - grads
     local peak = params + state + grads + act
     per[s + 1] = peak
     if peak > worst then
@@ -171,38 +239,15 @@ end
 
 -- -- Cutting a Sequential into stages -------------------------------------------------------------
 -- costs[i] >= 0 per child; the counts of P consecutive groups (each at least one
--- child) that make the largest group's total smallest. Exact (dynamic
--- programming over prefix sums), O(n^2 P).
+-- child) that make the largest group's total smallest: pipeline_cut.partition,
+-- the one the pipeline cuts with, so that plan:apply's balance is what the
+-- planner measured.
 function M.cut(costs, P)
   local n = #costs
   if P < 1 or P > n then
     error(('cut: %d stages for %d children'):format(P, n), 2)
   end
-  local pre = { [0] = 0 }
-  for i = 1, n do pre[i] = pre[i - 1] + costs[i] end
-  -- best[k][i]: the smallest largest total cutting the first i children into k groups
-  local best, from = { [0] = { [0] = 0 } }, {}
-  for k = 1, P do
-    best[k], from[k] = {}, {}
-    for i = k, n - (P - k) do
-      local b, arg = math.huge, nil
-      for j = k - 1, i - 1 do
-        local prev = best[k - 1][j]
-        if prev then
-          local v = math.max(prev, pre[i] - pre[j])
-          if v < b then b, arg = v, j end
-        end
-      end
-      best[k][i], from[k][i] = b, arg
-    end
-  end
-  local counts, i = {}, n
-  for k = P, 1, -1 do
-    local j = from[k][i]
-    counts[k] = i - j
-    i = j
-  end
-  return counts
+  return require('ember.distribute.pipeline_cut').partition(costs, P)
 end
 
 -- -- Time ------------------------------------------------------------------------------------------

@@ -217,11 +217,29 @@ local function measure_child(c, shape, dtype, ckpt)
     p.grad = nil
   end
   return { held = held, fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
-           out = { shape = out.shape, dtype = out.dtype } }
+           out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
+end
+
+-- The loss alone on the last child's output (a meta tensor that requires
+-- grad): what it keeps for backward, its forward and backward peaks.
+local function measure_loss(loss, shape, dtype, target)
+  em.collect()
+  local x = M.input(shape, dtype):requires_grad_()
+  local y = target and M.input(target.shape, target.dtype)
+  local base = allocated()
+  em.reset_peak_memory_stats('meta')
+  local l = loss(x, y)
+  local fwd_peak = peak() - base
+  local held = allocated() - base
+  em.reset_peak_memory_stats('meta')
+  l:backward()
+  return { held = held, fwd_peak = fwd_peak, bwd_peak = peak() - base }
 end
 
 -- Every child's footprint at the given input (o.input with shape[1] = batch),
 -- with or without checkpointing; o.cache (a table) keeps them across calls.
+-- With o.loss (and o.target, scaled to the batch as the input is), also the
+-- loss's footprint on the last child's output: the list's .loss.
 function M.children(model, o)
   local cache = o.cache or {}
   local restore = M.to_meta(model)
@@ -238,6 +256,16 @@ function M.children(model, o)
       end
       list[i] = m
       shape, dtype = m.out.shape, m.out.dtype
+    end
+    if o.loss then
+      local t
+      if o.target then
+        t = { shape = { unpack(o.target.shape) }, dtype = o.target.dtype }
+        t.shape[1] = o.target.shape[1] * o.batch / o.input.shape[1]
+      end
+      local key = 'loss;' .. table.concat(shape, 'x') .. ';' .. tostring(o.batch)
+      cache[key] = cache[key] or measure_loss(o.loss, shape, dtype, t)
+      list.loss = cache[key]
     end
   end)
   restore()
