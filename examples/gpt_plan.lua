@@ -70,7 +70,12 @@ function M.apply(model, s, o)
   pick = s:broadcast(em.tensor({ pick }, { dtype = 'float64' }), 0):item()
   local c = plan.candidates[pick]
   if c then plan.layout, plan.peak_bytes, plan.step_s, plan.fits = c.layout, c.peak, c.step_s, c.fits end
-  if s:is_main() then plan:print() end
+  if s:is_main() then
+    plan:print()
+    -- plain data parallel, the layout without --plan: why it is not the one
+    local plain = ('data=%d shard=none'):format(s.world_size)
+    if plan.why[plain] then print('  why not ' .. plan.why[plain]) end
+  end
   if not plan.fits then
     fail(('--plan: no layout trains this model in %s per device on %d devices (the smallest ' ..
       'needs %.1f MiB); use more replicas or a smaller model'):format(

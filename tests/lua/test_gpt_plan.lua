@@ -84,6 +84,9 @@ H.test('--plan: a layout that fits, named; plain data parallel rejected with why
   H.eq(dp_fits, 'no', 'plain data parallel is in the table and does not fit:\n' .. out)
   H.check(tonumber(dp_peak) > 5, 'plain data parallel needs more than the cap: ' .. tostring(dp_peak))
   H.check(p and tonumber(p) == tonumber(peak), 'the row and the verdict agree')
+  local why = out:match('\n  why not (data=4 shard=none: [^\n]*)')
+  H.check(why and why:find('> 5.0 MiB', 1, true) and why:find('optimizer', 1, true),
+    'the example prints why plain data parallel does not fit: ' .. tostring(why))
   -- and the plan's why for it, from the API
   local em = require 'ember'
   local GPT = dofile(dir .. '../../examples/gpt_model.lua')
@@ -93,7 +96,7 @@ H.test('--plan: a layout that fits, named; plain data parallel rejected with why
     target = { shape = { 4, 8 }, dtype = 'int64' }, optimizer = 'adam', devices = 4,
     memory = CAP, time = false,
     loss = function(o, y) return em.nn.F.cross_entropy(o:view(-1, 63), y:reshape(-1)) end })
-  local why = plan.why['data=4 shard=none'] or ''
+  why = plan.why['data=4 shard=none'] or ''
   H.check(why:find('> 5.0 MiB', 1, true) and why:find('optimizer', 1, true),
     'plan.why says plain data parallel exceeds the cap: ' .. why)
   H.check(plan.fits, 'the plan fits')
