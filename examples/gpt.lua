@@ -29,7 +29,8 @@
 --
 -- --plan lets em.distribute.plan choose the layout, for models whose training
 -- state does not fit one replica's memory (the founding case of the planner):
---   ember --replicas 4 --memory-limit 2M examples/gpt.lua --plan --layers 8 --dim 64
+--   ember --replicas 4 --memory-limit 5M examples/gpt.lua --plan --layers 8 --dim 96
+--         --context 8 --batch 1 --file <3 kB of text>     (state 2.8 x the cap)
 -- The planner sees the global batch (world_size x --batch windows), Adam and
 -- the memory of one device (the --memory-limit cap, or --memory SIZE), prints
 -- its table on replica 0 and wraps the model: data parallel, sharded, with
