@@ -7,12 +7,13 @@
 --                          [--sample 200] [--prompt 'The '] [--temperature 0.8]
 --                          [--device cpu|cuda|cuda:N]
 --                          [--shard optimizer|gradients|parameters]
+--                          [--plan] [--memory SIZE]
 --
 -- Tokens are the file's bytes: the vocabulary is the set of bytes it holds (the
 -- GPL's 35 kB of English make about 80). Each step draws --batch windows of
 -- --context + 1 bytes at random offsets; the model predicts every next byte, the
 -- loss is the mean cross-entropy (ln of the vocabulary size at the start, ~4.4).
--- It prints `step N/STEPS  loss X.XXXX` at step 1, every --every steps and at the
+-- It prints `step N/STEPS  loss X.XXXXXX` at step 1, every --every steps and at the
 -- last, then --sample bytes continuing --prompt: drawn from softmax(logits /
 -- temperature) with em's generator, or the most likely byte at --temperature 0.
 -- Everything -- weights, windows, sample -- follows from --seed.
@@ -25,6 +26,18 @@
 -- trains on its own --batch of them, so N replicas at --batch b print the losses
 -- of one replica at --batch N*b (to float tolerance). The loss printed is the
 -- mean over the replicas.
+--
+-- --plan lets em.distribute.plan choose the layout, for models whose training
+-- state does not fit one replica's memory (the founding case of the planner):
+--   ember --replicas 4 --memory-limit 5M examples/gpt.lua --plan --layers 8 --dim 96
+--         --context 8 --batch 1 --file <3 kB of text>     (state 2.8 x the cap)
+-- The planner sees the global batch (world_size x --batch windows), Adam and
+-- the memory of one device (the --memory-limit cap, or --memory SIZE), prints
+-- its table on replica 0 and wraps the model: data parallel, sharded, with
+-- checkpointing, or a pipeline (pp:step). Whatever it picks, the windows of a
+-- step are the global batch, so the losses are those of one unlimited device
+-- at --batch world_size x b. Without --plan the same configuration runs out
+-- of memory: plain data parallel keeps the whole state on every replica.
 
 local nn, F = em.nn, em.nn.F
 
@@ -33,7 +46,8 @@ local strategy = em.distribute.mirrored{}
 local opt = { layers = 2, dim = 64, heads = 4, context = 64, batch = 16, steps = 500,
               lr = 3e-3, every = 100, file = '/usr/share/common-licenses/GPL-3', seed = 1,
               sample = 200, prompt = 'The ', temperature = 0.8, shard = false,
-              device = strategy.device or 'cpu' }
+              device = strategy.device or 'cpu', plan = false, memory = false }
+local FLAGS = { plan = true }               -- options without a value
 do
   local i = 1
   while arg and arg[i] do
@@ -41,14 +55,18 @@ do
     if not k or opt[k] == nil then
       error(('unknown argument %s (see the header of %s)'):format(arg[i], arg[0]), 0)
     end
-    local v = arg[i + 1]
-    if v == nil then error('--' .. k .. ' needs a value', 0) end
-    if type(opt[k]) == 'number' then
-      opt[k] = tonumber(v) or error(('--%s needs a number, got %s'):format(k, v), 0)
+    if FLAGS[k] then
+      opt[k], i = true, i + 1
     else
-      opt[k] = v
+      local v = arg[i + 1]
+      if v == nil then error('--' .. k .. ' needs a value', 0) end
+      if type(opt[k]) == 'number' then
+        opt[k] = tonumber(v) or error(('--%s needs a number, got %s'):format(k, v), 0)
+      else
+        opt[k] = v
+      end
+      i = i + 2
     end
-    i = i + 2
   end
   for _, k in ipairs({ 'layers', 'dim', 'heads', 'context', 'batch', 'steps', 'every', 'sample' }) do
     if opt[k] < (k == 'sample' and 0 or 1) or opt[k] % 1 ~= 0 then
@@ -63,6 +81,8 @@ do
      opt.shard ~= 'parameters' then
     error('--shard must be optimizer, gradients or parameters', 0)
   end
+  if opt.plan and opt.shard then error('--plan chooses the sharding itself: drop --shard', 0) end
+  if opt.memory and not opt.plan then error('--memory is the memory --plan plans for: add --plan', 0) end
   opt.device, opt.file, opt.prompt = tostring(opt.device), tostring(opt.file), tostring(opt.prompt)
   if opt.device ~= 'cpu' and not em.cuda.is_available() then
     error(('--device %s: %s'):format(opt.device, em.cuda.why_not()), 0)
@@ -97,16 +117,21 @@ do
   tokens = em.tensor(ids, { dtype = 'int64' })
 end
 
--- One step's windows: the global batch drawn alike on every replica, this
--- replica's rows of it. x: (batch, context) inputs, y: the bytes that follow.
+-- One step's windows: the global batch of world_size x --batch windows, drawn
+-- alike on every replica, and the rows [index * rows, (index + 1) * rows) of it
+-- (this replica's, or its data replica's under --plan). x: (rows, context)
+-- inputs, y: (rows, context), the bytes that follow.
 local offsets = em.arange(0, opt.context, { dtype = 'int64' }):view(1, -1)
-local function batch()
-  local global = opt.batch * strategy.world_size
-  local starts = em.randint(1, #text - opt.context + 1, { global }, { dtype = 'int64' })
-  local idx = (starts:view(-1, 1) + offsets):narrow(1, strategy.rank * opt.batch + 1, opt.batch)
-  local x = tokens:index_select(1, idx:flatten()):view(opt.batch, opt.context)
-  local y = tokens:index_select(1, (idx + 1):flatten())
+local global_batch = opt.batch * strategy.world_size
+local function batch(rows, index)
+  local starts = em.randint(1, #text - opt.context + 1, { global_batch }, { dtype = 'int64' })
+  local idx = (starts:view(-1, 1) + offsets):narrow(1, index * rows + 1, rows)
+  local x = tokens:index_select(1, idx:flatten()):view(rows, opt.context)
+  local y = tokens:index_select(1, (idx + 1):flatten()):view(rows, opt.context)
   return x:to(opt.device), y:to(opt.device)
+end
+local function loss_fn(logits, y)          -- the mean cross-entropy of every next byte
+  return F.cross_entropy(logits:view(-1, vocab), y:reshape(-1))
 end
 
 -- -- Model ------------------------------------------------------------------------------------------
@@ -114,38 +139,58 @@ local here = arg[0]:match('^(.*/)') or './'
 local GPT = dofile(here .. 'gpt_model.lua')
 local model = GPT.build{ vocab = vocab, layers = opt.layers, dim = opt.dim, heads = opt.heads,
                          context = opt.context }:to(opt.device)
--- replica 0's parameters everywhere; gradients averaged during backward (or
--- sharded, with --shard)
-local dmodel = strategy:wrap(model, { shard = opt.shard or nil })
-local optimizer = em.optim.AdamW(dmodel:parameters(), { lr = opt.lr, weight_decay = 0 })
 if strategy:is_main() then
   print(('%s: %d bytes, %d distinct'):format(opt.file, #text, vocab))
   print(('model: %d blocks, dim %d, %d heads, context %d, %d parameters'):format(
     opt.layers, opt.dim, opt.heads, opt.context, model:num_parameters()))
   if strategy.world_size > 1 then print(tostring(strategy)) end
 end
+-- dmodel: the model as this replica runs it; rows, index: its rows of the
+-- global batch; pp: the pipeline, when the plan is one.
+local dmodel, pp
+local rows, index = opt.batch, strategy.rank
+if opt.plan then
+  dmodel, pp, rows, index = dofile(here .. 'gpt_plan.lua').apply(model, strategy, {
+    batch = global_batch, context = opt.context, loss = loss_fn, device = opt.device,
+    memory = opt.memory or nil })
+else
+  -- replica 0's parameters everywhere; gradients averaged during backward (or
+  -- sharded, with --shard)
+  dmodel = strategy:wrap(model, { shard = opt.shard or nil })
+end
+local optimizer = em.optim.AdamW(dmodel:parameters(), { lr = opt.lr, weight_decay = 0 })
 
 -- -- Training ----------------------------------------------------------------------------------------
+-- zero_grad first: the gradients of the last step are gone before this
+-- step's activations arrive (the order the planner counts on)
 for step = 1, opt.steps do
-  local x, y = batch()
-  local logits = dmodel(x)
-  local loss = F.cross_entropy(logits:view(opt.batch * opt.context, vocab), y)
+  local x, y = batch(rows, index)
   optimizer:zero_grad()
-  loss:backward()
+  local loss
+  if pp then
+    loss = pp:step(x, y, loss_fn)         -- the global batch's loss on every replica
+  else
+    loss = loss_fn(dmodel(x), y)
+    loss:backward()
+  end
   optimizer:step()
   if step == 1 or step % opt.every == 0 or step == opt.steps then
-    local mean = strategy:allreduce(em.tensor({ loss:item() }, { dtype = 'float64' }), 'mean')
+    local value = loss:item()
+    if not pp then
+      value = strategy:allreduce(em.tensor({ value }, { dtype = 'float64' }), 'mean'):item()
+    end
     if strategy:is_main() then
-      print(('step %d/%d  loss %.4f'):format(step, opt.steps, mean:item()))
+      print(('step %d/%d  loss %.6f'):format(step, opt.steps, value))
     end
   end
 end
 
 -- -- Sampling ---------------------------------------------------------------------------------------
--- A sharded model's forward is a collective: then every replica samples (alike:
--- same generator, same logits), and replica 0 prints.
-if opt.sample > 0 and (opt.shard or strategy:is_main()) then
-  local net = opt.shard and dmodel or model
+-- A sharded model's or a pipeline's forward is a collective: then every
+-- replica samples (alike: same generator, same logits), and replica 0 prints.
+local collective = opt.shard or opt.plan
+if opt.sample > 0 and (collective or strategy:is_main()) then
+  local net = collective and dmodel or model
   local ids = {}
   for i = 1, #opt.prompt do
     local id = id_of[opt.prompt:byte(i)]
