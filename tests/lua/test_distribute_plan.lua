@@ -123,6 +123,18 @@ H.test('plan on one process: fields, why, print, the model untouched', function(
   H.check(not ok and err:find('no layout fits'), tostring(err))
 end)
 
+H.test('the timing probes leave the random generator as it was', function()
+  local m = small()
+  em.manual_seed(7)
+  local want = em.randn(4):totable()
+  em.manual_seed(7)
+  local plan = em.distribute.plan(m, { input = { shape = { 8, 8 } }, devices = 2,
+    memory = 2 ^ 20 })
+  H.eq(plan.time_how, 'measured', 'the children were timed')
+  local got = em.randn(4):totable()
+  for i = 1, 4 do H.eq(got[i], want[i], 'draw ' .. i .. ' after planning') end
+end)
+
 H.test('errors name the option', function()
   local m = small()
   local function e(o) local ok, err = pcall(em.distribute.plan, m, o); return not ok and err or '' end

@@ -28,6 +28,10 @@ activations go then. The returned loss is the sum of the M terms -- the mean
 over micro-batches of loss_fn's value -- averaged over data replicas, shared by
 one allreduce.
 
+Memory. Every replica built the whole model (so that every one draws the same
+initial weights as one device would); the pipeline moves the other stages'
+children to the meta device, so a replica's memory is its stage's alone.
+
 The bubble. Every blocking wait on a neighbour (receives, the sends' ends, the
 closing allreduce) is timed; pp:stats().bubble is their share of the step.
 
@@ -62,6 +66,24 @@ local function is_int(v, least) return type(v) == 'number' and v % 1 == 0 and v 
 local function profiler()
   local ok, prof = pcall(require, 'ember.profile')
   return ok and type(prof) == 'table' and prof or {}
+end
+
+-- The other stages' children move to the meta device: their shapes stay (full
+-- names, checkpoints), their memory goes, so that a replica holds its stage
+-- only, as the planner counts it. LuaJIT's compiled traces may still reference
+-- the old weights; flushing them lets the collection free those now.
+local function drop_others(children, first, last)
+  local moved = false
+  for i, c in ipairs(children) do
+    if (i < first or i > last) and #c:parameters() + #c:buffers() > 0 then
+      c:to('meta')
+      moved = true
+    end
+  end
+  if moved then
+    jit.flush()
+    handles.collect()
+  end
 end
 
 -- The child counts per stage, checked or computed.
@@ -154,6 +176,7 @@ function M.pipeline(model, o, s)
   for j = 1, counts[stage + 1] do mine[j] = children[first + j - 1] end
   local module = nn.Sequential(mine)
   if s.device ~= 'cpu' then module:to(s.device) end
+  drop_others(children, first, first + counts[stage + 1] - 1)
 
   local pp = setmetatable({
     strategy = s, module = module, stage = stage, stages = P, chunks = chunks,

@@ -155,17 +155,20 @@ function M.plan(model, o)
   local t
   local b0 = B / N
   local base_shape = { shape = o.input.shape, dtype = o.input.dtype }
+  local time_how = 'measured'
   if o.time == false then
-    -- no timing runs: seconds proportional to the weights (a stand-in, for tests)
-    t = { fwd = W * 1e-10, bwd = 2 * W * 1e-10, fwd_i = {}, bwd_i = {}, batch = b0 }
-    for i, c in ipairs(children) do
-      local w = 0
-      for _, p in ipairs(c:parameters()) do w = w + p:numel() * p:element_size() end
-      t.fwd_i[i], t.bwd_i[i] = w * 1e-10, 2 * w * 1e-10
-    end
+    t, time_how = timing.estimate(children, b0), 'estimated'
   else
     local device = children[1]:parameters()[1] and children[1]:parameters()[1].device or 'cpu'
-    t = timing.children(children, { input = base_shape, batch = b0, device = device })
+    local ok, res = pcall(timing.children, children, { input = base_shape, batch = b0,
+                                                       device = device })
+    -- a device too full to run one child beside the whole model still gets its
+    -- memory answer (which then says what does not fit): times from the weights
+    if ok then t = res
+    elseif tostring(res):find('out of memory', 1, true) then
+      t, time_how = timing.estimate(children, b0), 'estimated (timing ran out of memory)'
+    else error(res, 0) end
+    timing.agree(t, o.strategy)
   end
   local bw, bw_how = timing.bandwidth(o.strategy)
   t.bandwidth = bw
@@ -214,7 +217,7 @@ function M.plan(model, o)
   return setmetatable({
     fits = best ~= nil, layout = chosen.layout, peak_bytes = chosen.peak, step_s = chosen.step_s,
     candidates = candidates, why = why, memory = mem, devices = N, bandwidth = bw,
-    bandwidth_how = bw_how, weights = W, optimizer = optname, sequential = seq,
+    bandwidth_how = bw_how, time_how = time_how, weights = W, optimizer = optname, sequential = seq,
     schedule = o.schedule or '1f1b', batch = B,
   }, Plan)
 end
@@ -246,18 +249,35 @@ function Plan:apply(s, model)
   local l = self.layout
   if l.checkpoint then memory.checkpoint_children(model) end
   local shard = l.shard ~= 'none' and l.shard or nil
-  if l.pipeline == 1 then return s:wrap(model, { shard = shard }) end
+  local chosen
+  for _, c in ipairs(self.candidates) do if c.layout == l then chosen = c end end
+  -- the profiler's report shows each replica's measured peak beside this
+  local function expect(stage)
+    local peaks = chosen and chosen.stage_peaks
+    require('ember.profile').expect { peak_bytes = peaks and peaks[stage + 1] or self.peak_bytes }
+  end
+  if l.pipeline == 1 then
+    expect(0)
+    return s:wrap(model, { shard = shard })
+  end
   local pipeline = has_pipeline()
   if not pipeline then
     raise('plan:apply: the layout is a pipeline, and em.distribute.pipeline is not available ' ..
       'in this build (plan with pipeline = false)')
   end
-  return em.distribute.pipeline(model, { stages = l.pipeline, chunks = l.chunks,
+  local pp = em.distribute.pipeline(model, { stages = l.pipeline, chunks = l.chunks,
     schedule = self.schedule, balance = l.stages, shard = shard, strategy = s })
+  expect(pp.stage)
+  return pp
 end
 
+-- The planner's probes draw random inputs; the caller's generator is left as it
+-- was, so that a run planned first draws what an unplanned one draws.
 return function(model, o)
-  local p = M.plan(model, o)
+  local rng = em.get_rng_state()
+  local ok, p = pcall(M.plan, model, o)
+  em.set_rng_state(rng)
+  if not ok then error(p, 0) end
   rawset(p, 'model', model)
   return p
 end

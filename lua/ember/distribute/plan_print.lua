@@ -12,9 +12,10 @@ local MiB = 2 ^ 20
 function M.format(plan)
   local lines = {}
   local function add(...) lines[#lines + 1] = string.format(...) end
-  add('plan: %d devices x %.0f MiB, %s, batch %d, weights %.1f MiB, link %.2f GB/s (%s)',
+  add('plan: %d devices x %.0f MiB, %s, batch %d, weights %.1f MiB, link %.2f GB/s (%s), ' ..
+    'layer times %s',
     plan.devices, plan.memory / MiB, plan.optimizer, plan.batch, plan.weights / MiB,
-    plan.bandwidth / 1e9, plan.bandwidth_how)
+    plan.bandwidth / 1e9, plan.bandwidth_how, plan.time_how or 'measured')
   if plan.fits then
     add('  fits: %s -- peak %.1f MiB per device, step %.3f s', layouts.name(plan.layout),
       plan.peak_bytes / MiB, plan.step_s)

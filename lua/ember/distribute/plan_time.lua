@@ -9,8 +9,13 @@ of a few runs after a warm-up. Identical children (same class, parameter shapes
 and input shape) are timed once. The model's own parameters are used as they
 are; their gradients are dropped after.
 
+Replicas time their children apart, so two layouts of near-equal time could
+come out in another order on another replica: with a strategy, every replica
+takes replica 0's times (agree), and so the same layout.
+
 The bandwidth: with a strategy of several replicas, the time of an allreduce of
-4 MiB (every replica must plan: it is a collective), as bus bytes 2(N-1)/N x
+up to 4 MiB -- less when the device's memory cap leaves less room -- (every
+replica must plan: it is a collective), as bus bytes 2(N-1)/N x
 size per second. Without one, DEFAULT_BANDWIDTH, an assumed figure for a
 host's shared memory.
 ]]
@@ -84,10 +89,44 @@ function M.children(children, o)
   return t
 end
 
+-- Times without running anything: seconds proportional to each child's weights
+-- (plan{time = false}, and a device too full to time a child).
+function M.estimate(children, batch)
+  local t = { fwd = 0, bwd = 0, fwd_i = {}, bwd_i = {}, batch = batch }
+  for i, c in ipairs(children) do
+    local w = 0
+    for _, p in ipairs(c:parameters()) do w = w + p:numel() * p:element_size() end
+    t.fwd_i[i], t.bwd_i[i] = w * 1e-10, 2 * w * 1e-10
+    t.fwd, t.bwd = t.fwd + w * 1e-10, t.bwd + 2 * w * 1e-10
+  end
+  return t
+end
+
+-- Every replica takes replica 0's times (a broadcast; see above).
+function M.agree(t, s)
+  if not s or s.world_size < 2 then return t end
+  local n = #t.fwd_i
+  local v = {}
+  for i = 1, n do v[i], v[n + i] = t.fwd_i[i], t.bwd_i[i] end
+  v = s:broadcast(em.tensor(v, { dtype = 'float64', device = s.device }), 0):to('cpu'):totable()
+  t.fwd, t.bwd = 0, 0
+  for i = 1, n do
+    t.fwd_i[i], t.bwd_i[i] = v[i], v[n + i]
+    t.fwd, t.bwd = t.fwd + v[i], t.bwd + v[n + i]
+  end
+  return t
+end
+
 -- Bytes per second over the strategy's link (see above), or the default.
 function M.bandwidth(s)
   if not s or s.world_size < 2 then return M.DEFAULT_BANDWIDTH, 'assumed' end
   local n = 2 ^ 20
+  local ms = em.memory_stats(s.device)
+  if ms.capacity and ms.capacity > 0 then
+    -- a quarter of what the cap leaves, at least 64 KiB (the figure of a
+    -- smaller message would be mostly latency)
+    n = math.max(2 ^ 14, math.min(n, math.floor((ms.capacity - ms.allocated) / 16)))
+  end
   local t = em.zeros(n, { device = s.device })
   s:allreduce(t, 'sum')              -- warm-up (and connection set-up)
   local best = math.huge
@@ -97,7 +136,7 @@ function M.bandwidth(s)
     best = math.min(best, em.clock() - t0)
   end
   -- every replica must agree: the slowest one's figure
-  local worst = s:allreduce(em.tensor({ best }, { dtype = 'float64' }), 'max'):item()
+  local worst = s:allreduce(em.tensor({ best }, { dtype = 'float64', device = s.device }), 'max'):item()
   local N = s.world_size
   return 2 * (N - 1) / N * n * 4 / math.max(worst, 1e-9), 'measured'
 end

@@ -2,9 +2,9 @@
 -- replicas) trained for four steps (run by test_distribute_plan.lua): prints
 -- 'rank R predicted P measured M stages a,b,...' -- the planner's peak for this
 -- rank's stage against em.memory_stats' largest peak of steps 2..4 (zero_grad,
--- pp:step, opt:step, from a collected start) less the other stages' weights
--- (every replica builds the whole model; the planner counts a rank's own
--- stage), and the stage counts the pipeline was built with.
+-- pp:step, opt:step, from a collected start) -- the pipeline moved the other
+-- stages' weights to the meta device, so that is this stage's memory alone, as
+-- the planner counts it -- and the stage counts the pipeline was built with.
 --   ember --replicas P plan_pipe_peak.lua CHUNKS SCHEDULE CKPT [LAYERS DIM]
 -- SCHEDULE: 1f1b | gpipe; CKPT: 0 | 1.
 local dir = arg[0]:match('^(.*/)') or './'
@@ -31,12 +31,6 @@ assert(cand, 'no such candidate')
 plan.fits, plan.layout, plan.peak_bytes = true, cand.layout, cand.peak
 local pp = plan:apply(s, model)
 local stage = pp.stage
-local others = 0
-for i, c in ipairs(model:children()) do
-  if i < pp.first_child or i >= pp.first_child + pp.counts[stage + 1] then
-    for _, p in ipairs(c:parameters()) do others = others + p:numel() * p:element_size() end
-  end
-end
 local opt = em.optim.Adam(pp:parameters(), { lr = 1e-3 })
 local peak = 0
 for step = 1, 4 do
@@ -50,7 +44,7 @@ for step = 1, 4 do
   -- the largest of steps 2..4 (the first one creates Adam's state): Lua's
   -- collector, paced by the Lua heap, frees garbage at moments that vary with
   -- the waits on other replicas, and the prediction counts none of that luck
-  if step > 1 then peak = math.max(peak, em.memory_stats().peak - others) end
+  if step > 1 then peak = math.max(peak, em.memory_stats().peak) end
 end
 print(('rank %d predicted %d measured %d stages %s planned %s'):format(r,
   cand.stage_peaks[stage + 1], peak, table.concat(pp.counts, ','),
