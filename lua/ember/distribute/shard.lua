@@ -298,7 +298,8 @@ end
 -- dm (see DistributedModel:arm).
 function Sharded:arm()
   self._armed = true
-  reset(self)
+  grads.reset(self)
+  self._mem.start = em.memory_stats(self.strategy.device).allocated
 end
 
 function Sharded.__tostring(self)
