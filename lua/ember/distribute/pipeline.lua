@@ -391,31 +391,47 @@ end
 
 -- What a sharded checkpoint saves and loads (the interface of
 -- ember.checkpoint.target): every parameter and buffer of the whole model, in
--- its order and under its names. This stage's parameters are held whole here
--- ([0, numel)) and written by its replica of data index 0 only (write = false
--- on the others, which load them all the same); the other stages' are empty
--- ranges. optimizer_index[k] is the entry of pp:parameters()[k]. A buffer is
--- written by the replica that holds it on data index 0 (rank = its stage).
+-- its order and under its names; the other stages' parameters are empty
+-- ranges. A stage whose data replicas shard it (shard = ...) holds, of each of
+-- its parameters, the range [lo, hi) its group's sharded model gives this
+-- replica, and every replica writes its own. Otherwise a stage's parameters are
+-- held whole here ([0, numel)) and written by its replica of data index 0 only
+-- (write = false on the others, which load them all the same).
+-- optimizer_index[k] is the entry of pp:parameters()[k]. A buffer is written by
+-- the replica that holds it on data index 0 (rank = its stage).
 function Pipeline:shard_layout()
-  if self.wrapped and self.wrapped.shard_mode then
-    raise('pipeline: checkpoints of a pipeline whose stages are sharded (shard = ...) are ' ..
-      'not supported yet')
-  end
   local s, dev = self.strategy, self.strategy.device
-  local own = {}
-  for k, np in ipairs(self:named_parameters()) do own[np[1]] = { t = np[2], pos = k } end
-  local empty = em.zeros({ 0 }, { device = dev })
   local writes = self.data_index == 0
+  local own = {}                -- full name -> {t, lo, hi, pos, write}
+  local dm = self.wrapped
+  if dm and dm.shard_mode then
+    local inner = dm:shard_layout()
+    if inner.world_size ~= self.data_size or inner.rank ~= self.data_index then
+      raise(fmt('pipeline: the stage\'s sharded model is replica %d of %d, the pipeline says ' ..
+        'data index %d of %d', inner.rank, inner.world_size, self.data_index, self.data_size))
+    end
+    for k, p in ipairs(inner.params) do
+      own[self:_full_name(p.name)] = { t = p.shard, lo = p.lo, hi = p.hi, pos = k, write = true }
+    end
+  end
+  -- whole tensors: an unsharded stage's parameters, and those a sharded model
+  -- leaves out (frozen ones), which its optimizer does not hold either
+  for k, np in ipairs(self:named_parameters()) do
+    if not own[np[1]] then
+      own[np[1]] = { t = np[2], lo = 0, hi = np[2]:numel(),
+                     pos = not (dm and dm.shard_mode) and k or nil, write = writes }
+    end
+  end
+  local empty = em.zeros({ 0 }, { device = dev })
   local params, index = {}, {}
   for i, np in ipairs(self._full:named_parameters()) do
     local t, o = np[2], own[np[1]]
-    local n = t:numel()
     local shape = {}
     for d, v in ipairs(t.shape) do shape[d] = v end
-    params[i] = { name = np[1], shape = shape, dtype = t.dtype, numel = n,
-                  lo = 0, hi = o and n or 0, shard = o and o.t or empty,
-                  write = o ~= nil and writes }
-    if o then index[o.pos] = i end
+    params[i] = { name = np[1], shape = shape, dtype = t.dtype, numel = t:numel(),
+                  lo = o and o.lo or 0, hi = o and o.hi or 0, shard = o and o.t or empty,
+                  write = o ~= nil and o.write }
+    if o and o.pos then index[o.pos] = i end
   end
   local bufs, mine = {}, {}
   for _, nb in ipairs(self.module:named_buffers()) do mine[self:_full_name(nb[1])] = nb[2] end
@@ -432,6 +448,13 @@ function Pipeline:shard_layout()
   end
   return { mode = 'pipeline', world_size = s.world_size, rank = s.rank, params = params,
            buffers = bufs, optimizer_index = index }
+end
+
+-- A loader wrote new values into the shards: the stage's sharded model
+-- gathers its weights from them before it next runs.
+function Pipeline:invalidate()
+  local dm = self.wrapped
+  if dm and dm.invalidate then dm:invalidate() end
 end
 
 function Pipeline:stats()
