@@ -11,7 +11,12 @@ both schedules, P = 2 and 4, and P = 2 x D = 2 (when s:group exists); the
 measured bubble with stages that sleep a known time, against (p-1)/(m+p-1);
 1F1B's peak memory under GPipe's; every bad setting raising the same error on
 every replica; checkpoints saved under P = 2 loaded into P = 2, P = 4, one
-stage and a plain model; emulated GPU replicas.
+stage and a plain model; emulated GPU replicas. Stages whose D = 2 replicas
+shard them ('optimizer', 'gradients', 'parameters') against one model, and
+their checkpoints (and those of P = 2 x D = 2 unsharded) loaded into the same
+layout, P = 4, P = 2 x D = 2 sharded otherwise or not, one and two stages, a
+plain model and a data-parallel ZeRO-2 model, a step after each compared with
+a model never saved.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -280,23 +285,11 @@ H.test('bad settings: the same clear error on every replica', function()
   H.eq(select(2, out:gsub('after errors loss true', '')), 2, 'a pipeline works after\n' .. out)
 end)
 
-H.test('checkpoints across pipeline and data layouts', function()
-  local ck = os.tmpname()
-  os.remove(ck)
-  local out, rc = L.replicas(2, 'pipeline.lua', 'save ' .. ck)
-  H.eq(rc, 0, out)
-  for _, c in ipairs({ { 2, 2 }, { 4, 4 }, { 1, 1 } }) do
-    out, rc = L.replicas(c[2], 'pipeline.lua', ('load %s %d'):format(ck, c[1]))
-    equal_to_one_model(out, rc, c[2], ('saved at P=2, loaded at P=%d'):format(c[1]))
-  end
-  if has_group then
-    out, rc = L.replicas(4, 'pipeline.lua', ('load %s 2'):format(ck))
-    equal_to_one_model(out, rc, 4, 'loaded at P=2 x D=2')
-  else
-    H.skip('P=2 x D=2: s:group is not there yet')
-  end
-  -- into a plain model (as the script builds it) and its optimizer: a third step
-  -- equals three steps of a model never saved
+-- A checkpoint of tests/lua/dist/pipeline.lua's model after 2 Adam steps, loaded
+-- into a plain model (as the script builds it) and its optimizer: a third step
+-- equals three steps of a model never saved.
+local function load_plain(ck, what)
+  what = what and what .. ': ' or ''
   local function build(scale)
     em.manual_seed(7)
     local Scale = nn.Module:extend('Scale')
@@ -313,15 +306,88 @@ H.test('checkpoints across pipeline and data layouts', function()
   local ropt = em.optim.Adam(ref:parameters(), { lr = 1e-2 })
   local popt = em.optim.Adam(plain:parameters(), { lr = 1e-2 })
   em.checkpoint.load(ck, { model = plain, optimizer = popt })
-  H.eq(plain[9].scale:totable(), { 1, 2, 0.5 }, 'the buffer from the last stage\'s file')
+  H.eq(plain[9].scale:totable(), { 1, 2, 0.5 }, what .. 'the buffer from the last stage\'s file')
   for step = 1, 3 do
     local x, y = batch(step)
     ropt:zero_grad(); mse(ref(x), y):backward(); ropt:step()
     if step == 3 then popt:zero_grad(); mse(plain(x), y):backward(); popt:step() end
   end
   local rp = ref:parameters()
-  for i, p in ipairs(plain:parameters()) do H.close(H.flat(p), H.flat(rp[i]), 1e-5, 'param ' .. i) end
+  for i, p in ipairs(plain:parameters()) do
+    H.close(H.flat(p), H.flat(rp[i]), 1e-5, what .. 'param ' .. i)
+  end
+end
+
+H.test('checkpoints across pipeline and data layouts', function()
+  local ck = os.tmpname()
+  os.remove(ck)
+  local out, rc = L.replicas(2, 'pipeline.lua', 'save ' .. ck)
+  H.eq(rc, 0, out)
+  for _, c in ipairs({ { 2, 2 }, { 4, 4 }, { 1, 1 } }) do
+    out, rc = L.replicas(c[2], 'pipeline.lua', ('load %s %d'):format(ck, c[1]))
+    equal_to_one_model(out, rc, c[2], ('saved at P=2, loaded at P=%d'):format(c[1]))
+  end
+  if has_group then
+    out, rc = L.replicas(4, 'pipeline.lua', ('load %s 2'):format(ck))
+    equal_to_one_model(out, rc, 4, 'loaded at P=2 x D=2')
+  else
+    H.skip('P=2 x D=2: s:group is not there yet')
+  end
+  load_plain(ck)
   os.execute('rm -rf ' .. ck)
+end)
+
+H.test('stages sharded across their data replicas equal one model (P = 2 x D = 2)', function()
+  if not has_group then return H.skip('P=2 x D=2: s:group is not there yet') end
+  for _, shard in ipairs({ 'optimizer', 'gradients', 'parameters' }) do
+    for _, sched in ipairs({ 'gpipe', '1f1b' }) do
+      local out, rc = L.replicas(4, 'pipeline.lua', ('equiv %s 2 4 - %s'):format(sched, shard))
+      equal_to_one_model(out, rc, 4, ('%s shard=%s'):format(sched, shard))
+    end
+  end
+end)
+
+-- Saved under P = 2 x D = 2 (stages sharded with `shard`, or not: 'none'), then
+-- loaded into each layout of `loads` ({replicas, stages, shard}), the plain
+-- model and a ZeRO-2 data-parallel model on 2 replicas.
+local function across_layouts(shard, loads)
+  local ck = os.tmpname()
+  os.remove(ck)
+  local out, rc = L.replicas(4, 'pipeline.lua', 'save ' .. ck .. ' 2 ' .. shard)
+  H.eq(rc, 0, 'save shard=' .. shard .. '\n' .. out)
+  local f = io.open(ck .. '/index.json')
+  local index = f and f:read('*a') or ''
+  if f then f:close() end
+  H.check(index:find('"world_size":4', 1, true), 'the index says world size 4\n' .. index)
+  if shard ~= 'none' then
+    -- stage 0's second weight: pieces in the files of replicas 0 and 2
+    local r = index:match('"name":"3.weight".-"ranges":(%b[])')
+    H.check(r and r:find('[0,', 1, true) and r:find('[2,', 1, true),
+      'a stage\'s parameter in both of its replicas\' files: ' .. tostring(r))
+  end
+  for _, c in ipairs(loads) do
+    local n, P, sh = c[1], c[2], c[3] or 'none'
+    out, rc = L.replicas(n, 'pipeline.lua', ('load %s %d %s'):format(ck, P, sh))
+    equal_to_one_model(out, rc, n, ('saved at P=2 x D=2 shard=%s, loaded at P=%d x D=%d ' ..
+      'shard=%s'):format(shard, P, n / P, sh))
+  end
+  load_plain(ck, 'shard=' .. shard .. ', into a plain model')
+  out, rc = L.replicas(2, 'pipeline.lua', 'zero ' .. ck .. ' gradients')
+  equal_to_one_model(out, rc, 2, ('saved at P=2 x D=2 shard=%s, loaded into ZeRO-2 on 2 ' ..
+    'replicas'):format(shard))
+  os.execute('rm -rf ' .. ck)
+end
+
+H.test('checkpoints of sharded stages across pipeline, data and shard layouts', function()
+  if not has_group then return H.skip('P=2 x D=2: s:group is not there yet') end
+  for _, shard in ipairs({ 'gradients', 'parameters' }) do
+    across_layouts(shard, { { 4, 2, shard }, { 4, 4 }, { 4, 2 }, { 4, 2, 'optimizer' } })
+  end
+end)
+
+H.test('checkpoints of P = 2 x D = 2 stages (not sharded) across layouts', function()
+  if not has_group then return H.skip('P=2 x D=2: s:group is not there yet') end
+  across_layouts('none', { { 4, 2 }, { 4, 2, 'parameters' }, { 2, 2 }, { 1, 1 } })
 end)
 
 H.done()

@@ -1,6 +1,7 @@
 -- pipeline.lua -- run by test_distribute_pipeline.lua under `ember --replicas N`,
 -- mpirun and emulated GPU replicas: em.distribute.pipeline.
---   equiv SCHED P CHUNKS [BALANCE]  a pipeline of P stages (world P x D) against one
+--   equiv SCHED P CHUNKS [BALANCE [SHARD]]  a pipeline of P stages (world P x D; BALANCE
+--        '-': the default; SHARD: the stages' replicas shard so) against one
 --        model trained on the whole batch: 3 Adam steps; each step compares the loss
 --        and every gradient of this stage, then the parameters after the update.
 --        Prints "rank R stage S lossdiff X graddiff Y maxdiff Z counts a,b,..".
@@ -8,9 +9,13 @@
 --        per micro-batch: prints "rank R bubble B"
 --   memory SCHED P CHUNKS   prints "rank R peak BYTES inflight K"
 --   errors P                 every bad setting, caught: "rank R case NAME: message"
---   save DIR                  P = 2 (world 2): 2 Adam steps, then em.checkpoint.save
---   load DIR P                 loads DIR into a P-stage pipeline (world P x D), runs a
---        third step and compares with a model trained 3 steps: "rank R loaddiff X"
+--   save DIR [P [SHARD]]      P stages (default 2; world P x D, the stages' replicas
+--        sharding with SHARD: 'optimizer', 'gradients', 'parameters' or 'none'): 2 Adam
+--        steps, then em.checkpoint.save
+--   load DIR P [SHARD]        loads DIR into a P-stage pipeline (world P x D, sharded so),
+--        runs a third step and compares with a model trained 3 steps (as equiv prints)
+--   zero DIR SHARD            loads DIR into a data-parallel s:wrap(model, {shard = SHARD})
+--        and compares its third step the same way
 local mode = arg[1] or 'equiv'
 local s = em.distribute.mirrored{ timeout = 60 }
 local nn = em.nn
@@ -40,13 +45,36 @@ local function by_name(m)
   return t
 end
 local function maxabs(a, b) return (a:to('cpu') - b:to('cpu')):abs():max():item() end
+-- elements [lo, hi) of t flattened, on the CPU
+local function part(t, lo, hi)
+  return t:detach():to('cpu'):reshape(-1):narrow(1, lo + 1, hi - lo)
+end
+-- What this replica holds of each parameter (m:shard_layout(): a pipeline's or
+-- a sharded model's), against the reference's parameters rp: the largest
+-- difference of the gradients (when grads) or of the values.
+local function held_diff(m, rp, grads)
+  local d = 0
+  for _, p in ipairs(m:shard_layout().params) do
+    if p.hi > p.lo and p.shard.requires_grad then
+      local mine, want = p.shard, rp[p.name]
+      if grads then mine, want = mine.grad, want.grad end
+      d = math.max(d, maxabs(part(mine, 0, p.hi - p.lo), part(want, p.lo, p.hi)))
+    end
+  end
+  return d
+end
 
 if mode == 'equiv' or mode == 'load' or mode == 'save' then
   local sched, P, chunks = arg[2], tonumber(arg[3]), tonumber(arg[4])
   local balance = arg[5]
-  local dir
-  if mode == 'save' then dir, sched, P, chunks = arg[2], '1f1b', 2, 4 end
+  local dir, shard = nil, arg[6]
+  if balance == '-' then balance = nil end
+  if mode == 'save' then dir, sched, P, chunks = arg[2], '1f1b', tonumber(arg[3]) or 2, 4 end
   if mode == 'load' then dir, P, sched, chunks = arg[2], tonumber(arg[3]), 'gpipe', 2 end
+  if mode ~= 'equiv' then
+    balance = nil
+    shard = arg[4] ~= 'none' and arg[4] or nil
+  end
   if balance and balance:find(',') then
     local list = {}
     for c in balance:gmatch('%d+') do list[#list + 1] = tonumber(c) end
@@ -57,12 +85,11 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
   local ref = build()
   -- a loaded pipeline starts from other buffers: the checkpoint's must replace them
   local pp = em.distribute.pipeline(build(mode == 'load' and 3 or 2), { stages = P, chunks = chunks, schedule = sched,
-    balance = balance, sample = em.randn(4, 5) })
+    balance = balance, sample = em.randn(4, 5), shard = shard })
   -- a stage of activations only (a balance may cut so) has nothing to update
   local opt = #pp:parameters() > 0 and em.optim.Adam(pp:parameters(), { lr = 1e-2 }) or
     { zero_grad = function() end, step = function() end }
   local ropt = em.optim.Adam(ref:parameters(), { lr = 1e-2 })
-  local mine = pp:named_parameters()
   local rp = by_name(ref)
   local lossdiff, graddiff, maxdiff, loaddiff = 0, 0, 0, nil
   local first_step = 1
@@ -87,12 +114,15 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
     opt:zero_grad()
     local loss = pp:step(xs, ys, mse)
     lossdiff = math.max(lossdiff, math.abs(loss:item() - rl:item()))
-    for _, np in ipairs(mine) do
-      graddiff = math.max(graddiff, maxabs(np[2].grad, rp[np[1]].grad))
-    end
+    -- (a sharded stage's gradients are its shards')
+    graddiff = math.max(graddiff, held_diff(pp, rp, true))
     opt:step(); ropt:step()
   end
-  for _, np in ipairs(mine) do maxdiff = math.max(maxdiff, maxabs(np[2], rp[np[1]])) end
+  maxdiff = held_diff(pp, rp)
+  -- and the whole stage: its tensors under the full model's names
+  for name, t in pairs(pp:state_dict()) do
+    maxdiff = math.max(maxdiff, maxabs(t, rp[name] or ref:state_dict()[name]))
+  end
   if mode == 'save' then
     em.checkpoint.save(dir, { model = pp, optimizer = opt })
     print(('rank %d saved'):format(R))
@@ -105,6 +135,41 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
   local counts = table.concat(pp.counts, ',')
   print(('rank %d stage %d lossdiff %.3g graddiff %.3g maxdiff %.3g forward %.3g device %s ' ..
     'counts %s'):format(R, pp.stage, lossdiff, graddiff, maxdiff, fdiff, dev, counts))
+  return
+end
+
+if mode == 'zero' then
+  local dir, smode, B = arg[2], arg[3], 16
+  local ref = build()
+  local ropt = em.optim.Adam(ref:parameters(), { lr = 1e-2 })
+  for step = 1, 2 do
+    local x, y = batch(step, B)
+    ropt:zero_grad(); mse(ref(x), y):backward(); ropt:step()
+  end
+  local dm = s:wrap(build(3), { shard = smode })
+  local opt = em.optim.Adam(dm:parameters(), { lr = 1e-2 })
+  em.checkpoint.load(dir, { model = dm, optimizer = opt })
+  local rp = by_name(ref)
+  local x, y = batch(3, B)
+  ropt:zero_grad()
+  local rl = mse(ref(x), y)
+  rl:backward()
+  local per = B / N
+  opt:zero_grad()
+  local loss = mse(dm(x:narrow(1, R * per + 1, per)), y:narrow(1, R * per + 1, per))
+  loss:backward()
+  local lt = s:allreduce(loss:detach():reshape({ 1 }):to(dev), 'sum'):to('cpu')
+  local lossdiff = math.abs(lt[1] / N - rl:item())
+  local graddiff = held_diff(dm, rp, true)
+  opt:step(); ropt:step()
+  local maxdiff = held_diff(dm, rp)
+  for name, t in pairs(dm:state_dict()) do
+    maxdiff = math.max(maxdiff, maxabs(t, rp[name] or ref:state_dict()[name]))
+  end
+  local xe = batch(9, 6)
+  local out = em.no_grad(function() return dm(xe) end)
+  print(('rank %d stage 0 lossdiff %.3g graddiff %.3g maxdiff %.3g forward %.3g device %s'):format(
+    R, lossdiff, graddiff, maxdiff, maxabs(out, ref(xe):detach()), dev))
   return
 end
 
