@@ -246,13 +246,21 @@ Work.__index = Work
 local workout = ffi.new('em_comm_work*[1]')
 local done_buf = ffi.new('int[1]')
 
--- Runs a collective: synchronously, or as a handle whose wait() returns result.
-local function run(self, async, start, result)
+-- Runs a collective: synchronously, or as a handle whose wait() returns the
+-- result: t (in place), or the new tensor start left in out[0]. Values, not a
+-- closure over them: a LuaJIT trace through a call keeps the called closure as
+-- a constant, and with it the tensors it captured, until the trace is flushed
+-- (a model's original weights, broadcast when it was wrapped, say). start's
+-- closures capture raw handles only.
+local function run(self, async, start, t, out)
   if not async then
     if start(nil) ~= 0 then core.fail() end
-    return result and result() or nil
+    if out then return core.wrap(out[0]) end
+    return t
   end
   if start(workout) ~= 0 then core.fail() end
+  local result = t
+  if out then result = core.wrap(out[0]) end
   local box = M._track(workbox_t(workout[0]), free_work)
   return setmetatable({ _box = box, _result = result }, Work)
 end
@@ -268,7 +276,7 @@ function Work:wait()
     end
     free_work(self._box)
   end
-  return self._result and self._result() or nil
+  return self._result
 end
 
 function Work:done()
@@ -282,8 +290,7 @@ function Strategy:allreduce(t, op, o)
   op, o = split_opts(op, o)
   local h = core.H(t, 'allreduce', 1)
   local id, c = op_id(op, 'allreduce'), comm(self, 'allreduce')
-  return run(self, o.async, function(w) return C.em_comm_allreduce(S, c, h, id, w) end,
-    function() return t end)
+  return run(self, o.async, function(w) return C.em_comm_allreduce(S, c, h, id, w) end, t)
 end
 
 function Strategy:broadcast(t, root, o)
@@ -294,21 +301,14 @@ function Strategy:broadcast(t, root, o)
     raise('broadcast: root must be a rank (0-based integer), got ' .. tostring(root))
   end
   local c = comm(self, 'broadcast')
-  return run(self, o.async, function(w) return C.em_comm_broadcast(S, c, h, root, w) end,
-    function() return t end)
+  return run(self, o.async, function(w) return C.em_comm_broadcast(S, c, h, root, w) end, t)
 end
 
 local function out_collective(self, name, t, start, o)
   local h = core.H(t, name, 1)
   local c = comm(self, name)
   local out = ffi.new('em_tensor*[1]')
-  local result
-  local r = run(self, o.async, function(w)
-    local st = start(c, h, out, w)
-    if st == 0 then result = core.wrap(out[0]) end
-    return st
-  end, function() return result end)
-  return r
+  return run(self, o.async, function(w) return start(c, h, out, w) end, nil, out)
 end
 
 function Strategy:allgather(t, o)
@@ -339,8 +339,7 @@ local function p2p(self, name, t, rank, o, start)
       :format(name, self.world_size - 1, self.rank, tostring(rank)))
   end
   local c = comm(self, name)
-  return run(self, o.async, function(w) return start(c, h, rank, w) end,
-    function() return t end)
+  return run(self, o.async, function(w) return start(c, h, rank, w) end, t)
 end
 
 function Strategy:send(t, rank, o)

@@ -30,9 +30,11 @@ issues the same collectives in the same order whatever its timing, and at most
 two are under way (a backward holds a bounded number of flat buffers); at the
 end of backward the units still missing gradients (parameters that got none)
 go with zeros, which is how ranks that touched different parameters never hang.
-Each finished unit's shards get their slice of the average as .grad -- a view,
-or an addition to the .grad already there (accumulation) -- and its buffer is
-released at once (core.handles.release), not at Lua's next collection.
+When a third unit starts, the oldest is waited for: its shards get their slice
+of the average as .grad -- a view, or an addition to the .grad already there
+(accumulation) -- and its buffer is released at once (core.handles.release),
+not at Lua's next collection. (Never earlier because its collective happened to
+be done: the step's peak memory is the same whatever the threads' timing.)
 comm_dtype = 'bfloat16' sends the flat buffer in bfloat16 (half the bytes; the
 backends sum bfloat16 in float32) and casts the result back.
 
@@ -130,10 +132,12 @@ end
 
 -- -- Building ----------------------------------------------------------------------------------
 -- The modules that own trainable parameters directly, each with those parameters'
--- global indices, in registration order.
+-- global indices, in registration order. (Module.modules is that order; a recursive
+-- closure here would let a LuaJIT trace keep index_of -- the original weights --
+-- alive as a constant: see nn/module.lua's traversal.)
 local function owners(model, index_of)
   local list, taken = {}, {}
-  local function walk(m)
+  for _, m in ipairs(em.nn.Module.modules(model)) do
     local r = rawget(m, '_reg')
     local idx = {}
     for _, k in ipairs(r.pnames) do
@@ -142,9 +146,7 @@ local function owners(model, index_of)
       if i and not taken[i] then idx[#idx + 1] = i; taken[i] = true end
     end
     if #idx > 0 then list[#list + 1] = { module = m, idx = idx } end
-    for _, k in ipairs(r.mnames) do walk(r.modules[k]) end
   end
-  walk(model)
   return list
 end
 

@@ -99,10 +99,13 @@ local function apply(dm, u, result)
   release(result)
 end
 
--- Units whose collective is done are applied in unit order, releasing their
--- flat buffers: at once when done (block = false), or waiting (block = true).
--- At most MAX_IN_FLIGHT units are under way, so a backward holds a bounded
--- number of flat gradient buffers whatever the model's depth.
+-- Units are applied in unit order, releasing their flat buffers: the oldest
+-- once more than MAX_IN_FLIGHT are under way (block = false: waiting for it if
+-- need be), or all of them (block = true). So a backward holds a bounded number
+-- of flat gradient buffers whatever the model's depth -- and always the same
+-- number at the same point: a unit is never applied early because the comm
+-- thread happened to be quick (w:done()), which made the step's peak memory
+-- depend on thread timing.
 local MAX_IN_FLIGHT = 2
 drain = function(dm, block)
   local units = dm._units
@@ -110,7 +113,7 @@ drain = function(dm, block)
     local u = units[dm._applied + 1]
     local w, flat = u.work, u.flat
     local in_flight = dm._next - 1 - dm._applied
-    if not block and in_flight <= MAX_IN_FLIGHT and not w:done() then return end
+    if not block and in_flight <= MAX_IN_FLIGHT then return end
     local t0 = em.clock()
     u.work, u.flat = nil, nil
     dm._applied = dm._applied + 1

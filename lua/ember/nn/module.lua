@@ -113,19 +113,32 @@ function Module:register_parameter(name, t)
 end
 
 -- -- Traversal ----------------------------------------------------------------------------
--- Visits (prefix, module) depth first, self first, children in registration order.
-local function walk(m, prefix, fn)
-  fn(prefix, m)
+-- Every module under m, depth first, self first, children in registration order,
+-- with its dotted prefix: two parallel arrays. No callback on purpose: a LuaJIT
+-- trace recorded through a recursive walk that calls a fresh closure keeps that
+-- closure as a constant -- and with it every tensor its upvalues hold (a list of
+-- parameters, say) -- until the trace is flushed, so whether a model's old
+-- weights outlive it would depend on which loops happened to get hot.
+local function gather_modules(m, prefix, mods, prefixes)
+  local n = #mods + 1
+  mods[n], prefixes[n] = m, prefix
   local r = reg(m)
-  for _, k in ipairs(r.mnames) do walk(r.modules[k], prefix .. k .. '.', fn) end
+  for _, k in ipairs(r.mnames) do gather_modules(r.modules[k], prefix .. k .. '.', mods, prefixes) end
+end
+
+local function all_modules(m)
+  local mods, prefixes = {}, {}
+  gather_modules(m, '', mods, prefixes)
+  return mods, prefixes
 end
 
 function Module:named_parameters()
   local list = {}
-  walk(self, '', function(prefix, m)
-    local r = reg(m)
+  local mods, prefixes = all_modules(self)
+  for i, m in ipairs(mods) do
+    local r, prefix = reg(m), prefixes[i]
     for _, k in ipairs(r.pnames) do list[#list + 1] = { prefix .. k, r.params[k] } end
-  end)
+  end
   return list
 end
 
@@ -137,10 +150,11 @@ end
 
 function Module:named_buffers()
   local list = {}
-  walk(self, '', function(prefix, m)
-    local r = reg(m)
+  local mods, prefixes = all_modules(self)
+  for i, m in ipairs(mods) do
+    local r, prefix = reg(m), prefixes[i]
     for _, k in ipairs(r.bnames) do list[#list + 1] = { prefix .. k, r.buffers[k] } end
-  end)
+  end
   return list
 end
 
@@ -163,9 +177,7 @@ function Module:children()
 end
 
 function Module:modules()
-  local list = {}
-  walk(self, '', function(_, m) list[#list + 1] = m end)
-  return list
+  return (all_modules(self))
 end
 
 function Module:apply(fn)
@@ -176,7 +188,7 @@ end
 
 function Module:train(flag)
   if flag == nil then flag = true end
-  walk(self, '', function(_, m) rawset(m, 'training', flag and true or false) end)
+  for _, m in ipairs((all_modules(self))) do rawset(m, 'training', flag and true or false) end
   return self
 end
 function Module:eval() return self:train(false) end
@@ -194,7 +206,7 @@ end
 -- to(dtype | device | {dtype=, device=}): parameters stay leaves that require grad.
 function Module:to(...)
   local args = { ... }
-  walk(self, '', function(_, m)
+  for _, m in ipairs((all_modules(self))) do
     local r = reg(m)
     for _, k in ipairs(r.pnames) do
       local p = r.params[k]
@@ -211,7 +223,7 @@ function Module:to(...)
         r.buffers[k] = b:to(unpack(args))
       end
     end
-  end)
+  end
   return self
 end
 
