@@ -112,8 +112,9 @@ function M._bubble(name, fn, ...)
   return unpack(res, 2, res.n)
 end
 
--- One pp:step of a pipeline stage: {stage, stages, chunks, schedule, bubble (the
--- measured share of the step), step_s}. The recording keeps the layout and the
+-- One pp:step of a pipeline stage: {stage, stages, chunks, schedule, virtual
+-- (model chunks per stage, 1 unless interleaved), bubble (the measured share of
+-- the step), step_s}. The recording keeps the layout and the
 -- sums, for the mean bubble of the steps recorded.
 function M._pipeline(o)
   if not active then return end
@@ -125,6 +126,7 @@ function M._pipeline(o)
   if not p then p = { calls = 0, bubble_sum = 0, step_sum = 0 }; active.pipeline = p end
   p.stage, p.stages, p.chunks = o.stage or 0, o.stages, o.chunks
   p.schedule = tostring(o.schedule or '1f1b')
+  p.virtual = tonumber(o.virtual) or 1
   p.calls = p.calls + 1
   if tonumber(o.bubble) then p.given = true end
   p.bubble_sum = p.bubble_sum + (tonumber(o.bubble) or 0)
@@ -152,14 +154,15 @@ end
 function M._expected_peak(bytes) M.expect { peak_bytes = bytes } end
 
 -- The pipeline figures of a recording, for the summary: the layout, the mean
--- bubble and step time, and the formula's bubble (p-1)/(m+p-1). A pipeline that
+-- bubble and step time, and the formula's bubble (p-1)/(v m+p-1) (v = 1 unless
+-- interleaved). A pipeline that
 -- gave no bubble of its own gets the breakdown's (its spans' share of the step).
 local function pipeline_summary(p, breakdown)
   if not p or p.calls == 0 then return nil end
-  local P, m = p.stages, p.chunks
-  return { stage = p.stage, stages = P, chunks = m, schedule = p.schedule, steps = p.calls,
-           bubble = p.given and p.bubble_sum / p.calls or breakdown.bubble or 0,
-           step_s = p.step_sum / p.calls, expected = (P - 1) / (m + P - 1) }
+  local P, m, v = p.stages, p.chunks, p.virtual or 1
+  return { stage = p.stage, stages = P, chunks = m, schedule = p.schedule, virtual = v,
+           steps = p.calls, bubble = p.given and p.bubble_sum / p.calls or breakdown.bubble or 0,
+           step_s = p.step_sum / p.calls, expected = (P - 1) / (v * m + P - 1) }
 end
 
 -- -- Joining replicas ---------------------------------------------------------------------

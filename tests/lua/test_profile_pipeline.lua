@@ -144,6 +144,22 @@ H.test('a pipeline that gives no bubble gets the share its spans measured', func
   H.eq(r.pipeline.step_s, 0)
 end)
 
+H.test('an interleaved pipeline: the formula counts its model chunks', function()
+  em.profile.start {}
+  for _ = 1, 2 do
+    prof._bubble('recv', spin, 0.001)
+    prof._pipeline { stage = 1, stages = 4, chunks = 4, schedule = 'interleaved', virtual = 2,
+                     bubble = 0.3, step_s = 0.01 }
+    em.profile.step()
+  end
+  local r = em.profile.stop()
+  H.eq({ r.pipeline.schedule, r.pipeline.virtual }, { 'interleaved', 2 })
+  H.close(r.pipeline.expected, 3 / 11, 1e-15, '(p-1)/(v m+p-1)')
+  local text = table.concat(r:lines(), '\n')
+  H.check(text:find('interleaved x2: bubble 30%', 1, true) and
+          text:find('(p-1)/(v m+p-1): 27%', 1, true), text)
+end)
+
 H.test('expect{} and _pipeline reject bad input', function()
   H.raises(function() em.profile.expect { peak_bytes = -1 } end, 'profile.expect', 'peak_bytes')
   H.raises(function() em.profile.expect { peak = 1 } end, "unknown option 'peak'")
@@ -185,6 +201,8 @@ H.test('pipeline-bubble: the margin over (p-1)/(m+p-1)', function()
     end
     return kinds_of(report.diagnose(reps, nil))
   end
+  H.close(report.bubble_formula(4, 4, 2), 3 / 11, 1e-15)
+  H.close(report.bubble_formula(2, 8, 1), 1 / 9, 1e-15)
   H.check(not diag({ f, f, f, f })['pipeline-bubble'], 'at the formula')
   H.check(not diag({ f + 0.04, f, f + 0.045, f })['pipeline-bubble'], 'within the margin')
   local k = diag({ f, f + 0.2, f, f })
@@ -202,6 +220,24 @@ H.test('pipeline-bubble: the margin over (p-1)/(m+p-1)', function()
   d = diag({ 0.8, 0.7, 0.6, f }, { 0.01, 0.01, 0.01, 0.06 })['pipeline-bubble']
   H.check(d and d.message:find('stage 3 computes 60.00 ms', 1, true) and
           d.message:find("balance = 'time'", 1, true), d and d.message)
+  -- interleaved: the formula with v, no advice to interleave; plain: the
+  -- interleaved formula's share in the advice
+  local fi = 3 / 11
+  local reps = {}
+  for i = 1, 4 do
+    reps[i] = rep(i - 1, 4, 4, i == 2 and fi + 0.2 or fi, 0.05)
+    reps[i].pipeline.virtual, reps[i].pipeline.schedule = 2, 'interleaved'
+    reps[i].pipeline.expected = fi
+  end
+  local di = kinds_of(report.diagnose(reps, nil))['pipeline-bubble']
+  H.check(di and di.message:find('(p-1)/(v m+p-1)', 1, true) and
+          di.message:find('v = 2 model chunks', 1, true) and di.message:find('27%', 1, true) and
+          not di.message:find('interleave (', 1, true), di and di.message)
+  H.check(not kinds_of(report.diagnose({ reps[1], reps[3], reps[4] }, nil))['pipeline-bubble'],
+    'at the interleaved formula: no diagnosis')
+  local dp = diag({ f, f + 0.2, f, f })['pipeline-bubble']
+  H.check(dp and dp.message:find("interleave (schedule = 'interleaved', virtual = 2", 1, true) and
+          dp.message:find('the formula then gives 27%', 1, true), dp and dp.message)
   -- a single stage is no pipeline
   H.check(not kinds_of(report.diagnose({ rep(0, 1, 4, 0.5, 0.05) }, nil))['pipeline-bubble'])
 end)

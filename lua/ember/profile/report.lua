@@ -23,14 +23,15 @@ the step time of the slowest-looking replica's view (replica 0 when alone):
                        step averaging <= SMALL_OP_US µs.
   pipeline-bubble      (pipeline stages) a stage's measured bubble, the mean
                        share of pp:step it sat blocked on a neighbour stage,
-                       exceeds the formula (p-1)/(m+p-1) for p stages and m
-                       chunks (GPipe and 1F1B alike) by more than
+                       exceeds the formula (p-1)/(v m+p-1) for p stages, m
+                       chunks and v model chunks per stage (1 for GPipe and
+                       1F1B, `virtual` when interleaved) by more than
                        BUBBLE_MARGIN of the step. The margin is the tolerance
                        the pipeline meets on stages of equal, known cost, so
                        what passes it is lost time: too few chunks for the
                        per-chunk costs, or uneven stages. Names the stage,
                        a chunk count (max(2m, 4p)) and what the formula gives
-                       for it, interleaving, and the slowest stage when the
+                       for it, interleaving (when not interleaved yet), and the slowest stage when the
                        stages' compute differs by STAGE_SKEW or more.
   balanced             none of the above.
 A slow replica makes the others' collectives long: the waiting-for-peers part
@@ -188,8 +189,9 @@ local function diagnose_launch(s)
     share = s.breakdown.host }
 end
 
--- The formula's bubble share for p stages and m chunks.
-function M.bubble_formula(p, m) return (p - 1) / (m + p - 1) end
+-- The formula's bubble share for p stages, m chunks and v model chunks per
+-- stage (interleaved; 1 otherwise).
+function M.bubble_formula(p, m, v) return (p - 1) / ((v or 1) * m + p - 1) end
 
 local function diagnose_bubble(reps)
   local worst, excess
@@ -202,12 +204,15 @@ local function diagnose_bubble(reps)
   end
   if not worst or excess <= M.BUBBLE_MARGIN then return nil end
   local pl = worst.pipeline
-  local p, m = pl.stages, pl.chunks
+  local p, m, v = pl.stages, pl.chunks, pl.virtual or 1
   local more = math.max(2 * m, 4 * p)
+  local formula = v > 1 and string.format('(p-1)/(v m+p-1) gives for p = %d stages, m = %d ' ..
+    'chunks and v = %d model chunks per stage (interleaved)', p, m, v) or
+    string.format('(p-1)/(m+p-1) gives for p = %d stages and m = %d chunks (GPipe and 1F1B ' ..
+    'alike)', p, m)
   local msg = string.format('Pipeline bubble: stage %d of %d sits idle %s of each ' ..
-    'pp:step (%s of %s), against %s that the schedule\'s formula (p-1)/(m+p-1) gives for ' ..
-    'p = %d stages and m = %d chunks (GPipe and 1F1B alike). ', pl.stage, p, pct(pl.bubble),
-    ms(pl.bubble * pl.step_s), ms(pl.step_s), pct(pl.expected), p, m)
+    'pp:step (%s of %s), against %s that the schedule\'s formula %s. ', pl.stage, p,
+    pct(pl.bubble), ms(pl.bubble * pl.step_s), ms(pl.step_s), pct(pl.expected), formula)
   -- uneven stages keep the others waiting whatever the chunk count
   local slow, fast
   for _, r in ipairs(reps) do
@@ -224,9 +229,15 @@ local function diagnose_bubble(reps)
       ms(slow.compute_s), ms(fast.compute_s), fast.pipeline.stage, slow.pipeline.stage)
   end
   msg = msg .. string.format('Raise chunks to %d (the formula then gives %s; each ' ..
-    'micro-batch has 1/%d of the batch, so keep it large enough to keep the kernels busy), ' ..
-    'or interleave several smaller stages per device, which divides the bubble by their number.',
-    more, pct(M.bubble_formula(p, more)), more)
+    'micro-batch has 1/%d of the batch, so keep it large enough to keep the kernels busy)',
+    more, pct(M.bubble_formula(p, more, v)), more)
+  if v > 1 then
+    msg = msg .. '.'
+  else
+    msg = msg .. string.format(", or interleave (schedule = 'interleaved', virtual = 2: two " ..
+      'smaller stages per device, which halves the bubble; the formula then gives %s).',
+      pct(M.bubble_formula(p, m, 2)))
+  end
   return { kind = 'pipeline-bubble', message = msg, stage = pl.stage, rank = worst.rank,
            bubble = pl.bubble, expected = pl.expected, chunks_advised = more,
            share = pl.bubble }
@@ -464,9 +475,11 @@ end
 
 -- "stage 0 of 2, 4 chunks, 1f1b: bubble 30% (formula 20%)"
 local function pipeline_str(pl)
-  return string.format('stage %d of %d, %d chunks, %s: bubble %s of the pipeline step ' ..
-    '(formula (p-1)/(m+p-1): %s)', pl.stage, pl.stages, pl.chunks, pl.schedule,
-    pct(pl.bubble), pct(pl.expected))
+  local v = pl.virtual or 1
+  return string.format('stage %d of %d, %d chunks, %s%s: bubble %s of the pipeline step ' ..
+    '(formula %s: %s)', pl.stage, pl.stages, pl.chunks, pl.schedule,
+    v > 1 and string.format(' x%d', v) or '', pct(pl.bubble),
+    v > 1 and '(p-1)/(v m+p-1)' or '(p-1)/(m+p-1)', pct(pl.expected))
 end
 
 function Report:lines()

@@ -1,19 +1,21 @@
 -- pipeline.lua -- run by test_distribute_pipeline.lua under `ember --replicas N`,
 -- mpirun and emulated GPU replicas: em.distribute.pipeline.
+--   SCHED is gpipe, 1f1b or interleavedV (the interleaved schedule, virtual = V).
 --   equiv SCHED P CHUNKS [BALANCE [SHARD]]  a pipeline of P stages (world P x D; BALANCE
 --        '-': the default; SHARD: the stages' replicas shard so) against one
 --        model trained on the whole batch: 3 Adam steps; each step compares the loss
 --        and every gradient of this stage, then the parameters after the update.
 --        Prints "rank R stage S lossdiff X graddiff Y maxdiff Z counts a,b,..".
---   bubble SCHED P CHUNKS   P stages that each sleep 20 ms in forward and in backward
+--   bubble SCHED P CHUNKS   P (x V) pieces that each sleep 20 ms in forward and in backward
 --        per micro-batch: prints "rank R bubble B"
 --   memory SCHED P CHUNKS   prints "rank R peak BYTES inflight K"
 --   errors P                 every bad setting, caught: "rank R case NAME: message"
---   save DIR [P [SHARD]]      P stages (default 2; world P x D, the stages' replicas
---        sharding with SHARD: 'optimizer', 'gradients', 'parameters' or 'none'): 2 Adam
---        steps, then em.checkpoint.save
---   load DIR P [SHARD]        loads DIR into a P-stage pipeline (world P x D, sharded so),
---        runs a third step and compares with a model trained 3 steps (as equiv prints)
+--   save DIR [P [SHARD [SCHED]]]  P stages (default 2; world P x D, the stages' replicas
+--        sharding with SHARD: 'optimizer', 'gradients', 'parameters' or 'none'; SCHED
+--        default 1f1b): 2 Adam steps, then em.checkpoint.save
+--   load DIR P [SHARD [SCHED]]    loads DIR into a P-stage pipeline (world P x D, sharded
+--        so; SCHED default gpipe), runs a third step and compares with a model trained
+--        3 steps (as equiv prints)
 --   zero DIR SHARD            loads DIR into a data-parallel s:wrap(model, {shard = SHARD})
 --        and compares its third step the same way
 local mode = arg[1] or 'equiv'
@@ -44,6 +46,12 @@ local function by_name(m)
   for _, np in ipairs(m:named_parameters()) do t[np[1]] = np[2] end
   return t
 end
+-- 'interleaved2' -> 'interleaved', 2
+local function schedule_of(name)
+  local v = name and tonumber(name:match('^interleaved(%d+)$'))
+  if v then return 'interleaved', v end
+  return name, nil
+end
 local function maxabs(a, b) return (a:to('cpu') - b:to('cpu')):abs():max():item() end
 -- elements [lo, hi) of t flattened, on the CPU
 local function part(t, lo, hi)
@@ -69,12 +77,16 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
   local balance = arg[5]
   local dir, shard = nil, arg[6]
   if balance == '-' then balance = nil end
-  if mode == 'save' then dir, sched, P, chunks = arg[2], '1f1b', tonumber(arg[3]) or 2, 4 end
-  if mode == 'load' then dir, P, sched, chunks = arg[2], tonumber(arg[3]), 'gpipe', 2 end
+  if mode == 'save' then
+    dir, P, shard, sched, chunks = arg[2], tonumber(arg[3]) or 2, arg[4], arg[5] or '1f1b', 4
+  end
+  if mode == 'load' then dir, P, shard, sched, chunks = arg[2], tonumber(arg[3]), arg[4], arg[5] or 'gpipe', 4 end
   if mode ~= 'equiv' then
     balance = nil
-    shard = arg[4] ~= 'none' and arg[4] or nil
+    shard = shard ~= 'none' and shard or nil
   end
+  local virtual
+  sched, virtual = schedule_of(sched)
   if balance and balance:find(',') then
     local list = {}
     for c in balance:gmatch('%d+') do list[#list + 1] = tonumber(c) end
@@ -85,7 +97,7 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
   local ref = build()
   -- a loaded pipeline starts from other buffers: the checkpoint's must replace them
   local pp = em.distribute.pipeline(build(mode == 'load' and 3 or 2), { stages = P, chunks = chunks, schedule = sched,
-    balance = balance, sample = em.randn(4, 5), shard = shard })
+    virtual = virtual, balance = balance, sample = em.randn(4, 5), shard = shard })
   -- a stage of activations only (a balance may cut so) has nothing to update
   local opt = #pp:parameters() > 0 and em.optim.Adam(pp:parameters(), { lr = 1e-2 }) or
     { zero_grad = function() end, step = function() end }
@@ -175,10 +187,15 @@ end
 
 if mode == 'bubble' or mode == 'memory' then
   local sched, P, chunks = arg[2], tonumber(arg[3]), tonumber(arg[4])
+  local virtual
+  sched, virtual = schedule_of(sched)
+  local V = virtual or 1
   local model
   if mode == 'bubble' then
     local ffi = require 'ffi'
     pcall(ffi.cdef, 'int usleep(unsigned int usec);')
+    -- 20 ms per chunk: the formula holds for any equal cost, and a longer
+    -- one leaves the ops' own overhead a smaller share
     local function nap() ffi.C.usleep(20000) end
     local Sleep = nn.Module:extend('Sleep')
     function Sleep:forward(x)
@@ -186,7 +203,7 @@ if mode == 'bubble' or mode == 'memory' then
       return em.autograd.apply('sleep', x:detach():clone(), { x }, function(g) nap(); return { g } end)
     end
     local kids = {}
-    for k = 1, P do kids[k] = Sleep() end
+    for k = 1, P * V do kids[k] = Sleep() end
     kids[1] = nn.Sequential(nn.Linear(4, 4), Sleep())
     model = nn.Sequential(kids)
   else
@@ -195,7 +212,8 @@ if mode == 'bubble' or mode == 'memory' then
     for k = 1, P do kids[#kids + 1] = nn.Linear(256, 256); kids[#kids + 1] = nn.Tanh() end
     model = nn.Sequential(kids)
   end
-  local pp = em.distribute.pipeline(model, { stages = P, chunks = chunks, schedule = sched })
+  local pp = em.distribute.pipeline(model, { stages = P, chunks = chunks, schedule = sched,
+    virtual = virtual })
   local width = mode == 'bubble' and 4 or 256
   local rows = mode == 'bubble' and chunks or chunks * 256
   local x, y = em.randn(rows, width), em.randn(rows, width)
@@ -228,6 +246,19 @@ if mode == 'errors' then
   case('option', function() em.distribute.pipeline(m, { stages = P, chunk = 2 }) end)
   case('sequential', function() em.distribute.pipeline(nn.Linear(3, 3), { stages = P }) end)
   case('sample', function() em.distribute.pipeline(m, { stages = P, balance = 'time' }) end)
+  case('multiple', function()
+    em.distribute.pipeline(m, { stages = P, chunks = 3, schedule = 'interleaved' })
+  end)
+  case('virtual', function() em.distribute.pipeline(m, { stages = P, virtual = 2 }) end)
+  case('virtual_int', function()
+    em.distribute.pipeline(m, { stages = P, schedule = 'interleaved', virtual = 0 })
+  end)
+  case('pieces', function()
+    em.distribute.pipeline(m, { stages = P, schedule = 'interleaved', virtual = 5 })
+  end)
+  case('balance_pieces', function()
+    em.distribute.pipeline(m, { stages = P, schedule = 'interleaved', balance = { 4, 5 } })
+  end)
   -- after all of that, a pipeline still works
   local pp = em.distribute.pipeline(build(), { stages = P, chunks = 2 })
   local l = pp:step(em.randn(4, 5), em.randn(4, 3), mse)
