@@ -3,7 +3,8 @@ test_distribute_plan.lua -- em.distribute.plan: the planner's predicted peak per
 device against the peak measured by em.memory_stats on every replica (through
 `ember --replicas N`, tests/lua/dist/plan_peak.lua) for data parallel and ZeRO
 1/2/3, with and without checkpointing, on 2 and 4 replicas (16 layouts), and
-per pipeline stage for 8 pipeline layouts (tests/lua/dist/plan_pipe_peak.lua),
+per pipeline stage for 14 pipeline layouts, 6 of them P x D = 2 x 2
+(tests/lua/dist/plan_pipe_peak.lua),
 within 10%; a layout run under a memory limit of its planned memory; the
 choice on synthetic costs; the stage cut (the pipeline's own); the errors.
 ]]
@@ -150,22 +151,32 @@ H.test('errors name the option', function()
   H.check(not ok and err:find('Module'), tostring(err))
 end)
 
--- Pipeline layouts, D = 1 (stages = replicas), GPT with 6 children; each
--- replica reports its stage's prediction, its measured peak, and the stage
--- counts the applied pipeline was built with. (P = 4 with 16 chunks is left
--- out: predicted 5-15% over the measured peak, on the safe side.)
+-- Pipeline layouts, GPT with 6 children: D = 1 (stages = replicas), and P = 2
+-- x D = 2 on 4 replicas with each stage's replicas averaging (shard none) or
+-- sharding its gradients; each replica reports its stage's prediction, its
+-- measured peak, and the stage counts the applied pipeline was built with.
+-- (Left out, both predicted over the measured peak, on the safe side: P = 4
+-- with 16 chunks, 5-15%; P x D with shard = 'optimizer', up to 12% on the last
+-- stage.) {replicas, stages, chunks, schedule, checkpoint, shard}
 local PIPE = {
-  { 2, 2, '1f1b', '0' }, { 2, 2, '1f1b', '1' }, { 2, 8, '1f1b', '0' }, { 2, 8, '1f1b', '1' },
-  { 4, 4, '1f1b', '0' }, { 4, 4, '1f1b', '1' }, { 2, 2, 'gpipe', '0' }, { 2, 8, 'gpipe', '1' },
+  { 2, 2, 2, '1f1b', '0' }, { 2, 2, 2, '1f1b', '1' }, { 2, 2, 8, '1f1b', '0' },
+  { 2, 2, 8, '1f1b', '1' }, { 4, 4, 4, '1f1b', '0' }, { 4, 4, 4, '1f1b', '1' },
+  { 2, 2, 2, 'gpipe', '0' }, { 2, 2, 8, 'gpipe', '1' },
+  { 4, 2, 4, '1f1b', '0', 'none' }, { 4, 2, 4, '1f1b', '1', 'none' },
+  { 4, 2, 4, '1f1b', '0', 'gradients' }, { 4, 2, 4, '1f1b', '1', 'gradients' },
+  { 4, 2, 4, '1f1b', '0', 'parameters' }, { 4, 2, 4, '1f1b', '1', 'parameters' },
 }
-H.test('predicted peak per stage within 10% of the measured one: 8 pipeline layouts', function()
+H.test('predicted peak per stage within 10% of the measured one: 14 pipeline layouts', function()
   if not pcall(require, 'ember.distribute.pipeline') then
     return H.skip('em.distribute.pipeline is not in this build: pipeline predictions untested')
   end
   for _, c in ipairs(PIPE) do
-    local P, chunks, sched, ck = unpack(c)
-    local out, rc = L.replicas(P, 'plan_pipe_peak.lua', ('%d %s %s'):format(chunks, sched, ck))
-    local what = ('P=%d chunks=%d %s checkpoint=%s'):format(P, chunks, sched, ck)
+    local N, P, chunks, sched, ck, shard = unpack(c)
+    shard = shard or 'none'
+    local out, rc = L.replicas(N, 'plan_pipe_peak.lua',
+      ('%d %s %s %d %s'):format(chunks, sched, ck, P, shard))
+    local what = ('N=%d P=%d chunks=%d %s checkpoint=%s shard=%s'):format(N, P, chunks, sched, ck,
+      shard)
     H.eq(rc, 0, what .. ' ran: ' .. out:sub(-400))
     local n = 0
     for r, p, m, st, planned in out:gmatch('rank (%d+) predicted (%d+) measured (%d+) stages ([%d,]+) planned ([%d,]+)') do
@@ -176,7 +187,7 @@ H.test('predicted peak per stage within 10% of the measured one: 8 pipeline layo
         ('%s rank %s: predicted %d, measured %d (%.1f%%)'):format(what, r, p, m, 100 * err))
       H.eq(st, planned, what .. ': the pipeline has the planned stages')
     end
-    H.eq(n, P, what .. ': every replica reports')
+    H.eq(n, N, what .. ': every replica reports')
   end
 end)
 

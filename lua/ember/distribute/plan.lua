@@ -209,6 +209,19 @@ function M.plan(model, o)
         'activations %s; with a %d%% margin)'):format(c.name, gib(c.peak), gib(mem),
         gib(p.parameters), gib(p.gradients), gib(p.optimizer), gib(p.activations),
         math.floor(layouts.SAFETY * 100 + 0.5))
+      -- a pipeline: which stage does not fit (the children it holds)
+      if c.stage_peaks then
+        local first, over = 1, {}
+        for k, sp in ipairs(c.stage_peaks) do
+          local n = c.layout.stages[k]
+          if sp * (1 + layouts.SAFETY) > mem then
+            over[#over + 1] = ('stage %d (children %d-%d) needs %s'):format(k - 1, first,
+              first + n - 1, gib(sp))
+          end
+          first = first + n
+        end
+        why[c.name] = why[c.name] .. '; ' .. table.concat(over, ', ')
+      end
     end
   end
   local smallest = candidates[1]

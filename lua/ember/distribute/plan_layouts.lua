@@ -25,9 +25,13 @@ backward left (its garbage included, as the meta step measured it). ZeRO 1 and
 2 gather every unit's weights at the next forward: W more, for a moment.
 
 Pipelines (P > 1): stage s holds its children's weights, gradients and state
-(sharded across its D replicas as above) and, under 1F1B, min(P - s, M)
-micro-batches of its children's saved activations (GPipe: M), the worst
-child's transient, and a received input and a sent output.
+and, under 1F1B, min(P - s, M) micro-batches of its children's saved
+activations (GPipe: M), the worst child's transient, and a received input and a
+sent output. With D > 1 replicas per stage the micro-batches' backwards run
+unsynchronised, so the full gradients W accumulate whatever the sharding; the
+state is S/D when sharded; plain wrap adds its buckets (W, from wrap time);
+ZeRO 1/2 add the last backward's flat units and the first forward's gather;
+ZeRO 3 keeps W/D and, at worst, all of the weights its backwards gathered.
 
 Time: the measured forward and backward seconds of the children scale with the
 batch; checkpointing adds a forward; gradients cost 2(D-1)/D of their bytes over
@@ -161,13 +165,16 @@ local function replay(ops, st, grads)
   local inflight, pending, garbage, on = 0, 0, 0, false
   local peak = 0
   local function live() return (on and grads or 0) + inflight + pending + garbage end
-  for _, op in ipairs(ops) do
+  local last_b = 0
+  for k, op in ipairs(ops) do if op[1] == 'B' then last_b = k end end
+  for k, op in ipairs(ops) do
     if op[1] == 'F' then
       inflight = inflight + st.held + st.inb
       peak = math.max(peak, live() + st.fwd)
     else
       on = true
       peak = math.max(peak, live() + st.bwd)
+      if k == last_b then peak = math.max(peak, live() + st.bwd_rest + st.last_extra) end
       inflight = inflight - st.held - st.inb
       -- (the sends' tensors: measured on the local communicator, which copies
       -- at the receive, they add nothing past the B that sent them)
@@ -191,13 +198,14 @@ function M.pipeline_memory(l, m, children, counts, schedule)
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
-    local W, U, held, fwd, bwd = 0, 0, 0, 0, 0
+    local W, U, pmax, held, fwd, bwd = 0, 0, 0, 0, 0, 0
     local last_i = first + counts[s + 1] - 1
     local before = {}
     for i = first, last_i do
       local c = children[i]
       W = W + c.params
-      U = math.max(U, c.params)
+      U = math.max(U, c.unit or c.params)
+      pmax = math.max(pmax, c.param_max or c.params)
       -- a child's transients ride on the activations of the children before it
       fwd = math.max(fwd, held + c.fwd_peak)
       before[i] = held
@@ -212,26 +220,50 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       bwd = math.max(bwd, held + m.loss.bwd_peak)
       held = held + m.loss.held
     end
+    -- (rest: from the moment the stage's last child has its gradients on, when
+    -- a sharded stage's first flat unit exists: the children before it)
+    local rest = before[last_i]
     for i = last_i, first, -1 do
       local c = children[i]
       bwd = math.max(bwd, before[i] + c.bwd_peak + after)
+      if i < last_i then rest = math.max(rest, before[i] + c.bwd_peak + after) end
       if l.checkpoint then after = after + math.max(0, c.bwd_peak - c.held - c.params) end
     end
     local st = { held = held, fwd = math.max(0, fwd - held), bwd = math.max(0, bwd - held),
+                 bwd_rest = math.max(0, rest - held),
                  inb = s > 0 and children[first - 1].out_bytes or 0,
-                 outb = s < P - 1 and children[last_i].out_bytes or 0, recomputed = after }
+                 outb = s < P - 1 and children[last_i].out_bytes or 0, recomputed = after,
+                 last_extra = 0 }
     first = last_i + 1
     local sharded = l.shard ~= 'none'
-    local params = l.shard == 'parameters' and math.ceil(W / D) + 2 * U or W
+    -- (ZeRO 3: a no_sync backward gathers each module's weights and keeps them
+    -- until the synchronised one reduces their gradients: all of them, at worst)
+    local params = l.shard == 'parameters' and math.ceil(W / D) + W or W
     local state = math.ceil(W * m.state_factor / (sharded and D or 1))
-    local grads = (l.shard == 'gradients' or l.shard == 'parameters') and
-      math.ceil(W / D) + (M.MAX_IN_FLIGHT + 2) * math.max(U, M.SHARD_BUCKET) or W
+    -- The micro-batches' backwards run unsynchronised (no_sync): full gradients
+    -- accumulate from the first B whatever the sharding. With D > 1 plain
+    -- wrap's buckets hold W more from wrap time on (the last B copies the
+    -- gradients into them), and a sharded stage's last B fills its flat units
+    -- (at most MAX_IN_FLIGHT + 1 under way, the stage's W at most) while the
+    -- full gradients are still there.
+    local grads, buckets = W, 0
+    if D > 1 and not sharded then buckets = W end
+    if D > 1 and sharded then
+      local unit = l.shard == 'parameters' and U or math.min(math.max(M.SHARD_BUCKET, pmax), W)
+      st.last_extra = math.min(W, (M.MAX_IN_FLIGHT + 1) * unit)
+    end
     local act = replay(schedule_ops(schedule, P, Mc, s), st, grads) - grads
-    local peak = params + state + grads + act
+    local peak = params + state + buckets + grads + act
+    -- ZeRO 1 and 2 gather the stage's weights at the step's first forward: a
+    -- flat W and this replica's segment, before any activation or gradient
+    if D > 1 and (l.shard == 'optimizer' or l.shard == 'gradients') then
+      peak = math.max(peak, params + state + W + math.ceil(W / D))
+    end
     per[s + 1] = peak
     if peak > worst then
       worst = peak
-      worst_parts = { parameters = params, gradients = grads, optimizer = state, activations = act }
+      worst_parts = { parameters = params, gradients = grads + buckets, optimizer = state,
+                      activations = act }
     end
   end
   return worst, worst_parts, per

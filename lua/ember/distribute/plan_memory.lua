@@ -195,7 +195,8 @@ end
 
 -- One child alone: {held (bytes its forward keeps, its output included),
 -- fwd_peak, bwd_peak (above its input, the output's gradient included), out
--- = {shape, dtype}, params (bytes)}.
+-- = {shape, dtype}, params (bytes), param_max (its largest parameter's bytes),
+-- unit (its largest module's own parameter bytes)}.
 local function measure_child(c, shape, dtype, ckpt)
   em.collect()
   local x = M.input(shape, dtype)
@@ -211,12 +212,22 @@ local function measure_child(c, shape, dtype, ckpt)
   local g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
   out:backward(g)
   local bwd_peak = peak() - base
-  local pbytes = 0
+  local pbytes, pmax, unit = 0, 0, 0
   for _, p in ipairs(c:parameters()) do
-    if p.requires_grad then pbytes = pbytes + nbytes(p) end
+    if p.requires_grad then pbytes, pmax = pbytes + nbytes(p), math.max(pmax, nbytes(p)) end
     p.grad = nil
   end
+  -- the largest module's own weights: a ZeRO 3 unit
+  for _, m in ipairs(c:modules()) do
+    local r, own = rawget(m, '_reg'), 0
+    for _, k in ipairs(r.pnames) do
+      local p = r.params[k]
+      if p.requires_grad then own = own + nbytes(p) end
+    end
+    unit = math.max(unit, own)
+  end
   return { held = held, fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
+           param_max = pmax, unit = unit,
            out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
 end
 

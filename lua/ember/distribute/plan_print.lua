@@ -1,13 +1,15 @@
 --[[
 ember.distribute.plan_print -- plan:print(): the planner's verdict and a compact
-table of every candidate layout, fastest first, with its predicted peak per
-device, step time and whether it fits.
+table of the candidate layouts, fastest first (those that fit before those
+that do not), the best PER_KIND of each kind and the chosen one (marked *),
+with its predicted peak per device, step time and whether it fits.
 ]]
 local layouts = require 'ember.distribute.plan_layouts'
 
 local M = {}
 
 local MiB = 2 ^ 20
+M.PER_KIND = 2      -- candidates shown per kind (pipeline degree x sharding)
 
 function M.format(plan)
   local lines = {}
@@ -30,9 +32,24 @@ function M.format(plan)
     if a.step_s ~= b.step_s then return a.step_s < b.step_s end
     return a.peak < b.peak
   end)
-  add('  %-44s %10s %10s  %s', 'layout', 'peak MiB', 'step s', 'fits')
+  -- the best PER_KIND of each kind (pipeline degree and sharding), and the
+  -- chosen one wherever it falls: a 4-device plan has dozens of candidates
+  local shown, per, hidden = {}, {}, 0
   for _, c in ipairs(sorted) do
-    add('  %-44s %10.1f %10.4f  %s', c.name, c.peak / MiB, c.step_s, c.fits and 'yes' or 'no')
+    local l = c.layout
+    local kind = l.pipeline .. '/' .. l.shard
+    per[kind] = (per[kind] or 0) + 1
+    if per[kind] <= M.PER_KIND or l == plan.layout then shown[#shown + 1] = c
+    else hidden = hidden + 1 end
+  end
+  add('  %-54s %10s %10s  %s', 'layout', 'peak MiB', 'step s', 'fits')
+  for _, c in ipairs(shown) do
+    add('%s %-54s %10.1f %10.4f  %s', c.layout == plan.layout and '*' or ' ', c.name,
+      c.peak / MiB, c.step_s, c.fits and 'yes' or 'no')
+  end
+  if hidden > 0 then
+    add('  (%d more, slower of their kind: plan.candidates; why each does not fit: plan.why)',
+      hidden)
   end
   return table.concat(lines, '\n')
 end
