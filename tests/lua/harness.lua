@@ -63,6 +63,15 @@ function H.skip(msg)
   out('  skip ' .. tostring(msg))
 end
 
+-- True in the build of `make test SANITIZE=thread` (the process has __tsan_init):
+-- there everything runs several times slower, so shares of time measured
+-- against fixed sleeps do not hold.
+function H.tsan()
+  local ffi = require 'ffi'
+  pcall(ffi.cdef, 'void __tsan_init(void);')
+  return (pcall(function() return ffi.C.__tsan_init end))
+end
+
 -- true where there are two cuda devices; else one skip saying so (the CUDA tests on
 -- a one-GPU machine, tests/bench/gpu_run.sh).
 function H.two_devices()

@@ -336,6 +336,7 @@ H.test('on emulated GPU replicas', function()
 end)
 
 H.test('the measured bubble is (p - 1) / (m + p - 1)', function()
+  if H.tsan() then return H.skip('shares of time under ThreadSanitizer (every step far slower)') end
   for _, p in ipairs({ 2, 4 }) do
     for _, m in ipairs({ p, 4 * p }) do
       for _, sched in ipairs({ 'gpipe', '1f1b' }) do
@@ -355,6 +356,7 @@ H.test('the measured bubble is (p - 1) / (m + p - 1)', function()
 end)
 
 H.test('the measured interleaved bubble is (p - 1) / (v m + p - 1)', function()
+  if H.tsan() then return H.skip('shares of time under ThreadSanitizer (every step far slower)') end
   for _, p in ipairs({ 2, 4 }) do
     for _, m in ipairs({ p, 2 * p }) do
       local out, rc = L.replicas(p, 'pipeline.lua', ('bubble interleaved2 %d %d'):format(p, m))

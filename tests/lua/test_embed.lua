@@ -18,13 +18,11 @@ and the checks that matter there run: two agents, errors, the cap.
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local H = dofile(dir .. 'harness.lua')
-local ffi = require 'ffi'
 local core = require 'ember.ffi'
 
 local root = dir .. '../../'
 local build = core.dir:gsub('/lua/ember$', '')
-pcall(ffi.cdef, 'void __tsan_init(void);')
-local tsan = pcall(function() return ffi.C.__tsan_init end)
+local tsan = H.tsan()
 
 local function sh(cmd)
   local p = io.popen('(' .. cmd .. ') 2>&1; echo "#rc=$?"')
