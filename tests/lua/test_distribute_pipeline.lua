@@ -335,22 +335,34 @@ H.test('on emulated GPU replicas', function()
   equal_to_one_model(out, rc, 2, 'GPU gpipe')
 end)
 
+-- Each stage's measured bubble for `bubble SCHED P M` against the formula's
+-- share, within 0.05. The stages sleep a known time, but on a 2-core machine
+-- shared with other work a run can be held up past that by the scheduler: a
+-- run with a stage outside the margin is measured once more, and the second
+-- run's figures are the ones checked.
+local function check_bubble(sched, p, m, want)
+  local out, rc, bubbles
+  for _ = 1, 2 do
+    out, rc = L.replicas(p, 'pipeline.lua', ('bubble %s %d %d'):format(sched, p, m))
+    bubbles = {}
+    for r, b in out:gmatch('rank (%d+) bubble (%S+)') do bubbles[#bubbles + 1] = { r, tonumber(b) } end
+    local off = rc ~= 0 or #bubbles ~= p
+    for _, rb in ipairs(bubbles) do off = off or math.abs(rb[2] - want) > 0.05 end
+    if not off then break end
+  end
+  H.eq(rc, 0, out)
+  for _, rb in ipairs(bubbles) do
+    H.check(math.abs(rb[2] - want) <= 0.05, ('%s p=%d m=%d rank %s: bubble %.4f, formula %.3f')
+      :format(sched, p, m, rb[1], rb[2], want))
+  end
+  H.eq(#bubbles, p, 'every stage reports\n' .. out)
+end
+
 H.test('the measured bubble is (p - 1) / (m + p - 1)', function()
   if H.tsan() then return H.skip('shares of time under ThreadSanitizer (every step far slower)') end
   for _, p in ipairs({ 2, 4 }) do
     for _, m in ipairs({ p, 4 * p }) do
-      for _, sched in ipairs({ 'gpipe', '1f1b' }) do
-        local out, rc = L.replicas(p, 'pipeline.lua', ('bubble %s %d %d'):format(sched, p, m))
-        H.eq(rc, 0, out)
-        local want = (p - 1) / (m + p - 1)
-        local n = 0
-        for r, b in out:gmatch('rank (%d+) bubble (%S+)') do
-          n = n + 1
-          H.check(math.abs(tonumber(b) - want) <= 0.05, ('%s p=%d m=%d rank %s: bubble %s, ' ..
-            'formula %.3f'):format(sched, p, m, r, b, want))
-        end
-        H.eq(n, p, 'every stage reports\n' .. out)
-      end
+      for _, sched in ipairs({ 'gpipe', '1f1b' }) do check_bubble(sched, p, m, (p - 1) / (m + p - 1)) end
     end
   end
 end)
@@ -359,16 +371,7 @@ H.test('the measured interleaved bubble is (p - 1) / (v m + p - 1)', function()
   if H.tsan() then return H.skip('shares of time under ThreadSanitizer (every step far slower)') end
   for _, p in ipairs({ 2, 4 }) do
     for _, m in ipairs({ p, 2 * p }) do
-      local out, rc = L.replicas(p, 'pipeline.lua', ('bubble interleaved2 %d %d'):format(p, m))
-      H.eq(rc, 0, out)
-      local want = (p - 1) / (2 * m + p - 1)
-      local n = 0
-      for r, b in out:gmatch('rank (%d+) bubble (%S+)') do
-        n = n + 1
-        H.check(math.abs(tonumber(b) - want) <= 0.05, ('interleaved p=%d m=%d rank %s: bubble ' ..
-          '%s, formula %.3f'):format(p, m, r, b, want))
-      end
-      H.eq(n, p, 'every stage reports\n' .. out)
+      check_bubble('interleaved2', p, m, (p - 1) / (2 * m + p - 1))
     end
   end
 end)

@@ -76,7 +76,8 @@ H.test('--plan: a layout that fits, named; plain data parallel rejected with why
   if not layout then return end
   H.check(tonumber(peak) <= 5, 'its peak is within the cap: ' .. peak)
   local function row(name)
-    return out:match('\n  ' .. name:gsub('%p', '%%%0') .. ' +(%d+%.%d) +%d+%.%d+  (%a+)')
+    -- (the chosen row is marked '*')
+    return out:match('\n[ *] ' .. name:gsub('%p', '%%%0') .. ' +(%d+%.%d) +%d+%.%d+  (%a+)')
   end
   local p, fits = row(layout)
   H.eq(fits, 'yes', 'the chosen layout is a row of the table')

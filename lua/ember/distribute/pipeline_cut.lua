@@ -23,6 +23,7 @@ holds at once (`held`). The activations are measured as the allocator's growth
 over the child's forward with autograd on, on the sample's device.
 ]]
 local em = require 'ember'
+local handles = require 'ember.handles'
 
 local M = {}
 
@@ -101,6 +102,9 @@ function M.memory_costs(children, sample, held)
   local dev = sample.device
   for i, child in ipairs(children) do
     local inp = leaf(x)
+    -- (garbage left from before would be freed at any moment, inside the
+    -- child's forward too, and count against it)
+    handles.collect()
     local before = em.memory_stats(dev).allocated
     local out = child(inp)
     local act = math.max(0, em.memory_stats(dev).allocated - before)

@@ -1,0 +1,164 @@
+--[[
+ember.distribute.pipeline_run -- a pipeline's step and forward (the methods
+pipeline.lua gives its objects): each stage runs its op list from
+pipeline_schedule, receiving and sending through pipeline_wire; the essay atop
+pipeline.lua says what a step is.
+]]
+local em = require 'ember'
+local core = require 'ember.ffi'
+local schedule = require 'ember.distribute.pipeline_schedule'
+local handles = require 'ember.handles'
+local prof = require 'ember.profile'
+local raise, kind = core.raise, core.kind
+local fmt = string.format
+
+local Pipeline = {}
+
+-- A step's micro-batches leave garbage; a collection hands their memory back
+-- once there is this much of it (a collection costs a millisecond or so).
+Pipeline.COLLECT_BYTES = 1024 * 1024
+
+local function shape_key(t, rows)
+  local sh = {}
+  for i, d in ipairs(t.shape) do sh[i] = i == 1 and rows or d end
+  return table.concat(sh, 'x') .. ':' .. tostring(t.dtype)
+end
+
+local function batch_rows(x, y, what)
+  local t = x or y
+  if not (type(t) == 'cdata' and pcall(function() return t.shape end)) then
+    raise(fmt('pipeline: %s: expected the batch x (a tensor) on every replica, got %s', what,
+      kind(x)))
+  end
+  if #t.shape == 0 then raise(fmt('pipeline: %s: the batch must have a first dimension', what)) end
+  return t.shape[1]
+end
+
+function Pipeline:_run(inp, c)
+  local dm = self.wrapped_parts and self.wrapped_parts[c]
+  if dm then return dm:no_sync(function() return dm(inp) end) end
+  return self.parts[c](inp)
+end
+
+function Pipeline:step(x, y, loss_fn)
+  if type(loss_fn) ~= 'function' and not (type(loss_fn) == 'table' and getmetatable(loss_fn)
+      and getmetatable(loss_fn).__call) then
+    raise('pipeline: step(x, y, loss_fn): loss_fn must be a function, got ' .. kind(loss_fn))
+  end
+  local rows = batch_rows(x, y, 'step')
+  local Mc, P, st = self.chunks, self.stages, self.stage
+  if Mc > rows then
+    raise(fmt('pipeline: step: chunks = %d, but the batch has only %d rows (one micro-batch ' ..
+      'needs at least one)', Mc, rows))
+  end
+  local V = self.virtual
+  local top = P * V - 1
+  if st == P - 1 and y == nil then raise('pipeline: step: the last stage needs y') end
+  local s, w, dev = self.strategy, self._wire, self.strategy.device
+  local base = s.rank - st
+  local prev, nxt = base + (st - 1) % P, base + (st + 1) % P
+  -- micro-batch i: rows [lo_i, lo_i + n_i) (1-based lo)
+  local lo, n = {}, {}
+  local q, rem, at = math.floor(rows / Mc), rows % Mc, 1
+  for i = 1, Mc do
+    n[i] = q + (i <= rem and 1 or 0)
+    lo[i] = at
+    at = at + n[i]
+  end
+  em.reset_peak_memory_stats(dev)
+  self._wait_s = 0
+  local mem0 = em.memory_stats(dev).allocated
+  local t0 = em.clock()
+  local ops = schedule.ops(self.schedule, P, Mc, st, V)
+  local live, total = {}, 0
+  -- each chunk's last backward of the step: where its data replicas average
+  local last_b = {}
+  for k, op in ipairs(ops) do if op[1] == 'B' then last_b[op[3] or 1] = k end end
+  for k, op in ipairs(ops) do
+    local i, c = op[2], op[3] or 1
+    local v = (c - 1) * P + st
+    local firsts, last = v == 0, v == top
+    local slot = (c - 1) * Mc + i
+    local key = shape_key(x or y, n[i])
+    if op[1] == 'F' then
+      local inp
+      if firsts then
+        inp = x:narrow(1, lo[i], n[i]):to(dev)
+      else
+        inp = w:recv('act' .. v, key, prev):requires_grad_(true)
+      end
+      local out = self:_run(inp, c)
+      local rec = { inp = inp, out = out }
+      if last then
+        local yi = y:narrow(1, lo[i], n[i]):to(dev)
+        rec.loss = loss_fn(out, yi) / Mc
+        rec.out = nil
+      else
+        w:send('act' .. (v + 1), key, out:detach(), nxt)
+      end
+      live[slot] = rec
+    else
+      local rec = live[slot]
+      local dm = self.wrapped_parts and self.wrapped_parts[c]
+      if dm and k == last_b[c] then dm:arm() end
+      if last then
+        total = total + rec.loss:detach():to('cpu'):double():item()
+        rec.loss:backward()
+      else
+        local g = w:recv_into(em.zeros(rec.out.shape, { dtype = rec.out.dtype, device = dev }), nxt)
+        rec.out:backward(g)
+      end
+      if not firsts then
+        local g = rec.inp.grad or em.zeros(rec.inp.shape, { dtype = rec.inp.dtype, device = dev })
+        w:send(nil, nil, g, prev)
+      end
+      -- The micro-batch's activations go now: the tensors of its forward are
+      -- garbage, whose memory Lua would hand back only at its next collection
+      -- (a collection costs a millisecond or so: only when there is memory
+      -- worth it to hand back).
+      live[slot] = nil
+      rec = nil
+      if em.memory_stats(dev).allocated - mem0 > Pipeline.COLLECT_BYTES then handles.collect() end
+    end
+  end
+  w:flush()
+  local lt = em.tensor({ st == P - 1 and total / self.data_size or 0 }, { dtype = 'float32' }):to(dev)
+  w.wait('pipeline.loss', function() s:allreduce(lt, 'sum') end)
+  local step_s = em.clock() - t0
+  local st_ = self._stats
+  st_.step_s, st_.bubble = step_s, step_s > 0 and self._wait_s / step_s or 0
+  st_.peak_bytes = em.memory_stats(dev).peak
+  if prof._pipeline then
+    prof._pipeline { stage = st, stages = P, chunks = Mc, schedule = self.schedule,
+                     virtual = V, bubble = st_.bubble, step_s = step_s }
+  end
+  return lt:to('cpu'):reshape({})
+end
+
+-- The last stage's output for x, on every replica of this pipeline (no
+-- autograd; x whole, one pass).
+function Pipeline:forward(x)
+  local rows = batch_rows(x, nil, 'forward')
+  local s, w, dev, P, st = self.strategy, self._wire, self.strategy.device, self.stages, self.stage
+  local key = shape_key(x, rows)
+  local base = s.rank - st
+  local prev, nxt, top = base + (st - 1) % P, base + (st + 1) % P, P * self.virtual - 1
+  local out
+  for c = 1, self.virtual do
+    local v = (c - 1) * P + st
+    out = em.no_grad(function()
+      local inp = v == 0 and x:to(dev) or w:recv('eval' .. v, key, prev)
+      return self:_run(inp, c)
+    end)
+    if v < top then w:send('eval' .. (v + 1), key, out, nxt) end
+  end
+  if st < P - 1 then
+    out = w:recv('result', key, base + P - 1)
+  else
+    for k = 0, P - 2 do w:send('result', key, out, base + k) end
+  end
+  w:flush()
+  return out
+end
+
+return Pipeline
