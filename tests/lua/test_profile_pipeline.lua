@@ -273,8 +273,10 @@ for _, n in ipairs({ 2, 3 }) do
       -- the receives waited inside bubbles: none of it is communication
       H.eq(comm, 0, 'rank ' .. rank .. ' communication')
       -- the profiler's share is the share the stage timed itself over the same
-      -- steps (apart from the few µs between its clock readings and the spans')
-      if b and own then H.close(b, own, 0.01, 'rank ' .. rank .. ' bubble') end
+      -- steps, apart from what lies between its clock readings and the spans' --
+      -- microseconds, unless the scheduler of a loaded 2-core machine preempts
+      -- the thread right there (seen: 0.025)
+      if b and own then H.close(b, own, 0.04, 'rank ' .. rank .. ' bubble') end
       H.eq(stage, rank)
       -- the report's pipeline bubble: the mean of the shares the stage reported
       if pb and mean then H.close(pb, mean, 1e-6, 'the pipeline\'s reported bubble') end
