@@ -136,6 +136,10 @@ function M.plan(model, o)
   end
   if W == 0 then raise('plan: the model has no parameter that requires grad') end
   local state_factor = optname == 'sgd' and (o.momentum == 0 and 0 or 1) or 2
+  -- ZeRO 3's units, in the order their gradients complete (backward order)
+  local units = {}
+  local owners = memory.units(model)
+  for k = #owners, 1, -1 do units[#units + 1] = owners[k] end
 
   local list, skipped = layouts.enumerate{ devices = N, batch = B,
     children = seq and #children or nil, pipeline = pipeline_ok }
@@ -144,10 +148,14 @@ function M.plan(model, o)
       :format(B, N, N))
   end
 
-  -- memory: one meta step per data-parallel batch and checkpointing
+  -- memory: one meta step per data-parallel batch and checkpointing (and ZeRO 3,
+  -- whose nodes change what a backward holds)
+  local function run_of(l)
+    return { batch = B / l.data, checkpoint = l.checkpoint, regather = l.shard == 'parameters' }
+  end
   local runs = {}
   for _, l in ipairs(list) do
-    if l.pipeline == 1 then runs[#runs + 1] = { batch = B / l.data, checkpoint = l.checkpoint } end
+    if l.pipeline == 1 then runs[#runs + 1] = run_of(l) end
   end
   local steps = memory.step(model, { input = o.input, target = o.target, loss = loss, runs = runs })
 
@@ -178,8 +186,8 @@ function M.plan(model, o)
     local c = { layout = l, name = layouts.name(l) }
     if l.pipeline == 1 then
       local b = B / l.data
-      local m = { weights = W, state = W * state_factor, unit = unit, param_max = pmax,
-                  step = steps[b .. '/' .. (l.checkpoint and 1 or 0)] }
+      local m = { weights = W, state = W * state_factor, unit = unit, param_max = pmax, units = units,
+                  step = steps[memory.key(run_of(l))] }
       c.peak, c.parts = layouts.data_memory(l, m)
       c.step_s = layouts.data_time(l, t, W, b)
     else

@@ -49,7 +49,6 @@ local M = {}
 M.SAFETY = 0.05
 M.SHARD_BUCKET = 4 * 2 ^ 20     -- shard.lua's unit size for 'optimizer' and 'gradients'
 M.MAX_IN_FLIGHT = 2             -- shard.lua: units reduced at once
-M.ZERO3_REGATHER = 0.15
 M.SHARDS = { 'none', 'optimizer', 'gradients', 'parameters' }
 
 -- -- Enumerating -------------------------------------------------------------------------------
@@ -92,35 +91,72 @@ function M.name(l)
 end
 
 -- -- Memory: data parallel -----------------------------------------------------------------------
--- m = {weights W, state S, unit U (largest module's weights), param_max, step
--- (plan_memory.step's result at this layout's batch and checkpointing)}.
--- Returns the peak and its parts {parameters, gradients, optimizer, activations}.
+-- ZeRO 3's gradient bytes besides the step's own, at each segment of the meta
+-- step's backward (segment k ends when parameter segs[k].param's gradient is
+-- final): a replay of shard_grads.lua over the units (each {bytes, idx}, in
+-- backward order). A unit's flat buffer (its full size) exists from its first
+-- gradient until it is applied; units launch in unit order once complete, and
+-- after each launch the oldest are applied while more than MAX_IN_FLIGHT are
+-- under way; an applied unit leaves its 1/N slice as the shards' gradients.
+-- During a segment the flat buffer of the unit receiving the gradient counts
+-- already (the gradient is copied into it while still held). Returns a list
+-- parallel to segs.
+function M.zero3_grads(segs, units, N)
+  local unit_of = {}
+  for k, u in ipairs(units) do for _, i in ipairs(u.idx) do unit_of[i] = k end end
+  local got, ready, flat = {}, {}, {}
+  local live, sliced, nxt, applied = 0, 0, 1, 0
+  local out = {}
+  for s, seg in ipairs(segs) do
+    local k = seg.param and unit_of[seg.param]
+    local filling = (k and not flat[k]) and units[k].bytes or 0
+    out[s] = live + filling + sliced
+    if k then
+      if not flat[k] then flat[k] = true; live = live + units[k].bytes end
+      got[k] = (got[k] or 0) + 1
+      if got[k] == #units[k].idx then ready[k] = true end
+      while nxt <= #units and ready[nxt] do
+        nxt = nxt + 1
+        while nxt - 1 - applied > M.MAX_IN_FLIGHT do
+          applied = applied + 1
+          live = live - units[applied].bytes
+          sliced = sliced + math.ceil(units[applied].bytes / N)
+        end
+      end
+    end
+  end
+  return out
+end
+
+-- m = {weights W, state S, unit U (largest module's weights), param_max, units
+-- (ZeRO 3's, see zero3_grads), step (plan_memory.step's result at this
+-- layout's batch and checkpointing)}. Returns the peak and its parts
+-- {parameters, gradients, optimizer, activations}.
 function M.data_memory(l, m)
   local N, mode = l.data, l.shard
   local W, S = m.weights, m.state
   local sharded = mode ~= 'none'
-  local params = mode == 'parameters' and math.ceil(W / N) + 2 * m.unit or W
+  -- (ZeRO 3 holds one module's gathered weights at a time, forward and backward)
+  local params = mode == 'parameters' and math.ceil(W / N) + m.unit or W
   local state = sharded and math.ceil(S / N) or S
   local bucket = math.min(math.max(M.SHARD_BUCKET, m.param_max), W)
-  local unit = mode == 'parameters' and m.unit or bucket
-  local function grads_at(arrived)
+  local z3 = mode == 'parameters' and M.zero3_grads(m.step.segments, m.units, N)
+  local function grads_at(arrived, s)
     if mode == 'none' then return N > 1 and W or arrived end
     if mode == 'optimizer' then return math.min(W, arrived + bucket) end
-    return arrived / N + math.min(arrived + unit, (M.MAX_IN_FLIGHT + 2) * unit, W)
+    if mode == 'gradients' then
+      return arrived / N + math.min(arrived + bucket, (M.MAX_IN_FLIGHT + 2) * bucket, W)
+    end
+    return z3[s]
   end
   local fb, fb_grads, fb_act = 0, 0, 0
-  for _, seg in ipairs(m.step.segments) do
-    local g = grads_at(seg.arrived)
+  for s, seg in ipairs(m.step.segments) do
+    local g = grads_at(seg.arrived, s)
     if seg.peak + g > fb then fb, fb_grads, fb_act = seg.peak + g, g, seg.peak end
   end
-  -- ZeRO 3's backward re-gathers a module's weights when the gradient reaches
-  -- its output, which the engine's order can do for several modules before the
-  -- first is reduced; measured against shard.lua that costs up to ZERO3_REGATHER
-  -- of the activations' peak (an empirical share, not a derivation).
-  if mode == 'parameters' then fb = fb + M.ZERO3_REGATHER * fb_act end
   fb = fb + params + state
   local final = (mode == 'gradients' or mode == 'parameters') and math.ceil(W / N) or W
-  local opt = params + state + final + m.step.after
+  local opt = (mode == 'parameters' and math.ceil(W / N) or W) + state + final + m.step.after
   local gather = (mode == 'optimizer' or mode == 'gradients') and
     (W + state + W + math.ceil(W / N)) or 0
   local peak = math.max(fb, opt, gather)
