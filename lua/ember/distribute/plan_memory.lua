@@ -312,7 +312,8 @@ local function measure_child(c, shape, dtype, ckpt)
     if p.requires_grad then pbytes, pmax = pbytes + nbytes(p), math.max(pmax, nbytes(p)) end
     p.grad = nil
   end
-  -- the largest module's own weights: a ZeRO 3 unit
+  -- the largest module's own weights: a ZeRO 3 unit (and how many units)
+  local units = 0
   for _, m in ipairs(c:modules()) do
     local r, own = rawget(m, '_reg'), 0
     for _, k in ipairs(r.pnames) do
@@ -320,9 +321,10 @@ local function measure_child(c, shape, dtype, ckpt)
       if p.requires_grad then own = own + nbytes(p) end
     end
     unit = math.max(unit, own)
+    if own > 0 then units = units + 1 end
   end
   return { held = held, fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
-           param_max = pmax, unit = unit,
+           param_max = pmax, unit = unit, units = units,
            out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
 end
 
