@@ -136,6 +136,10 @@ function M.plan(model, o)
   end
   if W == 0 then raise('plan: the model has no parameter that requires grad') end
   local state_factor = optname == 'sgd' and (o.momentum == 0 and 0 or 1) or 2
+  -- ZeRO 3's units, in the order their gradients complete (backward order)
+  local units = {}
+  local owners = memory.units(model)
+  for k = #owners, 1, -1 do units[#units + 1] = owners[k] end
 
   local list, skipped = layouts.enumerate{ devices = N, batch = B,
     children = seq and #children or nil, pipeline = pipeline_ok }
@@ -144,44 +148,65 @@ function M.plan(model, o)
       :format(B, N, N))
   end
 
-  -- memory: one meta step per data-parallel batch and checkpointing
+  -- memory: one meta step per data-parallel batch and checkpointing (and ZeRO 3,
+  -- whose nodes change what a backward holds)
+  local function run_of(l)
+    return { batch = B / l.data, checkpoint = l.checkpoint, regather = l.shard == 'parameters' }
+  end
   local runs = {}
   for _, l in ipairs(list) do
-    if l.pipeline == 1 then runs[#runs + 1] = { batch = B / l.data, checkpoint = l.checkpoint } end
+    if l.pipeline == 1 then runs[#runs + 1] = run_of(l) end
   end
   local steps = memory.step(model, { input = o.input, target = o.target, loss = loss, runs = runs })
 
-  -- time: the children at the smallest per-replica batch
-  local t
-  local b0 = B / N
-  local base_shape = { shape = o.input.shape, dtype = o.input.dtype }
-  local time_how = 'measured'
-  if o.time == false then
-    t, time_how = timing.estimate(children, b0), 'estimated'
-  else
-    local device = children[1]:parameters()[1] and children[1]:parameters()[1].device or 'cpu'
-    local ok, res = pcall(timing.children, children, { input = base_shape, batch = b0,
-                                                       device = device })
-    -- a device too full to run one child beside the whole model still gets its
-    -- memory answer (which then says what does not fit): times from the weights
-    if ok then t = res
-    elseif tostring(res):find('out of memory', 1, true) then
-      t, time_how = timing.estimate(children, b0), 'estimated (timing ran out of memory)'
-    else error(res, 0) end
-    timing.agree(t, o.strategy)
+  -- time: the children at every per-replica batch and micro-batch a layout
+  -- runs (a small batch costs more per row than a share of a big one's time)
+  local sizes, seen = {}, {}
+  for _, l in ipairs(list) do
+    local b = B / (l.data * (l.pipeline > 1 and l.chunks or 1))
+    if not seen[b] then seen[b] = true; sizes[#sizes + 1] = b end
   end
-  local bw, bw_how = timing.bandwidth(o.strategy)
-  t.bandwidth = bw
+  table.sort(sizes)
+  local base_shape = { shape = o.input.shape, dtype = o.input.dtype }
+  local device = children[1]:parameters()[1] and children[1]:parameters()[1].device or 'cpu'
+  local time_how = o.time == false and 'estimated' or 'measured'
+  local times, time_cache = {}, {}
+  local s = o.strategy
+  for _, b in ipairs(sizes) do
+    local t
+    if o.time == false then
+      t = timing.estimate(children, b)
+    elseif s and s.world_size > 1 and s.rank ~= 0 then
+      -- replica 0 times alone (the others wait in agree's broadcast): replicas
+      -- timing at once on shared cores would slow each other down
+      t = timing.estimate(children, b)
+    else
+      local ok, res = pcall(timing.children, children, { input = base_shape, batch = b,
+                                                         device = device, cache = time_cache })
+      -- a device too full to run one child beside the whole model still gets its
+      -- memory answer (which then says what does not fit): times from the weights
+      if ok then t = res
+      elseif tostring(res):find('out of memory', 1, true) then
+        t, time_how = timing.estimate(children, b), 'estimated (timing ran out of memory)'
+      else error(res, 0) end
+    end
+    if o.time ~= false then timing.agree(t, s) end
+    times[b] = t
+  end
+  local bw, bw_how = timing.bandwidth(s)
+  local lat = timing.latency(s)
+  local share = timing.share(N, device)
+  for _, t in pairs(times) do t.bandwidth, t.latency, t.share = bw, lat, share end
 
   local candidates, child_cache = {}, {}
   for _, l in ipairs(list) do
     local c = { layout = l, name = layouts.name(l) }
     if l.pipeline == 1 then
       local b = B / l.data
-      local m = { weights = W, state = W * state_factor, unit = unit, param_max = pmax,
-                  step = steps[b .. '/' .. (l.checkpoint and 1 or 0)] }
+      local m = { weights = W, state = W * state_factor, unit = unit, param_max = pmax, units = units,
+                  step = steps[memory.key(run_of(l))] }
       c.peak, c.parts = layouts.data_memory(l, m)
-      c.step_s = layouts.data_time(l, t, W, b)
+      c.step_s = layouts.data_time(l, times[b], W, b, #units)
     else
       local mb = B / (l.data * l.chunks)
       local kids = memory.children(model, { input = o.input, target = o.target, loss = loss,
@@ -194,7 +219,7 @@ function M.plan(model, o)
       l.stages = counts
       c.peak, c.parts, c.stage_peaks = layouts.pipeline_memory(l,
         { state_factor = state_factor, loss = kids.loss }, kids, counts, o.schedule or '1f1b')
-      c.step_s = layouts.pipeline_time(l, t, kids, counts, mb)
+      c.step_s = layouts.pipeline_time(l, times[mb], kids, counts, mb)
     end
     candidates[#candidates + 1] = c
   end

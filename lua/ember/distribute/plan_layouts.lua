@@ -15,11 +15,14 @@ gradients the layout holds at that point, plus what is resident all along:
   none         W            W (wrap's buckets, from wrap time)     S
   optimizer    W            arrived + one bucket being filled      S/N
   gradients    W            arrived/N + flat buckets in flight      S/N
-  parameters   W/N + 2 U    arrived/N + flat units in flight        S/N
+  parameters   W/N + U      flat units alive, replayed; slices /N   S/N
 
 (W weights, S optimizer state: 2W for Adam, W for SGD's momentum; U the largest
 module's weights, gathered for its forward and backward; shard.lua reduces at
-most MAX_IN_FLIGHT units at once, plus the one filling.) After backward the
+most MAX_IN_FLIGHT units at once, plus the one filling. ZeRO 3's meta step runs
+with the autograd nodes its units put on their outputs -- see
+plan_memory.regather_nodes -- and its flat buffers are replayed unit by unit
+over the backward's segments: zero3_grads.) After backward the
 optimizer step holds weights, final gradients (W, or W/N), state and what the
 backward left (its garbage included, as the meta step measured it). ZeRO 1 and
 2 gather every unit's weights at the next forward: W more, for a moment.
@@ -33,12 +36,16 @@ state is S/D when sharded; plain wrap adds its buckets (W, from wrap time);
 ZeRO 1/2 add the last backward's flat units and the first forward's gather;
 ZeRO 3 keeps W/D and, at worst, all of the weights its backwards gathered.
 
-Time: the measured forward and backward seconds of the children scale with the
-batch; checkpointing adds a forward; gradients cost 2(D-1)/D of their bytes over
-the link (ring allreduce), ZeRO 2 and 3 a reduce-scatter and allgathers of
-(D-1)/D each; a pipeline's step is (M + P - 1) micro-batch slots of its slowest
-stage (the bubble is (P - 1)/(M + P - 1) of it) plus its point-to-point sends.
-Communication is counted as not overlapping computation: an upper bound.
+Time: the forward and backward seconds of the children, measured at the
+layout's own per-replica batch or micro-batch (replica 0 timing alone), times
+the slowdown of all replicas computing at once on shared CPU cores (t.share);
+checkpointing adds a forward; gradients cost 2(D-1)/D of their bytes over the
+link (ring allreduce), ZeRO 2 and 3 a reduce-scatter and allgathers of (D-1)/D
+each, and every collective a measured latency (ZeRO 3: two allgathers and a
+reduce-scatter per unit); a pipeline's step is (M + P - 1) micro-batch slots of
+its slowest stage (the bubble is (P - 1)/(M + P - 1) of it), each with its two
+point-to-point messages (bytes and latency). Communication is counted as not
+overlapping computation: an upper bound.
 
 A fixed SAFETY share is added to every predicted peak, so that a layout said to
 fit does not run out of memory through what the model leaves out (the data
@@ -49,7 +56,6 @@ local M = {}
 M.SAFETY = 0.05
 M.SHARD_BUCKET = 4 * 2 ^ 20     -- shard.lua's unit size for 'optimizer' and 'gradients'
 M.MAX_IN_FLIGHT = 2             -- shard.lua: units reduced at once
-M.ZERO3_REGATHER = 0.15
 M.SHARDS = { 'none', 'optimizer', 'gradients', 'parameters' }
 
 -- -- Enumerating -------------------------------------------------------------------------------
@@ -92,35 +98,72 @@ function M.name(l)
 end
 
 -- -- Memory: data parallel -----------------------------------------------------------------------
--- m = {weights W, state S, unit U (largest module's weights), param_max, step
--- (plan_memory.step's result at this layout's batch and checkpointing)}.
--- Returns the peak and its parts {parameters, gradients, optimizer, activations}.
+-- ZeRO 3's gradient bytes besides the step's own, at each segment of the meta
+-- step's backward (segment k ends when parameter segs[k].param's gradient is
+-- final): a replay of shard_grads.lua over the units (each {bytes, idx}, in
+-- backward order). A unit's flat buffer (its full size) exists from its first
+-- gradient until it is applied; units launch in unit order once complete, and
+-- after each launch the oldest are applied while more than MAX_IN_FLIGHT are
+-- under way; an applied unit leaves its 1/N slice as the shards' gradients.
+-- During a segment the flat buffer of the unit receiving the gradient counts
+-- already (the gradient is copied into it while still held). Returns a list
+-- parallel to segs.
+function M.zero3_grads(segs, units, N)
+  local unit_of = {}
+  for k, u in ipairs(units) do for _, i in ipairs(u.idx) do unit_of[i] = k end end
+  local got, ready, flat = {}, {}, {}
+  local live, sliced, nxt, applied = 0, 0, 1, 0
+  local out = {}
+  for s, seg in ipairs(segs) do
+    local k = seg.param and unit_of[seg.param]
+    local filling = (k and not flat[k]) and units[k].bytes or 0
+    out[s] = live + filling + sliced
+    if k then
+      if not flat[k] then flat[k] = true; live = live + units[k].bytes end
+      got[k] = (got[k] or 0) + 1
+      if got[k] == #units[k].idx then ready[k] = true end
+      while nxt <= #units and ready[nxt] do
+        nxt = nxt + 1
+        while nxt - 1 - applied > M.MAX_IN_FLIGHT do
+          applied = applied + 1
+          live = live - units[applied].bytes
+          sliced = sliced + math.ceil(units[applied].bytes / N)
+        end
+      end
+    end
+  end
+  return out
+end
+
+-- m = {weights W, state S, unit U (largest module's weights), param_max, units
+-- (ZeRO 3's, see zero3_grads), step (plan_memory.step's result at this
+-- layout's batch and checkpointing)}. Returns the peak and its parts
+-- {parameters, gradients, optimizer, activations}.
 function M.data_memory(l, m)
   local N, mode = l.data, l.shard
   local W, S = m.weights, m.state
   local sharded = mode ~= 'none'
-  local params = mode == 'parameters' and math.ceil(W / N) + 2 * m.unit or W
+  -- (ZeRO 3 holds one module's gathered weights at a time, forward and backward)
+  local params = mode == 'parameters' and math.ceil(W / N) + m.unit or W
   local state = sharded and math.ceil(S / N) or S
   local bucket = math.min(math.max(M.SHARD_BUCKET, m.param_max), W)
-  local unit = mode == 'parameters' and m.unit or bucket
-  local function grads_at(arrived)
+  local z3 = mode == 'parameters' and M.zero3_grads(m.step.segments, m.units, N)
+  local function grads_at(arrived, s)
     if mode == 'none' then return N > 1 and W or arrived end
     if mode == 'optimizer' then return math.min(W, arrived + bucket) end
-    return arrived / N + math.min(arrived + unit, (M.MAX_IN_FLIGHT + 2) * unit, W)
+    if mode == 'gradients' then
+      return arrived / N + math.min(arrived + bucket, (M.MAX_IN_FLIGHT + 2) * bucket, W)
+    end
+    return z3[s]
   end
   local fb, fb_grads, fb_act = 0, 0, 0
-  for _, seg in ipairs(m.step.segments) do
-    local g = grads_at(seg.arrived)
+  for s, seg in ipairs(m.step.segments) do
+    local g = grads_at(seg.arrived, s)
     if seg.peak + g > fb then fb, fb_grads, fb_act = seg.peak + g, g, seg.peak end
   end
-  -- ZeRO 3's backward re-gathers a module's weights when the gradient reaches
-  -- its output, which the engine's order can do for several modules before the
-  -- first is reduced; measured against shard.lua that costs up to ZERO3_REGATHER
-  -- of the activations' peak (an empirical share, not a derivation).
-  if mode == 'parameters' then fb = fb + M.ZERO3_REGATHER * fb_act end
   fb = fb + params + state
   local final = (mode == 'gradients' or mode == 'parameters') and math.ceil(W / N) or W
-  local opt = params + state + final + m.step.after
+  local opt = (mode == 'parameters' and math.ceil(W / N) or W) + state + final + m.step.after
   local gather = (mode == 'optimizer' or mode == 'gradients') and
     (W + state + W + math.ceil(W / N)) or 0
   local peak = math.max(fb, opt, gather)
@@ -284,39 +327,56 @@ end
 
 -- -- Time ------------------------------------------------------------------------------------------
 -- t = {fwd, bwd (seconds of the whole model at batch t.batch), fwd_i, bwd_i (per
--- child), bandwidth (bytes/s)}; W weights' bytes; b the per-replica batch.
-function M.data_time(l, t, W, b)
+-- child), bandwidth (bytes/s), latency (s per collective or message), share
+-- (compute slowdown with every replica running)}; W weights' bytes; b the
+-- per-replica batch; units: ZeRO 3's unit count.
+M.WRAP_BUCKET = 25 * 2 ^ 20     -- wrap.lua's bucket for plain data parallel
+
+-- Seconds of the collectives of one step of data parallel over D replicas
+-- (bytes over the bandwidth, and a latency per collective).
+local function comm_time(shard, D, t, W, units)
+  if D < 2 then return 0 end
+  local ring = (D - 1) / D
+  local buckets = math.max(1, math.ceil(W / M.WRAP_BUCKET))
+  local flat = math.max(1, math.ceil(W / M.SHARD_BUCKET))
+  local bytes, msgs
+  if shard == 'none' then bytes, msgs = 2 * ring * W, buckets
+  elseif shard == 'optimizer' then bytes, msgs = 3 * ring * W, 2 * flat       -- allreduce, allgather
+  elseif shard == 'gradients' then bytes, msgs = 2 * ring * W, 2 * flat       -- reduce-scatter, allgather
+  else bytes, msgs = 3 * ring * W, 3 * (units or flat) end  -- two allgathers (forward, backward), a reduce-scatter
+  return bytes / t.bandwidth + msgs * (t.latency or 0)
+end
+
+function M.data_time(l, t, W, b, units)
   local scale = b / t.batch
-  local compute = (t.fwd * (l.checkpoint and 2 or 1) + t.bwd) * scale
-  local N = l.data
-  local ring = N > 1 and (N - 1) / N or 0
-  local bytes
-  if l.shard == 'none' then bytes = 2 * ring * W
-  elseif l.shard == 'optimizer' then bytes = 2 * ring * W + ring * W
-  elseif l.shard == 'gradients' then bytes = 2 * ring * W
-  else bytes = 3 * ring * W end
-  return compute + bytes / t.bandwidth
+  local compute = (t.fwd * (l.checkpoint and 2 or 1) + t.bwd) * scale * (t.share or 1)
+  return compute + comm_time(l.shard, l.data, t, W, units)
 end
 
 function M.pipeline_time(l, t, children, counts, mb)
   local scale = mb / t.batch
-  local slowest, first, p2p, Wmax = 0, 1, 0, 0
+  local slowest, first, p2p, Wmax, umax = 0, 1, 0, 0, 0
   for s = 1, l.pipeline do
-    local f, b, W = 0, 0, 0
+    local f, b, W, u = 0, 0, 0, 0
     for i = first, first + counts[s] - 1 do
       f, b, W = f + t.fwd_i[i], b + t.bwd_i[i], W + children[i].params
+      u = u + (children[i].units or 1)
     end
     first = first + counts[s]
-    slowest = math.max(slowest, (f * (l.checkpoint and 2 or 1) + b) * scale)
+    slowest = math.max(slowest, (f * (l.checkpoint and 2 or 1) + b) * scale * (t.share or 1))
     if s < l.pipeline then
-      p2p = math.max(p2p, 2 * children[first - 1].out_bytes / t.bandwidth)
+      -- an activation forward and its gradient back, each a message
+      p2p = math.max(p2p, 2 * (children[first - 1].out_bytes / t.bandwidth + (t.latency or 0)))
     end
-    Wmax = math.max(Wmax, W)
+    Wmax, umax = math.max(Wmax, W), math.max(umax, u)
   end
   local slots = l.chunks + l.pipeline - 1
-  local dp = M.data_time({ data = l.data, shard = l.shard, checkpoint = false },
-    { fwd = 0, bwd = 0, batch = 1, bandwidth = t.bandwidth }, Wmax, 1)
-  return slots * (slowest + p2p) + dp
+  -- (ZeRO 3 stages gather each unit for every micro-batch's forward and backward)
+  local gathers = 0
+  if l.shard == 'parameters' and l.data > 1 then
+    gathers = 2 * l.chunks * umax * ((l.data - 1) / l.data * Wmax / umax / t.bandwidth + (t.latency or 0))
+  end
+  return slots * (slowest + p2p) + comm_time(l.shard, l.data, t, Wmax, umax) + gathers
 end
 
 -- -- Choosing ----------------------------------------------------------------------------------------

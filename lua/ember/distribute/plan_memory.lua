@@ -59,27 +59,110 @@ end
 
 -- Each direct child's forward runs under em.nn.checkpoint (keeping only its
 -- inputs); returns the function that undoes it. Parameter names stay as they are.
--- On meta (tidy = true) the garbage a checkpointed forward leaves is collected
--- past GARBAGE bytes, as em.nn.checkpoint does with the CPU's count (which meta
--- tensors do not enter).
-local GARBAGE = 8 * 2 ^ 20
-M.GARBAGE = GARBAGE
-function M.checkpoint_children(model, tidy)
+-- Nothing else is imitated: em.nn.checkpoint's own tidy-up (a collection once
+-- a forward or a recompute leaves more than its threshold of garbage) reads the
+-- state's total count, which meta tensors enter as CPU tensors do, so the meta
+-- step collects exactly where the real one does -- and nowhere else: a
+-- collection the real step does not make would hide garbage it holds.
+function M.checkpoint_children(model)
   local undo = {}
   for _, c in ipairs(model:children()) do
     local own = rawget(c, 'forward')
     local inner = own or getmetatable(c).forward
     rawset(c, 'forward', function(self, ...)
-      local before = tidy and em.memory_stats('meta').allocated
-      local out = em.nn.checkpoint(function(...) return inner(self, ...) end, ...)
-      if tidy and em.memory_stats('meta').allocated - before - out:numel() * out:element_size() > GARBAGE then
-        em.collect()
-      end
-      return out
+      return em.nn.checkpoint(function(...) return inner(self, ...) end, ...)
     end)
     undo[#undo + 1] = function() rawset(c, 'forward', own) end
   end
   return function() for _, f in ipairs(undo) do f() end end
+end
+
+-- -- Lua's collector, held off -----------------------------------------------------------------
+-- Garbage tensors are freed when Lua's collector finishes a cycle, and when
+-- it does depends on the Lua heap and on everything the process did before:
+-- a real step may finish none where the meta step finishes one, and then hold
+-- garbage the measurement saw freed (a checkpointed GPT held a third more).
+-- So the measurement assumes the worst: no cycle finishes on its own. While fn
+-- runs the collector is stopped, and the small steps ember.handles takes every
+-- few thousand tensors (collectgarbage 'step', a global it looks up at each
+-- call) do nothing; full collections -- em.nn.checkpoint's tidy-up, a
+-- pipeline's, em.collect -- still run, as they do in the real step, and stop
+-- the collector again.
+local function quiet(real)
+  return function(what, ...)
+    if what == 'step' then return false end
+    local r = real(what, ...)
+    if what == nil or what == 'collect' or what == 'restart' then real('stop') end
+    return r
+  end
+end
+
+local function without_collector(fn, ...)
+  local real = collectgarbage
+  _G.collectgarbage = quiet(real)
+  real('stop')
+  local ok, res = pcall(fn, ...)
+  _G.collectgarbage = real
+  real('restart')
+  if not ok then error(res, 0) end
+  return res
+end
+M.without_collector = without_collector
+
+-- The modules ZeRO 3 (s:wrap{shard = 'parameters'}) makes units of: those that
+-- own trainable parameters directly (a weight two modules share belongs to
+-- the first), in the order shard.lua takes them.
+-- Each {module, bytes (its weights), idx (their positions among the model's
+-- parameters that require grad, the order of M.step's segments' param)}.
+function M.units(model)
+  local index_of, n = {}, 0
+  for _, p in ipairs(model:parameters()) do
+    if p.requires_grad then n = n + 1; index_of[p] = n end
+  end
+  local list, taken = {}, {}
+  for _, m in ipairs(em.nn.Module.modules(model)) do
+    local r, own, idx = rawget(m, '_reg'), 0, {}
+    for _, k in ipairs(r.pnames) do
+      local p = r.params[k]
+      local i = index_of[p]
+      if i and not taken[i] then taken[i] = true; own = own + nbytes(p); idx[#idx + 1] = i end
+    end
+    if own > 0 then list[#list + 1] = { module = m, bytes = own, idx = idx } end
+  end
+  return list
+end
+
+-- ZeRO 3 passes each unit's outputs through an autograd node of its own (the
+-- one that gathers the weights again for the backward). Such a node's backward
+-- runs in Lua: the gradient of the module's output it hands on is a Lua tensor,
+-- which lives until Lua's collector frees it, where the engine alone frees it
+-- as soon as it is used. Over a backward that is about every unit output's
+-- gradient more. The meta step puts the same identity nodes on the same
+-- modules, so it holds what ZeRO 3's backward holds. Returns the undo.
+local function pass_on(g) return { g } end
+local function node_outputs(...)
+  local n = select('#', ...)
+  if not em.is_grad_enabled() then return ... end
+  local res = { ... }
+  for k = 1, n do
+    local t = res[k]
+    if ffi.istype(core.box_t, t) and t.requires_grad then
+      res[k] = em.autograd.apply('gather_for_backward', t, { t }, pass_on)
+    end
+  end
+  return unpack(res, 1, n)
+end
+
+function M.regather_nodes(model)
+  local undo = {}
+  for _, u in ipairs(M.units(model)) do
+    local m = u.module
+    local own = rawget(m, 'forward')
+    local inner = m.forward
+    rawset(m, 'forward', function(self, ...) return node_outputs(inner(self, ...)) end)
+    undo[#undo + 1] = function() rawset(m, 'forward', own) end
+  end
+  return function() for k = #undo, 1, -1 do undo[k]() end end
 end
 
 -- A meta tensor of the given shape and dtype; integer inputs (token ids) are
@@ -90,79 +173,90 @@ end
 
 -- -- Gradient hooks --------------------------------------------------------------------------
 -- One ffi callback for all measurements (LuaJIT has few callback slots); ud is
--- the parameter's index in the running measurement.
+-- the parameter's index in the running measurement, whose state is the plain
+-- table `running` (no closure made per measurement: a compiled trace may keep
+-- what the callback reaches alive).
 local running
-local hook = ffi.cast('em_grad_hook_fn', function(_, _, ud)
+
+local function peak() return em.memory_stats('meta').peak end
+local function allocated() return em.memory_stats('meta').allocated end
+
+-- A parameter's gradient is final: close the backward's segment, drop the gradient.
+local function on_grad(i)
   local r = running
-  if not r then return 0 end
-  local ok, err = pcall(r.on_grad, tonumber(ffi.cast('intptr_t', ud)))
+  local p = r.params[i]
+  local g = p.grad
+  r.segs[#r.segs + 1] = { peak = peak() - r.base, arrived = r.arrived, param = i }
+  if g then
+    r.arrived = r.arrived + nbytes(g)
+    p.grad = nil
+    release(g)
+  end
+  em.reset_peak_memory_stats('meta')
+end
+
+local hook = ffi.cast('em_grad_hook_fn', function(_, _, ud)
+  if not running then return 0 end
+  local ok, err = pcall(on_grad, tonumber(ffi.cast('intptr_t', ud)))
   if ok then return 0 end
   return C.em_set_error(S, C.EM_ERR_INTERNAL, tostring(err))
 end)
 
-local function peak() return em.memory_stats('meta').peak end
-local function allocated() return em.memory_stats('meta').allocated end
+local function forward_backward(o)
+  local x = M.input(o.input.shape, o.input.dtype)
+  local y = o.target and M.input(o.target.shape, o.target.dtype)
+  local out = o.model(x)
+  local loss = o.loss(out, y)
+  loss:backward()
+end
 
 -- One step on meta of a model already on meta: segments {peak, arrived} (bytes
 -- above `base`, the parameters), `after` (allocated once backward returned).
 local function run_step(model, params, o)
   em.collect()
   local base = allocated()
-  local last = base
   em.reset_peak_memory_stats('meta')
-  local segs, arrived = {}, 0
-  local r = {}
-  function r.on_grad(i)
-    local p = params[i]
-    local g = p.grad
-    segs[#segs + 1] = { peak = peak() - base, arrived = arrived }
-    if g then
-      arrived = arrived + nbytes(g)
-      p.grad = nil
-      release(g)
-    end
-    -- (a checkpointed backward's recomputations tidy up as its forward does)
-    if o.checkpoint and allocated() - last > GARBAGE then em.collect() end
-    last = allocated()
-    em.reset_peak_memory_stats('meta')
-  end
   for i, p in ipairs(params) do
     core.check(C.em_tensor_add_grad_hook(S, p._h, hook, ffi.cast('void *', ffi.cast('intptr_t', i))))
   end
-  running = r
-  local ok, err = pcall(function()
-    local x = M.input(o.input.shape, o.input.dtype)
-    local y = o.target and M.input(o.target.shape, o.target.dtype)
-    local out = model(x)
-    local loss = o.loss(out, y)
-    loss:backward()
-  end)
+  running = { params = params, segs = {}, arrived = 0, base = base }
+  o.model = model
+  local ok, err = pcall(forward_backward, o)
+  o.model = nil
+  local r = running
   running = nil
   for i, p in ipairs(params) do
     C.em_tensor_remove_grad_hook(p._h, hook, ffi.cast('void *', ffi.cast('intptr_t', i)))
   end
   if not ok then error(err, 0) end
-  segs[#segs + 1] = { peak = peak() - base, arrived = arrived }
+  r.segs[#r.segs + 1] = { peak = peak() - base, arrived = r.arrived }
   local after = allocated() - base
-  return { segments = segs, after = after, grad_bytes = arrived }
+  return { segments = r.segs, after = after, grad_bytes = r.arrived }
+end
+
+-- A run's key in M.step's results: 'batch/checkpoint/regather' (0 or 1 each).
+function M.key(run)
+  return ('%d/%d/%d'):format(run.batch, run.checkpoint and 1 or 0, run.regather and 1 or 0)
 end
 
 -- The step measured for each batch size and checkpointing choice asked for:
 -- o = {input = {shape, dtype}, target = {shape, dtype}?, loss, runs = {{batch,
--- checkpoint}, ...}}; the batch replaces shape[1] of input and target.
--- Returns results keyed 'batch/0|1'.
+-- checkpoint, regather}, ...}} (regather: with ZeRO 3's nodes, see
+-- regather_nodes); the batch replaces shape[1] of input and target.
+-- Returns results keyed by M.key(run).
 function M.step(model, o)
   local restore = M.to_meta(model)
   local results = {}
-  local ok, err = pcall(function()
+  local ok, err = pcall(without_collector, function()
     local params = {}
     for _, p in ipairs(model:parameters()) do
       if p.requires_grad then params[#params + 1] = p end
     end
     for _, run in ipairs(o.runs) do
-      local key = run.batch .. '/' .. (run.checkpoint and 1 or 0)
+      local key = M.key(run)
       if not results[key] then
-        local undo = run.checkpoint and M.checkpoint_children(model, true)
+        local undo = run.checkpoint and M.checkpoint_children(model)
+        local undo_nodes = run.regather and M.regather_nodes(model)
         local function shaped(t)
           if not t then return nil end
           local sh = { unpack(t.shape) }
@@ -172,6 +266,7 @@ function M.step(model, o)
         local ok2, res = pcall(run_step, model, params,
           { input = shaped(o.input), target = shaped(o.target), loss = o.loss,
             checkpoint = run.checkpoint })
+        if undo_nodes then undo_nodes() end
         if undo then undo() end
         if not ok2 then error(res, 0) end
         results[key] = res
@@ -217,7 +312,8 @@ local function measure_child(c, shape, dtype, ckpt)
     if p.requires_grad then pbytes, pmax = pbytes + nbytes(p), math.max(pmax, nbytes(p)) end
     p.grad = nil
   end
-  -- the largest module's own weights: a ZeRO 3 unit
+  -- the largest module's own weights: a ZeRO 3 unit (and how many units)
+  local units = 0
   for _, m in ipairs(c:modules()) do
     local r, own = rawget(m, '_reg'), 0
     for _, k in ipairs(r.pnames) do
@@ -225,9 +321,10 @@ local function measure_child(c, shape, dtype, ckpt)
       if p.requires_grad then own = own + nbytes(p) end
     end
     unit = math.max(unit, own)
+    if own > 0 then units = units + 1 end
   end
   return { held = held, fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
-           param_max = pmax, unit = unit,
+           param_max = pmax, unit = unit, units = units,
            out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
 end
 
@@ -255,7 +352,7 @@ function M.children(model, o)
   local cache = o.cache or {}
   local restore = M.to_meta(model)
   local list = {}
-  local ok, err = pcall(function()
+  local ok, err = pcall(without_collector, function()
     local shape, dtype = { unpack(o.input.shape) }, o.input.dtype or 'float32'
     shape[1] = o.batch
     for i, c in ipairs(model:children()) do

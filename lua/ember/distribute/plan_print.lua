@@ -1,7 +1,7 @@
 --[[
 ember.distribute.plan_print -- plan:print(): the planner's verdict and a compact
 table of the candidate layouts, fastest first (those that fit before those
-that do not), the best PER_KIND of each kind and the chosen one (marked *),
+that do not), the best PER_KIND of each kind and the chosen one (marked * after it),
 with its predicted peak per device, step time and whether it fits.
 ]]
 local layouts = require 'ember.distribute.plan_layouts'
@@ -44,8 +44,9 @@ function M.format(plan)
   end
   add('  %-54s %10s %10s  %s', 'layout', 'peak MiB', 'step s', 'fits')
   for _, c in ipairs(shown) do
-    add('%s %-54s %10.1f %10.4f  %s', c.layout == plan.layout and '*' or ' ', c.name,
-      c.peak / MiB, c.step_s, c.fits and 'yes' or 'no')
+    -- (the mark goes last: each row starts with its layout's name)
+    add('  %-54s %10.1f %10.4f  %s%s', c.name, c.peak / MiB, c.step_s, c.fits and 'yes' or 'no',
+      c.layout == plan.layout and '  *' or '')
   end
   if hidden > 0 then
     add('  (%d more, slower of their kind: plan.candidates; why each does not fit: plan.why)',

@@ -9,9 +9,11 @@ of a few runs after a warm-up. Identical children (same class, parameter shapes
 and input shape) are timed once. The model's own parameters are used as they
 are; their gradients are dropped after.
 
-Replicas time their children apart, so two layouts of near-equal time could
-come out in another order on another replica: with a strategy, every replica
-takes replica 0's times (agree), and so the same layout.
+With a strategy only replica 0 times (the others wait in agree's broadcast
+and take its times): replicas timing at once on shared cores would slow each
+other down, and two layouts of near-equal time could come out in another order
+on another replica. What all replicas running at once costs is share()'s
+factor; what each collective costs beyond its bytes, latency()'s.
 
 The bandwidth: with a strategy of several replicas, the time of an allreduce of
 up to 4 MiB -- less when the device's memory cap leaves less room -- (every
@@ -19,6 +21,7 @@ replica must plan: it is a collective), as bus bytes 2(N-1)/N x
 size per second. Without one, DEFAULT_BANDWIDTH, an assumed figure for a
 host's shared memory.
 ]]
+local ffi = require 'ffi'
 local em = require 'ember'
 
 local M = {}
@@ -127,6 +130,8 @@ function M.bandwidth(s)
     -- smaller message would be mostly latency)
     n = math.max(2 ^ 14, math.min(n, math.floor((ms.capacity - ms.allocated) / 16)))
   end
+  -- (the replicas' free memory differs: all take the smallest size)
+  n = s:allreduce(em.tensor({ n }, { dtype = 'float64', device = s.device }), 'min'):item()
   local t = em.zeros(n, { device = s.device })
   s:allreduce(t, 'sum')              -- warm-up (and connection set-up)
   local best = math.huge
@@ -139,6 +144,48 @@ function M.bandwidth(s)
   local worst = s:allreduce(em.tensor({ best }, { dtype = 'float64', device = s.device }), 'max'):item()
   local N = s.world_size
   return 2 * (N - 1) / N * n * 4 / math.max(worst, 1e-9), 'measured'
+end
+
+-- Seconds of one collective too small for its bytes to count (one float's
+-- allreduce): what every collective and point-to-point message costs on top of
+-- its bytes. The slowest replica's best of a few; DEFAULT_LATENCY without a
+-- strategy of several replicas.
+M.DEFAULT_LATENCY = 20e-6
+function M.latency(s)
+  if not s or s.world_size < 2 then return M.DEFAULT_LATENCY end
+  local t = em.zeros(1, { device = s.device })
+  s:allreduce(t, 'sum')
+  local best = math.huge
+  for _ = 1, 2 * M.RUNS do
+    local t0 = em.clock()
+    s:allreduce(t, 'sum')
+    best = math.min(best, em.clock() - t0)
+  end
+  return s:allreduce(em.tensor({ best }, { dtype = 'float64', device = s.device }), 'max'):item()
+end
+
+-- The CPU cores this process may run on (sysconf), or nil.
+local cores
+function M.cores()
+  if cores == nil then
+    if not pcall(function() return ffi.C.sysconf end) then
+      pcall(ffi.cdef, 'long sysconf(int name);')
+    end
+    -- (84: _SC_NPROCESSORS_ONLN on Linux)
+    local ok, n = pcall(function() return tonumber(ffi.C.sysconf(84)) end)
+    cores = ok and n and n > 0 and n or false
+  end
+  return cores or nil
+end
+
+-- How much slower a replica computes when all N run at once than the one
+-- timed alone: on CPU replicas of one host the N x threads share the cores
+-- (max(1, N x threads / cores)); on accelerators, 1.
+function M.share(N, device)
+  if device ~= 'cpu' or N < 2 then return 1 end
+  local c = M.cores()
+  if not c then return 1 end
+  return math.max(1, N * em.get_num_threads() / c)
 end
 
 return M
