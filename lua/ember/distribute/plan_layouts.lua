@@ -197,7 +197,8 @@ end
 --      step's start by COLLECT bytes (or, the worst case, as much of it as
 --      stays under that);
 --   the optimizer step then finds the gradients and that garbage.
-M.PIPELINE_COLLECT = 1024 * 1024    -- pipeline.lua's COLLECT_BYTES
+-- the pipeline's rule: a collection once a step's garbage passes this
+M.PIPELINE_COLLECT = require('ember.distribute.pipeline_run').COLLECT_BYTES
 
 local schedule_ops = function(name, P, Mc, s)
   return require('ember.distribute.pipeline_schedule').ops(name, P, Mc, s)
