@@ -2,6 +2,15 @@
 ** grad_linalg.c -- recording and backward of matmul: dA = dC B^T, dB = A^T dC on
 ** the operands promoted to matrices (1-D operands gain the dim numpy adds, and
 ** lose it again); batch broadcasting is summed back by the engine.
+**
+** A matrix B shared by every batch (a Linear layer's weight) gets its gradient
+** from one product over all rows, A and dC flattened to matrices, rather than a
+** product per batch and a sum. And dB comes in B's own layout: B is most often
+** a transposed view of a weight (linear: x @ w^T), and a gradient laid out as
+** B -- computed as (dC^T A)^T -- reaches the weight through the transpose's
+** backward as a contiguous matrix. Laid out otherwise it would reach it
+** transposed, and every accumulation into .grad (micro-batches, several
+** uses) would read it across the rows at a fraction of memory speed.
 */
 #include "autograd.h"
 
@@ -30,6 +39,21 @@ static em_tensor *f_mm(emi_f *f, const em_tensor *a, const em_tensor *b) {
   return emi_f_keep(f, st, &r);
 }
 
+/* a as a matrix of its rows: [..., m, k] -> [(...) m, k] */
+static em_tensor *f_rows(emi_f *f, const em_tensor *a) {
+  if (f->st || !a) return NULL;
+  int64_t shape[2] = {a->numel / a->sizes[a->ndim - 1], a->sizes[a->ndim - 1]};
+  em_tensor *r = NULL;
+  em_status st = em_reshape(f->S, a, shape, 2, &r);
+  return emi_f_keep(f, st, &r);
+}
+
+/* A 2-D tensor whose memory is that of its transpose, contiguous. */
+static int transposed_layout(const em_tensor *b) {
+  return b->ndim == 2 && b->sizes[0] > 1 && b->sizes[1] > 1 && b->strides[0] == 1 &&
+         b->strides[1] == b->sizes[0];
+}
+
 static em_status matmul_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                  em_tensor **gin) {
   em_tensor *a, *b;
@@ -48,7 +72,13 @@ static em_status matmul_backward(em_state *S, emi_ag_node *n, const em_tensor *g
     emi_f_out(f, ga, &gin[0]);
   }
   if (emi_ag_needs(n, 1)) {
-    em_tensor *gb = f_mm(f, f_mT(f, a2), g2);
+    em_tensor *gb;
+    if (b2->ndim == 2 && g2 && g2->ndim == a2->ndim) {
+      em_tensor *ar = a2->ndim > 2 ? f_rows(f, a2) : a2, *gr = a2->ndim > 2 ? f_rows(f, g2) : g2;
+      gb = transposed_layout(b2) ? f_mT(f, f_mm(f, f_mT(f, gr), ar)) : f_mm(f, f_mT(f, ar), gr);
+    } else {
+      gb = f_mm(f, f_mT(f, a2), g2);
+    }
     if (b1) gb = f_sq(f, gb, gb ? gb->ndim - 1 : 0);
     emi_f_out(f, gb, &gin[1]);
   }

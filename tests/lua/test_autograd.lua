@@ -269,4 +269,41 @@ H.test('optimizer steps and batch norm statistics bump versions', function()
   H.raises(function() keep:sum():backward() end, 'modified by an inplace operation')
 end)
 
+-- x @ w^T (a Linear layer) hands w a gradient in w's own layout, contiguous
+-- (a transposed one makes every accumulation into .grad read across rows), from
+-- 2-D and batched inputs alike, with the values of the per-row sum; a second
+-- backward accumulates into it.
+H.test('a weight behind a transpose gets a contiguous gradient of the right values', function()
+  local x2 = em.randn(5, 3, F64)
+  local x3 = em.randn(2, 4, 3, F64)
+  for _, x in ipairs({ x2, x3 }) do
+    local w = em.randn(6, 3, F64):requires_grad_()
+    local gshape = { unpack(x.shape) }
+    gshape[#gshape] = 6
+    local g = em.randn(gshape, F64)
+    -- the gradient as backward hands it over (before .grad could copy it)
+    local raw = em.autograd.backward_capture(em.nn.F.linear(x, w), g, { w })[1]
+    H.check(raw:is_contiguous(), ('%d-D input: the gradient comes contiguous (strides %s)')
+      :format(#x.shape, table.concat(raw:stride(), ',')))
+    em.nn.F.linear(x, w):backward(g)
+    -- the reference: the sum over rows of g_r^T x_r, element by element
+    local xr, gr = x:reshape({ -1, 3 }):totable(), g:reshape({ -1, 6 }):totable()
+    local want = {}
+    for o = 1, 6 do
+      want[o] = {}
+      for i = 1, 3 do
+        local acc = 0
+        for r = 1, #xr do acc = acc + gr[r][o] * xr[r][i] end
+        want[o][i] = acc
+      end
+    end
+    H.close(H.flat(raw), H.flat(em.tensor(want, F64)), 1e-12, 'the captured values')
+    H.close(H.flat(w.grad), H.flat(em.tensor(want, F64)), 1e-12,
+      ('%d-D input: the values'):format(#x.shape))
+    em.nn.F.linear(x, w):backward(g)
+    H.check(w.grad:is_contiguous(), 'accumulated: still contiguous')
+    H.close(H.flat(w.grad), H.flat(em.tensor(want, F64) * 2), 1e-12, 'accumulated: twice')
+  end
+end)
+
 H.done()
