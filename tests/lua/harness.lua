@@ -72,6 +72,23 @@ function H.tsan()
   return (pcall(function() return ffi.C.__tsan_init end))
 end
 
+-- A file's bytes, or nil when it cannot be read.
+function H.read(path)
+  local f = io.open(path, 'rb')
+  if not f then return nil end
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+-- A fresh folder under the system's temporary one.
+function H.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute('mkdir -p ' .. d)
+  return d
+end
+
 -- true where there are two cuda devices; else one skip saying so (the CUDA tests on
 -- a one-GPU machine, tests/bench/gpu_run.sh).
 function H.two_devices()

@@ -25,13 +25,7 @@ local function sh(cmd)
   return out
 end
 
-local function read(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local read = H.read
 
 local function set_of(text)
   local s = {}

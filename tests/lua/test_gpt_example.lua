@@ -13,7 +13,6 @@ local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
 local H = dofile(dir .. 'harness.lua')
 local em = require 'ember'
 local ember = arg[-1] or 'ember'
-local example = dir .. '../../examples/gpt.lua'
 local GPT = dofile(dir .. '../../examples/gpt_model.lua')
 
 local F64 = { dtype = 'float64' }
@@ -157,29 +156,8 @@ H.test('gradcheck of the whole model (float64, every parameter)', function()
 end)
 
 -- -- The example --------------------------------------------------------------------------------
-local function run(prefix, args, env)
-  local cmd = ('%s %s %s %s %s 2>&1; echo "exit=$?"'):format(env or '', ember, prefix, example, args)
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  return out, tonumber(out:match('exit=(%d+)%s*$'))
-end
-local function losses(out)
-  local l = {}
-  for v in out:gmatch('step %d+/%d+%s+loss (%d+%.%d+)') do l[#l + 1] = tonumber(v) end
-  return l
-end
-
--- a small text: 3 kB of the GPL
-local small = os.tmpname()
-do
-  local f = assert(io.open('/usr/share/common-licenses/GPL-3', 'rb'))
-  local s = f:read(3000)
-  f:close()
-  f = assert(io.open(small, 'wb'))
-  f:write(s)
-  f:close()
-end
+local G = dofile(dir .. 'gpt_run.lua')(dir, ember)
+local run, losses, small = G.run, G.losses, G.small
 local quick = ('--file %s --layers 2 --dim 32 --heads 4 --context 32 --lr 3e-3 '):format(small)
 
 H.test('30 steps: the loss falls by a real margin, and it samples', function()
@@ -254,5 +232,5 @@ H.test('bad options are clear errors', function()
   fails('--shard everything', '--shard must be')
 end)
 
-os.remove(small)
+G.cleanup()
 H.done()

@@ -12,31 +12,8 @@ local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local H = dofile(dir .. 'harness.lua')
 local ember = arg[-1] or 'ember'
-local example = dir .. '../../examples/gpt.lua'
-
-local function run(prefix, args)
-  local cmd = ('%s %s %s %s 2>&1; echo "exit=$?"'):format(ember, prefix, example, args)
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  return out, tonumber(out:match('exit=(%d+)%s*$'))
-end
-local function losses(out)
-  local l = {}
-  for v in out:gmatch('step %d+/%d+%s+loss (%d+%.%d+)') do l[#l + 1] = tonumber(v) end
-  return l
-end
-
--- 3 kB of the GPL: 63 distinct bytes
-local small = os.tmpname()
-do
-  local f = assert(io.open('/usr/share/common-licenses/GPL-3', 'rb'))
-  local s = f:read(3000)
-  f:close()
-  f = assert(io.open(small, 'wb'))
-  f:write(s)
-  f:close()
-end
+local G = dofile(dir .. 'gpt_run.lua')(dir, ember)
+local run, losses, small = G.run, G.losses, G.small
 
 -- 8 blocks of dim 96: 907,839 parameters, 13.9 MiB of training state, 2.8 x
 -- the 5 MiB cap (the weights alone are 3.5 MiB)
@@ -132,5 +109,5 @@ H.test('--plan: clear errors', function()
   H.check(rc ~= 0 and out:find('--plan chooses the sharding', 1, true), out)
 end)
 
-os.remove(small)
+G.cleanup()
 H.done()

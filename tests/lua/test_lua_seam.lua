@@ -16,13 +16,7 @@ local H = dofile(dir .. 'harness.lua')
 local em = require 'ember'
 local core = require 'ember.ffi'
 
-local function read(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local read = H.read
 
 local function sh(cmd)
   local p = io.popen(cmd)

@@ -30,17 +30,9 @@ if ember:find('/') and not ember:match('^/') then   -- the CLI test runs elsewhe
   local p = io.popen('pwd'); ember = p:read('*l') .. '/' .. ember; p:close()
 end
 
-local tmp = os.tmpname()
-os.remove(tmp)
-os.execute('mkdir -p ' .. tmp)
+local tmp = H.tmpdir()
 
-local function read(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local read = H.read
 
 local function sum_breakdown(b)
   local s = 0

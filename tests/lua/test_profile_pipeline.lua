@@ -25,17 +25,8 @@ if ember:find('/') and not ember:match('^/') then
 end
 local L = dofile(dir .. 'dist/launch.lua')(dir, ember)
 
-local tmp = os.tmpname()
-os.remove(tmp)
-os.execute('mkdir -p ' .. tmp)
-
-local function read(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local tmp = H.tmpdir()
+local read = H.read
 
 local function spin(seconds)
   local t0 = em.clock()
