@@ -99,6 +99,19 @@ end
 local C = require('ember.capi')(lib, again)
 core.C = C
 
+-- The CPU cores online (sysconf), at least 1: what the state's threads, the
+-- planner's shared-core slowdown and the profiler's input advice divide.
+local cpu_count
+function core.cpu_count()
+  if not cpu_count then
+    pcall(ffi.cdef, 'long sysconf(int name);')
+    -- (84: _SC_NPROCESSORS_ONLN on Linux)
+    local ok, n = pcall(function() return tonumber(ffi.C.sysconf(84)) end)
+    cpu_count = ok and n and n > 0 and n or 1
+  end
+  return cpu_count
+end
+
 -- -- The state ----------------------------------------------------------------------------
 local cfg = ffi.new('em_config')
 C.em_config_init(cfg)
@@ -112,10 +125,7 @@ if cfg.num_threads == 0 and replica == nil then
   local here = tonumber(os.getenv('OMPI_COMM_WORLD_LOCAL_SIZE') or os.getenv('MPI_LOCALNRANKS') or
     os.getenv('PMIX_LOCAL_SIZE') or '')
   if here and here > 1 then
-    local f = io.open('/proc/cpuinfo')
-    local cores = 0
-    if f then for line in f:lines() do if line:match('^processor') then cores = cores + 1 end end f:close() end
-    if cores > 0 then cfg.num_threads = math.max(1, math.floor(cores / here)) end
+    cfg.num_threads = math.max(1, math.floor(core.cpu_count() / here))
   end
 end
 -- A ds:map worker's Lua state (lua/host/luamap.c sets EMBER_WORKER): the loader's

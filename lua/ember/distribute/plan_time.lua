@@ -21,7 +21,6 @@ replica must plan: it is a collective), as bus bytes 2(N-1)/N x
 size per second. Without one, DEFAULT_BANDWIDTH, an assumed figure for a
 host's shared memory.
 ]]
-local ffi = require 'ffi'
 local em = require 'ember'
 
 local M = {}
@@ -164,19 +163,8 @@ function M.latency(s)
   return s:allreduce(em.tensor({ best }, { dtype = 'float64', device = s.device }), 'max'):item()
 end
 
--- The CPU cores this process may run on (sysconf), or nil.
-local cores
-function M.cores()
-  if cores == nil then
-    if not pcall(function() return ffi.C.sysconf end) then
-      pcall(ffi.cdef, 'long sysconf(int name);')
-    end
-    -- (84: _SC_NPROCESSORS_ONLN on Linux)
-    local ok, n = pcall(function() return tonumber(ffi.C.sysconf(84)) end)
-    cores = ok and n and n > 0 and n or false
-  end
-  return cores or nil
-end
+-- The CPU cores online.
+function M.cores() return require('ember.ffi').cpu_count() end
 
 -- How much slower a replica computes when all N run at once than the one
 -- timed alone: on CPU replicas of one host the N x threads share the cores

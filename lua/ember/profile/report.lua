@@ -124,12 +124,7 @@ local function diagnose_comm(s, world, cal)
            expected_s = expected, measured_s = s.coll_transfer_s, share = exposed / s.step_s }
 end
 
-local function cores()
-  local f = io.popen('nproc 2>/dev/null')
-  local n = f and tonumber(f:read('*l') or '') or nil
-  if f then f:close() end
-  return n or 1
-end
+local function cores() return require('ember.ffi').cpu_count() end
 
 local function diagnose_input(s)
   if s.breakdown.input < M.INPUT_SHARE then return nil end
