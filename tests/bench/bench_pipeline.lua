@@ -10,7 +10,8 @@ PyTorch 2's torch.distributed.pipelining on the CPU:
            thread (bench_pipeline.py)
 
 for P = 2 and 4 stages (one replica each), M = 4 and 8 micro-batches, schedules
-'gpipe' and '1f1b'. Model: 8 blocks of Linear(1024, 1024) + ReLU (16 children,
+'gpipe', '1f1b' and 'interleaved' (virtual = 2 pieces per replica; PyTorch's
+ScheduleInterleaved1F1B with two PipelineStages per process). Model: 8 blocks of Linear(1024, 1024) + ReLU (16 children,
 cut into P stages of 16/P children, the same cut on both sides), float32, MSE
 loss against a random target, SGD lr 1e-3, batch 64 rows per step, synthetic
 data, `steps` timed steps after 3.
@@ -19,10 +20,10 @@ Per configuration: samples/s (64 * steps / the slowest replica's seconds) and
 the measured bubble: pp:stats().bubble (the share of pp:step a stage sat idle)
 averaged over the timed steps and the replicas; PyTorch's is the share of
 schedule.step() spent in the schedule's waits on point-to-point work. Beside
-them, the formula (p-1)/(m+p-1).
+them, the formula (p-1)/(m+p-1) ((p-1)/(2m+p-1) interleaved).
 
   ember tests/bench/bench_pipeline.lua [--steps N] [--world 2,4] [--chunks 4,8]
-        [--schedules gpipe,1f1b]
+        [--schedules gpipe,1f1b,interleaved]
 
 (steps default 20, or EMBER_BENCH_PIPE_STEPS.) RESULT lines, the same names as
 the twin's, so that run.sh's ratio is ember/PyTorch for samples/s:
@@ -36,7 +37,7 @@ local D = dofile(dir .. 'dist_common.lua')
 local em = D.B.em
 local nn, F = em.nn, em.nn.F
 
-local BATCH, WIDTH, BLOCKS, WARM = 64, 1024, 8, 3
+local BATCH, WIDTH, BLOCKS, WARM, VIRTUAL = 64, 1024, 8, 3, 2
 local STEPS = tonumber(os.getenv('EMBER_BENCH_PIPE_STEPS') or '') or 20
 
 -- -- The worker: one replica, one stage ----------------------------------------------------
@@ -51,10 +52,12 @@ local function train(o)
     layers[#layers + 1] = nn.ReLU()
   end
   local model = nn.Sequential(unpack(layers))
+  -- 'interleaved': V = 2 pieces per replica, each half a stage
+  local V = schedule == 'interleaved' and VIRTUAL or nil
   local balance = {}
-  for i = 1, P do balance[i] = #layers / P end
+  for i = 1, P * (V or 1) do balance[i] = #layers / (P * (V or 1)) end
   local pp = em.distribute.pipeline(model, { stages = P, chunks = M, schedule = schedule,
-                                              balance = balance })
+                                              virtual = V, balance = balance })
   local opt = em.optim.SGD(pp:parameters(), { lr = 1e-3 })
   em.manual_seed(1)
   local x, y = em.randn(BATCH, WIDTH), em.randn(BATCH, WIDTH)
@@ -91,9 +94,10 @@ local function split(str)
 end
 
 local function options()
-  local o = { steps = STEPS, world = '2,4', chunks = '4,8', schedules = 'gpipe,1f1b' }
+  local o = { steps = STEPS, world = '2,4', chunks = '4,8',
+              schedules = 'gpipe,1f1b,interleaved' }
   local usage = ('usage: ember %s [--steps N] [--world 2,4] [--chunks 4,8] ' ..
-    '[--schedules gpipe,1f1b]'):format(arg and arg[0] or 'bench_pipeline.lua')
+    '[--schedules gpipe,1f1b,interleaved]'):format(arg and arg[0] or 'bench_pipeline.lua')
   local i = 1
   while arg and arg[i] do
     local k, v = arg[i]:match('^%-%-(%a+)$'), arg[i + 1]
@@ -129,7 +133,8 @@ print(('%-6s %2s %2s %10s %10s %6s %8s %8s %8s'):format('sched', 'P', 'M', 'samp
 for _, c in ipairs(runs) do
   local r = c.r
   local ts, tb = pr and pr[c.name], pr and pr[c.name .. '_bubble']
-  local formula = (c.P - 1) / (c.M + c.P - 1)
+  local v = c.sched == 'interleaved' and VIRTUAL or 1
+  local formula = (c.P - 1) / (v * c.M + c.P - 1)
   if r then
     print(('%-6s %2d %2d %10.1f %10s %6s %8.3f %8s %8.3f'):format(c.sched, c.P, c.M,
       r.samples_s, D.fmt(ts, '%.1f'), D.fmt(ts and r.samples_s / ts, '%.2f'), r.bubble,
@@ -143,7 +148,8 @@ if not pr then print(('PyTorch: n/a (%s)'):format(peer_why)) end
 for _, c in ipairs(runs) do
   local r = c.r
   if r then
-    local formula = (c.P - 1) / (c.M + c.P - 1)
+    local v = c.sched == 'interleaved' and VIRTUAL or 1
+  local formula = (c.P - 1) / (v * c.M + c.P - 1)
     D.B.result(c.name, r.samples_s, 'samples/s', 'higher', 'ratio >= 1')
     D.B.result(c.name .. '_bubble', r.bubble, 'share', 'lower',
                ('<= %.3f'):format(formula + 0.05))

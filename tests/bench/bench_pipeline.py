@@ -1,7 +1,9 @@
 """bench_pipeline.py -- PyTorch side of bench_pipeline.lua: pipeline parallelism on
 the CPU with PyTorch 2's torch.distributed.pipelining, P gloo processes x
 torch.set_num_threads(1) (P = 2 and 4), one stage per process (PipelineStage),
-schedules ScheduleGPipe and Schedule1F1B with M = 4 and 8 micro-batches.
+schedules ScheduleGPipe and Schedule1F1B with M = 4 and 8 micro-batches, and
+ScheduleInterleaved1F1B with two stages per process (pieces rank and rank + P of
+2P, as ember's virtual = 2 holds them).
 
 Model: 8 blocks of Linear(1024, 1024) + ReLU (8.4 M parameters), cut into P stages
 of 8/P blocks each, as ember's side cuts it (balance = the same child counts);
@@ -31,30 +33,38 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dist_common import dist, result, spawn, torch  # noqa: E402
 
 nn, F = torch.nn, torch.nn.functional
-BATCH, WIDTH, BLOCKS, WARM = 64, 1024, 8, 3
+BATCH, WIDTH, BLOCKS, WARM, VIRTUAL = 64, 1024, 8, 3, 2
 
 
-def stage_module(rank, world):
-    """Blocks [rank*8/P, (rank+1)*8/P) of the model, made whole on every rank with one
-    seed so that each stage holds the same weights as in one model."""
+def stage_module(index, pieces):
+    """Piece `index` of `pieces` equal pieces of the model, made whole on every rank
+    with one seed so that each stage holds the same weights as in one model."""
     torch.manual_seed(0)
     layers = []
     for _ in range(BLOCKS):
         layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
-    per = len(layers) // world
-    return nn.Sequential(*layers[rank * per:(rank + 1) * per])
+    per = len(layers) // pieces
+    return nn.Sequential(*layers[index * per:(index + 1) * per])
 
 
 def worker(rank, schedule, chunks, steps):
     warnings.filterwarnings('ignore')
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
     from torch.distributed.pipelining import schedules as sched_mod
     world = dist.get_world_size()
-    mod = stage_module(rank, world)
-    stage = PipelineStage(mod, rank, world, torch.device('cpu'))   # shapes inferred
-    cls = ScheduleGPipe if schedule == 'gpipe' else Schedule1F1B
-    sched = cls(stage, chunks, loss_fn=F.mse_loss)
-    opt = torch.optim.SGD(mod.parameters(), lr=1e-3)
+    cpu = torch.device('cpu')
+    if schedule == 'interleaved':       # pieces rank, rank + P, ... of P x VIRTUAL
+        pieces = world * VIRTUAL
+        mods = [stage_module(rank + v * world, pieces) for v in range(VIRTUAL)]
+        stages = [PipelineStage(m, rank + v * world, pieces, cpu) for v, m in enumerate(mods)]
+        sched = ScheduleInterleaved1F1B(stages, chunks, loss_fn=F.mse_loss)
+    else:
+        mods = [stage_module(rank, world)]
+        stage = PipelineStage(mods[0], rank, world, cpu)   # shapes inferred
+        cls = ScheduleGPipe if schedule == 'gpipe' else Schedule1F1B
+        sched = cls(stage, chunks, loss_fn=F.mse_loss)
+    opt = torch.optim.SGD([p for m in mods for p in m.parameters()], lr=1e-3)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
 
@@ -102,7 +112,7 @@ def main():
                     default=int(os.environ.get('EMBER_BENCH_PIPE_STEPS', '20')))
     ap.add_argument('--world', default='2,4')
     ap.add_argument('--chunks', default='4,8')
-    ap.add_argument('--schedules', default='gpipe,1f1b')
+    ap.add_argument('--schedules', default='gpipe,1f1b,interleaved')
     a = ap.parse_args()
     print('PyTorch %s, torch.distributed.pipelining, gloo, P processes x 1 thread, batch %d, '
           '%d steps after %d' % (torch.__version__, BATCH, a.steps, WARM))
@@ -116,7 +126,8 @@ def main():
                 except Exception as e:      # a peer that cannot run: say why, go on
                     print('SKIP %s: n/a (%s)' % (name, str(e).strip().splitlines()[-1][:160]))
                     continue
-                formula = (world - 1) / (chunks + world - 1)
+                v = VIRTUAL if schedule == 'interleaved' else 1
+                formula = (world - 1) / (v * chunks + world - 1)
                 print('%-6s %2d %2d %10.1f %8.3f %8.3f' % (schedule, world, chunks,
                                                           r['samples_s'], r['bubble'], formula))
                 result(name, r['samples_s'], 'samples/s')

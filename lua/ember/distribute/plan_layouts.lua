@@ -54,8 +54,9 @@ loader's tensors, Lua's collector running late).
 local M = {}
 
 M.SAFETY = 0.05
-M.SHARD_BUCKET = 4 * 2 ^ 20     -- shard.lua's unit size for 'optimizer' and 'gradients'
-M.MAX_IN_FLIGHT = 2             -- shard.lua: units reduced at once
+local shard_layout = require 'ember.distribute.shard_layout'
+M.SHARD_BUCKET = shard_layout.BUCKET_MB * 2 ^ 20   -- 'optimizer' and 'gradients' units
+M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 M.SHARDS = { 'none', 'optimizer', 'gradients', 'parameters' }
 
 -- -- Enumerating -------------------------------------------------------------------------------

@@ -72,9 +72,6 @@ local Sharded = {}
 M.Sharded = Sharded
 
 local MB = 1024 * 1024
--- Smaller than the unsharded wrap's 25: a unit's flat gradient is whole until
--- its reduce-scatter, so the bucket bounds what 'gradients' adds to the peak.
-local SHARD_BUCKET_MB = 4
 
 -- -- Helpers ---------------------------------------------------------------------------------
 local slice, nbytes, check = gather.slice, gather.nbytes, gather.check
@@ -235,7 +232,7 @@ function M.wrap(s, model, o)
   else
     local sizes, keys = {}, {}
     for i, p in ipairs(P) do sizes[i] = nbytes(p); keys[i] = p.dtype .. '@' .. p.device end
-    local mb = o.bucket_mb or SHARD_BUCKET_MB
+    local mb = o.bucket_mb or layout.BUCKET_MB
     for _, idx in ipairs(layout.buckets(sizes, keys, math.min(1, mb) * MB, mb * MB)) do
       groups[#groups + 1] = { idx = idx }
     end

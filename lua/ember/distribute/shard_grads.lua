@@ -106,7 +106,7 @@ end
 -- number at the same point: a unit is never applied early because the comm
 -- thread happened to be quick (w:done()), which made the step's peak memory
 -- depend on thread timing.
-local MAX_IN_FLIGHT = 2
+local MAX_IN_FLIGHT = require('ember.distribute.shard_layout').MAX_IN_FLIGHT
 drain = function(dm, block)
   local units = dm._units
   while dm._applied < dm._next - 1 do

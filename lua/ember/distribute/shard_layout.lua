@@ -16,8 +16,19 @@ flat vector -- every parameter at its own offset.
   local u = layout.unit({n1, n2, ...}, N, r)
   u.L, u.seg, u.off[i], u.lo[i], u.hi[i], u.at[i]      (0-based element counts)
   layout.buckets(sizes_bytes, first_bytes, bytes, dtypes) -> lists of indices
+
+The sizes the sharded model works with live here too, so that the planner's
+arithmetic (plan_layouts.lua) reads the same figures.
 ]]
 local M = {}
+
+-- 'optimizer' and 'gradients' units, in MB: smaller than the unsharded wrap's 25,
+-- as a unit's flat gradient is whole until its reduce-scatter, so the bucket
+-- bounds what 'gradients' adds to the peak.
+M.BUCKET_MB = 4
+-- Units whose gradients are being reduced at once (shard_grads.lua): a backward
+-- holds this many flat gradient buffers, plus the one filling, whatever the depth.
+M.MAX_IN_FLIGHT = 2
 
 function M.unit(numels, world, rank)
   local off, total = {}, 0
