@@ -128,7 +128,7 @@ local pr, peer_why = D.peer(dir .. 'bench_pipeline.py', { '--steps', o.steps, '-
 print(('pipeline parallelism, 8 x Linear(%d, %d) + ReLU, batch %d, %d steps after %d, ' ..
   'one stage per replica x 1 thread; bubble: the share of the step a stage sat idle')
   :format(WIDTH, WIDTH, BATCH, o.steps, WARM))
-print(('%-6s %2s %2s %10s %10s %6s %8s %8s %8s'):format('sched', 'P', 'M', 'samples/s',
+print(('%-11s %2s %2s %10s %10s %6s %8s %8s %8s'):format('sched', 'P', 'M', 'samples/s',
   'PyTorch', 'ratio', 'bubble', 'PyTorch', 'formula'))
 for _, c in ipairs(runs) do
   local r = c.r
@@ -136,11 +136,11 @@ for _, c in ipairs(runs) do
   local v = c.sched == 'interleaved' and VIRTUAL or 1
   local formula = (c.P - 1) / (v * c.M + c.P - 1)
   if r then
-    print(('%-6s %2d %2d %10.1f %10s %6s %8.3f %8s %8.3f'):format(c.sched, c.P, c.M,
+    print(('%-11s %2d %2d %10.1f %10s %6s %8.3f %8s %8.3f'):format(c.sched, c.P, c.M,
       r.samples_s, D.fmt(ts, '%.1f'), D.fmt(ts and r.samples_s / ts, '%.2f'), r.bubble,
       D.fmt(tb, '%.3f'), formula))
   else
-    print(('%-6s %2d %2d n/a (%s)'):format(c.sched, c.P, c.M, why[c.name]))
+    print(('%-11s %2d %2d n/a (%s)'):format(c.sched, c.P, c.M, why[c.name]))
   end
 end
 if not pr then print(('PyTorch: n/a (%s)'):format(peer_why)) end

@@ -116,7 +116,7 @@ def main():
     a = ap.parse_args()
     print('PyTorch %s, torch.distributed.pipelining, gloo, P processes x 1 thread, batch %d, '
           '%d steps after %d' % (torch.__version__, BATCH, a.steps, WARM))
-    print('%-6s %2s %2s %10s %8s %8s' % ('sched', 'P', 'M', 'samples/s', 'bubble', 'formula'))
+    print('%-11s %2s %2s %10s %8s %8s' % ('sched', 'P', 'M', 'samples/s', 'bubble', 'formula'))
     for world in [int(w) for w in a.world.split(',')]:
         for schedule in a.schedules.split(','):
             for chunks in [int(m) for m in a.chunks.split(',')]:
@@ -128,8 +128,8 @@ def main():
                     continue
                 v = VIRTUAL if schedule == 'interleaved' else 1
                 formula = (world - 1) / (v * chunks + world - 1)
-                print('%-6s %2d %2d %10.1f %8.3f %8.3f' % (schedule, world, chunks,
-                                                          r['samples_s'], r['bubble'], formula))
+                print('%-11s %2d %2d %10.1f %8.3f %8.3f' % (schedule, world, chunks,
+                                                           r['samples_s'], r['bubble'], formula))
                 result(name, r['samples_s'], 'samples/s')
                 result(name + '_bubble', r['bubble'], 'share')
 
