@@ -10,6 +10,7 @@
 ** and for double, so that both get the same tight code.
 */
 #include "nn.h"
+#include "lowp.h"
 #include <cblas.h>
 
 typedef struct conv_job {
@@ -77,6 +78,7 @@ static bool shares_use_blas(em_dtype dt, int64_t shares) {
 
 em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
                          const em_tensor *x, const em_tensor *w, const em_tensor *b) {
+  if (emi_lowp(x->dtype)) return emi_cpu_conv2d_lowp(dev, g, y, x, w, b);
   em_state *S = dev->S;
   em_dtype dt = x->dtype;
   size_t es = em_dtype_size(dt);
@@ -105,6 +107,7 @@ em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
 em_status emi_cpu_conv2d_backward(emi_device *dev, const emi_conv_geom *g, em_tensor *gx,
                                   em_tensor *gw, em_tensor *gb, const em_tensor *gy,
                                   const em_tensor *x, const em_tensor *w) {
+  if (emi_lowp(x->dtype)) return emi_cpu_conv2d_backward_lowp(dev, g, gx, gw, gb, gy, x, w);
   em_state *S = dev->S;
   em_dtype dt = x->dtype;
   size_t es = em_dtype_size(dt);

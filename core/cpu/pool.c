@@ -4,7 +4,7 @@
 ** once, in pool_impl.h, which this file includes for float and for double.
 ** Backward of max pool scatters into its own plane only, so planes never race.
 */
-#include "cpu.h"
+#include "lowp.h"
 #include <math.h>
 
 typedef struct pool_job {
@@ -43,6 +43,7 @@ static int64_t ada_end(int64_t o, int64_t in, int64_t out) {
 
 em_status emi_cpu_max_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
                              em_tensor *ind, const em_tensor *x, int index_base) {
+  if (emi_lowp(x->dtype)) return emi_cpu_max_pool2d_lowp(dev, g, y, ind, x, index_base);
   pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y),
                 .ind = em_tensor_data(ind), .base = index_base};
   POOL_RUN(maxp_fwd, dev->S, x->dtype, g, &j);
@@ -52,6 +53,7 @@ em_status emi_cpu_max_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor 
 em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
                                       const em_tensor *gy, const em_tensor *ind,
                                       int index_base) {
+  if (emi_lowp(gx->dtype)) return emi_cpu_max_pool2d_backward_lowp(dev, g, gx, gy, ind, index_base);
   const int64_t *pi = em_tensor_data(ind);
   int64_t HW = g->H * g->W;
   for (int64_t i = 0; i < ind->numel; i++)   /* all checked before gx is written */
@@ -67,6 +69,7 @@ em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, e
 
 em_status emi_cpu_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
                              const em_tensor *x, int count_include_pad) {
+  if (emi_lowp(x->dtype)) return emi_cpu_avg_pool2d_lowp(dev, g, y, x, count_include_pad);
   pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y),
                 .include_pad = count_include_pad};
   POOL_RUN(avgp_fwd, dev->S, x->dtype, g, &j);
@@ -75,6 +78,8 @@ em_status emi_cpu_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor 
 
 em_status emi_cpu_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
                                       const em_tensor *gy, int count_include_pad) {
+  if (emi_lowp(gx->dtype))
+    return emi_cpu_avg_pool2d_backward_lowp(dev, g, gx, gy, count_include_pad);
   pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx),
                 .include_pad = count_include_pad};
   POOL_RUN(avgp_bwd, dev->S, gx->dtype, g, &j);
@@ -83,6 +88,7 @@ em_status emi_cpu_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g, e
 
 em_status emi_cpu_adaptive_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
                                       const em_tensor *x) {
+  if (emi_lowp(x->dtype)) return emi_cpu_adaptive_avg_pool2d_lowp(dev, g, y, x);
   pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y)};
   POOL_RUN(adap_fwd, dev->S, x->dtype, g, &j);
   return EM_OK;
@@ -90,6 +96,7 @@ em_status emi_cpu_adaptive_avg_pool2d(emi_device *dev, const emi_pool_geom *g, e
 
 em_status emi_cpu_adaptive_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g,
                                                em_tensor *gx, const em_tensor *gy) {
+  if (emi_lowp(gx->dtype)) return emi_cpu_adaptive_avg_pool2d_backward_lowp(dev, g, gx, gy);
   pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx)};
   POOL_RUN(adap_bwd, dev->S, gx->dtype, g, &j);
   return EM_OK;

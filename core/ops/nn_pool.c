@@ -7,7 +7,7 @@
 #include "../autograd/grad_nn.h"
 
 static em_status pool_input(em_state *S, const char *op, const em_tensor *input) {
-  em_status st = nn_check_float(S, op, "input", input, NULL);
+  em_status st = nn_check_floating(S, op, "input", input, NULL);
   if (st) return st;
   if (input->ndim != 3 && input->ndim != 4)
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have 3 or 4 dims ((N,)C,H,W)", op,
@@ -72,7 +72,7 @@ static void out_shape(const em_tensor *input, const emi_pool_geom *g, int64_t *s
 /* grad_out must have the output's shape. */
 static em_status check_grad(em_state *S, const char *op, const em_tensor *grad_out,
                             const em_tensor *input, const emi_pool_geom *g) {
-  em_status st = nn_check_float(S, op, "grad_out", grad_out, input);
+  em_status st = nn_check_floating(S, op, "grad_out", grad_out, input);
   if (st) return st;
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, g, shape);
@@ -121,7 +121,7 @@ em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
   const char *op = "max_pool2d_backward";
   em_status st = pool_input(S, op, input);
   if (st) return st;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, input))) return st;
+  if ((st = nn_check_floating(S, op, "grad_out", grad_out, input))) return st;
   if ((st = emi_check_tensor(S, op, indices))) return st;
   if (indices->dtype != EM_INT64)
     return emi_error(S, EM_ERR_DTYPE, "%s: indices have dtype %s; int64 expected", op,
@@ -234,7 +234,7 @@ em_status em_adaptive_avg_pool2d_backward(em_state *S, const em_tensor *grad_out
   const char *op = "adaptive_avg_pool2d_backward";
   em_status st = pool_input(S, op, input);
   if (st) return st;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, input))) return st;
+  if ((st = nn_check_floating(S, op, "grad_out", grad_out, input))) return st;
   int nd = input->ndim;
   if (grad_out->ndim != nd || memcmp(grad_out->sizes, input->sizes, sizeof(int64_t) * (nd - 2)) ||
       grad_out->sizes[nd - 2] < 1 || grad_out->sizes[nd - 1] < 1)

@@ -32,6 +32,20 @@ static inline em_status nn_check_float(em_state *S, const char *op, const char *
   return nn_check_device(S, op, what, t, ref);
 }
 
+/* As nn_check_float, also accepting float16 and bfloat16: conv and pooling take
+** them (the CPU widens to float32 inside; GPUs compute in float32 too). */
+static inline em_status nn_check_floating(em_state *S, const char *op, const char *what,
+                                          const em_tensor *t, const em_tensor *ref) {
+  em_status st = emi_check_tensor(S, op, t);
+  if (st) return st;
+  if (t->dtype != EM_FLOAT16 && t->dtype != EM_BFLOAT16)
+    return nn_check_float(S, op, what, t, ref);
+  if (ref && t->dtype != ref->dtype)
+    return emi_error(S, EM_ERR_DTYPE, "%s: %s has dtype %s but input is %s", op, what,
+                     em_dtype_name(t->dtype), em_dtype_name(ref->dtype));
+  return nn_check_device(S, op, what, t, ref);
+}
+
 /* t is an int32/int64 tensor on ref's device. */
 static inline em_status nn_check_index(em_state *S, const char *op, const char *what,
                                        const em_tensor *t, const em_tensor *ref) {
