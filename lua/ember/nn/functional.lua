@@ -181,4 +181,4 @@ function F.embedding(idx, w)
 end
 
 F.is_tensor = is_tensor
-return F
+return require('ember.amp_policy').wrap_functional(F)   -- autocast's op lists
