@@ -49,9 +49,11 @@ static const char *dir_name(int dir) {
 }
 
 static em_status check_desc(emu *E, const emk_conv_desc *c) {
-  if (c->dtype != EM_FLOAT32 && c->dtype != EM_FLOAT64)
-    return emi_emu_fail(E, EM_ERR_DTYPE, "conv: dtype %s (float32 or float64 only)",
-                        em_dtype_name(c->dtype));
+  /* half types as cuDNN takes them: the CPU kernel run below accumulates in float32 */
+  if (c->dtype != EM_FLOAT32 && c->dtype != EM_FLOAT64 && c->dtype != EM_FLOAT16 &&
+      c->dtype != EM_BFLOAT16)
+    return emi_emu_fail(E, EM_ERR_DTYPE, "conv: dtype %s (float32, float64, float16 or "
+                        "bfloat16 only)", em_dtype_name(c->dtype));
   if (c->dir < EMK_CONV_FWD || c->dir > EMK_CONV_BWD_FILTER)
     return emi_emu_fail(E, EM_ERR_ARG, "conv: direction %d", c->dir);
   if (c->N < 1 || c->C < 1 || c->O < 1 || c->G < 1 || c->C % c->G || c->O % c->G ||

@@ -86,13 +86,20 @@ static int fits_int(const emk_conv_desc *c) {
 static em_status describe(const emk_cudnn_fns *f, const emk_conv_desc *c, conv_objs *o,
                           char *err, size_t errlen) {
   memset(o, 0, sizeof *o);
-  if (c->dtype != EM_FLOAT32 && c->dtype != EM_FLOAT64)
-    return emk_errf(err, errlen, EM_ERR_DTYPE, "cuDNN convolution: dtype %s (float32 or "
-                    "float64 only)", em_dtype_name(c->dtype));
+  if (c->dtype != EM_FLOAT32 && c->dtype != EM_FLOAT64 && c->dtype != EM_FLOAT16 &&
+      c->dtype != EM_BFLOAT16)
+    return emk_errf(err, errlen, EM_ERR_DTYPE, "cuDNN convolution: dtype %s (float32, "
+                    "float64, float16 or bfloat16 only)", em_dtype_name(c->dtype));
   if (!fits_int(c))
     return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "cuDNN convolution: a size beyond "
                     "cuDNN's int range");
-  cudnnDataType_t dt = c->dtype == EM_FLOAT64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  /* half types are stored as such and accumulated in float (the convolution
+  ** descriptor's compute type), as mixed precision wants */
+  cudnnDataType_t dt = c->dtype == EM_FLOAT64   ? CUDNN_DATA_DOUBLE
+                       : c->dtype == EM_FLOAT16  ? CUDNN_DATA_HALF
+                       : c->dtype == EM_BFLOAT16 ? CUDNN_DATA_BFLOAT16
+                                                 : CUDNN_DATA_FLOAT;
+  cudnnDataType_t compute = c->dtype == EM_FLOAT64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
   cudnnStatus_t s;
   const char *call = "cudnnCreateTensorDescriptor";
   if ((s = f->cudnnCreateTensorDescriptor(&o->x)) || (s = f->cudnnCreateTensorDescriptor(&o->y)) ||
@@ -120,7 +127,7 @@ static em_status describe(const emk_cudnn_fns *f, const emk_conv_desc *c, conv_o
   call = "cudnnSetConvolution2dDescriptor";
   if ((s = f->cudnnSetConvolution2dDescriptor(o->conv, (int)c->pH, (int)c->pW, (int)c->sH,
                                               (int)c->sW, (int)c->dH, (int)c->dW,
-                                              CUDNN_CROSS_CORRELATION, dt)))
+                                              CUDNN_CROSS_CORRELATION, compute)))
     goto bad;
   if (c->G > 1) {
     call = "cudnnSetConvolutionGroupCount";
