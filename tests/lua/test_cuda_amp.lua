@@ -1,0 +1,19 @@
+--[[
+test_cuda_amp.lua -- em.amp on the CUDA backend, on the emulated runtime
+(EMBER_CUDA_EMULATE=1:256; the test runs itself again with it otherwise): the
+autocast dtype table of every listed op (cuBLASLt and cuDNN in float16/bfloat16
+with float32 accumulation), float32 parameter gradients against float32 training,
+and the scaler's inf-skip trace with the check on the device.
+]]
+local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
+            ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
+dofile(dir .. 'cuda_emulated.lua')('1:256')
+local H = dofile(dir .. 'harness.lua')
+local em = require 'ember'
+
+if not em.cuda.is_available() then
+  H.skip('no CUDA device, emulated or real')
+  H.done()
+end
+dofile(dir .. 'amp_cases.lua').run(H, em, 'cuda')
+H.done()
