@@ -16,6 +16,21 @@ em_status emk_conv2d(emi_device *d, const emi_conv_geom *g, em_tensor *y, const 
 em_status emk_conv2d_backward(emi_device *d, const emi_conv_geom *g, em_tensor *gx,
                               em_tensor *gw, em_tensor *gb, const em_tensor *gy,
                               const em_tensor *x, const em_tensor *w);
+/* k_dnn_lowp.c: the pooling entries the backend table holds, for every floating
+** dtype (float16/bfloat16 widened to float32 around the entries below). */
+em_status emk_max_pool2d_any(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                             em_tensor *ind, const em_tensor *x, int index_base);
+em_status emk_max_pool2d_backward_any(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                      const em_tensor *gy, const em_tensor *ind,
+                                      int index_base);
+em_status emk_avg_pool2d_any(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                             const em_tensor *x, int count_include_pad);
+em_status emk_avg_pool2d_backward_any(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
+                                      const em_tensor *gy, int count_include_pad);
+em_status emk_adaptive_avg_pool2d_any(emi_device *d, const emi_pool_geom *g, em_tensor *y,
+                                      const em_tensor *x);
+em_status emk_adaptive_avg_pool2d_backward_any(emi_device *d, const emi_pool_geom *g,
+                                               em_tensor *gx, const em_tensor *gy);
 em_status emk_max_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y, em_tensor *ind,
                          const em_tensor *x, int index_base);
 em_status emk_max_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
