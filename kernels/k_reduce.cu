@@ -35,7 +35,8 @@
 ** the same order and gives the same bits run to run.
 **
 ** Loads. A float32 slice that is contiguous (one reduced dim of stride 1) is
-** read with 16-byte float4 loads, two in flight per thread: the first elements
+** read with 16-byte float4 loads, four in flight per thread (a block's row of
+** 4096 floats is then one round trip to memory, not two): the first elements
 ** up to a 16-byte boundary and the last few are read one by one. The folding
 ** order within a thread stays r = t, t + T, ... in vector units, so it depends
 ** on the shape and the slice's alignment only.
@@ -215,12 +216,14 @@ EMK_DEVICE double share_f(const rgeom *g, int64_t io, int64_t r0, int64_t r1, in
     for (int64_t r = r0 + t; r < a0; r += T) FOLD_(row[r]);
     const emk_float4 *v = (const emk_float4 *)(row + a0);
     int64_t n4 = (r1 - a0) >> 2, j = t;
-    for (; j + T < n4; j += 2 * T) {    /* two loads in flight, folded in order */
-      emk_float4 x = v[j], y = v[j + T];
+    for (; j + 3 * T < n4; j += 4 * T) {    /* four loads in flight, folded in order */
+      emk_float4 x = v[j], y = v[j + T], z = v[j + 2 * T], u = v[j + 3 * T];
       FOLD_(x.x); FOLD_(x.y); FOLD_(x.z); FOLD_(x.w);
       FOLD_(y.x); FOLD_(y.y); FOLD_(y.z); FOLD_(y.w);
+      FOLD_(z.x); FOLD_(z.y); FOLD_(z.z); FOLD_(z.w);
+      FOLD_(u.x); FOLD_(u.y); FOLD_(u.z); FOLD_(u.w);
     }
-    if (j < n4) {
+    for (; j < n4; j += T) {
       emk_float4 x = v[j];
       FOLD_(x.x); FOLD_(x.y); FOLD_(x.z); FOLD_(x.w);
     }
@@ -556,7 +559,15 @@ EMK_DEVICE void ms_share(const rgeom *g, int64_t io, int64_t t, int64_t T, int f
     for (int64_t r = t; r < a0; r += T) ms_add(m, s, row[r], fexp);
     const emk_float4 *v = (const emk_float4 *)(row + a0);
     int64_t n4 = (R - a0) >> 2;
-    for (int64_t j = t; j < n4; j += T) {
+    int64_t j = t;
+    for (; j + 3 * T < n4; j += 4 * T) {   /* four loads in flight, added in order */
+      emk_float4 q[4] = {v[j], v[j + T], v[j + 2 * T], v[j + 3 * T]};
+      for (int i = 0; i < 4; i++) {
+        ms_add(m, s, q[i].x, fexp); ms_add(m, s, q[i].y, fexp);
+        ms_add(m, s, q[i].z, fexp); ms_add(m, s, q[i].w, fexp);
+      }
+    }
+    for (; j < n4; j += T) {
       emk_float4 x = v[j];
       ms_add(m, s, x.x, fexp); ms_add(m, s, x.y, fexp);
       ms_add(m, s, x.z, fexp); ms_add(m, s, x.w, fexp);
@@ -626,7 +637,22 @@ EMK_DEVICE void smax_write(const smax_args *a, int64_t io, int64_t oo, int64_t t
     const emk_float4 *v = (const emk_float4 *)(row + a0);
     emk_float4 *w = (emk_float4 *)(orow + a0);
     int64_t n4 = (R - a0) >> 2;
-    for (int64_t j = t; j < n4; j += T) {
+    int64_t j = t;
+    for (; j + 3 * T < n4; j += 4 * T) {   /* four loads in flight */
+      emk_float4 q[4] = {v[j], v[j + T], v[j + 2 * T], v[j + 3 * T]};
+      for (int i = 0; i < 4; i++) {
+        emk_float4 x = q[i], y;
+        if (lg) {
+          y.x = (x.x - mf) - lsf; y.y = (x.y - mf) - lsf;
+          y.z = (x.z - mf) - lsf; y.w = (x.w - mf) - lsf;
+        } else {
+          y.x = expf(x.x - mf) * invf; y.y = expf(x.y - mf) * invf;
+          y.z = expf(x.z - mf) * invf; y.w = expf(x.w - mf) * invf;
+        }
+        w[j + i * T] = y;
+      }
+    }
+    for (; j < n4; j += T) {
       emk_float4 x = v[j], y;
       if (lg) {
         y.x = (x.x - mf) - lsf; y.y = (x.y - mf) - lsf;
