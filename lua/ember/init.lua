@@ -35,6 +35,7 @@ local function load_core()
     for k, v in pairs(require('ember.' .. name)) do em[k] = v end
   end
   require 'ember.shape'
+  require('ember.layout').install(em)
   local autograd = require 'ember.autograd'
 
   for k, f in pairs(Tensor) do
