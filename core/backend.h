@@ -88,12 +88,21 @@ typedef struct emi_conv_geom {
   int64_t O, kH, kW;         /* weight (O, C/G, kH, kW) */
   int64_t OH, OW;            /* output (N, O, OH, OW) */
   int64_t sH, sW, pH, pW, dH, dW, G;
+  int nhwc;                  /* x, w, y (gy, gx, gw) are all channels last, densely:
+                             ** (N, H, W, C), (O, kH, kW, C/G), (N, OH, OW, O) */
 } emi_conv_geom;
 /* 2-d pooling over planes = N*C independent (H, W) -> (OH, OW) planes. Adaptive
 ** pooling sets only planes, H, W, OH, OW (kH, kW: a window-size estimate). */
 typedef struct emi_pool_geom {
   int64_t planes, H, W, OH, OW, kH, kW, sH, sW, pH, pW, dH, dW;
+  int64_t C;                 /* channels, set when nhwc */
+  int nhwc;                  /* x, y, ind (gx, gy) are (N, C, H, W) channels last, densely;
+                             ** indices stay plane positions h*W + w */
 } emi_pool_geom;
+/* Which entries of a backend take channels-last tensors (emi_backend.nhwc bits);
+** for the others the ops layer reorders around the call (counted conversions).
+** Batch norm: x, y, gy, gx channels last together (the entry reads x's strides). */
+enum { EMI_NHWC_CONV = 1, EMI_NHWC_POOL = 2, EMI_NHWC_BN = 4 };
 /* The pointwise losses (pointwise_loss entries). */
 enum { EMI_LOSS_MSE = 0, EMI_LOSS_BCE_LOGITS = 1 };
 
@@ -106,6 +115,7 @@ enum { EMI_LOSS_MSE = 0, EMI_LOSS_BCE_LOGITS = 1 };
 typedef struct emi_backend {
   const char *name;
   int id;                  /* EMI_BACKEND_*: which row of the dispatch counters */
+  unsigned nhwc;           /* EMI_NHWC_* bits: entries that serve channels last */
   /* A storage of nbytes on this device: the backend lays out the header and the
   ** data (the CPU puts both in one block) and sets data, nbytes and block_size;
   ** tensor.c sets the rest. NULL when the device is out of memory. */

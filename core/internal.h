@@ -82,6 +82,7 @@ struct em_state {
   int64_t image_max_pixels; /* em_image_set_max_pixels: 0 default, > 0 limit, -1 none */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
   uint64_t dispatch_counts[EMI_MAX_BACKENDS][EMI_NENTRIES];   /* calls per backend entry */
+  int64_t layout_conversions;   /* ops/layout.c: NCHW <-> NHWC copies (atomic) */
   char errmsg[EMI_ERRMSG_SIZE];
 };
 
@@ -158,6 +159,21 @@ em_status emi_tensor_view(em_state *S, const em_tensor *t, const int64_t *sizes,
                           const int64_t *strides, int ndim, int64_t offset,
                           em_tensor **out);
 void emi_contiguous_strides(const int64_t *sizes, int ndim, int64_t *strides);
+/* Channels last (ops/layout.c): NHWC strides of a 4-D shape; t is channels last
+** and not exactly of the default strides (the layout an op's output follows);
+** a new tensor in NCHW or (4-D only) NHWC order; t as a new reference in that
+** order (t itself when it is already, densely), a reorder counted and profiled
+** as "convert_layout"; contiguous() of an NHWC tensor (autograd recorded). */
+void emi_nhwc_strides(const int64_t *sizes, int64_t *strides);
+bool emi_nhwc(const em_tensor *t);
+em_status emi_tensor_new_fmt(em_state *S, const char *op, const int64_t *sizes, int ndim,
+                             em_dtype dt, int device, bool nhwc, em_tensor **out);
+em_status emi_layout_as(em_state *S, const char *op, const em_tensor *t, bool nhwc,
+                        em_tensor **out);
+em_status emi_contiguous_from_nhwc(em_state *S, const em_tensor *t, em_tensor **out);
+/* An element-wise result of shape (nd dims) is NHWC when the leading operand of
+** that full shape (a, else b; either may be NULL) is (TensorIterator's rule). */
+bool emi_result_nhwc(const int64_t *shape, int nd, const em_tensor *a, const em_tensor *b);
 /* sizes >= 0 and every contiguous stride product (0 dims as 1) x 16 fits int64 */
 bool emi_shape_ok(const int64_t *sizes, int ndim);
 /* Broadcast two shapes (numpy rules); EM_ERR_SHAPE with message naming op. */
@@ -216,6 +232,10 @@ typedef struct emi_iter {
 } emi_iter;
 /* All ops must have the same shape as ops[0]. */
 void emi_iter_init(emi_iter *it, em_tensor *const *ops, int nops);
+/* The same, visiting the dims in ops[0]'s memory order when it has positive
+** strides out of dim order (a channels-last output): for kernels that may visit
+** elements in any order. */
+void emi_iter_init_by_memory(emi_iter *it, em_tensor *const *ops, int nops);
 /* Pointers to the start of row r for each operand. */
 void emi_iter_row(const emi_iter *it, int64_t r, char **ptrs);
 

@@ -430,7 +430,7 @@ bad:;
 
 /* -- Strided iteration -------------------------------------------------------------- */
 
-void emi_iter_init(emi_iter *it, em_tensor *const *ops, int nops) {
+static void iter_init(emi_iter *it, em_tensor *const *ops, int nops, bool by_memory) {
   const em_tensor *t0 = ops[0];
   it->nops = nops;
   int n = 0;
@@ -443,6 +443,29 @@ void emi_iter_init(emi_iter *it, em_tensor *const *ops, int nops) {
       it->strides[k][n] = ops[k]->strides[d] * (int64_t)em_dtype_size(ops[k]->dtype);
     n++;
   }
+  /* An output in another memory order than its dims' (a channels-last one): walk
+  ** the dims in the output's memory order, so that the inner loop runs along its
+  ** densest dim, as PyTorch's TensorIterator does. Only for outputs of positive
+  ** strides that are out of order, and only for the callers that ask (element-wise
+  ** kernels, where the order of visits does not matter): the usual case is left
+  ** exactly as it was. */
+  bool sorted = true, positive = by_memory;
+  for (int d = 0; d < n; d++) {
+    positive = positive && it->strides[0][d] > 0;
+    if (d && it->strides[0][d] > it->strides[0][d - 1]) sorted = false;
+  }
+  if (!sorted && positive)
+    for (int d = 1; d < n; d++)   /* insertion sort: stable, n <= EM_MAX_DIMS */
+      for (int e = d; e > 0 && it->strides[0][e] > it->strides[0][e - 1]; e--) {
+        int64_t s = it->sizes[e];
+        it->sizes[e] = it->sizes[e - 1];
+        it->sizes[e - 1] = s;
+        for (int k = 0; k < nops; k++) {
+          int64_t v = it->strides[k][e];
+          it->strides[k][e] = it->strides[k][e - 1];
+          it->strides[k][e - 1] = v;
+        }
+      }
   if (n == 0) {
     it->sizes[0] = t0->numel == 0 ? 0 : 1;
     for (int k = 0; k < nops; k++) it->strides[k][0] = 0;
@@ -468,6 +491,14 @@ void emi_iter_init(emi_iter *it, em_tensor *const *ops, int nops) {
   it->nrows = 1;
   for (int d = 0; d < it->ndim - 1; d++) it->nrows *= it->sizes[d];
   if (t0->numel == 0) it->nrows = 0;
+}
+
+void emi_iter_init(emi_iter *it, em_tensor *const *ops, int nops) {
+  iter_init(it, ops, nops, false);
+}
+
+void emi_iter_init_by_memory(emi_iter *it, em_tensor *const *ops, int nops) {
+  iter_init(it, ops, nops, true);
 }
 
 void emi_iter_row(const emi_iter *it, int64_t r, char **ptrs) {

@@ -32,6 +32,7 @@ static void cpu_free(emi_device *d, emi_storage *st) {
 const emi_backend emi_cpu_backend = {
   .name = "cpu",
   .id = EMI_BACKEND_CPU,
+  .nhwc = EMI_NHWC_CONV | EMI_NHWC_POOL | EMI_NHWC_BN,   /* conv_nhwc.c, pool_nhwc.c, bn_nhwc.c */
   .alloc = cpu_alloc,
   .free = cpu_free,
   .copy = emi_cpu_copy,

@@ -79,6 +79,7 @@ static bool shares_use_blas(em_dtype dt, int64_t shares) {
 em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
                          const em_tensor *x, const em_tensor *w, const em_tensor *b) {
   if (emi_lowp(x->dtype)) return emi_cpu_conv2d_lowp(dev, g, y, x, w, b);
+  if (g->nhwc) return emi_cpu_conv2d_nhwc(dev, g, y, x, w, b);   /* conv_nhwc.c */
   em_state *S = dev->S;
   em_dtype dt = x->dtype;
   size_t es = em_dtype_size(dt);
@@ -108,6 +109,7 @@ em_status emi_cpu_conv2d_backward(emi_device *dev, const emi_conv_geom *g, em_te
                                   em_tensor *gw, em_tensor *gb, const em_tensor *gy,
                                   const em_tensor *x, const em_tensor *w) {
   if (emi_lowp(x->dtype)) return emi_cpu_conv2d_backward_lowp(dev, g, gx, gw, gb, gy, x, w);
+  if (g->nhwc) return emi_cpu_conv2d_nhwc_backward(dev, g, gx, gw, gb, gy, x, w);
   em_state *S = dev->S;
   em_dtype dt = x->dtype;
   size_t es = em_dtype_size(dt);

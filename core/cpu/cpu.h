@@ -70,6 +70,31 @@ em_status emi_cpu_adaptive_avg_pool2d(emi_device *dev, const emi_pool_geom *g, e
                                       const em_tensor *x);
 em_status emi_cpu_adaptive_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g,
                                                em_tensor *gx, const em_tensor *gy);
+/* pool_nhwc.c: the same on channels-last tensors (g->nhwc); pool.c calls them */
+void emi_cpu_pool_nhwc_max(em_state *S, const emi_pool_geom *g, em_tensor *y, em_tensor *ind,
+                           const em_tensor *x, int index_base);
+void emi_cpu_pool_nhwc_max_bwd(em_state *S, const emi_pool_geom *g, em_tensor *gx,
+                               const em_tensor *gy, const int64_t *ind, int index_base);
+void emi_cpu_pool_nhwc_avg(em_state *S, const emi_pool_geom *g, em_tensor *y,
+                           const em_tensor *x, int include_pad);
+void emi_cpu_pool_nhwc_avg_bwd(em_state *S, const emi_pool_geom *g, em_tensor *gx,
+                               const em_tensor *gy, int include_pad);
+void emi_cpu_pool_nhwc_adaptive(em_state *S, const emi_pool_geom *g, em_tensor *y,
+                                const em_tensor *x);
+void emi_cpu_pool_nhwc_adaptive_bwd(em_state *S, const emi_pool_geom *g, em_tensor *gx,
+                                    const em_tensor *gy);
+/* bn_nhwc.c: batch norm's loops on channels-last x ((M = N*H*W) rows of C), which
+** normalize.c calls: per-channel mean and biased variance (double); y = x*sc + sh
+** with sc, sh per channel (T); the backward's per-channel sums and gx. */
+void emi_cpu_bn_nhwc_stats(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
+                           double *mean, double *var);
+void emi_cpu_bn_nhwc_apply(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
+                           const double *mean, const double *invstd, const void *w,
+                           const void *b, void *y);
+em_status emi_cpu_bn_nhwc_backward(em_state *S, em_dtype dt, int64_t M, int64_t C,
+                                   const void *gy, const void *x, const void *mean,
+                                   const void *invstd, const void *w, int training, void *gx,
+                                   void *gw, void *gb);
 /* normalize.c */
 em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
                              em_tensor *invstd, em_tensor *running_mean,

@@ -125,8 +125,13 @@ void emi_cpu_foreach(em_state *S, em_tensor *const *ops, int nops, int64_t grain
     c.es[k] = (int64_t)em_dtype_size(ops[k]->dtype);
     if (c.flat && !em_tensor_is_contiguous(ops[k])) c.flat = 0;
   }
+  /* all channels last (dense, one memory order, one shape): flat as well */
+  for (int k = 0; !c.flat && k < nops; k++) {
+    if (!em_tensor_is_channels_last(ops[k]) || ops[k]->numel != n) break;
+    if (k == nops - 1) c.flat = 1;
+  }
   if (!c.flat) {
-    emi_iter_init(&c.it, ops, nops);
+    emi_iter_init_by_memory(&c.it, ops, nops);
     if (want_tiles(&c.it, nops)) {
       int d = c.it.ndim - 2;
       int64_t per_item = TILE * c.it.inner;

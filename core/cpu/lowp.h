@@ -11,23 +11,26 @@
 
 static inline bool emi_lowp(em_dtype dt) { return dt == EM_FLOAT16 || dt == EM_BFLOAT16; }
 
-/* *out = t widened to float32 (NULL for NULL). */
+/* *out = t widened to float32, in t's memory order (NCHW or NHWC: the geometry's
+** nhwc flag holds for the widened operands too) (NULL for NULL). */
 static inline em_status emi_lowp_widen(emi_device *dev, const char *op, const em_tensor *t,
                                        em_tensor **out) {
   *out = NULL;
   if (!t) return EM_OK;
-  em_status st = emi_tensor_new(dev->S, op, t->sizes, t->ndim, EM_FLOAT32, EM_CPU, out);
+  em_status st = emi_tensor_new_fmt(dev->S, op, t->sizes, t->ndim, EM_FLOAT32, EM_CPU,
+                                    emi_nhwc(t), out);
   if (st) return st;
   if ((st = emi_cpu_copy(dev, *out, t))) { em_tensor_release(*out); *out = NULL; }
   return st;
 }
 
-/* *out = an uninitialised float32 tensor shaped as t (NULL for NULL). */
+/* *out = an uninitialised float32 tensor shaped and ordered as t (NULL for NULL). */
 static inline em_status emi_lowp_buffer(emi_device *dev, const char *op, const em_tensor *t,
                                         em_tensor **out) {
   *out = NULL;
   if (!t) return EM_OK;
-  return emi_tensor_new(dev->S, op, t->sizes, t->ndim, EM_FLOAT32, EM_CPU, out);
+  return emi_tensor_new_fmt(dev->S, op, t->sizes, t->ndim, EM_FLOAT32, EM_CPU, emi_nhwc(t),
+                            out);
 }
 
 /* Rounds the float32 result r into dst (nothing for NULL). */

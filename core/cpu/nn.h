@@ -52,6 +52,14 @@ void emi_nn_sgemm_rows_avx512(int64_t M, int64_t N, int64_t K, const float *cons
 #define EMI_HAVE_AVX512_KERNELS 0
 #endif
 
+/* conv_nhwc.c -- conv2d on channels-last tensors (g->nhwc), float32 and float64;
+** the entries of conv.c hand such geometries over. */
+em_status emi_cpu_conv2d_nhwc(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
+                              const em_tensor *x, const em_tensor *w, const em_tensor *b);
+em_status emi_cpu_conv2d_nhwc_backward(emi_device *dev, const emi_conv_geom *g,
+                                       em_tensor *gx, em_tensor *gw, em_tensor *gb,
+                                       const em_tensor *gy, const em_tensor *x,
+                                       const em_tensor *w);
 /* conv_fast.c -- float32 stride-1 conv2d without im2col (where emi_cpu_avx512()). */
 bool emi_conv_fast_ok(const emi_conv_geom *g);
 em_status emi_conv_fast_fwd(em_state *S, const emi_conv_geom *g, const float *x,

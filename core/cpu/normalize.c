@@ -6,7 +6,7 @@
 ** running statistics, PyTorch's rule: the biased variance normalizes, the
 ** unbiased one goes into running_var); layer norm row by row over (M, K). The
 ** loops are written once, in normalize_impl.h, which this file includes for
-** float and for double.
+** float and for double. A channels-last (non-contiguous) x takes bn_nhwc.c's loops.
 */
 #include "cpu.h"
 #include <math.h>
@@ -65,13 +65,15 @@ em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
   em_dtype dt = x->dtype;
   int64_t N, C, L;
   bn_dims(x, &N, &C, &L);
+  bool nhwc = !em_tensor_is_contiguous(x);   /* the ops layer gives NCHW or NHWC, dense */
   /* the statistics in double: apply rounds them exactly as the saved copies */
   size_t bytes = (size_t)C * 3 * sizeof(double) + 8;
   double *m = emi_malloc(S, bytes), *var = m + C, *inv = var + C;
   if (!m) return emi_error(S, EM_ERR_NOMEM, "batch_norm: out of memory");
   if (training) {
     normalize_job j = {.N = N, .C = C, .L = L, .x = em_tensor_data(x), .dmean = m, .var = var};
-    emi_parallel_for(S, C, normalize_grain(N * L * 2), PICK(bn_stats, dt), &j);
+    if (nhwc) emi_cpu_bn_nhwc_stats(S, dt, N * L, C, em_tensor_data(x), m, var);
+    else emi_parallel_for(S, C, normalize_grain(N * L * 2), PICK(bn_stats, dt), &j);
     double cnt = (double)(N * L);
     for (int64_t c = 0; c < C; c++) {
       inv[c] = 1 / sqrt(var[c] + eps);
@@ -95,7 +97,10 @@ em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
   }
   normalize_job j = {.N = N, .C = C, .L = L, .x = em_tensor_data(x), .mean = m, .invstd = inv,
                      .w = data_or_null(w), .b = data_or_null(b), .y = em_tensor_data(y)};
-  emi_parallel_for(S, N * C, normalize_grain(L), PICK(bn_apply, dt), &j);
+  if (nhwc)
+    emi_cpu_bn_nhwc_apply(S, dt, N * L, C, j.x, m, inv, j.w, j.b, j.y);
+  else
+    emi_parallel_for(S, N * C, normalize_grain(L), PICK(bn_apply, dt), &j);
   emi_free(S, m, bytes);
   return EM_OK;
 }
@@ -106,6 +111,11 @@ em_status emi_cpu_batch_norm_backward(emi_device *dev, em_tensor *gx, em_tensor 
                                       const em_tensor *w, int training) {
   int64_t N, C, L;
   bn_dims(x, &N, &C, &L);
+  if (!em_tensor_is_contiguous(x))   /* channels last */
+    return emi_cpu_bn_nhwc_backward(dev->S, x->dtype, N * L, C, em_tensor_data(gy),
+                                    em_tensor_data(x), em_tensor_data(mean),
+                                    em_tensor_data(invstd), data_or_null(w), training,
+                                    data_or_null(gx), data_or_null(gw), data_or_null(gb));
   normalize_job j = {.N = N, .C = C, .L = L, .gy = em_tensor_data(gy), .x = em_tensor_data(x),
                      .cmean = em_tensor_data(mean), .crstd = em_tensor_data(invstd),
                      .w = data_or_null(w), .training = training, .gx = data_or_null(gx),

@@ -3,6 +3,7 @@
 ** backward, over independent (H, W) planes in parallel. The loops are written
 ** once, in pool_impl.h, which this file includes for float and for double.
 ** Backward of max pool scatters into its own plane only, so planes never race.
+** Channels-last geometries (g->nhwc) go to pool_nhwc.c.
 */
 #include "lowp.h"
 #include <math.h>
@@ -44,6 +45,10 @@ static int64_t ada_end(int64_t o, int64_t in, int64_t out) {
 em_status emi_cpu_max_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
                              em_tensor *ind, const em_tensor *x, int index_base) {
   if (emi_lowp(x->dtype)) return emi_cpu_max_pool2d_lowp(dev, g, y, ind, x, index_base);
+  if (g->nhwc) {
+    emi_cpu_pool_nhwc_max(dev->S, g, y, ind, x, index_base);
+    return EM_OK;
+  }
   pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y),
                 .ind = em_tensor_data(ind), .base = index_base};
   POOL_RUN(maxp_fwd, dev->S, x->dtype, g, &j);
@@ -61,6 +66,10 @@ em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, e
       return emi_error(dev->S, EM_ERR_INDEX, "max_pool2d_backward: index %lld out of range "
                        "for a %lldx%lld plane (index_base %d)", (long long)pi[i],
                        (long long)g->H, (long long)g->W, index_base);
+  if (g->nhwc) {
+    emi_cpu_pool_nhwc_max_bwd(dev->S, g, gx, gy, pi, index_base);
+    return EM_OK;
+  }
   pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx), .cind = pi,
                 .base = index_base};
   POOL_RUN(maxp_bwd, dev->S, gx->dtype, g, &j);
@@ -70,6 +79,10 @@ em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, e
 em_status emi_cpu_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
                              const em_tensor *x, int count_include_pad) {
   if (emi_lowp(x->dtype)) return emi_cpu_avg_pool2d_lowp(dev, g, y, x, count_include_pad);
+  if (g->nhwc) {
+    emi_cpu_pool_nhwc_avg(dev->S, g, y, x, count_include_pad);
+    return EM_OK;
+  }
   pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y),
                 .include_pad = count_include_pad};
   POOL_RUN(avgp_fwd, dev->S, x->dtype, g, &j);
@@ -80,6 +93,10 @@ em_status emi_cpu_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g, e
                                       const em_tensor *gy, int count_include_pad) {
   if (emi_lowp(gx->dtype))
     return emi_cpu_avg_pool2d_backward_lowp(dev, g, gx, gy, count_include_pad);
+  if (g->nhwc) {
+    emi_cpu_pool_nhwc_avg_bwd(dev->S, g, gx, gy, count_include_pad);
+    return EM_OK;
+  }
   pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx),
                 .include_pad = count_include_pad};
   POOL_RUN(avgp_bwd, dev->S, gx->dtype, g, &j);
@@ -89,6 +106,10 @@ em_status emi_cpu_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g, e
 em_status emi_cpu_adaptive_avg_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
                                       const em_tensor *x) {
   if (emi_lowp(x->dtype)) return emi_cpu_adaptive_avg_pool2d_lowp(dev, g, y, x);
+  if (g->nhwc) {
+    emi_cpu_pool_nhwc_adaptive(dev->S, g, y, x);
+    return EM_OK;
+  }
   pool_job j = {.g = g, .x = em_tensor_data(x), .y = em_tensor_data(y)};
   POOL_RUN(adap_fwd, dev->S, x->dtype, g, &j);
   return EM_OK;
@@ -97,6 +118,10 @@ em_status emi_cpu_adaptive_avg_pool2d(emi_device *dev, const emi_pool_geom *g, e
 em_status emi_cpu_adaptive_avg_pool2d_backward(emi_device *dev, const emi_pool_geom *g,
                                                em_tensor *gx, const em_tensor *gy) {
   if (emi_lowp(gx->dtype)) return emi_cpu_adaptive_avg_pool2d_backward_lowp(dev, g, gx, gy);
+  if (g->nhwc) {
+    emi_cpu_pool_nhwc_adaptive_bwd(dev->S, g, gx, gy);
+    return EM_OK;
+  }
   pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx)};
   POOL_RUN(adap_bwd, dev->S, gx->dtype, g, &j);
   return EM_OK;

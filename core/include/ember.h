@@ -245,6 +245,18 @@ em_status em_as_strided(em_state *S, const em_tensor *a, const int64_t *shape,
 /* Returns a new reference to a itself when it is already contiguous. */
 em_status em_contiguous(em_state *S, const em_tensor *a, em_tensor **out);
 em_status em_clone(em_state *S, const em_tensor *a, em_tensor **out);
+/* Channels last (NHWC memory order of a 4-D (N,C,H,W) tensor; strides
+** (H*W*C, 1, W*C, C)). is_channels_last is PyTorch's is_contiguous(memory_format=
+** channels_last) (size-1 dims are free). to_channels_last returns a new reference
+** to t itself when it already has exactly those strides, else an NHWC copy.
+** set_memory_format_ reorders t's data in place of its storage (the handle stays:
+** a module's parameters keep their identity); 0 = NCHW, 1 = NHWC; not 4-D: no-op.
+** em_layout_conversions counts the copies that reordered a tensor between the two
+** layouts (asked for, or made inside an op), profiled as op "convert_layout". */
+int em_tensor_is_channels_last(const em_tensor *t);
+em_status em_to_channels_last(em_state *S, const em_tensor *t, em_tensor **out);
+em_status em_tensor_set_memory_format_(em_state *S, em_tensor *t, int channels_last);
+int64_t em_layout_conversions(em_state *S);
 /* dst[...] = src, broadcasting src to dst's shape and converting dtypes. */
 em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src);
 /* Returns a new reference to a itself when dtype and device already match. */

@@ -57,7 +57,8 @@ em_status em_clone(em_state *S, const em_tensor *a, em_tensor **out) {
   em_status st = emi_check_tensor(S, "clone", a);
   if (st) return st;
   em_tensor *r;
-  if ((st = emi_tensor_new(S, "clone", a->sizes, a->ndim, a->dtype, a->device, &r)))
+  if ((st = emi_tensor_new_fmt(S, "clone", a->sizes, a->ndim, a->dtype, a->device,
+                               emi_nhwc(a), &r)))
     return st;
   if ((st = EMI_DISPATCH(S, "clone", a, copy, r, a))) { em_tensor_release(r); return st; }
   *out = r;
@@ -68,7 +69,8 @@ em_status em_clone(em_state *S, const em_tensor *a, em_tensor **out) {
 em_status em_contiguous(em_state *S, const em_tensor *a, em_tensor **out) {
   em_status st = emi_check_tensor(S, "contiguous", a);
   if (st) return st;
-  if (!em_tensor_is_contiguous(a)) return em_clone(S, a, out);
+  if (!em_tensor_is_contiguous(a))
+    return emi_nhwc(a) ? emi_contiguous_from_nhwc(S, a, out) : em_clone(S, a, out);
   em_tensor_retain((em_tensor *)a);
   *out = (em_tensor *)a;
   return EM_OK;
@@ -91,7 +93,7 @@ em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_ten
     return EM_OK;
   }
   em_tensor *r;
-  if ((st = emi_tensor_new(S, "to", a->sizes, a->ndim, dt, device, &r))) return st;
+  if ((st = emi_tensor_new_fmt(S, "to", a->sizes, a->ndim, dt, device, emi_nhwc(a), &r))) return st;
   /* between the host and a device, the device's backend copies (it knows both) */
   const em_tensor *side = meta_side(r, a);
   if (!side) side = a->device != r->device && a->device == EM_CPU ? r : a;

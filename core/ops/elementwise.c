@@ -75,7 +75,7 @@ static em_status unary_like(em_state *S, const char *op, const ucall *c,
   const em_tensor *ac = a;
   em_status st = EM_OK;
   if ((st = emi_as_dtype(S, op, a, ct, &tp, &ac))) goto done;
-  if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) goto done;
+  if ((st = emi_tensor_new_fmt(S, op, a->sizes, a->ndim, rt, a->device, emi_nhwc(a), &r))) goto done;
   if ((st = ucall_run(S, op, c, r, ac))) { em_tensor_release(r); goto done; }
   *out = r;
 done:
@@ -98,7 +98,7 @@ static em_status unary_like_(em_state *S, const char *op, const ucall *c, em_ten
   if (rt == a->dtype) {
     st = ucall_run(S, op, c, a, ac);
   } else {
-    if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) goto done;
+    if ((st = emi_tensor_new_fmt(S, op, a->sizes, a->ndim, rt, a->device, emi_nhwc(a), &r))) goto done;
     emi_temps_add(&tp, r);
     if (!(st = ucall_run(S, op, c, r, ac)))
       st = EMI_DISPATCH(S, op, a, copy, a, r);
@@ -134,7 +134,7 @@ static em_status binary_like(em_state *S, const char *op, const bcall *c,
   em_tensor *r;
   /* fast path: one dtype, one shape -- no temporaries */
   if (a->dtype == ct && b->dtype == ct && same_shape(a, b)) {
-    if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) return st;
+    if ((st = emi_tensor_new_fmt(S, op, a->sizes, a->ndim, rt, a->device, emi_nhwc(a), &r))) return st;
     if ((st = bcall_run(S, op, c, r, a, b))) { em_tensor_release(r); return st; }
     *out = r;
     return EM_OK;
@@ -151,7 +151,8 @@ static em_status binary_like(em_state *S, const char *op, const bcall *c,
   if ((st = emi_as_dtype(S, op, b, ct, &tp, &bx))) goto done;
   if ((st = emi_expand_tmp(S, op, ax, shape, nd, &tp, &ax)) ||
       (st = emi_expand_tmp(S, op, bx, shape, nd, &tp, &bx)) ||
-      (st = emi_tensor_new(S, op, shape, nd, rt, a->device, &r)))
+      (st = emi_tensor_new_fmt(S, op, shape, nd, rt, a->device,
+                                 emi_result_nhwc(shape, nd, a, b), &r)))
     goto done;
   if ((st = bcall_run(S, op, c, r, ax, bx))) { em_tensor_release(r); goto done; }
   *out = r;
@@ -203,7 +204,7 @@ static em_status binary_like_(em_state *S, const char *op, const bcall *c, em_te
   if (rt == a->dtype) {
     st = bcall_run(S, op, c, a, ax, bx);
   } else {
-    if ((st = emi_tensor_new(S, op, a->sizes, a->ndim, rt, a->device, &r))) goto done;
+    if ((st = emi_tensor_new_fmt(S, op, a->sizes, a->ndim, rt, a->device, emi_nhwc(a), &r))) goto done;
     emi_temps_add(&tp, r);
     if (!(st = bcall_run(S, op, c, r, ax, bx)))
       st = EMI_DISPATCH(S, op, a, copy, a, r);
@@ -369,7 +370,8 @@ em_status em_where(em_state *S, const em_tensor *cond, const em_tensor *a,
   if ((st = emi_expand_tmp(S, op, cx, shape, nd, &tp, &cx)) ||
       (st = emi_expand_tmp(S, op, ax, shape, nd, &tp, &ax)) ||
       (st = emi_expand_tmp(S, op, bx, shape, nd, &tp, &bx)) ||
-      (st = emi_tensor_new(S, op, shape, nd, ct, a->device, &r)))
+      (st = emi_tensor_new_fmt(S, op, shape, nd, ct, a->device,
+                                 emi_result_nhwc(shape, nd, a, b), &r)))
     goto done;
   if ((st = EMI_DISPATCH(S, op, r, where, r, cx, ax, bx))) {
     em_tensor_release(r);

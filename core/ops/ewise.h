@@ -58,7 +58,8 @@ static inline void emi_temps_release(emi_temps *tp) {
   while (tp->n > 0) em_tensor_release(tp->t[--tp->n]);
 }
 
-/* A new contiguous tensor holding t converted to dt (added to tp on success). */
+/* A new tensor holding t converted to dt, contiguous or, for a channels-last t,
+** channels last (added to tp on success). */
 em_status emi_convert(em_state *S, const char *op, const em_tensor *t, em_dtype dt,
                       emi_temps *tp, em_tensor **out);
 /* t itself when it already has dtype dt, else a converted copy (added to tp). */

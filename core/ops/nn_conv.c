@@ -1,6 +1,7 @@
 /*
 ** nn_conv.c -- conv2d forward and backward: argument checks, output shapes and
-** contiguous inputs, then the device's conv2d entries (the CPU backend's conv.c).
+** dense inputs (NCHW, or NHWC when input or weight is channels last and the
+** backend serves it), then the device's conv2d entries (the CPU backend's conv.c).
 ** Convs without input channels (the output is the bias) or with empty outputs
 ** never reach the kernels: fills, copies and sums do them.
 */
@@ -73,11 +74,15 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
                        emi_tshape(S, bias), (long long)g.O, emi_tshape(S, weight));
   }
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
-  em_tensor *x = NULL, *w = NULL, *b = NULL, *y = NULL;   /* contiguous inputs, output */
+  em_tensor *x = NULL, *w = NULL, *b = NULL, *y = NULL;   /* dense inputs, output */
   int64_t shape[4] = {g.N, g.O, g.OH, g.OW};
-  if ((st = nn_contig(S, input, &x)) || (st = nn_contig(S, weight, &w)) ||
+  /* channels last when input or weight is (PyTorch's rule); a backend that does
+  ** not serve it computes NCHW and the output is reordered */
+  bool nhwc = emi_nhwc(input) || emi_nhwc(weight);
+  g.nhwc = nhwc && nn_serves_nhwc(S, input->device, EMI_NHWC_CONV);
+  if ((st = nn_layout(S, input, g.nhwc, &x)) || (st = nn_layout(S, weight, g.nhwc, &w)) ||
       (bias && (st = nn_contig(S, bias, &b))) ||
-      (st = emi_tensor_new(S, op, shape, 4, input->dtype, input->device, &y)))
+      (st = emi_tensor_new_fmt(S, op, shape, 4, input->dtype, input->device, g.nhwc, &y)))
     goto done;
   if (y->numel) {
     if (g.C) st = EMI_DISPATCH(S, op, x, conv2d, &g, y, x, w, b);
@@ -90,6 +95,7 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
       em_tensor_release(bv);
     }
   }
+  if (!st && nhwc && !g.nhwc) st = nn_relayout(S, &y, true);
 done:
   NN_RELEASE(x, w, b);
   if (st) { em_tensor_release(y); return st; }
@@ -115,15 +121,19 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match the output shape "
                      "[%lld,%lld,%lld,%lld]", op, emi_tshape(S, grad_out), (long long)g.N,
                      (long long)g.O, (long long)g.OH, (long long)g.OW);
-  em_tensor *gy = NULL, *x = NULL, *w = NULL;   /* contiguous inputs */
+  em_tensor *gy = NULL, *x = NULL, *w = NULL;   /* dense inputs */
   em_tensor *gx = NULL, *gw = NULL, *gb = NULL;  /* the gradients asked for */
-  if ((st = nn_contig(S, grad_out, &gy)) || (st = nn_contig(S, input, &x)) ||
-      (st = nn_contig(S, weight, &w)))
+  bool nhwc = emi_nhwc(input) || emi_nhwc(weight);   /* as the forward */
+  g.nhwc = nhwc && nn_serves_nhwc(S, input->device, EMI_NHWC_CONV);
+  if ((st = nn_layout(S, grad_out, g.nhwc, &gy)) || (st = nn_layout(S, input, g.nhwc, &x)) ||
+      (st = nn_layout(S, weight, g.nhwc, &w)))
     goto done;
   int dev = input->device;
-  if (grad_input && (st = emi_tensor_new(S, op, input->sizes, 4, input->dtype, dev, &gx)))
+  if (grad_input &&
+      (st = emi_tensor_new_fmt(S, op, input->sizes, 4, input->dtype, dev, g.nhwc, &gx)))
     goto done;
-  if (grad_weight && (st = emi_tensor_new(S, op, weight->sizes, 4, input->dtype, dev, &gw)))
+  if (grad_weight &&
+      (st = emi_tensor_new_fmt(S, op, weight->sizes, 4, input->dtype, dev, g.nhwc, &gw)))
     goto done;
   if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, dev, &gb)))
     goto done;
@@ -143,6 +153,9 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
   } else {
     st = EMI_DISPATCH(S, op, x, conv2d_backward, &g, gx, gw, gb, gy, x, w);
   }
+  /* each gradient in the layout of the tensor it is for */
+  if (!st && nhwc) st = nn_relayout(S, &gx, emi_nhwc(input));
+  if (!st && nhwc) st = nn_relayout(S, &gw, emi_nhwc(weight));
 done:
   NN_RELEASE(gy, x, w);
   if (st) { NN_RELEASE(gx, gw, gb); return st; }

@@ -57,9 +57,11 @@ em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *we
   em_tensor *x = NULL, *w = NULL, *b = NULL;           /* contiguous inputs */
   em_tensor *y = NULL, *mean = NULL, *invstd = NULL;   /* outputs */
   int dev = input->device;
-  if ((st = nn_contig(S, input, &x)) || (weight && (st = nn_contig(S, weight, &w))) ||
+  /* a channels-last input keeps its layout (see nn_util.h) */
+  bool nhwc = emi_nhwc(input), kn = nhwc && nn_serves_nhwc(S, dev, EMI_NHWC_BN);
+  if ((st = nn_layout(S, input, kn, &x)) || (weight && (st = nn_contig(S, weight, &w))) ||
       (bias && (st = nn_contig(S, bias, &b))) ||
-      (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &y)) ||
+      (st = emi_tensor_new_fmt(S, op, input->sizes, input->ndim, dt, dev, kn, &y)) ||
       (st = emi_tensor_new(S, op, &C, 1, dt, dev, &mean)) ||
       (st = emi_tensor_new(S, op, &C, 1, dt, dev, &invstd)))
     goto done;
@@ -69,6 +71,7 @@ em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *we
     if (running_mean) emi_bump_version(running_mean);
     if (running_var) emi_bump_version(running_var);
   }
+  if (!st && nhwc && !kn) st = nn_relayout(S, &y, true);
 done:
   NN_RELEASE(x, w, b);
   if (st) { NN_RELEASE(y, mean, invstd); return st; }
@@ -106,15 +109,18 @@ em_status em_batch_norm_backward(em_state *S, const em_tensor *grad_out,
   em_tensor *gy = NULL, *x = NULL, *w = NULL, *mean = NULL, *invstd = NULL;
   em_tensor *gx = NULL, *gw = NULL, *gb = NULL;
   int dev = input->device;
-  if ((st = nn_contig(S, grad_out, &gy)) || (st = nn_contig(S, input, &x)) ||
+  bool nhwc = emi_nhwc(input), kn = nhwc && nn_serves_nhwc(S, dev, EMI_NHWC_BN);
+  if ((st = nn_layout(S, grad_out, kn, &gy)) || (st = nn_layout(S, input, kn, &x)) ||
       (weight && (st = nn_contig(S, weight, &w))) ||
       (st = nn_contig(S, save_mean, &mean)) || (st = nn_contig(S, save_invstd, &invstd)) ||
-      (grad_input && (st = emi_tensor_new(S, op, input->sizes, input->ndim, dt, dev, &gx))) ||
+      (grad_input &&
+       (st = emi_tensor_new_fmt(S, op, input->sizes, input->ndim, dt, dev, kn, &gx))) ||
       (grad_weight && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &gw))) ||
       (grad_bias && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &gb))))
     goto done;
   st = EMI_DISPATCH(S, op, x, batch_norm_backward, gx, gw, gb, gy, x, mean, invstd, w,
                     training);
+  if (!st && nhwc && !kn) st = nn_relayout(S, &gx, true);
 done:
   NN_RELEASE(gy, x, w, mean, invstd);
   if (st) { NN_RELEASE(gx, gw, gb); return st; }

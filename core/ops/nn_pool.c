@@ -1,7 +1,8 @@
 /*
 ** nn_pool.c -- max_pool2d, avg_pool2d and adaptive_avg_pool2d (forward and
 ** backward) on (N,C,H,W) or (C,H,W): checks and output shapes as PyTorch, then
-** the device's pooling entries (the CPU backend's pool.c).
+** the device's pooling entries (the CPU backend's pool.c; pool_nhwc.c for
+** channels-last inputs, whose outputs and gradients stay channels last).
 */
 #include "nn_util.h"
 #include "../autograd/grad_nn.h"
@@ -62,6 +63,27 @@ static em_status pool_geom(em_state *S, const char *op, const em_tensor *input,
   return EM_OK;
 }
 
+/* Channels last: an NHWC input keeps its layout (the output and the gradient are
+** NHWC); the backend computes in NHWC where it serves it (g->nhwc), else in NCHW
+** with the output reordered. Returns whether the input is NHWC. */
+static bool pool_layout(em_state *S, const em_tensor *input, emi_pool_geom *g) {
+  bool nhwc = input->ndim == 4 && emi_nhwc(input);
+  g->nhwc = nhwc && nn_serves_nhwc(S, input->device, EMI_NHWC_POOL);
+  g->C = input->sizes[input->ndim - 3];
+  return nhwc;
+}
+
+/* grad_out as a channels-last backward kernel takes it: NHWC, or NCHW as it is
+** (those kernels read gy through its strides; a flatten's backward gives NCHW). */
+static em_status pool_grad(em_state *S, const em_tensor *grad_out, bool nhwc, em_tensor **gy) {
+  if (nhwc && em_tensor_is_contiguous(grad_out)) {
+    em_tensor_retain((em_tensor *)grad_out);
+    *gy = (em_tensor *)grad_out;
+    return EM_OK;
+  }
+  return nn_layout(S, grad_out, nhwc, gy);
+}
+
 static void out_shape(const em_tensor *input, const emi_pool_geom *g, int64_t *shape) {
   int nd = input->ndim;
   memcpy(shape, input->sizes, sizeof(int64_t) * nd);
@@ -95,11 +117,16 @@ em_status em_max_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, &g, shape);
-  em_tensor *x = NULL, *y = NULL, *ind = NULL;   /* contiguous input, outputs */
-  if ((st = nn_contig(S, input, &x)) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &y)) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, EM_INT64, input->device, &ind)) ||
-      (st = EMI_DISPATCH(S, op, x, max_pool2d, &g, y, ind, x, index_base))) {
+  em_tensor *x = NULL, *y = NULL, *ind = NULL;   /* dense input, outputs */
+  bool nhwc = pool_layout(S, input, &g);
+  if ((st = nn_layout(S, input, g.nhwc, &x)) ||
+      (st = emi_tensor_new_fmt(S, op, shape, input->ndim, input->dtype, input->device, g.nhwc,
+                               &y)) ||
+      (st = emi_tensor_new_fmt(S, op, shape, input->ndim, EM_INT64, input->device, g.nhwc,
+                               &ind)) ||
+      (st = EMI_DISPATCH(S, op, x, max_pool2d, &g, y, ind, x, index_base)) ||
+      (nhwc && !g.nhwc && ((st = nn_relayout(S, &y, true)) ||
+                           (st = nn_relayout(S, &ind, true))))) {
     NN_RELEASE(x, y, ind);
     return st;
   }
@@ -137,10 +164,13 @@ em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
   emi_pool_geom g = {.H = input->sizes[nd - 2], .W = input->sizes[nd - 1],
                      .OH = grad_out->sizes[nd - 2], .OW = grad_out->sizes[nd - 1]};
   g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
-  em_tensor *gy = NULL, *ind = NULL, *gx = NULL;   /* contiguous inputs, the gradient */
-  if ((st = nn_contig(S, grad_out, &gy)) || (st = nn_contig(S, indices, &ind)) ||
-      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &gx)) ||
-      (st = EMI_DISPATCH(S, op, gy, max_pool2d_backward, &g, gx, gy, ind, index_base))) {
+  em_tensor *gy = NULL, *ind = NULL, *gx = NULL;   /* dense inputs, the gradient */
+  bool nhwc = pool_layout(S, input, &g);
+  if ((st = pool_grad(S, grad_out, g.nhwc, &gy)) || (st = nn_layout(S, indices, g.nhwc, &ind)) ||
+      (st = emi_tensor_new_fmt(S, op, input->sizes, nd, input->dtype, input->device, g.nhwc,
+                               &gx)) ||
+      (st = EMI_DISPATCH(S, op, gy, max_pool2d_backward, &g, gx, gy, ind, index_base)) ||
+      (nhwc && !g.nhwc && (st = nn_relayout(S, &gx, true)))) {
     NN_RELEASE(gy, ind, gx);
     return st;
   }
@@ -159,10 +189,13 @@ em_status em_avg_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
   if (!out) return emi_error(S, EM_ERR_ARG, "%s: out is NULL", op);
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, &g, shape);
-  em_tensor *x = NULL, *y = NULL;   /* contiguous input, output */
-  if ((st = nn_contig(S, input, &x)) ||
-      (st = emi_tensor_new(S, op, shape, input->ndim, input->dtype, input->device, &y)) ||
-      (st = EMI_DISPATCH(S, op, x, avg_pool2d, &g, y, x, count_include_pad))) {
+  em_tensor *x = NULL, *y = NULL;   /* dense input, output */
+  bool nhwc = pool_layout(S, input, &g);
+  if ((st = nn_layout(S, input, g.nhwc, &x)) ||
+      (st = emi_tensor_new_fmt(S, op, shape, input->ndim, input->dtype, input->device, g.nhwc,
+                               &y)) ||
+      (st = EMI_DISPATCH(S, op, x, avg_pool2d, &g, y, x, count_include_pad)) ||
+      (nhwc && !g.nhwc && (st = nn_relayout(S, &y, true)))) {
     NN_RELEASE(x, y);
     return st;
   }
@@ -185,11 +218,13 @@ em_status em_avg_pool2d_backward(em_state *S, const em_tensor *grad_out,
   if (st) return st;
   if ((st = check_grad(S, op, grad_out, input, &g))) return st;
   if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
-  em_tensor *gy = NULL, *gx = NULL;   /* contiguous grad_out, the gradient */
-  if ((st = nn_contig(S, grad_out, &gy)) ||
-      (st = emi_tensor_new(S, op, input->sizes, input->ndim, input->dtype, input->device,
-                           &gx)) ||
-      (st = EMI_DISPATCH(S, op, gy, avg_pool2d_backward, &g, gx, gy, count_include_pad))) {
+  em_tensor *gy = NULL, *gx = NULL;   /* dense grad_out, the gradient */
+  bool nhwc = pool_layout(S, input, &g);
+  if ((st = pool_grad(S, grad_out, g.nhwc, &gy)) ||
+      (st = emi_tensor_new_fmt(S, op, input->sizes, input->ndim, input->dtype, input->device,
+                               g.nhwc, &gx)) ||
+      (st = EMI_DISPATCH(S, op, gy, avg_pool2d_backward, &g, gx, gy, count_include_pad)) ||
+      (nhwc && !g.nhwc && (st = nn_relayout(S, &gx, true)))) {
     NN_RELEASE(gy, gx);
     return st;
   }
@@ -215,10 +250,12 @@ em_status em_adaptive_avg_pool2d(em_state *S, const em_tensor *input,
   g.kW = (g.W + g.OW - 1) / g.OW + 1;
   int64_t shape[EM_MAX_DIMS];
   out_shape(input, &g, shape);
-  em_tensor *x = NULL, *y = NULL;   /* contiguous input, output */
-  if ((st = nn_contig(S, input, &x)) ||
-      (st = emi_tensor_new(S, op, shape, nd, input->dtype, input->device, &y)) ||
-      (st = EMI_DISPATCH(S, op, x, adaptive_avg_pool2d, &g, y, x))) {
+  em_tensor *x = NULL, *y = NULL;   /* dense input, output */
+  bool nhwc = pool_layout(S, input, &g);
+  if ((st = nn_layout(S, input, g.nhwc, &x)) ||
+      (st = emi_tensor_new_fmt(S, op, shape, nd, input->dtype, input->device, g.nhwc, &y)) ||
+      (st = EMI_DISPATCH(S, op, x, adaptive_avg_pool2d, &g, y, x)) ||
+      (nhwc && !g.nhwc && (st = nn_relayout(S, &y, true)))) {
     NN_RELEASE(x, y);
     return st;
   }
@@ -246,10 +283,13 @@ em_status em_adaptive_avg_pool2d_backward(em_state *S, const em_tensor *grad_out
   g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
   g.kH = (g.H + g.OH - 1) / g.OH + 1;
   g.kW = (g.W + g.OW - 1) / g.OW + 1;
-  em_tensor *gy = NULL, *gx = NULL;   /* contiguous grad_out, the gradient */
-  if ((st = nn_contig(S, grad_out, &gy)) ||
-      (st = emi_tensor_new(S, op, input->sizes, nd, input->dtype, input->device, &gx)) ||
-      (st = EMI_DISPATCH(S, op, gy, adaptive_avg_pool2d_backward, &g, gx, gy))) {
+  em_tensor *gy = NULL, *gx = NULL;   /* dense grad_out, the gradient */
+  bool nhwc = pool_layout(S, input, &g);
+  if ((st = pool_grad(S, grad_out, g.nhwc, &gy)) ||
+      (st = emi_tensor_new_fmt(S, op, input->sizes, nd, input->dtype, input->device, g.nhwc,
+                               &gx)) ||
+      (st = EMI_DISPATCH(S, op, gy, adaptive_avg_pool2d_backward, &g, gx, gy)) ||
+      (nhwc && !g.nhwc && (st = nn_relayout(S, &gx, true)))) {
     NN_RELEASE(gy, gx);
     return st;
   }

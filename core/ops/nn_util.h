@@ -62,6 +62,28 @@ static inline em_status nn_contig(em_state *S, const em_tensor *t, em_tensor **o
   return em_contiguous(S, t, out);
 }
 
+/* Channels last in the nn ops: the device's backend serves NHWC for the entries
+** of bit (EMI_NHWC_*); t as the kernel takes it: NHWC when nhwc, else NCHW
+** contiguous (a reorder either way is a counted conversion, ops/layout.c). */
+static inline bool nn_serves_nhwc(em_state *S, int device, unsigned bit) {
+  emi_device *d = emi_device_of(S, device);
+  return d && (d->backend->nhwc & bit);
+}
+static inline em_status nn_layout(em_state *S, const em_tensor *t, bool nhwc,
+                                  em_tensor **out) {
+  return nhwc ? emi_layout_as(S, "convert_layout", t, true, out) : nn_contig(S, t, out);
+}
+/* *t (a result the op made, or NULL) put in NHWC or NCHW order, replacing it. */
+static inline em_status nn_relayout(em_state *S, em_tensor **t, bool nhwc) {
+  if (!*t || (*t)->ndim != 4) return EM_OK;
+  em_tensor *r;
+  em_status st = emi_layout_as(S, "convert_layout", *t, nhwc, &r);
+  if (st) return st;
+  em_tensor_release(*t);
+  *t = r;
+  return EM_OK;
+}
+
 static inline int nn_same_shape(const em_tensor *a, const em_tensor *b) {
   if (a->ndim != b->ndim) return 0;
   for (int d = 0; d < a->ndim; d++)

@@ -13,8 +13,16 @@
 
 static const char *dtname(em_dtype dt) { return em_dtype_name(dt); }
 
-/* Every state tensor must be a contiguous, same-shape, same-dtype, same-device
-** companion of the parameter: the kernels walk them all with one flat index. */
+/* Every state tensor must be a dense, same-shape, same-dtype, same-device
+** companion of the parameter in its memory order (contiguous, or channels last
+** as the parameter): the kernels walk them all with one flat index. */
+static bool dense(const em_tensor *t) {
+  return em_tensor_is_contiguous(t) || em_tensor_is_channels_last(t);
+}
+static bool same_order(const em_tensor *p, const em_tensor *t) {
+  return (em_tensor_is_contiguous(p) && em_tensor_is_contiguous(t)) ||
+         (em_tensor_is_channels_last(p) && em_tensor_is_channels_last(t));
+}
 static em_status check_like(em_state *S, const char *op, const em_tensor *p,
                             const em_tensor *t, const char *what) {
   if (!t) return emi_error(S, EM_ERR_ARG, "%s: %s is NULL", op, what);
@@ -30,9 +38,9 @@ static em_status check_like(em_state *S, const char *op, const em_tensor *p,
     return emi_error(S, EM_ERR_DEVICE, "%s: %s is on %s but the parameter is on %s", op,
                      what, emi_device_name(a, t->device), emi_device_name(b, p->device));
   }
-  if (!em_tensor_is_contiguous(t))
-    return emi_error(S, EM_ERR_ARG, "%s: %s of shape %s must be contiguous", op, what,
-                     emi_tshape(S, t));
+  if (!same_order(p, t))
+    return emi_error(S, EM_ERR_ARG, "%s: %s of shape %s must be contiguous (or channels "
+                     "last as its parameter)", op, what, emi_tshape(S, t));
   return EM_OK;
 }
 
@@ -42,7 +50,7 @@ static em_status check_param(em_state *S, const char *op, const em_tensor *p) {
   if (p->dtype != EM_FLOAT32 && p->dtype != EM_FLOAT64)
     return emi_error(S, EM_ERR_DTYPE, "%s: parameters must be float32 or float64, got %s "
                      "(shape %s)", op, dtname(p->dtype), emi_tshape(S, p));
-  if (!em_tensor_is_contiguous(p))
+  if (!dense(p))
     return emi_error(S, EM_ERR_ARG, "%s: the parameter of shape %s must be contiguous",
                      op, emi_tshape(S, p));
   return EM_OK;
@@ -244,7 +252,7 @@ em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double
     if (g->dtype != EM_FLOAT32 && g->dtype != EM_FLOAT64)
       return emi_error(S, EM_ERR_DTYPE, "%s: gradient %d is %s (shape %s); gradients must be "
                        "float32 or float64", op, i + 1, dtname(g->dtype), emi_tshape(S, g));
-    if (!em_tensor_is_contiguous(g))
+    if (!dense(g))
       return emi_error(S, EM_ERR_ARG, "%s: gradient %d of shape %s must be contiguous", op,
                        i + 1, emi_tshape(S, g));
   }

@@ -195,7 +195,7 @@ int emi_internal_overlap(const em_tensor *t) {
 em_status emi_convert(em_state *S, const char *op, const em_tensor *t, em_dtype dt,
                       emi_temps *tp, em_tensor **out) {
   em_tensor *r;
-  em_status st = emi_tensor_new(S, op, t->sizes, t->ndim, dt, t->device, &r);
+  em_status st = emi_tensor_new_fmt(S, op, t->sizes, t->ndim, dt, t->device, emi_nhwc(t), &r);
   if (st) return st;
   st = EMI_DISPATCH(S, op, t, copy, r, t);
   if (st) { em_tensor_release(r); return st; }

@@ -258,12 +258,30 @@ local function like(op, t, opts)
   return C.em_tensor_ndim(h), C.em_tensor_sizes(h), dt, dev
 end
 
+-- A *_like result of a channels-last t is channels last too (torch's
+-- preserve_format): r holds one value or iid draws, so the same storage seen
+-- with NHWC strides is the answer, without a copy.
+local function keep_format(t, r)
+  local h = t._h
+  if C.em_tensor_ndim(h) ~= 4 or C.em_tensor_is_channels_last(h) == 0 or
+      C.em_tensor_is_contiguous(h) ~= 0 then
+    return r
+  end
+  local sz = C.em_tensor_sizes(h)
+  local st = ffi.new('int64_t[4]')
+  st[1], st[3] = 1, sz[1]
+  st[2] = sz[3] * sz[1]
+  st[0] = sz[2] * st[2]
+  if C.em_as_strided(S, r._h, sz, st, 4, 0, out) ~= 0 then fail() end
+  return wrap(out[0])
+end
+
 function M.zeros_like(t, opts)
   local n, shape, dt, dev = like('zeros_like', t, opts)
   if C.em_full(S, shape, n, 0, dt, dev, out) ~= 0 then
     fail()
   end
-  return wrap(out[0])
+  return keep_format(t, wrap(out[0]))
 end
 
 function M.ones_like(t, opts)
@@ -271,7 +289,7 @@ function M.ones_like(t, opts)
   if C.em_full(S, shape, n, 1, dt, dev, out) ~= 0 then
     fail()
   end
-  return wrap(out[0])
+  return keep_format(t, wrap(out[0]))
 end
 
 function M.full_like(t, value, opts)
@@ -281,26 +299,26 @@ function M.full_like(t, value, opts)
   if C.em_full(S, shape, n, v, dt, dev, out) ~= 0 then
     fail()
   end
-  return wrap(out[0])
+  return keep_format(t, wrap(out[0]))
 end
 
 function M.empty_like(t, opts)
   local n, shape, dt, dev = like('empty_like', t, opts)
-  return empty('empty_like', n, shape, dt, dev)
+  return keep_format(t, empty('empty_like', n, shape, dt, dev))
 end
 
 function M.rand_like(t, opts)
   local n, shape, dt, dev = like('rand_like', t, opts)
   local r = empty('rand_like', n, shape, dt, dev)
   if C.em_uniform_(S, r._h, 0, 1) ~= 0 then fail() end
-  return r
+  return keep_format(t, r)
 end
 
 function M.randn_like(t, opts)
   local n, shape, dt, dev = like('randn_like', t, opts)
   local r = empty('randn_like', n, shape, dt, dev)
   if C.em_normal_(S, r._h, 0, 1) ~= 0 then fail() end
-  return r
+  return keep_format(t, r)
 end
 
 return M

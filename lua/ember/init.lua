@@ -36,6 +36,7 @@ local function load_core()
   end
   require 'ember.shape'
   require('ember.amp_policy').install(Tensor, em)   -- autocast's op lists
+  require('ember.layout').install(em)
   local autograd = require 'ember.autograd'
 
   for k, f in pairs(Tensor) do

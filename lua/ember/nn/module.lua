@@ -203,9 +203,42 @@ function Module:num_parameters()
   return n
 end
 
--- to(dtype | device | {dtype=, device=}): parameters stay leaves that require grad.
+-- to(dtype | device | {dtype=, device=, memory_format=}): parameters stay leaves
+-- that require grad. A memory_format reorders the 4-D parameters (and their
+-- gradients) and buffers in place of their data (ember/layout.lua), after any
+-- dtype/device conversion, as torch's module.to(memory_format=...).
 function Module:to(...)
   local args = { ... }
+  local fmt
+  for i, v in ipairs(args) do
+    if type(v) == 'table' and v.memory_format ~= nil then
+      local layout = require 'ember.layout'
+      fmt = layout.format_of(v.memory_format, 'Module:to')
+      if v.dtype == nil and v.device == nil then args[i] = nil
+      else args[i] = { dtype = v.dtype, device = v.device } end
+    end
+  end
+  if fmt ~= nil then
+    if #args > 0 then self:to(unpack(args)) end
+    if fmt == 'keep' then return self end
+    local layout = require 'ember.layout'
+    for _, m in ipairs((all_modules(self))) do
+      local r = reg(m)
+      for _, k in ipairs(r.pnames) do
+        local p = r.params[k]
+        if p:dim() == 4 then
+          layout.set_memory_format_(p, fmt)
+          local g = p.grad
+          if g ~= nil and g:dim() == 4 then layout.set_memory_format_(g, fmt) end
+        end
+      end
+      for _, k in ipairs(r.bnames) do
+        local b = r.buffers[k]
+        if b ~= nil and b:dim() == 4 then layout.set_memory_format_(b, fmt) end
+      end
+    end
+    return self
+  end
   for _, m in ipairs((all_modules(self))) do
     local r = reg(m)
     for _, k in ipairs(r.pnames) do

@@ -177,8 +177,10 @@ function Optimizer:_step(closure)
       local h = p._h
       local gh = C.em_tensor_grad(h)
       if gh ~= nil then
-        -- A non-contiguous gradient is copied first (the kernels walk flat memory).
-        if C.em_tensor_is_contiguous(gh) == 0 then
+        -- A non-contiguous gradient is copied first (the kernels walk flat memory),
+        -- unless it is channels last as its parameter (one flat order for both).
+        if C.em_tensor_is_contiguous(gh) == 0 and not (C.em_tensor_is_channels_last(gh) ~= 0
+            and C.em_tensor_is_channels_last(h) ~= 0) then
           local st = C.em_contiguous(S, gh, core.out2)
           C.em_tensor_release(gh)
           if st ~= 0 then
