@@ -358,15 +358,46 @@ static em_status run_hooks(em_state *S, em_tensor *leaf) {
   return EM_OK;
 }
 
+/* Whether t's elements fill its memory exactly, with no gaps or overlaps, in some
+** order of its dims: its strides, sorted, are those of a contiguous tensor of the
+** sizes taken in that order (a transposed or channels-last tensor is dense). */
+static int dense_layout(const em_tensor *t) {
+  int used[EM_MAX_DIMS] = {0};
+  int64_t expect = 1;
+  for (int k = 0; k < t->ndim; k++) {         /* the innermost dim left, each time */
+    int best = -1;
+    for (int d = 0; d < t->ndim; d++)
+      if (!used[d] && t->sizes[d] != 1 &&
+          (best < 0 || t->strides[d] < t->strides[best])) best = d;
+    if (best < 0) break;                      /* only size-1 dims left: any stride */
+    if (t->strides[best] != expect) return 0;
+    used[best] = 1;
+    expect *= t->sizes[best];
+  }
+  return 1;
+}
+
+/* Whether g may become leaf's .grad as it is: nothing else can see it (one handle,
+** one storage reference, from the storage's start) and it is laid out as .grad
+** would be -- contiguous, or dense with the leaf's own strides (a weight kept
+** transposed or channels-last gets its gradient in that layout). */
+static int grad_adoptable(const em_tensor *leaf, const em_tensor *g) {
+  if (g->refcount != 1 || g->storage->refcount != 1 || g->offset != 0) return 0;
+  if (em_tensor_is_contiguous(g)) return 1;
+  if (g->ndim != leaf->ndim || !dense_layout(g)) return 0;
+  for (int d = 0; d < g->ndim; d++)
+    if (g->sizes[d] != 1 && g->strides[d] != leaf->strides[d]) return 0;
+  return 1;
+}
+
 /* Leaf gradients are accumulated in place into .grad: the grad tensor belongs to the
 ** leaf (optimizers read it), so a new sum replaces it only the first time. Takes g. */
 static em_status leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
   em_status st = EM_OK;
   if (!leaf->grad) {
-    /* .grad must own its memory: g is taken as it is only when nothing else can
-    ** see it (one handle, one storage reference, a plain contiguous layout) */
-    if (g->refcount == 1 && g->storage->refcount == 1 && g->offset == 0 &&
-        em_tensor_is_contiguous(g)) {
+    /* .grad must own its memory: g is copied only when someone else may hold it,
+    ** or its layout is not the one .grad keeps */
+    if (grad_adoptable(leaf, g)) {
       leaf->grad = g;
     } else {
       em_tensor *c;

@@ -67,10 +67,41 @@ function M.start(o)
   cfg.auto_step = o.auto_step and 1 or 0
   check(C.em_profile_start(S, cfg))
   active = { trace = o.trace, html = o.html, auto = o.auto_step and true or false,
-             t_start = C.em_profile_clock(), memory = memory_kinds.tracker() }
+             t_start = C.em_profile_clock(), memory = memory_kinds.tracker(), notes = {} }
+  M._recording = true
 end
 
 function M.active() return active ~= nil end
+
+-- em.profile.note(name, fields): an instant event in the trace, kept with the
+-- report (r.notes) and read by the diagnosis ('amp.scaler' notes: {scale = s,
+-- found_inf = bool}). fields hold numbers, strings and booleans. A no-op when
+-- not recording.
+function M.note(name, fields)
+  if type(name) ~= 'string' then
+    core.raise('profile.note: name must be a string, got ' .. type(name))
+  end
+  if fields ~= nil and type(fields) ~= 'table' then
+    core.raise('profile.note: fields must be a table, got ' .. type(fields))
+  end
+  if not active then return end
+  local f = {}
+  for k, v in pairs(fields or {}) do
+    local t = type(v)
+    if type(k) == 'string' and (t == 'number' or t == 'string' or t == 'boolean') then f[k] = v end
+  end
+  local n = active.notes
+  n[#n + 1] = { name = name, t = C.em_profile_clock(), fields = f }
+end
+
+-- A module's forward as a span of its class name (nn.Module's __call while recording).
+function M._module_forward(m, ...)
+  check(C.em_profile_range_push(S, 'module ' .. tostring(m.__name or 'Module'), C.EM_PROF_RANGE))
+  local res = pack(pcall(m.forward, m, ...))
+  C.em_profile_range_pop(S)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
 
 function M.step()
   check(C.em_profile_step(S))
@@ -273,8 +304,13 @@ function M.stop(local_only)
   if not active then core.raise('profile.stop: not recording (call em.profile.start first)') end
   local o = active
   active = nil
+  M._recording = false
   check(C.em_profile_stop(S))
   local p = summary.read(S)
+  p.notes = {}                 -- on the profile's clock, as the events are
+  for i, x in ipairs(o.notes) do
+    p.notes[i] = { name = x.name, t = x.t - p.origin, fields = x.fields }
+  end
   local stop_t = C.em_profile_clock() - p.origin
   local world = local_only and 1 or world_size()
   local strategy, rank = nil, 0

@@ -47,6 +47,7 @@ to arrive waits for nobody, so its wait is the transfer alone).
 The scaling projection (r.projection, r:project) is projection.lua's.
 ]]
 local projection = require 'ember.profile.projection'
+local diagnosis = require 'ember.profile.diagnosis'
 
 local M = {}
 
@@ -250,6 +251,7 @@ function M.diagnose(reps, cal)
   if d then out[#out + 1] = d end
   d = diagnose_launch(reps[1])
   if d then out[#out + 1] = d end
+  for _, x in ipairs(diagnosis.all(reps[1])) do out[#out + 1] = x end  -- copies, amp, layout
   -- several may hold: the one that explains most of the step comes first
   table.sort(out, function(x, y) return x.share > y.share end)
   if #out == 0 then
@@ -277,6 +279,7 @@ function M.build(reps, cal, top_ops, peak_bytes, extra)
     steps = s.steps, step_s = s.step_s, breakdown = s.breakdown, top_ops = top_ops,
     replicas = {}, peak_bytes = peak_bytes, ops_per_step = s.ops_per_step,
     mean_op_us = s.mean_op_us, dropped = s.dropped,
+    dtype_share = diagnosis.dtype_share(s), notes = s.notes or {},
   }, Report)
   if #reps > 1 then
     local worst = 0
@@ -363,6 +366,9 @@ function Report:lines()
   end
   add('  %d ops per step, %.1f µs per op on average', math.floor(self.ops_per_step + 0.5),
       self.mean_op_us)
+  local dts = {}
+  for _, x in ipairs(self.dtype_share or {}) do dts[#dts + 1] = x.dtype .. ' ' .. pct(x.share) end
+  if #dts > 0 then add('  compute by dtype: %s', table.concat(dts, ', ')) end
   local mem = {}
   for dev, v in pairs(self.peak_bytes or {}) do mem[#mem + 1] = dev .. ' ' .. bytes_str(v) end
   table.sort(mem)

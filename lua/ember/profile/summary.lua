@@ -32,6 +32,11 @@ local C = core.C
 
 local M = {}
 
+-- The ops that copy a tensor (to another layout, dtype or memory): the copy
+-- diagnosis adds up their time and names who made them.
+M.COPY_OPS = { clone = true, copy_ = true, contiguous = true, convert_layout = true,
+               to = true, cast = true }
+
 local K = {
   OP = C.EM_PROF_OP, BACKWARD = C.EM_PROF_BACKWARD, DATA_WAIT = C.EM_PROF_DATA_WAIT,
   LOADER_WORK = C.EM_PROF_LOADER_WORK, COLLECTIVE = C.EM_PROF_COLLECTIVE,
@@ -144,6 +149,7 @@ function M.summarize(p, stop_t, auto, rank)
     coll_transfer_s = 0, coll_wait_s = 0, buckets = 0, bucket_bytes = 0,
     loader_workers = nil, loader_prefetch = nil, loader_busy_s = 0, loader_span_s = span,
     peak_cpu = p.peak_cpu, dropped = p.dropped, op_table = {},
+    dtype_s = {}, copies = {}, copy_s = 0, layout_conversions = 0, layout_s = 0, notes = p.notes or {},
   }
   local ev, main = p.events, p.main
   local bw_end = -1          -- end of the enclosing backward node (they nest)
@@ -157,9 +163,22 @@ function M.summarize(p, stop_t, auto, rank)
     while bub[bi] and bub[bi][2] < t do bi = bi + 1 end
     return bub[bi] ~= nil and bub[bi][1] <= t
   end
+  -- The spans open on the main track (backward nodes, module forwards, user
+  -- ranges), innermost last: what a copy ran inside of is who made it.
+  local open = {}
+  local function creator(t)
+    while open[#open] and open[#open].t1 <= t do open[#open] = nil end
+    local x = open[#open]
+    if not x then return 'the step outside any module or backward node' end
+    return x.kind == K.BACKWARD and ('backward of ' .. x.name) or x.name
+  end
   for i = 0, p.n - 1 do
     local e = ev[i]
     local k, d = e.kind, e.t1 - e.t0
+    if e.track == main and (k == K.BACKWARD or k == K.RANGE) then
+      while open[#open] and open[#open].t1 <= e.t0 do open[#open] = nil end
+      open[#open + 1] = { kind = k, name = ffi.string(e.name), t1 = e.t1 }
+    end
     -- inside a bubble the stage waits on a neighbour: the time is the bubble's
     -- (counted above), though its ops still count as ops
     local inb = e.track == main and (k == K.OP or k == K.DATA_WAIT or k == K.COMM_WAIT) and
@@ -184,6 +203,21 @@ function M.summarize(p, stop_t, auto, rank)
         if not o then o = { calls = 0, total_s = 0 }; s.op_table[name] = o end
         o.calls = o.calls + 1
         o.total_s = o.total_s + d
+        if C.em_dtype_is_floating(e.dtype) ~= 0 then   -- a mask's bool is not a compute dtype
+          local dt = ffi.string(C.em_dtype_name(e.dtype))
+          s.dtype_s[dt] = (s.dtype_s[dt] or 0) + d
+        end
+        if M.COPY_OPS[name] then
+          s.copy_s = s.copy_s + d
+          if name == 'convert_layout' then
+            s.layout_conversions, s.layout_s = s.layout_conversions + 1, s.layout_s + d
+          end
+          local by = creator(e.t0)
+          local c = s.copies[by]
+          if not c then c = { calls = 0, total_s = 0, ops = {} }; s.copies[by] = c end
+          c.calls, c.total_s = c.calls + 1, c.total_s + d
+          c.ops[name] = (c.ops[name] or 0) + 1
+        end
       elseif k == K.DATA_WAIT then
         s.input_s = s.input_s + d
         s.loader_workers, s.loader_prefetch = tonumber(e.arg0), tonumber(e.arg1)
@@ -207,6 +241,10 @@ function M.summarize(p, stop_t, auto, rank)
                        'coll_wait_s', 'buckets', 'bucket_bytes' }) do
     s[f] = s[f] / nsteps
   end
+  s.copy_s, s.layout_conversions = s.copy_s / nsteps, s.layout_conversions / nsteps
+  s.layout_s = s.layout_s / nsteps
+  for dt, x in pairs(s.dtype_s) do s.dtype_s[dt] = x / nsteps end
+  for _, c in pairs(s.copies) do c.calls, c.total_s = c.calls / nsteps, c.total_s / nsteps end
   s.ops_per_step = s.ops / nsteps
   s.mean_op_us = s.ops > 0 and s.compute_s * nsteps / s.ops * 1e6 or 0
   local host = s.step_s - s.input_s - s.compute_s - s.comm_s - s.bubble_s

@@ -99,6 +99,17 @@ function M.part(p, rank, zero)
       end
     end
   end
+  for _, x in ipairs(p.notes or {}) do      -- em.profile.note: instants with their fields
+    local args = {}
+    for k, v in pairs(x.fields or {}) do
+      local val = type(v) == 'string' and quote(v) or type(v) == 'boolean' and tostring(v) or
+        (v ~= v or v == math.huge or v == -math.huge) and quote(tostring(v)) or fmt('%.17g', v)
+      args[#args + 1] = quote(k) .. ':' .. val
+    end
+    table.sort(args)
+    add(fmt('{"ph":"i","s":"t","name":%s,"cat":"note","pid":%d,"tid":%d,"ts":%.3f,"args":{%s}}',
+            quote(x.name), rank, p.main, x.t * 1e6 + shift, table.concat(args, ',')))
+  end
   return table.concat(out, ',\n')
 end
 
