@@ -97,6 +97,12 @@ local function wrap_all(tbl, names, cast)
   end
 end
 
+-- `a ^ b` (the __pow metamethod, through core.meta_ops) is pow, so it takes
+-- pow's cast: float32.
+local function install_meta()
+  if core.meta_ops then wrap_all(core.meta_ops, { 'pow' }, up) end
+end
+
 -- Called by ember's loader with the Tensor method table and em (before em's
 -- per-method functions are made from Tensor).
 function P.install(Tensor, em)
@@ -109,6 +115,7 @@ function P.install(Tensor, em)
       elseif rawget(em, name) ~= nil then wrap_all(em, { name }, cast) end
     end
   end
+  install_meta()
 end
 
 function P.wrap_functional(F)

@@ -20,12 +20,21 @@ Under a strategy the flag is agreed by all replicas: a 1-element float32 tensor
 communicator, so every replica skips the same steps and the scales stay equal.
 The strategy is opts.strategy (a mirrored strategy, or a wrapped / sharded /
 pipelined model, whose .strategy is used); without it, a replica started by
-`ember --replicas N` uses em.distribute.mirrored{}, which shares the replicas'
-communicator.
+`ember --replicas N` or by mpirun uses em.distribute.mirrored{}, which shares
+the replicas' communicator. Every replica takes part, whatever it holds: a
+sharded model's optimizer sees only this replica's shards of the gradients,
+and a pipeline stage's only its stage's parameters, so each checks its own
+part and the allreduce makes one answer of them (a replica with no gradient
+at all still sends its 0).
+
+Inside em.cuda.graph the scale, the flag and the skip live on the device
+(ember.amp_scaler_graph).
 ]]
+local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
 local raise, kind = core.raise, core.kind
+local G = require 'ember.amp_scaler_graph'
 
 local Scaler = {}
 Scaler.__index = Scaler
@@ -64,7 +73,11 @@ local function GradScaler(o)
   return self
 end
 
-function Scaler:get_scale() return self.enabled and self._scale or 1.0 end
+function Scaler:get_scale()
+  if not self.enabled then return 1.0 end
+  G.host(self)
+  return self._scale
+end
 function Scaler:is_enabled() return self.enabled end
 
 -- loss * scale (differentiable); the loss itself when disabled.
@@ -73,6 +86,11 @@ function Scaler:scale(loss)
   if not core.box_t or not require('ffi').istype(core.box_t, loss) then
     raise('GradScaler:scale: expected a tensor, got ' .. kind(loss))
   end
+  if loss.is_cuda then
+    local d = G.ensure(self, loss)
+    if G.capturing() then return loss * d.scale:to(loss.dtype) end
+  end
+  G.host(self)
   return loss * self._scale
 end
 
@@ -83,7 +101,9 @@ local function strategy_of(self)
     return s
   end
   local r = rawget(_G, 'EMBER_REPLICA')
-  if r and (r.world_size or 1) > 1 then
+  local rank, size = ffi.new('int[1]'), ffi.new('int[1]')
+  if r and (r.world_size or 1) > 1 or
+     not r and core.C.em_mpi_launched(rank, size) ~= 0 and size[0] > 1 then
     self._strategy = em.distribute.mirrored{}
     return self._strategy
   end
@@ -113,6 +133,11 @@ function Scaler:unscale_(opt)
     raise('GradScaler:unscale_: already called for this optimizer since the last update()')
   end
   local gs = grads_of(opt)
+  if G.capturing() then
+    self._per_opt[opt] = { unscaled = true, found_t = G.unscale_(self, gs, strategy_of(self)) }
+    return
+  end
+  G.host(self)
   local inv = 1.0 / self._scale
   local acc = nil       -- per device: a running NaN-iff-nonfinite scalar
   for _, g in ipairs(gs) do
@@ -132,12 +157,14 @@ function Scaler:unscale_(opt)
 end
 
 -- Unscales (unless unscale_ ran) and calls opt:step() when no gradient is inf or
--- NaN; returns whether it stepped.
+-- NaN; returns whether it stepped (nil inside a graph capture, where the step is
+-- undone on the device instead).
 function Scaler:step(opt, ...)
   if not self.enabled then opt:step(...); return true end
   local st = self._per_opt[opt]
   if not (st and st.unscaled) then self:unscale_(opt); st = self._per_opt[opt] end
   st.stepped = true
+  if st.found_t then G.step(opt, st.found_t, ...); return nil end
   if st.found_inf then return false end
   opt:step(...)
   return true
@@ -147,6 +174,18 @@ end
 -- growth_interval clean steps in a row; readies the next step.
 function Scaler:update(new_scale)
   if not self.enabled then return end
+  if G.capturing() then
+    if new_scale ~= nil then raise('GradScaler:update: new_scale can not be captured in a CUDA graph') end
+    local f = nil
+    for _, st in pairs(self._per_opt) do
+      if st.found_t then f = f == nil and st.found_t or (f + st.found_t):gt(0):float() end
+    end
+    if f == nil then raise('GradScaler:update: inside em.cuda.graph, call scaler:step(opt) first') end
+    G.update(self, f)
+    self._per_opt = setmetatable({}, { __mode = 'k' })
+    return
+  end
+  G.host(self)
   local found = false
   for _, st in pairs(self._per_opt) do if st.found_inf then found = true end end
   if new_scale ~= nil then
@@ -166,12 +205,14 @@ function Scaler:update(new_scale)
     end
   end
   self._per_opt = setmetatable({}, { __mode = 'k' })
+  G.push(self)
   local prof = package.loaded['ember.profile']
   if prof and prof.note then prof.note('amp.scaler', { scale = self._scale, found_inf = found }) end
 end
 
 function Scaler:state_dict()
   if not self.enabled then return {} end
+  G.host(self)
   return { scale = self._scale, growth_factor = self.growth_factor,
     backoff_factor = self.backoff_factor, growth_interval = self.growth_interval,
     _growth_tracker = self._growth_tracker }
@@ -190,9 +231,12 @@ function Scaler:load_state_dict(sd)
   self.growth_factor = sd.growth_factor or self.growth_factor
   self.backoff_factor = sd.backoff_factor or self.backoff_factor
   self.growth_interval = sd.growth_interval or self.growth_interval
+  self._dev_auth = false
+  G.push(self)
 end
 
 function Scaler:__tostring()
+  G.host(self)
   return ('GradScaler(scale=%g, growth_factor=%g, backoff_factor=%g, growth_interval=%d%s)')
     :format(self._scale, self.growth_factor, self.backoff_factor, self.growth_interval,
       self.enabled and '' or ', disabled')

@@ -65,6 +65,9 @@ function A.run(H, em, dev)
       { 'exp', 'f32', function(c) return c(x2):exp() end },
       { 'log', 'f32', function(c) return c(pos):log() end },
       { 'pow', 'f32', function(c) return c(pos):pow(c(x2)) end },
+      { 'tensor ^ tensor', 'f32', function(c) return c(pos) ^ c(x2) end },
+      { 'tensor ^ number', 'f32', function(c) return c(x2t) ^ 3 end },
+      { 'number ^ tensor', 'f32', function(c) return 2 ^ c(x2) end },
       { 'em.exp', 'f32', function(c) return em.exp(c(x2)) end },
     }
   end

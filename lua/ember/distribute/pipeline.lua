@@ -7,6 +7,7 @@ micro-batches streaming through them.
     schedule = '1f1b' | 'gpipe' | 'interleaved', virtual = V, balance = 'time' | 'memory' | {n1, ...},
     sample = x1, shard = ..., strategy = s})           -- or s:pipeline(model, opts)
   local loss = pp:step(x, y, loss_fn)    -- a 0-d tensor (CPU), the same on every replica
+  local loss = pp:step(x, y, loss_fn, scaler)   -- with an em.amp.GradScaler (pipeline_run)
   opt:step()                             -- opt built on pp:parameters()
 
 Layout. Replica r runs stage r % P on data index floor(r / P); its neighbours

@@ -40,10 +40,18 @@ function Pipeline:_run(inp, c)
   return self.parts[c](inp)
 end
 
-function Pipeline:step(x, y, loss_fn)
+-- scaler (optional, an em.amp.GradScaler): the last stage runs backward from
+-- scaler:scale(loss term), so every stage's gradients arrive scaled; the loss
+-- returned is the unscaled one. Every stage then calls scaler:step(opt) and
+-- scaler:update(), which agree on skipping across all stages.
+function Pipeline:step(x, y, loss_fn, scaler)
   if type(loss_fn) ~= 'function' and not (type(loss_fn) == 'table' and getmetatable(loss_fn)
       and getmetatable(loss_fn).__call) then
     raise('pipeline: step(x, y, loss_fn): loss_fn must be a function, got ' .. kind(loss_fn))
+  end
+  if scaler ~= nil and not (type(scaler) == 'table' and type(scaler.scale) == 'function') then
+    raise('pipeline: step(x, y, loss_fn, scaler): scaler must be an em.amp.GradScaler, got ' ..
+      kind(scaler))
   end
   local rows = batch_rows(x, y, 'step')
   local Mc, P, st = self.chunks, self.stages, self.stage
@@ -103,7 +111,7 @@ function Pipeline:step(x, y, loss_fn)
       if dm and k == last_b[c] then dm:arm() end
       if last then
         total = total + rec.loss:detach():to('cpu'):double():item()
-        rec.loss:backward()
+        ;(scaler and scaler:scale(rec.loss) or rec.loss):backward()
       else
         local g = w:recv_into(em.zeros(rec.out.shape, { dtype = rec.out.dtype, device = dev }), nxt)
         rec.out:backward(g)
