@@ -22,7 +22,7 @@ local function check(out, rc, what)
     has(('rank %d step 3 stepped=true scale=128 unchanged=false'):format(r))
     local d, n = out:match(('rank %d match maxdiff (%%S+) params (%%d+)'):format(r))
     H.check(d and tonumber(n) > 0, what .. ': no match line for rank ' .. r .. ' in\n' .. out)
-    H.check(tonumber(d) <= 1e-6, ('%s: rank %d: with the scaler vs without: %s'):format(what, r, d))
+    H.check(d and tonumber(d) <= 1e-6, ('%s: rank %d: with the scaler vs without: %s'):format(what, r, d))
   end
 end
 

@@ -85,7 +85,8 @@ do
   local function train(with)
     local M = setup()
     local opt = em.optim.SGD(M.params, { lr = 0.05, momentum = 0.9 })
-    local sc = with and em.amp.GradScaler{ init_scale = 1024, growth_interval = 2, strategy = s }
+    local sc = nil
+    if with then sc = em.amp.GradScaler{ init_scale = 1024, growth_interval = 2, strategy = s } end
     for step = 1, 4 do
       M.zero_grad()
       local x, y = batch(step)
