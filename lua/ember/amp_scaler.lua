@@ -231,7 +231,6 @@ function Scaler:load_state_dict(sd)
   self.growth_factor = sd.growth_factor or self.growth_factor
   self.backoff_factor = sd.backoff_factor or self.backoff_factor
   self.growth_interval = sd.growth_interval or self.growth_interval
-  self._dev_auth = false
   G.push(self)
 end
 

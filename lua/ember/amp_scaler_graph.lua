@@ -22,9 +22,10 @@ does, everything the step decides lives on the device:
             scale *= f*backoff + (1 - f)(g*growth + 1 - g), tracker = t(1 - g).
 
 The tensors are made by the first step outside the capture (the warm-up the
-optimizer needs anyway); after a captured update the device holds the truth,
-and the host's copy (get_scale, state_dict, eager steps) is read back from it
-on the next call outside a capture. Under a strategy the flag would need a
+optimizer needs anyway); once an update has been captured the device holds the
+truth, and the host's copy (get_scale, state_dict, eager steps) is read back
+from it by each call outside a capture (one read each), eager updates writing
+it back. Under a strategy the flag would need a
 collective inside the capture: one replica only for now.
 ]]
 local em = require 'ember'
@@ -55,14 +56,15 @@ function G.ensure(self, loss)
   return d
 end
 
--- Reads the device's scale and tracker back into the host's numbers after
--- captured updates (outside a capture only).
+-- Reads the device's scale and tracker back into the host's numbers once an
+-- update has been captured (outside a capture only). From then on the device
+-- holds the truth for good: a graph may be launched at any time, and its
+-- launches run no Lua.
 function G.host(self)
   if not self._dev_auth or G.capturing() then return end
   local d = self._dev
   self._scale = d.scale:item()
   self._growth_tracker = d.tracker:item()
-  self._dev_auth = false
 end
 
 -- After an eager update: the device copy follows the host's numbers.
