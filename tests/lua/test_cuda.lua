@@ -202,14 +202,16 @@ end)
 
 H.test('em.cuda.graph: a training step captured once, launched as a whole', function()
   em.manual_seed(5)
-  local function setup()
+  -- the optimizer is made after m:to('cuda'), which gives the model new tensors
+  local function setup(from)
     local m = em.nn.Sequential(em.nn.Linear(6, 16), em.nn.ReLU(), em.nn.Linear(16, 3))
+    if from then m:load_state_dict(from:state_dict()) end
+    m:to('cuda')
     return m, em.optim.SGD(m:parameters(), { lr = 0.05, momentum = 0.9 })
   end
   local mg, og = setup()
-  local md, od = setup()
-  md:load_state_dict(mg:state_dict())
-  mg:to('cuda'); md:to('cuda')
+  local md, od = setup(mg)
+  local before = H.flat(mg:parameters()[1]:cpu())
   local x, y = em.zeros({ 8, 6 }, { device = 'cuda' }), em.zeros({ 8, 3 }, { device = 'cuda' })
   local function step(m, o, xs, ys)
     o:zero_grad()
@@ -229,6 +231,9 @@ H.test('em.cuda.graph: a training step captured once, launched as a whole', func
     H.close(lg:item(), ld:item(), 1e-5, 'loss of launch ' .. i)
   end
   local pg, pd = mg:parameters(), md:parameters()
+  local moved = 0
+  for i, v in ipairs(H.flat(pg[1]:cpu())) do moved = math.max(moved, math.abs(v - before[i])) end
+  H.check(moved > 1e-3, 'the captured steps moved the weights (by ' .. moved .. ')')
   for k = 1, #pg do
     H.close(H.flat(pg[k]:cpu()), H.flat(pd[k]:cpu()), 1e-5, 'parameter ' .. k .. ' after 5 steps')
   end
