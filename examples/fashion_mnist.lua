@@ -7,10 +7,19 @@
 --                                    [--root dir] [--limit n] [--workers 2]
 --                                    [--device cpu|cuda|cuda:N]
 --                                    [--shard optimizer|gradients|parameters]
+--                                    [--amp bf16|fp16] [--channels-last]
 --
 -- --device cuda trains on a GPU (or, with EMBER_CUDA_EMULATE=1, on an emulated
 -- one: slowly, but through the same CUDA backend code); batches come to the
 -- device through pinned memory, copied while the previous step computes.
+--
+-- --amp bf16|fp16 runs forward and loss under em.amp.autocast (matmul, linear and conv
+-- in bfloat16 or float16, the loss and the norms in float32; parameters, gradients
+-- and the optimizer stay float32); fp16 adds an em.amp.GradScaler, which scales the
+-- loss, unscales the gradients and skips a step whose gradients overflowed. The test
+-- set is evaluated the same way. --channels-last (the CNN) keeps the model's weights
+-- in NHWC memory order (m:to{memory_format = 'channels_last'}) and converts each batch
+-- once, as it enters the model; every layer keeps that layout from there on.
 --
 -- The checkpoint goes to PATH, by default $XDG_CACHE_HOME/ember/fashion_mnist.ckpt
 -- (~/.cache/ember/... when XDG_CACHE_HOME is unset), never into the source tree;
@@ -63,7 +72,7 @@ end
 local strategy = em.distribute.mirrored{}
 local opt = { model = 'cnn', epochs = 5, batch = 128, lr = 1e-3, resume = false,
               checkpoint = default_checkpoint(), root = nil, limit = nil, seed = 1,
-              shard = false,
+              shard = false, amp = false, ['channels-last'] = false,
               workers = strategy.world_size > 1 and 1 or 2,
               -- a replica placed on a device (--devices) trains there
               device = strategy.device or 'cpu' }
@@ -74,7 +83,7 @@ do
     if not k or opt[k] == nil and k ~= 'root' and k ~= 'limit' then
       error(('unknown argument %s (see the header of %s)'):format(arg[i], arg[0]), 0)
     end
-    if k == 'resume' then opt.resume = true; i = i + 1
+    if k == 'resume' or k == 'channels-last' then opt[k] = true; i = i + 1
     else
       local v = arg[i + 1]
       if v == nil then error('--' .. k .. ' needs a value', 0) end
@@ -86,6 +95,13 @@ do
   if opt.shard and opt.shard ~= 'optimizer' and opt.shard ~= 'gradients' and
      opt.shard ~= 'parameters' then
     error('--shard must be optimizer, gradients or parameters', 0)
+  end
+  if opt.amp and opt.amp ~= 'bf16' and opt.amp ~= 'fp16' then
+    error('--amp must be bf16 or fp16', 0)
+  end
+  if opt.amp and type(em.amp) ~= 'table' then error('--amp: this build has no em.amp', 0) end
+  if opt['channels-last'] and opt.model ~= 'cnn' then
+    error('--channels-last needs --model cnn (the MLP has no convolutions)', 0)
   end
   if opt.shard then opt.checkpoint = tostring(opt.checkpoint) .. '.d' end
   opt.checkpoint = tostring(opt.checkpoint)
@@ -134,6 +150,8 @@ local function build(kind)
     nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 end
 local model = build(opt.model):to(opt.device)
+local channels_last = opt['channels-last']
+if channels_last then model:to{ memory_format = 'channels_last' } end
 -- replica 0's parameters everywhere; gradients averaged during backward (or
 -- reduce-scattered, with --shard; the optimizer then updates this replica's share)
 local dmodel = strategy:wrap(model, { shard = opt.shard or nil })
@@ -152,6 +170,17 @@ if strategy:is_main() then
 end
 
 -- -- Training and evaluation -------------------------------------------------------------------------
+-- The forward pass as --amp and --channels-last ask: the batch converted once at the
+-- model's entry, forward (and loss) under autocast.
+local amp_dtype = opt.amp and ({ bf16 = 'bfloat16', fp16 = 'float16' })[opt.amp]
+local function run(net, x, f)
+  if channels_last then x = x:to_channels_last() end
+  if amp_dtype then return em.amp.autocast(amp_dtype, function() return f(net(x)) end) end
+  return f(net(x))
+end
+local function logits(out) return out end
+-- float16's small range needs a scaled loss; bfloat16 has float32's range
+local scaler = opt.amp == 'fp16' and em.amp.GradScaler{} or nil
 -- (a sharded model's forward is a collective: every replica evaluates through it)
 local evaluator = opt.shard and dmodel or model
 local function evaluate()
@@ -159,7 +188,7 @@ local function evaluate()
   local correct, total = 0, 0
   em.no_grad(function()
     for x, y in test_loader:epoch() do
-      correct = correct + evaluator(x):argmax(2):eq(y):sum():item()
+      correct = correct + run(evaluator, x, logits):argmax(2):eq(y):sum():item()
       total = total + y:size(1)
     end
   end)
@@ -172,10 +201,16 @@ for epoch = first_epoch, opt.epochs do
   local loss_sum, batches = 0, 0
   train_loader:note('')
   for x, y in train_loader:epoch(epoch) do     -- the loader shows a progress bar
-    local loss = F.cross_entropy(dmodel(x), y)
+    local loss = run(dmodel, x, function(out) return F.cross_entropy(out, y) end)
     optimizer:zero_grad()
-    loss:backward()
-    optimizer:step()
+    if scaler then          -- scaled backward; the step is skipped when gradients overflowed
+      scaler:scale(loss):backward()
+      scaler:step(optimizer)
+      scaler:update()
+    else
+      loss:backward()
+      optimizer:step()
+    end
     batches = batches + 1
     loss_sum = loss_sum + loss:item()
     if batches % 20 == 0 then train_loader:note(('loss %.4f'):format(loss_sum / batches)) end

@@ -10,6 +10,12 @@ on the same GPU in the same run:
           512, NCHW, synthetic data, SGD with momentum 0.9 and weight decay 5e-4
           (the set-up of the classic MXNet-versus-TensorFlow multi-GPU runs)
 
+and each of the two again in bfloat16 autocast with channels-last (cnn_bf16,
+resnet_bf16): em.amp.autocast('bfloat16') and m:to{memory_format = 'channels_last'},
+each batch made channels-last at the model's entry, against torch.autocast('cuda',
+dtype=torch.bfloat16) and torch.channels_last (eager). Those rows print
+"skipped: ..." where this build lacks em.amp or to_channels_last.
+
 Each figure is samples per second over whole steps (forward, cross-entropy,
 backward, optimizer step), after warm-up steps, with a synchronize before the
 clock starts and stops: the median of several repetitions. The ratio is ember /
@@ -54,40 +60,9 @@ local function cnn()
     nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 end
 
--- A basic block: two 3x3 convolutions with batch norm, and the shortcut (a 1x1
--- projection with batch norm where the shape changes).
-local Block = nn.Module:extend('Block')
-function Block:init(cin, cout, stride)
-  self.conv1 = nn.Conv2d(cin, cout, 3, { stride = stride, padding = 1, bias = false })
-  self.bn1 = nn.BatchNorm2d(cout)
-  self.conv2 = nn.Conv2d(cout, cout, 3, { padding = 1, bias = false })
-  self.bn2 = nn.BatchNorm2d(cout)
-  if stride ~= 1 or cin ~= cout then
-    self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, { stride = stride, bias = false }),
-                               nn.BatchNorm2d(cout))
-  end
-end
-function Block:forward(x)
-  local y = self.bn1(self.conv1(x)):relu()
-  y = self.bn2(self.conv2(y))
-  return (y + (self.short and self.short(x) or x)):relu()
-end
-
-local function resnet18()
-  local layers = { nn.Conv2d(3, 16, 3, { padding = 1, bias = false }), nn.BatchNorm2d(16),
-                   nn.ReLU() }
-  local cin = 16
-  for stage, cout in ipairs({ 16, 32, 64, 128 }) do
-    for b = 1, 2 do
-      layers[#layers + 1] = Block(cin, cout, (stage > 1 and b == 1) and 2 or 1)
-      cin = cout
-    end
-  end
-  layers[#layers + 1] = nn.AdaptiveAvgPool2d(1)
-  layers[#layers + 1] = nn.Flatten()
-  layers[#layers + 1] = nn.Linear(128, 10)
-  return nn.Sequential((table.unpack or unpack)(layers))   -- every layer: `a and f() or g()` keeps one value
-end
+-- The seed's ResNet-18 for 32x32 inputs (resnet_common.lua, shared with the CPU bench).
+local R = dofile(dir .. 'resnet_common.lua')
+local resnet18 = R.resnet18
 
 -- -- Timing ----------------------------------------------------------------------------
 -- samples/s of `step` (one training step on `batch` samples): the median of Z.reps
@@ -106,40 +81,47 @@ local function rate(step, batch)
   return B.median(rs)
 end
 
-local function bench_cnn()
-  em.manual_seed(0)
-  local model = cnn():to(DEV)
-  local opt = em.optim.Adam(model:parameters(), { lr = 1e-3 })
-  local x = em.randn({ Z.cnn_batch, 1, 28, 28 }, { device = DEV })
-  local y = em.randint(1, 11, { Z.cnn_batch }, { device = DEV })
+-- One training step of `model` on a synthetic batch of `shape`; low = true: bfloat16
+-- autocast and channels-last (the model once, the batch at the model's entry).
+local function bench(model, opt, shape, batch, low)
+  if low then model:to{ memory_format = 'channels_last' } end
+  local x = em.randn({ batch, (table.unpack or unpack)(shape) }, { device = DEV })
+  local y = em.randint(1, 11, { batch }, { device = DEV })
+  local function forward()
+    return F.cross_entropy(model(low and x:to_channels_last() or x), y)
+  end
   return rate(function()
-    local loss = F.cross_entropy(model(x), y)
+    local loss = low and em.amp.autocast('bfloat16', forward) or forward()
     opt:zero_grad()
     loss:backward()
     opt:step()
-  end, Z.cnn_batch)
+  end, batch)
 end
 
-local function bench_resnet()
+local function bench_cnn(low)
+  em.manual_seed(0)
+  local model = cnn():to(DEV)
+  return bench(model, em.optim.Adam(model:parameters(), { lr = 1e-3 }), { 1, 28, 28 },
+               Z.cnn_batch, low)
+end
+
+local function bench_resnet(low)
   em.manual_seed(0)
   local model = resnet18():to(DEV)
-  local opt = em.optim.SGD(model:parameters(), { lr = 0.1, momentum = 0.9,
-                                                  weight_decay = 5e-4 })
-  local x = em.randn({ Z.resnet_batch, 3, 32, 32 }, { device = DEV })
-  local y = em.randint(1, 11, { Z.resnet_batch }, { device = DEV })
-  return rate(function()
-    local loss = F.cross_entropy(model(x), y)
-    opt:zero_grad()
-    loss:backward()
-    opt:step()
-  end, Z.resnet_batch)
+  return bench(model, R.sgd(model), { 3, 32, 32 }, Z.resnet_batch, low)
 end
+
+-- What the bf16 rows need, where this build lacks it.
+local low_missing = (not R.has_amp() and 'em.amp not built')
+                 or (not R.has_channels_last() and 'channels-last (to_channels_last) not built')
+                 or nil
 
 -- -- PyTorch's side, then the table ---------------------------------------------------------
 local py = os.getenv('EMBER_BENCH_PYTHON') or '/usr/bin/python3'
 local cmd = ('%s %sbench_cuda_train.py --device %s --cnn-batch %d --resnet-batch %d ' ..
-             '--steps %d --reps %d --warm %d --tf32 %d 2>&1'):format(py, dir, smoke and 'cpu' or 'cuda',
-             Z.cnn_batch, Z.resnet_batch, Z.steps, Z.reps, Z.warm, tf32 and 1 or 0)
+             '--steps %d --reps %d --warm %d --tf32 %d --bf16 %d 2>&1'):format(py, dir,
+             smoke and 'cpu' or 'cuda', Z.cnn_batch, Z.resnet_batch, Z.steps, Z.reps, Z.warm,
+             tf32 and 1 or 0, low_missing and 0 or 1)
 local torch, info, torch_na = {}, {}, {}
 local p = io.popen(cmd)
 for line in p:lines() do
@@ -159,23 +141,30 @@ if smoke then print('emulated: smoke sizes, PyTorch on the CPU: these are not GP
 print(('TF32 for float32 matmul and convolution: %s on both sides'):format(tf32 and 'on' or 'off'))
 print('ratio: ember samples/s / PyTorch samples/s (> 1: ember faster; goal >= 1.2)')
 print()
-print(('%-28s %14s %14s %8s'):format('step', 'ember', 'PyTorch', 'ratio'))
+print(('%-36s %14s %14s %8s'):format('step', 'ember', 'PyTorch', 'ratio'))
 local ember_failed = false
-for _, r in ipairs({ { 'cnn', ('Fashion-MNIST CNN, batch %d'):format(Z.cnn_batch), bench_cnn },
-                     { 'resnet', ('ResNet-18 32x32, batch %d'):format(Z.resnet_batch),
-                       bench_resnet } }) do
-  local ok, v = pcall(r[3])
-  local t = torch[r[1]]
-  if ok then
-    print(('%-28s %14.1f %14s %8s'):format(r[2], v, t and ('%.1f'):format(t) or 'n/a',
-                                           t and ('%.3f'):format(v / t) or 'n/a'))
-    B.result('cuda_train_' .. r[1], v, 'samples/s', 'higher', 'ratio >= 1.2')
+local cnn_label = ('Fashion-MNIST CNN, batch %d'):format(Z.cnn_batch)
+local resnet_label = ('ResNet-18 32x32, batch %d'):format(Z.resnet_batch)
+for _, r in ipairs({ { 'cnn', cnn_label, bench_cnn },
+                     { 'resnet', resnet_label, bench_resnet },
+                     { 'cnn_bf16', cnn_label .. ', bf16+CL', bench_cnn, true },
+                     { 'resnet_bf16', resnet_label .. ', bf16+CL', bench_resnet, true } }) do
+  if r[4] and low_missing then
+    print(('%-36s skipped: %s'):format(r[2], low_missing))
   else
-    print(('%-28s %14s %14s %8s  ember n/a: %s'):format(r[2], 'n/a',
-          t and ('%.1f'):format(t) or 'n/a', 'n/a', tostring(v)))
-    ember_failed = true
+    local ok, v = pcall(r[3], r[4])
+    local t = torch[r[1]]
+    if ok then
+      print(('%-36s %14.1f %14s %8s'):format(r[2], v, t and ('%.1f'):format(t) or 'n/a',
+                                             t and ('%.3f'):format(v / t) or 'n/a'))
+      B.result('cuda_train_' .. r[1], v, 'samples/s', 'higher', 'ratio >= 1.2')
+    else
+      print(('%-36s %14s %14s %8s  ember n/a: %s'):format(r[2], 'n/a',
+            t and ('%.1f'):format(t) or 'n/a', 'n/a', tostring(v)))
+      ember_failed = true
+    end
+    if torch_na[r[1]] then print(('  torch n/a: %s'):format(torch_na[r[1]])) end
   end
-  if torch_na[r[1]] then print(('  torch n/a: %s'):format(torch_na[r[1]])) end
 end
 -- ember's own side failing is a failure of the run (PyTorch missing is not).
 if ember_failed then os.exit(1) end

@@ -8,6 +8,8 @@ torch.cuda.synchronize() calls. Prints
   RESULT <name> <samples/s> samples/s
   NA <name> <reason>
 
+--bf16 1 adds cnn_bf16 and resnet_bf16: the same steps under torch.autocast(device,
+dtype=torch.bfloat16) with the model and each batch in torch.channels_last.
 --device cpu is for bench_cuda_train.lua's smoke run on emulated devices. --tf32 1
 lets float32 matmuls and convolutions use TF32, as em.cuda.allow_tf32(true) does on
 ember's side; 0 (the default) keeps both in IEEE float32.
@@ -20,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import result, set_tf32, torch  # noqa: E402
+from resnet_common import resnet18, sgd  # noqa: E402
 
 nn = torch.nn
 F = torch.nn.functional
@@ -32,6 +35,7 @@ p.add_argument('--steps', type=int, default=20)
 p.add_argument('--reps', type=int, default=5)
 p.add_argument('--warm', type=int, default=5)
 p.add_argument('--tf32', type=int, default=0, help='TF32 for float32 matmul and conv (as ember)')
+p.add_argument('--bf16', type=int, default=1, help='the bf16 autocast + channels_last rows too')
 args = p.parse_args()
 
 dev = torch.device(args.device)
@@ -39,8 +43,8 @@ cuda = dev.type == 'cuda'
 print('INFO torch %s' % torch.__version__, flush=True)
 if cuda:
     if not torch.cuda.is_available():
-        print('NA cnn torch sees no CUDA device', flush=True)
-        print('NA resnet torch sees no CUDA device', flush=True)
+        for name in ('cnn', 'resnet', 'cnn_bf16', 'resnet_bf16'):
+            print('NA %s torch sees no CUDA device' % name, flush=True)
         sys.exit(0)
     print('INFO device %s' % torch.cuda.get_device_name(dev), flush=True)
     # PyTorch's default runs cuDNN's float32 convolutions in TF32; ember's does not:
@@ -76,41 +80,19 @@ def cnn():
         nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-class Block(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.short = None
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        y = F.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return F.relu(y + (self.short(x) if self.short is not None else x))
-
-
-def resnet18():
-    layers = [nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
-    cin = 16
-    for stage, cout in enumerate([16, 32, 64, 128]):
-        for b in range(2):
-            layers.append(Block(cin, cout, 2 if stage > 0 and b == 0 else 1))
-            cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)]
-    return nn.Sequential(*layers)
-
-
-def bench(name, model, opt, shape, batch):
+def bench(name, model, opt, shape, batch, low=False):
+    """low: bfloat16 autocast, the model and each batch in channels_last."""
+    if low:
+        model = model.to(memory_format=torch.channels_last)
     x = torch.randn(batch, *shape, device=dev)
     y = torch.randint(0, 10, (batch,), device=dev)
 
     def step():
-        loss = F.cross_entropy(model(x), y)
+        if low:
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x.contiguous(memory_format=torch.channels_last)), y)
+        else:
+            loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -121,9 +103,12 @@ def bench(name, model, opt, shape, batch):
               flush=True)
 
 
-torch.manual_seed(0)
-m = cnn().to(dev)
-bench('cnn', m, torch.optim.Adam(m.parameters(), lr=1e-3), (1, 28, 28), args.cnn_batch)
-m = resnet18().to(dev)
-bench('resnet', m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4),
-      (3, 32, 32), args.resnet_batch)
+for low in ((False, True) if args.bf16 else (False,)):
+    suffix = '_bf16' if low else ''
+    torch.manual_seed(0)
+    m = cnn().to(dev)
+    bench('cnn' + suffix, m, torch.optim.Adam(m.parameters(), lr=1e-3), (1, 28, 28),
+          args.cnn_batch, low)
+    torch.manual_seed(0)
+    m = resnet18().to(dev)
+    bench('resnet' + suffix, m, sgd(m), (3, 32, 32), args.resnet_batch, low)

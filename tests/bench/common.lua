@@ -41,6 +41,19 @@ function B.result(name, value, unit, better, target)
   io.stdout:flush()
 end
 
+-- The peers' python for a benchmark that runs its twin itself: run.sh's
+-- (EMBER_BENCH_PYTHON), else the environment tests/bench/peers/setup.sh made, else
+-- Debian's.
+function B.python()
+  local py = os.getenv('EMBER_BENCH_PYTHON')
+  if py and py ~= '' then return py end
+  local cache = os.getenv('XDG_CACHE_HOME') or ((os.getenv('HOME') or '') .. '/.cache')
+  py = (os.getenv('EMBER_PEERS_VENV') or (cache .. '/ember/peers')) .. '/bin/python'
+  local f = io.open(py, 'r')
+  if f then f:close(); return py end
+  return '/usr/bin/python3'
+end
+
 local threads = tonumber(os.getenv('EMBER_NUM_THREADS') or '2') or 2
 if type(em.set_num_threads) == 'function' then pcall(em.set_num_threads, threads) end
 

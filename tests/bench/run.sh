@@ -123,7 +123,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # The table: ember's lines joined with torch's and tensorflow's on the name. Then the
 # the headline ratios, as RESULT lines of their own (ember / peer, same run):
 # ddp_cnn_vs_torch2 and ddp_cnn_vs_tf (the threads replicas' global samples/s),
-# train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf, and for
+# train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf,
+# train_cnn_bf16_vs_torch2, train_resnet_fp32_vs_torch2, train_resnet_bf16_vs_torch2, and for
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
 # and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember),
 # and for the pipelines pipe_<schedule>_p<P>_m<M>_vs_torch2 (samples/s, ember/PyTorch).
@@ -164,7 +165,9 @@ awk '
       shard = shard sprintf("RESULT %s_vs_torch2 %.4g x higher\n", name, r)
   }
   END {
-    split("ddp_cnn_vs:ddp_cnn_local train_cnn_fp32_vs:train_cnn train_mlp_fp32_vs:train_mlp", pairs, " ")
+    split("ddp_cnn_vs:ddp_cnn_local train_cnn_fp32_vs:train_cnn train_mlp_fp32_vs:train_mlp " \
+          "train_cnn_bf16_vs:train_cnn_bf16 train_resnet_fp32_vs:train_resnet_fp32 " \
+          "train_resnet_bf16_vs:train_resnet_bf16", pairs, " ")
     for (i = 1; i in pairs; i++) {
       split(pairs[i], kv, ":"); key = kv[2]
       if (!(key in ev) || ev[key] <= 0) continue

@@ -1,6 +1,7 @@
 """train_common.py -- PyTorch's side of the training benchmarks: the same recipe
 (Adam 1e-3, batch 128, cross-entropy) on the same first Fashion-MNIST samples,
-timed over whole steps after a warm-up, and peak RSS (VmHWM) at the end."""
+timed over whole steps after a warm-up, and peak RSS (VmHWM) after the float32 run;
+the CNN also in CPU autocast bfloat16 with channels_last (train_cnn_bf16)."""
 import gzip
 import os
 import sys
@@ -37,8 +38,9 @@ def peak_rss_mb():
                 return int(line.split()[1]) / 1024
 
 
-def setup(kind):
-    """The model, its data and one training step: step(i) trains on batch i (of 40)."""
+def setup(kind, low=False):
+    """The model, its data and one training step: step(i) trains on batch i (of 40).
+    low: bfloat16 autocast and channels_last (the model once, each batch at its entry)."""
     torch.manual_seed(0)
     batch, n = 128, 128 * 40
     images = idx(ROOT + '/train-images-idx3-ubyte.gz', 16).reshape(-1, 1, 28, 28)[:n]
@@ -46,11 +48,19 @@ def setup(kind):
     x = (torch.from_numpy(images.copy()).float() / 255 - 0.2860) / 0.3530
     y = torch.from_numpy(labels.astype(np.int64))
     m = model(kind)
+    if low:
+        m = m.to(memory_format=torch.channels_last)
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
 
     def step(i):
         s = (i % 40) * batch
-        loss = F.cross_entropy(m(x[s:s + batch]), y[s:s + batch])
+        xb, yb = x[s:s + batch], y[s:s + batch]
+        if low:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+            with torch.autocast('cpu', dtype=torch.bfloat16):
+                loss = F.cross_entropy(m(xb), yb)
+        else:
+            loss = F.cross_entropy(m(xb), yb)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -58,12 +68,20 @@ def setup(kind):
     return step, batch
 
 
-def run(kind, steps):
-    step, batch = setup(kind)
+def rate(step, batch, steps):
+    """samples/s of `steps` steps after 5 warm-up steps."""
     for i in range(5):
         step(i)
     t0 = now()
     for i in range(steps):
         step(i)
-    result('train_' + kind, steps * batch / (now() - t0), 'samples/s')
+    return steps * batch / (now() - t0)
+
+
+def run(kind, steps):
+    step, batch = setup(kind)
+    result('train_' + kind, rate(step, batch, steps), 'samples/s')
     result('rss_' + kind, peak_rss_mb(), 'MB')
+    if kind == 'cnn':
+        step, batch = setup(kind, low=True)
+        result('train_cnn_bf16', rate(step, batch, steps), 'samples/s')
