@@ -223,6 +223,6 @@ done
 # -- Benchmarks last ---------------------------------------------------------------------------
 say "benchmarks: TF32 for float32 matmul is off on both sides except in the row that says on"
 step bench_cuda 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda.lua"
-step bench_cuda_train 150 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua" --steps 20
+step bench_cuda_train 240 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua" --steps 20
 
 finish $failed
