@@ -28,7 +28,9 @@
 **   - Batch norm in training goes to the runtime's batch_norm_fwd/bwd (cuDNN's
 **     spatial batch norm; the CPU's on the emulator). cuDNN wants a scale and a
 **     bias, contiguous running statistics (both or neither) and every gradient:
-**     stand-ins (ones, zeros, scratch, contiguous copies) are made here.
+**     stand-ins (ones, zeros, scratch, contiguous copies) are made here. A
+**     float16/bfloat16 x keeps float32 parameters and statistics, as cuDNN's
+**     derived batch norm descriptor has them, so autocast needs no casts around it.
 **   - Evaluation-mode batch norm and its backward, and all pooling, are our own
 **     kernels (k_dnn.cu), on both runtimes. cuDNN's pooling returns no argmax indices
 **     (max_pool2d's contract), has no adaptive pooling, and its output size rule
@@ -265,6 +267,16 @@ em_status emk_adaptive_avg_pool2d_backward(emi_device *d, const emi_pool_geom *g
 
 /* -- Batch norm ---------------------------------------------------------------------------- */
 
+/* A float16/bfloat16 x comes with float32 weight, bias and statistics (the ops
+** layer's rule; cuDNN derives float parameter descriptors for half data too): the
+** parameters' dtype, and the kernel of x's dtype. */
+static em_dtype bn_pdt(em_dtype dt) {
+  return dt == EM_FLOAT16 || dt == EM_BFLOAT16 ? EM_FLOAT32 : dt;
+}
+#define BN_BY_DTYPE(name, dt)                                                         \
+  ((dt) == EM_FLOAT16 ? &name##_f16 : (dt) == EM_BFLOAT16 ? &name##_bf16              \
+                                                          : BY_DTYPE(name, dt))
+
 static void bn_dims(const em_tensor *x, int64_t *N, int64_t *C, int64_t *L) {
   *N = x->sizes[0];
   *C = x->sizes[1];
@@ -308,10 +320,10 @@ static em_status bn_eval(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor
   a.rm = dptr(rm), a.rv = dptr(rv), a.rms = rm->strides[0], a.rvs = rv->strides[0];
   a.mean = dptr(mean), a.invstd = dptr(invstd), a.eps = eps;
   a.x = dptr(x), a.y = dptr(y), a.w = dptr(w), a.b = dptr(b);
-  em_status st = launch(d, "batch_norm", BY_DTYPE(k_dnn_bn_eval_stats, x->dtype), a.C, &a,
-                        sizeof a);
+  em_status st = launch(d, "batch_norm", BY_DTYPE(k_dnn_bn_eval_stats, bn_pdt(x->dtype)),
+                        a.C, &a, sizeof a);
   a.total = x->numel;
-  if (!st) st = launch(d, "batch_norm", BY_DTYPE(k_dnn_bn_apply, x->dtype), a.total, &a,
+  if (!st) st = launch(d, "batch_norm", BN_BY_DTYPE(k_dnn_bn_apply, x->dtype), a.total, &a,
                        sizeof a);
   return st;
 }
@@ -335,13 +347,14 @@ em_status emk_batch_norm(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor
   em_tensor *ones = NULL, *zeros = NULL, *rm = NULL, *rv = NULL, *tm = NULL, *tv = NULL;
   em_tensor *scratch = NULL;
   em_status st = EM_OK;
-  if ((!w && (st = vec(d, op, bd.C, x->dtype, 1, &ones))) ||
-      (!b && (st = vec(d, op, bd.C, x->dtype, 0, &zeros))) ||
+  em_dtype pdt = bn_pdt(x->dtype);
+  if ((!w && (st = vec(d, op, bd.C, pdt, 1, &ones))) ||
+      (!b && (st = vec(d, op, bd.C, pdt, 0, &zeros))) ||
       (st = running(d, op, running_mean, &rm, &tm)) ||
       (st = running(d, op, running_var, &rv, &tv)))
     goto done;
   if ((rm == NULL) != (rv == NULL)) {   /* cuDNN moves both or neither */
-    if ((st = vec(d, op, bd.C, x->dtype, rm ? 1 : 0, &scratch))) goto done;
+    if ((st = vec(d, op, bd.C, pdt, rm ? 1 : 0, &scratch))) goto done;
     if (!rm) rm = scratch;
     else rv = scratch;
   }
@@ -373,7 +386,7 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
     bn_dims(x, &a.N, &a.C, &a.L);
     a.x = dptr(x), a.gy = dptr(gy), a.w = dptr(w), a.mean = dptr(mean);
     a.invstd = dptr(invstd), a.gx = dptr(gx), a.gw = dptr(gw), a.gb = dptr(gb);
-    return launch(d, op, BY_DTYPE(k_dnn_bn_eval_bwd, x->dtype), a.C, &a, sizeof a);
+    return launch(d, op, BN_BY_DTYPE(k_dnn_bn_eval_bwd, x->dtype), a.C, &a, sizeof a);
   }
   emk_runtime *rt = rt_of(d);
   if (!rt->ops->batch_norm_bwd)
@@ -386,10 +399,11 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
   /* cuDNN computes all three gradients and wants a scale */
   em_tensor *ones = NULL, *tx = NULL, *tw = NULL, *tb = NULL;
   em_status st = EM_OK;
-  if ((!w && (st = vec(d, op, bd.C, x->dtype, 1, &ones))) ||
+  em_dtype pdt = bn_pdt(x->dtype);
+  if ((!w && (st = vec(d, op, bd.C, pdt, 1, &ones))) ||
       (!gx && (st = emi_tensor_new(d->S, op, x->sizes, x->ndim, x->dtype, d->index, &tx))) ||
-      (!gw && (st = vec(d, op, bd.C, x->dtype, NAN, &tw))) ||
-      (!gb && (st = vec(d, op, bd.C, x->dtype, NAN, &tb))))
+      (!gw && (st = vec(d, op, bd.C, pdt, NAN, &tw))) ||
+      (!gb && (st = vec(d, op, bd.C, pdt, NAN, &tb))))
     goto done;
   if ((st = rt->ops->batch_norm_bwd(rt, emk_dev(d)->compute, &bd, dptr(x), dptr(gy),
                                     w ? dptr(w) : dptr(ones), dptr(mean), dptr(invstd),

@@ -9,10 +9,13 @@
 ** each thread one plane (one channel for batch norm) and walk it in the CPU's
 ** order (core/cpu/pool.c, normalize.c), with no atomics: results equal the CPU's
 ** bit for bit and are deterministic. Each kernel is a float32 and a float64
-** instance of one template, named in full (k_dnn_maxpool_f32, ...).
+** instance of one template, named in full (k_dnn_maxpool_f32, ...); batch norm's
+** apply and evaluation backward also have float16 / bfloat16 instances (_f16,
+** _bf16) that keep float32 parameters.
 */
 #include "k_dnn_args.h"
 #include "device.h"
+#include "dtype_dev.h"
 #include <math.h>
 
 /* == Kernels ============================================================================ */
@@ -199,6 +202,56 @@ EMK_DEVICE void dnn_bn_eval_bwd(const bn_args *A) {
   }
 }
 
+/* float16 (bf 0) / bfloat16 (bf 1) element i of p, and the store back. A half x
+** keeps float32 weight, bias and statistics (the ops layer's rule), so only x, y,
+** gy and gx go through these; the arithmetic is the float32 kernels' (the CPU's
+** bn_half.c), rounded once per stored element. */
+EMK_DEVICE float bn_ld16(const void *p, int64_t i, int bf) {
+  uint16_t v = ((const uint16_t *)p)[i];
+  return bf ? emk_bf16_to_float(v) : emk_half_to_float(v);
+}
+EMK_DEVICE void bn_st16(void *p, int64_t i, int bf, float v) {
+  ((uint16_t *)p)[i] = bf ? emk_float_to_bf16(v) : emk_float_to_half(v);
+}
+
+EMK_DEVICE void dnn_bn_apply_lp(const bn_args *A, int bf) {
+  int64_t step = (int64_t)gridDim.x * blockDim.x;
+  const float *w = (const float *)A->w, *b = (const float *)A->b;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) {
+    int64_t c = (i / A->L) % A->C;
+    float sc = ((const float *)A->invstd)[c] * (w ? w[c] : 1.0f);
+    float sh = (b ? b[c] : 0.0f) - ((const float *)A->mean)[c] * sc;
+    bn_st16(A->y, i, bf, bn_ld16(A->x, i, bf) * sc + sh);
+  }
+}
+
+EMK_DEVICE void dnn_bn_eval_bwd_lp(const bn_args *A, int bf) {
+  int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= A->C) return;
+  const float *w = (const float *)A->w;
+  float m = ((const float *)A->mean)[c];
+  double is = (double)((const float *)A->invstd)[c], sg = 0, sgx = 0;
+  for (int64_t n = 0; n < A->N; n++) {
+    int64_t r = (n * A->C + c) * A->L;
+    float s0 = 0, s1 = 0;
+    for (int64_t l = 0; l < A->L; l++) {
+      float g = bn_ld16(A->gy, r + l, bf);
+      s0 += g;
+      s1 += g * (bn_ld16(A->x, r + l, bf) - m);
+    }
+    sg += s0;
+    sgx += s1;
+  }
+  if (A->gw) ((float *)A->gw)[c] = (float)(sgx * is);
+  if (A->gb) ((float *)A->gb)[c] = (float)sg;
+  if (!A->gx) return;
+  float k = (float)((w ? (double)w[c] : 1.0) * is);
+  for (int64_t n = 0; n < A->N; n++) {
+    int64_t r = (n * A->C + c) * A->L;
+    for (int64_t l = 0; l < A->L; l++) bn_st16(A->gx, r + l, bf, k * bn_ld16(A->gy, r + l, bf));
+  }
+}
+
 /* The kernels, named in full: the real runtime finds each by its name in the fatbin. */
 EMK_KERNEL(k_dnn_maxpool_f32, pool_args) { dnn_maxpool<float>(&a); }
 EMK_KERNEL(k_dnn_maxpool_f64, pool_args) { dnn_maxpool<double>(&a); }
@@ -218,3 +271,7 @@ EMK_KERNEL(k_dnn_bn_apply_f32, bn_args) { dnn_bn_apply<float>(&a); }
 EMK_KERNEL(k_dnn_bn_apply_f64, bn_args) { dnn_bn_apply<double>(&a); }
 EMK_KERNEL(k_dnn_bn_eval_bwd_f32, bn_args) { dnn_bn_eval_bwd<float>(&a); }
 EMK_KERNEL(k_dnn_bn_eval_bwd_f64, bn_args) { dnn_bn_eval_bwd<double>(&a); }
+EMK_KERNEL(k_dnn_bn_apply_f16, bn_args) { dnn_bn_apply_lp(&a, 0); }
+EMK_KERNEL(k_dnn_bn_apply_bf16, bn_args) { dnn_bn_apply_lp(&a, 1); }
+EMK_KERNEL(k_dnn_bn_eval_bwd_f16, bn_args) { dnn_bn_eval_bwd_lp(&a, 0); }
+EMK_KERNEL(k_dnn_bn_eval_bwd_bf16, bn_args) { dnn_bn_eval_bwd_lp(&a, 1); }

@@ -45,5 +45,9 @@ EMK_KERNEL_DECL(k_dnn_bn_apply_f32);
 EMK_KERNEL_DECL(k_dnn_bn_apply_f64);
 EMK_KERNEL_DECL(k_dnn_bn_eval_bwd_f32);
 EMK_KERNEL_DECL(k_dnn_bn_eval_bwd_f64);
+EMK_KERNEL_DECL(k_dnn_bn_apply_f16);
+EMK_KERNEL_DECL(k_dnn_bn_apply_bf16);
+EMK_KERNEL_DECL(k_dnn_bn_eval_bwd_f16);
+EMK_KERNEL_DECL(k_dnn_bn_eval_bwd_bf16);
 
 #endif

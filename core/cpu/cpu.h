@@ -95,6 +95,17 @@ em_status emi_cpu_bn_nhwc_backward(em_state *S, em_dtype dt, int64_t M, int64_t 
                                    const void *gy, const void *x, const void *mean,
                                    const void *invstd, const void *w, int training, void *gx,
                                    void *gw, void *gb);
+/* bn_half.c: the same for a float16/bfloat16 x (NCHW or channels last) with float32
+** weight, bias and saved statistics, computing in float32 a run at a time. */
+void emi_cpu_bn_half_stats(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
+                           bool nhwc, const void *x, double *mean, double *var);
+void emi_cpu_bn_half_apply(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
+                           bool nhwc, const void *x, const double *mean, const double *invstd,
+                           const float *w, const float *b, void *y);
+em_status emi_cpu_bn_half_backward(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
+                                   bool nhwc, const void *gy, const void *x, const float *mean,
+                                   const float *invstd, const float *w, int training, void *gx,
+                                   float *gw, float *gb);
 /* normalize.c */
 em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
                              em_tensor *invstd, em_tensor *running_mean,

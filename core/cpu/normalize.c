@@ -6,7 +6,8 @@
 ** running statistics, PyTorch's rule: the biased variance normalizes, the
 ** unbiased one goes into running_var); layer norm row by row over (M, K). The
 ** loops are written once, in normalize_impl.h, which this file includes for
-** float and for double. A channels-last (non-contiguous) x takes bn_nhwc.c's loops.
+** float and for double. A channels-last (non-contiguous) x takes bn_nhwc.c's loops,
+** a float16/bfloat16 x (with float32 parameters and statistics) bn_half.c's.
 */
 #include "cpu.h"
 #include <math.h>
@@ -70,9 +71,11 @@ em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
   size_t bytes = (size_t)C * 3 * sizeof(double) + 8;
   double *m = emi_malloc(S, bytes), *var = m + C, *inv = var + C;
   if (!m) return emi_error(S, EM_ERR_NOMEM, "batch_norm: out of memory");
+  bool half = dt == EM_FLOAT16 || dt == EM_BFLOAT16;
   if (training) {
     normalize_job j = {.N = N, .C = C, .L = L, .x = em_tensor_data(x), .dmean = m, .var = var};
-    if (nhwc) emi_cpu_bn_nhwc_stats(S, dt, N * L, C, em_tensor_data(x), m, var);
+    if (half) emi_cpu_bn_half_stats(S, dt, N, C, L, nhwc, em_tensor_data(x), m, var);
+    else if (nhwc) emi_cpu_bn_nhwc_stats(S, dt, N * L, C, em_tensor_data(x), m, var);
     else emi_parallel_for(S, C, normalize_grain(N * L * 2), PICK(bn_stats, dt), &j);
     double cnt = (double)(N * L);
     for (int64_t c = 0; c < C; c++) {
@@ -90,14 +93,17 @@ em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
     }
   }
   char *pm = em_tensor_data(mean), *pi = em_tensor_data(invstd);
-  size_t es = em_dtype_size(dt);
+  em_dtype pdt = mean->dtype;   /* x's, or float32 for a half x */
+  size_t es = em_dtype_size(pdt);
   for (int64_t c = 0; c < C; c++) {
-    emi_store_f64(pm + (size_t)c * es, dt, m[c]);
-    emi_store_f64(pi + (size_t)c * es, dt, inv[c]);
+    emi_store_f64(pm + (size_t)c * es, pdt, m[c]);
+    emi_store_f64(pi + (size_t)c * es, pdt, inv[c]);
   }
   normalize_job j = {.N = N, .C = C, .L = L, .x = em_tensor_data(x), .mean = m, .invstd = inv,
                      .w = data_or_null(w), .b = data_or_null(b), .y = em_tensor_data(y)};
-  if (nhwc)
+  if (half)
+    emi_cpu_bn_half_apply(S, dt, N, C, L, nhwc, j.x, m, inv, j.w, j.b, j.y);
+  else if (nhwc)
     emi_cpu_bn_nhwc_apply(S, dt, N * L, C, j.x, m, inv, j.w, j.b, j.y);
   else
     emi_parallel_for(S, N * C, normalize_grain(L), PICK(bn_apply, dt), &j);
@@ -111,6 +117,12 @@ em_status emi_cpu_batch_norm_backward(emi_device *dev, em_tensor *gx, em_tensor 
                                       const em_tensor *w, int training) {
   int64_t N, C, L;
   bn_dims(x, &N, &C, &L);
+  if (x->dtype == EM_FLOAT16 || x->dtype == EM_BFLOAT16)
+    return emi_cpu_bn_half_backward(dev->S, x->dtype, N, C, L, !em_tensor_is_contiguous(x),
+                                    em_tensor_data(gy), em_tensor_data(x),
+                                    em_tensor_data(mean), em_tensor_data(invstd),
+                                    data_or_null(w), training, data_or_null(gx),
+                                    data_or_null(gw), data_or_null(gb));
   if (!em_tensor_is_contiguous(x))   /* channels last */
     return emi_cpu_bn_nhwc_backward(dev->S, x->dtype, N * L, C, em_tensor_data(gy),
                                     em_tensor_data(x), em_tensor_data(mean),

@@ -2,15 +2,37 @@
 ** nn_normalize.c -- the normalization layers batch_norm and layer_norm, forward
 ** and backward: checks, output shapes and contiguous inputs, then the device's
 ** entries (the CPU backend's normalize.c), which also move batch norm's running
-** statistics -- an in-place write, so it bumps their storage versions here.
+** statistics -- an in-place write, so it bumps their storage versions here. Batch
+** norm also takes a float16/bfloat16 input with float32 parameters and statistics
+** (bn_param_dtype); layer norm takes one dtype throughout.
 */
 #include "nn_util.h"
 #include "../autograd/grad_nn.h"
 #include <math.h>
 
+static bool half_dtype(em_dtype dt) { return dt == EM_FLOAT16 || dt == EM_BFLOAT16; }
+
+/* Batch norm's parameters and statistics (weight, bias, running and saved mean and
+** variance): of input's dtype, or float32 for a float16/bfloat16 input -- autocast
+** keeps them float32, as PyTorch's kernels and cuDNN take them, and the op
+** computes in float32 and returns the input's dtype. */
+static em_dtype bn_param_dtype(const em_tensor *input) {
+  return half_dtype(input->dtype) ? EM_FLOAT32 : input->dtype;
+}
+
 static em_status check_vec(em_state *S, const char *op, const char *what,
                            const em_tensor *t, const em_tensor *input, int64_t C) {
-  em_status st = nn_check_float(S, op, what, t, input);
+  em_status st;
+  if (half_dtype(input->dtype)) {
+    if ((st = emi_check_tensor(S, op, t))) return st;
+    if (t->dtype != EM_FLOAT32)
+      return emi_error(S, EM_ERR_DTYPE, "%s: %s has dtype %s but a %s input takes float32 "
+                       "%s (parameters and statistics stay float32)", op, what,
+                       em_dtype_name(t->dtype), em_dtype_name(input->dtype), what);
+    st = nn_check_device(S, op, what, t, input);
+  } else {
+    st = nn_check_float(S, op, what, t, input);
+  }
   if (st) return st;
   if (t->ndim != 1 || t->sizes[0] != C)
     return emi_error(S, EM_ERR_SHAPE, "%s: %s %s must be [%lld]", op, what, emi_tshape(S, t),
@@ -20,7 +42,7 @@ static em_status check_vec(em_state *S, const char *op, const char *what,
 
 static em_status bn_input(em_state *S, const char *op, const em_tensor *input, int64_t *N,
                           int64_t *C, int64_t *L) {
-  em_status st = nn_check_float(S, op, "input", input, NULL);
+  em_status st = nn_check_floating(S, op, "input", input, NULL);
   if (st) return st;
   if (input->ndim < 2)
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have at least 2 dims (N, C, ...)",
@@ -62,8 +84,8 @@ em_status em_batch_norm(em_state *S, const em_tensor *input, const em_tensor *we
   if ((st = nn_layout(S, input, kn, &x)) || (weight && (st = nn_contig(S, weight, &w))) ||
       (bias && (st = nn_contig(S, bias, &b))) ||
       (st = emi_tensor_new_fmt(S, op, input->sizes, input->ndim, dt, dev, kn, &y)) ||
-      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &mean)) ||
-      (st = emi_tensor_new(S, op, &C, 1, dt, dev, &invstd)))
+      (st = emi_tensor_new(S, op, &C, 1, bn_param_dtype(input), dev, &mean)) ||
+      (st = emi_tensor_new(S, op, &C, 1, bn_param_dtype(input), dev, &invstd)))
     goto done;
   st = EMI_DISPATCH(S, op, x, batch_norm, y, mean, invstd, running_mean, running_var, x, w, b,
                     training, momentum, eps);
@@ -97,7 +119,7 @@ em_status em_batch_norm_backward(em_state *S, const em_tensor *grad_out,
   em_status st = bn_input(S, op, input, &N, &C, &L);
   if (st) return st;
   em_dtype dt = input->dtype;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, input)) ||
+  if ((st = nn_check_floating(S, op, "grad_out", grad_out, input)) ||
       (weight && (st = check_vec(S, op, "weight", weight, input, C))) ||
       (st = check_vec(S, op, "save_mean", save_mean, input, C)) ||
       (st = check_vec(S, op, "save_invstd", save_invstd, input, C)))
@@ -115,8 +137,8 @@ em_status em_batch_norm_backward(em_state *S, const em_tensor *grad_out,
       (st = nn_contig(S, save_mean, &mean)) || (st = nn_contig(S, save_invstd, &invstd)) ||
       (grad_input &&
        (st = emi_tensor_new_fmt(S, op, input->sizes, input->ndim, dt, dev, kn, &gx))) ||
-      (grad_weight && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &gw))) ||
-      (grad_bias && (st = emi_tensor_new(S, op, &C, 1, dt, dev, &gb))))
+      (grad_weight && (st = emi_tensor_new(S, op, &C, 1, bn_param_dtype(input), dev, &gw))) ||
+      (grad_bias && (st = emi_tensor_new(S, op, &C, 1, bn_param_dtype(input), dev, &gb))))
     goto done;
   st = EMI_DISPATCH(S, op, x, batch_norm_backward, gx, gw, gb, gy, x, mean, invstd, w,
                     training);

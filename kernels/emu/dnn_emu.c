@@ -257,10 +257,13 @@ typedef struct bn_item {
 static em_status run_bn(emu *E, void *args, char *err, size_t errlen) {
   const bn_item *it = (const bn_item *)args;
   const emk_bn_desc *bd = &it->b;
+  /* a float16/bfloat16 x has float32 parameters and statistics, as cuDNN's derived
+  ** descriptor has them */
   em_dtype dt = bd->dtype;
-  size_t es = em_dtype_size(dt);
+  em_dtype pt = dt == EM_FLOAT16 || dt == EM_BFLOAT16 ? EM_FLOAT32 : dt;
   int64_t xs[3] = {bd->N, bd->C, bd->L}, cs[1] = {bd->C};
-  size_t xb = (size_t)(bd->N * bd->C * bd->L) * es, cb = (size_t)bd->C * es;
+  size_t xb = (size_t)(bd->N * bd->C * bd->L) * em_dtype_size(dt);
+  size_t cb = (size_t)bd->C * em_dtype_size(pt);
   const char *op = it->fwd ? "batch_norm_fwd" : "batch_norm_bwd";
   pins P;
   P.n = 0;
@@ -292,7 +295,7 @@ static em_status run_bn(emu *E, void *args, char *err, size_t errlen) {
   em_tensor *t[10];
   int nt = 0;
   em_status st;
-#define W_(p, sz, nd) (t[nt++] = wrap(S, (p), dt, (sz), (nd), &bad))
+#define W_(p, sz, nd) (t[nt++] = wrap(S, (p), (nd) == 3 ? dt : pt, (sz), (nd), &bad))
   if (it->fwd) {
     em_tensor *x = W_(it->x, xs, 3), *y = W_(it->y, xs, 3), *w = W_(it->w, cs, 1);
     em_tensor *b = W_(it->bias, cs, 1), *m = W_(it->mean, cs, 1), *is = W_(it->invstd, cs, 1);
@@ -316,8 +319,9 @@ static em_status run_bn(emu *E, void *args, char *err, size_t errlen) {
 }
 
 static em_status check_bn(emu *E, const char *op, const emk_bn_desc *b) {
-  if (b->dtype != EM_FLOAT32 && b->dtype != EM_FLOAT64)
-    return emi_emu_fail(E, EM_ERR_DTYPE, "%s: dtype %s (float32 or float64 only)", op,
+  if (b->dtype != EM_FLOAT32 && b->dtype != EM_FLOAT64 && b->dtype != EM_FLOAT16 &&
+      b->dtype != EM_BFLOAT16)
+    return emi_emu_fail(E, EM_ERR_DTYPE, "%s: dtype %s (a floating dtype expected)", op,
                         em_dtype_name(b->dtype));
   if (b->N < 1 || b->C < 1 || b->L < 1 || b->N * b->L < 2)
     return emi_emu_fail(E, EM_ERR_SHAPE, "%s: (N %lld, C %lld, L %lld): training wants N*L "

@@ -543,14 +543,20 @@ typedef struct bn_objs { cudnnTensorDescriptor_t x, p; } bn_objs;
 static em_status bn_describe(const emk_cudnn_fns *f, const emk_bn_desc *b, bn_objs *o,
                              const char *what, char *err, size_t errlen) {
   memset(o, 0, sizeof *o);
-  if (b->dtype != EM_FLOAT32 && b->dtype != EM_FLOAT64)
-    return emk_errf(err, errlen, EM_ERR_DTYPE, "dtype %s (float32 or float64 only)",
+  if (b->dtype != EM_FLOAT32 && b->dtype != EM_FLOAT64 && b->dtype != EM_FLOAT16 &&
+      b->dtype != EM_BFLOAT16)
+    return emk_errf(err, errlen, EM_ERR_DTYPE, "dtype %s (a floating dtype expected)",
                     em_dtype_name(b->dtype));
   if (b->N > INT_MAX || b->C > INT_MAX || b->L > INT_MAX)
     return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "a size beyond cuDNN's int range");
   if (!f->cudnnDeriveBNTensorDescriptor)
     return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "the loaded cuDNN has no batch norm");
-  cudnnDataType_t dt = b->dtype == EM_FLOAT64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  /* half data: cuDNN derives a float parameter descriptor (scale, bias, running
+  ** and saved statistics), the float32 the ops layer gives with a half x */
+  cudnnDataType_t dt = b->dtype == EM_FLOAT64   ? CUDNN_DATA_DOUBLE
+                       : b->dtype == EM_FLOAT16 ? CUDNN_DATA_HALF
+                       : b->dtype == EM_BFLOAT16 ? CUDNN_DATA_BFLOAT16
+                                                 : CUDNN_DATA_FLOAT;
   cudnnStatus_t s;
   const char *call = "cudnnCreateTensorDescriptor";
   if ((s = f->cudnnCreateTensorDescriptor(&o->x)) || (s = f->cudnnCreateTensorDescriptor(&o->p)))

@@ -10,6 +10,12 @@ lists, for the same reasons (GEMMs and convs gain speed and lose little;
 sums, exponentials and normalisations lose too much in 8 mantissa bits).
 float64 inputs are left alone, as torch does.
 
+batch_norm is on neither list, as in torch: it takes a float16/bfloat16 input
+with its float32 weight, bias and running statistics, computes in float32 and
+returns the input's dtype (the CPU kernels and cuDNN read half data with float
+parameters), so it needs no cast up before it and none down after it -- two
+passes over every activation of a CNN saved. layer_norm stays float32.
+
 The policy lives here, once: install() wraps the listed Tensor methods and em
 functions at load, and wrap_functional() the listed em.nn.F functions. A wrapper
 costs one upvalue test while autocast is off. Casts of leaf tensors that require
@@ -36,7 +42,7 @@ P.fp32 = { 'softmax', 'log_softmax', 'sum', 'mean', 'prod', 'var', 'std', 'norm'
   'logsumexp', 'exp', 'log', 'log1p', 'expm1', 'log2', 'log10', 'pow', 'reciprocal',
   'rsqrt', 'sinh', 'cosh', 'tan', 'asin', 'acos' }
 P.F_lowp = { 'linear', 'conv2d' }
-P.F_fp32 = { 'layer_norm', 'batch_norm', 'cross_entropy', 'nll_loss', 'mse_loss',
+P.F_fp32 = { 'layer_norm', 'cross_entropy', 'nll_loss', 'mse_loss',
   'binary_cross_entropy_with_logits', 'softmax', 'log_softmax' }
 
 local function to(t, dt)

@@ -26,7 +26,8 @@ function A.run(H, em, dev)
   local amp = em.amp
   local function on(t) return dev == 'cpu' and t or t:to(dev) end
 
-  -- op -> {inputs maker, fn, policy}; 'low' ops out in the low dtype, 'f32' in float32
+  -- op -> {inputs maker, fn, policy}; 'low' ops out in the low dtype, 'f32' in float32,
+  -- 'keep' in their input's dtype
   local function cases()
     em.manual_seed(3)
     local x2 = on(em.randn(6, 8))
@@ -51,7 +52,8 @@ function A.run(H, em, dev)
       { 'softmax', 'f32', function(c) return c(x2):softmax(-1) end },
       { 'log_softmax', 'f32', function(c) return F.log_softmax(c(x2), 2) end },
       { 'layer_norm', 'f32', function(c) return F.layer_norm(c(x2), { 8 }, c(wn), c(bn)) end },
-      { 'batch_norm', 'f32', function(c) return F.batch_norm(c(img), c(rm):clone(), c(rv):clone(), nil, nil, true) end },
+      -- batch_norm keeps its input's dtype with float32 statistics ('keep')
+      { 'batch_norm', 'keep', function(c) return F.batch_norm(c(img), rm:clone(), rv:clone(), wn:narrow(1, 1, 3), bn:narrow(1, 1, 3), true) end },
       { 'cross_entropy', 'f32', function(c) return F.cross_entropy(c(x2), tgt) end },
       { 'nll_loss', 'f32', function(c) return F.nll_loss(c(x2):log_softmax(-1), tgt) end },
       { 'mse_loss', 'f32', function(c) return F.mse_loss(c(x2), c(pos)) end },
@@ -90,8 +92,12 @@ function A.run(H, em, dev)
           maxrel(got, ref), tol[dt]))
         -- low-dtype inputs: 'f32' ops cast them up (and agree with float32 on them)
         local got2 = amp.autocast(dt, fn, low)
-        H.eq(got2.dtype, want_dt, name .. ' dtype (low inputs)')
-        if policy == 'f32' then
+        H.eq(got2.dtype, policy == 'keep' and dt or want_dt, name .. ' dtype (low inputs)')
+        if policy == 'keep' then   -- float32 math on the low inputs, rounded once
+          local ref2 = fn(function(t) return low(t):float() end)
+          H.check(maxrel(got2, ref2) <= tol[dt], ('%s: low inputs, max rel error %g > %g')
+            :format(name, maxrel(got2, ref2), tol[dt]))
+        elseif policy == 'f32' then
           local ref2 = fn(function(t) return low(t):float() end)
           H.check(maxrel(got2, ref2) <= 1e-5, name .. ': low inputs cast up exactly')
         end
