@@ -98,6 +98,8 @@ typedef struct emi_pool_geom {
   int64_t C;                 /* channels, set when nhwc */
   int nhwc;                  /* x, y, ind (gx, gy) are (N, C, H, W) channels last, densely;
                              ** indices stay plane positions h*W + w */
+  int ind_trusted;           /* max_pool2d_backward: the indices are max_pool2d's own
+                             ** (in range), so a backend need not check them */
 } emi_pool_geom;
 /* Which entries of a backend take channels-last tensors (emi_backend.nhwc bits);
 ** for the others the ops layer reorders around the call (counted conversions).
@@ -489,6 +491,11 @@ void emi_free(em_state *S, void *p, size_t n);
 void emi_host_allocator(em_state *S, em_alloc_fn *fn, void **ud);
 em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int ndim,
                          em_dtype dt, int device, em_tensor **out);
+/* The same in channels-last order when nhwc (4-D only), and the NHWC strides of
+** a 4-D shape (ops/layout.c), for backends that serve EMI_NHWC_* entries. */
+em_status emi_tensor_new_fmt(em_state *S, const char *op, const int64_t *sizes, int ndim,
+                             em_dtype dt, int device, bool nhwc, em_tensor **out);
+void emi_nhwc_strides(const int64_t *sizes, int64_t *strides);
 em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
                                    void (*free_fn)(void *ud, void *p, size_t n), void *ud,
                                    const int64_t *sizes, int ndim, em_dtype dt);

@@ -47,6 +47,7 @@ static void key_of(algo_key *k, int dev, const emk_conv_desc *c) {
   k->c.kH = c->kH, k->c.kW = c->kW, k->c.OH = c->OH, k->c.OW = c->OW;
   k->c.sH = c->sH, k->c.sW = c->sW, k->c.pH = c->pH, k->c.pW = c->pW;
   k->c.dH = c->dH, k->c.dW = c->dW, k->c.G = c->G;
+  k->c.nhwc = c->nhwc;            /* cuDNN ranks NHWC and NCHW differently */
 }
 
 int emk_algo_cache_find(emk_algo_cache *c, int dev, const emk_conv_desc *desc,

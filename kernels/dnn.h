@@ -1,6 +1,6 @@
 /*
-** dnn.h -- the CUDA backend's nn entries (k_dnn.c: convolution, pooling, batch
-** norm, as core/backend.h's emi_backend describes them), the runtimes' nn
+** dnn.h -- the CUDA backend's nn entries (k_dnn.c: convolution, batch norm;
+** k_pool.c: pooling; as core/backend.h's emi_backend describes them), the runtimes' nn
 ** entries that serve them (runtime.h: emulated in emu/dnn_emu.c, cuDNN in
 ** real/dnn_real.c), and the state's convolution-algorithm cache (algo_cache.c)
 ** with its counters for tests.
@@ -16,21 +16,7 @@ em_status emk_conv2d(emi_device *d, const emi_conv_geom *g, em_tensor *y, const 
 em_status emk_conv2d_backward(emi_device *d, const emi_conv_geom *g, em_tensor *gx,
                               em_tensor *gw, em_tensor *gb, const em_tensor *gy,
                               const em_tensor *x, const em_tensor *w);
-/* k_dnn_lowp.c: the pooling entries the backend table holds, for every floating
-** dtype (float16/bfloat16 widened to float32 around the entries below). */
-em_status emk_max_pool2d_any(emi_device *d, const emi_pool_geom *g, em_tensor *y,
-                             em_tensor *ind, const em_tensor *x, int index_base);
-em_status emk_max_pool2d_backward_any(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
-                                      const em_tensor *gy, const em_tensor *ind,
-                                      int index_base);
-em_status emk_avg_pool2d_any(emi_device *d, const emi_pool_geom *g, em_tensor *y,
-                             const em_tensor *x, int count_include_pad);
-em_status emk_avg_pool2d_backward_any(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
-                                      const em_tensor *gy, int count_include_pad);
-em_status emk_adaptive_avg_pool2d_any(emi_device *d, const emi_pool_geom *g, em_tensor *y,
-                                      const em_tensor *x);
-em_status emk_adaptive_avg_pool2d_backward_any(emi_device *d, const emi_pool_geom *g,
-                                               em_tensor *gx, const em_tensor *gy);
+/* k_pool.c: pooling, every floating dtype, NCHW or channels last. */
 em_status emk_max_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y, em_tensor *ind,
                          const em_tensor *x, int index_base);
 em_status emk_max_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
@@ -53,7 +39,7 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
                                   const em_tensor *w, int training);
 
 /* -- The algorithm cache (algo_cache.c) ----------------------------------------------
-** One algorithm per (device, direction, dtype, allow_tf32, geometry), picked at
+** One algorithm per (device, direction, dtype, allow_tf32, geometry, layout), picked at
 ** the first convolution of that key, in the state's CUDA context. Counters since
 ** the context opened. */
 typedef struct emk_dnn_cache_stats { uint64_t hits, misses, entries; } emk_dnn_cache_stats;

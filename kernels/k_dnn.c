@@ -1,8 +1,8 @@
 /*
 ** k_dnn.c -- the CUDA backend's nn entries (core/backend.h): conv2d and its
-** backward, max / average / adaptive-average pooling and their backwards, batch
-** norm and its backward. The pooling and evaluation batch norm kernels are
-** k_dnn.cu.
+** backward (NCHW or channels last, as cuDNN's descriptors take either), batch
+** norm and its backward. The evaluation batch norm kernels are k_dnn.cu; pooling
+** is k_pool.c.
 **
 ** Who computes what, and why:
 **   - Convolutions go to the runtime's conv entry (runtime.h): cuDNN on a GPU
@@ -10,7 +10,7 @@
 **     This file picks the algorithm once per shape and owns the workspace, so the
 **     policy is the same code on both runtimes and is tested without a GPU:
 **       * the algorithm cache: the first convolution of a key (device,
-**         direction, dtype, allow_tf32, geometry) asks the runtime's conv_algos
+**         direction, dtype, allow_tf32, geometry, layout) asks the runtime's conv_algos
 **         for its list, best first, and keeps the first whose workspace is at
 **         most a quarter of the device's free memory (and WS_LIMIT) -- else the
 **         one needing least. The pick is the runtime's whole answer (number,
@@ -31,15 +31,12 @@
 **     stand-ins (ones, zeros, scratch, contiguous copies) are made here. A
 **     float16/bfloat16 x keeps float32 parameters and statistics, as cuDNN's
 **     derived batch norm descriptor has them, so autocast needs no casts around it.
-**   - Evaluation-mode batch norm and its backward, and all pooling, are our own
-**     kernels (k_dnn.cu), on both runtimes. cuDNN's pooling returns no argmax indices
-**     (max_pool2d's contract), has no adaptive pooling, and its output size rule
-**     differs from ceil_mode; inference batch norm is a per-channel affine that
-**     cuDNN would not run faster, and ours also yields mean and invstd. Forward
-**     kernels give each thread one output element; the backward kernels give
-**     each thread one plane (one channel for batch norm) and walk it in the
-**     CPU's order, with no atomics: results equal the CPU's bit for bit and are
-**     deterministic.
+**   - Evaluation-mode batch norm and its backward are our own kernels
+**     (k_dnn.cu), on both runtimes: inference batch norm is a per-channel affine
+**     that cuDNN would not run faster, and ours also yields mean and invstd. The
+**     forward kernel gives each thread one element; the backward gives each
+**     thread one channel and walks it in the CPU's order, with no atomics:
+**     results equal the CPU's bit for bit and are deterministic.
 */
 #include "cuda.h"
 #include "dnn.h"
@@ -64,11 +61,12 @@ static em_status launch(emi_device *d, const char *op, const emk_kernel *k, int6
 /* "x [2,3,8,8], w [4,3,3,3], float32" for messages about a convolution. */
 static const char *conv_what(em_state *S, const emk_conv_desc *c, char *buf, size_t n) {
   snprintf(buf, n, "x [%lld,%lld,%lld,%lld], w [%lld,%lld,%lld,%lld], stride %lldx%lld, "
-           "padding %lldx%lld, dilation %lldx%lld, groups %lld, %s",
+           "padding %lldx%lld, dilation %lldx%lld, groups %lld, %s%s",
            (long long)c->N, (long long)c->C, (long long)c->H, (long long)c->W,
            (long long)c->O, (long long)(c->C / c->G), (long long)c->kH, (long long)c->kW,
            (long long)c->sH, (long long)c->sW, (long long)c->pH, (long long)c->pW,
-           (long long)c->dH, (long long)c->dW, (long long)c->G, em_dtype_name(c->dtype));
+           (long long)c->dH, (long long)c->dW, (long long)c->G, em_dtype_name(c->dtype),
+           c->nhwc ? ", channels last" : "");
   (void)S;
   return buf;
 }
@@ -142,6 +140,7 @@ static void conv_desc(emk_conv_desc *c, emi_device *d, const emi_conv_geom *g, e
   c->N = g->N, c->C = g->C, c->H = g->H, c->W = g->W, c->O = g->O, c->kH = g->kH;
   c->kW = g->kW, c->OH = g->OH, c->OW = g->OW, c->sH = g->sH, c->sW = g->sW;
   c->pH = g->pH, c->pW = g->pW, c->dH = g->dH, c->dW = g->dW, c->G = g->G;
+  c->nhwc = g->nhwc;
 }
 
 static void *dptr(const em_tensor *t) { return t ? em_tensor_data(t) : NULL; }
@@ -166,7 +165,8 @@ em_status emk_conv2d_backward(emi_device *d, const emi_conv_geom *g, em_tensor *
   }
   if (!gw && !gb) return EM_OK;
   em_tensor *tmp = NULL;          /* the filter pass writes a weight gradient anyway */
-  if (!gw && (st = emi_tensor_new(d->S, op, w->sizes, w->ndim, w->dtype, d->index, &tmp)))
+  if (!gw && (st = emi_tensor_new_fmt(d->S, op, w->sizes, w->ndim, w->dtype, d->index,
+                                      g->nhwc, &tmp)))
     return st;
   conv_desc(&c, d, g, x->dtype, EMK_CONV_BWD_FILTER);
   st = run_conv(d, op, &c, dptr(x), gw ? dptr(gw) : dptr(tmp), dptr(gy), dptr(gb));
@@ -174,96 +174,7 @@ em_status emk_conv2d_backward(emi_device *d, const emi_conv_geom *g, em_tensor *
   return st;
 }
 
-/* -- Pooling --------------------------------------------------------------------------- */
-
-static void pool_init(pool_args *a, const emi_pool_geom *g) {
-  memset(a, 0, sizeof *a);
-  a->H = g->H, a->W = g->W, a->OH = g->OH, a->OW = g->OW, a->kH = g->kH, a->kW = g->kW;
-  a->sH = g->sH, a->sW = g->sW, a->pH = g->pH, a->pW = g->pW, a->dH = g->dH, a->dW = g->dW;
-}
-
 #define BY_DTYPE(name, dt) ((dt) == EM_FLOAT64 ? &name##_f64 : &name##_f32)
-
-em_status emk_max_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y, em_tensor *ind,
-                         const em_tensor *x, int index_base) {
-  pool_args a;
-  pool_init(&a, g);
-  a.x = dptr(x), a.y = dptr(y), a.ind = (int64_t *)dptr(ind), a.base = index_base;
-  a.total = g->planes * g->OH * g->OW;
-  return launch(d, "max_pool2d", BY_DTYPE(k_dnn_maxpool, x->dtype), a.total, &a, sizeof a);
-}
-
-em_status emk_max_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
-                                  const em_tensor *gy, const em_tensor *ind, int index_base) {
-  const char *op = "max_pool2d_backward";
-  em_state *S = d->S;
-  em_tensor *h = NULL;
-  em_status st = EM_OK;
-  /* the indices are checked on the host first (a sync), as the CPU does, so a bad
-  ** one is reported before gx is written */
-  if (ind->numel) {
-    if ((st = emi_tensor_new(S, op, ind->sizes, ind->ndim, EM_INT64, EM_CPU, &h))) return st;
-    if ((st = emk_cuda_backend.copy(d, h, ind))) goto done;
-    const int64_t *pi = (const int64_t *)em_tensor_data(h);
-    int64_t HW = g->H * g->W;
-    for (int64_t i = 0; i < h->numel; i++)
-      if (pi[i] - index_base < 0 || pi[i] - index_base >= HW) {
-        st = emi_error(S, EM_ERR_INDEX, "%s: index %lld out of range for a %lldx%lld plane "
-                       "(index_base %d)", op, (long long)pi[i], (long long)g->H,
-                       (long long)g->W, index_base);
-        goto done;
-      }
-  }
-  {
-    pool_args a;
-    pool_init(&a, g);
-    a.x = dptr(gy), a.y = dptr(gx), a.cind = (const int64_t *)dptr(ind), a.base = index_base;
-    a.total = g->planes;
-    st = launch(d, op, BY_DTYPE(k_dnn_maxpool_bwd, gx->dtype), a.total, &a, sizeof a);
-  }
-done:
-  em_tensor_release(h);
-  return st;
-}
-
-em_status emk_avg_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y,
-                         const em_tensor *x, int count_include_pad) {
-  pool_args a;
-  pool_init(&a, g);
-  a.x = dptr(x), a.y = dptr(y), a.include_pad = count_include_pad;
-  a.total = g->planes * g->OH * g->OW;
-  return launch(d, "avg_pool2d", BY_DTYPE(k_dnn_avgpool, x->dtype), a.total, &a, sizeof a);
-}
-
-em_status emk_avg_pool2d_backward(emi_device *d, const emi_pool_geom *g, em_tensor *gx,
-                                  const em_tensor *gy, int count_include_pad) {
-  pool_args a;
-  pool_init(&a, g);
-  a.x = dptr(gy), a.y = dptr(gx), a.include_pad = count_include_pad;
-  a.total = g->planes;
-  return launch(d, "avg_pool2d_backward", BY_DTYPE(k_dnn_avgpool_bwd, gx->dtype), a.total,
-                &a, sizeof a);
-}
-
-em_status emk_adaptive_avg_pool2d(emi_device *d, const emi_pool_geom *g, em_tensor *y,
-                                  const em_tensor *x) {
-  pool_args a;
-  pool_init(&a, g);
-  a.x = dptr(x), a.y = dptr(y);
-  a.total = g->planes * g->OH * g->OW;
-  return launch(d, "adaptive_avg_pool2d", BY_DTYPE(k_dnn_adapool, x->dtype), a.total, &a,
-                sizeof a);
-}
-
-em_status emk_adaptive_avg_pool2d_backward(emi_device *d, const emi_pool_geom *g,
-                                           em_tensor *gx, const em_tensor *gy) {
-  pool_args a;
-  pool_init(&a, g);
-  a.x = dptr(gy), a.y = dptr(gx);
-  a.total = g->planes;
-  return launch(d, "adaptive_avg_pool2d_backward", BY_DTYPE(k_dnn_adapool_bwd, gx->dtype),
-                a.total, &a, sizeof a);
-}
 
 /* -- Batch norm ---------------------------------------------------------------------------- */
 

@@ -1,17 +1,15 @@
 /*
-** k_dnn.cu -- the CUDA backend's own nn kernels: max / average / adaptive-average
-** pooling and their backwards, and evaluation-mode batch norm and its backward
-** (convolutions and training batch norm go to the runtime: k_dnn.c). The device
-** code, one source for nvcc and the grid emulator (device.h); the launchers are
-** k_dnn.c.
+** k_dnn.cu -- the CUDA backend's own batch norm kernels: evaluation mode and its
+** backward (convolutions and training batch norm go to the runtime: k_dnn.c;
+** pooling is k_pool.cu). The device code, one source for nvcc and the grid
+** emulator (device.h); the launchers are k_dnn.c.
 **
-** Forward kernels give each thread one output element; the backward kernels give
-** each thread one plane (one channel for batch norm) and walk it in the CPU's
-** order (core/cpu/pool.c, normalize.c), with no atomics: results equal the CPU's
-** bit for bit and are deterministic. Each kernel is a float32 and a float64
-** instance of one template, named in full (k_dnn_maxpool_f32, ...); batch norm's
-** apply and evaluation backward also have float16 / bfloat16 instances (_f16,
-** _bf16) that keep float32 parameters.
+** The forward kernel gives each thread one element; the backward gives each
+** thread one channel and walks it in the CPU's order (core/cpu/normalize.c), with
+** no atomics: results equal the CPU's bit for bit and are deterministic. Each
+** kernel is a float32 and a float64 instance of one template, named in full
+** (k_dnn_bn_apply_f32, ...); apply and the evaluation backward also have float16 /
+** bfloat16 instances (_f16, _bf16) that keep float32 parameters.
 */
 #include "k_dnn_args.h"
 #include "device.h"
@@ -20,134 +18,7 @@
 
 /* == Kernels ============================================================================ */
 
-EMK_DEVICE int64_t ada_lo(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
-EMK_DEVICE int64_t ada_hi(int64_t o, int64_t in, int64_t out) {
-  return ((o + 1) * in + out - 1) / out;
-}
-
-/* The kernels' bodies for T float or double, as the CPU's pool.c and normalize.c
-** compute. */
-template <typename T>
-EMK_DEVICE T avg_inv(const pool_args *q, int64_t oh, int64_t ow, int64_t *h0, int64_t *h1,
-                     int64_t *w0, int64_t *w1) {
-  int64_t hs = oh * q->sH - q->pH, ws = ow * q->sW - q->pW, he = hs + q->kH, we = ws + q->kW;
-  if (he > q->H + q->pH) he = q->H + q->pH;
-  if (we > q->W + q->pW) we = q->W + q->pW;
-  int64_t padded = (he - hs) * (we - ws);
-  *h0 = hs < 0 ? 0 : hs;
-  *w0 = ws < 0 ? 0 : ws;
-  *h1 = he > q->H ? q->H : he;
-  *w1 = we > q->W ? q->W : we;
-  int64_t n = q->include_pad ? padded : (*h1 - *h0) * (*w1 - *w0);
-  return n > 0 ? (T)1 / (T)n : (T)0;
-}
-
-/* one output each: the first maximum wins; a NaN is taken, then only a later one */
-template <typename T>
-EMK_DEVICE void dnn_maxpool(const pool_args *A) {
-  int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) {
-    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH;
-    const T *x = (const T *)A->x + p * A->H * A->W;
-    int64_t h0 = oh * A->sH - A->pH, w0 = ow * A->sW - A->pW, bi = -1;
-    T best = (T)-INFINITY;
-    for (int64_t kh = 0; kh < A->kH; kh++) {
-      int64_t ih = h0 + kh * A->dH;
-      if (ih < 0 || ih >= A->H) continue;
-      for (int64_t kw = 0; kw < A->kW; kw++) {
-        int64_t iw = w0 + kw * A->dW;
-        if (iw < 0 || iw >= A->W) continue;
-        T v = x[ih * A->W + iw];
-        if (bi < 0 || v > best || v != v) {
-          best = v;
-          bi = ih * A->W + iw;
-        }
-      }
-    }
-    ((T *)A->y)[i] = best;
-    A->ind[i] = (bi < 0 ? 0 : bi) + A->base;
-  }
-}
-
-/* one plane each: zeros, then every output's gradient added at its index in order */
-template <typename T>
-EMK_DEVICE void dnn_maxpool_bwd(const pool_args *A) {
-  int64_t step = (int64_t)gridDim.x * blockDim.x, HW = A->H * A->W, L = A->OH * A->OW;
-  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) {
-    T *gx = (T *)A->y + p * HW;
-    const T *gy = (const T *)A->x + p * L;
-    const int64_t *ind = A->cind + p * L;
-    for (int64_t i = 0; i < HW; i++) gx[i] = 0;
-    for (int64_t l = 0; l < L; l++) {
-      int64_t k = ind[l] - A->base;
-      if (k >= 0 && k < HW) gx[k] += gy[l];      /* the entry checked the range */
-    }
-  }
-}
-
-template <typename T>
-EMK_DEVICE void dnn_avgpool(const pool_args *A) {
-  int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) {
-    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH, h0, h1, w0, w1;
-    const T *x = (const T *)A->x + p * A->H * A->W;
-    T inv = avg_inv<T>(A, oh, ow, &h0, &h1, &w0, &w1), acc = 0;
-    for (int64_t ih = h0; ih < h1; ih++)
-      for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * A->W + iw];
-    ((T *)A->y)[i] = acc * inv;
-  }
-}
-
-template <typename T>
-EMK_DEVICE void dnn_avgpool_bwd(const pool_args *A) {
-  int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) {
-    T *gx = (T *)A->y + p * A->H * A->W;
-    const T *gy = (const T *)A->x + p * A->OH * A->OW;
-    for (int64_t i = 0; i < A->H * A->W; i++) gx[i] = 0;
-    for (int64_t oh = 0; oh < A->OH; oh++)
-      for (int64_t ow = 0; ow < A->OW; ow++) {
-        int64_t h0, h1, w0, w1;
-        T v = gy[oh * A->OW + ow] * avg_inv<T>(A, oh, ow, &h0, &h1, &w0, &w1);
-        for (int64_t ih = h0; ih < h1; ih++)
-          for (int64_t iw = w0; iw < w1; iw++) gx[ih * A->W + iw] += v;
-      }
-  }
-}
-
-template <typename T>
-EMK_DEVICE void dnn_adapool(const pool_args *A) {
-  int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A->total; i += step) {
-    int64_t ow = i % A->OW, oh = (i / A->OW) % A->OH, p = i / A->OW / A->OH;
-    int64_t h0 = ada_lo(oh, A->H, A->OH), h1 = ada_hi(oh, A->H, A->OH);
-    int64_t w0 = ada_lo(ow, A->W, A->OW), w1 = ada_hi(ow, A->W, A->OW);
-    const T *x = (const T *)A->x + p * A->H * A->W;
-    T acc = 0;
-    for (int64_t ih = h0; ih < h1; ih++)
-      for (int64_t iw = w0; iw < w1; iw++) acc += x[ih * A->W + iw];
-    ((T *)A->y)[i] = acc / (T)((h1 - h0) * (w1 - w0));
-  }
-}
-
-template <typename T>
-EMK_DEVICE void dnn_adapool_bwd(const pool_args *A) {
-  int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < A->total; p += step) {
-    T *gx = (T *)A->y + p * A->H * A->W;
-    const T *gy = (const T *)A->x + p * A->OH * A->OW;
-    for (int64_t i = 0; i < A->H * A->W; i++) gx[i] = 0;
-    for (int64_t oh = 0; oh < A->OH; oh++) {
-      int64_t h0 = ada_lo(oh, A->H, A->OH), h1 = ada_hi(oh, A->H, A->OH);
-      for (int64_t ow = 0; ow < A->OW; ow++) {
-        int64_t w0 = ada_lo(ow, A->W, A->OW), w1 = ada_hi(ow, A->W, A->OW);
-        T v = gy[oh * A->OW + ow] / (T)((h1 - h0) * (w1 - w0));
-        for (int64_t ih = h0; ih < h1; ih++)
-          for (int64_t iw = w0; iw < w1; iw++) gx[ih * A->W + iw] += v;
-      }
-    }
-  }
-}
+/* The kernels' bodies for T float or double, as the CPU's normalize.c computes. */
 
 /* evaluation: mean and invstd (C) from the running statistics (any strides) */
 template <typename T>
@@ -253,18 +124,6 @@ EMK_DEVICE void dnn_bn_eval_bwd_lp(const bn_args *A, int bf) {
 }
 
 /* The kernels, named in full: the real runtime finds each by its name in the fatbin. */
-EMK_KERNEL(k_dnn_maxpool_f32, pool_args) { dnn_maxpool<float>(&a); }
-EMK_KERNEL(k_dnn_maxpool_f64, pool_args) { dnn_maxpool<double>(&a); }
-EMK_KERNEL(k_dnn_maxpool_bwd_f32, pool_args) { dnn_maxpool_bwd<float>(&a); }
-EMK_KERNEL(k_dnn_maxpool_bwd_f64, pool_args) { dnn_maxpool_bwd<double>(&a); }
-EMK_KERNEL(k_dnn_avgpool_f32, pool_args) { dnn_avgpool<float>(&a); }
-EMK_KERNEL(k_dnn_avgpool_f64, pool_args) { dnn_avgpool<double>(&a); }
-EMK_KERNEL(k_dnn_avgpool_bwd_f32, pool_args) { dnn_avgpool_bwd<float>(&a); }
-EMK_KERNEL(k_dnn_avgpool_bwd_f64, pool_args) { dnn_avgpool_bwd<double>(&a); }
-EMK_KERNEL(k_dnn_adapool_f32, pool_args) { dnn_adapool<float>(&a); }
-EMK_KERNEL(k_dnn_adapool_f64, pool_args) { dnn_adapool<double>(&a); }
-EMK_KERNEL(k_dnn_adapool_bwd_f32, pool_args) { dnn_adapool_bwd<float>(&a); }
-EMK_KERNEL(k_dnn_adapool_bwd_f64, pool_args) { dnn_adapool_bwd<double>(&a); }
 EMK_KERNEL(k_dnn_bn_eval_stats_f32, bn_args) { dnn_bn_eval_stats<float>(&a); }
 EMK_KERNEL(k_dnn_bn_eval_stats_f64, bn_args) { dnn_bn_eval_stats<double>(&a); }
 EMK_KERNEL(k_dnn_bn_apply_f32, bn_args) { dnn_bn_apply<float>(&a); }

@@ -1,5 +1,5 @@
 /*
-** k_dnn_args.h -- what the pooling and evaluation batch norm kernels (k_dnn.cu) and
+** k_dnn_args.h -- what the evaluation batch norm kernels (k_dnn.cu) and
 ** the nn entries (k_dnn.c) share: the argument structs, the launch sizes and the
 ** kernels' descriptors. Included by C and C++ alike.
 */
@@ -9,16 +9,6 @@
 
 enum { THREADS = 256, MAX_BLOCKS = 4096 };
 
-typedef struct pool_args {
-  const void *x;
-  void *y;
-  int64_t *ind;
-  const int64_t *cind;
-  int64_t total;                  /* threads' work items: outputs, or planes */
-  int64_t H, W, OH, OW, kH, kW, sH, sW, pH, pW, dH, dW;
-  int base, include_pad;
-} pool_args;
-
 typedef struct bn_args {
   const void *x, *gy, *w, *b, *rm, *rv;
   void *y, *mean, *invstd, *gx, *gw, *gb;
@@ -27,18 +17,6 @@ typedef struct bn_args {
 } bn_args;
 
 /* The kernels (k_dnn.cu). */
-EMK_KERNEL_DECL(k_dnn_maxpool_f32);
-EMK_KERNEL_DECL(k_dnn_maxpool_f64);
-EMK_KERNEL_DECL(k_dnn_maxpool_bwd_f32);
-EMK_KERNEL_DECL(k_dnn_maxpool_bwd_f64);
-EMK_KERNEL_DECL(k_dnn_avgpool_f32);
-EMK_KERNEL_DECL(k_dnn_avgpool_f64);
-EMK_KERNEL_DECL(k_dnn_avgpool_bwd_f32);
-EMK_KERNEL_DECL(k_dnn_avgpool_bwd_f64);
-EMK_KERNEL_DECL(k_dnn_adapool_f32);
-EMK_KERNEL_DECL(k_dnn_adapool_f64);
-EMK_KERNEL_DECL(k_dnn_adapool_bwd_f32);
-EMK_KERNEL_DECL(k_dnn_adapool_bwd_f64);
 EMK_KERNEL_DECL(k_dnn_bn_eval_stats_f32);
 EMK_KERNEL_DECL(k_dnn_bn_eval_stats_f64);
 EMK_KERNEL_DECL(k_dnn_bn_apply_f32);

@@ -87,6 +87,8 @@ typedef struct emk_conv_desc {
   em_dtype dtype;
   int allow_tf32;                 /* float32 may use TF32 tensor cores (the emulator ignores it) */
   int64_t N, C, H, W, O, kH, kW, OH, OW, sH, sW, pH, pW, dH, dW, G;
+  int nhwc;                       /* x, w, y channels last, densely: (N, H, W, C),
+                                  ** (O, kH, kW, C/G), (N, OH, OW, O); else NCHW */
 } emk_conv_desc;
 /* An algorithm for a convolution, as conv_algos lists it and conv runs it: its
 ** number, the workspace bytes it needs, and the math mode it runs in (cuDNN's
@@ -189,7 +191,8 @@ typedef struct emk_runtime_ops {
 
   /* -- nn (types above; real: cuDNN 9 in real/dnn_real.c; emulated:
   ** the CPU backend's kernels on the stream's thread in emu/dnn_emu.c). Arrays are
-  ** dense NCHW device memory of c->dtype (float32 or float64) on s's device.
+  ** dense NCHW (a convolution's: NHWC when c->nhwc) device memory of c->dtype
+  ** (float32, float64; a convolution's also float16 or bfloat16) on s's device.
   ** conv_algos lists, best first, up to max algorithms for convolution c with the
   ** workspace bytes and math mode each needs (*n of them); conv queues algorithm
   ** algo (one of that list, math mode included) with a workspace ws of ws_size bytes (see emk_conv_desc for what x, w, y, bias hold

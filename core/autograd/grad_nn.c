@@ -115,8 +115,8 @@ static em_status max_pool2d_backward(em_state *S, emi_ag_node *n, const em_tenso
   max_pool_saved v;
   em_status st = EMI_AG_LOAD_VIEW(S, n, v);
   if (st) return st;
-  return em_max_pool2d_backward(S, g, v.x, v.indices, (int)n->iarg[MAXPOOL_INDEX_BASE],
-                                &gin[IN_INPUT]);
+  return emi_max_pool2d_backward(S, g, v.x, v.indices, (int)n->iarg[MAXPOOL_INDEX_BASE], 1,
+                                 &gin[IN_INPUT]);
 }
 
 em_status emi_ag_record_max_pool2d(em_state *S, const em_tensor *x, const em_tensor *indices,

@@ -20,6 +20,11 @@ em_status emi_ag_record_conv2d(em_state *S, const em_tensor *x, const em_tensor 
                                const em_tensor *b, const int64_t *stride,
                                const int64_t *padding, const int64_t *dilation,
                                int64_t groups, em_tensor **out);
+/* em_max_pool2d_backward with own set when the indices are max_pool2d's own (the
+** node's saved ones): in range, so a backend need not check them (nn_pool.c). */
+em_status emi_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                  const em_tensor *input, const em_tensor *indices,
+                                  int index_base, int own, em_tensor **grad_input);
 em_status emi_ag_record_max_pool2d(em_state *S, const em_tensor *x, const em_tensor *indices,
                                    int index_base, em_tensor **out);
 em_status emi_ag_record_avg_pool2d(em_state *S, const em_tensor *x, const int64_t *kernel,

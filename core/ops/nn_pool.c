@@ -145,6 +145,12 @@ em_status em_max_pool2d(em_state *S, const em_tensor *input, const int64_t *kern
 em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
                                  const em_tensor *input, const em_tensor *indices,
                                  int index_base, em_tensor **grad_input) {
+  return emi_max_pool2d_backward(S, grad_out, input, indices, index_base, 0, grad_input);
+}
+
+em_status emi_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
+                                  const em_tensor *input, const em_tensor *indices,
+                                  int index_base, int own, em_tensor **grad_input) {
   const char *op = "max_pool2d_backward";
   em_status st = pool_input(S, op, input);
   if (st) return st;
@@ -162,7 +168,8 @@ em_status em_max_pool2d_backward(em_state *S, const em_tensor *grad_out,
                      emi_tshape(S, input));
   if (!grad_input) return emi_error(S, EM_ERR_ARG, "%s: grad_input is NULL", op);
   emi_pool_geom g = {.H = input->sizes[nd - 2], .W = input->sizes[nd - 1],
-                     .OH = grad_out->sizes[nd - 2], .OW = grad_out->sizes[nd - 1]};
+                     .OH = grad_out->sizes[nd - 2], .OW = grad_out->sizes[nd - 1],
+                     .ind_trusted = own};
   g.planes = input->sizes[nd - 3] * (nd == 4 ? input->sizes[0] : 1);
   em_tensor *gy = NULL, *ind = NULL, *gx = NULL;   /* dense inputs, the gradient */
   bool nhwc = pool_layout(S, input, &g);

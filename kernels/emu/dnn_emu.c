@@ -4,7 +4,8 @@
 ** arguments and queues a work item (emi_emu_queue_work); on the stream's thread
 ** the item pins every device range it reads or writes (a range outside live
 ** device memory is the stream's sticky error, as an illegal address is on a GPU)
-** and runs the CPU backend's kernel on the device memory wrapped as CPU tensors.
+** and runs the CPU backend's kernel on the device memory wrapped as CPU tensors
+** (a convolution's channels last when its descriptor says NHWC, as cuDNN's).
 **
 ** A private state per item. The CPU kernels take an emi_device and use its
 ** state for scratch memory, error messages and the worker pool. The caller's
@@ -147,6 +148,14 @@ static em_tensor *wrap(em_state *P, const void *p, em_dtype dt, const int64_t *s
   return t;
 }
 
+/* The same, a 4-D (N, C, H, W) array stored channels last when nhwc. */
+static em_tensor *wrap4(em_state *P, const void *p, em_dtype dt, const int64_t *sizes,
+                        int nhwc, int *bad) {
+  em_tensor *t = wrap(P, p, dt, sizes, 4, bad);
+  if (t && nhwc) emi_nhwc_strides(sizes, t->strides);
+  return t;
+}
+
 /* -- Convolutions ------------------------------------------------------------------------ */
 
 typedef struct conv_item {
@@ -184,10 +193,13 @@ static em_status run_conv(emu *E, void *args, char *err, size_t errlen) {
     return EM_ERR_NOMEM;
   }
   int bad = 0;
-  em_tensor *x = wrap(S, it->x, dt, xs, 4, &bad), *w = wrap(S, it->w, dt, ws, 4, &bad);
-  em_tensor *y = wrap(S, it->y, dt, ys, 4, &bad), *b = wrap(S, it->bias, dt, bs, 1, &bad);
+  /* channels last as cuDNN's NHWC descriptors: the CPU's conv serves it natively */
+  em_tensor *x = wrap4(S, it->x, dt, xs, c->nhwc, &bad);
+  em_tensor *w = wrap4(S, it->w, dt, ws, c->nhwc, &bad);
+  em_tensor *y = wrap4(S, it->y, dt, ys, c->nhwc, &bad);
+  em_tensor *b = wrap(S, it->bias, dt, bs, 1, &bad);
   emi_conv_geom g = {c->N, c->C, c->H, c->W, c->O, c->kH, c->kW, c->OH, c->OW,
-                     c->sH, c->sW, c->pH, c->pW, c->dH, c->dW, c->G};
+                     c->sH, c->sW, c->pH, c->pW, c->dH, c->dW, c->G, c->nhwc};
   if (bad) {
     snprintf(err, errlen, "%s: out of host memory", op);
     st = EM_ERR_NOMEM;

@@ -1,8 +1,9 @@
 /*
 ** dnn_real.c -- the real runtime's nn entries (runtime.h) on cuDNN 9's
 ** descriptor API (the v8 API that cuDNN 9 keeps beside the graph API): the
-** convolutions in three directions and training batch norm, NCHW, float32
-** (computing in float32, TF32 only when the caller allows it) and float64.
+** convolutions in three directions, NCHW or NHWC (cuDNN's tensor and filter
+** formats), float32 (computing in float32, TF32 only when the caller allows
+** it), float64, and float16 / bfloat16 computing in float32; training batch norm.
 **
 ** Layers, as in gemm_real.c, the first testable without a GPU:
 **   1. describe: the tensor, filter and convolution descriptors for an
@@ -100,17 +101,21 @@ static em_status describe(const emk_cudnn_fns *f, const emk_conv_desc *c, conv_o
                        : c->dtype == EM_BFLOAT16 ? CUDNN_DATA_BFLOAT16
                                                  : CUDNN_DATA_FLOAT;
   cudnnDataType_t compute = c->dtype == EM_FLOAT64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  /* channels last: x, y and the filter in cuDNN's NHWC order (the filter's
+  ** (O, kH, kW, C/G) is what to_channels_last gives a weight); the bias is
+  ** (1, O, 1, 1), the same in either order */
+  cudnnTensorFormat_t fmt = c->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   cudnnStatus_t s;
   const char *call = "cudnnCreateTensorDescriptor";
   if ((s = f->cudnnCreateTensorDescriptor(&o->x)) || (s = f->cudnnCreateTensorDescriptor(&o->y)) ||
       (s = f->cudnnCreateTensorDescriptor(&o->bias)))
     goto bad;
   call = "cudnnSetTensor4dDescriptor(x)";
-  if ((s = f->cudnnSetTensor4dDescriptor(o->x, CUDNN_TENSOR_NCHW, dt, (int)c->N, (int)c->C,
+  if ((s = f->cudnnSetTensor4dDescriptor(o->x, fmt, dt, (int)c->N, (int)c->C,
                                          (int)c->H, (int)c->W)))
     goto bad;
   call = "cudnnSetTensor4dDescriptor(y)";
-  if ((s = f->cudnnSetTensor4dDescriptor(o->y, CUDNN_TENSOR_NCHW, dt, (int)c->N, (int)c->O,
+  if ((s = f->cudnnSetTensor4dDescriptor(o->y, fmt, dt, (int)c->N, (int)c->O,
                                          (int)c->OH, (int)c->OW)))
     goto bad;
   call = "cudnnSetTensor4dDescriptor(bias)";
@@ -119,7 +124,7 @@ static em_status describe(const emk_cudnn_fns *f, const emk_conv_desc *c, conv_o
   call = "cudnnCreateFilterDescriptor";
   if ((s = f->cudnnCreateFilterDescriptor(&o->w))) goto bad;
   call = "cudnnSetFilter4dDescriptor";
-  if ((s = f->cudnnSetFilter4dDescriptor(o->w, dt, CUDNN_TENSOR_NCHW, (int)c->O,
+  if ((s = f->cudnnSetFilter4dDescriptor(o->w, dt, fmt, (int)c->O,
                                          (int)(c->C / c->G), (int)c->kH, (int)c->kW)))
     goto bad;
   call = "cudnnCreateConvolutionDescriptor";
@@ -214,7 +219,7 @@ enum { CONV_PLANS = 64 };
 ** describe all three) nor TF32 (the math mode is set before every call); the
 ** device, so that each device's sets are used only under its lock. */
 typedef struct conv_key {
-  int32_t dev, dtype;
+  int32_t dev, dtype, nhwc, pad_;
   int64_t g[16];
 } conv_key;
 
@@ -222,6 +227,7 @@ static void conv_key_of(conv_key *k, int dev, const emk_conv_desc *c) {
   memset(k, 0, sizeof *k);
   k->dev = dev;
   k->dtype = (int32_t)c->dtype;
+  k->nhwc = c->nhwc != 0;
   const int64_t g[16] = {c->N, c->C, c->H, c->W, c->O, c->kH, c->kW, c->OH, c->OW,
                          c->sH, c->sW, c->pH, c->pW, c->dH, c->dW, c->G};
   memcpy(k->g, g, sizeof g);

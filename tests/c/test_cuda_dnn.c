@@ -250,8 +250,24 @@ static void test_max_pool_bad_index(em_state *S) {
   dbad = on(S, bad, 0);
   CHECK_ERR(S, em_max_pool2d_backward(S, y, dx, dbad, 0, &gx), EM_ERR_INDEX,
             "max_pool2d_backward", "16", "out of range");
-  em_tensor *all[] = {x, dx, y, ind, bad, dbad, gx};
-  release_all(all, 7);
+  /* channels last (the backend pools NHWC natively): the same check */
+  int64_t xs2[4] = {1, 2, 4, 4}, is2[4] = {1, 2, 2, 2};
+  int64_t bad2[8] = {0, 5, 3, 2, 1, 17, 4, 6};
+  em_tensor *x2 = rnd(S, xs2, 4, EM_FLOAT32), *dx2 = on(S, x2, 0), *cx = NULL, *y2 = NULL;
+  em_tensor *ind2 = NULL, *b2 = NULL, *db2 = NULL, *cb2 = NULL, *gx2 = NULL;
+  REQUIRE_OK(S, em_to_channels_last(S, dx2, &cx));
+  REQUIRE_OK(S, em_max_pool2d(S, cx, k, NULL, p, dl, 0, 0, &y2, &ind2));
+  CHECK(em_tensor_is_channels_last(y2) && em_tensor_is_channels_last(ind2),
+        "NHWC max_pool2d on cuda: NHWC output and indices");
+  REQUIRE_OK(S, em_from_data(S, is2, 4, EM_INT64, bad2, EM_INT64, &b2));
+  db2 = on(S, b2, 0);
+  REQUIRE_OK(S, em_to_channels_last(S, db2, &cb2));
+  CHECK_ERR(S, em_max_pool2d_backward(S, y2, cx, cb2, 0, &gx2), EM_ERR_INDEX,
+            "max_pool2d_backward", "17", "out of range");
+  REQUIRE_OK(S, em_max_pool2d_backward(S, y2, cx, ind2, 0, &gx2));
+  CHECK(em_tensor_is_channels_last(gx2), "NHWC max_pool2d_backward: NHWC gradient");
+  em_tensor *all[] = {x, dx, y, ind, bad, dbad, gx, x2, dx2, cx, y2, ind2, b2, db2, cb2, gx2};
+  release_all(all, 16);
 }
 
 /* -- Batch norm ----------------------------------------------------------------------- */
@@ -396,8 +412,20 @@ static void test_algo_cache(em_state *S) {
   CHECK(e.misses == c.misses + 2 && e.hits == c.hits + 2, "backward: 2 misses then 2 hits "
         "(%llu misses, %llu hits)", (unsigned long long)(e.misses - c.misses),
         (unsigned long long)(e.hits - c.hits));
-  em_tensor *all[] = {x, w, dx, dw, y1, y2, gy, gx, gw};
-  release_all(all, 9);
+  /* the same geometry channels last is a key of its own (cuDNN ranks it apart) */
+  em_tensor *cx = NULL, *y3 = NULL;
+  REQUIRE_OK(S, em_to_channels_last(S, dx, &cx));
+  emk_dnn_cache_stats f, h;
+  emk_algo_cache_stats(emk_ctx(S)->algos, &f);
+  REQUIRE_OK(S, em_conv2d(S, cx, dw, NULL, s, p, d, 1, &y3));
+  emk_algo_cache_stats(emk_ctx(S)->algos, &h);
+  CHECK(h.misses == f.misses + 1 && h.hits == f.hits && em_tensor_is_channels_last(y3),
+        "NHWC conv: a miss of its own and an NHWC output");
+  em_tensor *y3c = NULL;        /* compared in NCHW order */
+  REQUIRE_OK(S, em_contiguous(S, y3, &y3c));
+  same(S, "NHWC conv gives the NCHW result", y1, y3c, 1e-5);
+  em_tensor *all[] = {x, w, dx, dw, y1, y2, gy, gx, gw, cx, y3, y3c};
+  release_all(all, 12);
 }
 
 /* The emulator's conv refuses a workspace smaller than its algorithm needs. */
@@ -533,17 +561,23 @@ static void test_cudnn_descriptors(void) {
     c.dH = k->d[0], c.dW = k->d[1], c.G = k->G;
     c.OH = (c.H + 2 * c.pH - c.dH * (c.kH - 1) - 1) / c.sH + 1;
     c.OW = (c.W + 2 * c.pW - c.dW * (c.kW - 1) - 1) / c.sW + 1;
-    int dims[4] = {0};
-    char err[512];
-    em_status st = emk_dnn_describe_check(&c, dims, err, sizeof err);
-    if (st == EM_ERR_UNSUPPORTED) {
-      printf("  (no cuDNN: %s)\n", err);
-      return;
+    /* NCHW, then NHWC descriptors (channels last; the half types too) */
+    static const em_dtype nhwc_dt[4] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16};
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+      c.nhwc = nhwc;
+      if (nhwc) c.dtype = nhwc_dt[i % 4];
+      int dims[4] = {0};
+      char err[512];
+      em_status st = emk_dnn_describe_check(&c, dims, err, sizeof err);
+      if (st == EM_ERR_UNSUPPORTED) {
+        printf("  (no cuDNN: %s)\n", err);
+        return;
+      }
+      CHECK(st == EM_OK && dims[0] == c.N && dims[1] == c.O && dims[2] == c.OH &&
+            dims[3] == c.OW, "case %zu%s: cuDNN says %d %d %d %d, we say %lld %lld %lld %lld "
+            "(%s)", i, nhwc ? " NHWC" : "", dims[0], dims[1], dims[2], dims[3], (long long)c.N,
+            (long long)c.O, (long long)c.OH, (long long)c.OW, st ? err : "ok");
     }
-    CHECK(st == EM_OK && dims[0] == c.N && dims[1] == c.O && dims[2] == c.OH &&
-          dims[3] == c.OW, "case %zu: cuDNN says %d %d %d %d, we say %lld %lld %lld %lld (%s)",
-          i, dims[0], dims[1], dims[2], dims[3], (long long)c.N, (long long)c.O,
-          (long long)c.OH, (long long)c.OW, st ? err : "ok");
   }
   /* a geometry cuDNN refuses is an error with its words, not a crash */
   emk_conv_desc c;
