@@ -10,6 +10,7 @@
 ** and for double, so that both get the same tight code.
 */
 #include "nn.h"
+#include "dnnl.h"
 #include <cblas.h>
 
 typedef struct conv_job {
@@ -82,6 +83,13 @@ em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
   size_t es = em_dtype_size(dt);
   int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
   int64_t shares = plan_shares(S, g->N, g->N * g->O * K * L);
+  bool served;
+  em_status dst = emi_dnnl_conv2d(S, g, y, x, w, b, &served);   /* oneDNN, when it wins */
+  if (served || dst) return dst;
+  if (dt != EM_FLOAT32 && dt != EM_FLOAT64)
+    return emi_error(S, EM_ERR_UNSUPPORTED, "conv2d: %s input %s needs oneDNN on the CPU "
+                     "(EMBER_CPU_KERNELS=%s; see ember --info)", em_dtype_name(dt),
+                     emi_tshape(S, x), em_cpu_kernels_get());
   if (dt == EM_FLOAT32 && emi_conv_fast_ok(g))
     return emi_conv_fast_fwd(S, g, em_tensor_data(x), em_tensor_data(w),
                              b ? em_tensor_data(b) : NULL, em_tensor_data(y), shares);
@@ -108,6 +116,13 @@ em_status emi_cpu_conv2d_backward(emi_device *dev, const emi_conv_geom *g, em_te
   em_state *S = dev->S;
   em_dtype dt = x->dtype;
   size_t es = em_dtype_size(dt);
+  /* oneDNN first: it computes the gradients it wins at and clears their pointers */
+  em_status dst = emi_dnnl_conv2d_backward(S, g, &gx, &gw, &gb, gy, x, w);
+  if (dst || (!gx && !gw && !gb)) return dst;
+  if (dt != EM_FLOAT32 && dt != EM_FLOAT64)
+    return emi_error(S, EM_ERR_UNSUPPORTED, "conv2d_backward: %s input %s needs oneDNN on "
+                     "the CPU (EMBER_CPU_KERNELS=%s; see ember --info)", em_dtype_name(dt),
+                     emi_tshape(S, x), em_cpu_kernels_get());
   void *pgx = gx ? em_tensor_data(gx) : NULL, *pgw = gw ? em_tensor_data(gw) : NULL,
        *pgb = gb ? em_tensor_data(gb) : NULL;
   int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;

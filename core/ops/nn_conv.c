@@ -7,13 +7,24 @@
 #include "nn_util.h"
 #include "../autograd/grad_nn.h"
 
+/* nn_check_float, plus bfloat16 tensors (with a bfloat16 input), which the CPU
+** backend serves with oneDNN where it can. */
+static em_status conv_check(em_state *S, const char *op, const char *what,
+                            const em_tensor *t, const em_tensor *ref) {
+  if (t && t->dtype == EM_BFLOAT16 && (!ref || ref->dtype == EM_BFLOAT16)) {
+    em_status st = emi_check_tensor(S, op, t);
+    return st ? st : nn_check_device(S, op, what, t, ref);
+  }
+  return nn_check_float(S, op, what, t, ref);
+}
+
 static em_status conv_setup(em_state *S, const char *op, const em_tensor *input,
                             const em_tensor *weight, const int64_t *stride,
                             const int64_t *padding, const int64_t *dilation,
                             int64_t groups, emi_conv_geom *g) {
   em_status st;
-  if ((st = nn_check_float(S, op, "input", input, NULL))) return st;
-  if ((st = nn_check_float(S, op, "weight", weight, input))) return st;
+  if ((st = conv_check(S, op, "input", input, NULL))) return st;
+  if ((st = conv_check(S, op, "weight", weight, input))) return st;
   if (input->ndim != 4)
     return emi_error(S, EM_ERR_SHAPE, "%s: input %s must have 4 dims (N,C,H,W)", op,
                      emi_tshape(S, input));
@@ -67,7 +78,7 @@ em_status em_conv2d(em_state *S, const em_tensor *input, const em_tensor *weight
   em_status st = conv_setup(S, op, input, weight, stride, padding, dilation, groups, &g);
   if (st) return st;
   if (bias) {
-    if ((st = nn_check_float(S, op, "bias", bias, input))) return st;
+    if ((st = conv_check(S, op, "bias", bias, input))) return st;
     if (bias->ndim != 1 || bias->sizes[0] != g.O)
       return emi_error(S, EM_ERR_SHAPE, "%s: bias %s must be [%lld] for weight %s", op,
                        emi_tshape(S, bias), (long long)g.O, emi_tshape(S, weight));
@@ -109,7 +120,7 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
   emi_conv_geom g;
   em_status st = conv_setup(S, op, input, weight, stride, padding, dilation, groups, &g);
   if (st) return st;
-  if ((st = nn_check_float(S, op, "grad_out", grad_out, input))) return st;
+  if ((st = conv_check(S, op, "grad_out", grad_out, input))) return st;
   int64_t yshape[4] = {g.N, g.O, g.OH, g.OW};
   if (grad_out->ndim != 4 || memcmp(grad_out->sizes, yshape, sizeof yshape))
     return emi_error(S, EM_ERR_SHAPE, "%s: grad_out %s does not match the output shape "
