@@ -21,17 +21,16 @@
 ** Threads. oneDNN here runs on OpenMP (libgomp). Each call runs on the calling
 ** thread with OpenMP's thread count set to the state's (em.set_num_threads), while
 ** ember's workers sleep (no parallel_for is open) and OpenBLAS is not called, so
-** the two cores are never oversubscribed. Idle OpenMP threads are asked to sleep
-** instead of spinning (OMP_WAIT_POLICY=PASSIVE unless the user set it), since
-** ember's workers take the cores right after. Scratch memory is ember's, per call,
+** the two cores are never oversubscribed. Idle OpenMP threads spin only briefly
+** before they sleep (GOMP_SPINCOUNT, unless the user set it or OMP_WAIT_POLICY),
+** since ember's workers take the cores right after. Scratch memory is ember's, per call,
 ** and each thread has its own stream, so replica threads may share primitives.
 **
 ** ISA. oneDNN picks AMX/AVX-512/AVX2 kernels at run time (ONEDNN_MAX_CPU_ISA caps
 ** it); bfloat16 accumulates in float32.
 **
-** Decision table (2 threads, Intel Xeon with AVX-512 BF16, no AMX; oneDNN 2.6.3;
-** `ember tests/bench/bench_cpu_kernels.lua`, ratios ours/oneDNN, >1 = oneDNN
-** faster): see the policy table below and README.md's "CPU kernels".
+** Which cases oneDNN serves ("auto") follows measurements on the dev machine: the
+** policy table below, with its numbers (also in README.md's "CPU kernels").
 */
 #include "dnnl.h"
 #include <dlfcn.h>
@@ -85,19 +84,41 @@ const char *em_cpu_kernels_get(void) { return mode_names[mode_now()]; }
 ** Indexed [op][dtype][layout]: op conv forward / backward data / backward weights /
 ** matmul; dtype float32, bfloat16; layout NCHW, NHWC (matmul: one column). The
 ** values: OURS, PLAIN (oneDNN on the tensors as they are), BLOCKED (activations
-** reordered into oneDNN's blocked format and back). Filled from the measurements
-** of bench_cpu_kernels.lua on the dev machine; bfloat16 has no kernel of ours (the
-** fallback widens to float32), so oneDNN serves it wherever it can. */
+** reordered into oneDNN's blocked format and back).
+**
+** Measured with tests/bench/bench_cpu_kernels.lua (2 threads, a 2-core Xeon with
+** AVX-512 BF16 and no AMX, shared with other work; oneDNN 2.6.3 from Debian),
+** as ratios ours/oneDNN of whole-net time (ResNet-18 32x32 batch 64, then the
+** Fashion-MNIST CNN batch 128), > 1 where oneDNN is faster:
+**   float32 NCHW   fwd 0.76 / 0.75, bwd data 0.53 / 0.70, bwd weights 0.20 / 0.61
+**                  (oneDNN runs im2col + GEMM on plain NCHW, like ours; blocked
+**                  with reorders 0.62-1.41): ours.
+**   float32 NHWC   fwd 1.81 / 1.99, bwd data 4.40 / 1.41, bwd weights 1.69 / 1.38
+**                  against ours on NCHW copies: oneDNN, as the tensors are.
+**   bfloat16 NCHW  fwd 0.81 / 1.00, bwd data 0.70 / 0.99, bwd weights 0.30 / 1.05
+**                  against ours widened to float32: ours (the low-precision
+**                  fallback at the conv entry).
+**   bfloat16 NHWC  fwd 1.67 / 7.31, bwd data 2.49 / 7.30, bwd weights 4.17 / 6.08:
+**                  oneDNN.
+**   matmul         the MLP 512-2048-2048-10, batch 32: float32 3.3-9.9x and bfloat16
+**                  8-21x faster in oneDNN for the 2048-wide layers, slower for the
+**                  10-wide one (0.23-0.64) and for the batch-1 32-64-4 MLP (0.1-0.9):
+**                  oneDNN from MATMUL_MIN_MACS multiply-adds up.
+** The machine is shared, so single cases vary by 2x from run to run; the choices
+** above held in two runs. */
 enum { OP_FWD = 0, OP_BWD_DATA = 1, OP_BWD_WEIGHTS = 2, OP_MATMUL = 3 };
 enum { DT_F32 = 0, DT_BF16 = 1 };
 enum { LAY_NCHW = 0, LAY_NHWC = 1 };
 enum { OURS = 0, PLAIN = 1, BLOCKED = 2 };
 static const unsigned char policy[4][2][2] = {
-  [OP_FWD] = {[DT_F32] = {OURS, PLAIN}, [DT_BF16] = {PLAIN, PLAIN}},
-  [OP_BWD_DATA] = {[DT_F32] = {OURS, PLAIN}, [DT_BF16] = {PLAIN, PLAIN}},
-  [OP_BWD_WEIGHTS] = {[DT_F32] = {OURS, PLAIN}, [DT_BF16] = {PLAIN, PLAIN}},
-  [OP_MATMUL] = {[DT_F32] = {OURS, OURS}, [DT_BF16] = {PLAIN, PLAIN}},
+  [OP_FWD] = {[DT_F32] = {OURS, PLAIN}, [DT_BF16] = {OURS, PLAIN}},
+  [OP_BWD_DATA] = {[DT_F32] = {OURS, PLAIN}, [DT_BF16] = {OURS, PLAIN}},
+  [OP_BWD_WEIGHTS] = {[DT_F32] = {OURS, PLAIN}, [DT_BF16] = {OURS, PLAIN}},
+  [OP_MATMUL] = {[DT_F32] = {PLAIN, PLAIN}, [DT_BF16] = {PLAIN, PLAIN}},
 };
+/* Below this many multiply-adds a matmul stays ours in "auto" (the MLP's 32x2048x10
+** layer, 0.66M, was faster ours; its 32x512x2048 one, 33M, in oneDNN). */
+enum { MATMUL_MIN_MACS = 1 << 22 };
 static __attribute__((unused)) const char *const op_names[] = {"conv2d forward", "conv2d backward data",
                                        "conv2d backward weights", "matmul"};
 
@@ -163,7 +184,7 @@ static struct {
   void *handle;
   dnnl_engine_t engine;
   int ok;
-  char why[160];          /* why not loaded, for --info */
+  char why[320];          /* why not loaded, for --info */
   char version[32];
 } L;
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -174,11 +195,18 @@ static void stream_free(void *s) {
 }
 
 static void load(void) {
-  /* OpenMP reads this once, when libgomp starts: idle threads sleep at once. */
+  /* OpenMP reads this once, when libgomp starts: idle threads spin a little (the
+  ** reorders and the primitive of one call follow each other) and then sleep,
+  ** instead of libgomp's default 300000 spins that would keep a core from ember's
+  ** workers. Sleeping at once (OMP_WAIT_POLICY=PASSIVE) measured slower: every
+  ** primitive then waits for a woken thread, and on a loaded machine that wait
+  ** is long. */
   if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  char name[32];
-  snprintf(name, sizeof name, "libdnnl.so.%d", DNNL_VERSION_MAJOR);
+    setenv("GOMP_SPINCOUNT", "20000", 0);
+  char name[128];
+  const char *lib = getenv("EMBER_DNNL_LIB");   /* another copy, or none (tests) */
+  if (lib && *lib) snprintf(name, sizeof name, "%s", lib);
+  else snprintf(name, sizeof name, "libdnnl.so.%d", DNNL_VERSION_MAJOR);
   L.handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (!L.handle) {
     snprintf(L.why, sizeof L.why, "%s not found (apt-get install libdnnl2)", name);
@@ -689,12 +717,15 @@ em_status emi_dnnl_matmul(em_state *S, em_tensor *out, const em_tensor *a,
   if (dt < 0 || a->dtype != out->dtype || b->dtype != out->dtype || !mat_ok(a) ||
       !mat_ok(b) || !mat_ok(out) || out->strides[1] != 1)
     return EM_OK;
-  if (choice(OP_MATMUL, dt, 0) == OURS || !loaded()) return EM_OK;
+  int c = choice(OP_MATMUL, dt, 0);
+  if (mode_now() == MODE_AUTO && out->sizes[0] * out->sizes[1] * a->sizes[1] < MATMUL_MIN_MACS)
+    c = OURS;
+  if (c == OURS || !loaded()) return EM_OK;
   int64_t key[KEY_WORDS] = {OP_MATMUL, dt, out->sizes[0], out->sizes[1], a->sizes[1],
                             a->strides[0], a->strides[1], b->strides[0], b->strides[1],
                             out->strides[0]};
-  mm_ctx c = {a, b, out};
-  entry *e = get_entry(key, build_mm, &c);
+  mm_ctx ctx = {a, b, out};
+  entry *e = get_entry(key, build_mm, &ctx);
   if (!e) return emi_error(S, EM_ERR_NOMEM, "matmul: out of memory for a oneDNN cache entry");
   if (!e->prim) return EM_OK;
   *served = true;
@@ -724,14 +755,17 @@ em_status em_cpu_kernels_info(char *buf, size_t len) {
         const char *ours = op == OP_MATMUL
                                ? (dt == DT_F32 ? "OpenBLAS / ember (small)"
                                                : "OpenBLAS in float32")
-                               : (dt == DT_F32 ? "ember (im2col + GEMM)"
-                                               : "ember in float32");
+                               : (dt == DT_F32 ? (lay == LAY_NCHW ? "ember (im2col + GEMM)"
+                                                                  : "ember (on an NCHW copy)")
+                                               : "ember in float32 (widened)");
         if (op == OP_MATMUL)
           PUT("%s %s: ", op_names[op], dts[dt]);
         else
           PUT("%s %s %s: ", op_names[op], dts[dt], lays[lay]);
         if (c == OURS) PUT("%s\n", ours);
-        else PUT("oneDNN %s (%s%s)\n", L.version, isa, c == BLOCKED ? ", blocked" : "");
+        else PUT("oneDNN %s (%s%s)%s\n", L.version, isa, c == BLOCKED ? ", blocked" : "",
+                 op == OP_MATMUL && mode_now() == MODE_AUTO
+                     ? "; below 4M multiply-adds: OpenBLAS / ember" : "");
       }
   PUT("oneDNN primitives cached: %lld\n", (long long)cache_size);
 #undef PUT
