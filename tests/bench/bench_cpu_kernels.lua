@@ -198,5 +198,30 @@ for _, dt in ipairs({ 'float32', 'bfloat16' }) do
 end
 em.cpu_kernels('auto')
 
+-- -- libxsmm ---------------------------------------------------------------------------
+-- Debian ships libxsmm as static libraries only: bench_xsmm.c, built here against
+-- this build's libember.so, times its kernels beside em_matmul.
+local function xsmm()
+  local a, nob = '/usr/lib/libxsmm.a', '/usr/lib/libxsmmnoblas.a'
+  local f = io.open(a, 'rb')
+  if not f then print('SKIP cpu_xsmm: no ' .. a .. ' (apt-get install libxsmm-dev)'); return end
+  f:close()
+  local build = core.dir .. '/../..'
+  local exe = os.tmpname()
+  local cmd = ('cc -O2 -I%q %q -o %q -L%q -lember -Wl,-rpath,%q %q %q -lpthread -ldl -lm 2>&1')
+    :format(dir .. '../../core/include', dir .. 'bench_xsmm.c', exe, build, build, a, nob)
+  local p = io.popen(cmd)
+  local msg = p:read('*a')
+  if not p:close() or msg:match('error') then
+    print('SKIP cpu_xsmm: cc failed: ' .. msg:gsub('\n', ' '):sub(1, 200))
+  else
+    p = io.popen(('%q %d'):format(exe, quick and 20000 or 100000))
+    io.write(p:read('*a'))
+    p:close()
+  end
+  os.remove(exe)
+end
+if wanted('xsmm') then xsmm() end
+
 print('summary (ResNet convs weighted by their count in the net):')
 for _, l in ipairs(summary) do print('  ' .. l) end
