@@ -39,6 +39,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SANITIZE_THREAD__)
+#define EMI_DNNL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMI_DNNL_TSAN 1
+#endif
+#endif
+
 #if defined(__has_include)
 #if __has_include(<oneapi/dnnl/dnnl.h>)
 #include <oneapi/dnnl/dnnl.h>
@@ -195,6 +203,11 @@ static void stream_free(void *s) {
 }
 
 static void load(void) {
+#ifdef EMI_DNNL_TSAN
+  /* libgomp is not instrumented: ThreadSanitizer would report its own barriers */
+  snprintf(L.why, sizeof L.why, "not used under ThreadSanitizer (OpenMP is not instrumented)");
+  return;
+#endif
   /* OpenMP reads this once, when libgomp starts: idle threads spin a little (the
   ** reorders and the primitive of one call follow each other) and then sleep,
   ** instead of libgomp's default 300000 spins that would keep a core from ember's

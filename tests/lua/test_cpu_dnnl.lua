@@ -18,6 +18,7 @@ local F = em.nn.functional
 
 local info = em.cpu_kernels_info()
 local have = info:find('^oneDNN %d') ~= nil
+local SKIP = 'skipped: oneDNN not installed or not usable here (' .. info:match('^[^\n]*') .. ')'
 
 -- max |a - b| / max(|b|, tiny), in float64
 local function rel(a, b)
@@ -68,7 +69,7 @@ local CASES = {
 }
 
 H.test('conv2d float32: oneDNN against ours, forward and backward', function()
-  if not have then H.skip('skipped: oneDNN not installed (' .. info:match('^[^\n]*') .. ')'); return end
+  if not have then H.skip(SKIP); return end
   em.manual_seed(3)
   local function cached() return tonumber(em.cpu_kernels_info():match('primitives cached: (%d+)')) end
   local before = cached()
@@ -92,7 +93,7 @@ H.test('conv2d float32: oneDNN against ours, forward and backward', function()
 end)
 
 H.test('conv2d float32: non-contiguous inputs are made contiguous first', function()
-  if not have then H.skip('skipped: oneDNN not installed'); return end
+  if not have then H.skip(SKIP); return end
   em.manual_seed(4)
   local big = em.randn(3, 16, 10, 12)
   local x = big:narrow(2, 3, 6):narrow(4, 2, 9)          -- strided view
@@ -111,7 +112,7 @@ H.test('conv2d bfloat16: oneDNN against ours in float32 on the same values', fun
   if not have then
     H.raises(function() F.conv2d(em.randn(1, 2, 4, 4):to('bfloat16'),
       em.randn(3, 2, 3, 3):to('bfloat16')) end, 'conv2d', 'bfloat16')
-    H.skip('skipped: oneDNN not installed'); return
+    H.skip(SKIP); return
   end
   em.manual_seed(5)
   for _, c in ipairs(CASES) do
@@ -156,7 +157,7 @@ local function nhwc(t)   -- same values, channels-last memory
 end
 
 H.test('conv2d NHWC at the backend entry: float32 and bfloat16', function()
-  if not have then H.skip('skipped: oneDNN not installed'); return end
+  if not have then H.skip(SKIP); return end
   local C, S, Hd = core.C, core.S, core.H
   local dev = C.emi_cpu_device(S)
   em.manual_seed(6)
@@ -187,7 +188,7 @@ H.test('conv2d NHWC at the backend entry: float32 and bfloat16', function()
 end)
 
 H.test('matmul: oneDNN against ours, transposed operands, float32 and bfloat16', function()
-  if not have then H.skip('skipped: oneDNN not installed'); return end
+  if not have then H.skip(SKIP); return end
   em.manual_seed(7)
   for _, dt in ipairs({ 'float32', 'bfloat16' }) do
     local a, w = em.randn(33, 70):to(dt), em.randn(50, 70):to(dt)
@@ -208,7 +209,7 @@ H.test('matmul: oneDNN against ours, transposed operands, float32 and bfloat16',
 end)
 
 H.test('one thread and two give the same oneDNN results', function()
-  if not have then H.skip('skipped: oneDNN not installed'); return end
+  if not have then H.skip(SKIP); return end
   em.manual_seed(8)
   local x, w = em.randn(4, 8, 10, 10), em.randn(12, 8, 3, 3)
   local n = em.get_num_threads()
@@ -220,6 +221,34 @@ H.test('one thread and two give the same oneDNN results', function()
   local y0 = conv_run('ours', x, w, nil, { stride = 1, padding = 1 })
   H.check(rel(y1, y0) < 1e-5 and rel(y2, y0) < 1e-5, 'threads ' .. rel(y1, y0) .. ' ' .. rel(y2, y0))
   H.check(em.cpu_kernels_info():find('primitives cached: [1-9]') ~= nil, 'primitives were cached')
+end)
+
+-- A library that is not oneDNN (here libm) in its place: ember says why and runs its
+-- own kernels; a bfloat16 conv is a clean error naming the op, not an abort.
+H.test('without a usable oneDNN: ours, and --info says why', function()
+  local ember = arg[-1] or 'ember'
+  local script = os.tmpname()
+  local f = assert(io.open(script, 'w'))
+  f:write([[
+local em = require 'ember'
+print(em.cpu_kernels_info():match('^[^\n]*'))
+em.cpu_kernels('onednn')
+local y = em.nn.functional.conv2d(em.ones(1, 2, 4, 4), em.ones(3, 2, 3, 3), nil, 1, 1)
+print('sum', y:sum():item())
+local ok, err = pcall(em.nn.functional.conv2d, em.ones(1, 2, 4, 4):to('bfloat16'),
+  em.ones(3, 2, 3, 3):to('bfloat16'))
+print('bf16', ok, err)
+]])
+  f:close()
+  local p = io.popen(('EMBER_DNNL_LIB=libm.so.6 %q %q 2>&1; echo "exit=$?"'):format(ember, script))
+  local out = p:read('*a')
+  p:close()
+  os.remove(script)
+  H.check(out:find('oneDNN: not used (libm.so.6 lacks dnnl_', 1, true) ~= nil, out)
+  -- each output is the sum over 2 channels of a 3x3 window clipped by the border
+  H.check(out:find('sum\t' .. (3 * 2 * (4 * 4 + 8 * 6 + 4 * 9))) ~= nil, out)
+  H.check(out:find('bf16\tfalse\t[^\n]*conv2d[^\n]*bfloat16') ~= nil, out)
+  H.check(out:find('exit=0', 1, true) ~= nil, out)
 end)
 
 H.done()
