@@ -775,7 +775,10 @@ em_status em_cpu_kernels_info(char *buf, size_t len) {
           PUT("%s %s: ", op_names[op], dts[dt]);
         else
           PUT("%s %s %s: ", op_names[op], dts[dt], lays[lay]);
+        bool no_bf16 = ok && dt == DT_BF16 && op != OP_MATMUL &&
+                       (int)L.dnnl_get_effective_cpu_isa() < (int)dnnl_cpu_isa_avx512_core;
         if (c == OURS) PUT("%s\n", ours);
+        else if (no_bf16) PUT("oneDNN has no kernel before AVX-512: %s\n", ours);
         else PUT("oneDNN %s (%s%s)%s\n", L.version, isa, c == BLOCKED ? ", blocked" : "",
                  op == OP_MATMUL && mode_now() == MODE_AUTO
                      ? "; below 4M multiply-adds: OpenBLAS / ember" : "");

@@ -225,11 +225,7 @@ end)
 
 -- A library that is not oneDNN (here libm) in its place: ember says why and runs its
 -- own kernels; a bfloat16 conv is a clean error naming the op, not an abort.
-H.test('without a usable oneDNN: ours, and --info says why', function()
-  local ember = arg[-1] or 'ember'
-  local script = os.tmpname()
-  local f = assert(io.open(script, 'w'))
-  f:write([[
+local CHILD = [[
 local em = require 'ember'
 print(em.cpu_kernels_info():match('^[^\n]*'))
 em.cpu_kernels('onednn')
@@ -238,15 +234,37 @@ print('sum', y:sum():item())
 local ok, err = pcall(em.nn.functional.conv2d, em.ones(1, 2, 4, 4):to('bfloat16'),
   em.ones(3, 2, 3, 3):to('bfloat16'))
 print('bf16', ok, err)
-]])
+]]
+
+-- Runs CHILD in a new ember with env (a prefix of VAR=value words); its output.
+local function child(env)
+  local script = os.tmpname()
+  local f = assert(io.open(script, 'w'))
+  f:write(CHILD)
   f:close()
-  local p = io.popen(('EMBER_DNNL_LIB=libm.so.6 %q %q 2>&1; echo "exit=$?"'):format(ember, script))
+  local p = io.popen(('%s %q %q 2>&1; echo "exit=$?"'):format(env, arg[-1] or 'ember', script))
   local out = p:read('*a')
   p:close()
   os.remove(script)
+  return out
+end
+
+H.test('without a usable oneDNN: ours, and --info says why', function()
+  local out = child('EMBER_DNNL_LIB=libm.so.6')
   H.check(out:find('oneDNN: not used (libm.so.6 lacks dnnl_', 1, true) ~= nil, out)
   -- each output is the sum over 2 channels of a 3x3 window clipped by the border
   H.check(out:find('sum\t' .. (3 * 2 * (4 * 4 + 8 * 6 + 4 * 9))) ~= nil, out)
+  H.check(out:find('bf16\tfalse\t[^\n]*conv2d[^\n]*bfloat16') ~= nil, out)
+  H.check(out:find('exit=0', 1, true) ~= nil, out)
+end)
+
+-- Capped at AVX2, oneDNN has no bfloat16 conv: making the primitive fails, the case
+-- is declined, and the float32 conv still runs in oneDNN.
+H.test('a primitive oneDNN cannot make is declined cleanly', function()
+  if not have then H.skip(SKIP); return end
+  local out = child('ONEDNN_MAX_CPU_ISA=AVX2')
+  H.check(out:find('^oneDNN %d[^\n]*avx2') ~= nil, out)
+  H.check(out:find('sum\t600') ~= nil, out)
   H.check(out:find('bf16\tfalse\t[^\n]*conv2d[^\n]*bfloat16') ~= nil, out)
   H.check(out:find('exit=0', 1, true) ~= nil, out)
 end)
