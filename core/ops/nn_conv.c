@@ -7,11 +7,12 @@
 #include "nn_util.h"
 #include "../autograd/grad_nn.h"
 
-/* nn_check_float, plus bfloat16 tensors (with a bfloat16 input), which the CPU
+/* nn_check_float, plus bfloat16 CPU tensors (with a bfloat16 input), which the CPU
 ** backend serves with oneDNN where it can. */
 static em_status conv_check(em_state *S, const char *op, const char *what,
                             const em_tensor *t, const em_tensor *ref) {
-  if (t && t->dtype == EM_BFLOAT16 && (!ref || ref->dtype == EM_BFLOAT16)) {
+  if (t && t->dtype == EM_BFLOAT16 && t->device == EM_CPU &&
+      (!ref || ref->dtype == EM_BFLOAT16)) {
     em_status st = emi_check_tensor(S, op, t);
     return st ? st : nn_check_device(S, op, what, t, ref);
   }
