@@ -147,6 +147,8 @@ int emi_cpu_conv2d(void *d, const test_conv_geom *g, em_tensor *y, const em_tens
 int emi_cpu_conv2d_backward(void *d, const test_conv_geom *g, em_tensor *gx, em_tensor *gw,
                             em_tensor *gb, const em_tensor *gy, const em_tensor *x,
                             const em_tensor *w);
+int emi_dnnl_conv2d(em_state *S, const test_conv_geom *g, em_tensor *y, const em_tensor *x,
+                    const em_tensor *w, const em_tensor *b, bool *served);
 ]]
 
 local function nhwc(t)   -- same values, channels-last memory
@@ -185,6 +187,45 @@ H.test('conv2d NHWC at the backend entry: float32 and bfloat16', function()
     H.check(rel(gb, gb0) < tol, dt .. ' gb ' .. rel(gb, gb0))
     H.check(y:stride()[2] == 1, 'the output kept its NHWC strides')
   end
+end)
+
+-- oneDNN is given dense NCHW and NHWC tensors only; other strides are declined (the
+-- ops layer makes them contiguous before the backend sees them).
+H.test('the oneDNN entry serves NCHW and NHWC and declines other strides', function()
+  if not have then H.skip(SKIP); return end
+  local C, S, Hd = core.C, core.S, core.H
+  local g = ffi.new('test_conv_geom', { 2, 4, 6, 6, 5, 3, 3, 6, 6, 1, 1, 1, 1, 1, 1, 1 })
+  local w, served = em.randn(5, 4, 3, 3), ffi.new('bool[1]')
+  local y = em.zeros(2, 5, 6, 6)
+  local dense = em.randn(2, 4, 6, 6)
+  local xs = {
+    { 'NCHW', dense, true },
+    { 'NHWC', nhwc(dense), true },
+    { 'every other channel', em.randn(2, 8, 6, 6):narrow(2, 1, 4), false },
+    { 'H and W swapped', em.randn(2, 4, 6, 6):transpose(3, 4), false },
+    { 'a narrowed width', em.randn(2, 4, 6, 12):narrow(4, 1, 6), false },
+  }
+  with_mode('onednn', function()
+    for _, c in ipairs(xs) do
+      served[0] = false
+      y:zero_()
+      H.eq(C.emi_dnnl_conv2d(S, g, Hd(y), Hd(c[2]), Hd(w), nil, served), 0, c[1])
+      H.eq(served[0], c[3], c[1])
+      if c[3] then
+        local y0 = with_mode('ours', function()
+          return F.conv2d(c[2]:contiguous(), w, nil, 1, 1)
+        end)
+        H.check(rel(y, y0) < 1e-5, c[1] .. ' ' .. rel(y, y0))
+      else
+        H.eq(y:abs():sum():item(), 0, c[1] .. ': nothing written')
+      end
+    end
+  end)
+  with_mode('ours', function()
+    served[0] = true
+    H.eq(C.emi_dnnl_conv2d(S, g, Hd(y), Hd(dense), Hd(w), nil, served), 0)
+    H.eq(served[0], false, "mode 'ours' declines")
+  end)
 end)
 
 H.test('matmul: oneDNN against ours, transposed operands, float32 and bfloat16', function()
