@@ -46,8 +46,11 @@ SANFLAGS :=
 OPT      := -O3 -g $(ARCH)
 endif
 
+# libdnnl-dev: oneDNN's header, which core/cpu/dnnl.c uses when present, and the
+# library the tests use; ember opens libdnnl at run time and runs without it.
 DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev pkg-config \
-                libjpeg62-turbo-dev libpng-dev libopenmpi-dev openmpi-bin iproute2
+                libjpeg62-turbo-dev libpng-dev libopenmpi-dev openmpi-bin iproute2 \
+                libdnnl-dev
 RUN_PACKAGES := dataset-fashion-mnist
 # make bench: the peers (PyTorch 2, TensorFlow 2) come from PyPI into a virtual
 # environment (tests/bench/peers/setup.sh); Debian's Python makes it, and its PIL

@@ -11,6 +11,7 @@
 */
 #include "nn.h"
 #include "lowp.h"
+#include "dnnl.h"
 #include <cblas.h>
 
 typedef struct conv_job {
@@ -78,9 +79,15 @@ static bool shares_use_blas(em_dtype dt, int64_t shares) {
 
 em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
                          const em_tensor *x, const em_tensor *w, const em_tensor *b) {
-  if (emi_lowp(x->dtype)) return emi_cpu_conv2d_lowp(dev, g, y, x, w, b);
-  if (g->nhwc) return emi_cpu_conv2d_nhwc(dev, g, y, x, w, b);   /* conv_nhwc.c */
   em_state *S = dev->S;
+  /* Who serves: oneDNN where it wins (dnnl.c declines the rest), then float16 /
+  ** bfloat16 widened to float32 (conv_lowp.c, which comes back here), then ours in
+  ** NHWC (conv_nhwc.c) or NCHW (below). */
+  bool served;
+  em_status dst = emi_dnnl_conv2d(S, g, y, x, w, b, &served);
+  if (served || dst) return dst;
+  if (emi_lowp(x->dtype)) return emi_cpu_conv2d_lowp(dev, g, y, x, w, b);
+  if (g->nhwc) return emi_cpu_conv2d_nhwc(dev, g, y, x, w, b);
   em_dtype dt = x->dtype;
   size_t es = em_dtype_size(dt);
   int64_t L = g->OH * g->OW, K = g->C / g->G * g->kH * g->kW;
@@ -108,9 +115,13 @@ em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
 em_status emi_cpu_conv2d_backward(emi_device *dev, const emi_conv_geom *g, em_tensor *gx,
                                   em_tensor *gw, em_tensor *gb, const em_tensor *gy,
                                   const em_tensor *x, const em_tensor *w) {
+  em_state *S = dev->S;
+  /* the order of emi_cpu_conv2d; oneDNN computes the gradients it wins at and
+  ** clears their pointers, the rest fall through */
+  em_status dst = emi_dnnl_conv2d_backward(S, g, &gx, &gw, &gb, gy, x, w);
+  if (dst || (!gx && !gw && !gb)) return dst;
   if (emi_lowp(x->dtype)) return emi_cpu_conv2d_backward_lowp(dev, g, gx, gw, gb, gy, x, w);
   if (g->nhwc) return emi_cpu_conv2d_nhwc_backward(dev, g, gx, gw, gb, gy, x, w);
-  em_state *S = dev->S;
   em_dtype dt = x->dtype;
   size_t es = em_dtype_size(dt);
   void *pgx = gx ? em_tensor_data(gx) : NULL, *pgw = gw ? em_tensor_data(gw) : NULL,

@@ -1065,6 +1065,21 @@ void em_tensor_remove_grad_hook(em_tensor *t, em_grad_hook_fn fn, void *ud);
 ** 0 unpins. Process-wide, any thread. */
 void em_blas_pin_threads(int n);
 
+/* CPU kernels from the field's libraries: oneDNN (libdnnl, loaded at run time when
+** present) serves conv2d and matmul cases where it measured faster than ember's own
+** kernels. mode: "auto" (the measured choice; the default), "ours" (ember's kernels
+** only), "onednn" (oneDNN wherever it serves the case, tensors as they are) or
+** "onednn-blocked" (the same with activations reordered into oneDNN's blocked
+** formats). EMBER_CPU_KERNELS sets the starting mode. Process-wide, any thread;
+** EM_ERR_ARG for another name. */
+em_status em_cpu_kernels_set(const char *mode);
+const char *em_cpu_kernels_get(void);
+/* Which library serves which CPU op on this machine, one line each ("conv2d forward
+** float32 NHWC: oneDNN 2.6.3 (avx512_core_bf16)"), and why oneDNN is not used when
+** it is not. Loads oneDNN to ask. At most len bytes, NUL-terminated; EM_ERR_ARG for
+** no buffer. */
+em_status em_cpu_kernels_info(char *buf, size_t len);
+
 /* -- Profiler (core/profile/) -------------------------------------------------------
 ** Records what a state does between em_profile_start and em_profile_stop: ops at
 ** the dispatch point, backward nodes, loader waits and the loader workers' batches,

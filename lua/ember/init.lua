@@ -73,6 +73,23 @@ local function load_core()
     core.check(C.em_set_num_threads(S, n))
   end
 
+  -- Which CPU kernels serve conv2d and matmul: em.cpu_kernels() reads the mode,
+  -- em.cpu_kernels(mode) sets it ('auto', 'ours', 'onednn', 'onednn-blocked') and
+  -- returns the one before; em.cpu_kernels_info() says which library serves what.
+  function em.cpu_kernels(mode)
+    local before = ffi.string(C.em_cpu_kernels_get())
+    if mode ~= nil and C.em_cpu_kernels_set(tostring(mode)) ~= 0 then
+      core.raise("cpu_kernels: mode must be 'auto', 'ours', 'onednn' or 'onednn-blocked', got "
+                 .. tostring(mode))
+    end
+    return before
+  end
+  function em.cpu_kernels_info()
+    local buf = ffi.new('char[4096]')
+    core.check(C.em_cpu_kernels_info(buf, 4096))
+    return ffi.string(buf)
+  end
+
   -- Bytes held by tensor storages (live and not yet collected), and the peak.
   function em.memory_allocated() return tonumber(C.em_memory_allocated(S)) end
   function em.memory_peak() return tonumber(C.em_memory_peak(S)) end

@@ -294,6 +294,10 @@ static const char INFO_LUA[] =
   "    for line in ffi.string(buf):gmatch('[^\\n]+') do print('  ' .. line) end\n"
   "  end\n"
   "end\n"
+  /* which library serves which CPU op (oneDNN where it measured faster) */
+  "if em.cpu_kernels_info then print('cpu kernels:')\n"
+  "  for line in em.cpu_kernels_info():gmatch('[^\\n]+') do print('  ' .. line) end\n"
+  "end\n"
   /* the devices this state can use: emulated, real, or why none */
   "do local n = em.cuda.device_count()\n"
   "  if n == 0 then print('cuda devices: none (' .. em.cuda.why_not() .. ')')\n"

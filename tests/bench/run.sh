@@ -66,6 +66,7 @@ while [ $r -lt "$ROUNDS" ]; do
   for lua in "$DIR"/bench_*.lua; do
     name=$(basename "$lua" .lua)
     case "$name" in bench_cuda|bench_cuda_train) continue ;; esac   # gpu_run.sh
+    case "$name" in bench_cpu_kernels) continue ;; esac   # kernel by kernel, run alone
     if ! "$EMBER" "$lua" > "$TMP/out" 2>&1; then
       echo "$name: ember failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
     fi
