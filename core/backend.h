@@ -496,6 +496,10 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
 em_status emi_tensor_new_fmt(em_state *S, const char *op, const int64_t *sizes, int ndim,
                              em_dtype dt, int device, bool nhwc, em_tensor **out);
 void emi_nhwc_strides(const int64_t *sizes, int64_t *strides);
+/* A new handle on t's storage with the given geometry (retains the storage). */
+em_status emi_tensor_view(em_state *S, const em_tensor *t, const int64_t *sizes,
+                          const int64_t *strides, int ndim, int64_t offset,
+                          em_tensor **out);
 em_tensor *emi_tensor_try_external(em_state *S, void *data, size_t nbytes,
                                    void (*free_fn)(void *ud, void *p, size_t n), void *ud,
                                    const int64_t *sizes, int ndim, em_dtype dt);

@@ -154,10 +154,7 @@ int emi_sync_folder_of(const char *path);
 em_tensor *emi_tensor_try_new(em_state *S, const int64_t *sizes, int ndim, em_dtype dt);
 em_tensor *emi_tensor_try_view(em_state *S, const em_tensor *src, const int64_t *sizes,
                                const int64_t *strides, int ndim, int64_t offset);
-/* A new handle on t's storage with the given geometry (retains the storage). */
-em_status emi_tensor_view(em_state *S, const em_tensor *t, const int64_t *sizes,
-                          const int64_t *strides, int ndim, int64_t offset,
-                          em_tensor **out);
+/* emi_tensor_view: backend.h. */
 void emi_contiguous_strides(const int64_t *sizes, int ndim, int64_t *strides);
 /* Channels last (ops/layout.c): NHWC strides of a 4-D shape; t is channels last
 ** and not exactly of the default strides (the layout an op's output follows);

@@ -41,6 +41,7 @@
 #include "cuda.h"
 #include "dnn.h"
 #include "k_dnn_args.h"
+#include "k_reduce.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,9 +146,55 @@ static void conv_desc(emk_conv_desc *c, emi_device *d, const emi_conv_geom *g, e
 
 static void *dptr(const em_tensor *t) { return t ? em_tensor_data(t) : NULL; }
 
+/* cuDNN has no channels-last float64 convolution (no algorithm, forward or backward):
+** such a conv runs on NCHW copies of its operands, the results written back in
+** their own order. Internal, so not counted as the model's layout conversions. */
+static bool nhwc_unserved(const emi_conv_geom *g, em_dtype dt) {
+  return g->nhwc && dt == EM_FLOAT64;
+}
+
+/* *out = an NCHW copy of t (t NULL: NULL); with copy 0 only the buffer. */
+static em_status nchw_copy(emi_device *d, const char *op, const em_tensor *t, int copy,
+                           em_tensor **out) {
+  *out = NULL;
+  if (!t) return EM_OK;
+  em_status st = emi_tensor_new(d->S, op, t->sizes, t->ndim, t->dtype, d->index, out);
+  if (!st && copy && (st = emk_copy_same_dtype(d, *out, t))) {
+    em_tensor_release(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* cuDNN's bias gradient takes float32, float64 and float16 only: a bfloat16 bias
+** gradient is our own sum of gy over N, H and W (float accumulation, one rounding). */
+static em_status bias_grad_sum(emi_device *d, em_tensor *gb, const em_tensor *gy) {
+  int64_t sizes[4] = {1, gb->sizes[0], 1, 1}, strides[4] = {gb->sizes[0] * gb->strides[0],
+                                                            gb->strides[0], 1, 1};
+  em_tensor *v = NULL;
+  em_status st = emi_tensor_view(d->S, gb, sizes, strides, 4, gb->offset, &v);
+  if (st) return st;
+  st = emk_reduce(d, EM_SUM, v, gy, 1u | 4u | 8u);
+  em_tensor_release(v);
+  return st;
+}
+
 em_status emk_conv2d(emi_device *d, const emi_conv_geom *g, em_tensor *y, const em_tensor *x,
                      const em_tensor *w, const em_tensor *b) {
   if (y->numel == 0) return EM_OK;
+  if (nhwc_unserved(g, x->dtype)) {
+    emi_conv_geom gn = *g;
+    gn.nhwc = 0;
+    em_tensor *t[3] = {NULL, NULL, NULL};
+    em_status st;
+    if (!(st = nchw_copy(d, "conv2d", x, 1, &t[0])) &&
+        !(st = nchw_copy(d, "conv2d", w, 1, &t[1])) &&
+        !(st = nchw_copy(d, "conv2d", y, 0, &t[2])) &&
+        !(st = emk_conv2d(d, &gn, t[2], t[0], t[1], b)))
+      st = emk_copy_same_dtype(d, y, t[2]);
+    for (int i = 0; i < 3; i++) em_tensor_release(t[i]);
+    return st;
+  }
   emk_conv_desc c;
   conv_desc(&c, d, g, x->dtype, EMK_CONV_FWD);
   return run_conv(d, "conv2d", &c, dptr(x), dptr(w), dptr(y), dptr(b));
@@ -159,9 +206,26 @@ em_status emk_conv2d_backward(emi_device *d, const emi_conv_geom *g, em_tensor *
   const char *op = "conv2d_backward";
   emk_conv_desc c;
   em_status st = EM_OK;
+  if (nhwc_unserved(g, x->dtype)) {
+    emi_conv_geom gn = *g;
+    gn.nhwc = 0;
+    em_tensor *t[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    if (!(st = nchw_copy(d, op, gy, 1, &t[0])) && !(st = nchw_copy(d, op, x, 1, &t[1])) &&
+        !(st = nchw_copy(d, op, w, 1, &t[2])) && !(st = nchw_copy(d, op, gx, 0, &t[3])) &&
+        !(st = nchw_copy(d, op, gw, 0, &t[4])) &&
+        !(st = emk_conv2d_backward(d, &gn, t[3], t[4], gb, t[0], t[1], t[2])) &&
+        !(st = gx ? emk_copy_same_dtype(d, gx, t[3]) : EM_OK))
+      st = gw ? emk_copy_same_dtype(d, gw, t[4]) : EM_OK;
+    for (int i = 0; i < 6; i++) em_tensor_release(t[i]);
+    return st;
+  }
   if (gx) {
     conv_desc(&c, d, g, x->dtype, EMK_CONV_BWD_DATA);
     if ((st = run_conv(d, op, &c, dptr(gx), dptr(w), dptr(gy), NULL))) return st;
+  }
+  if (gb && gb->dtype == EM_BFLOAT16) {
+    if ((st = bias_grad_sum(d, gb, gy))) return st;
+    gb = NULL;
   }
   if (!gw && !gb) return EM_OK;
   em_tensor *tmp = NULL;          /* the filter pass writes a weight gradient anyway */

@@ -22,6 +22,12 @@ clock starts and stops: the median of several repetitions. The ratio is ember /
 PyTorch (above 1: ember faster); the target is >= 1.2.
 
   build/ember tests/bench/bench_cuda_train.lua [--smoke] [--steps N] [--tf32]
+                                               [--only ROW,...] [--no-peer]
+
+--only runs the named rows (cnn, resnet, cnn_bf16, resnet_bf16, and two rows that
+split the ResNet's bf16+CL figure: resnet_cl, float32 channels-last, and resnet_amp,
+bf16 autocast in NCHW); --no-peer leaves PyTorch out. Under `ember --profile` each
+step marks a profiled step, so the report shows where a row's step time goes.
 
 PyTorch's side is bench_cuda_train.py, run by $EMBER_BENCH_PYTHON (default
 /usr/bin/python3; the GPU machine's is `python3`) with the same sizes. Without a
@@ -42,10 +48,16 @@ end
 local smoke = em.cuda.emulated()
 local steps = nil
 local tf32 = false     -- --tf32: float32 matmul and convolution in TF32 on both sides
+local only, no_peer = nil, false
 for i, a in ipairs(arg) do
   if a == '--smoke' then smoke = true end
   if a == '--steps' then steps = tonumber(arg[i + 1]) end
   if a == '--tf32' then tf32 = true end
+  if a == '--no-peer' then no_peer = true end
+  if a == '--only' then
+    only = {}
+    for k in tostring(arg[i + 1]):gmatch('[^,]+') do only[k] = true end
+  end
 end
 local Z = smoke and { cnn_batch = 8, resnet_batch = 4, steps = steps or 2, reps = 2, warm = 1 }
                  or { cnn_batch = 128, resnet_batch = 512, steps = steps or 20, reps = 5, warm = 5 }
@@ -81,34 +93,35 @@ local function rate(step, batch)
   return B.median(rs)
 end
 
--- One training step of `model` on a synthetic batch of `shape`; low = true: bfloat16
--- autocast and channels-last (the model once, the batch at the model's entry).
-local function bench(model, opt, shape, batch, low)
-  if low then model:to{ memory_format = 'channels_last' } end
+-- One training step of `model` on a synthetic batch of `shape`, with bfloat16 autocast
+-- when amp and in channels-last when cl (the model once, the batch at the model's entry).
+local function bench(model, opt, shape, batch, amp, cl)
+  if cl then model:to{ memory_format = 'channels_last' } end
   local x = em.randn({ batch, (table.unpack or unpack)(shape) }, { device = DEV })
   local y = em.randint(1, 11, { batch }, { device = DEV })
   local function forward()
-    return F.cross_entropy(model(low and x:to_channels_last() or x), y)
+    return F.cross_entropy(model(cl and x:to_channels_last() or x), y)
   end
   return rate(function()
-    local loss = low and em.amp.autocast('bfloat16', forward) or forward()
+    local loss = amp and em.amp.autocast('bfloat16', forward) or forward()
     opt:zero_grad()
     loss:backward()
     opt:step()
+    em.profile.step()
   end, batch)
 end
 
-local function bench_cnn(low)
+local function bench_cnn(amp, cl)
   em.manual_seed(0)
   local model = cnn():to(DEV)
   return bench(model, em.optim.Adam(model:parameters(), { lr = 1e-3 }), { 1, 28, 28 },
-               Z.cnn_batch, low)
+               Z.cnn_batch, amp, cl)
 end
 
-local function bench_resnet(low)
+local function bench_resnet(amp, cl)
   em.manual_seed(0)
   local model = resnet18():to(DEV)
-  return bench(model, R.sgd(model), { 3, 32, 32 }, Z.resnet_batch, low)
+  return bench(model, R.sgd(model), { 3, 32, 32 }, Z.resnet_batch, amp, cl)
 end
 
 -- What the bf16 rows need, where this build lacks it.
@@ -123,7 +136,7 @@ local cmd = ('%s %sbench_cuda_train.py --device %s --cnn-batch %d --resnet-batch
              smoke and 'cpu' or 'cuda', Z.cnn_batch, Z.resnet_batch, Z.steps, Z.reps, Z.warm,
              tf32 and 1 or 0, low_missing and 0 or 1)
 local torch, info, torch_na = {}, {}, {}
-local p = io.popen(cmd)
+local p = io.popen(no_peer and 'true' or cmd)
 for line in p:lines() do
   local name, value = line:match('^RESULT (%S+) (%S+)')
   if name then torch[name] = tonumber(value) end
@@ -145,14 +158,20 @@ print(('%-36s %14s %14s %8s'):format('step', 'ember', 'PyTorch', 'ratio'))
 local ember_failed = false
 local cnn_label = ('Fashion-MNIST CNN, batch %d'):format(Z.cnn_batch)
 local resnet_label = ('ResNet-18 32x32, batch %d'):format(Z.resnet_batch)
-for _, r in ipairs({ { 'cnn', cnn_label, bench_cnn },
-                     { 'resnet', resnet_label, bench_resnet },
-                     { 'cnn_bf16', cnn_label .. ', bf16+CL', bench_cnn, true },
-                     { 'resnet_bf16', resnet_label .. ', bf16+CL', bench_resnet, true } }) do
-  if r[4] and low_missing then
+-- { key, label, bench, amp, cl, diagnostic (run only when --only names it) }
+local rows = { { 'cnn', cnn_label, bench_cnn },
+               { 'resnet', resnet_label, bench_resnet },
+               { 'cnn_bf16', cnn_label .. ', bf16+CL', bench_cnn, true, true },
+               { 'resnet_bf16', resnet_label .. ', bf16+CL', bench_resnet, true, true },
+               { 'resnet_cl', resnet_label .. ', CL', bench_resnet, false, true, true },
+               { 'resnet_amp', resnet_label .. ', bf16', bench_resnet, true, false, true } }
+for _, r in ipairs(rows) do
+  if only and not only[r[1]] or not only and r[6] then
+    -- not asked for
+  elseif (r[4] or r[5]) and low_missing then
     print(('%-36s skipped: %s'):format(r[2], low_missing))
   else
-    local ok, v = pcall(r[3], r[4])
+    local ok, v = pcall(r[3], r[4], r[5])
     local t = torch[r[1]]
     if ok then
       print(('%-36s %14.1f %14s %8s'):format(r[2], v, t and ('%.1f'):format(t) or 'n/a',
