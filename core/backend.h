@@ -63,6 +63,8 @@ struct em_tensor {
   em_tensor *grad;               /* owned reference, NULL until a backward */
   struct emi_ag_hook *hooks;     /* gradient hooks of a leaf (owned list) */
   struct emi_ag_walk *ag_capture; /* engine scratch: the backward capturing its grad */
+  em_tensor *grad_dest;          /* owned reference: where a leaf's first gradient goes */
+  int ag_dest_busy;              /* engine scratch: grad_dest handed to a producer */
 };
 
 /* -- Devices ------------------------------------------------------------------------

@@ -256,6 +256,8 @@ static inline void emi_ag_clear_fields(em_tensor *t) {
   t->grad = NULL;
   t->hooks = NULL;
   t->ag_capture = NULL;
+  t->grad_dest = NULL;
+  t->ag_dest_busy = 0;
 }
 void emi_ag_release_fields(em_tensor *t);
 /* Grad mode's one writer: a probe listens with grad mode off, so the ops' single

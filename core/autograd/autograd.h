@@ -137,6 +137,24 @@ static inline em_status emi_ag_fail(em_tensor **out, em_status st) {
 }
 
 /* engine.c */
+/* Gradient destinations (engine.c explains): a leaf's dest (retained; NULL clears
+** it), and, for a producer, a new reference to memory it may write input i's whole
+** gradient into, laid out with the given strides, or NULL (then it allocates as
+** usual). What it gets must be what it hands on as gin[i]. */
+em_status emi_ag_set_grad_dest(em_state *S, em_tensor *leaf, em_tensor *dest);
+em_tensor *emi_ag_grad_dest(em_state *S, const emi_ag_node *n, int i, const int64_t *strides);
+int emi_ag_is_transpose2(const emi_ag_node *n);   /* grad_shape.c: a 2-D transpose */
+/* ops/linalg.c: a 2-D product into a row-contiguous out of its dtype */
+em_status emi_matmul_into(em_state *S, const em_tensor *a, const em_tensor *b, em_tensor *out);
+/* ops/nn_conv.c: em_conv2d_backward writing the weight and bias gradients into
+** the given tensors (either may be NULL) */
+em_status emi_conv2d_backward_into(em_state *S, const em_tensor *grad_out,
+                                   const em_tensor *input, const em_tensor *weight,
+                                   const int64_t *stride, const int64_t *padding,
+                                   const int64_t *dilation, int64_t groups,
+                                   em_tensor **grad_input, em_tensor **grad_weight,
+                                   em_tensor **grad_bias, em_tensor *gw_into,
+                                   em_tensor *gb_into);
 em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor *out,
                           const em_tensor *const *inputs, int n, emi_ag_node **node);
 em_status emi_ag_save(em_state *S, emi_ag_node *n, const em_tensor *t);

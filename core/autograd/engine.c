@@ -155,6 +155,8 @@ void emi_ag_release_fields(em_tensor *t) {
   t->grad_fn = NULL;
   em_tensor_release(t->grad);
   t->grad = NULL;
+  em_tensor_release(t->grad_dest);
+  t->grad_dest = NULL;
   for (struct emi_ag_hook *h = t->hooks, *nx; h; h = nx) {
     nx = h->next;
     emi_free(S, h, sizeof *h);
@@ -295,7 +297,7 @@ em_status emi_ag_load_view(em_state *S, emi_ag_node *n, const em_tensor **slot, 
 ** the edge's dtype and device. Returns a new reference (g itself, retained, when
 ** it fits). */
 static em_status fit_grad(em_state *S, const emi_ag_node *n, const emi_ag_edge *e,
-                          em_tensor *g, em_tensor **out) {
+                          em_tensor *g, em_tensor *into, em_tensor **out) {
   em_status st;
   em_tensor *r = g, *tmp;
   em_tensor_retain(r);
@@ -311,7 +313,19 @@ static em_status fit_grad(em_state *S, const emi_ag_node *n, const emi_ag_edge *
       if (want != 1) goto bad;
       dims[nd++] = d;
     }
-    if (nd > 0) {
+    if (nd > 0 && into && r->dtype == e->dtype && r->device == e->device) {
+      /* the sum straight into the leaf's destination, seen with the kept dims */
+      int64_t ks[EM_MAX_DIMS], kst[EM_MAX_DIMS];
+      unsigned mask = 0;
+      for (int k = 0; k < nd; k++) mask |= 1u << dims[k];
+      for (int d = 0; d < r->ndim; d++) ks[d] = (mask >> d & 1) ? 1 : r->sizes[d];
+      emi_contiguous_strides(ks, r->ndim, kst);
+      if ((st = emi_tensor_view(S, into, ks, kst, r->ndim, into->offset, &tmp))) goto fail;
+      st = EMI_DISPATCH(S, "sum", r, reduce, EM_SUM, tmp, r, mask);
+      em_tensor_release(r);
+      r = tmp;
+      if (st) goto fail;
+    } else if (nd > 0) {
       if ((st = em_reduce(S, EM_SUM, r, dims, nd, 1, &tmp))) goto fail;
       em_tensor_release(r);
       r = tmp;
@@ -390,14 +404,40 @@ static int grad_adoptable(const em_tensor *leaf, const em_tensor *g) {
   return 1;
 }
 
+/* Whether g is dest itself, or a view of exactly its elements in its layout (a
+** producer that wrote into a transposed view of dest hands on the view's view). */
+static int is_dest(const em_tensor *dest, const em_tensor *g) {
+  if (!dest) return 0;
+  if (g == dest) return 1;
+  return g->storage == dest->storage && g->offset == dest->offset && g->ndim == dest->ndim &&
+         g->dtype == dest->dtype &&
+         !memcmp(g->sizes, dest->sizes, sizeof *g->sizes * (size_t)g->ndim) &&
+         !memcmp(g->strides, dest->strides, sizeof *g->strides * (size_t)g->ndim);
+}
+
 /* Leaf gradients are accumulated in place into .grad: the grad tensor belongs to the
-** leaf (optimizers read it), so a new sum replaces it only the first time. Takes g. */
+** leaf (optimizers read it), so a new sum replaces it only the first time. Takes g.
+** A leaf with a destination takes its first gradient there: as it is when the
+** producer wrote it there (no pass at all), else copied in, which is the one copy
+** the destination's owner would have made anyway. */
 static em_status leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
   em_status st = EM_OK;
+  em_tensor *dest = leaf->grad_dest;
+  int mine = is_dest(dest, g);
+  if (mine) leaf->ag_dest_busy = 0;
   if (!leaf->grad) {
-    /* .grad must own its memory: g is copied only when someone else may hold it,
-    ** or its layout is not the one .grad keeps */
-    if (grad_adoptable(leaf, g)) {
+    if (mine) {
+      em_tensor_retain(dest);
+      em_tensor_release(g);
+      leaf->grad = dest;
+    } else if (dest && !leaf->ag_dest_busy && g->dtype == dest->dtype &&
+               g->device == dest->device) {
+      st = em_copy_(S, dest, g);
+      em_tensor_release(g);
+      if (!st) { em_tensor_retain(dest); leaf->grad = dest; }
+    } else if (grad_adoptable(leaf, g)) {
+      /* .grad must own its memory: g is copied only when someone else may hold it,
+      ** or its layout is not the one .grad keeps */
       leaf->grad = g;
     } else {
       em_tensor *c;
@@ -410,6 +450,56 @@ static em_status leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
     em_tensor_release(g);
   }
   return st;
+}
+
+/* -- Gradient destinations --------------------------------------------------------
+** A leaf may name where its gradient is to live (em.distribute's reducer names each
+** parameter's view into its bucket). A producer asks, for its input i, whether it
+** may write that input's whole gradient into such memory instead of a fresh
+** tensor: yes when the edge leads to a leaf with a destination and no .grad yet --
+** directly, or through a 2-D transpose that only this node feeds (a Linear
+** layer's x @ w^T), the destination then seen transposed -- with the edge's
+** shape, dtype and device, and laid out with the strides the producer wants. The
+** destination is then claimed until the gradient reaches the leaf, so that no
+** second producer writes into it first; the producer must hand on what it got
+** (or a view of it in the leaf's geometry) as input i's gradient. */
+em_status emi_ag_set_grad_dest(em_state *S, em_tensor *leaf, em_tensor *dest) {
+  if (dest && (leaf->grad_fn || dest->ndim != leaf->ndim || dest->dtype != leaf->dtype ||
+               dest->device != leaf->device ||
+               memcmp(dest->sizes, leaf->sizes, sizeof *dest->sizes * (size_t)dest->ndim)))
+    return emi_error(S, EM_ERR_INTERNAL, "grad destination of shape %s does not fit a "
+                     "leaf of shape %s", emi_tshape(S, dest), emi_tshape(S, leaf));
+  if (dest) em_tensor_retain(dest);
+  em_tensor_release(leaf->grad_dest);
+  leaf->grad_dest = dest;
+  leaf->ag_dest_busy = 0;
+  return EM_OK;
+}
+
+em_tensor *emi_ag_grad_dest(em_state *S, const emi_ag_node *n, int i, const int64_t *strides) {
+  const emi_ag_edge *e = &n->in[i];
+  em_tensor *leaf = e->leaf;
+  int transposed = 0;
+  if (!leaf && e->fn && e->fn->walk == n->walk && e->fn->deps == 1 && !e->fn->gbuf &&
+      emi_ag_is_transpose2(e->fn) && e->fn->in[0].leaf) {
+    leaf = e->fn->in[0].leaf;
+    transposed = 1;
+  }
+  if (!leaf || !leaf->grad_dest || leaf->grad || leaf->ag_dest_busy ||
+      leaf->ag_capture == n->walk)
+    return NULL;
+  em_tensor *d = leaf->grad_dest, *v = NULL;
+  if (e->dtype != d->dtype || e->device != d->device || e->ndim != d->ndim) return NULL;
+  int64_t sz[EM_MAX_DIMS], stv[EM_MAX_DIMS];
+  for (int k = 0; k < d->ndim; k++) {
+    int s = transposed ? d->ndim - 1 - k : k;
+    sz[k] = d->sizes[s];
+    stv[k] = d->strides[s];
+    if (sz[k] != e->sizes[k] || (sz[k] != 1 && stv[k] != strides[k])) return NULL;
+  }
+  if (emi_tensor_view(S, d, sz, stv, d->ndim, d->offset, &v)) return NULL;
+  leaf->ag_dest_busy = 1;
+  return v;
 }
 
 /* One edge into leaf is done (with or without a contribution): when it was the
@@ -537,7 +627,15 @@ static em_status run_node(em_state *S, emi_ag_walk *w, emi_ag_node *n, emi_ag_no
     em_tensor *gi = gin == gin_small && i >= 4 ? NULL : gin[i];
     if (gin != gin_small || i < 4) gin[i] = NULL;
     em_tensor *fit = NULL;
-    if (!st && gi && (e->fn || e->leaf)) st = fit_grad(S, n, e, gi, &fit);
+    em_tensor *into = NULL;
+    if (!st && gi && e->leaf && e->leaf->ag_capture != w && gi->numel != e->leaf->numel) {
+      int64_t cst[EM_MAX_DIMS];        /* a broadcast gradient summed straight in */
+      emi_contiguous_strides(e->sizes, e->ndim, cst);
+      into = emi_ag_grad_dest(S, n, i, cst);
+    }
+    if (!st && gi && (e->fn || e->leaf)) st = fit_grad(S, n, e, gi, into, &fit);
+    if (into && !(fit && is_dest(e->leaf->grad_dest, fit))) e->leaf->ag_dest_busy = 0;
+    em_tensor_release(into);
     em_tensor_release(gi);
     if (e->fn) {
       if (fit) st = accumulate(S, &e->fn->gbuf, fit);
@@ -564,6 +662,8 @@ static void walk_end(em_state *S, emi_ag_walk *w) {
         em_tensor *leaf = n->in[i].leaf;
         if (leaf && leaf->ag_capture != w) leaf->ag_pending--;
       }
+    for (int i = 0; i < n->ninputs; i++)   /* a claim an error left unfulfilled */
+      if (n->in[i].leaf) n->in[i].leaf->ag_dest_busy = 0;
     n->deps = 0;
     n->ran = 0;
     n->walk = NULL;

@@ -54,6 +54,14 @@ static int transposed_layout(const em_tensor *b) {
          b->strides[1] == b->sizes[0];
 }
 
+/* The memory B's gradient may be written into (a gradient destination, engine.c),
+** laid out as B (tl: transposed), or NULL. */
+static em_tensor *dest_of(emi_f *f, emi_ag_node *n, int tl, const em_tensor *b2) {
+  int64_t want[2] = {tl ? 1 : b2->sizes[1], tl ? b2->sizes[0] : 1};
+  em_tensor *d = emi_ag_grad_dest(f->S, n, 1, want);
+  return d ? emi_f_keep(f, EM_OK, &d) : NULL;
+}
+
 static em_status matmul_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                  em_tensor **gin) {
   em_tensor *a, *b;
@@ -75,7 +83,16 @@ static em_status matmul_backward(em_state *S, emi_ag_node *n, const em_tensor *g
     em_tensor *gb;
     if (b2->ndim == 2 && g2 && g2->ndim == a2->ndim) {
       em_tensor *ar = a2->ndim > 2 ? f_rows(f, a2) : a2, *gr = a2->ndim > 2 ? f_rows(f, g2) : g2;
-      gb = transposed_layout(b2) ? f_mT(f, f_mm(f, f_mT(f, gr), ar)) : f_mm(f, f_mT(f, ar), gr);
+      int tl = transposed_layout(b2);
+      em_tensor *d = b1 || f->st || em_dtype_promote(ar->dtype, gr->dtype) != b2->dtype
+                     ? NULL : dest_of(f, n, tl, b2);
+      if (d) {                   /* written where the weight's gradient lives */
+        em_tensor *l = f_mT(f, tl ? gr : ar), *r = tl ? ar : gr, *o = tl ? f_mT(f, d) : d;
+        if (!f->st) f->st = emi_matmul_into(S, l, r, o);
+        gb = d;
+      } else {
+        gb = tl ? f_mT(f, f_mm(f, f_mT(f, gr), ar)) : f_mm(f, f_mT(f, ar), gr);
+      }
     } else {
       gb = f_mm(f, f_mT(f, a2), g2);
     }

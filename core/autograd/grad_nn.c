@@ -74,9 +74,21 @@ static em_status conv2d_backward(em_state *S, emi_ag_node *n, const em_tensor *g
   if (st) return st;
   const int64_t *ia = n->iarg;
   nn_inputs in = nn_inputs_of(1, (int)ia[CONV_HAS_BIAS]);
-  return em_conv2d_backward(S, g, v.x, v.weight, ia + CONV_STRIDE, ia + CONV_PADDING,
-                            ia + CONV_DILATION, ia[CONV_GROUPS], grad_of(n, gin, in.x),
-                            grad_of(n, gin, in.weight), grad_of(n, gin, in.bias));
+  /* the weight and bias gradients go straight where they are to live, when their
+  ** leaves name such memory (a gradient destination, engine.c) */
+  em_tensor *dw = NULL, *db = NULL;
+  if (!emi_nhwc(v.x) && !emi_nhwc(v.weight) && v.x->dtype == v.weight->dtype) {
+    int64_t cst[4];
+    emi_contiguous_strides(v.weight->sizes, 4, cst);
+    if (grad_of(n, gin, in.weight)) dw = emi_ag_grad_dest(S, n, in.weight, cst);
+    if (grad_of(n, gin, in.bias)) db = emi_ag_grad_dest(S, n, in.bias, cst + 3);
+  }
+  st = emi_conv2d_backward_into(S, g, v.x, v.weight, ia + CONV_STRIDE, ia + CONV_PADDING,
+                                ia + CONV_DILATION, ia[CONV_GROUPS], grad_of(n, gin, in.x),
+                                grad_of(n, gin, in.weight), grad_of(n, gin, in.bias), dw, db);
+  em_tensor_release(dw);
+  em_tensor_release(db);
+  return st;
 }
 
 em_status emi_ag_record_conv2d(em_state *S, const em_tensor *x, const em_tensor *w,

@@ -30,6 +30,12 @@ static em_status permute_backward(em_state *S, emi_ag_node *n, const em_tensor *
   return em_permute(S, g, inv, n->in[0].ndim, &gin[0]);
 }
 
+/* The engine looks through a Linear weight's transpose to its gradient destination. */
+int emi_ag_is_transpose2(const emi_ag_node *n) {
+  return n->backward == permute_backward && n->ninputs == 1 && n->in[0].ndim == 2 &&
+         n->iarg[0] == 1 && n->iarg[1] == 0;
+}
+
 em_status emi_ag_record_permute(em_state *S, const em_tensor *a, const int *perm,
                                 em_tensor **out) {
   emi_ag_node *n;

@@ -9,12 +9,16 @@
 ** is one contiguous tensor, and each parameter has a view into it of its own
 ** shape: its "home".
 **
-** During backward. A gradient hook on every parameter (the engine calls it once
-** the parameter's gradient is final for this backward) moves the gradient into
-** its home -- one copy, unless .grad already is the home, as it is from the
-** second step on when gradients are zeroed in place or accumulated -- and makes
-** the home the parameter's .grad. So gradients are views into bucket memory:
-** nothing is copied twice and no second gradient-sized buffer is kept. When a
+** During backward. Each home is its parameter's gradient destination (engine.c):
+** a parameter without .grad takes its first gradient there, and the common
+** producers (a Linear's or matmul's weight gradient, a broadcast bias's sum,
+** conv2d's weight and bias gradients) write it there in the first place, so the
+** gradient is never copied. A gradient hook on every parameter (the engine calls
+** it once the parameter's gradient is final for this backward) makes sure it is
+** in its home -- one copy, only when .grad is some other tensor (one the user
+** assigned) -- and that the home is the parameter's .grad. So gradients are views
+** into bucket memory, and no second gradient-sized buffer is kept; a .grad kept
+** from an earlier step is that view, and the next backward writes into it. When a
 ** bucket's last gradient arrives its allreduce (mean) is started on the
 ** communicator's thread, which runs it while the engine goes on computing the
 ** gradients of earlier layers. Buckets are started strictly in bucket order,
@@ -38,6 +42,7 @@
 ** only note which parameters got gradients (the unused check still holds).
 */
 #include "comm.h"
+#include "../autograd/autograd.h"
 #include "../profile/profile.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +124,8 @@ static em_status plan(em_reducer *r, double bucket_bytes, double first_bytes) {
       em_tensor *p = r->params[i];
       int64_t strides[EM_MAX_DIMS];
       emi_contiguous_strides(p->sizes, p->ndim, strides);
-      if ((st = emi_tensor_view(S, bk->buf, p->sizes, strides, p->ndim, off, &r->home[i])))
+      if ((st = emi_tensor_view(S, bk->buf, p->sizes, strides, p->ndim, off, &r->home[i])) ||
+          (st = emi_ag_set_grad_dest(S, p, r->home[i])))
         return st;
       off += p->numel;
     }
@@ -268,6 +274,8 @@ void em_reducer_free(em_reducer *r) {
   for (int i = 0; i < r->nparams; i++) {
     if (r->params[i]) {
       em_tensor_remove_grad_hook(r->params[i], grad_hook, &r->slots[i]);
+      if (r->home[i] && r->params[i]->grad_dest == r->home[i])
+        emi_ag_set_grad_dest(S, r->params[i], NULL);
       em_tensor_release(r->params[i]);
     }
     em_tensor_release(r->home[i]);

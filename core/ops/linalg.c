@@ -123,3 +123,19 @@ done:
   if (emi_ag_wanted2(S, a, b)) return emi_ag_record_matmul(S, a, b, out);
   return EM_OK;
 }
+
+/* a (M, K) @ b (K, N) written into out (M, N, rows contiguous, of the product's
+** dtype, on the operands' device): autograd writes a weight's gradient straight
+** into the memory it is to live in (a gradient destination, engine.c). */
+em_status emi_matmul_into(em_state *S, const em_tensor *a, const em_tensor *b, em_tensor *out) {
+  if (a->ndim != 2 || b->ndim != 2 || out->ndim != 2 || a->sizes[1] != b->sizes[0] ||
+      out->sizes[0] != a->sizes[0] || out->sizes[1] != b->sizes[1] ||
+      (out->sizes[0] > 1 && out->strides[0] != out->sizes[1]) ||
+      (out->sizes[1] > 1 && out->strides[1] != 1) ||
+      out->dtype != em_dtype_promote(a->dtype, b->dtype) || a->device != b->device ||
+      out->device != a->device)
+    return emi_error(S, EM_ERR_INTERNAL, "matmul: %s @ %s does not fit the output %s",
+                     emi_tshape(S, a), emi_tshape(S, b), emi_tshape(S, out));
+  if (out->numel == 0) return EM_OK;
+  return EMI_DISPATCH(S, "matmul", a, matmul, out, a, b);
+}

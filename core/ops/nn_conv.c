@@ -111,6 +111,20 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
                              const int64_t *dilation, int64_t groups,
                              em_tensor **grad_input, em_tensor **grad_weight,
                              em_tensor **grad_bias) {
+  return emi_conv2d_backward_into(S, grad_out, input, weight, stride, padding, dilation,
+                                  groups, grad_input, grad_weight, grad_bias, NULL, NULL);
+}
+
+/* As em_conv2d_backward; gw_into and gb_into, when given, are where the weight and
+** bias gradients are written (autograd's gradient destinations: contiguous, of the
+** input's dtype, used only for NCHW operands) and are what comes back. */
+em_status emi_conv2d_backward_into(em_state *S, const em_tensor *grad_out,
+                                   const em_tensor *input, const em_tensor *weight,
+                                   const int64_t *stride, const int64_t *padding,
+                                   const int64_t *dilation, int64_t groups,
+                                   em_tensor **grad_input, em_tensor **grad_weight,
+                                   em_tensor **grad_bias, em_tensor *gw_into,
+                                   em_tensor *gb_into) {
   const char *op = "conv2d_backward";
   emi_conv_geom g;
   em_status st = conv_setup(S, op, input, weight, stride, padding, dilation, groups, &g);
@@ -132,10 +146,14 @@ em_status em_conv2d_backward(em_state *S, const em_tensor *grad_out,
   if (grad_input &&
       (st = emi_tensor_new_fmt(S, op, input->sizes, 4, input->dtype, dev, g.nhwc, &gx)))
     goto done;
-  if (grad_weight &&
+  if (nhwc || (gw_into && gw_into->dtype != input->dtype)) gw_into = NULL;
+  if (gb_into && gb_into->dtype != input->dtype) gb_into = NULL;
+  if (grad_weight && gw_into) { gw = gw_into; em_tensor_retain(gw); }
+  else if (grad_weight &&
       (st = emi_tensor_new_fmt(S, op, weight->sizes, 4, input->dtype, dev, g.nhwc, &gw)))
     goto done;
-  if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, dev, &gb)))
+  if (grad_bias && gb_into) { gb = gb_into; em_tensor_retain(gb); }
+  else if (grad_bias && (st = emi_tensor_new(S, op, &g.O, 1, input->dtype, dev, &gb)))
     goto done;
   if (g.N == 0 || g.C == 0 || g.OH * g.OW == 0) {
     em_tensor *grads[3] = {gx, gw, gb};   /* no products to sum: zeros */
