@@ -5,7 +5,8 @@
 ** the item pins every device range it reads or writes (a range outside live
 ** device memory is the stream's sticky error, as an illegal address is on a GPU)
 ** and runs the CPU backend's kernel on the device memory wrapped as CPU tensors
-** (a convolution's channels last when its descriptor says NHWC, as cuDNN's).
+** (channels last when a convolution's or batch norm's descriptor says NHWC, as
+** cuDNN's).
 **
 ** A private state per item. The CPU kernels take an emi_device and use its
 ** state for scratch memory, error messages and the worker pool. The caller's

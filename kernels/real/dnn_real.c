@@ -3,7 +3,8 @@
 ** descriptor API (the v8 API that cuDNN 9 keeps beside the graph API): the
 ** convolutions in three directions, NCHW or NHWC (cuDNN's tensor and filter
 ** formats), float32 (computing in float32, TF32 only when the caller allows
-** it), float64, and float16 / bfloat16 computing in float32; training batch norm.
+** it), float64, and float16 / bfloat16 computing in float32; training batch
+** norm, NCHW or NHWC.
 **
 ** Layers, as in gemm_real.c, the first testable without a GPU:
 **   1. describe: the tensor, filter and convolution descriptors for an
