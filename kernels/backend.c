@@ -247,7 +247,8 @@ static em_status cuda_fill(emi_device *d, em_tensor *out, double value) {
 const emi_backend emk_cuda_backend = {
   .name = "cuda",
   .id = EMI_BACKEND_CUDA,
-  .nhwc = EMI_NHWC_CONV | EMI_NHWC_POOL,   /* cuDNN's NHWC descriptors; k_pool.cu */
+  .nhwc = EMI_NHWC_CONV | EMI_NHWC_POOL | EMI_NHWC_BN,   /* cuDNN's NHWC descriptors;
+                                                          k_pool.cu; k_dnn.c/.cu */
   .alloc = cuda_alloc,
   .free = cuda_free,
   .copy = cuda_copy,

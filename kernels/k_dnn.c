@@ -1,7 +1,7 @@
 /*
 ** k_dnn.c -- the CUDA backend's nn entries (core/backend.h): conv2d and its
-** backward (NCHW or channels last, as cuDNN's descriptors take either), batch
-** norm and its backward. The evaluation batch norm kernels are k_dnn.cu; pooling
+** backward, batch norm and its backward (each NCHW or channels last, as cuDNN's
+** descriptors and our kernels take either: the table's EMI_NHWC_CONV and _BN). The evaluation batch norm kernels are k_dnn.cu; pooling
 ** is k_pool.c.
 **
 ** Who computes what, and why:
@@ -31,6 +31,9 @@
 **     stand-ins (ones, zeros, scratch, contiguous copies) are made here. A
 **     float16/bfloat16 x keeps float32 parameters and statistics, as cuDNN's
 **     derived batch norm descriptor has them, so autocast needs no casts around it.
+**     A channels-last x (dense, as the ops layer gives it) goes to the runtime as
+**     it is, with the desc's nhwc set: cuDNN's NHWC descriptors, the CPU's NHWC
+**     loops on the emulator, so an NHWC model reorders nothing around batch norm.
 **   - Evaluation-mode batch norm and its backward are our own kernels
 **     (k_dnn.cu), on both runtimes: inference batch norm is a per-channel affine
 **     that cuDNN would not run faster, and ours also yields mean and invstd. The
@@ -259,6 +262,9 @@ static void bn_dims(const em_tensor *x, int64_t *N, int64_t *C, int64_t *L) {
   for (int i = 2; i < x->ndim; i++) *L *= x->sizes[i];
 }
 
+/* The ops layer hands x dense: NCHW-contiguous, or else channels last. */
+static int bn_nhwc(const em_tensor *x) { return !em_tensor_is_contiguous(x); }
+
 /* A fresh (C) tensor of dt on d filled with v (v NAN: left unwritten). */
 static em_status vec(emi_device *d, const char *op, int64_t C, em_dtype dt, double v,
                      em_tensor **out) {
@@ -292,6 +298,7 @@ static em_status bn_eval(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor
   bn_args a;
   memset(&a, 0, sizeof a);
   bn_dims(x, &a.N, &a.C, &a.L);
+  a.nhwc = bn_nhwc(x);
   a.rm = dptr(rm), a.rv = dptr(rv), a.rms = rm->strides[0], a.rvs = rv->strides[0];
   a.mean = dptr(mean), a.invstd = dptr(invstd), a.eps = eps;
   a.x = dptr(x), a.y = dptr(y), a.w = dptr(w), a.b = dptr(b);
@@ -319,6 +326,7 @@ em_status emk_batch_norm(emi_device *d, em_tensor *y, em_tensor *mean, em_tensor
   bd.momentum = momentum;
   bd.eps = eps;
   bn_dims(x, &bd.N, &bd.C, &bd.L);
+  bd.nhwc = bn_nhwc(x);
   em_tensor *ones = NULL, *zeros = NULL, *rm = NULL, *rv = NULL, *tm = NULL, *tv = NULL;
   em_tensor *scratch = NULL;
   em_status st = EM_OK;
@@ -359,6 +367,7 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
     bn_args a;
     memset(&a, 0, sizeof a);
     bn_dims(x, &a.N, &a.C, &a.L);
+    a.nhwc = bn_nhwc(x);
     a.x = dptr(x), a.gy = dptr(gy), a.w = dptr(w), a.mean = dptr(mean);
     a.invstd = dptr(invstd), a.gx = dptr(gx), a.gw = dptr(gw), a.gb = dptr(gb);
     return launch(d, op, BN_BY_DTYPE(k_dnn_bn_eval_bwd, x->dtype), a.C, &a, sizeof a);
@@ -371,12 +380,14 @@ em_status emk_batch_norm_backward(emi_device *d, em_tensor *gx, em_tensor *gw, e
   memset(&bd, 0, sizeof bd);
   bd.dtype = x->dtype;
   bn_dims(x, &bd.N, &bd.C, &bd.L);
+  bd.nhwc = bn_nhwc(x);
   /* cuDNN computes all three gradients and wants a scale */
   em_tensor *ones = NULL, *tx = NULL, *tw = NULL, *tb = NULL;
   em_status st = EM_OK;
   em_dtype pdt = bn_pdt(x->dtype);
   if ((!w && (st = vec(d, op, bd.C, pdt, 1, &ones))) ||
-      (!gx && (st = emi_tensor_new(d->S, op, x->sizes, x->ndim, x->dtype, d->index, &tx))) ||
+      (!gx && (st = emi_tensor_new_fmt(d->S, op, x->sizes, x->ndim, x->dtype, d->index,
+                                       bd.nhwc, &tx))) ||
       (!gw && (st = vec(d, op, bd.C, pdt, NAN, &tw))) ||
       (!gb && (st = vec(d, op, bd.C, pdt, NAN, &tb))))
     goto done;

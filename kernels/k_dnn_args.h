@@ -13,6 +13,7 @@ typedef struct bn_args {
   const void *x, *gy, *w, *b, *rm, *rv;
   void *y, *mean, *invstd, *gx, *gw, *gb;
   int64_t N, C, L, total, rms, rvs;   /* rms, rvs: running stats' strides */
+  int64_t nhwc;                       /* x, y, gy, gx channels last: N*L rows of C */
   double eps;
 } bn_args;
 

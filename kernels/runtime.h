@@ -96,8 +96,14 @@ typedef struct emk_conv_desc {
 enum { EMK_MATH_DEFAULT = 0, EMK_MATH_TENSOR_OP = 1, EMK_MATH_TENSOR_OP_CONVERT = 2,
        EMK_MATH_FMA = 3 };
 typedef struct emk_conv_algo { int algo; size_t workspace; int math; } emk_conv_algo;
-/* Batch norm over x seen as (N, C, L), N*L >= 2. */
-typedef struct emk_bn_desc { em_dtype dtype; int64_t N, C, L; double momentum, eps; } emk_bn_desc;
+/* Batch norm over x seen as (N, C, L), N*L >= 2; nhwc: x is stored channels last,
+** as N*L rows of C. */
+typedef struct emk_bn_desc {
+  em_dtype dtype;
+  int64_t N, C, L;
+  double momentum, eps;
+  int nhwc;
+} emk_bn_desc;
 
 typedef struct emk_runtime emk_runtime;
 
@@ -197,7 +203,7 @@ typedef struct emk_runtime_ops {
   ** workspace bytes and math mode each needs (*n of them); conv queues algorithm
   ** algo (one of that list, math mode included) with a workspace ws of ws_size bytes (see emk_conv_desc for what x, w, y, bias hold
   ** in each direction). batch_norm_fwd (training) and batch_norm_bwd: x, y, gy, gx
-  ** (N, C, L); w, b, mean, invstd, gw, gb (C), none NULL; running_mean and
+  ** (N, C, L), dense NCHW or (b->nhwc) channels last, all alike; w, b, mean, invstd, gw, gb (C), none NULL; running_mean and
   ** running_var (C) both given or both NULL. mean/invstd receive the batch mean
   ** and 1/sqrt(biased var + eps); the running ones move by momentum towards the
   ** mean and the unbiased variance. */

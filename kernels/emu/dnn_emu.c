@@ -5,7 +5,8 @@
 ** the item pins every device range it reads or writes (a range outside live
 ** device memory is the stream's sticky error, as an illegal address is on a GPU)
 ** and runs the CPU backend's kernel on the device memory wrapped as CPU tensors
-** (a convolution's channels last when its descriptor says NHWC, as cuDNN's).
+** (channels last when a convolution's or batch norm's descriptor says NHWC, as
+** cuDNN's).
 **
 ** A private state per item. The CPU kernels take an emi_device and use its
 ** state for scratch memory, error messages and the worker pool. The caller's
@@ -259,6 +260,20 @@ em_status emi_emu_conv(emk_runtime *rt, emk_stream *s, const emk_conv_desc *c,
 
 /* -- Batch norm (training) ------------------------------------------------------------------ */
 
+/* x, y, gy, gx as the CPU backend's (N, C, L) tensor: contiguous, or with the
+** strides (L*C, 1, C) of N*L rows of C when the desc says channels last -- the
+** order they are stored in, which the CPU's batch norm takes as it is. */
+static em_tensor *wrap_bn(em_state *P, const void *p, const emk_bn_desc *b, int *bad) {
+  int64_t xs[3] = {b->N, b->C, b->L};
+  em_tensor *t = wrap(P, p, b->dtype, xs, 3, bad);
+  if (t && b->nhwc) {
+    t->strides[0] = b->L * b->C;
+    t->strides[1] = 1;
+    t->strides[2] = b->C;
+  }
+  return t;
+}
+
 typedef struct bn_item {
   emk_bn_desc b;
   int fwd;
@@ -273,7 +288,7 @@ static em_status run_bn(emu *E, void *args, char *err, size_t errlen) {
   ** descriptor has them */
   em_dtype dt = bd->dtype;
   em_dtype pt = dt == EM_FLOAT16 || dt == EM_BFLOAT16 ? EM_FLOAT32 : dt;
-  int64_t xs[3] = {bd->N, bd->C, bd->L}, cs[1] = {bd->C};
+  int64_t cs[1] = {bd->C};
   size_t xb = (size_t)(bd->N * bd->C * bd->L) * em_dtype_size(dt);
   size_t cb = (size_t)bd->C * em_dtype_size(pt);
   const char *op = it->fwd ? "batch_norm_fwd" : "batch_norm_bwd";
@@ -307,22 +322,24 @@ static em_status run_bn(emu *E, void *args, char *err, size_t errlen) {
   em_tensor *t[10];
   int nt = 0;
   em_status st;
-#define W_(p, sz, nd) (t[nt++] = wrap(S, (p), (nd) == 3 ? dt : pt, (sz), (nd), &bad))
+#define W_(p, sz, nd) (t[nt++] = wrap(S, (p), pt, (sz), (nd), &bad))
+#define X_(p) (t[nt++] = wrap_bn(S, (p), bd, &bad))
   if (it->fwd) {
-    em_tensor *x = W_(it->x, xs, 3), *y = W_(it->y, xs, 3), *w = W_(it->w, cs, 1);
+    em_tensor *x = X_(it->x), *y = X_(it->y), *w = W_(it->w, cs, 1);
     em_tensor *b = W_(it->bias, cs, 1), *m = W_(it->mean, cs, 1), *is = W_(it->invstd, cs, 1);
     em_tensor *rm = W_(it->rm, cs, 1), *rv = W_(it->rv, cs, 1);
     st = bad ? EM_ERR_NOMEM
              : cpu->backend->batch_norm(cpu, y, m, is, rm, rv, x, w, b, 1, bd->momentum,
                                         bd->eps);
   } else {
-    em_tensor *x = W_(it->x, xs, 3), *gy = W_(it->gy, xs, 3), *gx = W_(it->gx, xs, 3);
+    em_tensor *x = X_(it->x), *gy = X_(it->gy), *gx = X_(it->gx);
     em_tensor *w = W_(it->w, cs, 1), *m = W_(it->mean_in, cs, 1);
     em_tensor *is = W_(it->invstd_in, cs, 1), *gw = W_(it->gw, cs, 1), *gb = W_(it->gb, cs, 1);
     st = bad ? EM_ERR_NOMEM
              : cpu->backend->batch_norm_backward(cpu, gx, gw, gb, gy, x, m, is, w, 1);
   }
 #undef W_
+#undef X_
   if (st) snprintf(err, errlen, "%s: %s", op, bad ? "out of host memory" : em_errmsg(S));
   for (int i = 0; i < nt; i++) em_tensor_release(t[i]);
   em_close(S);

@@ -3,7 +3,8 @@
 ** descriptor API (the v8 API that cuDNN 9 keeps beside the graph API): the
 ** convolutions in three directions, NCHW or NHWC (cuDNN's tensor and filter
 ** formats), float32 (computing in float32, TF32 only when the caller allows
-** it), float64, and float16 / bfloat16 computing in float32; training batch norm.
+** it), float64, and float16 / bfloat16 computing in float32; training batch
+** norm, NCHW or NHWC.
 **
 ** Layers, as in gemm_real.c, the first testable without a GPU:
 **   1. describe: the tensor, filter and convolution descriptors for an
@@ -544,7 +545,19 @@ bad:
 
 /* -- Batch norm: x as (N, C, L, 1), spatial mode (statistics per channel) -------------- */
 
-typedef struct bn_objs { cudnnTensorDescriptor_t x, p; } bn_objs;
+/* x is described as (N, C, L, 1) in NCHW or, for a channels-last x, NHWC order
+** (strides L*C, 1, C, C: N*L rows of C), and the same descriptor serves y, gy and
+** gx. The derived parameter descriptor is (1, C, 1, 1) either way, float32 for
+** half data. Channels-last float16/bfloat16 runs cuDNN's persistent spatial mode
+** (its fast NHWC kernels, what PyTorch picks for channels last); every other case
+** the plain spatial mode. Both take the saved mean and invstd in the backward. */
+typedef struct bn_objs { cudnnTensorDescriptor_t x, p; cudnnBatchNormMode_t mode; } bn_objs;
+
+static cudnnBatchNormMode_t bn_mode(const emk_bn_desc *b) {
+  return b->nhwc && (b->dtype == EM_FLOAT16 || b->dtype == EM_BFLOAT16)
+             ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT
+             : CUDNN_BATCHNORM_SPATIAL;
+}
 
 static em_status bn_describe(const emk_cudnn_fns *f, const emk_bn_desc *b, bn_objs *o,
                              const char *what, char *err, size_t errlen) {
@@ -568,11 +581,12 @@ static em_status bn_describe(const emk_cudnn_fns *f, const emk_bn_desc *b, bn_ob
   if ((s = f->cudnnCreateTensorDescriptor(&o->x)) || (s = f->cudnnCreateTensorDescriptor(&o->p)))
     goto bad;
   call = "cudnnSetTensor4dDescriptor";
-  if ((s = f->cudnnSetTensor4dDescriptor(o->x, CUDNN_TENSOR_NCHW, dt, (int)b->N, (int)b->C,
-                                         (int)b->L, 1)))
+  if ((s = f->cudnnSetTensor4dDescriptor(o->x, b->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                         dt, (int)b->N, (int)b->C, (int)b->L, 1)))
     goto bad;
+  o->mode = bn_mode(b);
   call = "cudnnDeriveBNTensorDescriptor";
-  if ((s = f->cudnnDeriveBNTensorDescriptor(o->p, o->x, CUDNN_BATCHNORM_SPATIAL))) goto bad;
+  if ((s = f->cudnnDeriveBNTensorDescriptor(o->p, o->x, o->mode))) goto bad;
   return EM_OK;
 bad:
   if (o->x) f->cudnnDestroyTensorDescriptor(o->x);
@@ -592,8 +606,9 @@ em_status emr_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *
                              void *mean, void *invstd, void *running_mean, void *running_var) {
   emr *R = (emr *)rt->impl;
   char what[120], why[EMK_ERRMSG_SIZE];
-  snprintf(what, sizeof what, "batch_norm_fwd (%s, N %lld, C %lld, L %lld)",
-           em_dtype_name(b->dtype), (long long)b->N, (long long)b->C, (long long)b->L);
+  snprintf(what, sizeof what, "batch_norm_fwd (%s, N %lld, C %lld, L %lld%s)",
+           em_dtype_name(b->dtype), (long long)b->N, (long long)b->C, (long long)b->L,
+           b->nhwc ? ", channels last" : "");
   em_status st = emr_check_stream(R, s, what);
   if (st) return st;
   struct emr_dnn *H;
@@ -614,7 +629,7 @@ em_status emr_batch_norm_fwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *
     /* cuDNN's running variance moves towards the unbiased variance, its saved
     ** inverse variance is 1/sqrt(biased var + eps): the contract's two */
     cs = f->cudnnBatchNormalizationForwardTraining(
-        H->h[s->dev], CUDNN_BATCHNORM_SPATIAL, dbl ? (const void *)&one_d : (const void *)&one_f,
+        H->h[s->dev], o.mode, dbl ? (const void *)&one_d : (const void *)&one_f,
         dbl ? (const void *)&zero_d : (const void *)&zero_f, o.x, x, o.x, y, o.p, w, bias,
         b->momentum, running_mean, running_var, b->eps, mean, invstd);
   bn_free(f, &o);
@@ -631,8 +646,9 @@ em_status emr_batch_norm_bwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *
                              const void *invstd, void *gx, void *gw, void *gb) {
   emr *R = (emr *)rt->impl;
   char what[120], why[EMK_ERRMSG_SIZE];
-  snprintf(what, sizeof what, "batch_norm_bwd (%s, N %lld, C %lld, L %lld)",
-           em_dtype_name(b->dtype), (long long)b->N, (long long)b->C, (long long)b->L);
+  snprintf(what, sizeof what, "batch_norm_bwd (%s, N %lld, C %lld, L %lld%s)",
+           em_dtype_name(b->dtype), (long long)b->N, (long long)b->C, (long long)b->L,
+           b->nhwc ? ", channels last" : "");
   em_status st = emr_check_stream(R, s, what);
   if (st) return st;
   struct emr_dnn *H;
@@ -653,7 +669,7 @@ em_status emr_batch_norm_bwd(emk_runtime *rt, emk_stream *s, const emk_bn_desc *
   /* eps only matters where the saved statistics are not given; they always are */
   if (f->cudnnSetStream && f->cudnnBatchNormalizationBackward &&
       !(cs = f->cudnnSetStream(H->h[s->dev], s->s)))
-    cs = f->cudnnBatchNormalizationBackward(H->h[s->dev], CUDNN_BATCHNORM_SPATIAL, one, zero,
+    cs = f->cudnnBatchNormalizationBackward(H->h[s->dev], o.mode, one, zero,
                                             one, zero, o.x, x, o.x, gy, o.x, gx, o.p, w, gw, gb,
                                             1e-5, mean, invstd);
   bn_free(f, &o);

@@ -193,7 +193,7 @@ done
 
 # -- Lua: every family against the CPU, then the Lua CUDA tests on the real device ------------
 step gpu_check.lua 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/gpu_check.lua"
-for t in test_cuda_ops test_cuda_index_grads test_cuda_nn_ops test_cuda_nn_dnn test_cuda_optim test_cuda_amp test_cuda_amp_graph test_cuda_bn_mixed test_cuda_channels_last test_cuda_reduce_rows \
+for t in test_cuda_ops test_cuda_index_grads test_cuda_nn_ops test_cuda_nn_dnn test_cuda_optim test_cuda_amp test_cuda_amp_graph test_cuda_bn_mixed test_cuda_channels_last test_cuda_bn_nhwc test_cuda_reduce_rows \
          test_cuda test_cuda_loader; do
   step "$t.lua" 60 12 "$ember_env" "$EMBER" "$ROOT/tests/lua/$t.lua"
 done

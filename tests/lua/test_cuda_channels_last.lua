@@ -5,7 +5,7 @@ otherwise): conv, pooling, batch norm and element-wise ops on NHWC cuda tensors
 keep the layout and agree with the CPU, forward and backward. Conv (cuDNN's NHWC
 descriptors; the CPU's NHWC conv on the emulator) and pooling (k_pool.cu) run
 channels last natively in every floating dtype: em.layout_conversions() does not
-move inside them, forward or backward.
+move inside them, forward or backward (batch norm likewise: test_cuda_bn_nhwc.lua).
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
