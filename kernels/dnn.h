@@ -62,7 +62,10 @@ void emk_algo_cache_stats(const emk_algo_cache *c, emk_dnn_cache_stats *out);
 **     permits TF32 on Ampere and later, so a DEFAULT algorithm runs as FMA and a
 **     TENSOR_OP one is dropped;
 **   - float32 with TF32, and float64 (whose tensor-core path is exact float64): the
-**     mode offered.
+**     mode offered;
+**   - float16 and bfloat16: TENSOR_OP, asked and run (as PyTorch sets it). These
+**     types exist for the tensor cores; the heuristics asked in DEFAULT rank
+**     algorithms that leave them idle, several times slower on an H100.
 ** emk_conv_math: 1 and *use (the mode to run in) when the offered mode may run for
 ** dt and allow_tf32, else 0 (the algorithm is left out). Both runtimes use it
 ** (dnn_real.c on cuDNN's list, dnn_emu.c on its made-up one). */
@@ -74,10 +77,13 @@ static inline int emk_conv_math(em_dtype dt, int allow_tf32, int offered, int *u
     if (offered == EMK_MATH_TENSOR_OP) return 0;
     *use = EMK_MATH_FMA;
   }
+  if ((dt == EM_FLOAT16 || dt == EM_BFLOAT16) && offered == EMK_MATH_DEFAULT)
+    *use = EMK_MATH_TENSOR_OP;
   return 1;
 }
 /* The mode a descriptor is asked about in: what the caller allows at most. */
 static inline int emk_conv_query_math(em_dtype dt, int allow_tf32) {
+  if (dt == EM_FLOAT16 || dt == EM_BFLOAT16) return EMK_MATH_TENSOR_OP;
   return dt == EM_FLOAT32 && !allow_tf32 ? EMK_MATH_FMA : EMK_MATH_DEFAULT;
 }
 
