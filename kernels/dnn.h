@@ -132,5 +132,13 @@ em_status emk_dnn_describe_check(const emk_conv_desc *c, int dims[4], char *err,
 ** the call conv makes before it runs, and *got = the mode cuDNN reads back. */
 em_status emk_dnn_math_check(const emk_conv_desc *c, int math, int *got, char *err,
                              size_t errlen);
+/* The bytes of x, w and y that conv_algos allocates for cuDNN's Find trial:
+** 1 and bytes[] = {x, w, y}, or 0 (bytes all 0) for a geometry it refuses. */
+int emk_dnn_find_bytes(const emk_conv_desc *c, size_t bytes[3]);
+/* Whether conv_algos tries Find (EMBER_CUDNN_FIND unset or not 0/off/false/no). */
+int emk_dnn_find_on(void);
+/* Loads cuDNN and puts in *count how many of the three Find*AlgorithmEx functions
+** it has (3 for cuDNN 9; 0 leaves conv_algos on the heuristics alone). */
+em_status emk_dnn_find_symbols(int *count, char *err, size_t errlen);
 
 #endif

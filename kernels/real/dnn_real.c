@@ -26,7 +26,15 @@
 **      success, each with the math mode it was ranked in as dnn.h's
 **      emk_conv_math lets it run (float32 without TF32: FMA only) and the
 **      workspace of that mode; k_dnn.c picks one per shape and caches it, and
-**      conv sets that mode on the descriptor before it runs.
+**      conv sets that mode on the descriptor before it runs. Before that list,
+**      conv_algos times the algorithms (cudnnFind*AlgorithmEx, as PyTorch's
+**      cudnn.benchmark does: the heuristics rank channels-last convolutions
+**      poorly) on operands and a workspace it allocates for the trial and frees
+**      at once, and puts Find's list, fastest first, ahead of the heuristics'.
+**      The trial runs once per shape and direction (k_dnn.c caches the pick);
+**      EMBER_CUDNN_FIND=0 turns it off, and any failure (no Find in the loaded
+**      cuDNN, a stream of this runtime capturing a graph, no memory for the
+**      operands, any status) leaves the heuristics' list alone, silently.
 ** cuDNN is loaded at the first nn call; an entry the loaded cuDNN lacks (the nn
 ** functions are optional in libs_fn.h) is EM_ERR_UNSUPPORTED naming it.
 */
@@ -37,6 +45,41 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+
+/* The bytes of x, w and y (N*C*H*W, O*(C/G)*kH*kW, N*O*OH*OW elements of c's
+** dtype) that Find's trial allocates; 0 for a geometry it refuses (a size not
+** positive, C not a multiple of G, a product past SIZE_MAX). Pure, so the
+** tests check it on any machine. */
+int emk_dnn_find_bytes(const emk_conv_desc *c, size_t bytes[3]) {
+  bytes[0] = bytes[1] = bytes[2] = 0;
+  size_t el = c->dtype == EM_FLOAT64 ? 8 : c->dtype == EM_FLOAT32 ? 4
+              : c->dtype == EM_FLOAT16 || c->dtype == EM_BFLOAT16 ? 2 : 0;
+  if (!el || c->G < 1 || c->C % c->G) return 0;
+  const int64_t dims[3][4] = {{c->N, c->C, c->H, c->W},
+                              {c->O, c->C / c->G, c->kH, c->kW},
+                              {c->N, c->O, c->OH, c->OW}};
+  for (int i = 0; i < 3; i++) {
+    size_t b = el;
+    for (int j = 0; j < 4; j++) {
+      int64_t d = dims[i][j];
+      if (d < 1 || (uint64_t)d > SIZE_MAX / b) {
+        bytes[0] = bytes[1] = bytes[2] = 0;
+        return 0;
+      }
+      b *= (size_t)d;
+    }
+    bytes[i] = b;
+  }
+  return 1;
+}
+
+/* Whether conv_algos tries Find: yes unless EMBER_CUDNN_FIND is 0 (or off,
+** false, no). Read at each trial, which runs once per shape and direction. */
+int emk_dnn_find_on(void) {
+  const char *e = getenv("EMBER_CUDNN_FIND");
+  return !(e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") ||
+                 !strcmp(e, "no")));
+}
 
 #if defined(EMK_HAVE_CUDART_H) && defined(EMK_HAVE_CUDNN_H)
 #include "real.h"
@@ -197,6 +240,20 @@ em_status emk_dnn_math_check(const emk_conv_desc *c, int math, int *got, char *e
   else *got = (int)m;
   conv_free(f, &o);
 done:
+  emk_libs_close(L);
+  return st;
+}
+
+em_status emk_dnn_find_symbols(int *count, char *err, size_t errlen) {
+  emk_libs *L = NULL;
+  const emk_cudnn_fns *f;
+  *count = 0;
+  em_status st = emk_libs_open(&L, err, errlen);
+  if (st) return st;
+  if (!(st = emk_libs_cudnn(L, &f, err, errlen)))
+    *count = !!f->cudnnFindConvolutionForwardAlgorithmEx +
+             !!f->cudnnFindConvolutionBackwardDataAlgorithmEx +
+             !!f->cudnnFindConvolutionBackwardFilterAlgorithmEx;
   emk_libs_close(L);
   return st;
 }
@@ -368,6 +425,143 @@ static size_t conv_workspace(const emk_cudnn_fns *f, cudnnHandle_t h, const conv
   return s == CUDNN_STATUS_SUCCESS && n > fallback ? n : fallback;
 }
 
+/* -- Choosing by trial: cuDNN's Find*Ex ------------------------------------------------
+** The heuristics' ranking is poor for channels-last tensors (several times slower
+** than the fastest algorithm on an H100), so conv_algos first times the
+** algorithms on buffers of its own, as PyTorch's cudnn.benchmark does. Everything
+** here fails quietly (find_list returns -1) and the heuristics' list serves:
+** EMBER_CUDNN_FIND=0, an older cuDNN without Find, a stream of this runtime
+** capturing a graph (the trial must not be recorded, and its cudaFree waits for
+** the device), too little free memory, or any CUDA or cuDNN status. The trial
+** runs on a stream of its own (non-blocking, so it joins no capture elsewhere)
+** that the handle leaves again before the stream is destroyed. */
+
+
+/* Any stream of R capturing? (Streams are made and captured by R's one user, so
+** the flag is read as that user wrote it.) */
+static int any_capturing(emr *R) {
+  int busy = 0;
+  pthread_mutex_lock(&R->mu);
+  for (emk_stream *s = R->streams; s && !busy; s = s->next) busy = s->capturing;
+  pthread_mutex_unlock(&R->mu);
+  return busy;
+}
+
+enum { FIND_WS_CAP = 256 << 20 };
+
+/* Find's list for c on dev (the device's lock held, descriptors o in the query
+** mode): up to max entries, fastest first, into algo/math/mem, *got of them; 0, or
+** -1 with the CUDA error state cleared when the trial could not run. ws_want is
+** the largest workspace the heuristics listed: the trial's workspace is that,
+** at most FIND_WS_CAP and a quarter of the free memory. */
+static int find_list(emr *R, struct emr_dnn *D, int dev, const conv_objs *o,
+                     const emk_conv_desc *c, size_t ws_want, int max, int *algo, int *math,
+                     size_t *mem, int *got) {
+  const emk_cudnn_fns *f = D->f;
+  const emk_cudart_fns *rf = R->f;
+  cudnnHandle_t h = D->h[dev];
+  *got = 0;
+  if (max <= 0 || !emk_dnn_find_on() || !f->cudnnSetStream) return -1;
+  if ((c->dir == EMK_CONV_FWD && !f->cudnnFindConvolutionForwardAlgorithmEx) ||
+      (c->dir == EMK_CONV_BWD_DATA && !f->cudnnFindConvolutionBackwardDataAlgorithmEx) ||
+      (c->dir == EMK_CONV_BWD_FILTER && !f->cudnnFindConvolutionBackwardFilterAlgorithmEx))
+    return -1;
+  if (any_capturing(R)) return -1;
+  size_t bytes[3];
+  if (!emk_dnn_find_bytes(c, bytes)) return -1;
+  size_t fr = 0, to = 0;
+  if (rf->cudaMemGetInfo(&fr, &to) != cudaSuccess) {
+    (void)rf->cudaGetLastError();
+    return -1;
+  }
+  size_t ws_size = ws_want;
+  if (ws_size > FIND_WS_CAP) ws_size = FIND_WS_CAP;
+  if (ws_size > fr / 4) ws_size = fr / 4;
+  /* the operands and the workspace within half the free memory */
+  size_t need = ws_size;
+  for (int i = 0; i < 3; i++) {
+    if (bytes[i] > SIZE_MAX / 2 - need) return -1;
+    need += bytes[i];
+  }
+  if (need > fr / 2) return -1;
+  void *buf[3] = {NULL, NULL, NULL}, *ws = NULL;
+  cudaStream_t stream = NULL;
+  int ok = 0, set = 0, n = 0;
+  for (int i = 0; i < 3; i++)
+    if (rf->cudaMalloc(&buf[i], bytes[i]) != cudaSuccess) {
+      buf[i] = NULL;
+      goto out;
+    }
+  if (ws_size && rf->cudaMalloc(&ws, ws_size) != cudaSuccess) {
+    ws = NULL;
+    goto out;
+  }
+  if (rf->cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    stream = NULL;
+    goto out;
+  }
+  if (f->cudnnSetStream(h, stream)) goto out;
+  set = 1;
+  enum { FINDP = 16 };
+  cudnnStatus_t s;
+  void *x = buf[0], *w = buf[1], *y = buf[2];
+  if (max > FINDP) max = FINDP;
+  if (c->dir == EMK_CONV_FWD) {
+    cudnnConvolutionFwdAlgoPerf_t p[FINDP];
+    memset(p, 0, sizeof p);
+    s = f->cudnnFindConvolutionForwardAlgorithmEx(h, o->x, x, o->w, w, o->conv, o->y, y, max,
+                                                  &n, p, ws, ws_size);
+    for (int i = 0; !s && i < n && i < max; i++) {
+      algo[i] = p[i].status || p[i].time < 0 ? -1 : (int)p[i].algo;
+      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    }
+  } else if (c->dir == EMK_CONV_BWD_DATA) {
+    cudnnConvolutionBwdDataAlgoPerf_t p[FINDP];
+    memset(p, 0, sizeof p);
+    s = f->cudnnFindConvolutionBackwardDataAlgorithmEx(h, o->w, w, o->y, y, o->conv, o->x, x,
+                                                       max, &n, p, ws, ws_size);
+    for (int i = 0; !s && i < n && i < max; i++) {
+      algo[i] = p[i].status || p[i].time < 0 ? -1 : (int)p[i].algo;
+      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    }
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t p[FINDP];
+    memset(p, 0, sizeof p);
+    s = f->cudnnFindConvolutionBackwardFilterAlgorithmEx(h, o->x, x, o->y, y, o->conv, o->w, w,
+                                                         max, &n, p, ws, ws_size);
+    for (int i = 0; !s && i < n && i < max; i++) {
+      algo[i] = p[i].status || p[i].time < 0 ? -1 : (int)p[i].algo;
+      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    }
+  }
+  if (s || n < 0) {
+    /* cuDNN's message stays behind otherwise, to be appended to a later error */
+    char drop[256];
+    if (f->cudnnGetLastErrorString) f->cudnnGetLastErrorString(drop, sizeof drop);
+    goto out;
+  }
+  if (n > max) n = max;
+  if (rf->cudaStreamSynchronize(stream) != cudaSuccess) goto out;
+  ok = 1;
+out:
+  /* the handle leaves the trial's stream before it goes (conv and batch norm set
+  ** theirs before every call) */
+  if (set && f->cudnnSetStream(h, NULL)) ok = 0;
+  if (stream) {
+    if (rf->cudaStreamSynchronize(stream) != cudaSuccess) ok = 0;
+    if (rf->cudaStreamDestroy(stream) != cudaSuccess) ok = 0;
+  }
+  if (ws && rf->cudaFree(ws) != cudaSuccess) ok = 0;
+  for (int i = 0; i < 3; i++)
+    if (buf[i] && rf->cudaFree(buf[i]) != cudaSuccess) ok = 0;
+  if (!ok) {
+    (void)rf->cudaGetLastError();     /* an allocation that failed is not reported later */
+    return -1;
+  }
+  *got = n;
+  return 0;
+}
+
 em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_conv_algo *out,
                          int max, int *n) {
   emr *R = (emr *)rt->impl;
@@ -386,9 +580,12 @@ em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_c
     return st;
   }
   enum { MAXP = 16 };
-  /* the ranked list: (algorithm, reported math mode, reported workspace) */
-  int got = 0, algo[MAXP], math[MAXP];
-  size_t mem[MAXP];
+  /* the candidates: (algorithm, reported math mode, reported workspace), Find's
+  ** first (when it ran), then the heuristics' ranked list */
+  int got = 0, algo[2 * MAXP], math[2 * MAXP];
+  size_t mem[2 * MAXP];
+  int *halgo = algo + MAXP, *hmath = math + MAXP;
+  size_t *hmem = mem + MAXP;
   cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
   const char *call = "cudnnSetConvolutionMathType";
   if (max > MAXP) max = MAXP;
@@ -402,9 +599,9 @@ em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_c
     call = "cudnnGetConvolutionForwardAlgorithm_v7";
     if (!f->cudnnGetConvolutionForwardAlgorithm_v7) goto missing;
     s = f->cudnnGetConvolutionForwardAlgorithm_v7(h, o->x, o->w, o->conv, o->y, max, &got, p);
-    for (int i = 0; !s && i < got; i++) {
-      algo[i] = p[i].status ? -1 : (int)p[i].algo;
-      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    for (int i = 0; !s && i < got && i < max; i++) {
+      halgo[i] = p[i].status ? -1 : (int)p[i].algo;
+      hmath[i] = (int)p[i].mathType, hmem[i] = p[i].memory;
     }
   } else if (c->dir == EMK_CONV_BWD_DATA) {
     cudnnConvolutionBwdDataAlgoPerf_t p[MAXP];
@@ -412,9 +609,9 @@ em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_c
     if (!f->cudnnGetConvolutionBackwardDataAlgorithm_v7) goto missing;
     s = f->cudnnGetConvolutionBackwardDataAlgorithm_v7(h, o->w, o->y, o->conv, o->x, max, &got,
                                                        p);
-    for (int i = 0; !s && i < got; i++) {
-      algo[i] = p[i].status ? -1 : (int)p[i].algo;
-      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    for (int i = 0; !s && i < got && i < max; i++) {
+      halgo[i] = p[i].status ? -1 : (int)p[i].algo;
+      hmath[i] = (int)p[i].mathType, hmem[i] = p[i].memory;
     }
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t p[MAXP];
@@ -422,15 +619,29 @@ em_status emr_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c, emk_c
     if (!f->cudnnGetConvolutionBackwardFilterAlgorithm_v7) goto missing;
     s = f->cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, o->x, o->y, o->conv, o->w, max,
                                                          &got, p);
-    for (int i = 0; !s && i < got; i++) {
-      algo[i] = p[i].status ? -1 : (int)p[i].algo;
-      math[i] = (int)p[i].mathType, mem[i] = p[i].memory;
+    for (int i = 0; !s && i < got && i < max; i++) {
+      halgo[i] = p[i].status ? -1 : (int)p[i].algo;
+      hmath[i] = (int)p[i].mathType, hmem[i] = p[i].memory;
     }
   }
   if (s) goto bad;
   if (got > max) got = max;
+  if (got < 0) got = 0;
+  /* Find before the heuristics' entries, which stay behind as the fallback of
+  ** an algorithm Find skipped; without Find the list is the heuristics' alone */
+  size_t ws_want = 0;
+  for (int i = 0; i < got; i++)
+    if (halgo[i] >= 0 && hmem[i] > ws_want) ws_want = hmem[i];
+  int found = 0, first = MAXP;
+  if (!find_list(R, D, dev, o, c, ws_want, max, algo, math, mem, &found) && found > 0) {
+    /* Find's entries, then the heuristics' moved up behind them */
+    memmove(algo + found, halgo, (size_t)got * sizeof *algo);
+    memmove(math + found, hmath, (size_t)got * sizeof *math);
+    memmove(mem + found, hmem, (size_t)got * sizeof *mem);
+    first = 0, got += found;
+  }
   /* each usable entry in the mode it may run in (dnn.h), once */
-  for (int i = 0; i < got; i++) {
+  for (int i = first; i < first + got && *n < max; i++) {
     int use, dup = 0;
     if (algo[i] < 0 || !emk_conv_math(c->dtype, c->allow_tf32, math[i], &use)) continue;
     for (int j = 0; j < *n && !dup; j++) dup = out[j].algo == algo[i] && out[j].math == use;
@@ -721,5 +932,9 @@ em_status emk_dnn_math_check(const emk_conv_desc *c, int math, int *got, char *e
 int emk_real_conv_plans(emk_runtime *rt, emk_plan_cache_stats *out) {
   (void)rt, (void)out;
   return -1;
+}
+em_status emk_dnn_find_symbols(int *count, char *err, size_t errlen) {
+  *count = 0;
+  return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "cuDNN: ember was built without cudnn.h");
 }
 #endif

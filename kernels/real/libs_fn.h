@@ -105,7 +105,10 @@ struct emk_cublaslt_fns { int none; };
   X(cudnnBatchNormalizationBackward, 0) X(cudnnGetConvolutionMathType, 0) \
   X(cudnnGetConvolutionForwardWorkspaceSize, 0) \
   X(cudnnGetConvolutionBackwardDataWorkspaceSize, 0) \
-  X(cudnnGetConvolutionBackwardFilterWorkspaceSize, 0)
+  X(cudnnGetConvolutionBackwardFilterWorkspaceSize, 0) \
+  X(cudnnFindConvolutionForwardAlgorithmEx, 0) \
+  X(cudnnFindConvolutionBackwardDataAlgorithmEx, 0) \
+  X(cudnnFindConvolutionBackwardFilterAlgorithmEx, 0)
 struct emk_cudnn_fns { EMK_CUDNN_FNS(EMK_FN_FIELD) };
 #else
 struct emk_cudnn_fns { int none; };

@@ -21,6 +21,10 @@ extern em_status emk_dnn_describe_check(const emk_conv_desc *c, int dims[4], cha
                                         size_t errlen) __attribute__((weak));
 extern em_status emk_dnn_math_check(const emk_conv_desc *c, int math, int *got, char *err,
                                     size_t errlen) __attribute__((weak));
+extern int emk_dnn_find_bytes(const emk_conv_desc *c, size_t bytes[3]) __attribute__((weak));
+extern int emk_dnn_find_on(void) __attribute__((weak));
+extern em_status emk_dnn_find_symbols(int *count, char *err, size_t errlen)
+    __attribute__((weak));
 typedef struct emk_plan_cache_stats {   /* kernels/real/plan_cache.h */
   uint64_t hits, misses, busy, evictions, not_kept;
   size_t entries, capacity;
@@ -600,6 +604,70 @@ static void test_cudnn_descriptors(void) {
   }
 }
 
+/* cuDNN's Find trial (dnn_real.c), what can be checked without a GPU: the operand
+** bytes it allocates, the switch, and the three Find functions in the loaded cuDNN
+** (a misspelt name would leave conv_algos on the heuristics silently). */
+static void test_cudnn_find(void) {
+  if (!emk_dnn_find_bytes || !emk_dnn_find_on || !emk_dnn_find_symbols) {
+    printf("  (built without the CUDA headers: skipped)\n");
+    return;
+  }
+  emk_conv_desc c;
+  memset(&c, 0, sizeof c);
+  c.N = 3, c.C = 6, c.H = 7, c.W = 5, c.O = 4, c.kH = 3, c.kW = 2, c.OH = 5, c.OW = 4, c.G = 2;
+  c.sH = c.sW = c.dH = c.dW = 1;
+  static const em_dtype dts[4] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16};
+  static const size_t el[4] = {4, 8, 2, 2};
+  for (int i = 0; i < 4; i++) {
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+      size_t b[3] = {1, 1, 1};
+      c.dtype = dts[i], c.nhwc = nhwc;
+      int ok = emk_dnn_find_bytes(&c, b);
+      /* x 3*6*7*5, w 4*(6/2)*3*2, y 3*4*5*4 elements, whatever the layout */
+      CHECK(ok == 1 && b[0] == 630 * el[i] && b[1] == 72 * el[i] && b[2] == 240 * el[i],
+            "%s%s: %d, %zu %zu %zu bytes", em_dtype_name(dts[i]), nhwc ? " NHWC" : "", ok,
+            b[0], b[1], b[2]);
+    }
+  }
+  /* refused: groups not dividing C, a size below 1, an integer dtype, overflow */
+  emk_conv_desc bad[4];
+  for (int i = 0; i < 4; i++) bad[i] = c, bad[i].dtype = EM_FLOAT32;
+  bad[0].G = 4;
+  bad[1].OW = 0;
+  bad[2].dtype = EM_INT32;
+  bad[3].N = bad[3].H = bad[3].W = (int64_t)1 << 40;
+  for (int i = 0; i < 4; i++) {
+    size_t b[3] = {1, 1, 1};
+    int ok = emk_dnn_find_bytes(&bad[i], b);
+    CHECK(ok == 0 && !b[0] && !b[1] && !b[2], "bad case %d refused (%d: %zu %zu %zu)", i, ok,
+          b[0], b[1], b[2]);
+  }
+  /* the switch: on unless EMBER_CUDNN_FIND says 0 / off / false / no */
+  const char *was = getenv("EMBER_CUDNN_FIND");
+  char keep[64] = "";
+  if (was) snprintf(keep, sizeof keep, "%s", was);
+  static const struct { const char *v; int on; } sw[] = {
+      {NULL, 1}, {"1", 1}, {"", 1}, {"yes", 1}, {"0", 0}, {"off", 0}, {"false", 0}, {"no", 0}};
+  for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++) {
+    if (sw[i].v) setenv("EMBER_CUDNN_FIND", sw[i].v, 1);
+    else unsetenv("EMBER_CUDNN_FIND");
+    CHECK(emk_dnn_find_on() == sw[i].on, "EMBER_CUDNN_FIND=%s: %d", sw[i].v ? sw[i].v : "(unset)",
+          emk_dnn_find_on());
+  }
+  if (was) setenv("EMBER_CUDNN_FIND", keep, 1);
+  else unsetenv("EMBER_CUDNN_FIND");
+  /* the loaded cuDNN 9 has all three */
+  int count = -1;
+  char err[512] = "";
+  em_status st = emk_dnn_find_symbols(&count, err, sizeof err);
+  if (st == EM_ERR_UNSUPPORTED) {
+    printf("  (no cuDNN: %s)\n", err);
+    return;
+  }
+  CHECK(st == EM_OK && count == 3, "Find functions in the loaded cuDNN: %d (%s)", count,
+        st ? err : "ok");
+}
+
 int main(void) {
   em_state *S;
   if (cuda_check_open(&S, "2:256")) return 1;
@@ -616,6 +684,7 @@ int main(void) {
   RUN(test_emu_workspace_contract, S);
   RUN(test_workspace_oom);
   RUN(test_cudnn_descriptors);
+  RUN(test_cudnn_find);
   em_close(S);
   return check_done();
 }
