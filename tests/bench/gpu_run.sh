@@ -224,10 +224,12 @@ done
 say "benchmarks: TF32 for float32 matmul is off on both sides except in the row that says on"
 step bench_cuda 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda.lua"
 step bench_cuda_train 240 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua" --steps 20
-# Where a bf16 channels-last step goes: the two halves of that row apart, then the
+# Where a bf16 channels-last step goes: the two halves of that row apart, with cuDNN's
+# algorithm trial and then with its heuristics alone (EMBER_CUDNN_FIND=0), then the
 # profiler's report of that row (ember alone; the trace stays in the work folder).
-step bench_cuda_train_split 120 all sh -c '"$@" && "$@" --tf32' sh "$ember_env" "$EMBER" \
-  "$ROOT/tests/bench/bench_cuda_train.lua" --steps 20 --only resnet,resnet_cl,resnet_amp --no-peer
+step bench_cuda_train_split 120 all sh -c '"$@" && EMBER_CUDNN_FIND=0 "$@"' sh "$ember_env" \
+  "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua" --steps 20 \
+  --only resnet,resnet_cl,resnet_amp,resnet_bf16 --no-peer
 step profile_resnet_bf16 60 60 sh -c 'cd "$1" && shift && "$@"' sh "$WORK" "$ember_env" "$EMBER" \
   --profile "$ROOT/tests/bench/bench_cuda_train.lua" --steps 5 --only resnet_bf16 --no-peer
 
