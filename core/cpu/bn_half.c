@@ -5,7 +5,7 @@
 ** (x dense as (N, C, L)) or channels-last (M = N*L rows of C) order.
 **
 ** Nothing widens the whole tensor: each loop reads a run of at most
-** EMI_HALF_CHUNK (NCHW) or CBLK (NHWC) elements into a float buffer on the stack
+** EMI_HALF_CHUNK (NCHW) or BUF (NHWC) elements into a float buffer on the stack
 ** through loops.h's adapters, computes there in float32 exactly as the float32
 ** loops of normalize_impl.h and bn_nhwc_impl.h do (per-run sums in float, the
 ** channel totals and the variance in double), and rounds each result element
@@ -15,8 +15,9 @@
 */
 #include "cpu.h"
 #include "loops.h"
+#include "bn_rows.h"
 
-enum { RUN = EMI_HALF_CHUNK, CBLK = 64 };
+enum { RUN = EMI_HALF_CHUNK, BUF = 2048 };
 
 typedef struct bnl_job {
   em_dtype dt;
@@ -28,6 +29,9 @@ typedef struct bnl_job {
   char *y, *gx;
   float *gw, *gb;
   int training;
+  int64_t nt;                      /* channels last: row tasks of the reductions */
+  double *part;                    /* their partial sums, 2*C per task */
+  int kind;                        /* which reduction nhwc_red runs */
 } bnl_job;
 
 static void ld(float *dst, const char *src, int64_t n, em_dtype dt) {
@@ -40,7 +44,6 @@ static int64_t grain(int64_t per) {
   int64_t g = 32768 / (per ? per : 1);
   return g < 1 ? 1 : g;
 }
-static int64_t nblocks(int64_t C) { return (C + CBLK - 1) / CBLK; }
 
 /* -- NCHW: channel c's rows are x[(n*C + c)*L ...], L long ---------------------------- */
 
@@ -145,109 +148,175 @@ static void nchw_bwd(void *ctx, int64_t c0, int64_t c1) {
   }
 }
 
-/* -- Channels last: M = N*L rows of C; reductions by blocks of CBLK channels ---------- */
+/* -- Channels last: M = N*L rows of C -------------------------------------------------
+** The reductions split the rows among tasks (bn_rows.h) so that a small C still
+** keeps every thread busy; all passes convert a run of whole rows (k*C
+** contiguous values) per call while C fits in BUF, else one BUF-channel slice of a
+** row. Sums are float over a run of at most BUF values per channel (<= BUF/C
+** rows), double across runs and tasks. */
 
-static int64_t blk(const bnl_job *j, int64_t b, int64_t *c0) {
-  *c0 = b * CBLK;
-  return *c0 + CBLK < j->C ? CBLK : j->C - *c0;
+enum { RED_SUM, RED_SQ, RED_BWD };   /* x; (x - mean)^2; gy and gy*(x - mean) */
+
+/* Channels [c0, c0+n) of the slice starting at c0, and the rows per converted run. */
+static int64_t slice(int64_t C, int64_t c0, int64_t *rows) {
+  int64_t n = C - c0 < BUF ? C - c0 : BUF;
+  *rows = n == C ? BUF / C : 1;
+  return n;
 }
 
-static void nhwc_stats(void *ctx, int64_t b0, int64_t b1) {
+/* Task t writes its rows' sums to part[t*2C ...] (first reduction) and
+** part[t*2C + C ...] (second, RED_BWD only). */
+static void nhwc_red(void *ctx, int64_t t0, int64_t t1) {
   const bnl_job *j = ctx;
-  int64_t M = j->N * j->L;
-  float buf[CBLK];
-  for (int64_t b = b0; b < b1; b++) {
-    int64_t c0, n = blk(j, b, &c0);
-    double acc[CBLK] = {0}, m[CBLK];
-    for (int64_t r = 0; r < M; r++) {
-      ld(buf, j->x + (r * j->C + c0) * 2, n, j->dt);
-      for (int64_t c = 0; c < n; c++) acc[c] += (double)buf[c];
-    }
-    for (int64_t c = 0; c < n; c++) { m[c] = acc[c] / (double)M; acc[c] = 0; }
-    for (int64_t r = 0; r < M; r++) {
-      ld(buf, j->x + (r * j->C + c0) * 2, n, j->dt);
+  int64_t M = j->N * j->L, C = j->C;
+  float xb[BUF], gb[BUF], f1[BUF], f2[BUF], m[BUF];
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t r0, r1;
+    emi_bn_task_rows(M, j->nt, t, &r0, &r1);
+    double *p1 = j->part + t * 2 * C, *p2 = p1 + C;
+    for (int64_t c0 = 0; c0 < C; c0 += BUF) {
+      int64_t R, n = slice(C, c0, &R);
       for (int64_t c = 0; c < n; c++) {
-        double d = (double)buf[c] - m[c];
-        acc[c] += d * d;
+        p1[c0 + c] = p2[c0 + c] = 0;
+        m[c] = j->kind == RED_SQ ? (float)j->mean[c0 + c]
+             : j->kind == RED_BWD ? j->cmean[c0 + c] : 0;
+      }
+      for (int64_t r = r0; r < r1; r += R) {
+        int64_t k = r1 - r < R ? r1 - r : R;
+        size_t off = (size_t)(r * C + c0) * 2;
+        ld(xb, j->x + off, k * n, j->dt);
+        for (int64_t c = 0; c < n; c++) f1[c] = f2[c] = 0;
+        if (j->kind == RED_SUM) {
+          for (int64_t i = 0; i < k; i++) {
+            const float *v = xb + i * n;
+            for (int64_t c = 0; c < n; c++) f1[c] += v[c];
+          }
+        } else if (j->kind == RED_SQ) {
+          for (int64_t i = 0; i < k; i++) {
+            const float *v = xb + i * n;
+            for (int64_t c = 0; c < n; c++) {
+              float d = v[c] - m[c];
+              f1[c] += d * d;
+            }
+          }
+        } else {
+          ld(gb, j->gy + off, k * n, j->dt);
+          for (int64_t i = 0; i < k; i++) {
+            const float *v = xb + i * n, *g = gb + i * n;
+            for (int64_t c = 0; c < n; c++) {
+              f1[c] += g[c];
+              f2[c] += g[c] * (v[c] - m[c]);
+            }
+          }
+        }
+        for (int64_t c = 0; c < n; c++) {
+          p1[c0 + c] += (double)f1[c];
+          p2[c0 + c] += (double)f2[c];
+        }
       }
     }
-    for (int64_t c = 0; c < n; c++) {
-      j->s1[c0 + c] = m[c];
-      j->s2[c0 + c] = acc[c] / (double)M;
-    }
   }
+}
+
+/* Runs reduction kind over the row tasks and adds the task sums in order:
+** s1 (and s2 for RED_BWD) get the per-channel totals. */
+static void nhwc_reduce(em_state *S, bnl_job *j, int kind, double *s1, double *s2) {
+  int64_t C = j->C;
+  j->kind = kind;
+  emi_parallel_for(S, j->nt, 1, nhwc_red, j);
+  emi_bn_combine(s1, j->part, j->nt, 2 * C, C);
+  if (s2) emi_bn_combine(s2, j->part + C, j->nt, 2 * C, C);
 }
 
 static void nhwc_apply(void *ctx, int64_t r0, int64_t r1) {
   const bnl_job *j = ctx;
-  float sc[CBLK], sh[CBLK], buf[CBLK];
-  for (int64_t b = 0; b < nblocks(j->C); b++) {   /* blocks outside: sc, sh on the stack */
-    int64_t c0, n = blk(j, b, &c0);
+  int64_t C = j->C;
+  float sc[BUF], sh[BUF], buf[BUF];
+  for (int64_t c0 = 0; c0 < C; c0 += BUF) {
+    int64_t R, n = slice(C, c0, &R);
     for (int64_t c = 0; c < n; c++) {
       sc[c] = (float)j->invstd[c0 + c] * (j->w ? j->w[c0 + c] : 1);
       sh[c] = (j->b ? j->b[c0 + c] : 0) - (float)j->mean[c0 + c] * sc[c];
     }
-    for (int64_t r = r0; r < r1; r++) {
-      ld(buf, j->x + (r * j->C + c0) * 2, n, j->dt);
-      for (int64_t c = 0; c < n; c++) buf[c] = buf[c] * sc[c] + sh[c];
-      st(j->y + (r * j->C + c0) * 2, buf, n, j->dt);
-    }
-  }
-}
-
-/* s1 = sum of gy, s2 = sum of gy * (x - mean), per channel. */
-static void nhwc_sums(void *ctx, int64_t b0, int64_t b1) {
-  const bnl_job *j = ctx;
-  int64_t M = j->N * j->L;
-  float xb[CBLK], gb[CBLK];
-  for (int64_t b = b0; b < b1; b++) {
-    int64_t c0, n = blk(j, b, &c0);
-    double a[CBLK] = {0}, q[CBLK] = {0};
-    for (int64_t r = 0; r < M; r++) {
-      ld(xb, j->x + (r * j->C + c0) * 2, n, j->dt);
-      ld(gb, j->gy + (r * j->C + c0) * 2, n, j->dt);
-      for (int64_t c = 0; c < n; c++) {
-        a[c] += (double)gb[c];
-        q[c] += (double)gb[c] * (double)(xb[c] - j->cmean[c0 + c]);
+    for (int64_t r = r0; r < r1; r += R) {
+      int64_t k = r1 - r < R ? r1 - r : R;
+      size_t off = (size_t)(r * C + c0) * 2;
+      ld(buf, j->x + off, k * n, j->dt);
+      for (int64_t i = 0; i < k; i++) {
+        float *v = buf + i * n;
+        for (int64_t c = 0; c < n; c++) v[c] = v[c] * sc[c] + sh[c];
       }
+      st(j->y + off, buf, k * n, j->dt);
     }
-    for (int64_t c = 0; c < n; c++) { j->s1[c0 + c] = a[c]; j->s2[c0 + c] = q[c]; }
   }
 }
 
 static void nhwc_gx(void *ctx, int64_t r0, int64_t r1) {
   const bnl_job *j = ctx;
+  int64_t C = j->C;
   double cnt = (double)(j->N * j->L);
-  float k[CBLK], mg[CBLK], pr[CBLK], m[CBLK], xb[CBLK], gb[CBLK];
-  for (int64_t b = 0; b < nblocks(j->C); b++) {
-    int64_t c0, n = blk(j, b, &c0);
+  float k_[BUF], mg[BUF], pr[BUF], m[BUF], xb[BUF], gb[BUF];
+  for (int64_t c0 = 0; c0 < C; c0 += BUF) {
+    int64_t R, n = slice(C, c0, &R);
     for (int64_t c = 0; c < n; c++) {
       double isc = (double)j->cinv[c0 + c], wc = j->w ? (double)j->w[c0 + c] : 1;
-      k[c] = (float)(wc * isc);
+      k_[c] = (float)(wc * isc);
       mg[c] = (float)(j->s1[c0 + c] / cnt);
       pr[c] = (float)(j->s2[c0 + c] * isc * isc / cnt);
       m[c] = j->cmean[c0 + c];
     }
-    for (int64_t r = r0; r < r1; r++) {
-      ld(gb, j->gy + (r * j->C + c0) * 2, n, j->dt);
+    for (int64_t r = r0; r < r1; r += R) {
+      int64_t k = r1 - r < R ? r1 - r : R;
+      size_t off = (size_t)(r * C + c0) * 2;
+      ld(gb, j->gy + off, k * n, j->dt);
       if (j->training) {
-        ld(xb, j->x + (r * j->C + c0) * 2, n, j->dt);
-        for (int64_t c = 0; c < n; c++) gb[c] = k[c] * (gb[c] - mg[c] - (xb[c] - m[c]) * pr[c]);
+        ld(xb, j->x + off, k * n, j->dt);
+        for (int64_t i = 0; i < k; i++) {
+          float *g = gb + i * n;
+          const float *v = xb + i * n;
+          for (int64_t c = 0; c < n; c++) g[c] = k_[c] * (g[c] - mg[c] - (v[c] - m[c]) * pr[c]);
+        }
       } else {
-        for (int64_t c = 0; c < n; c++) gb[c] = k[c] * gb[c];
+        for (int64_t i = 0; i < k; i++) {
+          float *g = gb + i * n;
+          for (int64_t c = 0; c < n; c++) g[c] = k_[c] * g[c];
+        }
       }
-      st(j->gx + (r * j->C + c0) * 2, gb, n, j->dt);
+      st(j->gx + off, gb, k * n, j->dt);
     }
   }
 }
 
 /* -- Entries (cpu.h) ------------------------------------------------------------------- */
 
-void emi_cpu_bn_half_stats(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
-                           bool nhwc, const void *x, double *mean, double *var) {
+/* The row tasks' partial sums (2*C doubles each) and extra doubles after them. */
+static double *part_alloc(em_state *S, bnl_job *j, int64_t extra, size_t *bytes,
+                          const char *op) {
+  j->nt = emi_bn_tasks(j->N * j->L, j->C);
+  *bytes = (size_t)(j->nt * 2 * j->C + extra) * sizeof(double) + 8;
+  j->part = emi_malloc(S, *bytes);
+  if (!j->part)
+    emi_error(S, EM_ERR_NOMEM, "%s: out of memory for %zu bytes", op, *bytes);
+  return j->part;
+}
+
+em_status emi_cpu_bn_half_stats(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
+                                bool nhwc, const void *x, double *mean, double *var) {
   bnl_job j = {.dt = dt, .N = N, .C = C, .L = L, .x = x, .s1 = mean, .s2 = var};
-  if (nhwc) emi_parallel_for(S, nblocks(C), 1, nhwc_stats, &j);
-  else emi_parallel_for(S, C, grain(N * L * 2), nchw_stats, &j);
+  if (!nhwc) {
+    emi_parallel_for(S, C, grain(N * L * 2), nchw_stats, &j);
+    return EM_OK;
+  }
+  size_t bytes;
+  if (!part_alloc(S, &j, 0, &bytes, "batch_norm")) return EM_ERR_NOMEM;
+  double M = (double)(N * L);
+  nhwc_reduce(S, &j, RED_SUM, mean, NULL);
+  for (int64_t c = 0; c < C; c++) mean[c] /= M;
+  j.mean = mean;
+  nhwc_reduce(S, &j, RED_SQ, var, NULL);
+  for (int64_t c = 0; c < C; c++) var[c] /= M;
+  emi_free(S, j.part, bytes);
+  return EM_OK;
 }
 
 void emi_cpu_bn_half_apply(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
@@ -269,18 +338,15 @@ em_status emi_cpu_bn_half_backward(em_state *S, em_dtype dt, int64_t N, int64_t 
     emi_parallel_for(S, C, grain(N * L * 3), nchw_bwd, &j);
     return EM_OK;
   }
-  size_t bytes = (size_t)C * 2 * sizeof(double) + 8;
-  double *sums = emi_malloc(S, bytes);
-  if (!sums)
-    return emi_error(S, EM_ERR_NOMEM, "batch_norm_backward: out of memory for %zu bytes",
-                     bytes);
-  j.s1 = sums, j.s2 = sums + C;
-  emi_parallel_for(S, nblocks(C), 1, nhwc_sums, &j);
+  size_t bytes;
+  if (!part_alloc(S, &j, 2 * C, &bytes, "batch_norm_backward")) return EM_ERR_NOMEM;
+  j.s1 = j.part + j.nt * 2 * C, j.s2 = j.s1 + C;
+  nhwc_reduce(S, &j, RED_BWD, j.s1, j.s2);
   for (int64_t c = 0; c < C; c++) {
     if (gw) gw[c] = (float)(j.s2[c] * (double)invstd[c]);
     if (gb) gb[c] = (float)j.s1[c];
   }
   if (gx) emi_parallel_for(S, N * L, grain(C), nhwc_gx, &j);
-  emi_free(S, sums, bytes);
+  emi_free(S, j.part, bytes);
   return EM_OK;
 }

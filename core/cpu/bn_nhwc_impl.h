@@ -1,32 +1,48 @@
 /*
 ** bn_nhwc_impl.h -- the loops of bn_nhwc.c for one element type T (included
 ** twice, T float then double; FN(name) adds the suffix). Part of bn_nhwc.c,
-** which alone includes it. x, gy, gx, y are M rows of C; statistics tasks are
-** blocks of CBLK channels, element-wise tasks ranges of rows.
+** which alone includes it. x, gy, gx, y are M rows of C; reduction tasks are
+** bn_rows.h's row tasks, element-wise tasks ranges of rows.
 */
 
-/* s1 = per-channel mean, s2 = biased variance (two passes, as normalize.c). */
-static void FN(bnh_stats)(void *ctx, int64_t b0, int64_t b1) {
+/* Task t of the row split (bn_rows.h): its rows' sums in double, per element as
+** normalize.c keeps them, into part[t*2C ...] and (BNH_BWD) part[t*2C + C ...]. */
+static void FN(bnh_red)(void *ctx, int64_t t0, int64_t t1) {
   const bnh_job *j = ctx;
-  const T *x = j->x;
-  for (int64_t b = b0; b < b1; b++) {
-    int64_t c0 = b * CBLK, c1 = c0 + CBLK < j->C ? c0 + CBLK : j->C, n = c1 - c0;
-    double acc[CBLK] = {0}, m[CBLK];
-    for (int64_t r = 0; r < j->M; r++) {
-      const T *row = x + r * j->C + c0;
-      for (int64_t c = 0; c < n; c++) acc[c] += (double)row[c];
-    }
-    for (int64_t c = 0; c < n; c++) { m[c] = acc[c] / (double)j->M; acc[c] = 0; }
-    for (int64_t r = 0; r < j->M; r++) {
-      const T *row = x + r * j->C + c0;
-      for (int64_t c = 0; c < n; c++) {
-        double d = (double)row[c] - m[c];
-        acc[c] += d * d;
+  const T *x = j->x, *gy = j->gy, *cm = j->cmean;
+  int64_t C = j->C;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t r0, r1;
+    emi_bn_task_rows(j->M, j->nt, t, &r0, &r1);
+    double *p1 = j->part + t * 2 * C, *p2 = p1 + C;
+    for (int64_t c0 = 0; c0 < C; c0 += CBLK) {
+      int64_t n = c0 + CBLK < C ? CBLK : C - c0;
+      double a[CBLK] = {0}, q[CBLK] = {0}, m[CBLK];
+      for (int64_t c = 0; c < n; c++)
+        m[c] = j->kind == BNH_SQ ? j->mean[c0 + c] : j->kind == BNH_BWD ? (double)cm[c0 + c] : 0;
+      if (j->kind == BNH_SUM) {
+        for (int64_t r = r0; r < r1; r++) {
+          const T *row = x + r * C + c0;
+          for (int64_t c = 0; c < n; c++) a[c] += (double)row[c];
+        }
+      } else if (j->kind == BNH_SQ) {
+        for (int64_t r = r0; r < r1; r++) {
+          const T *row = x + r * C + c0;
+          for (int64_t c = 0; c < n; c++) {
+            double d = (double)row[c] - m[c];
+            a[c] += d * d;
+          }
+        }
+      } else {
+        for (int64_t r = r0; r < r1; r++) {
+          const T *xr = x + r * C + c0, *gr = gy + r * C + c0;
+          for (int64_t c = 0; c < n; c++) {
+            a[c] += (double)gr[c];
+            q[c] += (double)gr[c] * (double)(xr[c] - (T)m[c]);
+          }
+        }
       }
-    }
-    for (int64_t c = 0; c < n; c++) {
-      j->s1[c0 + c] = m[c];
-      j->s2[c0 + c] = acc[c] / (double)j->M;
+      for (int64_t c = 0; c < n; c++) { p1[c0 + c] = a[c]; p2[c0 + c] = q[c]; }
     }
   }
 }
@@ -48,24 +64,6 @@ static void FN(bnh_apply)(void *ctx, int64_t r0, int64_t r1) {
       T *restrict yr = y + r * C + c0;
       for (int64_t c = 0; c < n; c++) yr[c] = xr[c] * sc[c] + sh[c];
     }
-  }
-}
-
-/* s1 = sum of gy, s2 = sum of gy * (x - mean), per channel. */
-static void FN(bnh_sums)(void *ctx, int64_t b0, int64_t b1) {
-  const bnh_job *j = ctx;
-  const T *x = j->x, *gy = j->gy, *cm = j->cmean;
-  for (int64_t b = b0; b < b1; b++) {
-    int64_t c0 = b * CBLK, c1 = c0 + CBLK < j->C ? c0 + CBLK : j->C, n = c1 - c0;
-    double a[CBLK] = {0}, q[CBLK] = {0};
-    for (int64_t r = 0; r < j->M; r++) {
-      const T *xr = x + r * j->C + c0, *gr = gy + r * j->C + c0;
-      for (int64_t c = 0; c < n; c++) {
-        a[c] += (double)gr[c];
-        q[c] += (double)gr[c] * (double)(xr[c] - cm[c0 + c]);
-      }
-    }
-    for (int64_t c = 0; c < n; c++) { j->s1[c0 + c] = a[c]; j->s2[c0 + c] = q[c]; }
   }
 }
 

@@ -86,8 +86,8 @@ void emi_cpu_pool_nhwc_adaptive_bwd(em_state *S, const emi_pool_geom *g, em_tens
 /* bn_nhwc.c: batch norm's loops on channels-last x ((M = N*H*W) rows of C), which
 ** normalize.c calls: per-channel mean and biased variance (double); y = x*sc + sh
 ** with sc, sh per channel (T); the backward's per-channel sums and gx. */
-void emi_cpu_bn_nhwc_stats(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
-                           double *mean, double *var);
+em_status emi_cpu_bn_nhwc_stats(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
+                                double *mean, double *var);
 void emi_cpu_bn_nhwc_apply(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
                            const double *mean, const double *invstd, const void *w,
                            const void *b, void *y);
@@ -97,8 +97,8 @@ em_status emi_cpu_bn_nhwc_backward(em_state *S, em_dtype dt, int64_t M, int64_t 
                                    void *gw, void *gb);
 /* bn_half.c: the same for a float16/bfloat16 x (NCHW or channels last) with float32
 ** weight, bias and saved statistics, computing in float32 a run at a time. */
-void emi_cpu_bn_half_stats(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
-                           bool nhwc, const void *x, double *mean, double *var);
+em_status emi_cpu_bn_half_stats(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
+                                bool nhwc, const void *x, double *mean, double *var);
 void emi_cpu_bn_half_apply(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
                            bool nhwc, const void *x, const double *mean, const double *invstd,
                            const float *w, const float *b, void *y);

@@ -74,9 +74,14 @@ em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
   bool half = dt == EM_FLOAT16 || dt == EM_BFLOAT16;
   if (training) {
     normalize_job j = {.N = N, .C = C, .L = L, .x = em_tensor_data(x), .dmean = m, .var = var};
-    if (half) emi_cpu_bn_half_stats(S, dt, N, C, L, nhwc, em_tensor_data(x), m, var);
-    else if (nhwc) emi_cpu_bn_nhwc_stats(S, dt, N * L, C, em_tensor_data(x), m, var);
+    em_status st = EM_OK;
+    if (half) st = emi_cpu_bn_half_stats(S, dt, N, C, L, nhwc, em_tensor_data(x), m, var);
+    else if (nhwc) st = emi_cpu_bn_nhwc_stats(S, dt, N * L, C, em_tensor_data(x), m, var);
     else emi_parallel_for(S, C, normalize_grain(N * L * 2), PICK(bn_stats, dt), &j);
+    if (st != EM_OK) {   /* nothing written yet: the running statistics stay as they were */
+      emi_free(S, m, bytes);
+      return st;
+    }
     double cnt = (double)(N * L);
     for (int64_t c = 0; c < C; c++) {
       inv[c] = 1 / sqrt(var[c] + eps);

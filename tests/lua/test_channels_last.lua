@@ -140,6 +140,36 @@ H.test('batch norm keeps NHWC', function()
   H.close(diff(wa.grad, wb.grad) + diff(ba.grad, bb.grad), 0, 1e-3, 'weight/bias grads')
 end)
 
+-- Shapes whose channels-last reductions split the rows among several tasks (and
+-- C = 130: several 64-channel slices per row), against NCHW's per-channel loops.
+H.test('batch norm NHWC, rows split among tasks: NCHW values, same bits each run', function()
+  for _, shape in ipairs({ { 16, 40, 12, 12 }, { 4, 130, 9, 9 }, { 64, 16, 8, 8 } }) do
+    em.manual_seed(shape[2])
+    local C = shape[2]
+    for _, dt in ipairs({ 'float64', 'float32' }) do
+      local tol = dt == 'float64' and 1e-10 or 1e-4
+      local x = (em.randn(unpack(shape)) * 3 + 2):to(dt)
+      local w, b, gy = em.randn(C):to(dt), em.randn(C):to(dt), em.randn(unpack(shape)):to(dt)
+      local function run(t)
+        local xi, wi, bi = leaf(t), leaf(w), leaf(b)
+        local rm, rv = em.zeros(C):to(dt), em.ones(C):to(dt)
+        local y = F.batch_norm(xi, rm, rv, wi, bi, true, 0.1, 1e-5)
+        y:backward(gy)
+        return y, xi.grad, wi.grad, bi.grad, rm, rv
+      end
+      local ref, got, again = { run(x) }, { run(cl(x)) }, { run(cl(x)) }
+      local what = table.concat(shape, ',') .. ' ' .. dt
+      H.check(got[1]:is_contiguous('channels_last'), what .. ': output NHWC')
+      local names = { 'y', 'gx', 'gw', 'gb', 'running_mean', 'running_var' }
+      for i = 1, 6 do
+        local scale = ref[i]:double():abs():max():item() + 1
+        H.close(diff(got[i], ref[i]) / scale, 0, tol, what .. ': ' .. names[i])
+        H.eq(diff(got[i], again[i]), 0, what .. ': ' .. names[i] .. ' same bits run to run')
+      end
+    end
+  end
+end)
+
 local conv_cases = {
   { 'plain 3x3', 4, 6, 3, {} },
   { 'stride 2 pad 1', 4, 6, 3, { 2, 1, 1, 1 } },
