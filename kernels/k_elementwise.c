@@ -31,6 +31,36 @@ static void merge_dims(ew_args *a) {
   a->ndim = m;
 }
 
+/* t dense in some order of its dims (no gaps, no overlap: channels-last is one)? */
+static int dense(const em_tensor *t) {
+  int64_t expect = 1;
+  int used[EM_MAX_DIMS] = {0};
+  for (int n = 0; n < t->ndim; n++) {   /* the dim of the smallest unused stride next */
+    int best = -1;
+    for (int k = 0; k < t->ndim; k++)
+      if (!used[k] && t->sizes[k] > 1 && (best < 0 || t->strides[k] < t->strides[best]))
+        best = k;
+    if (best < 0) break;
+    used[best] = 1;
+    if (t->strides[best] != expect) return 0;
+    expect *= t->sizes[best];
+  }
+  return 1;
+}
+
+/* Every operand laid out as out, and out dense: element i of each is at offset i in
+** memory order, so the flat index serves all of them (channels-last tensors take
+** the contiguous kernels instead of unravelling four dims per element). */
+static int same_dense_layout(const em_tensor *out, const em_tensor *const *ins, int nin) {
+  if (!dense(out)) return 0;
+  for (int j = 0; j < nin; j++) {
+    if (ins[j]->ndim != out->ndim) return 0;
+    for (int k = 0; k < out->ndim; k++)
+      if (out->sizes[k] > 1 && ins[j]->strides[k] != out->strides[k]) return 0;
+  }
+  return 1;
+}
+
 static void setup(ew_args *a, int kind, int op, em_tensor *out, const em_tensor *x,
                   const em_tensor *y, const em_tensor *z) {
   memset(a, 0, sizeof *a);
@@ -55,6 +85,9 @@ static void setup(ew_args *a, int kind, int op, em_tensor *out, const em_tensor 
     if (!em_tensor_is_contiguous(ins[j])) a->contig = 0;
     for (int k = 0; k < out->ndim; k++) a->st[j + 1][k] = ins[j]->strides[k];
   }
+  /* 2: flat, but not the float4 kernel, whose arithmetic (contracted) differs from
+  ** the strided kernel's in the last bit; channels-last results stay the CPU's */
+  if (!a->contig && same_dense_layout(out, ins, a->nin)) a->contig = 2;
   merge_dims(a);
   a->narrow = a->n <= INT32_MAX;
 }
@@ -63,7 +96,7 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* k_ew_f32x4's conditions: float32 in and out, contiguous, 16-byte aligned. */
 static int vectorisable(const ew_args *a) {
-  if (!a->contig || a->dt != EM_FLOAT32 || a->odt != EM_FLOAT32 || a->n < 4) return 0;
+  if (a->contig != 1 || a->dt != EM_FLOAT32 || a->odt != EM_FLOAT32 || a->n < 4) return 0;
   if (a->kind != K_UNARY && a->kind != K_BINARY && a->kind != K_SCALAR &&
       a->kind != K_ADDS && a->kind != K_CLAMP)
     return 0;

@@ -14,7 +14,9 @@ typedef struct ew_args {
   const char *in[3];
   int *err;                        /* integer remainder: set to 1 on division by zero */
   int64_t n;
-  int ndim, nin, contig, narrow;   /* narrow: n < 2^31, unravel in 32 bits */
+  int ndim, nin, contig, narrow;   /* contig: 1 contiguous, 2 every operand dense in
+                                   ** out's order (flat index either way); narrow:
+                                   ** n < 2^31, unravel in 32 bits */
   int kind, op, dt, odt;           /* dt: the operands' dtype (cast: the source's) */
   int reverse, pspec;              /* scalar: s op a; pow's special exponents */
   int esz[4];                      /* element sizes: out, in[0..2] */

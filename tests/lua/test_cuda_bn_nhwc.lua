@@ -116,8 +116,13 @@ H.test('batch norm eval NHWC on cuda equals the CPU NHWC', function()
     local got = { { ya, yb }, { ca[1].grad, cb[1].grad }, { ca[2].grad, cb[2].grad },
                   { ca[3].grad, cb[3].grad } }
     for i, p in ipairs(got) do
-      if EMU then H.eq(diff(p[1], p[2]), 0, dt .. ' eval ' .. names[i] .. ': the CPU bits')
-      else H.close(rel(p[1], p[2]), 0, tol, dt .. ' eval ' .. names[i]) end
+      -- the CPU sums a half input's weight and bias gradients over row blocks
+      -- (bn_half.c: float within a block, double across), the device per channel
+      -- in order: the same sum, associated differently
+      local sums = half(dt) and i >= 3
+      if EMU and not sums then
+        H.eq(diff(p[1], p[2]), 0, dt .. ' eval ' .. names[i] .. ': the CPU bits')
+      else H.close(rel(p[1], p[2]), 0, EMU and 1e-5 or tol, dt .. ' eval ' .. names[i]) end
     end
   end
 end)
