@@ -32,7 +32,7 @@ and, under 1F1B, min(P - s, M) micro-batches of its children's saved
 activations (GPipe: M), the worst child's transient, and a received input and a
 sent output. With D > 1 replicas per stage the micro-batches' backwards run
 unsynchronised, so the full gradients W accumulate whatever the sharding; the
-state is S/D when sharded; plain wrap adds its buckets (W, from wrap time);
+state is S/D when sharded; plain wrap's buckets hold those gradients (nothing more);
 ZeRO 1/2 add the last backward's flat units and the first forward's gather;
 ZeRO 3 keeps W/D and, at worst, all of the weights its backwards gathered.
 
@@ -286,19 +286,18 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local params = l.shard == 'parameters' and math.ceil(W / D) + W or W
     local state = math.ceil(W * m.state_factor / (sharded and D or 1))
     -- The micro-batches' backwards run unsynchronised (no_sync): full gradients
-    -- accumulate from the first B whatever the sharding. With D > 1 plain
-    -- wrap's buckets hold W more from wrap time on (the last B copies the
-    -- gradients into them), and a sharded stage's last B fills its flat units
-    -- (at most MAX_IN_FLIGHT + 1 under way, the stage's W at most) while the
-    -- full gradients are still there.
-    local grads, buckets = W, 0
-    if D > 1 and not sharded then buckets = W end
+    -- accumulate from the first B whatever the sharding. Under plain wrap they
+    -- are the buckets themselves (the first B writes each gradient into its
+    -- bucket view), so D > 1 adds nothing there; a sharded stage's last B fills
+    -- its flat units (at most MAX_IN_FLIGHT + 1 under way, the stage's W at most)
+    -- while the full gradients are still there.
+    local grads = W
     if D > 1 and sharded then
       local unit = l.shard == 'parameters' and U or math.min(math.max(M.SHARD_BUCKET, pmax), W)
       st.last_extra = math.min(W, (M.MAX_IN_FLIGHT + 1) * unit)
     end
     local act = replay(schedule_ops(schedule, P, Mc, s), st, grads) - grads
-    local peak = params + state + buckets + grads + act
+    local peak = params + state + grads + act
     -- ZeRO 1 and 2 gather the stage's weights at the step's first forward: a
     -- flat W and this replica's segment, before any activation or gradient
     if D > 1 and (l.shard == 'optimizer' or l.shard == 'gradients') then
@@ -307,7 +306,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     per[s + 1] = peak
     if peak > worst then
       worst = peak
-      worst_parts = { parameters = params, gradients = grads + buckets, optimizer = state,
+      worst_parts = { parameters = params, gradients = grads, optimizer = state,
                       activations = act }
     end
   end
