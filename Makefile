@@ -1,7 +1,9 @@
 # ember -- build, test, run and install.
 #
 #   make            build/libember.so, build/libember.a, build/ember, build/libember_cuda.so
-#   make test       C and Lua tests; ends with "N passed, N failed"
+#   make test       C and Lua tests; ends with "N passed, N failed, N skipped"
+#   make check      the inner loop: the same C and Lua tests without the package
+#                   check; `make check ONLY=regex` runs the programs whose names match
 #   make test SANITIZE=1   the C tests under AddressSanitizer + UBSan
 #   make test SANITIZE=thread   the tests of threaded code (loader, communicators, replicas) under ThreadSanitizer
 #   make run        the main example
@@ -15,6 +17,10 @@
 
 PREFIX   ?= /usr/local
 SANITIZE ?= 0
+# Every core builds: a plain `make` is as fast as `make -j$(nproc)`.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 # The local build is for this machine's CPU. What leaves it (make install, the
 # luarocks package, tests/bench/gpu_pack.sh's archive) is built for PORTABLE_ARCH,
 # x86-64-v3 (AVX2, FMA, F16C: every x86 server CPU since 2015, AMD included), in
@@ -125,7 +131,11 @@ NVCC_FLAGS := -x cu -std=c++17 $(NVCC_ARCH) -Werror all-warnings \
 KERNEL_CXXFLAGS := $(filter-out -std=gnu11,$(CFLAGS)) $(KERNEL_CXXSAN) -std=gnu++17 \
                    -fno-exceptions -fno-rtti
 KERNEL_SRC := $(wildcard kernels/k_*.cu)
-KERNEL_FATBIN := $(if $(NVCC),$(KERNEL_SRC:kernels/%.cu=$(BUILD)/kernels/%.fatbin))
+# The fatbins depend on neither the host's flags nor the sanitizer: one folder
+# serves every build (build/, the sanitizer builds, the portable ones), so nvcc
+# compiles each kernel once.
+FATBIN_DIR := build-fatbin
+KERNEL_FATBIN := $(if $(NVCC),$(KERNEL_SRC:kernels/%.cu=$(FATBIN_DIR)/%.fatbin))
 CUDA_OBJ += $(KERNEL_SRC:%=$(BUILD)/obj/%.o)
 # The fatbins are embedded in libember_cuda (kernels/real/fatbins.h): a generated
 # assembler file .incbin's each one and lists them; without nvcc its table is empty.
@@ -210,7 +220,7 @@ $(BUILD)/obj/kernels/%.cu.o: kernels/%.cu kernels/device.h kernels/runtime.h | d
 # The kernels as CUDA (device code only: a fatbin per source, embedded in libember_cuda
 # below and loaded by the real runtime with cudaLibraryLoadData). nvcc's -MMD lists
 # the headers each one includes.
-$(BUILD)/kernels/%.fatbin: kernels/%.cu kernels/device.h kernels/runtime.h | deps
+$(FATBIN_DIR)/%.fatbin: kernels/%.cu kernels/device.h kernels/runtime.h | deps
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
 	@$(NVCC) $(NVCC_FLAGS) -fatbin -MMD -MP -MF $(@:.fatbin=.d) -MT $@ $< -o $@ || \
@@ -312,7 +322,7 @@ $(BUILD)/lua/ember/hostdefs.lua: lua/host/ffi_exports.h tools/gen_cdefs.sh $(BUI
 # -- Tests ------------------------------------------------------------------------------
 # The C tests link the CUDA backend in (the tests of kernels/ reach inside it):
 # it registers itself as the program starts, and the registry loads no library.
-$(BUILD)/tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.a $(BUILD)/libember_cuda.a
+$(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(BUILD)/libember.a $(BUILD)/libember_cuda.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< -Wl,--whole-archive $(BUILD)/libember_cuda.a \
 	  -Wl,--no-whole-archive $(BUILD)/libember.a $(LDLIBS)
@@ -326,28 +336,47 @@ GPU_TESTS := test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwi
              test_cuda_optim test_backend_parity
 .PHONY: gpu-tests
 gpu-tests: $(GPU_TESTS:%=$(BUILD)/gpu-tests/%)
-$(BUILD)/gpu-tests/%: tests/c/%.c tests/c/check.h $(BUILD)/libember.so $(BUILD)/libember_cuda.so
+$(BUILD)/gpu-tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(BUILD)/libember.so $(BUILD)/libember_cuda.so
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< -L$(BUILD) -Wl,--no-as-needed -lember_cuda -lember \
 	  -Wl,-rpath,'$$ORIGIN/../lib' $(LDLIBS)
 
+# ONLY=regex: the test programs whose names match (make test and make check).
+RUN_TESTS = bash tests/run.sh $(if $(ONLY),--only '$(ONLY)')
+# build-tests: what `make test` of this configuration runs, built and not run
+# (.ci/run times the builds apart from the tests).
+.PHONY: build-tests
 ifeq ($(SANITIZE),1)
-test: deps $(CTEST_BIN)
-	@sh tests/run.sh --c-only $(BUILD)
+build-tests: deps $(CTEST_BIN)
+test: build-tests
+	@$(RUN_TESTS) --c-only $(BUILD)
 else ifeq ($(SANITIZE),thread)
 # The code that runs on several threads: the loader, its stages and transforms,
 # the communicators and replicas, and the profiler recording from all of them. (Not test_comm_mpi: Open MPI's uninstrumented
 # plugins trip ThreadSanitizer inside libmpi; all of ember's MPI calls are made on
-# one thread, the communicator's, whose queue test_comm covers.)
-test: all $(CTEST_BIN)
+# one thread, the communicator's, whose queue test_comm covers.) OpenBLAS is not
+# instrumented either: its own thread pool's hand-offs would read as races, and
+# more or fewer of them show depending on the kernel it picks for the host's CPU,
+# so tests/tsan.supp leaves frames inside libopenblas out.
+TSAN_TESTS := loader|data|transforms|^test_comm$$|^test_comm_p2p$$|^test_comm_group$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$
+build-tests: all $(CTEST_BIN)
+test: build-tests
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
-	  sh tests/run.sh --only 'loader|data|transforms|^test_comm$$|^test_comm_p2p$$|^test_comm_group$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$' $(BUILD)
+	  TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $$TSAN_OPTIONS" \
+	  $(RUN_TESTS) --only '$(if $(ONLY),$(ONLY),$(TSAN_TESTS))' $(BUILD)
 else
 # deps-run: test_distribute trains the example on a slice of Fashion-MNIST;
 # deps-test: test_profile_page renders the profiler's page in headless Chromium.
-test: all deps-run deps-test $(CTEST_BIN)
-	@sh tests/run.sh $(BUILD)
+build-tests: all deps-run deps-test $(CTEST_BIN)
+test: build-tests
+	@$(RUN_TESTS) $(BUILD)
 endif
+
+# The inner loop: the plain build's C and Lua tests, without the package checks
+# (`make test` once installs what they need).
+.PHONY: check
+check: all $(CTEST_BIN)
+	@$(RUN_TESTS) $(BUILD)
 
 # Fault tests (tests/faults/run.sh): replicas killed, stopped or cut off under
 # mpirun, a full disk during a checkpoint; about two minutes. Needs root for the
@@ -379,12 +408,17 @@ FUZZ_CFLAGS := -std=gnu11 -Wall -Wextra -Wno-unused-parameter -pthread -Icore/in
 deps-fuzz:
 	$(call install_missing,$(FUZZ_PACKAGES))
 
+# fuzz-build and fuzz-run are its two halves (.ci/run times them apart).
+.PHONY: fuzz-build fuzz-run
 ifeq ($(SANITIZE),fuzz)
-fuzz: deps-fuzz $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/seeds.done
+fuzz-build: deps-fuzz $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/seeds.done
+fuzz-run:
+	@sh tests/fuzz/run.sh $(BUILD) $(FUZZ_S) $(FUZZ_NAMES)
+fuzz: fuzz-build
 	@sh tests/fuzz/run.sh $(BUILD) $(FUZZ_S) $(FUZZ_NAMES)
 else
-fuzz: deps deps-fuzz
-	@$(MAKE) --no-print-directory SANITIZE=fuzz fuzz
+fuzz fuzz-build fuzz-run: deps deps-fuzz
+	@$(MAKE) --no-print-directory SANITIZE=fuzz $@
 endif
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.c tests/fuzz/fuzz.h $(BUILD)/libember.a
@@ -422,8 +456,8 @@ install: portable
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ember.pc
 
-# For luarocks (rocks/ember-scm-1.rockspec builds `portable` with PORTABLE_BUILD =
-# build-rock, then passes the rock's LUADIR, LIBDIR and BINDIR here): the Lua
+# For luarocks (rocks/ember-scm-1.rockspec builds `portable` into build-portable,
+# then passes the rock's LUADIR, LIBDIR and BINDIR here): the Lua
 # modules, the libraries in LIBDIR/ember/ (lua/ember/ffi.lua finds them there
 # through package.cpath) and the ember command.
 .PHONY: install-rock
@@ -435,6 +469,6 @@ install-rock: portable
 	install -m 755 $(PORTABLE_BUILD)/ember $(BINDIR)/ember
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz build-rock $(PORTABLE_BUILD)
+	rm -rf build build-asan build-tsan build-fuzz build-rock build-fatbin $(PORTABLE_BUILD)
 
--include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d $(BUILD)/kernels/*.d)
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/tests/*.d $(FATBIN_DIR)/*.d)

@@ -5,8 +5,9 @@
 -- (run at the top of the checkout). The build is the Makefile's portable one:
 -- `make portable` builds for x86-64-v3 (AVX2 and FMA; the AVX-512 kernels are
 -- chosen at run time), not for the building machine's CPU, so that the tree can
--- be copied to other x86-64 machines; it builds into build-rock/ (its own folder,
--- so that build/ and build-portable/ are left alone). Then its
+-- be copied to other x86-64 machines; it builds into build-portable/, the folder
+-- that `make install` and tests/bench/gpu_pack.sh use for the same portable
+-- build (one set of objects for all three). Then its
 -- install-rock target copies the Lua modules into the tree's share/lua/5.1/ember/,
 -- libember.so and libember_lua.so into lib/lua/5.1/ember/ (ember's Lua layer finds
 -- them there through package.cpath, as `luarocks path` sets it) and the `ember`
@@ -34,10 +35,10 @@ build = {
    type = "make",
    build_target = "portable",
    -- NVCC= : the kernels' CUDA check build is for developers, not for installs.
-   build_variables = { PORTABLE_BUILD = "build-rock", NVCC = "" },
+   build_variables = { PORTABLE_BUILD = "build-portable", NVCC = "" },
    install_target = "install-rock",
    install_variables = {
-      PORTABLE_BUILD = "build-rock", NVCC = "",
+      PORTABLE_BUILD = "build-portable", NVCC = "",
       LUADIR = "$(LUADIR)", LIBDIR = "$(LIBDIR)", BINDIR = "$(BINDIR)",
    },
 }

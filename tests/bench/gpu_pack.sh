@@ -2,9 +2,9 @@
 # gpu_pack.sh -- builds and packs what tests/bench/gpu_run.sh needs on a GPU machine
 # that has no LuaJIT, OpenBLAS or other Debian packages, as one archive:
 #
-#   sh tests/bench/gpu_pack.sh            -> build-gpu/ember-gpu.tar.gz
+#   sh tests/bench/gpu_pack.sh            -> build-portable/ember-gpu.tar.gz
 #
-# The build is the portable one (BUILD=build-gpu, ARCH=-march=x86-64-v3: AVX2 and
+# The build is the portable one (BUILD=build-portable, ARCH=-march=x86-64-v3: AVX2 and
 # FMA, no AVX-512 instruction outside the paths chosen at run time), so the archive
 # runs on the AMD and Intel hosts GPUs sit in. The archive holds one folder,
 # ember-gpu/, laid out as a build folder is (ember finds its Lua modules beside it):
@@ -19,11 +19,11 @@
 #                  Debian's asks for a newer glibc than ember does)
 #
 # It fails, not warns, when the archive is over the device runner's 64 MiB. Carry the
-# archive alone (`carry: ["build-gpu/ember-gpu.tar.gz"]`); gpu_run.sh unpacks it.
-# EMBER_PACK_NO_BUILD=1 packs build-gpu as it is; EMBER_PACK_LIMIT_MB=N checks
+# archive alone (`carry: ["build-portable/ember-gpu.tar.gz"]`); gpu_run.sh unpacks it.
+# EMBER_PACK_NO_BUILD=1 packs build-portable as it is; EMBER_PACK_LIMIT_MB=N checks
 # against N MiB instead (tests/lua/test_gpu_pack.lua tests the failure that way).
 cd "$(dirname "$0")/../.." || exit 2
-BUILD=build-gpu
+BUILD=build-portable
 LIMIT_MB=${EMBER_PACK_LIMIT_MB:-64}
 if [ -z "${EMBER_PACK_NO_BUILD:-}" ]; then
   make --no-print-directory BUILD=$BUILD ARCH=-march=x86-64-v3 -j"$(nproc)" all gpu-tests ||

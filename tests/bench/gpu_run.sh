@@ -8,7 +8,7 @@
 #
 #   sh tests/bench/gpu_run.sh [ARCHIVE | FOLDER]        (from the repository root)
 #
-# ARCHIVE defaults to build-gpu/ember-gpu.tar.gz, made here by gpu_pack.sh and
+# ARCHIVE defaults to build-portable/ember-gpu.tar.gz, made here by gpu_pack.sh and
 # carried alone; it is unpacked into $TMPDIR. A FOLDER laid out as the archive's
 # ember-gpu/ is used as it is.
 #
@@ -103,7 +103,7 @@ step() {
 }
 
 # -- The build: unpack the archive ------------------------------------------------------------
-SRC=${1:-build-gpu/ember-gpu.tar.gz}
+SRC=${1:-build-portable/ember-gpu.tar.gz}
 if [ -f "$SRC" ]; then
   tar -C "$WORK" -xzf "$SRC" || { say "gpu_run: could not unpack $SRC"; finish 2; }
   PACK="$WORK/ember-gpu"

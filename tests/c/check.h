@@ -16,8 +16,10 @@
 ** (so that a missing feature fails its group instead of crashing on a NULL
 ** tensor). Every group prints one line ("ok" or "FAIL" with counts), every failed
 ** check one line with file:line, and check_done() prints the machine-readable
-** summary `#counts PASSED FAILED` that tests/run.sh adds up. The exit status is
-** non-zero when a check failed.
+** summary `#counts PASSED FAILED SKIPPED` that tests/run.sh adds up. The exit
+** status is non-zero when a check failed. A program that cannot run here ends
+** with `return check_skip_all("why");`: tests/run.sh fails a program that made
+** no check unless it printed that `skip: ` line.
 */
 #ifndef EMBER_TEST_CHECK_H
 #define EMBER_TEST_CHECK_H
@@ -90,11 +92,29 @@ static inline int chk_msg_has(const char *msg, ...) {
   return ok;
 }
 
+static int chk_skipped;
+
+/* One check that cannot run here, with the reason (counted apart). */
+static inline void check_skip(const char *why) {
+  chk_skipped++;
+  printf("  skip %s\n", why);
+  fflush(stdout);
+}
+
 static inline int check_done(void) {
   chk_group_end();
-  printf("#counts %d %d\n", chk_passed, chk_failed);
+  printf("#counts %d %d %d\n", chk_passed, chk_failed, chk_skipped);
   fflush(stdout);
   return chk_failed ? 1 : 0;
+}
+
+/* Ends a program that cannot run on this machine: one `skip: WHY` line (what
+** tests/run.sh accepts from a program with no checks) and the counts. */
+static inline int check_skip_all(const char *why) {
+  chk_group_end();
+  chk_skipped++;
+  printf("skip: %s\n", why);
+  return check_done();
 }
 
 /* -- The macros ----------------------------------------------------------------- */

@@ -13,7 +13,9 @@ escaping the function (a missing method, say) is one more failure and ends the
 group. Each group prints one line ("ok" or "FAIL" with counts), each failed check
 one line with its file:line, and H.done() prints `#counts PASSED FAILED` (the line
 tests/run.sh adds up) and exits non-zero when a check failed. Skips are printed
-and counted apart; they are neither passes nor failures.
+and counted apart; they are neither passes nor failures. A file that cannot run
+at all here says why with H.skip_all(reason): tests/run.sh fails a file that made
+no check unless it printed such a `skip: ` line.
 ]]
 local H = {}
 
@@ -221,11 +223,20 @@ function H.test(name, fn)
   group_end()
 end
 
+-- `#counts PASSED FAILED SKIPPED`, then exits (non-zero when a check failed).
 function H.done()
   group_end()
-  if skipped > 0 then out(('(%d skipped)'):format(skipped)) end
-  out(('#counts %d %d'):format(passed, failed))
+  out(('#counts %d %d %d'):format(passed, failed, skipped))
   os.exit(failed > 0 and 1 or 0)
+end
+
+-- Ends a file that cannot run on this machine: one `skip: REASON` line (what
+-- tests/run.sh accepts from a file with no checks) and the counts.
+function H.skip_all(reason)
+  group_end()
+  skipped = skipped + 1
+  out('skip: ' .. tostring(reason))
+  H.done()
 end
 
 return H

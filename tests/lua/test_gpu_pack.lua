@@ -1,7 +1,7 @@
 --[[
 test_gpu_pack.lua -- the GPU carry, checked on this CPU-only machine:
 
-  - tests/bench/gpu_pack.sh builds the portable (x86-64-v3) build into build-gpu/
+  - tests/bench/gpu_pack.sh builds the portable (x86-64-v3) build into build-portable/
     and packs it under the device runner's 64 MiB, and fails, saying why, when the
     archive is over its limit (EMBER_PACK_LIMIT_MB); no AVX-512 instruction is
     built outside the kernels chosen at run time (functions named *_avx512);
@@ -14,7 +14,7 @@ test_gpu_pack.lua -- the GPU carry, checked on this CPU-only machine:
   - tests/bench/gpu_run.sh with no GPU stops within 60 s, exit 0, saying so, and
     on emulated devices (EMBER_GPU_EMULATE) its summary passes the steps asked for.
 
-The build takes a minute or more (less when build-gpu/ is up to date). A missing
+The build takes a minute or more (less when build-portable/ is up to date). A missing
 tool is a skip that names it.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
@@ -66,7 +66,7 @@ elseif EMBER:sub(1, 1) ~= '/' then
   EMBER = abspath('.') .. '/' .. EMBER
 end
 local TMP = (sh('mktemp -d "${TMPDIR:-/tmp}/ember-gpu-pack.XXXXXX"')):gsub('%s+$', '')
-local ARCHIVE = TMP .. '/ember-gpu.tar.gz'   -- a copy: build-gpu/ is shared
+local ARCHIVE = TMP .. '/ember-gpu.tar.gz'   -- a copy: build-portable/ is shared
 local PACK                                    -- the unpacked ember-gpu/
 local packed                                  -- why not, when the archive is missing
 
@@ -168,12 +168,12 @@ H.test('gpu_pack.sh builds the portable archive under the runner\'s limit', func
     packed = 'gpu_pack.sh failed'
     return
   end
-  H.check(out:find('gpu_pack: build-gpu/ember-gpu.tar.gz', 1, true), 'no archive line:\n' .. tail(out))
-  local size = tonumber((sh('wc -c < ' .. q(ROOT .. '/build-gpu/ember-gpu.tar.gz'))))
+  H.check(out:find('gpu_pack: build-portable/ember-gpu.tar.gz', 1, true), 'no archive line:\n' .. tail(out))
+  local size = tonumber((sh('wc -c < ' .. q(ROOT .. '/build-portable/ember-gpu.tar.gz'))))
   H.check(size and size > 1048576 and size < LIMIT_MB * 1048576,
           ('the archive is %s bytes, want 1 MiB to %d MiB'):format(tostring(size), LIMIT_MB))
   print(('  archive: %.1f MiB'):format((size or 0) / 1048576))
-  local _, crc = sh('cp ' .. q(ROOT .. '/build-gpu/ember-gpu.tar.gz') .. ' ' .. q(ARCHIVE) ..
+  local _, crc = sh('cp ' .. q(ROOT .. '/build-portable/ember-gpu.tar.gz') .. ' ' .. q(ARCHIVE) ..
                     ' && tar -C ' .. q(TMP) .. ' -xzf ' .. q(ARCHIVE))
   if not H.check(crc == 0, 'could not copy and unpack the archive') then packed = 'no archive'; return end
   PACK = TMP .. '/ember-gpu'
@@ -182,7 +182,7 @@ H.test('gpu_pack.sh builds the portable archive under the runner\'s limit', func
   end
   -- AVX-512 (zmm registers, mask registers, EVEX's upper 16 vector registers) only
   -- in the functions chosen at run time; the unstripped library has their names.
-  local bad = sh('objdump -d --no-show-raw-insn ' .. q(ROOT .. '/build-gpu/libember.so') ..
+  local bad = sh('objdump -d --no-show-raw-insn ' .. q(ROOT .. '/build-portable/libember.so') ..
                  [[ | awk '/^[0-9a-f]+ <.*>:$/ { fn = $2 }
                   /%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])/ { print fn }' | sort -u |
                   grep -v '_avx512[.a-z0-9_]*>:$']])
@@ -191,7 +191,7 @@ end)
 
 H.test('gpu_pack.sh fails over its limit, saying so', function()
   if not PACK then return H.skip('no archive: ' .. tostring(packed)) end
-  -- packs build-gpu/ as it is (no build) against a 1 MiB limit
+  -- packs build-portable/ as it is (no build) against a 1 MiB limit
   local out, rc = sh('cd ' .. q(ROOT) .. ' && EMBER_PACK_NO_BUILD=1 EMBER_PACK_LIMIT_MB=1 ' ..
                      'sh tests/bench/gpu_pack.sh')
   H.check(rc ~= 0, 'gpu_pack.sh over a 1 MiB limit exited 0')
