@@ -3,42 +3,29 @@
 ** API, as an embedding host would use them: replicas are threads of this program,
 ** each with its own em_state, joined by one em_local_group.
 **
-** Each group starts N threads that run a job and record what they saw (the
-** harness's counters are not thread-safe, so the checks happen on the main
-** thread after the join): collectives against values computed in double,
+** Each group starts N threads (replicas.h) that run a scenario and record what
+** they saw; the checks happen on the main thread after the join. Scenarios:
+** collectives against values computed in double,
 ** bit-identical sums across replicas, a replica that aborts while the others wait,
 ** a replica that never arrives (timeout naming it), replicas that call different
 ** collectives, and the reducer averaging gradients in several buckets during
 ** em_backward. Runs under ThreadSanitizer in `make test SANITIZE=thread`.
 */
-#include "check.h"
-#include <pthread.h>
+#include "replicas.h"
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 enum { MAXR = 4, N_ELEMS = 1001 };
 
+/* what test_collectives compares across replicas, after the replica's record */
 typedef struct job {
-  int rank, size, mode;
-  em_local_group *g;
-  em_status st;                    /* the status the job ended with */
-  char msg[512];                   /* its message */
-  double secs;                     /* how long the failing call took */
-  double out[N_ELEMS];             /* a result to compare across replicas */
+  replica rp;
+  double out[N_ELEMS];
   int64_t nout;
-  int bad;                         /* value mismatches found in the thread */
-  char why[256];
 } job;
 
 static double input(int r, int64_t i) { return (double)((r + 1) * (i % 13) - 6 + r); }
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static em_status make_input(em_state *S, int r, em_dtype dt, int64_t n, em_tensor **t) {
   double *v = malloc(sizeof *v * (size_t)n);
@@ -49,13 +36,9 @@ static em_status make_input(em_state *S, int r, em_dtype dt, int64_t n, em_tenso
   return st;
 }
 
-static void note_bad(job *j, const char *what, int64_t i, double got, double want) {
-  if (j->bad++ == 0)
-    snprintf(j->why, sizeof j->why, "%s [%lld]: got %g, want %g", what, (long long)i, got, want);
-}
-
 /* mode 0: collectives and their values */
-static em_status run_collectives(em_state *S, em_comm *c, job *j) {
+static em_status run_collectives(em_state *S, em_comm *c, replica *rp) {
+  job *j = (job *)rp;
   static const em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16, EM_INT32,
                                  EM_INT64};
   em_status st = EM_OK;
@@ -64,22 +47,23 @@ static em_status run_collectives(em_state *S, em_comm *c, job *j) {
     for (int op = EM_COMM_SUM; op <= EM_COMM_MIN && !st; op++) {
       if (op == EM_COMM_MEAN && !em_dtype_is_floating(dt)) continue;
       em_tensor *t;
-      if ((st = make_input(S, j->rank, dt, N_ELEMS, &t))) break;
+      if ((st = make_input(S, rp->rank, dt, N_ELEMS, &t))) break;
       em_comm_work *w = NULL;
       st = em_comm_allreduce(S, c, t, (em_comm_op)op, op == EM_COMM_MAX ? &w : NULL);
       if (!st && w) st = em_comm_work_wait(S, w);
       em_comm_work_free(w);
       for (int64_t i = 0; i < N_ELEMS && !st; i++) {
         double want = op == EM_COMM_MAX ? -1e300 : op == EM_COMM_MIN ? 1e300 : 0;
-        for (int r = 0; r < j->size; r++) {
+        for (int r = 0; r < rp->size; r++) {
           double x = input(r, i);
           if (op == EM_COMM_MAX) want = x > want ? x : want;
           else if (op == EM_COMM_MIN) want = x < want ? x : want;
           else want += x;
         }
-        if (op == EM_COMM_MEAN) want /= j->size;
+        if (op == EM_COMM_MEAN) want /= rp->size;
         double got = t_get(t, i), tol = dt == EM_FLOAT16 || dt == EM_BFLOAT16 ? 0.02 : 1e-6;
-        if (!chk_close(got, want, tol)) note_bad(j, em_dtype_name(dt), i, got, want);
+        rp->checks++;
+        if (!chk_close(got, want, tol)) replica_bad(rp, em_dtype_name(dt), i, got, want);
       }
       if (!st && dt == EM_FLOAT32 && op == EM_COMM_MEAN) {
         j->nout = N_ELEMS;
@@ -90,7 +74,7 @@ static em_status run_collectives(em_state *S, em_comm *c, job *j) {
   }
   /* allgather of a transposed (strided) (2, 3) view: rank order along dim 0 */
   em_tensor *base = NULL, *tt = NULL, *g = NULL;
-  if (!st) st = make_input(S, j->rank, EM_FLOAT64, 6, &base);
+  if (!st) st = make_input(S, rp->rank, EM_FLOAT64, 6, &base);
   if (!st) st = em_reshape(S, base, (int64_t[]){3, 2}, 2, &tt);
   if (!st) {
     em_tensor *tr;
@@ -100,12 +84,14 @@ static em_status run_collectives(em_state *S, em_comm *c, job *j) {
   }
   if (!st) st = em_comm_allgather(S, c, tt, &g, NULL);
   if (!st) {
-    if (em_tensor_sizes(g)[0] != 2 * j->size) note_bad(j, "allgather rows", 0, em_tensor_sizes(g)[0], 2 * j->size);
-    for (int r = 0; r < j->size; r++)
+    if (em_tensor_sizes(g)[0] != 2 * rp->size)
+      replica_bad(rp, "allgather rows", 0, em_tensor_sizes(g)[0], 2 * rp->size);
+    for (int r = 0; r < rp->size; r++)
       for (int64_t i = 0; i < 6; i++) {
         int64_t row = i / 3, col = i % 3;      /* of the transposed (2, 3) */
         double want = input(r, col * 2 + row), got = t_get(g, r * 6 + i);
-        if (got != want) note_bad(j, "allgather", r * 6 + i, got, want);
+        rp->checks++;
+        if (got != want) replica_bad(rp, "allgather", r * 6 + i, got, want);
       }
   }
   em_tensor_release(base);
@@ -117,7 +103,7 @@ static em_status run_collectives(em_state *S, em_comm *c, job *j) {
 
 /* mode 3: the reducer. loss = sum(x_r * w1) + sum(x_r * w2) + sum(x_r * w3):
 ** d loss / d w_k = x_r, averaged = mean over r of x_r. Small buckets: several. */
-static em_status run_reducer(em_state *S, em_comm *c, job *j) {
+static em_status run_reducer(em_state *S, em_comm *c, replica *rp) {
   em_tensor *w[3] = {0}, *x = NULL, *loss = NULL;
   const char *names[3] = {"w1", "w2", "w3"};
   em_reducer *red = NULL;
@@ -126,10 +112,10 @@ static em_status run_reducer(em_state *S, em_comm *c, job *j) {
     st = em_full(S, (int64_t[]){300}, 1, 0.5, EM_FLOAT32, EM_CPU, &w[k]);
     if (!st) st = em_tensor_set_requires_grad(S, w[k], 1);
   }
-  if (!st) st = make_input(S, j->rank, EM_FLOAT32, 300, &x);
+  if (!st) st = make_input(S, rp->rank, EM_FLOAT32, 300, &x);
   if (!st) st = em_reducer_new(S, c, w, names, 3, 1000, 1000, 0, &red);
   if (!st && em_reducer_num_buckets(red) != 3)
-    note_bad(j, "buckets", 0, em_reducer_num_buckets(red), 3);
+    replica_bad(rp, "buckets", 0, em_reducer_num_buckets(red), 3);
   for (int step = 0; step < 2 && !st; step++) {
     st = em_reducer_prepare(S, red);
     em_tensor *acc = NULL;
@@ -154,12 +140,13 @@ static em_status run_reducer(em_state *S, em_comm *c, job *j) {
       em_tensor *gk = em_tensor_grad(w[k]);
       for (int64_t i = 0; i < 300 && gk; i++) {
         double want = 0;
-        for (int r = 0; r < j->size; r++) want += input(r, i);
-        want = want / j->size * (step + 1);      /* grads accumulate: not zeroed */
+        for (int r = 0; r < rp->size; r++) want += input(r, i);
+        want = want / rp->size * (step + 1);      /* grads accumulate: not zeroed */
         double got = t_get(gk, i);
-        if (!chk_close(got, want, 1e-5)) note_bad(j, names[k], i, got, want);
+        rp->checks++;
+        if (!chk_close(got, want, 1e-5)) replica_bad(rp, names[k], i, got, want);
       }
-      if (!gk) note_bad(j, "no grad", k, 0, 1);
+      if (!gk) replica_bad(rp, "no grad", k, 0, 1);
       em_tensor_release(gk);
     }
   }
@@ -170,90 +157,61 @@ static em_status run_reducer(em_state *S, em_comm *c, job *j) {
   return st;
 }
 
-static void *replica(void *arg) {
-  job *j = arg;
-  em_config cfg;
-  em_config_init(&cfg);
-  cfg.num_threads = 1;
-  em_state *S;
-  if (em_open(&S, &cfg)) { j->st = EM_ERR_NOMEM; return NULL; }
-  em_comm *c = NULL;
-  double timeout = j->mode == 2 ? 1.0 : 60;
-  j->st = em_comm_local(S, j->g, j->rank, timeout, &c);
-  if (!j->st) {
-    em_tensor *t = NULL;
-    double t0 = now();
-    switch (j->mode) {
-    case 0: j->st = run_collectives(S, c, j); break;
-    case 1:               /* replica 1 aborts, the others wait in an allreduce */
-      if (j->rank == 1) { usleep(100000); em_comm_abort(c, "boom"); j->st = EM_OK; break; }
-      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
-        j->st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
-      break;
-    case 2:               /* replica 1 never arrives */
-      if (j->rank == 1) { j->st = EM_OK; break; }
-      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
-        j->st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
-      break;
-    case 3: j->st = run_reducer(S, c, j); break;
-    case 5:               /* all meet once; then replica 1 leaves while the others wait */
-      if ((j->st = em_comm_barrier(S, c, NULL))) break;
-      if (j->rank == 1) { usleep(100000); em_local_group_leave(j->g, 1); break; }
-      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
-        j->st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
-      break;
-    case 4:               /* replica 1 broadcasts while the others allreduce */
-      if (!(j->st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
-        j->st = j->rank == 1 ? em_comm_broadcast(S, c, t, 0, NULL)
-                             : em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
-      break;
-    }
-    j->secs = now() - t0;
-    em_tensor_release(t);
-    if (j->st) snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
-    /* after a failure every later call fails the same way */
-    if (j->st && j->mode != 0 && j->mode != 3) {
-      em_status again = em_comm_barrier(S, c, NULL);
-      if (!again) note_bad(j, "a later collective succeeded", 0, 0, 1);
-    }
-  } else {
-    snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
+/* The scenario of each mode; see the tests below. */
+static em_status scenario(em_state *S, em_comm *c, replica *rp) {
+  em_tensor *t = NULL;
+  em_status st = EM_OK;
+  switch (rp->mode) {
+  case 0: return run_collectives(S, c, rp);
+  case 3: return run_reducer(S, c, rp);
+  case 1:               /* replica 1 aborts, the others wait in an allreduce */
+    if (rp->rank == 1) { usleep(100000); em_comm_abort(c, "boom"); return EM_OK; }
+    if (!(st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+      st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+    break;
+  case 2:               /* replica 1 never arrives */
+    if (rp->rank == 1) return EM_OK;
+    if (!(st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+      st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+    break;
+  case 5:               /* all meet once; then replica 1 leaves while the others wait */
+    if ((st = em_comm_barrier(S, c, NULL))) break;
+    if (rp->rank == 1) { usleep(100000); em_local_group_leave(rp->g, 1); return EM_OK; }
+    if (!(st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+      st = em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+    break;
+  case 4:               /* replica 1 broadcasts while the others allreduce */
+    if (!(st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t)))
+      st = rp->rank == 1 ? em_comm_broadcast(S, c, t, 0, NULL)
+                         : em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+    break;
   }
-  em_comm_free(c);
-  em_close(S);
-  return NULL;
-}
-
-static void run_group(int n, int mode, job *jobs) {
-  em_local_group *g = em_local_group_new(n);
-  pthread_t th[MAXR];
-  for (int r = 0; r < n; r++) {
-    memset(&jobs[r], 0, sizeof jobs[r]);
-    jobs[r] = (job){.rank = r, .size = n, .mode = mode, .g = g};
-    pthread_create(&th[r], NULL, replica, &jobs[r]);
+  em_tensor_release(t);
+  /* after a failure every later call fails the same way (the message kept is
+  ** the first failure's) */
+  if (st) {
+    snprintf(rp->msg, sizeof rp->msg, "%s", em_errmsg(S));
+    if (!em_comm_barrier(S, c, NULL)) replica_bad(rp, "a later collective succeeded", 0, 0, 1);
   }
-  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-  em_local_group_release(g);
+  return st;
 }
 
 static void test_collectives(void) {
   static job jobs[MAXR];
   for (int n = 1; n <= MAXR; n++) {
-    run_group(n, 0, jobs);
-    for (int r = 0; r < n; r++) {
-      CHECK(jobs[r].st == EM_OK, "%d replicas, replica %d: %s", n, r, jobs[r].msg);
-      CHECK(jobs[r].bad == 0, "%d replicas, replica %d: %d wrong values, first %s", n, r,
-            jobs[r].bad, jobs[r].why);
+    RUN_REPLICAS(n, 0, 60, scenario, jobs);
+    /* per dtype, each op's N_ELEMS values (mean: floats only); the allgather */
+    CHECK_REPLICAS(jobs, n, -1, (4 * 4 + 2 * 3) * N_ELEMS + 6 * n);
+    for (int r = 0; r < n; r++)
       CHECK(jobs[r].nout == N_ELEMS &&
             memcmp(jobs[r].out, jobs[0].out, sizeof jobs[0].out) == 0,
             "%d replicas: replica %d's mean differs from replica 0's", n, r);
-    }
   }
 }
 
 static void test_abort(void) {
-  static job jobs[3];
-  run_group(3, 1, jobs);
+  static replica jobs[3];
+  RUN_REPLICAS(3, 1, 60, scenario, jobs);
   for (int r = 0; r < 3; r += 2) {
     CHECK(jobs[r].st != EM_OK, "replica %d's allreduce failed", r);
     CHECK(strstr(jobs[r].msg, "replica 1 failed: boom") != NULL, "message: %s", jobs[r].msg);
@@ -263,8 +221,8 @@ static void test_abort(void) {
 }
 
 static void test_timeout(void) {
-  static job jobs[3];
-  run_group(3, 2, jobs);
+  static replica jobs[3];
+  RUN_REPLICAS(3, 2, 1.0, scenario, jobs);
   for (int r = 0; r < 3; r += 2) {
     CHECK(jobs[r].st != EM_OK, "replica %d's allreduce failed", r);
     CHECK(strstr(jobs[r].msg, "allreduce #1 (float32 x 8) timed out after 1 s: replica 1 "
@@ -275,8 +233,8 @@ static void test_timeout(void) {
 }
 
 static void test_mismatch(void) {
-  static job jobs[3];
-  run_group(3, 4, jobs);
+  static replica jobs[3];
+  RUN_REPLICAS(3, 4, 60, scenario, jobs);
   for (int r = 0; r < 3; r++) {
     CHECK(jobs[r].st != EM_OK, "replica %d failed", r);
     CHECK(strstr(jobs[r].msg, "replicas called different collectives") &&
@@ -285,8 +243,8 @@ static void test_mismatch(void) {
 }
 
 static void test_leave(void) {
-  static job jobs[3];
-  run_group(3, 5, jobs);
+  static replica jobs[3];
+  RUN_REPLICAS(3, 5, 60, scenario, jobs);
   CHECK(jobs[1].st == EM_OK, "replica 1: %s", jobs[1].msg);
   for (int r = 0; r < 3; r += 2) {
     CHECK(jobs[r].st == EM_ERR_IO, "replica %d's allreduce failed (%d)", r, (int)jobs[r].st);
@@ -297,14 +255,10 @@ static void test_leave(void) {
 }
 
 static void test_reducer(void) {
-  static job jobs[MAXR];
+  static replica jobs[MAXR];
   for (int n = 1; n <= MAXR; n += 2) {
-    run_group(n, 3, jobs);
-    for (int r = 0; r < n; r++) {
-      CHECK(jobs[r].st == EM_OK, "%d replicas, replica %d: %s", n, r, jobs[r].msg);
-      CHECK(jobs[r].bad == 0, "%d replicas, replica %d: %d wrong, first %s", n, r, jobs[r].bad,
-            jobs[r].why);
-    }
+    RUN_REPLICAS(n, 3, 60, scenario, jobs);
+    CHECK_REPLICAS(jobs, n, -1, 2 * 3 * 300);       /* 2 steps, 3 weights, 300 values */
   }
 }
 

@@ -2,9 +2,8 @@
 ** test_comm_group.c -- sub-communicators (em_comm_group) of the local
 ** communicator, replicas being threads of this program with one em_state each.
 **
-** Each run starts N threads that run one scenario and record what they saw;
-** the checks run on the main thread after the join (the harness's counters are
-** not thread-safe). Scenarios: the groups {0, 2} and {1, 3} of 4 replicas at
+** Each run starts N threads (replicas.h) that run one scenario and record what
+** they saw; the checks run on the main thread after the join. Scenarios: the groups {0, 2} and {1, 3} of 4 replicas at
 ** once, every collective and dtype from strided inputs against sums computed
 ** here, the group's own sends, and the world's sends and collectives between
 ** the same replicas interleaved with the group's (channels keep them apart), a
@@ -15,24 +14,18 @@
 ** arguments. Runs under ThreadSanitizer in
 ** `make test SANITIZE=thread`.
 */
-#include "check.h"
-#include <pthread.h>
+#include "replicas.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 enum { MAXR = 4, ROWS = 6, COLS = 5, N = ROWS * COLS };
 
+/* a replica's record and what it saw of its group */
 typedef struct job {
-  int rank, size, mode;
-  em_local_group *g;
-  em_status st;
-  char msg[512];
+  replica rp;
   char backend[32];
   int grank, gsize;
-  int bad;
-  char why[256];
-  int checks;
 } job;
 
 static const em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16, EM_INT32,
@@ -42,16 +35,14 @@ enum { NDT = sizeof dts / sizeof *dts };
 /* small integers: sums of up to 4 are exact in every dtype */
 static double value(int from, int k, int64_t i) { return (double)((from + 1) * 10 + k * 3 + i % 17 - 8); }
 
-static void note_bad(job *j, const char *what, int64_t i, double got, double want) {
-  if (j->bad++ == 0)
-    snprintf(j->why, sizeof j->why, "%s [%lld]: got %g, want %g", what, (long long)i, got, want);
-}
-
 static void compare(job *j, const char *what, const em_tensor *t, const double *want, int64_t n) {
-  if (em_tensor_numel(t) != n) { note_bad(j, what, -1, (double)em_tensor_numel(t), (double)n); return; }
+  if (em_tensor_numel(t) != n) {
+    replica_bad(&j->rp, what, -1, (double)em_tensor_numel(t), (double)n);
+    return;
+  }
   for (int64_t i = 0; i < n; i++) {
-    j->checks++;
-    if (t_get(t, i) != want[i]) note_bad(j, what, i, t_get(t, i), want[i]);
+    j->rp.checks++;
+    if (t_get(t, i) != want[i]) replica_bad(&j->rp, what, i, t_get(t, i), want[i]);
   }
 }
 
@@ -80,7 +71,7 @@ static em_status collectives(em_state *S, em_comm *c, job *j, const int *m, int 
     for (int o = 0; o < 4 && !st; o++) {
       if (ops[o] == EM_COMM_MEAN && (!fl || n != 2)) continue;   /* x.5: exact */
       em_tensor *t = NULL;
-      if ((st = strided_source(S, dt, j->rank, d + o, &t))) break;
+      if ((st = strided_source(S, dt, j->rp.rank, d + o, &t))) break;
       if (!(st = em_comm_allreduce(S, c, t, ops[o], NULL))) {
         for (int64_t i = 0; i < N; i++) {
           double a = 0, mx = -1e9, mn = 1e9;
@@ -97,14 +88,14 @@ static em_status collectives(em_state *S, em_comm *c, job *j, const int *m, int 
     }
     em_tensor *t = NULL, *out = NULL;
     /* broadcast from the group's rank 1 */
-    if (!st && !(st = strided_source(S, dt, j->rank, d, &t)) &&
+    if (!st && !(st = strided_source(S, dt, j->rp.rank, d, &t)) &&
         !(st = em_comm_broadcast(S, c, t, 1, NULL))) {
       for (int64_t i = 0; i < N; i++) want[i] = value(m[1], d, i);
       compare(j, "broadcast", t, want, N);
     }
     em_tensor_release(t);
     t = NULL;
-    if (!st && !(st = strided_source(S, dt, j->rank, d + 1, &t)) &&
+    if (!st && !(st = strided_source(S, dt, j->rp.rank, d + 1, &t)) &&
         !(st = em_comm_allgather(S, c, t, &out, NULL))) {
       for (int k = 0; k < n; k++)
         for (int64_t i = 0; i < N; i++) want[k * N + i] = value(m[k], d + 1, i);
@@ -131,14 +122,14 @@ static em_status collectives(em_state *S, em_comm *c, job *j, const int *m, int 
 ** send to 2 (0), and the group's rank 0 a group send to its rank 1; both are
 ** received after the collectives, and a world allreduce runs between them. */
 static em_status run_pairs(em_state *S, em_comm *w, job *j) {
-  int m[2] = {j->rank % 2, j->rank % 2 + 2};
+  int m[2] = {j->rp.rank % 2, j->rp.rank % 2 + 2};
   em_comm *c = NULL;
   em_status st = em_comm_group(S, w, 2, m, &c);
   if (st) return st;
   j->grank = em_comm_rank(c);
   j->gsize = em_comm_size(c);
   snprintf(j->backend, sizeof j->backend, "%s", em_comm_backend(c));
-  int other = j->rank ^ 2;
+  int other = j->rp.rank ^ 2;
   em_tensor *ws = NULL, *gs = NULL, *wr = NULL, *gr = NULL, *sum = NULL;
   em_comm_work *wsw = NULL, *gsw = NULL;
   double want[N];
@@ -147,7 +138,7 @@ static em_status run_pairs(em_state *S, em_comm *w, job *j) {
   ** do not wait behind the world's collective */
   em_tensor *early = NULL;
   em_comm_work *ew = NULL;
-  if (!(st = em_full(S, (int64_t[]){5}, 1, j->rank, EM_INT32, EM_CPU, &early))) {
+  if (!(st = em_full(S, (int64_t[]){5}, 1, j->rp.rank, EM_INT32, EM_CPU, &early))) {
     if (j->grank == 0) {
       if (!(st = em_comm_allreduce(S, c, early, EM_COMM_SUM, &ew)) &&
           !(st = em_comm_barrier(S, w, NULL)))
@@ -155,17 +146,17 @@ static em_status run_pairs(em_state *S, em_comm *w, job *j) {
     } else if (!(st = em_comm_allreduce(S, c, early, EM_COMM_SUM, NULL))) {
       st = em_comm_barrier(S, w, NULL);
     }
-    double e = 2 * (j->rank % 2) + 2;
+    double e = 2 * (j->rp.rank % 2) + 2;
     compare(j, "allreduce across a world barrier", early, (double[]){e, e, e, e, e}, 5);
   }
   em_comm_work_free(ew);
   em_tensor_release(early);
-  if (!st && !(st = strided_source(S, EM_FLOAT32, j->rank, 40, &ws)) &&
+  if (!st && !(st = strided_source(S, EM_FLOAT32, j->rp.rank, 40, &ws)) &&
       !(st = em_comm_send(S, w, ws, other, &wsw)) &&
-      !(st = strided_source(S, EM_INT64, j->rank, 41, &gs)) &&
+      !(st = strided_source(S, EM_INT64, j->rp.rank, 41, &gs)) &&
       !(st = em_comm_send(S, c, gs, 1 - j->grank, &gsw)) &&
       !(st = collectives(S, c, j, m, 2)) &&
-      !(st = em_full(S, (int64_t[]){4}, 1, j->rank, EM_FLOAT64, EM_CPU, &sum)) &&
+      !(st = em_full(S, (int64_t[]){4}, 1, j->rp.rank, EM_FLOAT64, EM_CPU, &sum)) &&
       !(st = em_comm_allreduce(S, w, sum, EM_COMM_SUM, NULL))) {
     double six[4] = {6, 6, 6, 6};
     compare(j, "world allreduce", sum, six, 4);
@@ -201,7 +192,7 @@ static em_status run_pairs(em_state *S, em_comm *w, job *j) {
 ** an async allreduce of 7 elements (chunks of 2, 2, 3), then the group {0, 2}
 ** of that group (world 0 and 3). */
 static em_status run_three(em_state *S, em_comm *w, job *j) {
-  if (j->rank == 2) return EM_OK;
+  if (j->rp.rank == 2) return EM_OK;
   int m[3] = {0, 1, 3};
   em_comm *c = NULL, *cc = NULL;
   em_status st = em_comm_group(S, w, 3, m, &c);
@@ -211,7 +202,7 @@ static em_status run_three(em_state *S, em_comm *w, job *j) {
   em_tensor *t = NULL;
   em_comm_work *wk = NULL;
   if (!(st = collectives(S, c, j, m, 3)) &&
-      !(st = em_full(S, (int64_t[]){7}, 1, j->rank + 1, EM_FLOAT32, EM_CPU, &t)) &&
+      !(st = em_full(S, (int64_t[]){7}, 1, j->rp.rank + 1, EM_FLOAT32, EM_CPU, &t)) &&
       !(st = em_comm_allreduce(S, c, t, EM_COMM_SUM, &wk)) &&
       !(st = em_comm_work_wait(S, wk))) {
     double seven[7] = {7, 7, 7, 7, 7, 7, 7};      /* 1 + 2 + 4 */
@@ -223,12 +214,12 @@ static em_status run_three(em_state *S, em_comm *w, job *j) {
   if (!st && j->grank != 1) {
     int mm[2] = {0, 2};
     if (!(st = em_comm_group(S, c, 2, mm, &cc)) &&
-        !(st = em_full(S, (int64_t[]){3}, 1, j->rank, EM_INT32, EM_CPU, &t)) &&
+        !(st = em_full(S, (int64_t[]){3}, 1, j->rp.rank, EM_INT32, EM_CPU, &t)) &&
         !(st = em_comm_allreduce(S, cc, t, EM_COMM_SUM, NULL))) {
       double three[3] = {3, 3, 3};                  /* world 0 + world 3 */
       compare(j, "group of a group", t, three, 3);
-      if (em_comm_rank(cc) != (j->rank == 3) || em_comm_size(cc) != 2)
-        note_bad(j, "group of a group's rank", 0, em_comm_rank(cc), j->rank == 3);
+      if (em_comm_rank(cc) != (j->rp.rank == 3) || em_comm_size(cc) != 2)
+        replica_bad(&j->rp, "group of a group's rank", 0, em_comm_rank(cc), j->rp.rank == 3);
     }
     em_tensor_release(t);
     em_comm_free(cc);
@@ -241,22 +232,22 @@ static em_status run_three(em_state *S, em_comm *w, job *j) {
 ** (world 2 calls a broadcast where the others allreduce): the group {1, 2, 3};
 ** world 0 is in no group. */
 static em_status run_dead(em_state *S, em_comm *w, job *j) {
-  if (j->rank == 0) return EM_OK;
+  if (j->rp.rank == 0) return EM_OK;
   int m[3] = {1, 2, 3};
   em_comm *c = NULL;
   em_status st = em_comm_group(S, w, 3, m, &c);
   if (st) return st;
   em_tensor *t = NULL;
   if ((st = em_full(S, (int64_t[]){8}, 1, 1, EM_FLOAT32, EM_CPU, &t))) goto done;
-  if (j->rank == 2 && j->mode != 5) {
+  if (j->rp.rank == 2 && j->rp.mode != 5) {
     usleep(100000);
-    if (j->mode == 2) em_comm_abort(w, "boom");
-    if (j->mode == 3) em_local_group_leave(j->g, 2);
-    if (j->mode == 4) usleep(1500000);
+    if (j->rp.mode == 2) em_comm_abort(w, "boom");
+    if (j->rp.mode == 3) em_local_group_leave(j->rp.g, 2);
+    if (j->rp.mode == 4) usleep(1500000);
     goto done;
   }
-  st = j->rank == 2 ? em_comm_broadcast(S, c, t, 0, NULL)
-                    : em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
+  st = j->rp.rank == 2 ? em_comm_broadcast(S, c, t, 0, NULL)
+                       : em_comm_allreduce(S, c, t, EM_COMM_SUM, NULL);
 done:
   em_tensor_release(t);
   em_comm_free(c);
@@ -265,64 +256,31 @@ done:
 
 /* mode 6: world 0 and 1 make the group {0, 1, 2}, world 2 the group {0, 2}. */
 static em_status run_disagree(em_state *S, em_comm *w, job *j) {
-  if (j->rank == 3) return EM_OK;
+  if (j->rp.rank == 3) return EM_OK;
   em_comm *c = NULL;
-  em_status st = j->rank == 2 ? em_comm_group(S, w, 2, (int[]){0, 2}, &c)
-                              : em_comm_group(S, w, 3, (int[]){0, 1, 2}, &c);
+  em_status st = j->rp.rank == 2 ? em_comm_group(S, w, 2, (int[]){0, 2}, &c)
+                                 : em_comm_group(S, w, 3, (int[]){0, 1, 2}, &c);
   em_comm_free(c);
   return st;
 }
 
-static void *replica(void *arg) {
-  job *j = arg;
-  em_config cfg;
-  em_config_init(&cfg);
-  cfg.num_threads = 1;
-  em_state *S;
-  if (em_open(&S, &cfg)) { j->st = EM_ERR_NOMEM; return NULL; }
-  em_comm *c = NULL;
-  j->st = em_comm_local(S, j->g, j->rank, j->mode == 4 ? 1.0 : 60, &c);
-  if (!j->st) {
-    switch (j->mode) {
-    case 0: j->st = run_pairs(S, c, j); break;
-    case 1: j->st = run_three(S, c, j); break;
-    case 6: j->st = run_disagree(S, c, j); break;
-    default: j->st = run_dead(S, c, j); break;
-    }
-  }
-  if (j->st) snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
-  em_comm_free(c);
-  em_close(S);
-  return NULL;
-}
-
-static void run_world(int n, int mode, job *jobs) {
-  em_local_group *g = em_local_group_new(n);
-  pthread_t th[MAXR];
-  for (int r = 0; r < n; r++) {
-    jobs[r] = (job){.rank = r, .size = n, .mode = mode, .g = g};
-    pthread_create(&th[r], NULL, replica, &jobs[r]);
-  }
-  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-  em_local_group_release(g);
-}
-
-static void check_values(job *jobs, int n, int skip, int min_checks) {
-  for (int r = 0; r < n; r++) {
-    if (r == skip) continue;
-    CHECK(jobs[r].st == EM_OK, "replica %d: %s", r, jobs[r].msg);
-    CHECK(jobs[r].bad == 0, "replica %d: %d wrong values, first %s", r, jobs[r].bad,
-          jobs[r].why);
-    CHECK(jobs[r].checks >= min_checks, "replica %d compared %d values", r, jobs[r].checks);
+/* The scenario of each mode; see the tests below. */
+static em_status scenario(em_state *S, em_comm *c, replica *rp) {
+  job *j = (job *)rp;
+  switch (rp->mode) {
+  case 0: return run_pairs(S, c, j);
+  case 1: return run_three(S, c, j);
+  case 6: return run_disagree(S, c, j);
+  default: return run_dead(S, c, j);
   }
 }
 
 static void test_pairs(void) {
   static job jobs[4];
-  run_world(4, 0, jobs);
+  RUN_REPLICAS(4, 0, 60, scenario, jobs);
   /* per dtype: allreduce (3 ops, 4 for floats), broadcast, allgather (2N), reduce_scatter
   ** (N/2); then the world allreduce (4), the world's and the group's recv */
-  check_values(jobs, 4, -1, 5 + NDT * (6 * N + N / 2) + 4 * N + 4 + 2 * N);
+  CHECK_REPLICAS(jobs, 4, -1, 5 + NDT * (6 * N + N / 2) + 4 * N + 4 + 2 * N);
   for (int r = 0; r < 4; r++) {
     CHECK(jobs[r].grank == r / 2 && jobs[r].gsize == 2, "replica %d: group rank %d of %d", r,
           jobs[r].grank, jobs[r].gsize);
@@ -332,13 +290,13 @@ static void test_pairs(void) {
 
 static void test_three(void) {
   static job jobs[4];
-  run_world(4, 1, jobs);
-  check_values(jobs, 4, 2, NDT * (3 * N + N + 3 * N + N / 3) + 7);
+  RUN_REPLICAS(4, 1, 60, scenario, jobs);
+  CHECK_REPLICAS(jobs, 4, 2, NDT * (3 * N + N + 3 * N + N / 3) + 7);
   CHECK(jobs[0].grank == 0 && jobs[1].grank == 1 && jobs[3].grank == 2 && jobs[3].gsize == 3,
         "ranks %d %d %d", jobs[0].grank, jobs[1].grank, jobs[3].grank);
-  CHECK(jobs[0].checks == jobs[3].checks && jobs[0].checks == jobs[1].checks + 3,
-        "the group of a group compared (%d, %d, %d)", jobs[0].checks, jobs[1].checks,
-        jobs[3].checks);
+  CHECK(jobs[0].rp.checks == jobs[3].rp.checks && jobs[0].rp.checks == jobs[1].rp.checks + 3,
+        "the group of a group compared (%d, %d, %d)", jobs[0].rp.checks, jobs[1].rp.checks,
+        jobs[3].rp.checks);
 }
 
 static void test_dead(void) {
@@ -346,35 +304,35 @@ static void test_dead(void) {
   static const char *want[] = {"replica 1 (world 2) failed: boom", "replica 1 (world 2) exited",
                                "timed out after 1 s", "called different collectives"};
   for (int mode = 2; mode <= 5; mode++) {
-    run_world(4, mode, jobs);
-    CHECK(jobs[0].st == EM_OK, "mode %d, world 0 (no group): %s", mode, jobs[0].msg);
+    RUN_REPLICAS(4, mode, mode == 4 ? 1.0 : 60, scenario, jobs);
+    CHECK(jobs[0].rp.st == EM_OK, "mode %d, world 0 (no group): %s", mode, jobs[0].rp.msg);
     for (int r = 1; r < 4; r++) {
       if (r == 2 && mode != 5) {
-        CHECK(jobs[r].st == EM_OK, "mode %d, world 2: %s", mode, jobs[r].msg);
+        CHECK(jobs[r].rp.st == EM_OK, "mode %d, world 2: %s", mode, jobs[r].rp.msg);
         continue;
       }
-      CHECK(jobs[r].st == EM_ERR_IO, "mode %d, world %d: status %d: %s", mode, r,
-            (int)jobs[r].st, jobs[r].msg);
-      CHECK(strstr(jobs[r].msg, want[mode - 2]) != NULL, "mode %d, world %d: %s", mode, r,
-            jobs[r].msg);
+      CHECK(jobs[r].rp.st == EM_ERR_IO, "mode %d, world %d: status %d: %s", mode, r,
+            (int)jobs[r].rp.st, jobs[r].rp.msg);
+      CHECK(strstr(jobs[r].rp.msg, want[mode - 2]) != NULL, "mode %d, world %d: %s", mode, r,
+            jobs[r].rp.msg);
       if (mode == 4)   /* the silent one, named in both numberings */
-        CHECK(strstr(jobs[r].msg, "replica 1 (world 2)") != NULL, "mode 4, world %d: %s", r,
-              jobs[r].msg);
+        CHECK(strstr(jobs[r].rp.msg, "replica 1 (world 2)") != NULL, "mode 4, world %d: %s", r,
+              jobs[r].rp.msg);
       else if (mode != 5)
-        CHECK(strstr(jobs[r].msg, "allreduce #1") != NULL, "mode %d, world %d: %s", mode, r,
-              jobs[r].msg);
+        CHECK(strstr(jobs[r].rp.msg, "allreduce #1") != NULL, "mode %d, world %d: %s", mode, r,
+              jobs[r].rp.msg);
     }
   }
 }
 
 static void test_disagree(void) {
   static job jobs[4];
-  run_world(4, 6, jobs);
+  RUN_REPLICAS(4, 6, 60, scenario, jobs);
   for (int r = 0; r < 3; r++)
-    CHECK(jobs[r].st == EM_ERR_ARG && strstr(jobs[r].msg, "the members asked for different "
+    CHECK(jobs[r].rp.st == EM_ERR_ARG && strstr(jobs[r].rp.msg, "the members asked for different "
           "groups: replica 2 (world 2) asked for a group of 2 replicas, replica 0 (world 0) "
-          "for 3"), "world %d: %s", r, jobs[r].msg);
-  CHECK(jobs[3].st == EM_OK, "world 3: %s", jobs[3].msg);
+          "for 3"), "world %d: %s", r, jobs[r].rp.msg);
+  CHECK(jobs[3].rp.st == EM_OK, "world 3: %s", jobs[3].rp.msg);
 }
 
 static void test_arguments(em_state *S) {

@@ -2,9 +2,8 @@
 ** test_comm_p2p.c -- point-to-point (em_comm_send / em_comm_recv) on the local
 ** communicator, replicas being threads of this program with one em_state each.
 **
-** Each group starts N threads that run one scenario and record what they saw;
-** the checks run on the main thread after the join (the harness's counters are
-** not thread-safe). Scenarios: every dtype (uint8 and bool too) from a strided source into a
+** Each group starts N threads (replicas.h) that run one scenario and record
+** what they saw; the checks run on the main thread after the join. Scenarios: every dtype (uint8 and bool too) from a strided source into a
 ** contiguous and a strided destination and back; a ring exchange on 3 and 4
 ** replicas; async receives posted before the sends they wait for, sends pending
 ** across an allreduce (the collective's numbering is not disturbed by them);
@@ -12,23 +11,12 @@
 ** peer that aborts, one that leaves, one that never sends (timeout); the
 ** profile's events for sends and recvs; bad arguments. Runs under ThreadSanitizer in `make test SANITIZE=thread`.
 */
-#include "check.h"
-#include <pthread.h>
+#include "replicas.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 enum { MAXR = 4, ROWS = 7, COLS = 5 };
-
-typedef struct job {
-  int rank, size, mode;
-  em_local_group *g;
-  em_status st;
-  char msg[512];
-  int bad;
-  char why[256];
-  int checks;                      /* values compared (so a test sees they were) */
-} job;
 
 static const em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64, EM_FLOAT16, EM_BFLOAT16, EM_INT32,
                                EM_INT64, EM_UINT8, EM_BOOL};
@@ -40,11 +28,6 @@ static double value(int from, int k, int64_t i) { return (double)((from + 1) * 1
 static double dvalue(em_dtype dt, int from, int k, int64_t i) {
   double v = value(from, k, i);
   return dt == EM_BOOL ? v - 2 * (double)(int64_t)(v / 2) : v;
-}
-
-static void note_bad(job *j, const char *what, int64_t i, double got, double want) {
-  if (j->bad++ == 0)
-    snprintf(j->why, sizeof j->why, "%s [%lld]: got %g, want %g", what, (long long)i, got, want);
 }
 
 /* A [ROWS, COLS] tensor whose row-major element i is value(from, k, i), made as
@@ -62,7 +45,7 @@ static em_status strided_source(em_state *S, em_dtype dt, int from, int k, em_te
 }
 
 /* Compares t (any strides) with value(from, k, i) in row-major order. */
-static em_status expect(em_state *S, job *j, const char *what, const em_tensor *t, int from,
+static em_status expect(em_state *S, replica *j, const char *what, const em_tensor *t, int from,
                         int k) {
   (void)S;
   int64_t n = em_tensor_numel(t);
@@ -70,14 +53,14 @@ static em_status expect(em_state *S, job *j, const char *what, const em_tensor *
   for (int64_t i = 0; i < n; i++) {
     j->checks++;
     double want = dvalue(dt, from, k, i);
-    if (t_get(t, i) != want) note_bad(j, what, i, t_get(t, i), want);
+    if (t_get(t, i) != want) replica_bad(j, what, i, t_get(t, i), want);
   }
   return EM_OK;
 }
 
 /* mode 0: rank 0 sends each dtype (strided) to rank 1, which receives into a
 ** contiguous tensor, then into a strided one, and sends the first back. */
-static em_status run_dtypes(em_state *S, em_comm *c, job *j) {
+static em_status run_dtypes(em_state *S, em_comm *c, replica *j) {
   em_status st = EM_OK;
   for (int d = 0; d < NDT && !st; d++) {
     em_dtype dt = dts[d];
@@ -109,7 +92,7 @@ static em_status run_dtypes(em_state *S, em_comm *c, job *j) {
 
 /* mode 1: a ring: everyone sends to the next rank (async) and receives from the
 ** previous one, twice. */
-static em_status run_ring(em_state *S, em_comm *c, job *j) {
+static em_status run_ring(em_state *S, em_comm *c, replica *j) {
   int next = (j->rank + 1) % j->size, prev = (j->rank + j->size - 1) % j->size;
   em_status st = EM_OK;
   for (int k = 0; k < 2 && !st; k++) {
@@ -135,7 +118,7 @@ static em_status run_ring(em_state *S, em_comm *c, job *j) {
 ** sends; rank 1 posts its async receive first and then sends twice; then rank 0
 ** sends three async messages, both allreduce (while those are pending), and rank
 ** 1 receives the three afterwards. */
-static em_status run_async(em_state *S, em_comm *c, job *j) {
+static em_status run_async(em_state *S, em_comm *c, replica *j) {
   em_status st = EM_OK;
   em_tensor *t[3] = {NULL, NULL, NULL}, *src = NULL, *sum = NULL;
   em_comm_work *w[3] = {NULL, NULL, NULL};
@@ -172,7 +155,7 @@ static em_status run_async(em_state *S, em_comm *c, job *j) {
       !(st = em_comm_allreduce(S, c, sum, EM_COMM_SUM, NULL))) {
     for (int i = 0; i < 4; i++) {
       j->checks++;
-      if (t_get(sum, i) != 3) note_bad(j, "allreduce among pending sends", i, t_get(sum, i), 3);
+      if (t_get(sum, i) != 3) replica_bad(j, "allreduce among pending sends", i, t_get(sum, i), 3);
     }
   }
   if (!st && j->rank == 1)
@@ -194,21 +177,21 @@ static em_status run_async(em_state *S, em_comm *c, job *j) {
 
 /* mode 3: rank 0 sends float32 [3, 4], rank 1 receives into float32 [5]; both
 ** fail; then a matching pair still goes through. */
-static em_status run_mismatch(em_state *S, em_comm *c, job *j) {
+static em_status run_mismatch(em_state *S, em_comm *c, replica *j) {
   em_tensor *t = NULL, *u = NULL;
   em_status st = j->rank == 0 ? em_full(S, (int64_t[]){3, 4}, 2, 1, EM_FLOAT32, EM_CPU, &t)
                               : em_full(S, (int64_t[]){5}, 1, 0, EM_FLOAT32, EM_CPU, &t);
   if (st) return st;
   st = j->rank == 0 ? em_comm_send(S, c, t, 1, NULL) : em_comm_recv(S, c, t, 0, NULL);
   if (st) snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
-  if (st != EM_ERR_SHAPE) note_bad(j, "mismatch status", 0, st, EM_ERR_SHAPE);
+  if (st != EM_ERR_SHAPE) replica_bad(j, "mismatch status", 0, st, EM_ERR_SHAPE);
   j->st = st;
   if (!(st = em_full(S, (int64_t[]){6}, 1, 42, EM_INT64, EM_CPU, &u))) {
     if (j->rank == 1) em_fill_(S, u, 0);
     st = j->rank == 0 ? em_comm_send(S, c, u, 1, NULL) : em_comm_recv(S, c, u, 0, NULL);
     for (int i = 0; i < 6 && !st; i++) {
       j->checks++;
-      if (t_get(u, i) != 42) note_bad(j, "after the mismatch", i, t_get(u, i), 42);
+      if (t_get(u, i) != 42) replica_bad(j, "after the mismatch", i, t_get(u, i), 42);
     }
   }
   em_tensor_release(t);
@@ -218,7 +201,7 @@ static em_status run_mismatch(em_state *S, em_comm *c, job *j) {
 
 /* modes 4 (replica 1 aborts), 5 (replica 1 leaves), 6 (replica 1 never sends):
 ** the others wait to receive from replica 1 (rank 2 with a send to it pending) */
-static em_status run_dead_peer(em_state *S, em_comm *c, job *j) {
+static em_status run_dead_peer(em_state *S, em_comm *c, replica *j) {
   if (j->rank == 1) {
     if (j->mode == 4) { usleep(100000); em_comm_abort(c, "boom"); }
     if (j->mode == 5) { usleep(100000); em_local_group_leave(j->g, 1); }
@@ -238,7 +221,7 @@ static em_status run_dead_peer(em_state *S, em_comm *c, job *j) {
 ** as its barrier: a local pair ends on whichever replica's thread posts second,
 ** so half of them were handed over -- and the caller's wait on each, under the
 ** same name. */
-static void profile_expect(em_state *S, job *j, const char *name, int64_t bytes, int peer) {
+static void profile_expect(em_state *S, replica *j, const char *name, int64_t bytes, int peer) {
   const em_profile_event *ev;
   int64_t n = 0;
   int coll = 0, wait = 0, comm_track = -1;
@@ -246,7 +229,7 @@ static void profile_expect(em_state *S, job *j, const char *name, int64_t bytes,
   for (int64_t i = 0; i < n; i++)       /* this replica's comm thread ran the barrier */
     if (ev[i].kind == EM_PROF_COLLECTIVE && ev[i].name && !strcmp(ev[i].name, "barrier"))
       comm_track = ev[i].track;
-  if (comm_track < 0) note_bad(j, "no barrier in the profile", 0, 0, 1);
+  if (comm_track < 0) replica_bad(j, "no barrier in the profile", 0, 0, 1);
   for (int64_t i = 0; i < n; i++) {
     if (!ev[i].name || strcmp(ev[i].name, name) != 0) continue;
     const char *track = em_profile_track_name(S, ev[i].track);
@@ -255,18 +238,18 @@ static void profile_expect(em_state *S, job *j, const char *name, int64_t bytes,
       j->checks++;
       if (ev[i].bytes != bytes || ev[i].arg1 != peer || ev[i].t1 < ev[i].t0 ||
           ev[i].flow != 0 || ev[i].track != comm_track || !track || strcmp(track, "comm"))
-        note_bad(j, name, ev[i].arg1, (double)ev[i].bytes, (double)bytes);
+        replica_bad(j, name, ev[i].arg1, (double)ev[i].bytes, (double)bytes);
     } else if (ev[i].kind == EM_PROF_COMM_WAIT) {
       wait++;
       j->checks++;
       if (ev[i].bytes != bytes || (track && strcmp(track, "comm") == 0))
-        note_bad(j, name, -1, (double)ev[i].bytes, (double)bytes);
+        replica_bad(j, name, -1, (double)ev[i].bytes, (double)bytes);
     }
   }
-  if (coll != 1 || wait != 1) note_bad(j, name, coll, wait, 1);
+  if (coll != 1 || wait != 1) replica_bad(j, name, coll, wait, 1);
 }
 
-static em_status run_profile(em_state *S, em_comm *c, job *j) {
+static em_status run_profile(em_state *S, em_comm *c, replica *j) {
   em_tensor *a = NULL, *b = NULL;
   int r = j->rank;
   em_status st = em_profile_start(S, NULL);
@@ -293,76 +276,41 @@ static em_status run_profile(em_state *S, em_comm *c, job *j) {
   return st;
 }
 
-static void *replica(void *arg) {
-  job *j = arg;
-  em_config cfg;
-  em_config_init(&cfg);
-  cfg.num_threads = 1;
-  em_state *S;
-  if (em_open(&S, &cfg)) { j->st = EM_ERR_NOMEM; return NULL; }
-  em_comm *c = NULL;
-  j->st = em_comm_local(S, j->g, j->rank, j->mode == 6 ? 1.0 : 60, &c);
-  if (!j->st) {
-    switch (j->mode) {
-    case 0: j->st = run_dtypes(S, c, j); break;
-    case 1: j->st = run_ring(S, c, j); break;
-    case 2: j->st = run_async(S, c, j); break;
-    case 3: j->st = run_mismatch(S, c, j); break;
-    case 7: j->st = run_profile(S, c, j); break;
-    default: j->st = run_dead_peer(S, c, j); break;
-    }
-    if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
-  } else {
-    snprintf(j->msg, sizeof j->msg, "%s", em_errmsg(S));
-  }
-  em_comm_free(c);
-  em_close(S);
-  return NULL;
-}
-
-static void run_group(int n, int mode, job *jobs) {
-  em_local_group *g = em_local_group_new(n);
-  pthread_t th[MAXR];
-  for (int r = 0; r < n; r++) {
-    jobs[r] = (job){.rank = r, .size = n, .mode = mode, .g = g};
-    pthread_create(&th[r], NULL, replica, &jobs[r]);
-  }
-  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-  em_local_group_release(g);
-}
-
-static void check_values(job *jobs, int n, int min_checks) {
-  for (int r = 0; r < n; r++) {
-    CHECK(jobs[r].st == EM_OK, "replica %d of %d: %s", r, n, jobs[r].msg);
-    CHECK(jobs[r].bad == 0, "replica %d of %d: %d wrong values, first %s", r, n, jobs[r].bad,
-          jobs[r].why);
-    CHECK(jobs[r].checks >= min_checks, "replica %d compared %d values", r, jobs[r].checks);
+/* The scenario of each mode; see the tests below. */
+static em_status scenario(em_state *S, em_comm *c, replica *j) {
+  switch (j->mode) {
+  case 0: return run_dtypes(S, c, j);
+  case 1: return run_ring(S, c, j);
+  case 2: return run_async(S, c, j);
+  case 3: return run_mismatch(S, c, j);
+  case 7: return run_profile(S, c, j);
+  default: return run_dead_peer(S, c, j);
   }
 }
 
 static void test_dtypes(void) {
-  static job jobs[2];
-  run_group(2, 0, jobs);
-  check_values(jobs, 2, NDT * ROWS * COLS);
+  static replica jobs[2];
+  RUN_REPLICAS(2, 0, 60, scenario, jobs);
+  CHECK_REPLICAS(jobs, 2, -1, NDT * ROWS * COLS);
 }
 
 static void test_ring(void) {
-  static job jobs[MAXR];
+  static replica jobs[MAXR];
   for (int n = 3; n <= 4; n++) {
-    run_group(n, 1, jobs);
-    check_values(jobs, n, 2 * ROWS * COLS);
+    RUN_REPLICAS(n, 1, 60, scenario, jobs);
+    CHECK_REPLICAS(jobs, n, -1, 2 * ROWS * COLS);
   }
 }
 
 static void test_async(void) {
-  static job jobs[2];
-  run_group(2, 2, jobs);
-  check_values(jobs, 2, ROWS * COLS + 4);
+  static replica jobs[2];
+  RUN_REPLICAS(2, 2, 60, scenario, jobs);
+  CHECK_REPLICAS(jobs, 2, -1, ROWS * COLS + 4);
 }
 
 static void test_mismatch(void) {
-  static job jobs[2];
-  run_group(2, 3, jobs);
+  static replica jobs[2];
+  RUN_REPLICAS(2, 3, 60, scenario, jobs);
   for (int r = 0; r < 2; r++) {
     CHECK(jobs[r].st == EM_ERR_SHAPE, "replica %d: status %d: %s", r, (int)jobs[r].st,
           jobs[r].msg);
@@ -375,11 +323,11 @@ static void test_mismatch(void) {
 }
 
 static void test_dead_peer(void) {
-  static job jobs[3];
+  static replica jobs[3];
   static const char *want[] = {"replica 1 failed: boom", "replica 1 exited",
                                "timed out after 1 s: replica 1 did not"};
   for (int mode = 4; mode <= 6; mode++) {
-    run_group(3, mode, jobs);
+    RUN_REPLICAS(3, mode, mode == 6 ? 1.0 : 60, scenario, jobs);
     CHECK(jobs[1].st == EM_OK, "mode %d, replica 1: %s", mode, jobs[1].msg);
     for (int r = 0; r < 3; r += 2) {
       CHECK(jobs[r].st == EM_ERR_IO, "mode %d, replica %d failed (%d)", mode, r, (int)jobs[r].st);
@@ -391,9 +339,9 @@ static void test_dead_peer(void) {
 }
 
 static void test_profile(void) {
-  static job jobs[2];
-  run_group(2, 7, jobs);
-  check_values(jobs, 2, 6);
+  static replica jobs[2];
+  RUN_REPLICAS(2, 7, 60, scenario, jobs);
+  CHECK_REPLICAS(jobs, 2, -1, 6);
 }
 
 static void test_arguments(em_state *S) {
