@@ -17,7 +17,7 @@ static em_dtype ALL[] = {EM_BOOL, EM_UINT8, EM_INT32, EM_INT64, EM_FLOAT16, EM_B
 
 static void test_no_devices(void) {
   if (getenv("EMBER_TEST_REAL_CUDA")) {
-    printf("skipped: test_no_devices (a real GPU is there)\n");
+    check_skip("test_no_devices: a real GPU is there");
     return;
   }
   unsetenv("EMBER_CUDA_EMULATE");

@@ -552,7 +552,7 @@ static void test_workspace_oom(void) {
 /* cuDNN's descriptors from our geometry, without a GPU: its output dims are ours. */
 static void test_cudnn_descriptors(void) {
   if (!emk_dnn_describe_check) {
-    printf("  (built without the CUDA headers: skipped)\n");
+    check_skip("cuDNN descriptors: built without the CUDA headers");
     return;
   }
   for (size_t i = 0; i < sizeof conv_cases / sizeof conv_cases[0]; i++) {
@@ -609,7 +609,7 @@ static void test_cudnn_descriptors(void) {
 ** (a misspelt name would leave conv_algos on the heuristics silently). */
 static void test_cudnn_find(void) {
   if (!emk_dnn_find_bytes || !emk_dnn_find_on || !emk_dnn_find_symbols) {
-    printf("  (built without the CUDA headers: skipped)\n");
+    check_skip("cuDNN Find: built without the CUDA headers");
     return;
   }
   emk_conv_desc c;

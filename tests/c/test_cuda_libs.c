@@ -5,8 +5,8 @@
 ** computed here and ember's own conv2d), cuBLASLt's matmul descriptor and matrix
 ** layouts read back, NCCL's unique ids; the device count without a driver; the
 ** search ($EMBER_CUDA_HOME, /usr/local/cuda/lib64, the system path) and its
-** messages. A library not found skips its groups, saying why (as test_comm_mpi
-** does without mpirun); a build without the CUDA headers skips everything.
+** messages. A library not found skips its groups, each a counted skip saying why;
+** a build without the CUDA headers skips the whole program.
 */
 #include "check.h"
 #include "../../kernels/real/libs.h"
@@ -29,10 +29,10 @@ static char why[2048];
 /* The call returns EM_OK; otherwise the check fails with the message in why. */
 #define LIB_OK(call) CHECK((call) == EM_OK, "%s", why)
 
-/* Library id is there; otherwise says why the group is skipped. */
+/* Library id is there; otherwise one counted skip saying why. */
 static int have(emk_libs *L, emk_lib_id id) {
   if (emk_libs_load(L, id, why, sizeof why) == EM_OK) return 1;
-  printf("     skipped: %s\n", why);
+  check_skip(why);
   return 0;
 }
 
@@ -196,7 +196,7 @@ static void test_handles(emk_libs *L) {
                                                              "CUDNN_STATUS_", (char *)NULL)),
           "status %d: %s", (int)st, why);
   } else {
-    printf("     skipped cuDNN: %s\n", why);
+    check_skip(why);
   }
   if (emk_libs_load(L, EMK_LIB_CUBLASLT, why, sizeof why) == EM_OK) {
     LIBRARY_LEAKS_BEGIN();
@@ -207,7 +207,7 @@ static void test_handles(emk_libs *L) {
                                                              "CUBLAS_STATUS_", (char *)NULL)),
           "status %d: %s", (int)st, why);
   } else {
-    printf("     skipped cuBLASLt: %s\n", why);
+    check_skip(why);
   }
 }
 
@@ -463,7 +463,7 @@ static void test_wrong_files(void) {
       LIB_OK(emk_cudnn_conv2d_check(L, &sh, &c, why, sizeof why));
     unlink(link);
   } else {
-    printf("     skipped the wrong-library case: no CUDA runtime to link to\n");
+    check_skip("the wrong-library case: no CUDA runtime to link to");
   }
   emk_libs_close(L);
   unlink(file);
@@ -473,10 +473,7 @@ static void test_wrong_files(void) {
 
 int main(void) {
   emk_libs *L = NULL;
-  if (emk_libs_open(&L, why, sizeof why) != EM_OK) {
-    printf("skipped: %s\n", why);
-    return check_done();
-  }
+  if (emk_libs_open(&L, why, sizeof why) != EM_OK) return check_skip_all(why);
   em_state *S = NULL;
   if (em_open(&S, NULL) != EM_OK) {
     printf("em_open failed\n");

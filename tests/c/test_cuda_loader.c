@@ -397,9 +397,8 @@ int main(void) {
   em_state *S;
   if (cuda_check_open(&S, "2:64")) return 1;
   if (!em_cuda_emulated(S) || em_cuda_device_count(S) < 2) {
-    printf("skipped: reads the emulator's counters and needs two devices\n");
     em_close(S);
-    return 0;
+    return check_skip_all("reads the emulator's counters and needs two devices");
   }
   RUN(test_values, S);
   RUN(test_reuse, S);

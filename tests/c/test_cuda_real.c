@@ -23,7 +23,7 @@
 **     layouts, batch strides, TF32 (float32 only), devices, alignments;
 **   - with a GPU: devices, memory, copies, events, host callbacks, gemm against
 **     a CPU product (a repeated gemm a plan-table hit), launch errors. Without
-**     one these say "skipped: <why>".
+**     one each is a counted skip with the reason.
 */
 #include "check.h"
 #include "../../kernels/runtime.h"
@@ -341,7 +341,7 @@ static void test_plan(void *unused) {
 
 static void test_cublaslt_layouts(emk_libs *L) {
   if (!L || emk_libs_load(L, EMK_LIB_CUBLASLT, why, sizeof why) != EM_OK) {
-    printf("     skipped: %s\n", L ? why : "no CUDA libraries");
+    check_skip(L ? why : "cuBLASLt layouts: no CUDA libraries");
     return;
   }
   emk_lt_readback r;
@@ -434,7 +434,7 @@ static int kernel_names(const char *path, char names[][64], int max) {
 static void test_fatbins(void *unused) {
   if (emk_fatbin_count == 0) {
     CHECK(emk_fatbins[0].name == NULL, "an empty table ends at once");
-    printf("     skipped: libember was built without nvcc (no embedded device code)\n");
+    check_skip("fatbins: libember was built without nvcc (no embedded device code)");
     return;
   }
   uint64_t n = 0;
@@ -461,7 +461,10 @@ static void test_fatbins(void *unused) {
     else globfree(&gl);
   }
   if (!found) {
-    printf("     skipped (kernel names): kernels/k_*.cu not found from %s\n", getcwd(why, 512));
+    char msg[600];
+    snprintf(msg, sizeof msg, "kernel names: kernels/k_*.cu not found from %.512s",
+             getcwd(why, 512) ? why : "?");
+    check_skip(msg);
     return;
   }
   CHECK(gl.gl_pathc == n, "%zu sources, %llu modules", gl.gl_pathc, (unsigned long long)n);
@@ -616,7 +619,9 @@ static void test_gpu(void *unused) {
   if (!rt) {
     char err[EMK_ERRMSG_SIZE];
     emk_real_open(&rt, err, sizeof err);
-    printf("     skipped: %s\n", err);
+    char msg[EMK_ERRMSG_SIZE + 16];
+    snprintf(msg, sizeof msg, "the GPU: %s", err);
+    check_skip(msg);
     return;
   }
   const emk_runtime_ops *o = rt->ops;

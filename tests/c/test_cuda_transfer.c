@@ -289,17 +289,19 @@ int main(void) {
   em_state *S;
   if (cuda_check_open(&S, "2:64")) return 1;
   if (em_cuda_device_count(S) < 2) {
-    printf("skipped: needs two devices (%d)\n", em_cuda_device_count(S));
+    char why[64];
+    snprintf(why, sizeof why, "needs two devices (%d here)", em_cuda_device_count(S));
     em_close(S);
-    return 0;
+    return check_skip_all(why);
   }
   RUN(test_peer_copies, S);
   RUN(test_peer_conversions_and_views, S);
   RUN(test_peer_source_reuse, S);
   if (em_cuda_emulated(S)) RUN(test_pinned, S);
-  else printf("skipped: test_pinned reads the emulator's counters\n");
+  else check_skip("test_pinned reads the emulator's counters");
   RUN(test_pressure_and_reclaim, S);
   if (em_cuda_emulated(S)) RUN(test_injected_failures, S);
+  else check_skip("test_injected_failures injects faults into the emulator");
   em_close(S);
   return check_done();
 }
