@@ -22,6 +22,13 @@
 # /usr/local/cuda). Python, also when ember starts it for a benchmark, keeps the
 # environment it came with, through a wrapper set as EMBER_BENCH_PYTHON.
 #
+# Verdicts: a step passes when its command exits 0. A test step (a C test, a Lua
+# test, gpu_check.lua, their reruns) must also end with `#counts P F [S]`: without
+# that line it fails (a program that died quietly or a library that did not load
+# must not pass), unless it printed `skip: WHY` (it cannot run here) and made no
+# check, which is SKIP; so is 0 passed and 0 failed with a `skip:` line. Counts
+# with no check passed and no `skip:` line fail too.
+#
 # Output: $EMBER_GPU_LOGS, else $OUT (the device runner's), else a temporary folder,
 # gets summary.txt (a line per step: name, seconds, PASS/FAIL/SKIP and why, written
 # as each ends) and run.log (every step's whole output, appended as it goes); at the
@@ -67,6 +74,9 @@ command -v timeout >/dev/null 2>&1 && have_timeout=1
 # step NAME CAP SHOW CMD...: runs CMD for at most CAP seconds (and what is left), its
 # output to logs/NAME.log and run.log; SHOW is "all" or a number of last lines to
 # print. Sets $rc and $verdict; a failure joins FAILED_STEPS (for the reruns).
+# test_step: the same for a test program, whose verdict also needs its counts.
+counted=0
+test_step() { counted=1; step "$@"; counted=0; }
 step() {
   name=$1; cap=$2; show=$3; shift 3
   rc=0; verdict=""
@@ -84,19 +94,23 @@ step() {
   dt=$(( $(date +%s) - t0 ))
   cat "$log" >> "$RUNLOG"
   if [ "$show" = all ]; then cat "$log"; else tail -n "$show" "$log"; fi
-  if [ $rc = 0 ] && grep -Eq '^#counts [0-9]+ [1-9]' "$log"; then
-    verdict="FAIL ($(grep -E '^#counts' "$log" | tail -n 1 | awk '{ print $3 " of " $2 + $3 }') checks failed)"
-  elif [ $rc = 0 ]; then
-    verdict=PASS
-    # skipped as a whole (no check passed), or in part
-    if grep -q '^skipped:' "$log"; then
-      why=$(grep -m 1 '^skipped:' "$log" | cut -c 10-150)
-      if grep -Eq '^#counts [1-9]' "$log"; then verdict="PASS (part skipped: $why)"
-      else verdict="SKIP ($why)"; fi
-    fi
-  elif [ $rc = 124 ] || [ $rc = 137 ]; then verdict="FAIL (timed out after ${cap}s)"
+  # the last `#counts P F [S]` line, as "P F S"; the first `skip: WHY` line's WHY
+  counts=$(grep -E '^#counts [0-9]+ [0-9]+' "$log" | tail -n 1 | awk '{ print $2, $3, ($4 == "" ? 0 : $4) }')
+  skipwhy=$(grep -m 1 '^skip: ' "$log" | cut -c 7-150)
+  np=${counts%% *}; nf=$(echo "$counts" | awk '{ print $2 }'); ns=${counts##* }
+  if [ $rc = 124 ] || [ $rc = 137 ]; then verdict="FAIL (timed out after ${cap}s)"
   elif [ $rc -gt 128 ]; then verdict="FAIL (signal $((rc - 128)))"
-  else verdict="FAIL (exit $rc)"; fi
+  elif [ -n "$counts" ] && [ "$nf" -gt 0 ]; then verdict="FAIL ($nf of $((np + nf)) checks failed)"
+  elif [ $rc != 0 ]; then verdict="FAIL (exit $rc)"
+  elif [ $counted = 0 ]; then verdict=PASS
+  elif [ -z "$counts" ] && [ -z "$skipwhy" ]; then verdict="FAIL (no #counts line: the checks did not run)"
+  elif [ -z "$counts" ] || [ "$np" = 0 ]; then
+    if [ -n "$skipwhy" ]; then verdict="SKIP ($skipwhy)"
+    else verdict="FAIL (no check made and no skip: line)"; fi
+  elif [ "$ns" -gt 0 ]; then
+    why=$(grep -m 1 -E '^(skip: |  skip |[^ ]+ +SKIP  )' "$log" | sed -E 's/^(skip: |  skip |[^ ]+ +SKIP  )//' | cut -c 1-120)
+    verdict="PASS ($ns skipped${why:+: $why})"
+  else verdict=PASS; fi
   case "$verdict" in FAIL*) failed=1; FAILED_STEPS="$FAILED_STEPS $name" ;; esac
   echo "$verdict" > "$WORK/verdict.$name"
   record "$name" "$dt" "$verdict"
@@ -188,14 +202,14 @@ for t in test_cuda_libs test_cuda_real test_cuda_backend test_cuda_elementwise t
          test_cuda_reduce test_cuda_index test_cuda_random test_cuda_matmul test_cuda_dnn \
          test_cuda_graph test_cuda_loader test_comm_nccl test_cuda_optim test_backend_parity; do
   [ -x "$PACK/tests/$t" ] || { record "$t" 0 "SKIP (not in the archive)"; continue; }
-  step "$t" 60 12 "$ember_env" "$PACK/tests/$t"
+  test_step "$t" 60 12 "$ember_env" "$PACK/tests/$t"
 done
 
 # -- Lua: every family against the CPU, then the Lua CUDA tests on the real device ------------
-step gpu_check.lua 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/gpu_check.lua"
+test_step gpu_check.lua 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/gpu_check.lua"
 for t in test_cuda_ops test_cuda_index_grads test_cuda_nn_ops test_cuda_nn_dnn test_cuda_optim test_cuda_amp test_cuda_amp_graph test_cuda_bn_mixed test_cuda_channels_last test_cuda_bn_nhwc test_cuda_reduce_rows \
          test_cuda test_cuda_loader; do
-  step "$t.lua" 60 12 "$ember_env" "$EMBER" "$ROOT/tests/lua/$t.lua"
+  test_step "$t.lua" 60 12 "$ember_env" "$EMBER" "$ROOT/tests/lua/$t.lua"
 done
 
 # -- Every failure once more: synchronous launches, library logging, eager module loading,
@@ -208,7 +222,7 @@ for name in $FAILED_STEPS; do
     *.lua) cmd="$EMBER"; arg1="$ROOT/tests/$( [ "$name" = gpu_check.lua ] && echo bench || echo lua)/$name" ;;
     *) cmd="$PACK/tests/$name"; arg1="" ;;
   esac
-  step "$name.debug" 60 20 "$ember_env" env CUDA_LAUNCH_BLOCKING=1 CUDA_MODULE_LOADING=EAGER \
+  test_step "$name.debug" 60 20 "$ember_env" env CUDA_LAUNCH_BLOCKING=1 CUDA_MODULE_LOADING=EAGER \
     CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=1 $cmd $arg1
   # A crash: where, from cuda-gdb (the GPU machines have no gdb), in batch mode.
   if [ -n "$GDB" ] && grep -q 'signal' "$WORK/verdict.$name" 2>/dev/null; then
@@ -216,7 +230,7 @@ for name in $FAILED_STEPS; do
       --args $cmd $arg1
   fi
   if [ -n "$SAN" ]; then
-    step "$name.sanitizer" 90 30 "$ember_env" "$SAN" --tool memcheck --print-limit 20 $cmd $arg1
+    test_step "$name.sanitizer" 90 30 "$ember_env" "$SAN" --tool memcheck --print-limit 20 $cmd $arg1
   fi
 done
 

@@ -17,8 +17,10 @@
 #include "internal.h"
 
 /* -- The backends --------------------------------------------------------------------
-** One row per backend. compare_values 0 is for a backend whose tensors have shapes
-** and no data: its outputs are compared by shape and dtype only. */
+** One row per backend compared with the CPU (the CPU is the reference, not a row:
+** the CPU against itself would count checks that cannot fail). compare_values 0 is
+** for a backend whose tensors have shapes and no data: its outputs are compared by
+** shape and dtype only. */
 typedef struct backend {
   const char *name;
   int device;               /* EM_CPU, EM_META or the device's ordinal */
@@ -26,11 +28,17 @@ typedef struct backend {
 } backend;
 
 static const backend BACKENDS[] = {
-  {"cpu", EM_CPU, 1},
   {"cuda:0", 0, 1},
   {"meta", EM_META, 0},
 };
 enum { NBACKENDS = (int)(sizeof BACKENDS / sizeof BACKENDS[0]) };
+/* Every entry of these must be reached: the reference runs reach the CPU's. */
+static const backend COVERED[] = {
+  {"cpu", EM_CPU, 1},
+  {"cuda:0", 0, 1},
+  {"meta", EM_META, 0},
+};
+enum { NCOVERED = (int)(sizeof COVERED / sizeof COVERED[0]) };
 
 static const char *const ENTRY_NAMES[] = {
 #define ENTRY_NAME(e) #e,
@@ -619,17 +627,17 @@ static void test_counting(em_state *S) {
 /* Every backend against the CPU, then the entries no case reached. */
 static void test_parity(em_state *S) {
   for (int b = 0; b < NBACKENDS; b++) run_backend(S, &BACKENDS[b]);
-  for (int b = 0; b < NBACKENDS; b++) {
-    emi_device *d = emi_device_of(S, BACKENDS[b].device);
-    if (!CHECK(d != NULL, "%s: no backend serves it", BACKENDS[b].name)) continue;
+  for (int b = 0; b < NCOVERED; b++) {
+    const backend *be = &COVERED[b];
+    emi_device *d = emi_device_of(S, be->device);
+    if (!CHECK(d != NULL, "%s: no backend serves it", be->name)) continue;
     for (int e = 0; e < EMI_NENTRIES; e++) {
       void (*fn)(void);
       memcpy(&fn, (const char *)d->backend + offsetof(emi_backend, alloc) +
                       (size_t)e * sizeof fn, sizeof fn);
-      CHECK(fn != NULL, "(%s, %s): the backend has no such entry", BACKENDS[b].name,
-            ENTRY_NAMES[e]);
+      CHECK(fn != NULL, "(%s, %s): the backend has no such entry", be->name, ENTRY_NAMES[e]);
       CHECK(S->dispatch_counts[d->backend->id][e] > 0, "(%s, %s): no case reached it",
-            BACKENDS[b].name, ENTRY_NAMES[e]);
+            be->name, ENTRY_NAMES[e]);
     }
   }
 }
