@@ -7,9 +7,7 @@ from a device tensor, memory statistics, and the errors for what is not built ye
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')         -- the devices this test expects
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64')   -- the devices this test expects
 -- On a GPU machine (EMBER_TEST_REAL_CUDA, tests/bench/gpu_run.sh) the test runs on the
 -- real devices: "the other device" is cuda:1 where there is one, else cuda:0, and the
 -- checks of the emulated 64 MB devices' sizes are skipped.

@@ -8,13 +8,7 @@ bn_mixed_cases.lua's, shared with test_bn_mixed.lua.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('1:256')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('1:256')
 
-if not em.cuda.is_available() then
-  H.skip('no CUDA device, emulated or real')
-  H.done()
-end
 dofile(dir .. 'bn_mixed_cases.lua').run(H, em, 'cuda')
 H.done()

@@ -9,20 +9,10 @@ move inside them, forward or backward (batch norm likewise: test_cuda_bn_nhwc.lu
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64')
 local F = em.nn.F
-
-if not em.cuda.is_available() then
-  H.skip('CUDA is not available')
-  H.done()
-  return
-end
-
-local function diff(a, b) return (a:cpu():double() - b:cpu():double()):abs():max():item() end
-local function cl(t) return t:to_channels_last() end
-local function leaf(t) return t:detach():requires_grad_(true) end
+local N = dofile(dir .. 'nhwc_cases.lua')
+local diff, cl, leaf = N.diff, N.cl, N.leaf
 
 -- f on the CPU (NCHW) and on cuda (NHWC): same values, NHWC output and gradient.
 local function same(name, f, x, tol)

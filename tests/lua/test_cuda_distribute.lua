@@ -13,9 +13,7 @@ emulated GPU per process from --devices and the local rank.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64')
 local ember = arg[-1] or 'ember'
 local DEV = '--devices cuda:0,cuda:1'
 

@@ -9,9 +9,7 @@ cycling through the whole device. On a 1 GB emulated device
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('1:1024')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('1:1024')
 local core = require 'ember.ffi'
 
 local MB = 2 ^ 20

@@ -8,9 +8,7 @@ where the slack is the host's 64 MB.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('1:4096')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('1:4096')
 
 local MB = 2 ^ 20
 local collect = require('ember.handles').collect

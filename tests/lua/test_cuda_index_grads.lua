@@ -7,9 +7,7 @@ against the same on the CPU. A leaf on the device keeps its gradient there.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')         -- the devices this test expects
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64')         -- the devices this test expects
 local T = assert(loadfile(dir .. 'test_cuda_ops.lua'))('--helpers', H)
 local DTYPES, FLOATS, compare, rnd, positive, forms, same =
   T.DTYPES, T.FLOATS, T.compare, T.rnd, T.positive, T.forms, T.same

@@ -13,9 +13,9 @@ reach the emulator's counters and slow its copy stream down.
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local no_cuda_run = os.getenv('EMBER_TEST_NO_CUDA_CHILD')
-if not no_cuda_run then dofile(dir .. 'cuda_emulated.lua')('2:64') end
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em
+if no_cuda_run then H, em = dofile(dir .. 'harness.lua'), require 'ember'
+else H, em = dofile(dir .. 'cuda_emulated.lua')('2:64') end
 local T = em.data.T
 
 local function dataset(after)

@@ -8,9 +8,7 @@ batch norm's running statistics must agree, then eval mode's outputs.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64')
 local T = assert(loadfile(dir .. 'test_cuda_ops.lua'))('--helpers', H)
 local compare = T.compare
 local nn, F = em.nn, em.nn.F

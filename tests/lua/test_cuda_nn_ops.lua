@@ -10,9 +10,7 @@ CPU's message, forward and backward.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')         -- the devices this test expects
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64')         -- the devices this test expects
 local T = assert(loadfile(dir .. 'test_cuda_ops.lua'))('--helpers', H)
 local compare = T.compare
 local F = em.nn.F

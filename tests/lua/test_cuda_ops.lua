@@ -10,11 +10,9 @@ empty tensors, sizes past the grid, edge values, mixed devices and the gradients
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')         -- the devices this test expects
 -- test_cuda_index_grads.lua loads this file's helpers with its own harness: ('--helpers', H)
 local helpers_only = (...) == '--helpers'
-local H = helpers_only and select(2, ...) or dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64', helpers_only and select(2, ...) or nil)
 
 local DTYPES = { 'float32', 'float64', 'float16', 'bfloat16', 'int32', 'int64', 'uint8', 'bool' }
 local FLOATS = { 'float32', 'float64', 'float16', 'bfloat16' }

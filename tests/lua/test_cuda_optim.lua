@@ -18,9 +18,7 @@ kernel launch (kernels/k_optim.c); these tests check that:
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:64')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:64')
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local C = core.C

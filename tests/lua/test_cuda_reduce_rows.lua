@@ -10,9 +10,7 @@ sum of 70001 elements (split into chunks of about 4 K).
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('1:256')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('1:256')
 
 -- The reference is the CPU's in float64: the device accumulates float32 in double
 -- and rounds once (the CPU's float32 sums may be a few float32 ulps of the partial

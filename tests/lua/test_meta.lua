@@ -8,9 +8,7 @@ devices, em.memory_stats('cuda:N') is the allocator's own account.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
-dofile(dir .. 'cuda_emulated.lua')('2:256')
-local H = dofile(dir .. 'harness.lua')
-local em = require 'ember'
+local H, em = dofile(dir .. 'cuda_emulated.lua')('2:256')
 local nn = em.nn
 local collect = require('ember.handles').collect
 
