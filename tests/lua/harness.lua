@@ -83,6 +83,17 @@ function H.read(path)
   return s
 end
 
+-- A shell command's standard output and exit status (stderr is not captured;
+-- add 2>&1 to the command for it). The status comes from the shell, because
+-- LuaJIT's p:close() does not return it.
+function H.sh(cmd)
+  local p = io.popen('{ ' .. cmd .. '\n}; echo "#rc=$?"')
+  local out = p:read('*a')
+  p:close()
+  local rc = tonumber(out:match('#rc=(%d+)%s*$'))
+  return (out:gsub('#rc=%d+%s*$', '')), rc
+end
+
 -- A fresh folder under the system's temporary one.
 function H.tmpdir()
   local d = os.tmpname()

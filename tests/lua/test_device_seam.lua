@@ -18,14 +18,7 @@ local H = dofile(dir .. 'harness.lua')
 local root = dir .. '../..'
 local build = (arg and arg[-1] or ''):match('^(.*)/[^/]*$')
 
-local function sh(cmd)
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  return out
-end
-
-local read = H.read
+local sh, read = H.sh, H.read
 
 local function set_of(text)
   local s = {}

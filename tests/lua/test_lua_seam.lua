@@ -16,14 +16,7 @@ local H = dofile(dir .. 'harness.lua')
 local em = require 'ember'
 local core = require 'ember.ffi'
 
-local read = H.read
-
-local function sh(cmd)
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  return out
-end
+local sh, read = H.sh, H.read
 
 H.test('no module but ember/ffi.lua touches ffi.C or writes the retry', function()
   local root = dir .. '../../lua/ember'
