@@ -62,22 +62,15 @@ local function train(o)
   em.manual_seed(1)
   local x, y = em.randn(BATCH, WIDTH), em.randn(BATCH, WIDTH)
   local function loss_fn(out, target) return F.mse_loss(out, target) end
-  local function step()
+  local bubble = 0
+  local function step(_, timed)
     opt:zero_grad()
     pp:step(x, y, loss_fn)
     opt:step()
+    if timed then bubble = bubble + pp:stats().bubble end
   end
 
-  for _ = 1, WARM do step() end
-  s:barrier()
-  local bubble = 0
-  local t0 = em.clock()
-  for _ = 1, steps do
-    step()
-    bubble = bubble + pp:stats().bubble
-  end
-  local secs = em.clock() - t0
-  local slowest = s:allreduce(em.tensor({ secs }, { dtype = 'float64' }), 'max'):item()
+  local slowest = D.timed(s, WARM, steps, step)
   local mean = s:allreduce(em.tensor({ bubble / steps }, { dtype = 'float64' }), 'mean'):item()
   D.data(s, 'samples_s', steps * BATCH / slowest)
   D.data(s, 'bubble', mean)
@@ -87,29 +80,11 @@ local w = D.worker_args()
 if w then return train(w) end
 
 -- -- The driver ----------------------------------------------------------------------------
-local function split(str)
-  local t = {}
-  for x in str:gmatch('[^,]+') do t[#t + 1] = x end
-  return t
-end
-
-local function options()
-  local o = { steps = STEPS, world = '2,4', chunks = '4,8',
-              schedules = 'gpipe,1f1b,interleaved' }
-  local usage = ('usage: ember %s [--steps N] [--world 2,4] [--chunks 4,8] ' ..
-    '[--schedules gpipe,1f1b,interleaved]'):format(arg and arg[0] or 'bench_pipeline.lua')
-  local i = 1
-  while arg and arg[i] do
-    local k, v = arg[i]:match('^%-%-(%a+)$'), arg[i + 1]
-    if o[k] == nil or v == nil then error(usage, 0) end
-    o[k] = k == 'steps' and tonumber(v) or v
-    if o[k] == nil then error(usage, 0) end
-    i = i + 2
-  end
-  return o
-end
-
-local o = options()
+local split = D.split
+local o = D.options({ steps = STEPS, world = '2,4', chunks = '4,8',
+                     schedules = 'gpipe,1f1b,interleaved' },
+  ('usage: ember %s [--steps N] [--world 2,4] [--chunks 4,8] ' ..
+   '[--schedules gpipe,1f1b,interleaved]'):format(arg and arg[0] or 'bench_pipeline.lua'))
 local runs, why = {}, {}
 for _, P in ipairs(split(o.world)) do
   for _, sched in ipairs(split(o.schedules)) do

@@ -103,12 +103,7 @@ local function train(o)
     opt:step()
   end
 
-  for i = 1, WARM do step(i) end
-  s:barrier()
-  local t0 = em.clock()
-  for i = 1, steps do step(i) end
-  local secs = em.clock() - t0
-  local slowest = s:allreduce(em.tensor({ secs }, { dtype = 'float64' }), 'max'):item()
+  local slowest = D.timed(s, WARM, steps, step)
 
   -- the memory step: dead tensors hold their memory until a collection releases
   -- it (em.collect: collectgarbage alone leaves the release to the next op)
@@ -143,26 +138,7 @@ local w = D.worker_args()
 if w then return train(w) end
 
 -- -- The driver ----------------------------------------------------------------------------
-local function split(str)
-  local t = {}
-  for x in str:gmatch('[^,]+') do t[#t + 1] = x end
-  return t
-end
-
-local function options()
-  local o = { steps = STEPS, model = 'mlp', world = '2,4', modes = table.concat(MODES, ',') }
-  local usage = ('usage: ember %s [--steps N] [--model mlp|cnn|all] [--world 2,4] '
-    .. '[--modes plain,optimizer,gradients,parameters]'):format(arg and arg[0] or 'bench_shard.lua')
-  local i = 1
-  while arg and arg[i] do
-    local k, v = arg[i]:match('^%-%-(%a+)$'), arg[i + 1]
-    if o[k] == nil or v == nil then error(usage, 0) end
-    o[k] = k == 'steps' and tonumber(v) or v
-    if o[k] == nil then error(usage, 0) end
-    i = i + 2
-  end
-  return o
-end
+local split = D.split
 
 -- The twin's figures: {RESULT name = value}, {KIND name = {bytes by kind}}; or nil, why.
 local function peer(o)
@@ -184,7 +160,9 @@ local function peer(o)
   return r, kinds
 end
 
-local o = options()
+local o = D.options({ steps = STEPS, model = 'mlp', world = '2,4', modes = table.concat(MODES, ',') },
+  ('usage: ember %s [--steps N] [--model mlp|cnn|all] [--world 2,4] '
+   .. '[--modes plain,optimizer,gradients,parameters]'):format(arg and arg[0] or 'bench_shard.lua'))
 local models = o.model == 'all' and { 'mlp', 'cnn' } or { o.model }
 local runs, why = {}, {}
 for _, kind in ipairs(models) do

@@ -1,8 +1,8 @@
 --[[
 dist_common.lua -- shared by the em.distribute benchmarks (bench_allreduce,
-bench_ddp_cnn, bench_ddp_overhead, bench_ddp_overlap): each bench file is both a
-driver and a worker. Run plainly (by run.sh, or by hand) it is the driver: it
-starts itself again as replicas with `--worker ...`
+bench_ddp_cnn, bench_ddp_overhead, bench_ddp_overlap, bench_pipeline, bench_shard):
+each bench file is both a driver and a worker. Run plainly (by run.sh, or by
+hand) it is the driver: it starts itself again as replicas with `--worker ...`
 
   local   EMBER_NUM_THREADS=1 ember --replicas 2 bench_X.lua --worker ...
   mpi     mpirun -np 2 --oversubscribe --bind-to none ember bench_X.lua --worker ...
@@ -48,6 +48,18 @@ function D.worker_args()
     i = i + 2
   end
   return o
+end
+
+-- The worker's timing: `warm` untimed steps, a barrier, then `steps` timed ones;
+-- step(i, timed) runs step i of its phase. Returns the slowest replica's seconds,
+-- the time the whole group took.
+function D.timed(s, warm, steps, step)
+  for i = 1, warm do step(i, false) end
+  s:barrier()
+  local t0 = em.clock()
+  for i = 1, steps do step(i, true) end
+  local secs = em.clock() - t0
+  return s:allreduce(em.tensor({ secs }, { dtype = 'float64' }), 'max'):item()
 end
 
 -- A line for the driver, from replica 0 only.
@@ -136,6 +148,30 @@ function D.peer(pyfile, args, module)
   for k, v in out:gmatch('RESULT (%S+) (%S+)') do r[k] = tonumber(v); any = true end
   if rc ~= 0 or not any then return nil, module .. ' failed: ' .. (last_line(out) or rc) end
   return r
+end
+
+-- The driver's options: `--key value ...` over the defaults {key = value}; a key
+-- whose default is a number takes a number. An unknown key, a missing value or a
+-- non-number raises `usage`.
+function D.options(defaults, usage)
+  local o = {}
+  for k, v in pairs(defaults) do o[k] = v end
+  local i = 1
+  while arg and arg[i] do
+    local k, v = arg[i]:match('^%-%-(%a+)$'), arg[i + 1]
+    if o[k] == nil or v == nil then error(usage, 0) end
+    o[k] = type(defaults[k]) == 'number' and tonumber(v) or v
+    if o[k] == nil then error(usage, 0) end
+    i = i + 2
+  end
+  return o
+end
+
+-- 'a,b,c' -> {'a', 'b', 'c'}
+function D.split(str)
+  local t = {}
+  for x in str:gmatch('[^,]+') do t[#t + 1] = x end
+  return t
 end
 
 function D.fmt(v, f)
