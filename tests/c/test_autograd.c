@@ -5,25 +5,8 @@
 ** bumped by in-place nn and optimizer ops, and a failing
 ** allocator over forward + backward (every refusal reported, nothing leaked).
 */
-#include "check.h"
+#include "grads.h"
 #include <pthread.h>
-
-static em_tensor *mk(em_state *S, const int64_t *shape, int nd, const double *v, int64_t n,
-                     int rg) {
-  em_tensor *t = NULL;
-  if (t_make(S, &t, EM_FLOAT64, shape, nd, v, n) == EM_OK && rg)
-    em_tensor_set_requires_grad(S, t, 1);
-  return t;
-}
-
-static int grad_is(em_tensor *t, const double *want, int64_t n) {
-  char why[128];
-  em_tensor *g = em_tensor_grad(t);
-  int ok = t_values(g, want, n, 1e-12, why, sizeof why);
-  if (!ok) printf("     grad: %s\n", why);
-  em_tensor_release(g);
-  return ok;
-}
 
 static void test_basic(em_state *S) {
   em_tensor *x = mk(S, SHP(2, 2), V(1, 2, 3, 4), 1), *w = mk(S, SHP(2), V(10, 20), 1);

@@ -4,24 +4,7 @@
 ** a custom function's backward (leaf counts, hooks and end-of-backward callbacks
 ** as if the outer backward ran alone), and the grad probe.
 */
-#include "check.h"
-
-static em_tensor *mk(em_state *S, const int64_t *shape, int nd, const double *v, int64_t n,
-                     int rg) {
-  em_tensor *t = NULL;
-  if (t_make(S, &t, EM_FLOAT64, shape, nd, v, n) == EM_OK && rg)
-    em_tensor_set_requires_grad(S, t, 1);
-  return t;
-}
-
-static int grad_is(em_tensor *t, const double *want, int64_t n) {
-  char why[128];
-  em_tensor *g = em_tensor_grad(t);
-  int ok = t_values(g, want, n, 1e-12, why, sizeof why);
-  if (!ok) printf("     grad: %s\n", why);
-  em_tensor_release(g);
-  return ok;
-}
+#include "grads.h"
 
 static em_tensor *sum1(em_state *S, const em_tensor *a) {
   em_tensor *r = NULL;
