@@ -1,11 +1,13 @@
 /*
 ** fixtures.h -- reads the plain-text fixture files that tests/fixtures/gen_*.py
 ** write with PyTorch ("name ndim sizes... values..." per array), for the C tests
-** that compare against them (test_nn_kernels.c, test_transforms.c), and where the
-** fixtures are (fx_locate, for every C test that reads tests/fixtures/).
+** that compare against them (test_nn_kernels.c, test_transforms.c: fx_open starts
+** such a program), and where the fixtures are (fx_locate, for every C test that
+** reads tests/fixtures/).
 */
 #ifndef EMBER_TEST_FIXTURES_H
 #define EMBER_TEST_FIXTURES_H
+#include "ember.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +80,28 @@ static inline int fx_load(const char *path) {
   }
   fclose(f);
   return nfx > 0;
+}
+
+/* The start of a program that compares against one fixture file (tests/<rel>):
+** a state with two intra-op threads and the file's arrays loaded. NULL when
+** either cannot be had, after a FAIL line and the counts of one failed check. */
+static inline em_state *fx_open(const char *rel) {
+  char path[512];
+  fx_locate(path, sizeof path, rel);
+  em_state *S;
+  em_config cfg;
+  em_config_init(&cfg);
+  cfg.num_threads = 2;
+  if (em_open(&S, &cfg)) {
+    printf("FAIL em_open failed\n#counts 0 1 0\n");
+    return NULL;
+  }
+  if (!fx_load(path)) {
+    printf("FAIL cannot read %s\n#counts 0 1 0\n", path);
+    em_close(S);
+    return NULL;
+  }
+  return S;
 }
 
 /* The array named by printf(fmt, i), or NULL (and a line saying it is missing). */

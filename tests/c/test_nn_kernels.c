@@ -558,18 +558,8 @@ static void test_pool_2x2_ties_nan(em_state *S) {
 }
 
 int main(void) {
-  char path[512];
-  fx_locate(path, sizeof path, "fixtures/nn_kernels.txt");
-  em_state *S;
-  em_config cfg;
-  em_config_init(&cfg);
-  cfg.num_threads = 2;
-  if (em_open(&S, &cfg)) { printf("em_open failed\n#counts 0 1\n"); return 1; }
-  if (!fx_load(path)) {
-    printf("FAIL cannot read %s\n#counts 0 1\n", path);
-    em_close(S);
-    return 1;
-  }
+  em_state *S = fx_open("fixtures/nn_kernels.txt");
+  if (!S) return 1;
   RUN(test_conv2d, S);
   RUN(test_pool, S);
   RUN(test_pool_2x2_ties_nan, S);

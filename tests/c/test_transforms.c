@@ -900,18 +900,8 @@ static void test_failalloc(void) {
 }
 
 int main(void) {
-  char path[512];
-  fx_locate(path, sizeof path, "fixtures/transforms.txt");
-  em_state *S;
-  em_config cfg;
-  em_config_init(&cfg);
-  cfg.num_threads = 2;
-  if (em_open(&S, &cfg)) { printf("em_open failed\n#counts 0 1\n"); return 1; }
-  if (!fx_load(path)) {
-    printf("FAIL cannot read %s\n#counts 0 1\n", path);
-    em_close(S);
-    return 1;
-  }
+  em_state *S = fx_open("fixtures/transforms.txt");
+  if (!S) return 1;
   RUN(test_to_float, S);
   RUN(test_normalize, S);
   RUN(test_center_crop, S);
