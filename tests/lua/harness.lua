@@ -94,6 +94,22 @@ function H.sh(cmd)
   return (out:gsub('#rc=%d+%s*$', '')), rc
 end
 
+-- Runs the ember command that runs this test on a script given as text:
+-- `PREFIX ember ARGS FILE` (o.prefix: environment settings or a launcher such as
+-- mpirun; o.args: ember's options), or `ember ARGS - < FILE` with o.stdin. Returns
+-- its output, standard output and error together, and its exit status.
+function H.ember(text, o)
+  o = o or {}
+  local path = os.tmpname()
+  local f = assert(io.open(path, 'w'))
+  f:write(text)
+  f:close()
+  local out, rc = H.sh(('%s %s %s %s 2>&1'):format(o.prefix or '', arg and arg[-1] or 'ember',
+    o.args or '', o.stdin and '- < ' .. path or path))
+  os.remove(path)
+  return out, rc
+end
+
 -- A fresh folder under the system's temporary one.
 function H.tmpdir()
   local d = os.tmpname()

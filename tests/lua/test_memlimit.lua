@@ -14,18 +14,7 @@ local MiB = 2 ^ 20
 
 -- Runs the ember command on a script (text) and returns its output (stdout and
 -- stderr) and exit status.
-local function run(opts, text, env)
-  local path = os.tmpname()
-  local f = assert(io.open(path, 'w'))
-  f:write(text)
-  f:close()
-  local p = io.popen(('%s%s %s %s 2>&1; echo "exit=$?"'):format(env and env .. ' ' or '',
-    ember, opts, path))
-  local out = p:read('*a')
-  p:close()
-  os.remove(path)
-  return out, tonumber(out:match('exit=(%d+)%s*$'))
-end
+local function run(opts, text, env) return H.ember(text, { args = opts, prefix = env }) end
 
 H.test('em.set_memory_limit: the error, the state after it, capacity', function()
   em.collect()
