@@ -9,7 +9,6 @@ local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local H = dofile(dir .. 'harness.lua')
 local em = require 'ember'
-local ember = arg[-1] or 'ember'
 local MiB = 2 ^ 20
 
 -- Runs the ember command on a script (text) and returns its output (stdout and
