@@ -257,6 +257,11 @@ int em_tensor_is_channels_last(const em_tensor *t);
 em_status em_to_channels_last(em_state *S, const em_tensor *t, em_tensor **out);
 em_status em_tensor_set_memory_format_(em_state *S, em_tensor *t, int channels_last);
 int64_t em_layout_conversions(em_state *S);
+/* The copies S's backends have run, on every device: each call of a backend's copy
+** (copy_, clone, contiguous of a strided tensor, to, casts, layout conversions,
+** from_data, an op's converted temporaries). Read before and after a region to see
+** that it copied nothing, whatever else it ran. */
+int64_t em_copy_count(em_state *S);
 /* dst[...] = src, broadcasting src to dst's shape and converting dtypes. */
 em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src);
 /* Returns a new reference to a itself when dtype and device already match. */

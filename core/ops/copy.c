@@ -20,6 +20,13 @@ em_status em_tensor_bump_version(em_state *S, em_tensor *t, const char *op) {
   return st ? st : emi_ag_inplace(S, op, t);
 }
 
+/* From the dispatch counters: every copy reaches a backend's copy entry there. */
+int64_t em_copy_count(em_state *S) {
+  uint64_t n = 0;
+  for (int b = 0; b < EMI_MAX_BACKENDS; b++) n += S->dispatch_counts[b][EMI_ENTRY_copy];
+  return (int64_t)n;
+}
+
 em_status em_copy_(em_state *S, em_tensor *dst, const em_tensor *src) {
   const char *op = "copy_";
   em_status st;

@@ -93,6 +93,9 @@ local function load_core()
   -- Bytes held by tensor storages (live and not yet collected), and the peak.
   function em.memory_allocated() return tonumber(C.em_memory_allocated(S)) end
   function em.memory_peak() return tonumber(C.em_memory_peak(S)) end
+  -- The copies run so far on every device (a counter: a region that must not copy
+  -- leaves it where it was, however many ops it ran).
+  function em.copy_count() return tonumber(C.em_copy_count(S)) end
 
   -- One device's memory: {allocated, peak, reserved, capacity} in bytes, for
   -- 'cpu' (the default), 'meta' and 'cuda:N'; and a new peak from now on.

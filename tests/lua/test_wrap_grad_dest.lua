@@ -1,7 +1,7 @@
 --[[
 test_wrap_grad_dest.lua -- under em.distribute's wrap, gradients are written
 straight into the reducer's buckets (gradient destinations, core/autograd/
-engine.c): no copy of a gradient per step (counted through the profiler), the
+engine.c): no copy of a gradient per step (counted by em.copy_count()), the
 averaged gradients the same bits as plain gradients averaged by hand (conv,
 Linear, a Linear used twice, float64), a .grad kept from the step before is the
 bucket view and holds the new gradient, and a .grad the user assigned is still
