@@ -5,6 +5,7 @@
 ** bumped by in-place nn and optimizer ops, and a failing
 ** allocator over forward + backward (every refusal reported, nothing leaked).
 */
+#include "failalloc.h"
 #include "grads.h"
 #include <pthread.h>
 
@@ -209,30 +210,7 @@ static void test_inplace_versions(em_state *S) {
   for (int i = 0; i < 7; i++) em_tensor_release(all[i]);
 }
 
-/* -- Failing allocator ---------------------------------------------------------------- */
-typedef struct fa_state {
-  long count, fail_at;
-  int injected;
-  int64_t live_bytes;
-  long live_blocks;
-} fa_state;
-enum { HDR = 16 };
-static void *fa_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
-  fa_state *f = ud;
-  char *h = ptr ? (char *)ptr - HDR : NULL;
-  size_t old = h ? *(size_t *)h : 0;
-  if (nsize == 0) {
-    if (h) { f->live_bytes -= (int64_t)old; f->live_blocks--; free(h); }
-    return NULL;
-  }
-  if (++f->count == f->fail_at) { f->injected = 1; return NULL; }
-  char *n = realloc(h, nsize + HDR);
-  if (!n) return NULL;
-  *(size_t *)n = nsize;
-  f->live_bytes += (int64_t)nsize - (int64_t)old;
-  if (!h) f->live_blocks++;
-  return n + HDR;
-}
+/* -- Failing allocator (failalloc.h) ------------------------------------------------ */
 
 /* forward + backward of a small graph touching each formula family */
 static em_status graph_run(fa_state *f, double *out) {
@@ -275,16 +253,14 @@ done:
 }
 
 static void test_failalloc(void) {
-  fa_state f;
-  memset(&f, 0, sizeof f);
+  fa_state f = FA_STATE_INIT;
   double want = 0, got = 0;
   REQUIRE(graph_run(&f, &want) == EM_OK);
   CHECK(f.live_bytes == 0 && f.live_blocks == 0);
   long n;
   int bad = 0;
   for (n = 1; n < 5000; n++) {
-    memset(&f, 0, sizeof f);
-    f.fail_at = n;
+    fa_reset(&f, n);
     em_status st = graph_run(&f, &got);
     if (f.live_bytes || f.live_blocks) {
       if (!bad++) printf("     N=%ld: %lld bytes in %ld blocks leaked\n", n,

@@ -18,46 +18,7 @@
 ** double free on any error path.
 */
 #include "check.h"
-#include <pthread.h>
-
-/* -- The counting, failing allocator -------------------------------------------------
-** Each block carries its size in a 16-byte header, so that frees can be checked
-** against it. Worker threads free memory too, hence the mutex. */
-typedef struct fa_state {
-  pthread_mutex_t mu;
-  long count;            /* allocation requests so far */
-  long fail_at;          /* refuse request number fail_at (0 = never) */
-  int injected;          /* the refusal happened */
-  int64_t live_bytes;
-  long live_blocks;
-  long bad_sizes;        /* frees whose osize differed from the allocated size */
-} fa_state;
-
-enum { HDR = 16 };
-
-static void *fa_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
-  fa_state *f = ud;
-  void *res = NULL;
-  pthread_mutex_lock(&f->mu);
-  char *h = ptr ? (char *)ptr - HDR : NULL;
-  size_t old = h ? *(size_t *)h : 0;
-  if (h && old != osize) f->bad_sizes++;
-  if (nsize == 0) {
-    if (h) { f->live_bytes -= (int64_t)old; f->live_blocks--; free(h); }
-  } else if (++f->count == f->fail_at) {
-    f->injected = 1;                        /* refuse: ptr (if any) stays valid */
-  } else {
-    char *n = realloc(h, nsize + HDR);
-    if (n) {
-      *(size_t *)n = nsize;
-      f->live_bytes += (int64_t)nsize - (int64_t)old;
-      if (!h) f->live_blocks++;
-      res = n + HDR;
-    }
-  }
-  pthread_mutex_unlock(&f->mu);
-  return res;
-}
+#include "failalloc.h"
 
 /* -- The sequence ---------------------------------------------------------------------- */
 
@@ -219,9 +180,7 @@ release:
 }
 
 int main(void) {
-  fa_state f;
-  memset(&f, 0, sizeof f);
-  pthread_mutex_init(&f.mu, NULL);
+  fa_state f = FA_STATE_INIT;
   run_result r;
 
   chk_group_begin("unhindered run");
@@ -239,7 +198,7 @@ int main(void) {
   int stuck = 0, reported = 0;
   long n;
   for (n = 1; ok && n < 20000; n++) {
-    f.count = 0; f.fail_at = n; f.injected = 0; f.bad_sizes = 0;
+    fa_reset(&f, n);
     run_sequence(&f, &r);
     if (!f.injected) {                    /* the run got past its last allocation */
       CHECK(r.status == EM_OK, "N=%ld: %s failed with no injected failure: %s", n, r.step,
@@ -268,6 +227,5 @@ int main(void) {
   if (stuck) printf("     (stopped after 20 failing runs)\n");
   else if (ok) printf("     (%ld runs)\n", n);
   CHECK(n < 20000, "the sequence never completed");
-  pthread_mutex_destroy(&f.mu);
   return check_done();
 }

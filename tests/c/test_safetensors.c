@@ -17,6 +17,7 @@
 **     EM_ERR_NOMEM for every N and give every byte back.
 */
 #include "check.h"
+#include "failalloc.h"
 #include "fixtures.h"
 #include <dirent.h>
 #include <errno.h>
@@ -533,39 +534,7 @@ static void test_failed_write_keeps_old(em_state *S) {
   em_tensor_release(big);
 }
 
-/* -- Allocation failures ---------------------------------------------------------------------- */
-
-typedef struct fa_state {
-  pthread_mutex_t mu;
-  long count, fail_at;
-  int injected;
-  int64_t live_bytes;
-} fa_state;
-
-enum { HDR = 16 };
-
-static void *fa_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
-  fa_state *f = ud;
-  void *res = NULL;
-  pthread_mutex_lock(&f->mu);
-  char *h = ptr ? (char *)ptr - HDR : NULL;
-  size_t old = h ? *(size_t *)h : 0;
-  if (nsize == 0) {
-    if (h) { f->live_bytes -= (int64_t)old; free(h); }
-  } else if (++f->count == f->fail_at) {
-    f->injected = 1;
-  } else {
-    char *n = realloc(h, nsize + HDR);
-    if (n) {
-      *(size_t *)n = nsize;
-      f->live_bytes += (int64_t)nsize - (int64_t)old;
-      res = n + HDR;
-    }
-  }
-  pthread_mutex_unlock(&f->mu);
-  (void)osize;
-  return res;
-}
+/* -- Allocation failures (failalloc.h) ----------------------------------------------------- */
 
 /* write (strided input) + open + get all; the first failure's status. */
 static em_status fa_sequence(em_state *S, const char *path) {
@@ -590,7 +559,7 @@ static void test_failalloc(em_state *S0) {
   const char *path = tmp_path("failalloc.safetensors");
   int nomem = 0, other = 0, leaks = 0;
   for (long k = 1; k < 1000; k++) {
-    fa_state fa = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    fa_state fa = FA_STATE_INIT;
     em_config cfg;
     em_config_init(&cfg);
     cfg.alloc = fa_alloc;
