@@ -8,8 +8,11 @@ library, both ways (tests/fixtures/gen_hf_safetensors.py makes the fixtures).
     infinities and the sign of zero included; int64 values read bit-exact) and
     every metadata entry;
   - the big_header fixture really has a JSON header over 100 KB;
-  - ember_written_verdict.txt, where the generator recorded how the library read
-    files that ember wrote, says OK for every file and overall.
+  - ember still writes, byte for byte, the files in tests/fixtures/hf/ember/:
+    the ones the library read back as ember meant them (the generator keeps them
+    only then, with write.lua, the snippet that wrote them, and lists each in
+    ember_written_verdict.txt with its OK). A change to how ember writes fails
+    here until the generator has verified the new files.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -129,7 +132,17 @@ H.test('the fixtures cover what they claim', function()
   H.check(len > 100 * 1024, ('big_header.safetensors has a header of %d bytes'):format(len))
 end)
 
-H.test("safetensors read ember's files as ember meant them (the generator's verdict)", function()
+-- The files of a folder, sorted.
+local function listing(folder)
+  local p = assert(io.popen("ls -A '" .. folder .. "'"))
+  local names = {}
+  for line in p:lines() do names[#names + 1] = line end
+  p:close()
+  table.sort(names)
+  return names
+end
+
+H.test("ember writes, byte for byte, the files safetensors read as ember meant them", function()
   local text = read_file(hf .. 'ember_written_verdict.txt')
   local files = {}
   for name, state in text:gmatch('\nfile ([^:\n]+): (%u+)') do
@@ -138,10 +151,30 @@ H.test("safetensors read ember's files as ember meant them (the generator's verd
   end
   H.check(#files >= 7, ('the verdict lists %d files'):format(#files))
   H.check(text:match('\nverdict: OK\n$'), 'the verdict does not end with "verdict: OK"')
-  -- written in the same run as expected.json (same library versions)
-  local v = expected.versions
-  H.check(text:find(('safetensors %s, torch %s'):format(v.safetensors, v.torch), 1, true),
-    'the verdict names other library versions than expected.json')
+  H.check(text:find(('\nsafetensors %s, '):format(expected.versions.safetensors), 1, true),
+    'the verdict names another safetensors than expected.json')
+  -- the kept files are exactly the verified ones, and the snippet
+  local kept = hf .. 'ember/'
+  local want_list = { 'write.lua' }
+  for _, f in ipairs(files) do want_list[#want_list + 1] = f end
+  table.sort(want_list)
+  H.eq(listing(kept), want_list, 'files in tests/fixtures/hf/ember/')
+  -- write them again, here and now
+  local tmp = H.tmpdir()
+  local ok, err = pcall(assert(loadfile(kept .. 'write.lua')), tmp)
+  H.check(ok, 'write.lua failed: ' .. tostring(err))
+  for _, f in ipairs(files) do
+    local want, got = H.read(kept .. f), H.read(tmp .. '/' .. f)
+    local at
+    if want and got and want ~= got then
+      at = 1
+      while want:byte(at) == got:byte(at) do at = at + 1 end
+    end
+    H.check(want and got and want == got, ('%s: %s'):format(f, not want and 'no fixture'
+      or not got and 'ember wrote no such file' or ('%d bytes, the verified file %d; first '
+      .. 'difference at byte %d'):format(#got, #want, at or 0)))
+  end
+  os.execute("rm -rf '" .. tmp .. "'")
 end)
 
 H.done()
