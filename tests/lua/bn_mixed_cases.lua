@@ -14,17 +14,8 @@ local A = {}
 -- the output and grad_input are float32 results rounded once into the low dtype
 local tol = { bfloat16 = 8e-3, float16 = 1e-3 }
 
-local function maxrel(got, want)
-  local g, w = got:double():reshape(-1):totable(), want:double():reshape(-1):totable()
-  assert(#g == #w, 'sizes differ')
-  local scale = 0
-  for i = 1, #w do scale = math.max(scale, math.abs(w[i])) end
-  local m = 0
-  for i = 1, #w do m = math.max(m, math.abs(g[i] - w[i]) / (scale + 1e-12)) end
-  return m
-end
-
 function A.run(H, em, dev)
+  local maxrel = H.maxrel
   local F = em.nn.F
   local function on(t) return dev == 'cpu' and t or t:to(dev) end
 

@@ -226,6 +226,18 @@ function H.flat(t)
   return res
 end
 
+-- The largest |got - want| of two tensors of one size (any dtype, device, layout),
+-- relative to want's largest magnitude: one error measure for a whole result.
+function H.maxrel(got, want)
+  local g, w = got:double():reshape(-1):totable(), want:double():reshape(-1):totable()
+  assert(#g == #w, 'sizes differ')
+  local scale = 0
+  for i = 1, #w do scale = math.max(scale, math.abs(w[i])) end
+  local m = 0
+  for i = 1, #w do m = math.max(m, math.abs(g[i] - w[i]) / (scale + 1e-12)) end
+  return m
+end
+
 -- A number from a number or a one-element tensor.
 function H.num(x)
   if type(x) == 'number' then return x end
