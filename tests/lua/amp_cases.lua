@@ -1,16 +1,22 @@
 --[[
 amp_cases.lua -- autocast checks shared by test_amp.lua (CPU) and
 test_cuda_amp.lua (emulated GPU): the dtype table of every listed op (output
-dtype, values against the float32 computation on the same rounded inputs within
-bf16/fp16 tolerance), parameter gradients float32 and close to float32 training,
-and the GradScaler's inf-skip trace.
+dtype; values of the ops autocast runs in the low dtype against the float32
+computation on the same rounded inputs, within a few of that dtype's ulps; the
+ops it keeps in float32 against plain float32, to float32's own precision),
+parameter gradients float32 and within a few low-dtype ulps of float32
+training, and the GradScaler's inf-skip trace.
   local A = dofile(dir .. 'amp_cases.lua')
   A.run(H, em, device)
 ]]
 local A = {}
 
--- relative tolerance of one op's result in a low dtype (a few ulps at 8 or 11 bits)
+-- relative tolerance of one op's result in a low dtype: about 4 ulps (bfloat16's
+-- ulp at 1 is 2^-7, float16's 2^-10)
 local tol = { bfloat16 = 3e-2, float16 = 4e-3 }
+-- an op autocast keeps in float32 runs the float32 computation itself: it may
+-- differ from plain float32 by rounding alone
+local F32_TOL = 1e-6
 
 local function maxrel(got, want)
   local g, w = got:double():reshape(-1):totable(), want:double():reshape(-1):totable()
@@ -88,8 +94,9 @@ function A.run(H, em, dev)
         -- for 'low' ops), or on the float32 inputs themselves ('f32' ops)
         local ref = fn(policy == 'low' and function(t) return low(t):float() end
                                        or function(t) return t end)
-        H.check(maxrel(got, ref) <= tol[dt], ('%s: max rel error %g > %g'):format(name,
-          maxrel(got, ref), tol[dt]))
+        local t = policy == 'low' and tol[dt] or F32_TOL
+        H.check(maxrel(got, ref) <= t, ('%s: max rel error %g > %g'):format(name,
+          maxrel(got, ref), t))
         -- low-dtype inputs: 'f32' ops cast them up (and agree with float32 on them)
         local got2 = amp.autocast(dt, fn, low)
         H.eq(got2.dtype, policy == 'keep' and dt or want_dt, name .. ' dtype (low inputs)')
@@ -99,7 +106,8 @@ function A.run(H, em, dev)
             :format(name, maxrel(got2, ref2), tol[dt]))
         elseif policy == 'f32' then
           local ref2 = fn(function(t) return low(t):float() end)
-          H.check(maxrel(got2, ref2) <= 1e-5, name .. ': low inputs cast up exactly')
+          H.check(maxrel(got2, ref2) <= F32_TOL, ('%s: low inputs cast up exactly: max rel '
+            .. 'error %g'):format(name, maxrel(got2, ref2)))
         end
       end
       -- outside autocast nothing changes
@@ -131,12 +139,16 @@ function A.run(H, em, dev)
       end
       return gs
     end
+    -- the low-dtype forward and backward round at every op; here that stays within
+    -- about one ulp of the largest gradient (0.0044 bf16, 0.0011 fp16), so 4 ulps
+    -- (tol) hold it. This seed keeps every max-pool winner and relu sign as in
+    -- float32: one flipped by rounding would move a whole gradient entry.
     local ref = grads(nil)
     for _, dt in ipairs({ 'bfloat16', 'float16' }) do
       local g = grads(dt)
       for i = 1, #ref do
-        H.check(maxrel(g[i], ref[i]) <= 8 * tol[dt], ('%s grad %d: rel error %g'):format(dt, i,
-          maxrel(g[i], ref[i])))
+        H.check(maxrel(g[i], ref[i]) <= tol[dt], ('%s grad %d: rel error %g > %g'):format(dt, i,
+          maxrel(g[i], ref[i]), tol[dt]))
       end
     end
   end)
