@@ -5,9 +5,10 @@ device against the peak measured by em.memory_stats on every replica (through
 1/2/3, with and without checkpointing, on 2 and 4 replicas (16 layouts; 12
 more on models of 4 blocks of 128 and 6 of 192, most checkpointed), and
 per pipeline stage for 14 pipeline layouts, 6 of them P x D = 2 x 2
-(tests/lua/dist/plan_pipe_peak.lua),
-within 10%; a layout run under a memory limit of its planned memory; the
-choice on synthetic costs; the stage cut (the pipeline's own); the errors.
+(tests/lua/dist/plan_pipe_peak.lua), within 10% (and 4 more pipeline layouts,
+over by more than that: never under it); a layout run under a memory limit of
+its planned memory; the choice on synthetic costs; the stage cut (the
+pipeline's own); the errors.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -203,9 +204,7 @@ end)
 -- x D = 2 on 4 replicas with each stage's replicas averaging (shard none) or
 -- sharding its gradients; each replica reports its stage's prediction, its
 -- measured peak, and the stage counts the applied pipeline was built with.
--- (Left out, both predicted over the measured peak, on the safe side: P = 4
--- with 16 chunks, 5-15%; P x D with shard = 'optimizer', up to 12% on the last
--- stage.) {replicas, stages, chunks, schedule, checkpoint, shard}
+-- {replicas, stages, chunks, schedule, checkpoint, shard}
 local PIPE = {
   { 2, 2, 2, '1f1b', '0' }, { 2, 2, 2, '1f1b', '1' }, { 2, 2, 8, '1f1b', '0' },
   { 2, 2, 8, '1f1b', '1' }, { 4, 4, 4, '1f1b', '0' }, { 4, 4, 4, '1f1b', '1' },
@@ -214,11 +213,17 @@ local PIPE = {
   { 4, 2, 4, '1f1b', '0', 'gradients' }, { 4, 2, 4, '1f1b', '1', 'gradients' },
   { 4, 2, 4, '1f1b', '0', 'parameters' }, { 4, 2, 4, '1f1b', '1', 'parameters' },
 }
-H.test('predicted peak per stage within 10% of the measured one: 14 pipeline layouts', function()
-  if not pcall(require, 'ember.distribute.pipeline') then
-    return H.skip('em.distribute.pipeline is not in this build: pipeline predictions untested')
-  end
-  for _, c in ipairs(PIPE) do
+-- Layouts whose prediction lies over the measured peak by more than 10 % (P = 4
+-- with 16 chunks, 2-16 %; P x D with shard = 'optimizer', 4-12 %): on the safe
+-- side, where the planner's promise holds -- a layout planned to fit fits
+-- (the measured peak is under the prediction and its safety share) -- and
+-- within 25 % over, so that a prediction grown out of bounds still shows.
+local PIPE_OVER = {
+  { 4, 4, 16, '1f1b', '0' }, { 4, 4, 16, '1f1b', '1' },
+  { 4, 2, 4, '1f1b', '0', 'optimizer' }, { 4, 2, 4, '1f1b', '1', 'optimizer' },
+}
+local function pipe_layouts(list, over)
+  for _, c in ipairs(list) do
     local N, P, chunks, sched, ck, shard = unpack(c)
     shard = shard or 'none'
     local out, rc = L.replicas(N, 'plan_pipe_peak.lua',
@@ -231,12 +236,20 @@ H.test('predicted peak per stage within 10% of the measured one: 14 pipeline lay
       n = n + 1
       p, m = tonumber(p), tonumber(m)
       local err = (p - m) / m
-      H.check(math.abs(err) <= 0.10 and p * (1 + layouts.SAFETY) >= m,
-        ('%s rank %s: predicted %d, measured %d (%.1f%%)'):format(what, r, p, m, 100 * err))
+      local ok = p * (1 + layouts.SAFETY) >= m
+      if over then ok = ok and err <= 0.25 else ok = ok and math.abs(err) <= 0.10 end
+      H.check(ok, ('%s rank %s: predicted %d, measured %d (%.1f%%)'):format(what, r, p, m,
+        100 * err))
       H.eq(st, planned, what .. ': the pipeline has the planned stages')
     end
     H.eq(n, N, what .. ': every replica reports')
   end
+end
+H.test('predicted peak per stage within 10% of the measured one: 14 pipeline layouts', function()
+  pipe_layouts(PIPE, false)
+end)
+H.test('predicted peak per stage never under the measured one: 4 more pipeline layouts', function()
+  pipe_layouts(PIPE_OVER, true)
 end)
 
 H.done()
