@@ -8,9 +8,10 @@ Each replica trains a wrapped two-layer model with SGD (momentum) on random
 batches in an endless loop, with em.distribute.mirrored{timeout = TIMEOUT}.
 Replica 0 saves a checkpoint to DIR/ckpt every SAVE_EVERY steps (default 1: a
 kill may land in the middle of a save), holding the model, the optimizer, the
-step and `sum`, the sum of every parameter computed before the save, so that
-check_ckpt.lua can tell a whole checkpoint from a torn one without knowing
-which step it holds. After its third step each replica writes its pid to
+step, `world` (the number of replicas) and `sum`, the sum of every parameter
+computed before the save. check_ckpt.lua replays the run to the saved step from
+the seeds below (the model's 7, replica R's batches 100 + R) and compares
+every tensor, so what this loop draws and how it steps must stay as it is. After its third step each replica writes its pid to
 DIR/ready.RANK: the fault is injected only once every replica is mid-training.
 The only way out is a fault: the communicator's error (a peer that died,
 stopped or was cut off) ends the replica with a message naming the peer.
@@ -44,7 +45,7 @@ while true do
   opt:step()
   if s.rank == 0 and step % save_every == 0 then
     em.checkpoint.save(dir .. '/ckpt', { model = model, optimizer = opt, step = step,
-      sum = param_sum() })
+      world = s.world_size, sum = param_sum() })
   end
   if step == 3 then
     local f = assert(io.open(dir .. '/ready.' .. s.rank .. '.tmp', 'w'))
