@@ -6,9 +6,13 @@
 --        model trained on the whole batch: 3 Adam steps; each step compares the loss
 --        and every gradient of this stage, then the parameters after the update.
 --        Prints "rank R stage S lossdiff X graddiff Y maxdiff Z counts a,b,..".
---   bubble SCHED P CHUNKS   P (x V) pieces that each sleep 20 ms in forward and in backward
---        per micro-batch: prints "rank R bubble B"
---   memory SCHED P CHUNKS   prints "rank R peak BYTES inflight K"
+--   bubble SCHED P CHUNKS TRACE  P (x V) pieces that each sleep 20 ms in forward and in
+--        backward per micro-batch; the second step profiled, its trace written to
+--        TRACE: prints "rank R bubble B step_s S" (pp:stats() of that step)
+--   memory SCHED P CHUNKS   P stages of DEPTH linear layers, micro-batches of 64 rows:
+--        prints "rank R peak BYTES activations BYTES depth DEPTH tensor BYTES" (the
+--        step's peak, its part over what the stage held before the step, and the
+--        bytes of one layer's output for one micro-batch)
 --   errors P                 every bad setting, caught: "rank R case NAME: message"
 --   save DIR [P [SHARD [SCHED]]]  P stages (default 2; world P x D, the stages' replicas
 --        sharding with SHARD: 'optimizer', 'gradients', 'parameters' or 'none'; SCHED
@@ -185,6 +189,8 @@ if mode == 'zero' then
   return
 end
 
+-- the linear layers per stage of `memory`
+local DEPTH = 32
 if mode == 'bubble' or mode == 'memory' then
   local sched, P, chunks = arg[2], tonumber(arg[3]), tonumber(arg[4])
   local virtual
@@ -207,23 +213,42 @@ if mode == 'bubble' or mode == 'memory' then
     kids[1] = nn.Sequential(nn.Linear(4, 4), Sleep())
     model = nn.Sequential(kids)
   else
+    -- a chain of linear layers: each keeps its input for the backward, so a
+    -- micro-batch in flight holds DEPTH tensors on a stage and leaves no
+    -- garbage in its forward
     em.manual_seed(1)
     local kids = {}
-    for k = 1, P do kids[#kids + 1] = nn.Linear(256, 256); kids[#kids + 1] = nn.Tanh() end
+    for k = 1, P * DEPTH do kids[k] = nn.Linear(256, 256) end
     model = nn.Sequential(kids)
   end
   local pp = em.distribute.pipeline(model, { stages = P, chunks = chunks, schedule = sched,
     virtual = virtual })
   local width = mode == 'bubble' and 4 or 256
-  local rows = mode == 'bubble' and chunks or chunks * 256
+  local rows = mode == 'bubble' and chunks or chunks * 64
   local x, y = em.randn(rows, width), em.randn(rows, width)
-  for _ = 1, 2 do pp:step(x, y, function(o, t) return ((o - t) ^ 2):mean() end) end
-  local st = pp:stats()
+  local function mse_(o, t) return ((o - t) ^ 2):mean() end
   if mode == 'bubble' then
-    print(('rank %d bubble %.4f step_s %.3f'):format(R, st.bubble, st.step_s))
-  else
-    print(('rank %d peak %d'):format(R, st.peak_bytes))
+    -- the second step under the profiler (the first one sends the headers)
+    pp:step(x, y, mse_)
+    s:barrier()
+    em.profile.start { trace = arg[5] }
+    pp:step(x, y, mse_)
+    em.profile.step()
+    em.profile.stop()
+    local st = pp:stats()
+    print(('rank %d bubble %.9f step_s %.9f'):format(R, st.bubble, st.step_s))
+    return
   end
+  local base
+  for _ = 1, 2 do
+    em.collect()
+    base = em.memory_stats().allocated
+    pp:step(x, y, mse_)
+  end
+  local st = pp:stats()
+  -- the step's peak over what was held before it: the micro-batches in flight
+  print(('rank %d peak %d activations %d depth %d tensor %d'):format(R, st.peak_bytes,
+    st.peak_bytes - base, DEPTH, 64 * 256 * 4))
   return
 end
 
