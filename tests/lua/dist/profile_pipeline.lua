@@ -11,9 +11,10 @@ so that every stage's step ends together. With equal stages each stage idles
   uneven  the last stage works 4*C per chunk: the others wait for it, and the
           first stage's bubble is far above the formula.
 Each replica waits only inside the profiler's bubbles (prof._bubble), times
-those waits and its steps itself, reports each step through prof._pipeline, and sets a
-predicted peak of (rank + 1) MB (em.profile.expect). Replica 0 prints the
-report's fields as KEY=value lines.
+those waits (inside the spans) and its steps itself, reports each step through
+prof._pipeline, and sets a predicted peak of (rank + 1) MB (em.profile.expect).
+Replica 0 prints the report's fields as KEY=value lines, a replica's figures
+as REPk=name:value ones.
 ]]
 local em = require 'ember'
 local prof = require 'ember.profile'
@@ -67,27 +68,30 @@ step()                              -- warm up outside the profile
 s:barrier()
 em.profile.expect { peak_bytes = (r + 1) * 1e6 }
 local wsum, share_sum = 0, 0
-local t_start = em.clock()
 em.profile.start { trace = out .. '/trace.json', html = out .. '/page.html' }
 for _ = 1, 5 do
   local wt, dt = step()
   wsum, share_sum = wsum + wt, share_sum + wt / dt
   em.profile.step()
 end
-local t_end = em.clock()                -- the profile's steps: from start to the last mark
 local rep = em.profile.stop()
 em.profile.expect {}
--- every replica's own measures of its bubble: the share of the profiled steps it
--- spent in bubbles, and the mean of the shares it reported, for replica 0 to print
-local all = s:allgather(em.tensor({ wsum / (t_end - t_start), share_sum / 5 },
-                                  { dtype = 'float64' })):totable()
+-- every replica's own measures of its bubble: the seconds of the profiled steps
+-- its clock read inside bubbles, and the mean of the shares it reported, for
+-- replica 0 to print
+local all = s:allgather(em.tensor({ wsum, share_sum / 5 }, { dtype = 'float64' })):totable()
 if r == 0 then
   print('REPLICAS=' .. #rep.replicas)
+  -- per replica: its breakdown's shares and bubble seconds (all steps), its own
+  -- figures, its pipeline's figures in the report and its predicted peak
   for _, x in ipairs(rep.replicas) do
-    print(('REP%d=%.6f %.6f %.6f %s %s %s %.9f'):format(x.rank, x.breakdown.bubble or -1,
-      x.breakdown.communication, all[2 * x.rank + 1],
-      x.pipeline and x.pipeline.stage or 'nil', x.pipeline and ('%.9f'):format(x.pipeline.bubble)
-        or 'nil', tostring(x.expected_peak_bytes), all[2 * x.rank + 2]))
+    print(('REP%d=bubble:%.9f communication:%.9f bubble_s:%.9f waited:%.9f stage:%s ' ..
+      'pipeline_bubble:%s predicted:%s mean:%.9f'):format(x.rank,
+      x.breakdown.bubble or -1, x.breakdown.communication,
+      (x.breakdown.bubble or 0) * x.step_s * rep.steps, all[2 * x.rank + 1],
+      x.pipeline and x.pipeline.stage or 'nil',
+      x.pipeline and ('%.9f'):format(x.pipeline.bubble) or 'nil', tostring(x.expected_peak_bytes),
+      all[2 * x.rank + 2]))
   end
   local kinds = {}
   for _, d in ipairs(rep.diagnosis) do
