@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # run.sh -- runs the test programs, several at a time, and adds up their results.
 #
-#   bash tests/run.sh [--c-only] [--only REGEX] [--jobs N] BUILD_DIR
+#   bash tests/run.sh [--c-only] [--only REGEX] [--except REGEX] [--jobs N] BUILD_DIR
 #
 # Runs every BUILD_DIR/tests/test_* C program and, unless --c-only, every
 # tests/lua/test_*.lua with BUILD_DIR/ember. --only keeps the programs whose names
 # match the extended regex (`make check ONLY=...`, and the ThreadSanitizer pass
-# runs the tests of the concurrent code this way).
+# runs the tests of the concurrent code this way); --except leaves out those that
+# match (`make check` leaves out the portable build's packaging test).
 #
 # Each program prints one line per check group or failure and ends with
 # `#counts PASSED FAILED [SKIPPED]`. This script prints each program's output whole
@@ -26,11 +27,12 @@
 # checks read a wall clock against a bound runs alone, after the rest, so that
 # its neighbours cannot push it over (SOLO).
 
-c_only=0 only="" jobs=${EMBER_TEST_JOBS:-}
+c_only=0 only="" except="" jobs=${EMBER_TEST_JOBS:-}
 while [ $# -gt 1 ]; do
   case $1 in
     --c-only) c_only=1; shift ;;
     --only) only=$2; shift 2 ;;
+    --except) except=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     *) break ;;
   esac
@@ -62,6 +64,7 @@ list=$TMP/list
 : > "$list"
 add() {   # add NAME COMMAND
   if [ -n "$only" ] && ! printf '%s\n' "$1" | grep -Eq "$only"; then return; fi
+  if [ -n "$except" ] && printf '%s\n' "$1" | grep -Eq "$except"; then return; fi
   printf '%s\t%s\n' "$1" "$2" >> "$list"
 }
 found=0

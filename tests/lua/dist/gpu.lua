@@ -65,8 +65,7 @@ for step = 1, steps do
   opt_ref:step()
   if step == 2 and s.rank == 1 and mode == 'error' then error('boom on the GPU replica') end
   if step == 2 and s.rank == 1 and mode == 'hang' then
-    local t0 = em.clock()
-    while em.clock() - t0 < 600 do end
+    dofile((arg[0]:match('^(.*/)') or './') .. 'idle.lua')(600)
   end
   opt:zero_grad()
   mse(dm(xs), ys):backward()
