@@ -326,13 +326,15 @@ H.test('on emulated GPU replicas', function()
   equal_to_one_model(out, rc, 2, 'GPU gpipe')
 end)
 
--- `bubble SCHED P M`: P (x V) pieces that sleep 20 ms in each forward and
--- backward, the second step profiled. What the profiler recorded there, per
--- stage: the forwards and backwards in the schedule's order (whose bubble in
--- op units is the formula's: the schedule checks above), one bubble span per
--- blocking wait (each receive, each send's end, the loss's allreduce), and the
--- stage's own figure (pp:stats().bubble of that step) enclosing those spans and
--- no more than the step less its sleeps. And the stages ran together: the
+-- `bubble SCHED P M`: P (x V) pieces that sleep 10 ms in each forward and
+-- backward, one step profiled. What the profiler recorded there, per stage:
+-- the forwards and backwards in the schedule's order (whose bubble in op units
+-- is the formula's: the schedule checks above), one bubble span per blocking
+-- wait (each receive, each send's end, the loss's allreduce, and the
+-- activations' headers, received and sent once per piece in a first step),
+-- and the stage's own figure (pp:stats().bubble of that step) enclosing those
+-- spans and no more than the step less its sleeps (and in a next step that
+-- sleeps nowhere, a share of that step alone). And the stages ran together: the
 -- sleeps of all stages overlap, against one stage at a time, by at least half
 -- of what the formula's bubble leaves (P (1 - bubble)) -- a sleep needs no
 -- core, so a loaded machine delays the ops around the sleeps but leaves them
@@ -342,17 +344,20 @@ end)
 local decode = require 'ember.checkpoint.json'
 local tmp = H.tmpdir()
 
--- the kinds of ops ('F'/'B') in order, and the blocking waits they make
+-- the kinds of ops ('F'/'B') in order, and the blocking waits of a first step
 local function want_ops(name, p, m, st, v)
   local kinds, waits = {}, 1                      -- (1: the loss's allreduce)
   local top = p * v - 1
+  local told = {}                                 -- pieces whose activation has had its header
   for _, op in ipairs(schedule.ops(name, p, m, st, v)) do
     kinds[#kinds + 1] = op[1]
     local piece = schedule.piece(op, p, st)
     local from, to = piece - 1, piece + 1         -- a forward's neighbours
     if op[1] == 'B' then from, to = piece + 1, piece - 1 end
-    if from >= 0 and from <= top then waits = waits + 1 end     -- its receive
-    if to >= 0 and to <= top then waits = waits + 1 end         -- its send's end
+    local n = 1
+    if op[1] == 'F' and not told[piece] then n = 2; told[piece] = true end
+    if from >= 0 and from <= top then waits = waits + n end     -- its receives
+    if to >= 0 and to <= top then waits = waits + n end         -- its sends' ends
   end
   return table.concat(kinds), waits
 end
@@ -410,8 +415,10 @@ local function check_bubble(sched, p, m, concurrency)
     H.eq(table.concat(ops), kinds, ('%s stage %d: forwards and backwards in the schedule\'s ' ..
       'order'):format(what, st))
     H.eq(waits, nwaits, ('%s stage %d: a bubble span per blocking wait'):format(what, st))
-    local b, step = out:match('rank ' .. st .. ' bubble (%S+) step_s (%S+)')
-    b, step = tonumber(b), tonumber(step)
+    local b, step, next_b = out:match('rank ' .. st .. ' bubble (%S+) step_s (%S+) next (%S+)')
+    b, step, next_b = tonumber(b), tonumber(step), tonumber(next_b)
+    H.check(next_b and next_b >= 0 and next_b < 1, ('%s stage %d: the next step\'s bubble %s ' ..
+      'is a share of its own'):format(what, st, tostring(next_b)))
     -- (the trace keeps nanoseconds: a span's figure is within 1e-9 s of its own)
     local slack = 1e-9 * (waits + #ops + 1)
     H.check(b and b * step >= waited - slack and b * step + sleeps <= step + slack,

@@ -6,9 +6,10 @@
 --        model trained on the whole batch: 3 Adam steps; each step compares the loss
 --        and every gradient of this stage, then the parameters after the update.
 --        Prints "rank R stage S lossdiff X graddiff Y maxdiff Z counts a,b,..".
---   bubble SCHED P CHUNKS TRACE  P (x V) pieces that each sleep 20 ms in forward and in
---        backward per micro-batch; the second step profiled, its trace written to
---        TRACE: prints "rank R bubble B step_s S" (pp:stats() of that step)
+--   bubble SCHED P CHUNKS TRACE  P (x V) pieces that each sleep 10 ms in forward and in
+--        backward per micro-batch; one step, profiled, its trace written to TRACE,
+--        then one that sleeps nowhere: prints "rank R bubble B step_s S next B2"
+--        (pp:stats() of the two steps)
 --   memory SCHED P CHUNKS   P stages of DEPTH linear layers, micro-batches of 64 rows:
 --        prints "rank R peak BYTES activations BYTES depth DEPTH tensor BYTES" (the
 --        step's peak, its part over what the stage held before the step, and the
@@ -197,12 +198,13 @@ if mode == 'bubble' or mode == 'memory' then
   sched, virtual = schedule_of(sched)
   local V = virtual or 1
   local model
+  local napping = true
   if mode == 'bubble' then
     local ffi = require 'ffi'
     pcall(ffi.cdef, 'int usleep(unsigned int usec);')
-    -- 20 ms per chunk: the formula holds for any equal cost, and a longer
+    -- 10 ms per chunk: the formula holds for any equal cost, and a longer
     -- one leaves the ops' own overhead a smaller share
-    local function nap() ffi.C.usleep(20000) end
+    local function nap() if napping then ffi.C.usleep(10000) end end
     local Sleep = nn.Module:extend('Sleep')
     function Sleep:forward(x)
       nap()
@@ -228,15 +230,19 @@ if mode == 'bubble' or mode == 'memory' then
   local x, y = em.randn(rows, width), em.randn(rows, width)
   local function mse_(o, t) return ((o - t) ^ 2):mean() end
   if mode == 'bubble' then
-    -- the second step under the profiler (the first one sends the headers)
-    pp:step(x, y, mse_)
+    -- the first step under the profiler: it sends the activations' headers too
     s:barrier()
     em.profile.start { trace = arg[5] }
     pp:step(x, y, mse_)
     em.profile.step()
     em.profile.stop()
     local st = pp:stats()
-    print(('rank %d bubble %.9f step_s %.9f'):format(R, st.bubble, st.step_s))
+    -- and a step that sleeps nowhere: its figure is its own, whatever the last
+    -- step waited
+    napping = false
+    pp:step(x, y, mse_)
+    print(('rank %d bubble %.9f step_s %.9f next %.9f'):format(R, st.bubble, st.step_s,
+      pp:stats().bubble))
     return
   end
   local base
