@@ -117,6 +117,16 @@ static inline int check_skip_all(const char *why) {
   return check_done();
 }
 
+/* CHECK_SANITIZED: 1 in the AddressSanitizer and ThreadSanitizer builds, where code
+** runs several times slower. A race or an overflow shows at the smallest size that
+** reaches its code path, so a test may run its large cases there at a smaller size
+** that still reaches the same path (and says which in a comment). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CHECK_SANITIZED 1
+#else
+#define CHECK_SANITIZED 0
+#endif
+
 /* -- The macros ----------------------------------------------------------------- */
 #define RUN(fn, ...) (chk_group_begin(#fn), fn(__VA_ARGS__))
 

@@ -7,10 +7,10 @@
 ** argmin ties and index bases, softmax / log_softmax along each dim. Every
 ** device result is computed twice and must be bit-identical (determinism).
 ** test_split covers the work that k_reduce.c cuts across many blocks (few
-** outputs, long slices: 2^20+3 and 2^24 elements), with contiguous, transposed,
-** expanded (stride 0) and misaligned (narrowed by one element) inputs, and
-** sums of integer-valued floats, which double accumulation makes exact in any
-** order: those must equal the CPU's and the closed form bit for bit.
+** outputs, long slices: n = 2^20+3 and 2^24 elements; 2^16+3 and 2^18 under
+** the sanitizers), with contiguous, transposed, expanded (stride 0) and
+** misaligned (narrowed by one element) inputs, and sums of integer-valued
+** floats, which double accumulation makes exact in any order: those must equal the CPU's and the closed form bit for bit.
 */
 #include "cuda_check.h"
 
@@ -449,7 +449,10 @@ static double device_sum(em_state *S, em_tensor *h) {
 ** from the CPU's; the error is ~1e-16 * sqrt(n) of that), bit-identical twice. */
 static void test_split(em_state *S) {
   char what[160];
-  const int64_t N1 = (1 << 20) + 3;
+  /* Under the sanitizers 2^16 + 3: still split (split_of needs 2 * SPLIT_MIN), in
+  ** 16 chunks with a short last one, where 2^20 + 3 makes 256 of them. */
+  const int64_t N1 = (CHECK_SANITIZED ? (1 << 16) : (1 << 20)) + 3;
+  const int64_t N24 = CHECK_SANITIZED ? (1 << 18) : (1 << 24);
   em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64};
   for (int t = 0; t < 2; t++) {
     em_dtype dt = dts[t];
@@ -460,19 +463,19 @@ static void test_split(em_state *S) {
     const char *on[] = {"sum", "mean", "amax", "amin", "logsumexp", "all"};
     for (int o = 0; o < 6; o++) {
       spec sp = {OP_REDUCE, ops[o], NULL, 0, 0, 0, 0, 0, 0};
-      snprintf(what, sizeof what, "split %s %s 2^20+3", on[o], dn);
+      snprintf(what, sizeof what, "split %s %s n", on[o], dn);
       compare(S, what, &sp, h, 0);
       compare(S, what, &sp, h, 3);                   /* misaligned start */
-      snprintf(what, sizeof what, "split %s %s (3, 2^20+3) all", on[o], dn);
+      snprintf(what, sizeof what, "split %s %s (3, n) all", on[o], dn);
       compare(S, what, &sp, h2, 1);                  /* transposed */
       spec sr = {OP_REDUCE, ops[o], DM1, 1, 1, 0, 0, 0, 0};
-      snprintf(what, sizeof what, "split %s %s (3, 2^20+3) dim -1", on[o], dn);
+      snprintf(what, sizeof what, "split %s %s (3, n) dim -1", on[o], dn);
       compare(S, what, &sr, h2, 0);
       compare(S, what, &sr, h2, 3);
       spec sc = {OP_REDUCE, ops[o], D0, 1, 0, 0, 0, 0, 0};
-      snprintf(what, sizeof what, "split %s %s (2^20+3, 3) dim 0 (strided)", on[o], dn);
+      snprintf(what, sizeof what, "split %s %s (n, 3) dim 0 (strided)", on[o], dn);
       compare(S, what, &sc, hc, 0);
-      snprintf(what, sizeof what, "split %s %s expanded (5, 2^20+3)", on[o], dn);
+      snprintf(what, sizeof what, "split %s %s expanded (5, n)", on[o], dn);
       compare(S, what, &sp, he, 2);                  /* stride 0 */
     }
     for (int sq = 0; sq < 2; sq++) {
@@ -522,7 +525,7 @@ static void test_split(em_state *S) {
   }
   /* integer-valued floats: exact sums, so the split must give the closed form */
   struct { em_dtype dt; int64_t n; } ex[] = {{EM_FLOAT64, N1}, {EM_FLOAT32, N1},
-                                             {EM_FLOAT32, 1 << 24}, {EM_FLOAT64, 1 << 24}};
+                                             {EM_FLOAT32, N24}, {EM_FLOAT64, N24}};
   for (int t = 0; t < 4; t++) {
     double want;
     int64_t n = ex[t].n;
@@ -536,7 +539,7 @@ static void test_split(em_state *S) {
           em_dtype_name(ex[t].dt));
     spec sp = {OP_REDUCE, EM_SUM, NULL, 0, 0, 0, 0, 0, 0};
     snprintf(what, sizeof what, "split sum %s %lld", em_dtype_name(ex[t].dt), (long long)n);
-    if (n < (1 << 24) || ex[t].dt == EM_FLOAT32) {
+    if (n < N24 || ex[t].dt == EM_FLOAT32) {
       compare(S, what, &sp, h, 0);
       spec sm = {OP_REDUCE, EM_MEAN, NULL, 0, 0, 0, 0, 0, 0};
       compare(S, what, &sm, h, 0);

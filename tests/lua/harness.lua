@@ -74,6 +74,18 @@ function H.tsan()
   return (pcall(function() return ffi.C.__tsan_init end))
 end
 
+-- The cases of `list` to run: all of them, but under ThreadSanitizer only those at
+-- the indices `picks`. For lists whose cases differ in sizes or counts, not in the
+-- code they reach: a race shows at the smallest case that reaches its code, and
+-- the plain build still runs every case. Says how many it kept.
+function H.tsan_pick(list, picks)
+  if not H.tsan() then return list end
+  local kept = {}
+  for _, i in ipairs(picks) do kept[#kept + 1] = list[i] end
+  out(('  under ThreadSanitizer: %d of %d cases, each code path once'):format(#kept, #list))
+  return kept
+end
+
 -- A file's bytes, or nil when it cannot be read.
 function H.read(path)
   local f = io.open(path, 'rb')
