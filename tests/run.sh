@@ -134,19 +134,20 @@ run_one() {
 while IFS="$(printf '\t')" read -r name cmd; do
   printf '%s\n' "$name" | grep -Eq "$SOLO" && continue
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-  run_one "$name" "$cmd" &
+  run_one "$name" "$cmd" < /dev/null &
 done < "$TMP/ordered"
 wait
 while IFS="$(printf '\t')" read -r name cmd; do
   printf '%s\n' "$name" | grep -Eq "$SOLO" || continue
-  run_one "$name" "$cmd"
+  run_one "$name" "$cmd" < /dev/null
 done < "$TMP/ordered"
 
 # -- The sums, the problems, the times for next time --------------------------------
 passed=0 failed=0 skipped=0 problems="" newtimes=$TMP/times
 : > "$newtimes"
 while IFS="$(printf '\t')" read -r name cmd; do
-  read -r p f s secs why < "$TMP/res/$name"
+  if [ -f "$TMP/res/$name" ]; then read -r p f s secs why < "$TMP/res/$name"
+  else p=0 f=0 s=0 secs=0 why="never ran (no result)"; fi
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
   echo "$name $secs" >> "$newtimes"
   if [ -n "$why" ]; then

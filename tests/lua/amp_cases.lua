@@ -18,16 +18,8 @@ local tol = { bfloat16 = 3e-2, float16 = 4e-3 }
 -- differ from plain float32 by rounding alone
 local F32_TOL = 1e-6
 
-local function maxrel(got, want)
-  local g, w = got:double():reshape(-1):totable(), want:double():reshape(-1):totable()
-  local scale = 0
-  for i = 1, #w do scale = math.max(scale, math.abs(w[i])) end
-  local m = 0
-  for i = 1, #w do m = math.max(m, math.abs(g[i] - w[i]) / (scale + 1e-12)) end
-  return m
-end
-
 function A.run(H, em, dev)
+  local maxrel = H.maxrel
   local F = em.nn.F
   local amp = em.amp
   local function on(t) return dev == 'cpu' and t or t:to(dev) end
