@@ -17,8 +17,9 @@
 
 PREFIX   ?= /usr/local
 SANITIZE ?= 0
-# Every core builds: a plain `make` is as fast as `make -j$(nproc)`.
-ifeq ($(filter -j%,$(MAKEFLAGS)),)
+# Every core builds: a plain `make` is `make -j$(nproc)`. Only the top make sets
+# it (a -j on the command line still wins); sub-makes share its job slots.
+ifeq ($(MAKELEVEL),0)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 endif
 # The local build is for this machine's CPU. What leaves it (make install, the
@@ -342,7 +343,7 @@ $(BUILD)/gpu-tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(BUILD)/libember.so $
 	  -Wl,-rpath,'$$ORIGIN/../lib' $(LDLIBS)
 
 # ONLY=regex: the test programs whose names match (make test and make check).
-RUN_TESTS = bash tests/run.sh $(if $(ONLY),--only '$(ONLY)')
+RUN_TESTS = bash tests/run.sh $(if $(value ONLY),--only '$(value ONLY)')
 # build-tests: what `make test` of this configuration runs, built and not run
 # (.ci/run times the builds apart from the tests).
 .PHONY: build-tests
@@ -352,18 +353,21 @@ test: build-tests
 	@$(RUN_TESTS) --c-only $(BUILD)
 else ifeq ($(SANITIZE),thread)
 # The code that runs on several threads: the loader, its stages and transforms,
-# the communicators and replicas, and the profiler recording from all of them. (Not test_comm_mpi: Open MPI's uninstrumented
+# the communicators and replicas (sharded and activation checkpoints, the
+# mixed-precision scaler and the gradient buckets on replicas too), OpenBLAS's
+# thread count under several states, and the profiler recording from all of
+# them. (Not test_comm_mpi: Open MPI's uninstrumented
 # plugins trip ThreadSanitizer inside libmpi; all of ember's MPI calls are made on
 # one thread, the communicator's, whose queue test_comm covers.) OpenBLAS is not
 # instrumented either: its own thread pool's hand-offs would read as races, and
 # more or fewer of them show depending on the kernel it picks for the host's CPU,
 # so tests/tsan.supp leaves frames inside libopenblas out.
-TSAN_TESTS := loader|data|transforms|^test_comm$$|^test_comm_p2p$$|^test_comm_group$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$
+TSAN_TESTS := loader|data|transforms|^test_comm$$|^test_comm_p2p$$|^test_comm_group$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$|^test_blas_threads$$|^test_(checkpoint_shard|checkpoint_act|amp_strategies|wrap_grad_dest)\.lua$$
 build-tests: all $(CTEST_BIN)
 test: build-tests
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
 	  TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp $$TSAN_OPTIONS" \
-	  $(RUN_TESTS) --only '$(if $(ONLY),$(ONLY),$(TSAN_TESTS))' $(BUILD)
+	  $(RUN_TESTS) --only '$(if $(value ONLY),$(value ONLY),$(TSAN_TESTS))' $(BUILD)
 else
 # deps-run: test_distribute trains the example on a slice of Fashion-MNIST;
 # deps-test: test_profile_page renders the profiler's page in headless Chromium.
@@ -380,11 +384,11 @@ check: all $(CTEST_BIN)
 	@$(RUN_TESTS) --except '^test_gpu_pack\.lua$$' $(BUILD)
 
 # Fault tests (tests/faults/run.sh): replicas killed, stopped or cut off under
-# mpirun, a full disk during a checkpoint; about two minutes. Needs root for the
+# mpirun, a full disk during a checkpoint; two cases at a time, about half a minute. Needs root for the
 # network namespaces and the tmpfs (those cases skip otherwise).
 .PHONY: test-faults
 test-faults: deps all
-	@sh tests/faults/run.sh $(BUILD)
+	@bash tests/faults/run.sh $(BUILD)
 
 # -- Running -------------------------------------------------------------------------------
 # The main job: the Fashion-MNIST CNN, 5 epochs; its last line is the test accuracy.

@@ -49,10 +49,10 @@ export EMBER_TESTS
 
 # The programs that take longest on a fresh build, longest first; the rest
 # follow in name order. Only the order depends on this list.
-SLOW_HINT="test_gpu_pack.lua test_distribute_pipeline.lua test_distribute.lua
-test_distribute_shard.lua test_distribute_plan.lua test_profile_pipeline.lua
-test_cuda_alloc test_comm_mpi test_amp_strategies.lua test_channels_last.lua
-test_nn_kernels test_loader test_distribute_group.lua test_profile.lua"
+SLOW_HINT="test_distribute_plan.lua test_gpu_pack.lua test_distribute.lua test_cuda_reduce
+test_cuda_ops.lua test_distribute_pipeline.lua test_distribute_p2p.lua test_cuda.lua
+test_cuda_distribute.lua test_distribute_shard.lua test_cuda_elementwise test_embed.lua
+test_comm_mpi test_cuda_index_grads.lua test_profile.lua test_cuda_example.lua"
 # Programs whose checks compare wall-clock times: run alone, after the others.
 SOLO='^(test_progress_line\.lua)$'
 

@@ -1,8 +1,8 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # run.sh -- fault tests (`make test-faults`): a replica killed, stopped or cut
 # off mid-training, a disk that fills up during a checkpoint.
 #
-#   sh tests/faults/run.sh [--only REGEX] BUILD_DIR
+#   bash tests/faults/run.sh [--only REGEX] BUILD_DIR
 #
 # Each case starts the processes it hurts with a hard deadline (timeout -k), so a
 # case that fails can never hang: a deadline reached is a failure, reported by
@@ -320,10 +320,38 @@ disk_cleanup() { umount "$TMP/disk-full" 2> /dev/null; }
 
 # -- The cases ------------------------------------------------------------------------------
 [ -x "$EMBER" ] || { echo "FAIL $EMBER is missing (make all)"; echo "0 passed, 1 failed"; exit 1; }
-for c in "kill_case 2 1" "kill_case 3 0" "kill_case 2 1 ft" "kill_case 3 2 ft" \
-         "stop_case 2 1" "stop_case 3 1 cont" "netns_case" "disk_case"; do
-  failed0=$failed
-  $c
+# Two cases at a time (EMBER_FAULT_JOBS): a case spends most of its time waiting
+# for a communicator's timeout or for mpirun to notice, so a second one fills that
+# time. Each runs in a subshell with its own counts and cleanups, its output in a
+# file printed whole when it ends; the counts are added up after the last one.
+# The longest (the cut link, which waits out TCP's retries) starts first.
+jobs=${EMBER_FAULT_JOBS:-2} i=0
+for c in "netns_case" "kill_case 2 1" "kill_case 3 0" "kill_case 2 1 ft" "kill_case 3 2 ft" \
+         "stop_case 2 1" "stop_case 3 1 cont" "disk_case"; do
+  i=$((i + 1))
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  (
+    passed=0 failed=0 skipped=0 problems="" cleanups="" failed0=0
+    trap 'for x in $cleanups; do eval "$x"; done' EXIT
+    out=$TMP/case.$i    # (the case functions have an i of their own)
+    $c > "$out.out" 2>&1
+    echo "$passed $failed $skipped" > "$out.counts"
+    printf '%s' "$problems" > "$out.problems"
+    { flock 9; cat "$out.out"; } 9> "$TMP/print.lock"
+  ) < /dev/null &
+done
+wait
+n=$i i=0
+while [ $i -lt "$n" ]; do
+  i=$((i + 1))
+  if [ -f "$TMP/case.$i.counts" ]; then
+    read -r p f s < "$TMP/case.$i.counts"
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+    problems="$problems$(cat "$TMP/case.$i.problems")"
+  else
+    failed=$((failed + 1)) problems="$problems
+  case $i: ended without its counts"
+  fi
 done
 
 [ -z "$problems" ] || echo "== problems:$problems"
