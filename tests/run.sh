@@ -23,9 +23,8 @@
 # EMBER_TEST_JOBS programs (default: the number of cores) run at once, the
 # longest first so that none is left running alone at the end. The order comes
 # from the seconds each program took last time in this build folder
-# (BUILD_DIR/test-times); a fresh build uses the hint list below. A test whose
-# checks read a wall clock against a bound runs alone, after the rest, so that
-# its neighbours cannot push it over (SOLO).
+# (BUILD_DIR/test-times); a fresh build uses the hint list below. So no test may
+# compare a wall-clock time with a bound: its neighbours could push it over.
 
 c_only=0 only="" except="" jobs=${EMBER_TEST_JOBS:-}
 while [ $# -gt 1 ]; do
@@ -53,8 +52,6 @@ SLOW_HINT="test_distribute_plan.lua test_gpu_pack.lua test_distribute.lua test_c
 test_cuda_ops.lua test_distribute_pipeline.lua test_distribute_p2p.lua test_cuda.lua
 test_cuda_distribute.lua test_distribute_shard.lua test_cuda_elementwise test_embed.lua
 test_comm_mpi test_cuda_index_grads.lua test_profile.lua test_cuda_example.lua"
-# Programs whose checks compare wall-clock times: run alone, after the others.
-SOLO='^(test_progress_line\.lua)$'
 
 have_timeout=0
 command -v timeout >/dev/null 2>&1 && have_timeout=1
@@ -130,17 +127,12 @@ run_one() {
   } 9> "$TMP/lock"
 }
 
-# -- The pool: JOBS at a time, then the SOLO programs one by one -------------------
+# -- The pool: JOBS at a time ---------------------------------------------------------
 while IFS="$(printf '\t')" read -r name cmd; do
-  printf '%s\n' "$name" | grep -Eq "$SOLO" && continue
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
   run_one "$name" "$cmd" < /dev/null &
 done < "$TMP/ordered"
 wait
-while IFS="$(printf '\t')" read -r name cmd; do
-  printf '%s\n' "$name" | grep -Eq "$SOLO" || continue
-  run_one "$name" "$cmd" < /dev/null
-done < "$TMP/ordered"
 
 # -- The sums, the problems, the times for next time --------------------------------
 passed=0 failed=0 skipped=0 problems="" newtimes=$TMP/times
