@@ -117,9 +117,9 @@ run_one() {
   elif [ "$((p + f))" = 0 ] && ! grep -q '^skip: ' "$out"; then
     why="made no checks and printed no 'skip: REASON' line"
   fi
-  printf '%s %s %s %s %s\n' "$p" "$f" "$s" "$secs" "$why" > "$TMP/res/$name"
   {
-    flock 9
+    flock 9     # (the result is written under the lock too, so DONE counts it once)
+    printf '%s %s %s %s %s\n' "$p" "$f" "$s" "$secs" "$why" > "$TMP/res/$name"
     done_n=$(ls "$TMP/res" | grep -vc '\.out$')
     echo "== $name ($secs s) [$done_n/$total]"
     cat "$out"

@@ -7,7 +7,7 @@
 ** argmin ties and index bases, softmax / log_softmax along each dim. Every
 ** device result is computed twice and must be bit-identical (determinism).
 ** test_split covers the work that k_reduce.c cuts across many blocks (few
-** outputs, long slices: n = 2^20+3 and 2^24 elements; 2^16+3 and 2^18 under
+** outputs, long slices: n = 2^20+3 and 2^24 elements; 2^14+3 and 2^16 under
 ** the sanitizers), with contiguous, transposed, expanded (stride 0) and
 ** misaligned (narrowed by one element) inputs, and sums of integer-valued
 ** floats, which double accumulation makes exact in any order: those must equal the CPU's and the closed form bit for bit.
@@ -449,10 +449,10 @@ static double device_sum(em_state *S, em_tensor *h) {
 ** from the CPU's; the error is ~1e-16 * sqrt(n) of that), bit-identical twice. */
 static void test_split(em_state *S) {
   char what[160];
-  /* Under the sanitizers 2^16 + 3: still split (split_of needs 2 * SPLIT_MIN), in
-  ** 16 chunks with a short last one, where 2^20 + 3 makes 256 of them. */
-  const int64_t N1 = (CHECK_SANITIZED ? (1 << 16) : (1 << 20)) + 3;
-  const int64_t N24 = CHECK_SANITIZED ? (1 << 18) : (1 << 24);
+  /* Under the sanitizers 2^14 + 3: still split (split_of needs 2 * SPLIT_MIN =
+  ** 8192 elements), in 4 chunks with a short last one, where 2^20 + 3 makes 256. */
+  const int64_t N1 = (CHECK_SANITIZED ? (1 << 14) : (1 << 20)) + 3;
+  const int64_t N24 = CHECK_SANITIZED ? (1 << 16) : (1 << 24);
   em_dtype dts[] = {EM_FLOAT32, EM_FLOAT64};
   for (int t = 0; t < 2; t++) {
     em_dtype dt = dts[t];
