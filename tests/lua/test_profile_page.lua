@@ -252,13 +252,7 @@ local function sh(cmd)
   return ok == true or ok == 0
 end
 
-local function slurp(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
-end
+local slurp = H.read
 
 local tmp = (function()
   local p = io.popen('mktemp -d /tmp/ember-page-XXXXXX 2>/dev/null')
