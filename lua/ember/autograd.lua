@@ -49,7 +49,9 @@ function Tensor.backward(t, g)
     if type(g) == 'number' then g = require('ember.create').full({}, g, { dtype = t.dtype }) end
     gh = H(g, 'backward', 1)
   end
+  core.handles.before_backward()  -- dead forward outputs go first (handles.lua)
   if C.em_backward(S, h, gh) ~= 0 then fail() end
+  core.handles.after_backward()   -- and the rest of the forward's, after
 end
 -- A custom function's backward calls back into Lua from em_backward: that FFI
 -- call must never be compiled (ember.function).

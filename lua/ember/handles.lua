@@ -27,20 +27,35 @@ finalizer. Instead:
   * all bookkeeping except reg lives in C memory (realloc), so it does not
     inflate the Lua heap and with it the collector's pause. Each wrap adds a
     little GC debt (collectgarbage 'step' every 2048 wraps) so cycles keep up
-    with tensor creation (this also restarts a collector the user stopped),
-    and a full collection runs when the C memory held by tensors has grown
-    past max(64 MB, a quarter of what it was after the last sweep) -- big
-    tensors are invisible to the Lua heap otherwise. Host (cpu, meta) and
-    device memory are judged apart: device memory gets a wider slack, up to
-    1 GiB (a 16th of cuda:0's memory at most), because a full collection
-    costs ~50-250 us of host time, which a GPU op of a few MB finishes in far
-    less -- collecting every 64 MB of 16 MB results made `a + b` on 4M
-    floats host-bound at a quarter of the GPU's speed. The cached blocks
-    stay in the CUDA allocator, so the slack is memory held, not asked
-    again of the driver. Collection also runs when the CUDA
-    allocator raised the state's memory pressure flag (a device past 80 % of
-    its memory, or out of it: em_memory_pressure_flag). The allocator can't
-    collect by itself: Lua can't be entered from inside an op.
+    with tensor creation (this also restarts a collector the user stopped);
+  * a full collection -- `collectgarbage()`, em.collect, or one ember starts
+    itself -- releases every dead handle before it returns, old list and
+    queue included: this file replaces the global collectgarbage with one that
+    does, so that em.memory_stats() after it counts live tensors only;
+  * big tensors are invisible to the Lua heap, so a full collection also runs
+    when the C memory held by tensors has grown past max(64 MB, a quarter of
+    what it was after the last sweep). Host (cpu, meta) and device memory are
+    judged apart: device memory gets a wider slack, up to 1 GiB (a 16th of
+    cuda:0's memory at most), because a full collection costs ~50-250 us of
+    host time, which a GPU op of a few MB finishes in far less -- collecting
+    every 64 MB of 16 MB results made `a + b` on 4M floats host-bound at a
+    quarter of the GPU's speed. The cached blocks stay in the CUDA allocator,
+    so the slack is memory held, not asked again of the driver. Collection
+    also runs when the CUDA allocator raised the state's memory pressure flag
+    (a device past 80 % of its memory, or out of it: em_memory_pressure_flag).
+    The allocator can't collect by itself: Lua can't be entered from inside an
+    op;
+  * a training step collects at its two natural boundaries, so that its peak
+    is what it needs and the same step after step, without a collection per
+    op: as a backward pass begins (before_backward), the forward's outputs
+    autograd did not save are dead and go; as it ends (after_backward), the
+    rest of the forward's go. Both only where 4 MB or more of tensors is held
+    (below, a collection costs more than the step: a tiny model's loop). Each
+    step then starts from the same memory, and its collections fall at the
+    same ops: the same garbage, the same peak -- on the meta device too, so
+    the planner's measured step holds what the real one holds. Code
+    that runs many backwards per step and collects itself (a pipeline) turns
+    this off around them (step_collects).
 
 Measured on the development VM (2 cores, busy), `c = a + b` on 16-float
 tensors including the eventual release: with ffi.gc on the handle ~600 ns,
@@ -106,10 +121,12 @@ sentinel()
 -- the devices' past theirs plus max(MEM_SLACK, a quarter of it, dev_slack()).
 -- mem_limit is the cheap test wrap() makes on the total: it is crossed no later
 -- than either limit is, and then check_limit() looks at the two apart.
+local MB = 2 ^ 20
 local DEV_SLACK_MAX = 2 ^ 30
 local dstats = ffi.new('em_device_memory_stats')
 local host_limit, dev_limit = 0, 0
 local dev_slack_v               -- found once a device holds tensors
+local eager = false             -- M.eager: collect at every new tensor
 
 local function held(device)
   if C.em_device_memory(S, device, dstats) ~= 0 then return 0 end
@@ -135,18 +152,20 @@ local function split()
   return m, host, dev > 0 and dev or 0
 end
 
+
 local function set_limit()
   local m, host, dev = split()
   local hs = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK
   local ds = dev * 0.25 > MEM_SLACK and dev * 0.25 or MEM_SLACK
   if dev > 0 and dev_slack() > ds then ds = dev_slack() end
   host_limit, dev_limit = host + hs, dev + ds
-  mem_limit = m + (hs < ds and hs or ds)
+  mem_limit = eager and -1 or m + (hs < ds and hs or ds)
 end
 
 -- The total passed mem_limit: true when either limit is passed; otherwise moves
 -- mem_limit up to the nearer of the two.
 local function check_limit()
+  if eager then return true end
   local m, host, dev = split()
   if host > host_limit or dev > dev_limit then return true end
   local h, d = host_limit - host, dev_limit - dev
@@ -211,20 +230,77 @@ local function sweep()
 end
 M.sweep = sweep
 
--- Collect everything unreachable now and release its C memory.
 local pressure = C.em_memory_pressure_flag(S)   -- set by the CUDA allocator
 
-local function collect()
-  pressure[0] = 0
-  collectgarbage()
-  collectgarbage()
+-- After a full cycle of Lua's collector every dead box is known: release all
+-- their handles now, the old list's and the queued small ones too.
+local function release_dead()
   sweep()
   scan_old()
   flush()
   set_limit()
 end
+
+-- collectgarbage() and collectgarbage('collect') release what they found dead
+-- before they return; everything else is Lua's own. The global is looked up
+-- at each call (a caller may wrap it: the planner's measurement does).
+local lua_collectgarbage = collectgarbage
+local function collectgarbage_releasing(what, ...)
+  local r = lua_collectgarbage(what, ...)
+  if (what == nil or what == 'collect') and ptrs then release_dead() end
+  return r
+end
+_G.collectgarbage = collectgarbage_releasing
+
+-- A collection ember starts itself: one cycle (what a finalizer alone kept
+-- goes at the next).
+local function paced_collect()
+  pressure[0] = 0
+  collectgarbage()
+end
+
+-- Collect everything unreachable now and release its C memory. Two cycles: a
+-- finalizer that ran in the first may have dropped the last reference to
+-- tensors only the second finds dead.
+local function collect()
+  pressure[0] = 0
+  collectgarbage()
+  collectgarbage()
+  release_dead()   -- even where the global collectgarbage is not this file's
+end
 M.collect = collect
 core.collect = collect     -- for core.fail, after a device ran out of memory
+
+-- A backward pass begins: the forward's outputs autograd does not save are
+-- dead and go now, before the gradients pile up beside them -- the step's peak
+-- is then its saved activations, state and gradients, as under reference
+-- counting. It ends: the rest of the forward's outputs are dead and go, so
+-- that every step starts from the same memory. Neither where under 4 MB of
+-- tensors is held: there a collection costs more than the step.
+local STEP_MIN = 4 * MB
+local step_collects = true
+function M.before_backward()
+  if step_collects and tonumber(mem_allocated(S)) >= STEP_MIN then paced_collect() end
+end
+M.after_backward = M.before_backward
+
+-- step_collects(false): no collections at backward passes' ends, for code that
+-- runs many backwards in a step and collects itself when it has dropped what
+-- they used (a pipeline's micro-batches). Returns the previous setting.
+function M.step_collects(on)
+  local was = step_collects
+  step_collects = on and true or false
+  return was
+end
+
+-- eager(true): a full collection before every new tensor is handed out, so
+-- that dead tensors go at once, as under reference counting. Hundreds of
+-- microseconds per op: for measuring what a computation must hold (the step-
+-- peak benchmark's "needs"), never for running one. eager(false) ends it.
+function M.eager(on)
+  eager = on and true or false
+  set_limit()
+end
 
 -- Releases box b's handle now, for library code that knows b is its own and
 -- dead (a sharded model's gather buffers: megabytes that must not wait for a
@@ -266,7 +342,7 @@ local function wrap(h)
   debt = debt + 1
   if debt >= DEBT_STEP then pace() end
   if pressure[0] ~= 0 or (mem_allocated(S) > mem_limit and check_limit()) then
-    collect()
+    paced_collect()
   end
   return b
 end
@@ -280,6 +356,7 @@ end
 -- At lua_close: every handle still held goes, then the registry itself.
 table.insert(core.on_close, function()
   closing = true
+  if _G.collectgarbage == collectgarbage_releasing then _G.collectgarbage = lua_collectgarbage end
   flush()
   for id = 1, hi do
     local p = ptrs[id]

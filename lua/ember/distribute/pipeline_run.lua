@@ -44,7 +44,7 @@ end
 -- scaler:scale(loss term), so every stage's gradients arrive scaled; the loss
 -- returned is the unscaled one. Every stage then calls scaler:step(opt) and
 -- scaler:update(), which agree on skipping across all stages.
-function Pipeline:step(x, y, loss_fn, scaler)
+local function step(self, x, y, loss_fn, scaler)
   if type(loss_fn) ~= 'function' and not (type(loss_fn) == 'table' and getmetatable(loss_fn)
       and getmetatable(loss_fn).__call) then
     raise('pipeline: step(x, y, loss_fn): loss_fn must be a function, got ' .. kind(loss_fn))
@@ -141,6 +141,17 @@ function Pipeline:step(x, y, loss_fn, scaler)
                      virtual = V, bubble = st_.bubble, step_s = step_s }
   end
   return lt:to('cpu'):reshape({})
+end
+
+-- The micro-batches' backwards leave their tensors to the pipeline, which
+-- collects once they are dropped and worth it (above): no collection at each
+-- backward's end (ember.handles), whose timing the planner's replay assumes.
+function Pipeline:step(...)
+  local was = handles.step_collects(false)
+  local res = { pcall(step, self, ...) }
+  handles.step_collects(was)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
 end
 
 -- The last stage's output for x, on every replica of this pipeline (no

@@ -144,8 +144,10 @@ function M.data_memory(l, m)
   local N, mode = l.data, l.shard
   local W, S = m.weights, m.state
   local sharded = mode ~= 'none'
-  -- (ZeRO 3 holds one module's gathered weights at a time, forward and backward)
-  local params = mode == 'parameters' and math.ceil(W / N) + m.unit or W
+  -- (ZeRO 3 holds one module's gathered weights at a time, forward and backward; under
+  -- checkpointing two: a recompute gathers a module's weights while the backward
+  -- of the module after it still holds its own)
+  local params = mode == 'parameters' and math.ceil(W / N) + (l.checkpoint and 2 or 1) * m.unit or W
   local state = sharded and math.ceil(S / N) or S
   local bucket = math.min(math.max(M.SHARD_BUCKET, m.param_max), W)
   local z3 = mode == 'parameters' and M.zero3_grads(m.step.segments, m.units, N)

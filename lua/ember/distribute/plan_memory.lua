@@ -352,6 +352,8 @@ function M.children(model, o)
   local cache = o.cache or {}
   local restore = M.to_meta(model)
   local list = {}
+  -- (a pipeline's backwards make no collections of their own: pipeline_run)
+  local was = core.handles.step_collects(false)
   local ok, err = pcall(without_collector, function()
     local shape, dtype = { unpack(o.input.shape) }, o.input.dtype or 'float32'
     shape[1] = o.batch
@@ -376,6 +378,7 @@ function M.children(model, o)
       list.loss = cache[key]
     end
   end)
+  core.handles.step_collects(was)
   restore()
   em.collect()
   if not ok then error(err, 0) end
