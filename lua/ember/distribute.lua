@@ -31,8 +31,9 @@ device, and wrap moves the model there.
 
 One communicator per backend and Lua state: a second mirrored{} shares it (MPI
 can be initialised only once per process). Communicators and reducers are freed
-before the state closes (core.on_close), and when the script fails the host calls
-_abort(message), which fails them so that the other replicas hear about it.
+before the state closes (core.on_close) -- a reducer also as soon as its wrapped
+model is collected -- and when the script fails the host calls _abort(message),
+which fails them so that the other replicas hear about it.
 ]]
 local ffi = require 'ffi'
 local em = require 'ember'
@@ -261,7 +262,9 @@ local function run(self, async, start, t, out)
   if start(workout) ~= 0 then core.fail() end
   local result = t
   if out then result = core.wrap(out[0]) end
-  local box = M._track(workbox_t(workout[0]), free_work)
+  -- (a handle dropped unwaited is waited for and freed when it is collected: it
+  -- holds the collective's tensors)
+  local box = M._track(ffi.gc(workbox_t(workout[0]), free_work), free_work)
   return setmetatable({ _box = box, _result = result }, Work)
 end
 

@@ -110,7 +110,10 @@ function M.wrap(s, model, o)
                       find_unused and 1 or 0, out) ~= 0 then
     core.fail()
   end
-  local box = dist._track(reducerbox_t(out[0]), free_reducer)
+  -- The reducer holds the parameters (and its buckets) in C and has a callback on
+  -- the state: it goes with the wrapped model, or at the state's close if that
+  -- comes first (whichever is second finds nil).
+  local box = dist._track(ffi.gc(reducerbox_t(out[0]), free_reducer), free_reducer)
   local dm = setmetatable({
     module = model, strategy = s, _reducer = box, _buffers = buffers,
     _broadcast_buffers = bcast_buffers and #buffers > 0 and s.world_size > 1,
