@@ -76,12 +76,17 @@ local MB = 1024 * 1024
 -- -- Helpers ---------------------------------------------------------------------------------
 local slice, nbytes, check = gather.slice, gather.nbytes, gather.check
 
--- Every live sharded model by id (callbacks name them by id), and which model a
--- shard tensor belongs to (clip_grad_norm asks).
+-- Every live sharded model by id (callbacks name them by id), and the id of the
+-- model a shard tensor belongs to (clip_grad_norm asks). An id, not the model:
+-- LuaJIT's weak keys are no ephemerons, so a value that leads back to its key
+-- (the model holds its shards) would keep both alive for ever.
 local models = setmetatable({}, { __mode = 'v' })
 local owner = setmetatable({}, { __mode = 'k' })
 local next_id = 0
-M.owner_of = function(t) return owner[t] end
+M.owner_of = function(t)
+  local id = owner[t]
+  return id and models[id]
+end
 
 -- -- Callbacks from backward -----------------------------------------------------------------
 -- One ffi callback each for all models (LuaJIT has few callback slots); ud is
@@ -103,6 +108,27 @@ local backward_end = ffi.cast('em_backward_callback_fn', function(_, failed, ud)
   if not dm or not dm._armed then return 0 end
   return guarded(grads.on_backward_end, dm, failed ~= 0)
 end)
+
+-- A dead model's registrations go with it: a cdata the model holds, whose
+-- finalizer removes its backward callback and the hooks on its parameters (which
+-- outlive it when the model is wrapped again) and lets go of the parameters'
+-- handles it kept for that. It holds raw handles, not the tensors, so that it
+-- delays no memory; the state's close removes whatever is left first (the
+-- state's callbacks are gone after it), and then the finalizer finds it done.
+local function ud_of(n) return ffi.cast('void *', ffi.cast('intptr_t', n)) end
+local function unhook_later(id, hooked)
+  local done = false
+  local function unhook()
+    if done then return end
+    done = true
+    if hooked.callback then C.em_backward_remove_callback(S, backward_end, ud_of(id)) end
+    for i, h in ipairs(hooked) do
+      C.em_tensor_remove_grad_hook(h, grad_hook, ud_of(id * PARAM_BITS + i))
+      C.em_tensor_release(h)
+    end
+  end
+  return dist._track(ffi.gc(ffi.new('char[1]'), unhook), unhook)
+end
 
 -- -- Options -----------------------------------------------------------------------------------
 local MODES = { optimizer = true, gradients = true, parameters = true }
@@ -180,7 +206,7 @@ local function make_shards(dm, u)
         sh = slice(flat, u.lo[k], len):detach():requires_grad_()
       end
       shard[i] = sh
-      if dm.shard_mode then owner[sh] = dm end
+      if dm.shard_mode then owner[sh] = dm._id end
     end
   end)
 end
@@ -262,12 +288,16 @@ function M.wrap(s, model, o)
     for _, u in ipairs(dm._units) do gather.hook_forward(dm, u) end
   end
 
-  -- hooks
+  -- hooks, removed when the model is collected
+  local hooked = {}
+  rawset(dm, '_unhook', unhook_later(dm._id, hooked))
   for i, p in ipairs(P) do
-    check(C.em_tensor_add_grad_hook(S, p._h, grad_hook,
-      ffi.cast('void *', ffi.cast('intptr_t', dm._id * PARAM_BITS + i))))
+    check(C.em_tensor_add_grad_hook(S, p._h, grad_hook, ud_of(dm._id * PARAM_BITS + i)))
+    C.em_tensor_retain(p._h)
+    hooked[i] = p._h
   end
-  check(C.em_backward_add_callback(S, backward_end, ffi.cast('void *', ffi.cast('intptr_t', dm._id))))
+  check(C.em_backward_add_callback(S, backward_end, ud_of(dm._id)))
+  hooked.callback = true
   memory_kinds.register_model(dm)
   return dm
 end
