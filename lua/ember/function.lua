@@ -13,7 +13,12 @@ the key of `live`. A node may be freed anywhere -- by a tensor release inside
 compiled code, where a callback into Lua would be fatal ("bad callback") -- so
 its release is no callback but the core's em_function_release_flag, which sets
 the cell to 0; apply() sweeps `live` for zeroed cells when it has doubled since
-the last sweep. Cells sit in fixed chunks (C memory never moves under a node).
+the last sweep, or when Lua's collector has finished a cycle since (a
+sentinel's finalizer marks it, as in handles.lua; the finalizer itself only
+sets a flag): a backward function holds what it recomputes from -- a
+checkpointed module, a sharded model -- so dead records must not wait for the
+live ones to double. Cells sit in fixed chunks (C memory never moves under a
+node).
 
 The backward callback runs inside em_backward: the Lua functions that call
 em_backward or em_backward_capture are kept out of the JIT (jit.off), since a
@@ -48,8 +53,19 @@ local function sweep()
   sweep_at = math.max(64, 2 * nlive)
 end
 
+-- One sentinel per GC cycle: its finalizer lets the next new_id sweep.
+local dirty, closing = false, false
+local function sentinel()
+  local u = newproxy(true)
+  getmetatable(u).__gc = function()
+    dirty = true
+    if not closing then sentinel() end
+  end
+end
+sentinel()
+
 local function new_id()
-  if nlive >= sweep_at then sweep() end
+  if dirty or nlive >= sweep_at then dirty = false; sweep() end
   local id = table.remove(free)
   if not id then
     if ncells % CHUNK == 0 then chunks[#chunks + 1] = ffi.new('int32_t[?]', CHUNK) end
@@ -93,7 +109,7 @@ local callback = ffi.cast('em_function_backward_fn', function(_, ud, g, gin)
   if ok then return 0 end
   return tonumber(C.em_set_error(S, C.EM_ERR_ARG, tostring(err)))
 end)
-core.on_close[#core.on_close + 1] = function() callback:free() end
+core.on_close[#core.on_close + 1] = function() closing = true; callback:free() end
 
 -- -- apply ---------------------------------------------------------------------------------
 local out = ffi.new('em_tensor*[1]')

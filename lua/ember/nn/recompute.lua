@@ -185,8 +185,10 @@ local function checkpoint(fn, ...)
     local root = em.enable_grad(packed, again, apos)
     if not root.requires_grad then return {} end
     local gs = em.autograd.backward_capture(root, g, wrt)
-    -- as a node's saved tensors, the inputs go with the first backward
-    again, root, copies, args, params = nil, nil, nil, nil, nil
+    -- as a node's saved tensors, the inputs go with the first backward; so does
+    -- fn, which holds the module (and through it the model) until the node is
+    -- freed, which may be a collection or more later
+    again, root, copies, args, params, fn, rng = nil, nil, nil, nil, nil, nil, nil
     gs.n = #wrt
     tidy(before, gs, 1)
     return gs
