@@ -205,16 +205,23 @@ function Optimizer:_step(closure)
         b[b.n] = { p = p, h = h, gh = gh, s = s, index = index }
       end
     end
-    local failed = false
+    -- The gradients' handles are released whatever happens: an update that raises
+    -- (its state ran out of memory, say) must not leave them held, and with them
+    -- the gradients (a wrapped model's buckets) for the rest of the process.
+    local failed, err = false, nil
     for _, key in ipairs(keys) do
       local b = buckets[key]
-      if not failed then failed = update(self, g, b) ~= 0 end
+      if not failed then
+        local ok, st = pcall(update, self, g, b)
+        if not ok then failed, err = true, st else failed = st ~= 0 end
+      end
       for i = 1, b.n do
         local it = b[i]
         C.em_tensor_release(it.gh)
         if next(it.s) == nil then state[it.index] = nil end  -- stateless rule (plain SGD)
       end
     end
+    if err ~= nil then error(err, 0) end
     if failed then core.fail() end   -- the message of the failed call is still there
   end
   return loss
