@@ -51,7 +51,7 @@ export EMBER_TESTS
 SLOW_HINT="test_distribute_plan.lua test_gpu_pack.lua test_distribute.lua test_cuda_reduce
 test_cuda_ops.lua test_distribute_pipeline.lua test_distribute_p2p.lua test_cuda.lua
 test_cuda_distribute.lua test_distribute_shard.lua test_cuda_elementwise test_embed.lua
-test_comm_mpi test_cuda_index_grads.lua test_profile.lua test_cuda_example.lua"
+test_comm_mpi test_cuda_index_grads.lua test_profile.lua test_memory_sweep.lua test_cuda_example.lua"
 
 have_timeout=0
 command -v timeout >/dev/null 2>&1 && have_timeout=1
