@@ -30,8 +30,11 @@ finalizer. Instead:
     with tensor creation (this also restarts a collector the user stopped);
   * a full collection -- `collectgarbage()`, em.collect, or one ember starts
     itself -- releases every dead handle before it returns, old list and
-    queue included: this file replaces the global collectgarbage with one that
-    does, so that em.memory_stats() after it counts live tensors only;
+    queue included, and runs another cycle while a round released anything
+    (a tensor may have held the last reference to Lua objects that hold
+    more): this file replaces the global collectgarbage with one that does,
+    so that em.memory_stats() after it counts live tensors only. ember's own
+    collections make one round;
   * big tensors are invisible to the Lua heap, so a full collection also runs
     when the C memory held by tensors has grown past max(64 MB, a quarter of
     what it was after the last sweep). Host (cpu, meta) and device memory are
@@ -179,7 +182,9 @@ end
 -- burst of frees (which costs it ~3x more per tensor).
 local numel = C.em_tensor_numel
 local SMALL = 4096
+local released = 0     -- handles let go of, for a full collection's rounds
 local function drop(p)
+  released = released + 1
   if npending < cap and numel(p) <= SMALL then
     pending[npending] = p; npending = npending + 1
   else
@@ -242,31 +247,45 @@ local function release_dead()
 end
 
 -- collectgarbage() and collectgarbage('collect') release what they found dead
--- before they return; everything else is Lua's own. The global is looked up
--- at each call (a caller may wrap it: the planner's measurement does).
+-- before they return; everything else is Lua's own. A released tensor may have
+-- been the last hold on Lua objects (a custom autograd node's record, and the
+-- module its closure keeps), which only another cycle finds dead: the rounds
+-- go on while one releases anything, four at most. The global is looked up at
+-- each call (a caller may wrap it: the planner's measurement does).
 local lua_collectgarbage = collectgarbage
+local max_rounds = 4
+local function full_rounds()
+  for round = 1, max_rounds do
+    released = 0
+    release_dead()
+    if released == 0 or round == max_rounds then return end
+    lua_collectgarbage()
+  end
+end
 local function collectgarbage_releasing(what, ...)
   local r = lua_collectgarbage(what, ...)
-  if (what == nil or what == 'collect') and ptrs then release_dead() end
+  if (what == nil or what == 'collect') and ptrs then full_rounds() end
   return r
 end
 _G.collectgarbage = collectgarbage_releasing
 
--- A collection ember starts itself: one cycle (what a finalizer alone kept
--- goes at the next).
+-- A collection ember starts itself: one round (what the released tensors alone
+-- kept goes at the next collection).
 local function paced_collect()
   pressure[0] = 0
+  max_rounds = 1
   collectgarbage()
+  max_rounds = 4
 end
 
--- Collect everything unreachable now and release its C memory. Two cycles: a
--- finalizer that ran in the first may have dropped the last reference to
--- tensors only the second finds dead.
+-- Collect everything unreachable now and release its C memory. Two cycles at
+-- least: a finalizer that ran in the first may have dropped the last reference
+-- to tensors only the second finds dead.
 local function collect()
   pressure[0] = 0
-  collectgarbage()
-  collectgarbage()
-  release_dead()   -- even where the global collectgarbage is not this file's
+  lua_collectgarbage()
+  full_rounds()
+  collectgarbage()   -- the global: a caller's wrapper sees a full collection
 end
 M.collect = collect
 core.collect = collect     -- for core.fail, after a device ran out of memory
