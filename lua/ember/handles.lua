@@ -301,7 +301,13 @@ local step_collects = true
 function M.before_backward()
   if step_collects and tonumber(mem_allocated(S)) >= STEP_MIN then paced_collect() end
 end
-M.after_backward = M.before_backward
+-- (backwards: how many have run, for the profiler: a loader's step that ran none
+-- is no training step)
+M.backwards = 0
+function M.after_backward()
+  M.backwards = M.backwards + 1
+  if step_collects and tonumber(mem_allocated(S)) >= STEP_MIN then paced_collect() end
+end
 
 -- step_collects(false): no collections at backward passes' ends, for code that
 -- runs many backwards in a step and collects itself when it has dropped what

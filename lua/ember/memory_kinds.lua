@@ -25,8 +25,10 @@ Activations are what is left of the step's peak: a step's peak allocated bytes
 on the device (em.memory_stats; the tracker resets the peak as each step
 begins) less the other three kinds as they stand at the step's end, which is
 what they were at the peak as long as the step neither creates nor frees
-parameters, gradients or state between the two; it is never below 0. The
-step with the highest peak is the one reported.
+parameters, gradients or state between the two; it is never below 0. Under auto_step a loader batch ends a step,
+and one that ran no backward (an evaluation) is not reported. The
+step with the highest peak is the one reported; the first step, which also
+holds what ran before it (data read, a model built), only when it is the only one.
 
 The registries are weak: an optimizer or model that is no longer referenced
 drops out at the next collection.
@@ -273,15 +275,27 @@ Tracker.__index = Tracker
 -- A new tracker; the peaks of the devices in use start over now.
 function M.tracker()
   collectgarbage('collect')    -- optimizers no longer referenced leave the registry
-  local t = setmetatable({ best = {}, steps = 0 }, Tracker)
+  local t = setmetatable({ best = {}, first = {}, steps = 0, base = {} }, Tracker)
   t.watch = devices_of(M.measure())
-  for _, dev in ipairs({ 'cpu', unpack(t.watch) }) do reset_peak(dev) end
+  for _, dev in ipairs({ 'cpu', unpack(t.watch) }) do t:restart(dev) end
   return t
+end
+
+-- A device's peak starts over (base: the devices seen, for a skipped step).
+function Tracker:restart(dev)
+  reset_peak(dev)
+  self.base[dev] = true
 end
 
 -- The end of a step: each device's peak during it against the kinds now; the peaks
 -- start over for the next step.
-function Tracker:step()
+-- skip: the step is no training step (no backward ran: an evaluation batch);
+-- its peak starts over and is not reported.
+function Tracker:step(skip)
+  if skip then
+    for dev in pairs(self.base) do self:restart(dev) end
+    return
+  end
   local kinds = M.measure()
   local watch = devices_of(kinds)
   for _, dev in ipairs(watch) do
@@ -289,12 +303,15 @@ function Tracker:step()
     local peak = memory_stats(dev).peak
     local held = k.parameters + k.gradients + k.optimizer
     local act = k.activations or math.max(0, peak - held)
-    local best = self.best[dev]
+    -- The first step also holds what ran before it (a dataset read and
+    -- converted, the model built): it counts only if no other step comes.
+    local into = self.steps == 0 and self.first or self.best
+    local best = into[dev]
     if not best or peak > best.peak then
-      self.best[dev] = { parameters = k.parameters, gradients = k.gradients,
-                         optimizer = k.optimizer, activations = act, peak = peak }
+      into[dev] = { parameters = k.parameters, gradients = k.gradients,
+                    optimizer = k.optimizer, activations = act, peak = peak }
     end
-    reset_peak(dev)
+    self:restart(dev)
   end
   self.steps = self.steps + 1
 end
@@ -305,7 +322,7 @@ function Tracker:result()
   if self.steps == 0 then self:step() end
   local sum = { parameters = 0, gradients = 0, optimizer = 0, activations = 0, peak = 0,
                 devices = {} }
-  for dev, b in pairs(self.best) do
+  for dev, b in pairs(self.steps == 1 and self.first or self.best) do
     sum.devices[dev] = b
     for k in pairs(b) do sum[k] = sum[k] + b[k] end
   end

@@ -105,7 +105,22 @@ end
 
 function M.step()
   check(C.em_profile_step(S))
-  if active then active.memory:step() end   -- the step's peak by kind; a new peak begins
+  if active then
+    active.explicit = true
+    active.memory:step()   -- the step's peak by kind; a new peak begins
+  end
+end
+
+-- The loader handed out a batch: under auto_step (and no explicit steps) the
+-- step mark the core makes there; the memory tracker's step too, counted only
+-- if a backward ran since the last one (a training step, not an evaluation).
+local handles = require 'ember.handles'
+function M._batch_out()
+  local a = active
+  if not (a and a.auto) or a.explicit then return end
+  local n = handles.backwards
+  a.memory:step(n == a.backwards_seen)
+  a.backwards_seen = n
 end
 
 function M.range(name, fn, ...)

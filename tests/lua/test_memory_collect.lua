@@ -126,4 +126,26 @@ H.test('backward begins and ends with a collection; step_collects(false) turns t
   H.eq(allocated(), base, 'and go at the next full collection')
 end)
 
+H.test('the profiler under auto_step: a step per loader batch, evaluation batches not counted', function()
+  local model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 4))
+  local opt = em.optim.SGD(model:parameters(), { lr = 0.01 })
+  local train = em.data.tensors(em.randn(256, 64), em.randint(1, 5, { 256 }))
+  local test = em.data.tensors(em.randn(8192, 64))     -- evaluation: 16 MiB of hidden units
+  collectgarbage()
+  em.profile.start { auto_step = true }
+  for x, y in train:batch(64):loader{ workers = 1, progress = false }:epoch() do
+    local loss = F.cross_entropy(model(x), y)
+    opt:zero_grad(); loss:backward(); opt:step()
+  end
+  em.no_grad(function()
+    for x in test:batch(4096):loader{ workers = 1, progress = false }:epoch() do
+      local e = model(x); e = nil
+    end
+  end)
+  local r = em.profile.stop()
+  local act = r.memory.activations
+  H.check(act > 0 and act < 6 * MiB,
+    ('a training step of 64 rows: activations %.2f MiB, the evaluation batches left out'):format(act / MiB))
+end)
+
 H.done()
