@@ -16,10 +16,13 @@ layers, dim 64, context 64, batch 16, Adam), on the CPU with synthetic data:
 
 RESULT lines: step_peak_<model>_spread (the largest peak over the smallest, less 1, in
 percent; goal <= 1) and step_peak_<model>_vs_needs (the largest peak / needs; goal
-<= 1.2). On a lent GPU tests/bench/gpu_run.sh puts PyTorch's max_memory_allocated
-beside these; the CPU has no such counter in PyTorch, so this file has no twin.
+<= 1.2). With --device cuda (or cuda:N) the same on the GPU, and beside it PyTorch's
+torch.cuda.max_memory_allocated for the same steps (the twin, bench_step_peak.py, run
+by this driver unless EMBER_BENCH_PEER=0): step_peak_<model>_vs_torch (ember's
+largest peak / PyTorch's). The CPU has no such counter in PyTorch: no twin there.
 
   build/ember tests/bench/bench_step_peak.lua [--models cnn,resnet,gpt] [--steps N]
+                                              [--device cpu|cuda|cuda:N]
 ]]
 local dir = arg[0]:match('^(.*/)') or './'
 local B = dofile(dir .. 'common.lua')
@@ -29,11 +32,12 @@ local nn, F = em.nn, em.nn.F
 local handles = require 'ember.handles'
 local kinds = require 'ember.memory_kinds'
 
-local only, steps = 'cnn,resnet,gpt', 6
+local only, steps, dev = 'cnn,resnet,gpt', 6, 'cpu'
 do
   local i = 1
   while arg[i] do
     if arg[i] == '--models' and arg[i + 1] then only = arg[i + 1]; i = i + 2
+    elseif arg[i] == '--device' and arg[i + 1] then dev = arg[i + 1]; i = i + 2
     elseif arg[i] == '--steps' and tonumber(arg[i + 1] or '') then
       steps = tonumber(arg[i + 1]); i = i + 2
     else error(('unknown argument %s (see the header of %s)'):format(arg[i], arg[0]), 0) end
@@ -41,7 +45,14 @@ do
 end
 
 local MB = 2 ^ 20
-local function allocated() return em.memory_stats('cpu').allocated end
+local function allocated() return em.memory_stats(dev).allocated end
+local function peak() return em.memory_stats(dev).peak end
+local function reset() em.reset_peak_memory_stats(dev) end
+local function on_dev(...)
+  local res = { ... }
+  for i, t in ipairs(res) do res[i] = t:to(dev) end
+  return unpack(res)
+end
 
 -- -- The three workloads: each returns {model, opt, batch(i) -> x, y, loss(model, x, y)} --------
 local WORK = {}
@@ -51,15 +62,15 @@ function WORK.cnn()
     nn.Conv2d(1, 32, 3, { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2),
     nn.Conv2d(32, 64, 3, { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2),
     nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
-  local x, y = em.randn(128, 1, 28, 28), em.randint(1, 11, { 128 })
-  return { model = model, opt = em.optim.Adam(model:parameters(), { lr = 1e-3 }),
+  local x, y = on_dev(em.randn(128, 1, 28, 28), em.randint(1, 11, { 128 }))
+  return { model = model:to(dev), opt = em.optim.Adam(model:parameters(), { lr = 1e-3 }),
            batch = function() return x, y end,
            loss = function(m, xb, yb) return F.cross_entropy(m(xb), yb) end }
 end
 
 function WORK.resnet()
-  local model = R.resnet18()
-  local x, y = em.randn(32, 3, 32, 32), em.randint(1, 11, { 32 })
+  local model = R.resnet18():to(dev)
+  local x, y = on_dev(em.randn(32, 3, 32, 32), em.randint(1, 11, { 32 }))
   return { model = model, opt = R.sgd(model), batch = function() return x, y end,
            loss = function(m, xb, yb) return F.cross_entropy(m(xb), yb) end }
 end
@@ -67,9 +78,9 @@ end
 function WORK.gpt()
   local G = dofile(dir .. '../../examples/gpt_model.lua')
   local cfg = { vocab = 96, layers = 2, dim = 64, heads = 4, context = 64 }
-  local model = G.build(cfg)
-  local x = em.randint(1, cfg.vocab + 1, { 16, cfg.context })
-  local y = em.randint(1, cfg.vocab + 1, { 16, cfg.context })
+  local model = G.build(cfg):to(dev)
+  local x, y = on_dev(em.randint(1, cfg.vocab + 1, { 16, cfg.context }),
+                      em.randint(1, cfg.vocab + 1, { 16, cfg.context }))
   return { model = model, opt = em.optim.Adam(model:parameters(), { lr = 1e-3 }),
            batch = function() return x, y end,
            loss = function(m, xb, yb)
@@ -94,23 +105,23 @@ local function measure(name)
   local peaks, between = {}, {}
   for i = 1, steps do
     between[i] = allocated()
-    em.reset_peak_memory_stats('cpu')
+    reset()
     step(w)
-    peaks[i] = em.memory_stats('cpu').peak
+    peaks[i] = peak()
   end
 
   -- What the step must hold: the same step with every dead tensor freed at once.
   handles.collect()
   handles.eager(true)
-  em.reset_peak_memory_stats('cpu')
+  reset()
   local ok, err = pcall(step, w)
   handles.eager(false)
   if not ok then error(err, 0) end
-  local needs = em.memory_stats('cpu').peak
+  local needs = peak()
 
   -- Its parts: the state, and what the forward saves (a full collection right after it).
   local state = 0
-  for _, b in pairs(kinds.measure().cpu or {}) do state = state + b end
+  for _, b in pairs(kinds.measure()[dev == 'cuda' and 'cuda:0' or dev] or {}) do state = state + b end
   handles.collect()
   local before = allocated()
   local x, y = w.batch()
@@ -132,10 +143,28 @@ local function measure(name)
         :format(name, needs / MB, state / MB, saved / MB))
   B.result('step_peak_' .. name .. '_spread', (hi / lo - 1) * 100, '%', 'lower', '<= 1')
   B.result('step_peak_' .. name .. '_vs_needs', hi / needs, 'x', 'lower', '<= 1.2')
+  return hi
 end
 
+local ours = {}
 for name in only:gmatch('[^,]+') do
   if not WORK[name] then error('unknown model ' .. name .. ' (cnn, resnet, gpt)', 0) end
-  measure(name)
+  ours[name] = measure(name)
   collectgarbage()
+end
+
+-- On a GPU: PyTorch's peaks for the same steps, and the ratios.
+if dev ~= 'cpu' and os.getenv('EMBER_BENCH_PEER') ~= '0' then
+  local cmd = ('%q %q --models %s --steps %d 2>&1'):format(B.python(),
+    dir .. 'bench_step_peak.py', only, steps)
+  local p = io.popen(cmd)
+  local out = p:read('*a')
+  p:close()
+  io.write(out)
+  for name, mb in out:gmatch('RESULT step_peak_(%w+)_torch ([%d.e+-]+) MB') do
+    if ours[name] then
+      B.result('step_peak_' .. name .. '_vs_torch', ours[name] / MB / tonumber(mb), 'x', 'lower',
+        'ember / PyTorch max_memory_allocated')
+    end
+  end
 end

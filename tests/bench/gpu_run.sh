@@ -238,6 +238,8 @@ done
 say "benchmarks: TF32 for float32 matmul is off on both sides except in the row that says on"
 step bench_cuda 120 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda.lua"
 step bench_cuda_train 240 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_cuda_train.lua" --steps 20
+# A training step's peak, every step, against its needs and PyTorch's max_memory_allocated.
+step bench_step_peak 90 all "$ember_env" "$EMBER" "$ROOT/tests/bench/bench_step_peak.lua" --device cuda
 # Where a bf16 channels-last step goes: the two halves of that row apart, with cuDNN's
 # algorithm trial and then with its heuristics alone (EMBER_CUDNN_FIND=0), then the
 # profiler's report of that row (ember alone; the trace stays in the work folder).
