@@ -9,7 +9,7 @@ other replica counts and sharding modes from the sizes given here.
   mk.register_model(dm)        -- wrapped models do this (a sharded one has dm:memory())
   mk.measure()                 -- {[device] = {parameters, gradients, optimizer}}
   local t = mk.tracker()       -- peaks per step: t:step() at each step's end,
-  t:result()                   -- {parameters, gradients, optimizer, activations, peak,
+  t:result()                   -- {parameters, gradients, optimizer, activations, other, peak,
                                --  devices = {[device] = {...}}}
 
 What is counted. Without a registered model that reports its own memory, the
@@ -25,7 +25,9 @@ Activations are what is left of the step's peak: a step's peak allocated bytes
 on the device (em.memory_stats; the tracker resets the peak as each step
 begins) less the other three kinds as they stand at the step's end, which is
 what they were at the peak as long as the step neither creates nor frees
-parameters, gradients or state between the two; it is never below 0. Under auto_step a loader batch ends a step,
+parameters, gradients or state between the two, and less what the device
+held beyond those three as the step began (other: a dataset kept in memory, a
+fixed batch -- no activation of the step); it is never below 0. Under auto_step a loader batch ends a step,
 and one that ran no backward (an evaluation) is not reported. The
 step with the highest peak is the one reported; the first step, which also
 holds what ran before it (data read, a model built), only when it is the only one.
@@ -276,15 +278,22 @@ Tracker.__index = Tracker
 function M.tracker()
   collectgarbage('collect')    -- optimizers no longer referenced leave the registry
   local t = setmetatable({ best = {}, first = {}, steps = 0, base = {} }, Tracker)
-  t.watch = devices_of(M.measure())
-  for _, dev in ipairs({ 'cpu', unpack(t.watch) }) do t:restart(dev) end
+  local kinds = M.measure()
+  t.watch = devices_of(kinds)
+  for _, dev in ipairs({ 'cpu', unpack(t.watch) }) do t:restart(dev, kinds[dev]) end
   return t
 end
 
--- A device's peak starts over (base: the devices seen, for a skipped step).
-function Tracker:restart(dev)
+local function state_of(k)
+  return k and (k.parameters + k.gradients + k.optimizer) or 0
+end
+
+-- A device's peak starts over. base: what the device holds now beyond the
+-- parameters, gradients and optimizer state (k: those, measured now) -- a dataset
+-- kept in memory, a fixed batch: the step's "other" memory, not its activations.
+function Tracker:restart(dev, k)
   reset_peak(dev)
-  self.base[dev] = true
+  self.base[dev] = math.max(0, memory_stats(dev).allocated - state_of(k))
 end
 
 -- The end of a step: each device's peak during it against the kinds now; the peaks
@@ -293,7 +302,8 @@ end
 -- its peak starts over and is not reported.
 function Tracker:step(skip)
   if skip then
-    for dev in pairs(self.base) do self:restart(dev) end
+    local kinds = M.measure()
+    for dev in pairs(self.base) do self:restart(dev, kinds[dev]) end
     return
   end
   local kinds = M.measure()
@@ -302,26 +312,27 @@ function Tracker:step(skip)
     local k = kinds[dev] or { parameters = 0, gradients = 0, optimizer = 0 }
     local peak = memory_stats(dev).peak
     local held = k.parameters + k.gradients + k.optimizer
-    local act = k.activations or math.max(0, peak - held)
+    local other = k.activations and 0 or math.min(self.base[dev] or 0, math.max(0, peak - held))
+    local act = k.activations or math.max(0, peak - held - other)
     -- The first step also holds what ran before it (a dataset read and
     -- converted, the model built): it counts only if no other step comes.
     local into = self.steps == 0 and self.first or self.best
     local best = into[dev]
     if not best or peak > best.peak then
       into[dev] = { parameters = k.parameters, gradients = k.gradients,
-                    optimizer = k.optimizer, activations = act, peak = peak }
+                    optimizer = k.optimizer, activations = act, other = other, peak = peak }
     end
-    self:restart(dev)
+    self:restart(dev, kinds[dev])
   end
   self.steps = self.steps + 1
 end
 
--- {parameters, gradients, optimizer, activations, peak} summed over devices, and
+-- {parameters, gradients, optimizer, activations, other, peak} summed over devices, and
 -- devices = the same per device. Without a step seen, the recording is one step.
 function Tracker:result()
   if self.steps == 0 then self:step() end
-  local sum = { parameters = 0, gradients = 0, optimizer = 0, activations = 0, peak = 0,
-                devices = {} }
+  local sum = { parameters = 0, gradients = 0, optimizer = 0, activations = 0, other = 0,
+                peak = 0, devices = {} }
   for dev, b in pairs(self.steps == 1 and self.first or self.best) do
     sum.devices[dev] = b
     for k in pairs(b) do sum[k] = sum[k] + b[k] end

@@ -1,7 +1,7 @@
 --[[
 ember.profile.page_memory -- the page's memory per replica by kind (see page.lua):
 one stacked bar per replica (parameters, gradients, optimizer state,
-activations) on a common scale with the step's peak marked, and a table of the
+activations, other) on a common scale with the step's peak marked, and a table of the
 bytes. The bars of all replicas share the scale of the largest peak, so a
 replica that holds more stands out. Where a peak was predicted (the planner's,
 through em.profile.expect), a dashed mark and a column show it beside the
@@ -11,9 +11,9 @@ local fmt = string.format
 local H = require 'ember.profile.html'
 local W, esc, isnum, bytes, clip = H.W, H.esc, H.isnum, H.bytes, H.clip
 
-local KINDS = { 'parameters', 'gradients', 'optimizer', 'activations' }
+local BASE_KINDS = { 'parameters', 'gradients', 'optimizer', 'activations' }
 local COLOR = { parameters = '#4c78a8', gradients = '#f58518', optimizer = '#54a24b',
-                activations = '#b279a2' }
+                activations = '#b279a2', other = '#9d9da1' }
 
 local function memory_section(out, r)
   out[#out + 1] = '<section id="memory"><h2>Memory per replica</h2>'
@@ -32,9 +32,15 @@ local function memory_section(out, r)
     out[#out + 1] = '<p class="note">No memory by kind in this report.</p></section>'
     return
   end
+  -- other (held before the step: a dataset in memory) only where a replica has some
+  local KINDS = { unpack(BASE_KINDS) }
+  for _, row in ipairs(rows) do
+    if isnum(row.m.other) and row.m.other > 0 then KINDS[#KINDS + 1] = 'other'; break end
+  end
   out[#out + 1] = '<p class="sub">Bytes held at the step with the highest peak: parameters, ' ..
-    'their gradients and the optimizer state, measured; activations are the rest of the ' ..
-    'peak (every other tensor of the step).</p>'
+    'their gradients and the optimizer state, measured; other is what was held before ' ..
+    'the step beside them (a dataset in memory); activations are the rest of the peak ' ..
+    '(every other tensor of the step).</p>'
   out[#out + 1] = '<div class="legend">'
   for _, k in ipairs(KINDS) do
     out[#out + 1] = fmt('<span><i style="background:%s"></i>%s</span>', COLOR[k], k)

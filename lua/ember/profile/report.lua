@@ -308,7 +308,8 @@ function M.build(reps, cal, top_ops, peak_bytes, extra)
   r._base = { compute_s = math.max(s.step_s - exposed, 1e-9), backward_s = s.backward_s,
               grad_bytes = G, param_bytes = P > 0 and P or G,
               state_ratio = sizes.state_ratio or 0,
-              activations = mine.memory and mine.memory.activations or 0,
+              -- (what a replica holds besides its model: the same at any count)
+              activations = mine.memory and (mine.memory.activations + (mine.memory.other or 0)) or 0,
               mode = sizes.mode or 'plain',
               buckets = s.buckets > 0 and s.buckets or 1,
               gbps = cal and cal.gbps, latency_s = cal and cal.latency_s }
@@ -325,11 +326,13 @@ local function bytes_str(b)
   return string.format('%.1f KB', b / 1e3)
 end
 
--- "parameters 1.2 MB, gradients ..., optimizer ..., activations ...; peak ..."
+-- "parameters 1.2 MB, gradients ..., optimizer ..., activations ...[, other ...]; peak ..."
+-- (other: what was held before the step beyond the three, a dataset in memory)
 local function kinds_str(m)
-  return string.format('parameters %s, gradients %s, optimizer %s, activations %s; peak %s',
+  local other = (m.other or 0) > 0 and ', other ' .. bytes_str(m.other) or ''
+  return string.format('parameters %s, gradients %s, optimizer %s, activations %s%s; peak %s',
     bytes_str(m.parameters or 0), bytes_str(m.gradients or 0), bytes_str(m.optimizer or 0),
-    bytes_str(m.activations or 0), bytes_str(m.peak or 0))
+    bytes_str(m.activations or 0), other, bytes_str(m.peak or 0))
 end
 
 -- ", bubble 12%" where the breakdown has a pipeline bubble.

@@ -46,8 +46,9 @@ if s.rank == 0 then
   for _, x in ipairs(r.replicas) do
     print(('REP%d=%.6f %.6f'):format(x.rank, x.step_s, x.wait_s))
     local m = x.memory
+    -- (activations and other: the rest of the peak)
     print(('MEM%d=%d %d %d %d %d'):format(x.rank, m.parameters, m.gradients, m.optimizer,
-      m.activations, m.peak))
+      m.activations + m.other, m.peak))
   end
   local numel = 0
   for _, p in ipairs(model:parameters()) do numel = numel + p:numel() end
