@@ -1,21 +1,26 @@
 -- founding.lua -- run by test_memory_sweep.lua as `ember --replicas 4
--- --memory-limit 5M`: the planner's founding case in one process. Plain data
--- parallel of a model whose training state is about three times the cap runs
--- out of memory (caught); then em.distribute.plan and plan:apply(s) train the
+-- --memory-limit 10M`: the planner's founding case in one process. Plain data
+-- parallel of a model whose training state is more than the cap runs out of
+-- memory (caught: at 5M the wrap itself would fail building its buckets, leaving
+-- no dead wrapped model to free); then em.distribute.plan and plan:apply(s) train the
 -- same model in the same process, which needs the dead wrapped model's memory
 -- back. Prints per replica "rank R plain oom|ok MESSAGE" then
 -- "rank R planned LAYOUT loss L" (or "rank R planned error MESSAGE").
+-- Arguments LAYERS DIM CONTEXT ROWS give another model and batch: the README's
+-- planner example is `ember --replicas 4 --memory-limit 96M founding.lua 12 256 64 8`.
 local dir = arg[0]:match('^(.*/)') or './'
 local GPT = dofile(dir .. '../../../examples/gpt_model.lua')
 local F = em.nn.F
 local s = em.distribute.mirrored{ timeout = 60 }
 local R, N = s.rank, s.world_size
-local V, T, ROWS = 40, 8, 1     -- ROWS windows per replica: a global batch of N
+local V = 40
+local LAYERS, DIM = tonumber(arg[1]) or 8, tonumber(arg[2]) or 96
+local T, ROWS = tonumber(arg[3]) or 8, tonumber(arg[4]) or 1   -- ROWS windows per replica
 
 em.manual_seed(1)
--- 8 blocks of dim 96: 0.9M parameters, 13.9 MiB of weights, gradients and Adam
--- moments against the 5 MiB cap (as test_gpt_plan.lua)
-local model = GPT.build { vocab = V, layers = 8, dim = 96, heads = 4, context = T }
+-- by default 8 blocks of dim 96: 0.9M parameters, 13.9 MiB of weights, gradients
+-- and Adam moments against the 10 MiB cap
+local model = GPT.build { vocab = V, layers = LAYERS, dim = DIM, heads = 4, context = T }
 local function loss_fn(out, y) return F.cross_entropy(out:view(-1, V), y:view(-1)) end
 local function batch(rows)
   return em.randint(1, V + 1, { rows, T }, { dtype = 'int64' }),
