@@ -53,6 +53,29 @@ function M._track(obj, release) live[obj] = release; return obj end
 local releaser = core.releaser
 local free_comm, free_work = releaser(C.em_comm_free), releaser(C.em_comm_work_free)
 local free_group = releaser(C.em_comm_free)     -- a group goes before its parent
+
+-- A group whose strategy was collected (a dropped pipeline's stage group) is
+-- freed -- its comm thread joined, its channels given back -- at the next safe
+-- point, not inside the collector: a work of the group collected in the same
+-- cycle must be waited for and freed first, and the collector runs finalizers
+-- in no set order. The safe points: the next collective or group made, and the
+-- state's close. (Freeing it on one replica while another still holds its own
+-- is safe: a group moves no byte itself, see core/dist/group.c.)
+local dead_groups = {}
+local function group_collected(box)
+  if box._h ~= nil then
+    dead_groups[#dead_groups + 1] = ffi.cast('em_comm *', box._h)
+    box._h = nil
+  end
+end
+local function free_dead_groups()
+  for i = #dead_groups, 1, -1 do
+    local h = dead_groups[i]
+    dead_groups[i] = nil
+    C.em_comm_free(h)
+  end
+end
+
 -- Works first (they hold tensors and wait for their collective), then reducers
 -- (registered by wrap.lua), then groups, then communicators.
 local comms = {}            -- backend name -> comm box
@@ -61,6 +84,7 @@ core.on_close[#core.on_close + 1] = function()
   for obj, release in pairs(live) do
     if release ~= free_work and release ~= free_comm and release ~= free_group then release(obj) end
   end
+  free_dead_groups()
   for obj, release in pairs(live) do if release == free_group then release(obj) end end
   for obj, release in pairs(live) do release(obj) end
 end
@@ -212,6 +236,7 @@ function Strategy:__tostring()
 end
 
 local function comm(self, op)
+  if dead_groups[1] then free_dead_groups() end
   local c = self._box._h
   if c == nil then raise(op .. ': the strategy was closed') end
   return c
@@ -265,7 +290,8 @@ local function run(self, async, start, t, out)
   -- (a handle dropped unwaited is waited for and freed when it is collected: it
   -- holds the collective's tensors)
   local box = M._track(ffi.gc(workbox_t(workout[0]), free_work), free_work)
-  return setmetatable({ _box = box, _result = result }, Work)
+  -- (_strategy: a group's work keeps the group alive until it is done with)
+  return setmetatable({ _box = box, _result = result, _strategy = self }, Work)
 end
 
 function Work:wait()
@@ -427,7 +453,7 @@ function Strategy:group(ranks)
   local c = comm(self, 'group')
   local out = ffi.new('em_comm*[1]')
   if C.em_comm_group(S, c, n, arr, out) ~= 0 then core.fail() end
-  local box = M._track(commbox_t(out[0]), free_group)
+  local box = M._track(ffi.gc(commbox_t(out[0]), group_collected), free_group)
   local g = box._h
   return setmetatable({
     _box = box, backend = ffi.string(C.em_comm_backend(g)), timeout = self.timeout,

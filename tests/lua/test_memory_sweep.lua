@@ -11,7 +11,9 @@ replicas as threads and under mpirun -np 2. A model left alive by a round is
 0.33 MiB or more, so ten rounds of it fail by far. Then the planner's founding
 case in one process: plain data parallel runs out of memory under a cap (the
 error caught), and em.distribute.plan + plan:apply train the same model in the
-same process -- only if the dead wrapped model gave its memory back.
+same process -- only if the dead wrapped model gave its memory back. And a
+pipeline with 2 data replicas per stage built and dropped 8 times on 4 replicas
+(dist/sweep_groups.lua): its stage groups' communicators and threads go with it.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -73,6 +75,20 @@ H.test('founding case: plain data parallel out of memory, then plan:apply in the
     end
     H.eq(oom, 4, 'every replica tried plain data parallel:\n' .. out)
     H.eq(planned, 4, 'every replica trained the planned layout:\n' .. out)
+  end)
+
+H.test('a pipeline with data-parallel stages, dropped 8 times: its groups\' threads go too',
+  function()
+    local out, rc = L.replicas(4, 'sweep_groups.lua', '')
+    H.eq(rc, 0, 'ran: ' .. out:sub(-600))
+    local n = 0
+    for r, t2, t8, m2, m8 in out:gmatch('rank (%d) threads (%d+) (%d+) memory (%d+) (%d+)') do
+      n = n + 1
+      H.eq(tonumber(t8), tonumber(t2), ('rank %s: threads after round 8 and 2'):format(r))
+      H.check(math.abs(tonumber(m8) - tonumber(m2)) <= MB,
+        ('rank %s: tensor memory after round 8 %d, round 2 %d'):format(r, m8, m2))
+    end
+    H.eq(n, 4, 'every replica reported:\n' .. out)
   end)
 
 os.execute('rm -rf ' .. tmp)
