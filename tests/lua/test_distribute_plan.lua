@@ -178,6 +178,39 @@ H.test('plan on one process: fields, why, print, the model untouched', function(
   H.check(not ok and err:find('no layout fits'), tostring(err))
 end)
 
+H.test('memory defaults to the cap; integer buffers go to meta and back', function()
+  local m = small()
+  local base = em.memory_stats('cpu').allocated
+  em.set_memory_limit(base + 2 ^ 20)
+  local ok, plan = pcall(em.distribute.plan, m, { input = { shape = { 8, 8 } }, devices = 2,
+    time = false })
+  em.set_memory_limit(nil)
+  H.check(ok, tostring(plan))
+  if ok then H.eq(plan.memory, base + 2 ^ 20, 'the cap of em.set_memory_limit') end
+  local _, err = pcall(em.distribute.plan, m, { input = { shape = { 8, 8 } }, devices = 2 })
+  H.check(tostring(err):find('defaults to the device', 1, true), 'no cap, no memory: ' .. tostring(err))
+  -- a model with an int64 position buffer, used through index_select
+  local Pos = nn.Module:extend('PosModel')
+  function Pos:init()
+    self.emb = nn.Embedding(8, 8)
+    self.lin = nn.Linear(8, 4)
+    self:register_buffer('pos', em.arange(1, 9, { dtype = 'int64' }))
+  end
+  function Pos:forward(x) return self.lin(self.emb(self.pos:index_select(1, x:flatten()))) end
+  local pm = Pos()
+  local p2 = em.distribute.plan(pm, { input = { shape = { 8 }, dtype = 'int64' }, devices = 2,
+    memory = 2 ^ 20, time = false })
+  H.check(p2.fits, 'planned a model with an integer buffer')
+  H.eq(pm.pos.device, 'cpu', 'the buffer is back on cpu')
+  H.eq(pm.pos.dtype, 'int64', 'as int64')
+  pm:to('meta')
+  H.eq(pm.pos.device, 'meta', 'Module:to(meta) moves integer buffers')
+  H.eq(pm.pos.dtype, 'int64', 'and keeps their dtype')
+  local pd = Pos():to('float64')
+  H.eq(pd.pos.dtype, 'int64', 'a dtype change leaves integer buffers alone')
+  H.eq(pd.lin.weight.dtype, 'float64', 'and converts the rest')
+end)
+
 H.test('the timing probes leave the random generator as it was', function()
   local m = small()
   em.manual_seed(7)

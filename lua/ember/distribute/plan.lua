@@ -6,7 +6,9 @@ whether a model trains in the given memory per device, and how.
     input = {shape = {64, 128}, dtype = 'int64'},      -- the global batch
     target = {shape = {64 * 128}, dtype = 'int64'},    -- optional
     loss = function(out, y) return F.cross_entropy(out:view(-1, V), y) end,
-    optimizer = 'adam' | 'sgd', devices = 4, memory = 512 * 2^20,
+    optimizer = 'adam' | 'sgd', devices = 4,
+    memory = 512 * 2^20,     -- one device's bytes; default: its capacity (a
+                             -- --memory-limit cap on the cpu, a GPU's memory)
     strategy = s,            -- optional: measures the link (a collective)
     pipeline = true,         -- consider pipeline layouts (when em.distribute.pipeline exists)
     schedule = '1f1b' | 'gpipe', time = true })  -- time = false: no timing runs
@@ -84,6 +86,13 @@ local function check(model, o)
     raise('plan: devices must be a positive integer, got ' .. tostring(o.devices))
   end
   local mem = o.memory
+  if mem == nil then
+    -- by default one device's capacity: the cap of --memory-limit (or
+    -- em.set_memory_limit) on the cpu, a GPU's memory
+    local dev = o.strategy and o.strategy.device or 'cpu'
+    local ok, st = pcall(em.memory_stats, dev)
+    if ok and st.capacity > 0 then mem = st.capacity end
+  end
   if type(mem) == 'string' then
     local n, why = require('ember.memlimit').parse_size(mem)
     if not n then raise('plan: memory: ' .. why) end
@@ -91,7 +100,9 @@ local function check(model, o)
   end
   if type(mem) ~= 'number' or not (mem > 0) then
     raise('plan: memory must be the bytes of one device (a number > 0 or a size like 512M), got ' ..
-      tostring(o.memory))
+      tostring(o.memory) .. (o.memory == nil and
+        ' (it defaults to the device\'s capacity: a --memory-limit cap on the cpu, a GPU\'s memory)'
+        or ''))
   end
   if o.schedule ~= nil and o.schedule ~= '1f1b' and o.schedule ~= 'gpipe' then
     raise(("plan: schedule must be '1f1b' or 'gpipe', got %s"):format(tostring(o.schedule)))

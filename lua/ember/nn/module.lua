@@ -213,6 +213,15 @@ end
 -- that require grad. A memory_format reorders the 4-D parameters (and their
 -- gradients) and buffers in place of their data (ember/layout.lua), after any
 -- dtype/device conversion, as torch's module.to(memory_format=...).
+-- The device Module:to's arguments name, if any: 'cpu', 'meta', 'cuda[:N]', or a
+-- table's device field (a dtype alone names none).
+local function device_of_args(args)
+  local a = args[1]
+  if type(a) == 'string' and (a == 'cpu' or a == 'meta' or a:match('^cuda')) then return a end
+  if type(a) == 'table' and a.device ~= nil then return a.device end
+  return nil
+end
+
 function Module:to(...)
   local args = { ... }
   local fmt
@@ -257,9 +266,13 @@ function Module:to(...)
     end
     for _, k in ipairs(r.bnames) do
       local b = r.buffers[k]
-      -- integer buffers (num_batches_tracked) keep their dtype
-      if b:is_floating_point() or type(args[1]) ~= 'string' or args[1]:match('^cuda') or args[1] == 'cpu' then
+      if b:is_floating_point() then
         r.buffers[k] = b:to(unpack(args))
+      else
+        -- integer buffers (num_batches_tracked, position ids) move with the model
+        -- but keep their dtype
+        local dev = device_of_args(args)
+        if dev then r.buffers[k] = b:to(dev) end
       end
     end
   end
