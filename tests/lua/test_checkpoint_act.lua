@@ -86,6 +86,26 @@ local function block(w)
   return nn.Sequential(nn.Linear(w, w), nn.GELU(), nn.Dropout(0.2), nn.Linear(w, w), nn.Tanh())
 end
 
+H.test('em.nn.Checkpoint keeps parameter names: a state_dict loads both ways', function()
+  em.manual_seed(5)
+  local plain = nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU()),
+                              nn.Linear(8, 2))
+  local ck = nn.Sequential(nn.Linear(4, 8), nn.Checkpoint(nn.Sequential(nn.Linear(8, 8),
+                           nn.ReLU())), nn.Linear(8, 2))
+  local a, b = {}, {}
+  for _, np in ipairs(plain:named_parameters()) do a[#a + 1] = np[1] end
+  for _, np in ipairs(ck:named_parameters()) do b[#b + 1] = np[1] end
+  H.eq(table.concat(b, ' '), table.concat(a, ' '), 'the same names')
+  ck:load_state_dict(plain:state_dict())
+  local x = em.randn(3, 4)
+  H.eq(ck(x):totable(), plain(x):totable(), 'the plain weights loaded into the checkpointed model')
+  em.manual_seed(6)
+  local other = nn.Sequential(nn.Linear(4, 8), nn.Checkpoint(nn.Sequential(nn.Linear(8, 8),
+                              nn.ReLU())), nn.Linear(8, 2))
+  plain:load_state_dict(other:state_dict())
+  H.eq(plain(x):totable(), other(x):totable(), 'and the checkpointed weights into the plain one')
+end)
+
 H.test('checkpoint: bitwise the same outputs, gradients and RNG stream (dropout replayed)', function()
   em.manual_seed(1)
   local plain = nn.Sequential(block(8), block(8), nn.Linear(8, 3))

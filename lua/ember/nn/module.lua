@@ -125,11 +125,17 @@ end
 -- closure as a constant -- and with it every tensor its upvalues hold (a list of
 -- parameters, say) -- until the trace is flushed, so whether a model's old
 -- weights outlive it would depend on which loops happened to get hot.
+-- A wrapper class with `transparent = true` (em.nn.Checkpoint) adds no name of
+-- its own: its child's parameters are named as if the child stood in its place,
+-- so a state_dict loads between the wrapped and the plain model.
 local function gather_modules(m, prefix, mods, prefixes)
   local n = #mods + 1
   mods[n], prefixes[n] = m, prefix
   local r = reg(m)
-  for _, k in ipairs(r.mnames) do gather_modules(r.modules[k], prefix .. k .. '.', mods, prefixes) end
+  local through = rawget(getmetatable(m) or {}, 'transparent')
+  for _, k in ipairs(r.mnames) do
+    gather_modules(r.modules[k], through and prefix or prefix .. k .. '.', mods, prefixes)
+  end
 end
 
 local function all_modules(m)

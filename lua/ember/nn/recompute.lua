@@ -204,6 +204,9 @@ return function(nn)
   nn.checkpoint = checkpoint
 
   local Checkpoint = nn.Module:extend('Checkpoint')
+  -- its module's parameters keep their names: a state_dict loads between the
+  -- checkpointed and the plain model (nn/module.lua, gather_modules)
+  Checkpoint.transparent = true
   function Checkpoint:init(module)
     if type(module) ~= 'table' or type(module.forward) ~= 'function' then
       raise('Checkpoint: expected a module, got ' .. kind(module))
