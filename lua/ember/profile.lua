@@ -107,6 +107,7 @@ function M.step()
   check(C.em_profile_step(S))
   if active then
     active.explicit = true
+    active.counted_by = 'counted at em.profile.step()'
     active.memory:step()   -- the step's peak by kind; a new peak begins
   end
 end
@@ -115,12 +116,26 @@ end
 -- step mark the core makes there; the memory tracker's step too, counted only
 -- if a backward ran since the last one (a training step, not an evaluation).
 local handles = require 'ember.handles'
-function M._batch_out()
-  local a = active
-  if not (a and a.auto) or a.explicit then return end
+local function auto_memory_step(a)
   local n = handles.backwards
   a.memory:step(n == a.backwards_seen)
   a.backwards_seen = n
+end
+function M._batch_out()
+  local a = active
+  if not (a and a.auto) or a.explicit or a.by_optimizer then return end
+  a.by_loader, a.counted_by = true, 'counted at each batch a loader handed out'
+  auto_memory_step(a)
+end
+
+-- An optimizer's step ended: under auto_step, where no loader hands out batches
+-- (a loop over tensors, pipeline steps), each optimizer step ends a step.
+local function optimizer_step_end()
+  local a = active
+  if not (a and a.auto) or a.explicit or a.by_loader then return end
+  a.by_optimizer, a.counted_by = true, 'counted at each optimizer step (no loader handed out a batch)'
+  check(C.em_profile_step(S))   -- (the core then takes no loader's mark as a step)
+  auto_memory_step(a)
 end
 
 function M.range(name, fn, ...)
@@ -144,6 +159,7 @@ function M._optimizer_step(name, fn, ...)
   local ok, res = pcall(fn, ...)
   C.em_profile_range_pop(S)
   if not ok then error(res, 0) end
+  optimizer_step_end()
   return res
 end
 
@@ -359,6 +375,9 @@ function M.stop(local_only)
   end
   local r = report.build(reps, cal, summary.top_ops(mine.op_table, 15), peak,
                          { world_size = world, rank = rank })
+  -- how the steps were told apart, said with the count
+  r.steps_counted = o.counted_by or 'the whole recording is one step: no em.profile.step(), ' ..
+    (o.auto and 'loader batch or optimizer step' or 'and auto_step is off')
   r.timeline = merge_timelines(tls)
   if rank == 0 then
     if o.trace then

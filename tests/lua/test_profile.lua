@@ -497,5 +497,26 @@ end
   H.check(ok, 'the trace is valid JSON')
 end)
 
+H.test('auto_step without a loader counts optimizer steps, and the report says how', function()
+  local m = em.nn.Sequential(em.nn.Linear(16, 64), em.nn.ReLU(), em.nn.Linear(64, 4))
+  local opt = em.optim.SGD(m:parameters(), { lr = 0.01 })
+  local x, y = em.randn(8, 16), em.randn(8, 4)
+  em.profile.start { auto_step = true }
+  for _ = 1, 6 do
+    opt:zero_grad(); em.nn.functional.mse_loss(m(x), y):backward(); opt:step()
+  end
+  local r = em.profile.stop()
+  H.check(r.steps >= 5, 'six optimizer steps told apart: ' .. r.steps)
+  H.check(r.steps_counted:find('optimizer step', 1, true), r.steps_counted)
+  H.check(r.memory.parameters == 4 * (16 * 64 + 64 + 64 * 4 + 4), 'memory by kind per step: ' ..
+    r.memory.parameters)
+  H.check(table.concat(r:lines(), '\n'):find('steps: counted at each optimizer step', 1, true),
+    'the printed report says how')
+  em.profile.start {}
+  for _ = 1, 3 do opt:step() end
+  r = em.profile.stop()
+  H.check(r.steps_counted:find('one step', 1, true), 'without marks: ' .. r.steps_counted)
+end)
+
 os.execute('rm -rf ' .. tmp)
 H.done()

@@ -361,6 +361,7 @@ function Report:lines()
   local function add(...) L[#L + 1] = string.format(...) end
   add('ember profile: %d step%s, %.2f ms per step%s', self.steps, self.steps == 1 and '' or 's',
       self.step_s * 1e3, #self.replicas > 1 and (', ' .. #self.replicas .. ' replicas') or '')
+  if self.steps_counted then add('  steps: %s', self.steps_counted) end
   local b = self.breakdown
   add('  breakdown: compute %s, host %s, input %s, communication %s%s', pct(b.compute),
       pct(b.host), pct(b.input), pct(b.communication), bubble_str(b))
