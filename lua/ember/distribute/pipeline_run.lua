@@ -133,6 +133,10 @@ local function step(self, x, y, loss_fn, scaler)
   local lt = em.tensor({ st == P - 1 and total / self.data_size or 0 }, { dtype = 'float32' }):to(dev)
   w.wait('pipeline.loss', function() s:allreduce(lt, 'sum') end)
   local step_s = em.clock() - t0
+  -- What the step left dead (the garbage under COLLECT_BYTES, the sends' buffers)
+  -- goes now: the next step starts from the same memory, as the planner's replay
+  -- of a step assumes.
+  if em.memory_stats(dev).allocated > mem0 then collectgarbage() end
   local st_ = self._stats
   st_.step_s, st_.bubble = step_s, step_s > 0 and self._wait_s / step_s or 0
   st_.peak_bytes = em.memory_stats(dev).peak
