@@ -629,5 +629,24 @@ H.test('checkpoints of P = 2 x D = 2 stages (not sharded) across layouts', funct
   across_layouts('none', { { 4, 2 }, { 4, 2, 'parameters' }, { 2, 2 }, { 1, 1 } })
 end)
 
+H.test('clip_grad_norm on a pipeline: the whole model\'s norm, clipped as one model', function()
+  for _, c in ipairs({ { 2, '1f1b 2 4' }, { 4, '1f1b 2 4' }, { 4, 'gpipe 4 4' },
+                       { 4, '1f1b 2 4 gradients' }, { 4, '1f1b 2 4 parameters' },
+                       { 4, 'interleaved2 2 4' } }) do
+    local n, args = c[1], c[2]
+    local out, rc = L.replicas(n, 'pipeline.lua', 'clip ' .. args)
+    H.eq(rc, 0, args .. ': ' .. out:sub(-400))
+    local seen = 0
+    for r, rn, pn, gd in out:gmatch('rank (%d+) clip (%S+) (%S+) graddiff (%S+)') do
+      seen = seen + 1
+      rn, pn, gd = tonumber(rn), tonumber(pn), tonumber(gd)
+      H.check(math.abs(pn - rn) <= 1e-6 * rn,
+        ('%s on %d, rank %s: norm %.10g, one model %.10g'):format(args, n, r, pn, rn))
+      H.check(gd <= 1e-6, ('%s on %d, rank %s: clipped gradients differ by %g'):format(args, n, r, gd))
+    end
+    H.eq(seen, n, args .. ': every rank reported\n' .. out)
+  end
+end)
+
 os.execute('rm -rf ' .. tmp)
 H.done()

@@ -76,6 +76,11 @@ local function is_int(v, least) return type(v) == 'number' and v % 1 == 0 and v 
 -- names, checkpoints), their memory goes, so that a replica holds its stage
 -- only, as the planner counts it. LuaJIT's compiled traces may still reference
 -- the old weights; flushing them lets the collection free those now.
+-- A stage parameter -> {strategy, data_size} of its pipeline (weak keys; the value
+-- holds no parameter, so it keeps none alive).
+local of_param = setmetatable({}, { __mode = 'k' })
+function M.of_parameter(p) return of_param[p] end
+
 local function drop_others(children, keep)
   local moved = false
   for i, c in ipairs(children) do
@@ -231,6 +236,9 @@ function M.pipeline(model, o, s)
     for c = 1, V do pp.wrapped_parts[c] = pp.group:wrap(parts[c], { shard = o.shard }) end
     if not nested then pp.wrapped = pp.wrapped_parts[1] end
   end
+  -- its parameters know their pipeline (clip_grad_norm sums across its stages)
+  local info = { strategy = s, data_size = pp.data_size }
+  for _, p in ipairs(pp:parameters()) do of_param[p] = info end
   local prof = require 'ember.profile'
   pp._wait_s = 0
   pp._wire = wire.new(s, s.device, function(name, fn)

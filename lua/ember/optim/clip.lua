@@ -13,6 +13,13 @@ are this replica's parts of the full gradient, which no replica holds whole: the
 norm is summed (the largest taken, for 'inf') across the replicas, so every
 replica computes the norm of the whole gradient and scales its part alike.
 Every replica must then call clip_grad_norm, as it calls the optimizer's step.
+
+Pipelines. A pipeline's parameters (pp:parameters(), ember.distribute.pipeline)
+are one stage's: the norm is summed across every replica of the pipeline's
+strategy -- each stage's D data replicas hold the same averaged gradients, so the
+sum is divided by D, unless the stages are sharded (their parts partition each
+stage's gradient) -- and every replica clips by the norm of the whole model's
+gradient, as one model would.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
@@ -29,8 +36,10 @@ local function scale(grads, max_norm, total)
   return total
 end
 
--- The norm of shards' gradients across the replicas of strategy s (a collective).
-local function global_norm(s, grads, max_norm, norm_type)
+-- The norm of gradients spread across the replicas of strategy s (a collective):
+-- the sum of their norm_type-th powers over the replicas, divided by copies (how
+-- many replicas hold each one; the largest, for 'inf').
+local function global_norm(s, grads, max_norm, norm_type, copies)
   local inf = norm_type == math.huge
   local acc = 0
   for _, g in ipairs(grads) do
@@ -43,6 +52,7 @@ local function global_norm(s, grads, max_norm, norm_type)
   local t = create.full({ 1 }, acc, { dtype = 'float64', device = s.device })
   s:allreduce(t, inf and 'max' or 'sum')
   acc = tonumber(t:item())
+  if not inf then acc = acc / (copies or 1) end
   return scale(grads, max_norm, inf and acc or acc ^ (1 / norm_type))
 end
 
@@ -60,8 +70,9 @@ return function(params, max_norm, norm_type)
   if type(norm_type) ~= 'number' then
     raise(('%s: norm_type must be a number or \'inf\', got %s'):format(op, kind(norm_type)))
   end
-  local grads, owner = {}, nil
+  local grads, owner, pipe = {}, nil, nil
   local shard = package.loaded['ember.distribute.shard']
+  local pipeline = package.loaded['ember.distribute.pipeline']
   for i, p in ipairs(params) do
     if not istype(box_t, p) then
       raise(('%s: parameter %d is a %s, not a tensor'):format(op, i, kind(p)))
@@ -69,6 +80,10 @@ return function(params, max_norm, norm_type)
     local gh = C.em_tensor_grad(p._h)
     if gh ~= nil then grads[#grads + 1] = wrap(gh) end
     owner = owner or (shard and shard.owner_of(p))
+    pipe = pipe or (pipeline and pipeline.of_parameter(p))
+  end
+  if pipe then
+    return global_norm(pipe.strategy, grads, max_norm, norm_type, owner and 1 or pipe.data_size)
   end
   if owner then return global_norm(owner.strategy, grads, max_norm, norm_type) end
   if #grads == 0 then return 0 end

@@ -155,6 +155,30 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
   return
 end
 
+-- clip SCHED P CHUNKS [SHARD]: one step of a pipeline (world P x D, stages sharded
+-- so) and of one model on the whole batch, then clip_grad_norm(params, 0.01) on
+-- each: prints "rank R clip REF PIPE graddiff G" (the two norms returned, and the
+-- largest difference of this replica's clipped gradients from the model's).
+if mode == 'clip' then
+  local sched, P, chunks, shard = arg[2], tonumber(arg[3]), tonumber(arg[4]), arg[5]
+  local virtual
+  sched, virtual = schedule_of(sched)
+  local D, B = N / P, 16
+  local ref = build()
+  local pp = em.distribute.pipeline(build(), { stages = P, chunks = chunks, schedule = sched,
+    virtual = virtual, sample = em.randn(4, 5), shard = shard })
+  local x, y = batch(1, B)
+  mse(ref(x), y):backward()
+  local per = B / D
+  local d = pp.data_index
+  pp:step(x:narrow(1, d * per + 1, per), y:narrow(1, d * per + 1, per), mse)
+  local rn = em.nn.utils.clip_grad_norm(ref:parameters(), 0.01)
+  local pn = em.optim.clip_grad_norm(pp:parameters(), 0.01)
+  print(('rank %d clip %.17g %.17g graddiff %.3g'):format(R, rn, pn,
+    held_diff(pp, by_name(ref), true)))
+  return
+end
+
 if mode == 'zero' then
   local dir, smode, B = arg[2], arg[3], 16
   local ref = build()
