@@ -155,7 +155,6 @@ local function split()
   return m, host, dev > 0 and dev or 0
 end
 
-
 local function set_limit()
   local m, host, dev = split()
   local hs = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK
@@ -274,8 +273,9 @@ _G.collectgarbage = collectgarbage_releasing
 local function paced_collect()
   pressure[0] = 0
   max_rounds = 1
-  collectgarbage()
+  local ok, err = pcall(collectgarbage)   -- (a finalizer may raise)
   max_rounds = 4
+  if not ok then error(err, 0) end
 end
 
 -- Collect everything unreachable now and release its C memory. Two cycles at
@@ -309,9 +309,10 @@ function M.after_backward()
   if step_collects and tonumber(mem_allocated(S)) >= STEP_MIN then paced_collect() end
 end
 
--- step_collects(false): no collections at backward passes' ends, for code that
--- runs many backwards in a step and collects itself when it has dropped what
--- they used (a pipeline's micro-batches). Returns the previous setting.
+-- step_collects(false): no collections as backward passes begin and end, for
+-- code that runs many backwards in a step and collects itself when it has
+-- dropped what they used (a pipeline's micro-batches). Returns the previous
+-- setting.
 function M.step_collects(on)
   local was = step_collects
   step_collects = on and true or false
