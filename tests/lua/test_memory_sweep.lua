@@ -84,7 +84,10 @@ H.test('a pipeline with data-parallel stages, dropped 8 times: its groups\' thre
     local n = 0
     for r, t2, t8, m2, m8 in out:gmatch('rank (%d) threads (%d+) (%d+) memory (%d+) (%d+)') do
       n = n + 1
-      H.eq(tonumber(t8), tonumber(t2), ('rank %s: threads after round 8 and 2'):format(r))
+      -- (a leak adds a thread per replica and round: 24 by round 8; a helper thread
+      -- of the sanitizer's or the runtime's may come and go)
+      H.check(tonumber(t8) <= tonumber(t2),
+        ('rank %s: threads after round 8 (%s) not above round 2 (%s)'):format(r, t8, t2))
       H.check(math.abs(tonumber(m8) - tonumber(m2)) <= MB,
         ('rank %s: tensor memory after round 8 %d, round 2 %d'):format(r, m8, m2))
     end
