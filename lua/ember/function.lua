@@ -13,9 +13,8 @@ the key of `live`. A node may be freed anywhere -- by a tensor release inside
 compiled code, where a callback into Lua would be fatal ("bad callback") -- so
 its release is no callback but the core's em_function_release_flag, which sets
 the cell to 0; apply() sweeps `live` for zeroed cells when it has doubled since
-the last sweep, or when Lua's collector has finished a cycle since (a
-sentinel's finalizer marks it, as in handles.lua; the finalizer itself only
-sets a flag): a backward function holds what it recomputes from -- a
+the last sweep, or when Lua's collector has finished a cycle since
+(handles.on_cycle: a flag set from the handles' sentinel finalizer): a backward function holds what it recomputes from -- a
 checkpointed module, a sharded model -- so dead records must not wait for the
 live ones to double. Cells sit in fixed chunks (C memory never moves under a
 node).
@@ -53,16 +52,9 @@ local function sweep()
   sweep_at = math.max(64, 2 * nlive)
 end
 
--- One sentinel per GC cycle: its finalizer lets the next new_id sweep.
-local dirty, closing = false, false
-local function sentinel()
-  local u = newproxy(true)
-  getmetatable(u).__gc = function()
-    dirty = true
-    if not closing then sentinel() end
-  end
-end
-sentinel()
+-- Each finished GC cycle lets the next new_id sweep (ember.handles' sentinel).
+local dirty = false
+require('ember.handles').on_cycle(function() dirty = true end)
 
 local function new_id()
   if dirty or nlive >= sweep_at then dirty = false; sweep() end
@@ -109,7 +101,7 @@ local callback = ffi.cast('em_function_backward_fn', function(_, ud, g, gin)
   if ok then return 0 end
   return tonumber(C.em_set_error(S, C.EM_ERR_ARG, tostring(err)))
 end)
-core.on_close[#core.on_close + 1] = function() closing = true; callback:free() end
+core.on_close[#core.on_close + 1] = function() callback:free() end
 
 -- -- apply ---------------------------------------------------------------------------------
 local out = ffi.new('em_tensor*[1]')

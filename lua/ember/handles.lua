@@ -109,15 +109,20 @@ local function resize(n)
 end
 resize(4096)
 
--- One sentinel per GC cycle: its finalizer marks the registry dirty.
+-- One sentinel per GC cycle: its finalizer marks the registry dirty, and tells
+-- whoever else asked (M.on_cycle: a finalizer may only set flags, so each
+-- listener does the same).
+local cycle_listeners = {}
 local function sentinel()
   local u = newproxy(true)
   getmetatable(u).__gc = function()
     dirty = true
+    for i = 1, #cycle_listeners do cycle_listeners[i]() end
     if not closing then sentinel() end
   end
 end
 sentinel()
+function M.on_cycle(fn) cycle_listeners[#cycle_listeners + 1] = fn end
 
 -- The next forced full collection: when the host's tensor memory (cpu and
 -- meta) grows past what it holds now plus max(MEM_SLACK, a quarter of it), or
