@@ -27,10 +27,10 @@ begins) less the other three kinds as they stand at the step's end, which is
 what they were at the peak as long as the step neither creates nor frees
 parameters, gradients or state between the two, and less what the device
 held beyond those three as the step began (other: a dataset kept in memory, a
-fixed batch -- no activation of the step); it is never below 0. Under auto_step a loader batch ends a step,
-and one that ran no backward (an evaluation) is not reported. The
-step with the highest peak is the one reported; the first step, which also
-holds what ran before it (data read, a model built), only when it is the only one.
+fixed batch -- no activation of the step); it is never below 0. A step that
+ran no backward (an evaluation batch) is not reported. The step with the
+highest peak is the one reported; the first step, which also holds what ran
+before it (data read, a model built), only when it is the only one.
 
 The registries are weak: an optimizer or model that is no longer referenced
 drops out at the next collection.
