@@ -9,8 +9,8 @@ ember.profile -- the profiler's Lua face (API.md, "em.profile"):
 
 Recording is core/profile/ (one buffer per thread, events at the dispatch point,
 in autograd, the loader and the communicators). Here: stopping, joining the
-replicas, and handing the numbers to summary.lua (per replica), report.lua (the
-breakdown and diagnosis), trace.lua and page.lua (the files).
+replicas (join.lua), and handing the numbers to summary.lua (per replica),
+report.lua (the breakdown and diagnosis), trace.lua and page.lua (the files).
 
 Replicas. Under a strategy (ember --replicas N, or mpirun) every replica records
 its own profile and calls stop() (as every replica runs the same script). stop()
@@ -37,6 +37,7 @@ local core = require 'ember.ffi'
 local summary = require 'ember.profile.summary'
 local report = require 'ember.profile.report'
 local trace = require 'ember.profile.trace'
+local join = require 'ember.profile.join'
 local memory_kinds = require 'ember.memory_kinds'
 local C, S = core.C, core.S
 
@@ -227,77 +228,7 @@ local function pipeline_summary(p, breakdown)
            step_s = p.step_sum / p.calls, expected = (P - 1) / (v * m + P - 1) }
 end
 
--- -- Joining replicas ---------------------------------------------------------------------
-
--- Plain data (numbers, strings, booleans, tables of them) as Lua source, and back.
-local function ser(v, out)
-  local t = type(v)
-  if t == 'number' then
-    out[#out + 1] = v ~= v and '0/0' or v == math.huge and 'math.huge' or
-      v == -math.huge and '-math.huge' or string.format('%.17g', v)
-  elseif t == 'string' then out[#out + 1] = string.format('%q', v)
-  elseif t == 'boolean' then out[#out + 1] = tostring(v)
-  elseif t == 'table' then
-    out[#out + 1] = '{'
-    for k, x in pairs(v) do
-      out[#out + 1] = '['; ser(k, out); out[#out + 1] = ']='; ser(x, out); out[#out + 1] = ','
-    end
-    out[#out + 1] = '}'
-  else out[#out + 1] = 'nil' end
-  return out
-end
-local function serialize(v) return 'return ' .. table.concat(ser(v, {})) end
-local function deserialize(s)
-  local f = assert(loadstring(s, '=profile'))
-  setfenv(f, { math = math })
-  return f()
-end
-
--- Every replica's string, in rank order: one allgather of the lengths, one of the
--- bytes (padded to the longest, 4 per int32).
-local function gather_strings(strategy, str)
-  local em = require 'ember'
-  local len = em.tensor({ #str }, { dtype = 'int64' })
-  local lens_t = strategy:allgather(len)
-  local lens = ffi.cast('const int64_t *', lens_t:data_ptr())
-  local world, longest = strategy.world_size, 0
-  for r = 0, world - 1 do longest = math.max(longest, tonumber(lens[r])) end
-  local words = math.max(1, math.ceil(longest / 4))
-  local buf = em.zeros({ words }, { dtype = 'int32' })
-  ffi.copy(buf:data_ptr(), str, #str)
-  local all = strategy:allgather(buf)
-  local base = ffi.cast('const char *', all:data_ptr())
-  local out = {}
-  for r = 0, world - 1 do out[r + 1] = ffi.string(base + r * words * 4, tonumber(lens[r])) end
-  return out
-end
-
--- Bus bandwidth (GB/s) and per-allreduce latency of this communicator: a 4-byte
--- allreduce for latency, a 4 MB one for bandwidth.
-local function calibrate(strategy)
-  local em = require 'ember'
-  local n = strategy.world_size
-  local small, big = em.zeros(1), em.zeros(1048576)
-  strategy:barrier()
-  for _ = 1, 3 do strategy:allreduce(small, 'sum') end
-  local t0 = C.em_profile_clock()
-  for _ = 1, 10 do strategy:allreduce(small, 'sum') end
-  local lat = (C.em_profile_clock() - t0) / 10
-  strategy:allreduce(big, 'sum')
-  t0 = C.em_profile_clock()
-  for _ = 1, 3 do strategy:allreduce(big, 'sum') end
-  local t_big = (C.em_profile_clock() - t0) / 3
-  local moved = 2 * (n - 1) / n * 4 * 1048576
-  return { gbps = moved / math.max(t_big - lat, 1e-9) / 1e9, latency_s = lat }
-end
-
-local function world_size()
-  local rep = rawget(_G, 'EMBER_REPLICA')
-  if rep and rep.world_size and rep.world_size > 1 then return rep.world_size end
-  local r, n = ffi.new('int[1]'), ffi.new('int[1]')
-  if C.em_mpi_launched(r, n) ~= 0 and n[0] > 1 then return n[0] end
-  return 1
-end
+-- -- Stopping (joining the replicas is join.lua's) ---------------------------------------
 
 local function write_file(path, text)
   local f, err = io.open(path, 'wb')
@@ -308,27 +239,7 @@ local function write_file(path, text)
 end
 
 -- The timeline shown on the page: TIMELINE_STEPS steps from the middle of the run.
-local TIMELINE_STEPS, TIMELINE_EVENTS = 3, 20000
-
-local function merge_timelines(tls)
-  local out = { tracks = {}, steps = tls[1].steps, events = {} }
-  local zero = tls[1].start_abs
-  for r, tl in ipairs(tls) do
-    local base = #out.tracks
-    for _, name in ipairs(tl.tracks) do
-      out.tracks[#out.tracks + 1] = (#tls > 1 and ('rank ' .. (r - 1) .. ' ') or '') .. name
-    end
-    local shift = (tl.start_abs - zero) * 1e6
-    for _, e in ipairs(tl.events) do
-      if #out.events >= TIMELINE_EVENTS then out.truncated = true; break end
-      e.track = e.track + base
-      e.ts = e.ts + shift
-      out.events[#out.events + 1] = e
-    end
-    out.truncated = out.truncated or tl.truncated
-  end
-  return out
-end
+local TIMELINE_STEPS, TIMELINE_EVENTS = join.TIMELINE_STEPS, join.TIMELINE_EVENTS
 
 -- local_only: skip the join (the script failed; the other replicas may be gone).
 function M.stop(local_only)
@@ -343,7 +254,7 @@ function M.stop(local_only)
     p.notes[i] = { name = x.name, t = x.t - p.origin, fields = x.fields }
   end
   local stop_t = C.em_profile_clock() - p.origin
-  local world = local_only and 1 or world_size()
+  local world = local_only and 1 or join.world_size()
   local strategy, rank = nil, 0
   if world > 1 then
     strategy = require('ember.distribute').mirrored {}
@@ -359,15 +270,15 @@ function M.stop(local_only)
   local peak = { cpu = mine.peak_cpu }
   local reps, tls, parts, cal = { mine }, { tl }, nil, nil
   if strategy then
-    cal = calibrate(strategy)
+    cal = join.calibrate(strategy)
     local op_table = mine.op_table
     mine.op_table = nil
-    local all = gather_strings(strategy, serialize { summary = mine, timeline = tl,
+    local all = join.gather_strings(strategy, join.serialize { summary = mine, timeline = tl,
       origin = p.origin, trace = o.trace and trace.part(p, rank, 0) or '' })
     mine.op_table = op_table
     reps, tls, parts = {}, {}, {}
     for r, s in ipairs(all) do
-      local x = deserialize(s)
+      local x = join.deserialize(s)
       reps[r], tls[r], parts[r] = x.summary, x.timeline, x.trace
       peak[r == 1 and 'cpu' or ('cpu (rank ' .. (r - 1) .. ')')] = x.summary.peak_cpu
     end
@@ -378,7 +289,7 @@ function M.stop(local_only)
   -- how the steps were told apart, said with the count
   r.steps_counted = o.counted_by or 'the whole recording is one step: no em.profile.step(), ' ..
     (o.auto and 'loader batch or optimizer step' or 'and auto_step is off')
-  r.timeline = merge_timelines(tls)
+  r.timeline = join.merge_timelines(tls)
   if rank == 0 then
     if o.trace then
       local text
