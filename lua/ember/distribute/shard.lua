@@ -52,19 +52,21 @@ optimizer's state and update in host memory; a segment is copied to the device
 for each gather and each reduced gradient slice back to the host.
 
 Files: this one builds the model and answers its methods; shard_layout.lua is
-the arithmetic of units and segments, shard_gather.lua gathers the weights and
-shard_grads.lua reduces the gradients.
+the arithmetic of units and segments, shard_gather.lua gathers the weights,
+shard_grads.lua reduces the gradients, shard_hooks.lua keeps the live models and
+their hooks on backward, and shard_state.lua is the model's state_dict and
+load_state_dict.
 ]]
-local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
-local dist = require 'ember.distribute'
 local layout = require 'ember.distribute.shard_layout'
 local gather = require 'ember.distribute.shard_gather'
 local grads = require 'ember.distribute.shard_grads'
+local hooks = require 'ember.distribute.shard_hooks'
+local state = require 'ember.distribute.shard_state'
 local wrap = require 'ember.distribute.wrap'
 local memory_kinds = require 'ember.memory_kinds'
-local C, S = core.C, core.S
+local C = core.C
 local raise = core.raise
 
 local M = {}
@@ -74,61 +76,10 @@ M.Sharded = Sharded
 local MB = 1024 * 1024
 
 -- -- Helpers ---------------------------------------------------------------------------------
-local slice, nbytes, check = gather.slice, gather.nbytes, gather.check
+local slice, nbytes = gather.slice, gather.nbytes
 
--- Every live sharded model by id (callbacks name them by id), and the id of the
--- model a shard tensor belongs to (clip_grad_norm asks). An id, not the model:
--- LuaJIT's weak keys are no ephemerons, so a value that leads back to its key
--- (the model holds its shards) would keep both alive for ever.
-local models = setmetatable({}, { __mode = 'v' })
-local owner = setmetatable({}, { __mode = 'k' })
-local next_id = 0
-M.owner_of = function(t)
-  local id = owner[t]
-  return id and models[id]
-end
-
--- -- Callbacks from backward -----------------------------------------------------------------
--- One ffi callback each for all models (LuaJIT has few callback slots); ud is
--- id * 2^20 + parameter index. An error is kept as the backward's message.
-local PARAM_BITS = 2 ^ 20
-local function guarded(fn, ...)
-  local ok, err = pcall(fn, ...)
-  if ok then return 0 end
-  return C.em_set_error(S, C.EM_ERR_INTERNAL, tostring(err))
-end
-local grad_hook = ffi.cast('em_grad_hook_fn', function(_, _, ud)
-  local v = tonumber(ffi.cast('intptr_t', ud))
-  local dm = models[math.floor(v / PARAM_BITS)]
-  if not dm or not dm._armed then return 0 end
-  return guarded(grads.on_grad, dm, v % PARAM_BITS)
-end)
-local backward_end = ffi.cast('em_backward_callback_fn', function(_, failed, ud)
-  local dm = models[tonumber(ffi.cast('intptr_t', ud))]
-  if not dm or not dm._armed then return 0 end
-  return guarded(grads.on_backward_end, dm, failed ~= 0)
-end)
-
--- A dead model's registrations go with it: a cdata the model holds, whose
--- finalizer removes its backward callback and the hooks on its parameters (which
--- outlive it when the model is wrapped again) and lets go of the parameters'
--- handles it kept for that. It holds raw handles, not the tensors, so that it
--- delays no memory; the state's close removes whatever is left first (the
--- state's callbacks are gone after it), and then the finalizer finds it done.
-local function ud_of(n) return ffi.cast('void *', ffi.cast('intptr_t', n)) end
-local function unhook_later(id, hooked)
-  local done = false
-  local function unhook()
-    if done then return end
-    done = true
-    if hooked.callback then C.em_backward_remove_callback(S, backward_end, ud_of(id)) end
-    for i, h in ipairs(hooked) do
-      C.em_tensor_remove_grad_hook(h, grad_hook, ud_of(id * PARAM_BITS + i))
-      C.em_tensor_release(h)
-    end
-  end
-  return dist._track(ffi.gc(ffi.new('char[1]'), unhook), unhook)
-end
+-- The model a shard tensor belongs to, or nil (clip_grad_norm asks).
+M.owner_of = hooks.owner_of
 
 -- -- Options -----------------------------------------------------------------------------------
 local MODES = { optimizer = true, gradients = true, parameters = true }
@@ -206,7 +157,7 @@ local function make_shards(dm, u)
         sh = slice(flat, u.lo[k], len):detach():requires_grad_()
       end
       shard[i] = sh
-      if dm.shard_mode then owner[sh] = dm._id end
+      if dm.shard_mode then hooks.set_owner(sh, dm._id) end
     end
   end)
 end
@@ -237,9 +188,8 @@ function M.wrap(s, model, o)
       for _, b in ipairs(buffers) do s:broadcast(b, 0) end
     end)
   end
-  next_id = next_id + 1
   local dm = setmetatable({
-    module = model, strategy = s, shard_mode = mode, _id = next_id,
+    module = model, strategy = s, shard_mode = mode, _id = hooks.new_id(),
     _offload = o.offload and s.device ~= 'cpu' or false,
     _comm_dtype = o.comm_dtype, _names = named, _P = P, _shards = {}, _units = {},
     _unit_of = {}, _pos = {}, _buffers = buffers,
@@ -248,7 +198,7 @@ function M.wrap(s, model, o)
       wait_s = 0, bytes = 0, allreduce = 0, reduce_scatter = 0, allgather = 0 },
     _mem = { activations = 0 },
   }, Sharded)
-  models[dm._id] = dm
+  hooks.register(dm)
 
   -- units
   local groups = {}
@@ -289,15 +239,7 @@ function M.wrap(s, model, o)
   end
 
   -- hooks, removed when the model is collected
-  local hooked = {}
-  rawset(dm, '_unhook', unhook_later(dm._id, hooked))
-  for i, p in ipairs(P) do
-    check(C.em_tensor_add_grad_hook(S, p._h, grad_hook, ud_of(dm._id * PARAM_BITS + i)))
-    C.em_tensor_retain(p._h)
-    hooked[i] = p._h
-  end
-  check(C.em_backward_add_callback(S, backward_end, ud_of(dm._id)))
-  hooked.callback = true
+  hooks.install(dm)
   memory_kinds.register_model(dm)
   return dm
 end
@@ -364,85 +306,10 @@ function Sharded:invalidate()
   if self.shard_mode == 'optimizer' or self.shard_mode == 'gradients' then self._stale = true end
 end
 
-function Sharded:shard_layout()
-  local params = {}
-  for i, p in ipairs(self._P) do
-    local u = self._units[self._unit_of[i]]
-    local pos = self._pos[i]
-    params[i] = { name = self._names[i], shape = p.shape, dtype = p.dtype, numel = u.numel[pos],
-                  lo = u.lo[pos], hi = u.hi[pos], shard = self._shards[i] }
-  end
-  local buffers = {}
-  for _, nb in ipairs(self.module:named_buffers()) do
-    buffers[#buffers + 1] = { name = nb[1], tensor = nb[2] }
-  end
-  return { mode = self.shard_mode, world_size = self.strategy.world_size,
-           rank = self.strategy.rank, params = params, buffers = buffers }
-end
-
--- The full state on every replica (a collective: every replica calls it): the
--- tensors are the model's own for 'optimizer' and 'gradients', copies for
--- 'parameters'.
-function Sharded:state_dict()
-  if self.shard_mode ~= 'parameters' then
-    -- the shards may have changed since (a step, a load)
-    if self.shard_mode then gather.gather_all(self) end
-    return self.module:state_dict()
-  end
-  local sd = self.module:state_dict()
-  em.no_grad(function()
-    for _, u in ipairs(self._units) do
-      local flat = gather.allgather(self, u, false)
-      for pos, i in ipairs(u.idx) do
-        sd[self._names[i]] = slice(flat, u.off[pos], u.numel[pos]):view(self._P[i].shape):clone()
-      end
-    end
-  end)
-  return sd
-end
-
-function Sharded:load_state_dict(sd, strict)
-  if self.shard_mode ~= 'parameters' then
-    local r = self.module:load_state_dict(sd, strict)
-    if self._offload then
-      for _, u in ipairs(self._units) do
-        em.no_grad(function()
-          for pos, i in ipairs(u.idx) do
-            local len = u.hi[pos] - u.lo[pos]
-            slice(u.segt, u.at[pos], len):copy_(slice(self._P[i]:detach():reshape(-1), u.lo[pos], len))
-          end
-        end)
-      end
-    end
-    return r
-  end
-  if type(sd) ~= 'table' then raise('load_state_dict: expected a table of tensors, got ' .. core.kind(sd)) end
-  for i, name in ipairs(self._names) do
-    local src = sd[name]
-    if src == nil then
-      if strict ~= false then raise('load_state_dict: missing keys: ' .. name) end
-    elseif not ffi.istype(core.box_t, src) or src:numel() ~= self._P[i]:numel() then
-      raise(('load_state_dict: shape mismatch for %s: the model has [%s], the state %s'):format(
-        name, table.concat(self._P[i].shape, ','), ffi.istype(core.box_t, src) and
-        '[' .. table.concat(src.shape, ',') .. ']' or core.kind(src)))
-    end
-  end
-  em.no_grad(function()
-    for i, name in ipairs(self._names) do
-      local src = sd[name]
-      if src ~= nil then
-        local u = self._units[self._unit_of[i]]
-        local pos = self._pos[i]
-        local len = u.hi[pos] - u.lo[pos]
-        self._shards[i]:copy_(slice(src:reshape(-1), u.lo[pos], len))
-      end
-    end
-    for _, nb in ipairs(self.module:named_buffers()) do
-      if sd[nb[1]] ~= nil then nb[2]:copy_(sd[nb[1]]) end
-    end
-  end)
-  return { missing_keys = {}, unexpected_keys = {} }
-end
+-- Where each shard lies, the full state and loading it: shard_state.lua.
+Sharded.shard_layout = state.shard_layout
+Sharded.state_dict = state.state_dict
+Sharded.load_state_dict = state.load_state_dict
 
 -- This replica's bytes by kind: {parameters, gradients, optimizer, activations}.
 function Sharded:memory()
