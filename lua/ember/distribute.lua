@@ -34,60 +34,24 @@ can be initialised only once per process). Communicators and reducers are freed
 before the state closes (core.on_close) -- a reducer also as soon as its wrapped
 model is collected -- and when the script fails the host calls _abort(message),
 which fails them so that the other replicas hear about it.
+
+The strategy's methods live by concern in distribute/: collective.lua (the
+collectives), p2p.lua (send / recv), group.lua (group / split), over the
+communicator and work handles of comm.lua.
 ]]
 local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
+local cm = require 'ember.distribute.comm'
 local C, S = core.C, core.S
 local raise = core.raise
 
 local M = {}
 
-ffi.cdef [[ typedef struct em_commbox { em_comm *_h; } em_commbox;
-            typedef struct em_workbox { em_comm_work *_h; } em_workbox; ]]
-local commbox_t, workbox_t = ffi.typeof('em_commbox'), ffi.typeof('em_workbox')
-
--- -- Lifetime ----------------------------------------------------------------------------
-local live = setmetatable({}, { __mode = 'k' })   -- box -> release function
-function M._track(obj, release) live[obj] = release; return obj end
-local releaser = core.releaser
-local free_comm, free_work = releaser(C.em_comm_free), releaser(C.em_comm_work_free)
-local free_group = releaser(C.em_comm_free)     -- a group goes before its parent
-
--- A group whose strategy was collected (a dropped pipeline's stage group) is
--- freed -- its comm thread joined, its channels given back -- at the next safe
--- point, not inside the collector: a work of the group collected in the same
--- cycle must be waited for and freed first, and the collector runs finalizers
--- in no set order. The safe points: the next collective or group made, and the
--- state's close. (Freeing it on one replica while another still holds its own
--- is safe: a group moves no byte itself, see core/dist/group.c.)
-local dead_groups = {}
-local function group_collected(box)
-  if box._h ~= nil then
-    dead_groups[#dead_groups + 1] = ffi.cast('em_comm *', box._h)
-    box._h = nil
-  end
-end
-local function free_dead_groups()
-  for i = #dead_groups, 1, -1 do
-    local h = dead_groups[i]
-    dead_groups[i] = nil
-    C.em_comm_free(h)
-  end
-end
-
--- Works first (they hold tensors and wait for their collective), then reducers
--- (registered by wrap.lua), then groups, then communicators.
-local comms = {}            -- backend name -> comm box
-core.on_close[#core.on_close + 1] = function()
-  for obj, release in pairs(live) do if release == free_work then release(obj) end end
-  for obj, release in pairs(live) do
-    if release ~= free_work and release ~= free_comm and release ~= free_group then release(obj) end
-  end
-  free_dead_groups()
-  for obj, release in pairs(live) do if release == free_group then release(obj) end end
-  for obj, release in pairs(live) do release(obj) end
-end
+-- Every box of a communicator, work or reducer (wrap.lua, shard.lua), freed in order
+-- when the state closes (distribute/comm.lua).
+M._track = cm.track
+local comms, commbox_t, free_comm = cm.comms, cm.commbox_t, cm.free_comm
 
 -- -- Where this replica is -----------------------------------------------------------------
 local replica = rawget(_G, 'EMBER_REPLICA')
@@ -235,156 +199,11 @@ function Strategy:__tostring()
     self.backend, self.device)
 end
 
-local function comm(self, op)
-  if dead_groups[1] then free_dead_groups() end
-  local c = self._box._h
-  if c == nil then raise(op .. ': the strategy was closed') end
-  return c
-end
-
 function Strategy:shard(ds, o)
   if (type(ds) ~= 'table' and type(ds) ~= 'cdata') or not pcall(function() return ds.shard end) then
     raise('shard: expected a dataset, got ' .. core.kind(ds))
   end
   return ds:shard(self.rank, self.world_size, o)
-end
-
--- -- Collectives ---------------------------------------------------------------------------------
-local ops = { sum = 0, mean = 1, max = 2, min = 3 }
-local function op_id(name, where)
-  local id = ops[name or 'sum']
-  if not id then
-    raise(("%s: unknown reduction %s (expected 'sum', 'mean', 'max' or 'min')"):format(where,
-      type(name) == 'string' and "'" .. name .. "'" or core.kind(name)))
-  end
-  return id
-end
-
--- Trailing arguments: (x, opts) or (opts) or (x) where opts = {async = true}.
-local function split_opts(a, b)
-  if type(a) == 'table' and b == nil then return nil, a end
-  if b ~= nil and type(b) ~= 'table' then raise('expected an options table {async = true}') end
-  return a, b or {}
-end
-
-local Work = {}
-Work.__index = Work
-local workout = ffi.new('em_comm_work*[1]')
-local done_buf = ffi.new('int[1]')
-
--- Runs a collective: synchronously, or as a handle whose wait() returns the
--- result: t (in place), or the new tensor start left in out[0]. Values, not a
--- closure over them: a LuaJIT trace through a call keeps the called closure as
--- a constant, and with it the tensors it captured, until the trace is flushed
--- (a model's original weights, broadcast when it was wrapped, say). start's
--- closures capture raw handles only.
-local function run(self, async, start, t, out)
-  if not async then
-    if start(nil) ~= 0 then core.fail() end
-    if out then return core.wrap(out[0]) end
-    return t
-  end
-  if start(workout) ~= 0 then core.fail() end
-  local result = t
-  if out then result = core.wrap(out[0]) end
-  -- (a handle dropped unwaited is waited for and freed when it is collected: it
-  -- holds the collective's tensors)
-  local box = M._track(ffi.gc(workbox_t(workout[0]), free_work), free_work)
-  -- (_strategy: a group's work keeps the group alive until it is done with)
-  return setmetatable({ _box = box, _result = result, _strategy = self }, Work)
-end
-
-function Work:wait()
-  local h = self._box._h
-  if h ~= nil then
-    local st = C.em_comm_work_wait(S, h)
-    if st ~= 0 then
-      local msg = core.errmsg()
-      free_work(self._box)
-      error(msg, core.blame_level())
-    end
-    free_work(self._box)
-  end
-  return self._result
-end
-
-function Work:done()
-  local h = self._box._h
-  if h == nil then return true end
-  C.em_comm_work_test(S, h, done_buf)
-  return done_buf[0] ~= 0
-end
-
-function Strategy:allreduce(t, op, o)
-  op, o = split_opts(op, o)
-  local h = core.H(t, 'allreduce', 1)
-  local id, c = op_id(op, 'allreduce'), comm(self, 'allreduce')
-  return run(self, o.async, function(w) return C.em_comm_allreduce(S, c, h, id, w) end, t)
-end
-
-function Strategy:broadcast(t, root, o)
-  root, o = split_opts(root, o)
-  local h = core.H(t, 'broadcast', 1)
-  root = root or 0
-  if type(root) ~= 'number' or root % 1 ~= 0 then
-    raise('broadcast: root must be a rank (0-based integer), got ' .. tostring(root))
-  end
-  local c = comm(self, 'broadcast')
-  return run(self, o.async, function(w) return C.em_comm_broadcast(S, c, h, root, w) end, t)
-end
-
-local function out_collective(self, name, t, start, o)
-  local h = core.H(t, name, 1)
-  local c = comm(self, name)
-  local out = ffi.new('em_tensor*[1]')
-  return run(self, o.async, function(w) return start(c, h, out, w) end, nil, out)
-end
-
-function Strategy:allgather(t, o)
-  if o ~= nil and type(o) ~= 'table' then raise('allgather: expected an options table {async = true}') end
-  return out_collective(self, 'allgather', t, function(c, h, out, w)
-    return C.em_comm_allgather(S, c, h, out, w)
-  end, o or {})
-end
-
-function Strategy:reduce_scatter(t, op, o)
-  op, o = split_opts(op, o)
-  local id = op_id(op, 'reduce_scatter')
-  return out_collective(self, 'reduce_scatter', t, function(c, h, out, w)
-    return C.em_comm_reduce_scatter(S, c, h, id, out, w)
-  end, o)
-end
-
--- Point-to-point: the k-th send to a rank meets that rank's k-th recv from this
--- one. A send returns once the peer has the values (use async sends when two
--- replicas send to each other first); recv fills t in place.
-local function p2p(self, name, t, rank, o, start)
-  o = o or {}
-  if type(o) ~= 'table' then raise(name .. ': expected an options table {async = true}') end
-  local h = core.H(t, name, 1)
-  if type(rank) ~= 'number' or rank % 1 ~= 0 or rank < 0 or rank >= self.world_size
-     or rank == self.rank then
-    raise(('%s: rank must be another replica of this job (0..%d, this one is %d), got %s')
-      :format(name, self.world_size - 1, self.rank, tostring(rank)))
-  end
-  local c = comm(self, name)
-  return run(self, o.async, function(w) return start(c, h, rank, w) end, t)
-end
-
-function Strategy:send(t, rank, o)
-  return p2p(self, 'send', t, rank, o,
-    function(c, h, r, w) return C.em_comm_send(S, c, h, r, w) end)
-end
-
-function Strategy:recv(t, rank, o)
-  return p2p(self, 'recv', t, rank, o,
-    function(c, h, r, w) return C.em_comm_recv(S, c, h, r, w) end)
-end
-
-function Strategy:barrier(o)
-  o = o or {}
-  local c = comm(self, 'barrier')
-  return run(self, o.async, function(w) return C.em_comm_barrier(S, c, w) end, nil)
 end
 
 -- -- Checks ---------------------------------------------------------------------------------------
@@ -428,52 +247,9 @@ function Strategy:check_replicas(model)
   return true
 end
 
--- -- Groups -------------------------------------------------------------------------------------
--- s:group(ranks): a strategy of some of s's replicas (core/dist/group.c), for
--- instance one pipeline stage's replicas {p, p + P, p + 2P, ...}. Every member
--- calls it with the same ranks (ascending, 0-based ranks of s); the result is a
--- strategy like s -- rank is this replica's index in ranks, world_size #ranks --
--- whose collectives, send / recv and wrap (any shard mode) stay among the members,
--- with `parent` (s) and `ranks` besides. Its bytes travel by s's point-to-point on
--- channels of its own, so s's sends between the same replicas never mix with it.
-function Strategy:group(ranks)
-  if type(ranks) ~= 'table' then
-    raise('group: expected a list of ranks, got ' .. core.kind(ranks))
-  end
-  local n = #ranks
-  local arr = ffi.new('int[?]', math.max(n, 1))
-  local copy = {}
-  for i = 1, n do
-    local r = ranks[i]
-    if type(r) ~= 'number' or r % 1 ~= 0 then
-      raise(('group: ranks[%d] must be a rank (0-based integer), got %s'):format(i, tostring(r)))
-    end
-    arr[i - 1], copy[i] = r, r
-  end
-  local c = comm(self, 'group')
-  local out = ffi.new('em_comm*[1]')
-  if C.em_comm_group(S, c, n, arr, out) ~= 0 then core.fail() end
-  local box = M._track(ffi.gc(commbox_t(out[0]), group_collected), free_group)
-  local g = box._h
-  return setmetatable({
-    _box = box, backend = ffi.string(C.em_comm_backend(g)), timeout = self.timeout,
-    rank = C.em_comm_rank(g), world_size = C.em_comm_size(g), device = self.device,
-    parent = self, ranks = copy,
-  }, Strategy)
-end
-
--- s:split(color): every replica of s calls it; those that pass the same color
--- (an integer) form one group, in the order of their ranks in s.
-function Strategy:split(color)
-  if type(color) ~= 'number' or color % 1 ~= 0 then
-    raise('split: color must be an integer, got ' .. tostring(color))
-  end
-  local all = self:allgather(em.tensor({ color }, { dtype = 'int64' }):to(self.device))
-  local ranks = {}
-  for r, v in ipairs(all:to('cpu'):totable()) do
-    if v == color then ranks[#ranks + 1] = r - 1 end
-  end
-  return self:group(ranks)
+-- -- Collectives, point-to-point, groups ------------------------------------------------------
+for _, part in ipairs({ 'collective', 'p2p', 'group' }) do
+  for k, f in pairs(require('ember.distribute.' .. part)) do Strategy[k] = f end
 end
 
 -- -- Wrapping -------------------------------------------------------------------------------------
