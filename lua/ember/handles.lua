@@ -315,19 +315,17 @@ function M.after_backward()
 end
 
 -- step_collects(false): no collections as backward passes begin and end, for
--- code that runs many backwards in a step and collects itself when it has
--- dropped what they used (a pipeline's micro-batches). Returns the previous
--- setting.
+-- code that runs many backwards a step and collects itself (a pipeline's
+-- micro-batches). Returns the previous setting.
 function M.step_collects(on)
   local was = step_collects
   step_collects = on and true or false
   return was
 end
 
--- eager(true): a full collection before every new tensor is handed out, so
--- that dead tensors go at once, as under reference counting. Hundreds of
--- microseconds per op: for measuring what a computation must hold (the step-
--- peak benchmark's "needs"), never for running one. eager(false) ends it.
+-- eager(true): a full collection before every new tensor (dead tensors go at
+-- once, as under reference counting), for measuring what a computation must
+-- hold -- the step-peak benchmark's "needs" -- never for running one.
 function M.eager(on)
   eager = on and true or false
   set_limit()
