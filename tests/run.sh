@@ -148,6 +148,12 @@ while IFS="$(printf '\t')" read -r name cmd; do
   elif [ "$f" != 0 ]; then problems="$problems
   $name: $f failed"
   fi
+  # The failing checks' own lines, repeated here: a log cut to its tail still says why.
+  if [ -n "$why" ] || [ "$f" != 0 ]; then
+    lines=$(grep -E '^ *(FAIL|not ok)' "$TMP/res/$name.out" 2>/dev/null | head -n 8 | cut -c1-300)
+    [ -z "$lines" ] || problems="$problems
+$(printf '%s\n' "$lines" | sed 's/^ */    /')"
+  fi
 done < "$TMP/ordered"
 # Merged into the recorded times: a subset run keeps the others' seconds.
 { [ -f "$times" ] && awk 'NR == FNR { seen[$1] = 1; next } !($1 in seen)' "$newtimes" "$times"

@@ -195,7 +195,14 @@ em_status emi_feed_next(em_state *S, emi_feed *f, em_loader *l, em_tensor **out,
   em_status st;
   if (f->n == 0) {
     int g = 0;
-    if ((st = emi_loader_take(S, l, 1, h, &g)) || !g) return st;
+    if ((st = emi_loader_take(S, l, 1, h, &g))) return st;
+    if (!g) {
+      /* The epoch's end: every copy is handed out and each step waits for its own.
+      ** Waiting here for the copy stream's last stamps costs next to nothing and
+      ** lets the stats read after an epoch count every copy as done. */
+      svc->stream_sync(d, EMI_STREAM_COPY);
+      return EM_OK;
+    }
     if ((st = enqueue(f, h))) return st;
   }
   /* Hand out the oldest: the compute stream waits for its copy from here on. */
