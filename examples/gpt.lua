@@ -119,8 +119,8 @@ end
 
 -- One step's windows: the global batch of world_size x --batch windows, drawn
 -- alike on every replica, and the rows [index * rows, (index + 1) * rows) of it
--- (this replica's, or its data replica's under --plan). x: (rows, context)
--- inputs, y: (rows, context), the bytes that follow.
+-- (this replica's; all of them for a pipeline, which shares them out itself).
+-- x: (rows, context) inputs, y: (rows, context), the bytes that follow.
 local offsets = em.arange(0, opt.context, { dtype = 'int64' }):view(1, -1)
 local global_batch = opt.batch * strategy.world_size
 local function batch(rows, index)
@@ -145,8 +145,8 @@ if strategy:is_main() then
     opt.layers, opt.dim, opt.heads, opt.context, model:num_parameters()))
   if strategy.world_size > 1 then print(tostring(strategy)) end
 end
--- dmodel: the model as this replica runs it; rows, index: its rows of the
--- global batch; pp: the pipeline, when the plan is one.
+-- dmodel: the model as this replica runs it; rows, index: the rows of the
+-- global batch it passes; pp: the pipeline, when the plan is one.
 local dmodel, pp
 local rows, index = opt.batch, strategy.rank
 if opt.plan then

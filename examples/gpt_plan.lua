@@ -10,7 +10,8 @@ and wraps the model the way it says. Loaded with dofile by gpt.lua:
 dmodel is the model as this replica runs it (a wrapped model, or the pipeline);
 pp the pipeline when the layout is one (train with pp:step), else nil; rows and
 index say which rows of the global batch this replica passes: rows
-[index * rows, (index + 1) * rows), its data replica's share.
+[index * rows, (index + 1) * rows) -- its share under data parallelism, the
+whole global batch to a pipeline (which gives each data replica its share).
 
 The memory is the cap of `ember --memory-limit SIZE` (em.memory_stats' capacity)
 unless given. The plan is the same on every replica: the meta step and the
@@ -47,9 +48,10 @@ function M.apply(model, s, o)
   end
   local l = plan.layout
   local wrapped = plan:apply(s)
-  local rows = o.batch / l.data
-  if l.pipeline == 1 then return wrapped, nil, rows, s.rank end
-  return wrapped, wrapped, rows, wrapped.data_index
+  -- data parallel: each replica passes its own rows; a pipeline takes the
+  -- global batch on every replica and gives each data replica its share
+  if l.pipeline == 1 then return wrapped, nil, o.batch / l.data, s.rank end
+  return wrapped, wrapped, o.batch, 0
 end
 
 return M

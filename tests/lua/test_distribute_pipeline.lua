@@ -259,6 +259,11 @@ local function equal_to_one_model(out, rc, n, what, tol)
       local v = tonumber(line:match(k .. ' (%S+)'))
       H.check(v and v <= tol, ('%s: %s %s'):format(what, k, line))
     end
+    -- the global batch went in; this replica's data replica read only its share
+    local seen, share = line:match('rows (%d+) share (%d+)')
+    if line:find('counts', 1, true) then
+      H.check(seen and seen == share, ('%s: rows read in a step: %s'):format(what, line))
+    end
   end
   return lines
 end
@@ -503,6 +508,8 @@ H.test('bad settings: the same clear error on every replica', function()
     virtual_int = 'virtual must be an integer >= 1',
     pieces = 'stages x virtual = 2 x 5 = 10 pieces, but the Sequential has only 9 children',
     balance_pieces = 'balance lists 2 stage sizes, stages x virtual = 4',
+    batch = "batch must be 'global' (every replica passes the whole batch) or 'share'",
+    uneven = 'the global batch has 5 rows, which 2 data replicas cannot share evenly',
   }
   for name, text in pairs(want) do
     for r = 0, 1 do

@@ -5,7 +5,7 @@ micro-batches streaming through them.
 
   local pp = em.distribute.pipeline(model, {stages = P, chunks = M,
     schedule = '1f1b' | 'gpipe' | 'interleaved', virtual = V, balance = 'time' | 'memory' | {n1, ...},
-    sample = x1, shard = ..., strategy = s})           -- or s:pipeline(model, opts)
+    sample = x1, shard = ..., strategy = s, batch = 'global' | 'share'})  -- or s:pipeline(model, opts)
   local loss = pp:step(x, y, loss_fn)    -- a 0-d tensor (CPU), the same on every replica
   local loss = pp:step(x, y, loss_fn, scaler)   -- with an em.amp.GradScaler (pipeline_run)
   opt:step()                             -- opt built on pp:parameters()
@@ -19,7 +19,10 @@ accumulated over the micro-batches by then -- are averaged once.
 
 A step. Every replica passes the batch (x, y): the first stage reads x, the
 last y, the others only the shape of x (it names the shapes that travel, see
-pipeline_wire). The batch is split along dim 0 into M micro-batches; each stage
+pipeline_wire). With D data replicas that is the global batch, of which data
+replica d takes rows d B/D + 1 .. (d + 1) B/D, so a script is the same whatever
+layout the planner picks; batch = 'share' says each replica passes its own
+share instead (a loader sharded by pp.data_index). The batch is split along dim 0 into M micro-batches; each stage
 runs pipeline_schedule's op list: a forward receives its input from the previous
 stage (or slices x) and sends its output on; the last stage computes
 loss_fn(out, y_i) / M and runs backward from it; the others run backward from
@@ -68,7 +71,7 @@ Pipeline.__index = Pipeline
 M.Pipeline = Pipeline
 
 local KNOWN = { stages = true, chunks = true, schedule = true, balance = true, shard = true,
-                strategy = true, sample = true, virtual = true }
+                strategy = true, sample = true, virtual = true, batch = true }
 
 local function is_int(v, least) return type(v) == 'number' and v % 1 == 0 and v >= least end
 
@@ -148,7 +151,7 @@ function M.pipeline(model, o, s)
   for k in pairs(o) do
     if not KNOWN[k] then
       raise(fmt("pipeline: unknown option '%s' (stages, chunks, schedule, virtual, balance, " ..
-        'sample, shard, strategy)', tostring(k)))
+        'sample, shard, strategy, batch)', tostring(k)))
     end
   end
   s = s or o.strategy or dist.mirrored{}
@@ -167,6 +170,12 @@ function M.pipeline(model, o, s)
   if s.world_size % P ~= 0 then
     raise(fmt('pipeline: the world size %d is not divisible by stages = %d (replicas run ' ..
       'stage rank %% %d; world = stages x data replicas)', s.world_size, P, P))
+  end
+  local batch = o.batch or 'global'
+  if batch ~= 'global' and batch ~= 'share' then
+    raise(fmt("pipeline: batch must be 'global' (every replica passes the whole batch) or " ..
+      "'share' (each passes its data replica's rows), got %s",
+      type(batch) == 'string' and "'" .. batch .. "'" or kind(batch)))
   end
   local chunks = o.chunks or P
   if not is_int(chunks, 1) then
@@ -219,7 +228,7 @@ function M.pipeline(model, o, s)
 
   local pp = setmetatable({
     strategy = s, module = module, parts = parts, stage = stage, stages = P, chunks = chunks,
-    virtual = V, nested = nested, schedule = sched, data_index = data,
+    virtual = V, nested = nested, schedule = sched, data_index = data, batch = batch,
     data_size = s.world_size / P, counts = counts, costs = costs, first_child = firsts[1],
     firsts = firsts, starts = starts, model_children = #children, _full = model,
     _stats = { bubble = 0, step_s = 0, peak_bytes = 0 },

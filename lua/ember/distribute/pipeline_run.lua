@@ -54,6 +54,18 @@ local function step(self, x, y, loss_fn, scaler)
       kind(scaler))
   end
   local rows = batch_rows(x, y, 'step')
+  local D = self.data_size
+  if D > 1 and self.batch == 'global' then
+    if rows % D ~= 0 then
+      raise(fmt('pipeline: step: the global batch has %d rows, which %d data replicas cannot ' ..
+        "share evenly (pass a multiple of %d rows, or build the pipeline with batch = 'share' " ..
+        'and pass each data replica its own rows)', rows, D, D))
+    end
+    rows = rows / D
+    local at = self.data_index * rows + 1
+    if x ~= nil then x = x:narrow(1, at, rows) end
+    if y ~= nil then y = y:narrow(1, at, rows) end
+  end
   local Mc, P, st = self.chunks, self.stages, self.stage
   if Mc > rows then
     raise(fmt('pipeline: step: chunks = %d, but the batch has only %d rows (one micro-batch ' ..

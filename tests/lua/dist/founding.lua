@@ -50,10 +50,7 @@ local ok2, err2 = pcall(function()
     local x, y = batch(ROWS * N)
     opt:zero_grad()
     if l.pipeline > 1 then
-      -- this stage's data replica's rows of the global batch
-      local rows = ROWS * N / l.data
-      local at = m.data_index * rows + 1
-      loss = m:step(x:narrow(1, at, rows), y:narrow(1, at, rows), loss_fn)
+      loss = m:step(x, y, loss_fn)     -- the global batch: each data replica takes its share
     else
       local at = R * ROWS + 1
       loss = loss_fn(m(x:narrow(1, at, ROWS)), y:narrow(1, at, ROWS))

@@ -119,22 +119,25 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
     em.checkpoint.load(dir, { model = pp, optimizer = opt })
     first_step = 3
   end
+  -- the rows this replica's first module reads in a step: its data replica's share
+  local first, seen = pp.parts[1][1], 0
+  local forward = first.forward
+  first.forward = function(self, x) seen = seen + x.shape[1]; return forward(self, x) end
   local last = mode == 'save' and 2 or 3
   for step = first_step, last do
+    seen = 0
     local x, y = batch(step, B)
     ropt:zero_grad()
     local rl = mse(ref(x), y)
     rl:backward()
-    local d = pp.data_index
-    local per = B / D
-    local xs, ys = x:narrow(1, d * per + 1, per), y:narrow(1, d * per + 1, per)
     opt:zero_grad()
-    local loss = pp:step(xs, ys, mse)
+    local loss = pp:step(x, y, mse)     -- the global batch: each data replica takes its rows
     lossdiff = math.max(lossdiff, math.abs(loss:item() - rl:item()))
     -- (a sharded stage's gradients are its shards')
     graddiff = math.max(graddiff, held_diff(pp, rp, true))
     opt:step(); ropt:step()
   end
+  local stepped = seen                  -- (the forward below reads rows too)
   maxdiff = held_diff(pp, rp)
   -- and the whole stage: its tensors under the full model's names
   for name, t in pairs(pp:state_dict()) do
@@ -151,7 +154,8 @@ if mode == 'equiv' or mode == 'load' or mode == 'save' then
   local fdiff = maxabs(out, ref(xe):detach())
   local counts = table.concat(pp.counts, ',')
   print(('rank %d stage %d lossdiff %.3g graddiff %.3g maxdiff %.3g forward %.3g device %s ' ..
-    'counts %s'):format(R, pp.stage, lossdiff, graddiff, maxdiff, fdiff, dev, counts))
+    'counts %s rows %d share %d'):format(R, pp.stage, lossdiff, graddiff, maxdiff, fdiff, dev,
+    counts, stepped, B / D))
   return
 end
 
@@ -165,8 +169,9 @@ if mode == 'clip' then
   sched, virtual = schedule_of(sched)
   local D, B = N / P, 16
   local ref = build()
+  -- (batch = 'share': each data replica passes its own rows, cut here by hand)
   local pp = em.distribute.pipeline(build(), { stages = P, chunks = chunks, schedule = sched,
-    virtual = virtual, sample = em.randn(4, 5), shard = shard })
+    virtual = virtual, sample = em.randn(4, 5), shard = shard, batch = 'share' })
   local x, y = batch(1, B)
   mse(ref(x), y):backward()
   local per = B / D
@@ -313,6 +318,11 @@ if mode == 'errors' then
   end)
   case('balance_pieces', function()
     em.distribute.pipeline(m, { stages = P, schedule = 'interleaved', balance = { 4, 5 } })
+  end)
+  case('batch', function() em.distribute.pipeline(m, { stages = P, batch = 'local' }) end)
+  case('uneven', function()     -- one stage, two data replicas: 5 rows do not split in two
+    local pp = em.distribute.pipeline(build(), { stages = 1, chunks = 1 })
+    pp:step(em.randn(5, 5), em.randn(5, 3), mse)
   end)
   -- after all of that, a pipeline still works
   local pp = em.distribute.pipeline(build(), { stages = P, chunks = 2 })

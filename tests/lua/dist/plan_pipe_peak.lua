@@ -7,7 +7,7 @@
 -- alone, as the planner counts it -- and the stage counts the pipeline was
 -- built with. With D = world / P > 1 each stage's D replicas average (SHARD =
 -- none) or shard ('optimizer', 'gradients', 'parameters') its gradients, and
--- each replica passes its B / D rows of the global batch B.
+-- every replica passes the global batch B (each data replica reads its B / D rows).
 --   ember --replicas N plan_pipe_peak.lua CHUNKS SCHEDULE CKPT [STAGES SHARD LAYERS DIM]
 -- SCHEDULE: 1f1b | gpipe; CKPT: 0 | 1; STAGES defaults to N, SHARD to none.
 local dir = arg[0]:match('^(.*/)') or './'
@@ -40,8 +40,8 @@ local stage = pp.stage
 local opt = em.optim.Adam(pp:parameters(), { lr = 1e-3 })
 local peak = 0
 for step = 1, 4 do
-  local x = em.randint(1, V + 1, { B / D, T }, { dtype = 'int64' })
-  local y = em.randint(1, V + 1, { B / D, T }, { dtype = 'int64' })
+  local x = em.randint(1, V + 1, { B, T }, { dtype = 'int64' })   -- the global batch
+  local y = em.randint(1, V + 1, { B, T }, { dtype = 'int64' })
   opt:zero_grad()
   em.collect()
   em.reset_peak_memory_stats()
