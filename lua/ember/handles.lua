@@ -160,9 +160,18 @@ local function split()
   return m, host, dev > 0 and dev or 0
 end
 
+-- The cpu's cap (em.set_memory_limit, --memory-limit), 0 when none.
+local function host_cap()
+  if C.em_device_memory(S, C.EM_CPU, dstats) ~= 0 then return 0 end
+  return tonumber(dstats.capacity)
+end
+
 local function set_limit()
   local m, host, dev = split()
   local hs = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK
+  -- under a cap, garbage may take an eighth of it at most
+  local cap = host_cap()
+  if cap > 0 and hs > cap / 8 then hs = cap / 8 end
   local ds = dev * 0.25 > MEM_SLACK and dev * 0.25 or MEM_SLACK
   if dev > 0 and dev_slack() > ds then ds = dev_slack() end
   host_limit, dev_limit = host + hs, dev + ds
@@ -300,18 +309,22 @@ core.collect = collect     -- for core.fail, after a device ran out of memory
 -- is then its saved activations, state and gradients, as under reference
 -- counting. It ends: the rest of the forward's outputs are dead and go, so
 -- that every step starts from the same memory. Neither where under 4 MB of
--- tensors is held: there a collection costs more than the step.
+-- tensors is held, unless the cpu has a cap: there a collection costs more
+-- than the step, where no cap makes its garbage matter.
 local STEP_MIN = 4 * MB
 local step_collects = true
+local function step_worth()
+  return step_collects and (tonumber(mem_allocated(S)) >= STEP_MIN or host_cap() > 0)
+end
 function M.before_backward()
-  if step_collects and tonumber(mem_allocated(S)) >= STEP_MIN then paced_collect() end
+  if step_worth() then paced_collect() end
 end
 -- (backwards: how many have run, for the profiler: a loader's step that ran none
 -- is no training step)
 M.backwards = 0
 function M.after_backward()
   M.backwards = M.backwards + 1
-  if step_collects and tonumber(mem_allocated(S)) >= STEP_MIN then paced_collect() end
+  if step_worth() then paced_collect() end
 end
 
 -- step_collects(false): no collections as backward passes begin and end, for

@@ -75,7 +75,7 @@ H.test('predicted peak within 10% of the measured one: bigger models, checkpoint
     H.eq(#list, N, what .. ': every replica reports')
     for _, p in ipairs(list) do
       local err = (p.predicted - p.measured) / p.measured
-      H.check(math.abs(err) <= 0.10 and p.predicted * (1 + layouts.SAFETY) >= p.measured,
+      H.check(math.abs(err) <= 0.10 and layouts.margin(p.predicted) >= p.measured,
         ('%s rank %d: predicted %d, measured %d (%.1f%%)'):format(what, p.rank, p.predicted,
         p.measured, 100 * err))
     end
@@ -103,7 +103,7 @@ H.test('a layout planned to fit trains under a memory limit of the planned memor
     local out = L.replicas(2, 'plan_peak.lua', shard .. ' 0')
     local p = peaks(out)[1]
     H.check(p, 'a prediction: ' .. out:sub(-300))
-    local limit = math.ceil(p.predicted * (1 + layouts.SAFETY))
+    local limit = math.ceil(layouts.margin(p.predicted))
     local out2, rc = L.replicas(2, 'plan_peak.lua', shard .. ' 0', 'EMBER_MEMORY_LIMIT=' .. limit)
     H.eq(rc, 0, ('shard=%s under %d bytes: %s'):format(shard, limit, out2:sub(-300)))
     -- and the limit is a real one: a quarter of it fails with the out-of-memory error
@@ -113,20 +113,25 @@ H.test('a layout planned to fit trains under a memory limit of the planned memor
   end
 end)
 
-H.test('the choice: the fastest layout that fits, with the safety share', function()
+H.test('the choice: the fastest layout that fits, with the safety margin', function()
+  local MB = 2 ^ 20
   local function cand(name, peak, t)
-    return { name = name, peak = peak, step_s = t,
+    return { name = name, peak = peak * MB, step_s = t,
              layout = { data = 4, pipeline = 1, shard = name, checkpoint = false, chunks = 1 } }
   end
   local c = { cand('none', 100, 1.0), cand('optimizer', 80, 1.1), cand('gradients', 60, 1.2),
               cand('parameters', 40, 1.5) }
-  H.eq(layouts.choose(c, 1000).name, 'none', 'all fit: the fastest')
-  H.eq(layouts.choose(c, 90).name, 'optimizer', '100 does not fit 90')
-  H.eq(layouts.choose(c, 80).name, 'gradients', '80 x 1.05 does not fit 80: the margin')
+  H.eq(layouts.choose(c, 1000 * MB).name, 'none', 'all fit: the fastest')
+  H.eq(layouts.choose(c, 90 * MB).name, 'optimizer', '100 does not fit 90')
+  H.eq(layouts.choose(c, 80 * MB).name, 'gradients', '80 x 1.05 does not fit 80: the margin')
   H.eq(c[2].fits, false); H.eq(c[3].fits, true)
-  H.eq(layouts.choose(c, 30), nil, 'nothing fits')
+  H.eq(layouts.choose(c, 30 * MB), nil, 'nothing fits')
+  -- the fixed part of the margin: 84 MB needs 84 x 1.05 MB and 64 KiB more
+  local edge = { cand('none', 84, 1.0) }
+  H.eq(layouts.choose(edge, (84 * 1.05 + 1 / 16) * MB), edge[1], 'the whole margin')
+  H.eq(layouts.choose(edge, (84 * 1.05 + 1 / 32) * MB), nil, 'the share, half the bytes')
   local tie = { cand('parameters', 50, 1.0), cand('none', 50, 1.0) }
-  H.eq(layouts.choose(tie, 100).name, 'none', 'a tie goes to the simpler layout')
+  H.eq(layouts.choose(tie, 100 * MB).name, 'none', 'a tie goes to the simpler layout')
 end)
 
 H.test('the stage cut balances consecutive children', function()
@@ -274,7 +279,7 @@ local function pipe_layouts(list, over)
       n = n + 1
       p, m = tonumber(p), tonumber(m)
       local err = (p - m) / m
-      local ok = p * (1 + layouts.SAFETY) >= m
+      local ok = layouts.margin(p) >= m
       if over then ok = ok and err <= 0.25 else ok = ok and math.abs(err) <= 0.10 end
       H.check(ok, ('%s rank %s: predicted %d, measured %d (%.1f%%)'):format(what, r, p, m,
         100 * err))

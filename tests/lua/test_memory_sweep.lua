@@ -6,7 +6,7 @@ plain, sharded three ways and with bfloat16 gradients, em.nn.Checkpoint modules
 (trained, wrapped, and a forward whose graph is dropped), em.checkpoint save and
 load, a loader's epoch, em.distribute.plan and plan:apply, a pipeline, async
 collectives dropped unwaited, a profile -- and after each round collects fully;
-the tensor memory after round 16 must be within 1 MB of round 6's, on 2
+the tensor memory after round 16 must be no more than 1 MB over round 6's, on 2
 replicas as threads and under mpirun -np 2. A model left alive by a round is
 0.33 MiB or more, so ten rounds of it fail by far. Then the planner's founding
 case in one process: plain data parallel runs out of memory under a cap (the
@@ -37,7 +37,9 @@ local function check_sweep(how, out, rc)
   for r, kind, a, b in out:gmatch('rank (%d+) kind (%S+) r6 (%d+) r16 (%d+)') do
     a, b = tonumber(a), tonumber(b)
     seen[r .. kind] = true
-    H.check(math.abs(b - a) <= MB, ('%s rank %s %s: %.3f MiB after round 6, %.3f MiB after ' ..
+    -- (growth is what a leak makes; less after round 16 is a transient that round
+    -- 6 measured still under way, such as a file being written)
+    H.check(b - a <= MB, ('%s rank %s %s: %.3f MiB after round 6, %.3f MiB after ' ..
       'round 16 (%+.3f MiB)'):format(how, r, kind, a / MB, b / MB, (b - a) / MB))
   end
   for _, kind in ipairs(KINDS) do
@@ -47,12 +49,12 @@ end
 
 local tmp = H.tmpdir()
 
-H.test('16 rounds of each object: memory after the 16th within 1 MB of the 6th (2 threads)',
+H.test('16 rounds of each object: memory after the 16th at most 1 MB over the 6th (2 threads)',
   function()
     check_sweep('threads', L.replicas(2, 'sweep.lua', tmp))
   end)
 
-H.test('16 rounds of each object: memory after the 16th within 1 MB of the 6th (mpirun -np 2)',
+H.test('16 rounds of each object: memory after the 16th at most 1 MB over the 6th (mpirun -np 2)',
   function()
     if not L.have_mpirun() then H.skip(L.no_mpirun_why) return end
     check_sweep('mpirun', L.mpirun(2, 'sweep.lua', tmp))

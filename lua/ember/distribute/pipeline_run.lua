@@ -15,8 +15,15 @@ local fmt = string.format
 local Pipeline = {}
 
 -- A step's micro-batches leave garbage; a collection hands their memory back
--- once there is this much of it (a collection costs a millisecond or so).
+-- once there is this much of it (a collection costs a millisecond or so), or a
+-- 16th of the device's capacity where that is less: under a small cap the
+-- garbage must stay a small share of it. The planner's replay
+-- (plan_pipeline.lua) assumes the same rule for the memory it plans.
 Pipeline.COLLECT_BYTES = 1024 * 1024
+function Pipeline.collect_bytes(capacity)
+  if capacity and capacity > 0 then return math.min(Pipeline.COLLECT_BYTES, capacity / 16) end
+  return Pipeline.COLLECT_BYTES
+end
 
 local function shape_key(t, rows)
   local sh = {}
@@ -88,6 +95,7 @@ local function step(self, x, y, loss_fn, scaler)
   em.reset_peak_memory_stats(dev)
   self._wait_s = 0
   local mem0 = em.memory_stats(dev).allocated
+  local collect_at = Pipeline.collect_bytes(em.memory_stats(dev).capacity)
   local t0 = em.clock()
   local ops = schedule.ops(self.schedule, P, Mc, st, V)
   local live, total = {}, 0
@@ -138,14 +146,14 @@ local function step(self, x, y, loss_fn, scaler)
       -- worth it to hand back).
       live[slot] = nil
       rec = nil
-      if em.memory_stats(dev).allocated - mem0 > Pipeline.COLLECT_BYTES then handles.collect() end
+      if em.memory_stats(dev).allocated - mem0 > collect_at then handles.collect() end
     end
   end
   w:flush()
   local lt = em.tensor({ st == P - 1 and total / self.data_size or 0 }, { dtype = 'float32' }):to(dev)
   w.wait('pipeline.loss', function() s:allreduce(lt, 'sum') end)
   local step_s = em.clock() - t0
-  -- What the step left dead (the garbage under COLLECT_BYTES, the sends' buffers)
+  -- What the step left dead (the garbage under collect_at, the sends' buffers)
   -- goes now: the next step starts from the same memory, as the planner's replay
   -- of a step assumes.
   if em.memory_stats(dev).allocated > mem0 then collectgarbage() end

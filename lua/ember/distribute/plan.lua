@@ -209,6 +209,13 @@ function M.plan(model, o)
   local share = timing.share(N, device)
   for _, t in pairs(times) do t.bandwidth, t.latency, t.share = bw, lat, share end
 
+  -- Every replica of a pipeline holds the global batch it passes to pp:step.
+  local function spec_bytes(v)
+    if not v then return 0 end
+    local n = em.empty(v.shape, { dtype = v.dtype or 'float32', device = 'meta' })
+    return n:numel() * n:element_size()
+  end
+  local batch_bytes = spec_bytes(o.input) + spec_bytes(o.target)
   local candidates, child_cache = {}, {}
   for _, l in ipairs(list) do
     local c = { layout = l, name = layouts.name(l) }
@@ -218,6 +225,8 @@ function M.plan(model, o)
                   step = steps[memory.key(run_of(l))] }
       c.peak, c.parts = layouts.data_memory(l, m)
       c.step_s = layouts.data_time(l, times[b], W, b, #units)
+      -- setting up: the model as built, and ZeRO 3's shards and one unit beside it
+      c.setup = W + (l.shard == 'parameters' and math.ceil(W / l.data) + unit or 0)
     else
       local mb = B / (l.data * l.chunks)
       local kids = memory.children(model, { input = o.input, target = o.target, loss = loss,
@@ -229,8 +238,11 @@ function M.plan(model, o)
       local counts = layouts.cut(costs, l.pipeline)
       l.stages = counts
       c.peak, c.parts, c.stage_peaks = layouts.pipeline_memory(l,
-        { state_factor = state_factor, loss = kids.loss }, kids, counts, o.schedule or '1f1b')
+        { state_factor = state_factor, loss = kids.loss, memory = mem, batch = batch_bytes },
+        kids, counts,
+        o.schedule or '1f1b')
       c.step_s = layouts.pipeline_time(l, times[mb], kids, counts, mb)
+      c.setup = W      -- the model as built, before the other stages' children go
     end
     candidates[#candidates + 1] = c
   end
@@ -239,18 +251,21 @@ function M.plan(model, o)
   local why = {}
   for name, reason in pairs(skipped) do why[name] = reason end
   for _, c in ipairs(candidates) do
-    if not c.fits then
+    if not c.fits and c.setup and c.setup > mem then
+      why[c.name] = ('%s: setting it up holds %s > %s (the model as built%s)'):format(c.name,
+        gib(c.setup), gib(mem), c.layout.shard == 'parameters' and ', its shards and a unit' or '')
+    elseif not c.fits then
       local p = c.parts
       why[c.name] = ('%s: %s > %s (parameters %s, gradients %s, optimizer %s, ' ..
-        'activations %s; with a %d%% margin)'):format(c.name, gib(c.peak), gib(mem),
+        'activations %s; with a margin of %d%% and %d KiB)'):format(c.name, gib(c.peak), gib(mem),
         gib(p.parameters), gib(p.gradients), gib(p.optimizer), gib(p.activations),
-        math.floor(layouts.SAFETY * 100 + 0.5))
+        math.floor(layouts.SAFETY * 100 + 0.5), layouts.SAFETY_BYTES / 1024)
       -- a pipeline: which stage does not fit (the children it holds)
       if c.stage_peaks then
         local first, over = 1, {}
         for k, sp in ipairs(c.stage_peaks) do
           local n = c.layout.stages[k]
-          if sp * (1 + layouts.SAFETY) > mem then
+          if layouts.margin(sp) > mem then
             over[#over + 1] = ('stage %d (children %d-%d) needs %s'):format(k - 1, first,
               first + n - 1, gib(sp))
           end

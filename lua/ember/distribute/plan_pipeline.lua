@@ -24,7 +24,8 @@ M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 -- children: plan_memory.children's list at the micro-batch (each {held,
 -- fwd_peak, bwd_peak, params, out_bytes}; loss: the loss's own footprint on the
 -- last child's output, or nil); counts: children per stage; m.state_factor:
--- state bytes per weight byte. The worst stage's peak, its parts, and each
+-- state bytes per weight byte; m.memory: the device's bytes the plan is for;
+-- m.batch: the bytes of the global batch (x and y) each replica holds. The worst stage's peak, its parts, and each
 -- stage's peak.
 --
 -- A stage's activations are not a formula but a replay of its op list
@@ -36,18 +37,20 @@ M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 --      the micro-batch's tensors (activations, received input and gradient)
 --      are Lua garbage until a
 --      collection, which the pipeline runs once allocated memory exceeds the
---      step's start by COLLECT bytes (or, the worst case, as much of it as
---      stays under that);
+--      step's start by its collect_bytes for the device's memory (or, the
+--      worst case, as much of it as stays under that);
 --   the optimizer step then finds the gradients and that garbage.
--- the pipeline's rule: a collection once a step's garbage passes this
-M.PIPELINE_COLLECT = require('ember.distribute.pipeline_run').COLLECT_BYTES
+-- the pipeline's rule: a collection once a step's garbage passes
+-- collect_bytes(memory) (1 MiB, less under a small memory)
+local collect_bytes = require('ember.distribute.pipeline_run').collect_bytes
+M.PIPELINE_COLLECT = collect_bytes()
 
 local schedule_ops = function(name, P, Mc, s)
   return require('ember.distribute.pipeline_schedule').ops(name, P, Mc, s)
 end
 
 -- One stage's activation peak above its parameters and state.
-local function replay(ops, st, grads)
+local function replay(ops, st, grads, collect)
   local inflight, pending, garbage, on = 0, 0, 0, false
   local peak = 0
   local function live() return (on and grads or 0) + inflight + pending + garbage end
@@ -70,8 +73,8 @@ local function replay(ops, st, grads)
       -- collector may free part of it first, at moments that vary from run to
       -- run, which can keep the pipeline from collecting: the worst case keeps
       -- as much garbage as stays under COLLECT.
-      if live() > M.PIPELINE_COLLECT then
-        garbage = math.max(0, math.min(garbage, M.PIPELINE_COLLECT - (live() - garbage)))
+      if live() > collect then
+        garbage = math.max(0, math.min(garbage, collect - (live() - garbage)))
       end
     end
   end
@@ -81,6 +84,7 @@ end
 
 function M.pipeline_memory(l, m, children, counts, schedule)
   local D, P, Mc = l.data, l.pipeline, l.chunks
+  local collect = collect_bytes(m.memory)
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
@@ -135,15 +139,22 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local grads = W
     if D > 1 and sharded then
       local unit = l.shard == 'parameters' and U or math.min(math.max(M.SHARD_BUCKET, pmax), W)
-      st.last_extra = math.min(W, (M.MAX_IN_FLIGHT + 1) * unit)
+      local flats = math.min(W, (M.MAX_IN_FLIGHT + 1) * unit)
+      st.last_extra = flats
+      -- ZeRO 1/2: a unit's flat buffer exists from its first gradient of the
+      -- last B -- the last child's bias, before its weight's gradient arrives
+      -- to be added to the accumulated one -- so over that whole backward
+      if l.shard ~= 'parameters' then st.bwd_rest = st.bwd end
     end
-    local act = replay(schedule_ops(schedule, P, Mc, s), st, grads) - grads
+    local act = replay(schedule_ops(schedule, P, Mc, s), st, grads, collect) - grads
     local peak = params + state + grads + act
     -- ZeRO 1 and 2 gather the stage's weights at the step's first forward: a
     -- flat W and this replica's segment, before any activation or gradient
     if D > 1 and (l.shard == 'optimizer' or l.shard == 'gradients') then
       peak = math.max(peak, params + state + W + math.ceil(W / D))
     end
+    -- the global batch every replica passes (pipeline_run cuts its rows)
+    peak = peak + (m.batch or 0)
     per[s + 1] = peak
     if peak > worst then
       worst = peak

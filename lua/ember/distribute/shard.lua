@@ -221,9 +221,12 @@ function M.wrap(s, model, o)
     make_shards(dm, u)
   end
 
-  -- 'parameters': the weights become resident tensors, freed until their forward
+  -- 'parameters': the weights become resident tensors, freed until their forward.
+  -- A unit's are freed as soon as they exist, so that setting up holds the
+  -- weights, their shards and one unit at most; the weights the model held
+  -- before are garbage then, and go in one collection at the end.
   if mode == 'parameters' then
-    for _, g in ipairs(groups) do
+    for k, g in ipairs(groups) do
       local r = rawget(g.module, '_reg')
       for _, key in ipairs(r.pnames) do
         local i = index_of[r.params[key]]
@@ -233,9 +236,11 @@ function M.wrap(s, model, o)
           P[i] = fresh
         end
       end
+      gather.free(dm, dm._units[k])
     end
-    for _, u in ipairs(dm._units) do gather.free(dm, u) end
     for _, u in ipairs(dm._units) do gather.hook_forward(dm, u) end
+    for t in pairs(index_of) do index_of[t] = nil end    -- (its keys: the old weights)
+    collectgarbage()
   end
 
   -- hooks, removed when the model is collected

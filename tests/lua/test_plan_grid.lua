@@ -1,0 +1,49 @@
+--[[
+test_plan_grid.lua -- the planner's promise over a grid, at small sizes
+(tests/lua/dist/plan_grid_run.lua): a GPT of the shipped example, an MLP and a
+CNN, on 2 and 4 replicas, under caps of 2.5 and 6 times their weights, planned
+as a user plans (the memory defaults to the cap). Every layout the planner
+accepts trains ten steps under that cap, in a process of its own; its measured
+peak (the replicas' largest, steps 2-10) is never above the prediction with
+its margin, nor far below it. tests/bench/bench_plan_grid.lua runs the larger
+grid and prints each case.
+]]
+local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
+            ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
+local H = dofile(dir .. 'harness.lua')
+local layouts = require 'ember.distribute.plan_layouts'
+local G = dofile(dir .. 'dist/plan_grid_run.lua')(dir, arg[-1] or 'ember')
+
+local rows = G.run('small', { all = true })
+
+H.test('every layout the planner accepts trains ten steps under its cap', function()
+  local runs, planned = 0, {}
+  for _, r in ipairs(rows) do
+    local what = ('%s N=%d cap %s %s'):format(r.case, r.replicas, r.cap, r.layout or '(no layout)')
+    planned[r.case .. r.replicas] = true
+    if r.layout then
+      runs = runs + 1
+      H.check(r.ok, what .. ': ' .. tostring(r.why))
+    else
+      -- nothing fits: a plan that says so, not one that failed
+      H.check(r.ok, what .. ': the plan failed: ' .. tostring(r.why))
+    end
+  end
+  local cases = 0
+  for _ in pairs(planned) do cases = cases + 1 end
+  H.eq(cases, 12, 'the cases planned')
+  H.check(runs >= 40, 'accepted layouts trained: ' .. runs)
+end)
+
+H.test('measured peaks within the prediction and its margin, and not far below it', function()
+  for _, r in ipairs(rows) do
+    if r.layout and r.ok then
+      local what = ('%s N=%d cap %s %s: predicted %d, measured %d'):format(r.case, r.replicas,
+        r.cap, r.layout, r.predicted, r.measured)
+      H.check(r.measured <= layouts.margin(r.predicted), what .. ': above the margin')
+      H.check(r.measured >= r.predicted / 1.5, what .. ': over-predicted by more than 50%')
+    end
+  end
+end)
+
+H.done()
