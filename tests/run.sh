@@ -48,7 +48,7 @@ export EMBER_TESTS
 
 # The programs that take longest on a fresh build, longest first; the rest
 # follow in name order. Only the order depends on this list.
-SLOW_HINT="test_distribute_plan.lua test_gpu_pack.lua test_distribute.lua test_cuda_reduce
+SLOW_HINT="test_distribute_plan.lua test_gpu_pack.lua test_plan_grid.lua test_distribute.lua test_cuda_reduce
 test_cuda_ops.lua test_distribute_pipeline.lua test_distribute_p2p.lua test_cuda.lua
 test_cuda_distribute.lua test_distribute_shard.lua test_cuda_elementwise test_embed.lua
 test_comm_mpi test_cuda_index_grads.lua test_profile.lua test_memory_sweep.lua test_cuda_example.lua"
