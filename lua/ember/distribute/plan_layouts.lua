@@ -162,7 +162,10 @@ function M.data_memory(l, m)
   local fb, fb_grads, fb_act = 0, 0, 0
   for s, seg in ipairs(m.step.segments) do
     local g = grads_at(seg.arrived, s)
-    if seg.peak + g > fb then fb, fb_grads, fb_act = seg.peak + g, g, seg.peak end
+    -- (a segment's peak holds the gradient that ends it; plain wrap's backward
+    -- writes it into its bucket, counted in g)
+    local act = (mode == 'none' and N > 1) and seg.peak - (seg.bytes or 0) or seg.peak
+    if act + g > fb then fb, fb_grads, fb_act = act + g, g, act end
   end
   fb = fb + params + state
   local final = (mode == 'gradients' or mode == 'parameters') and math.ceil(W / N) or W

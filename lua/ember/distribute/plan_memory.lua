@@ -186,7 +186,8 @@ local function on_grad(i)
   local r = running
   local p = r.params[i]
   local g = p.grad
-  r.segs[#r.segs + 1] = { peak = peak() - r.base, arrived = r.arrived, param = i }
+  r.segs[#r.segs + 1] = { peak = peak() - r.base, arrived = r.arrived, param = i,
+                          bytes = g and nbytes(g) or 0 }
   if g then
     r.arrived = r.arrived + nbytes(g)
     p.grad = nil
@@ -210,8 +211,10 @@ local function forward_backward(o)
   loss:backward()
 end
 
--- One step on meta of a model already on meta: segments {peak, arrived} (bytes
--- above `base`, the parameters), `after` (allocated once backward returned).
+-- One step on meta of a model already on meta: segments {peak, arrived, bytes}
+-- (bytes above `base`, the parameters: the segment's peak, the gradients before
+-- the one that ends it, and that one's), `after` (allocated once backward
+-- returned).
 local function run_step(model, params, o)
   em.collect()
   local base = allocated()
