@@ -228,6 +228,47 @@ H.test('the timing probes leave the random generator as it was', function()
   for i = 1, 4 do H.eq(got[i], want[i], 'draw ' .. i .. ' after planning') end
 end)
 
+-- A GPT whose activations outweigh its weights: planned for a step under
+-- em.amp.autocast('bfloat16') and for a float32 one, each against the peak of
+-- the real step it plans for (from a collected start, on this process).
+H.test('dtype = bfloat16 plans the step under autocast', function()
+  local GPT = dofile(dir .. '../../examples/gpt_model.lua')
+  local V, T, B = 40, 64, 16
+  em.manual_seed(1)
+  local model = GPT.build{ vocab = V, layers = 2, dim = 64, heads = 4, context = T }
+  local function loss(o, y) return nn.F.cross_entropy(o:view(-1, V), y:reshape({ -1 })) end
+  local peaks = {}
+  for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+    local plan = em.distribute.plan(model, { input = { shape = { B, T }, dtype = 'int64' },
+      target = { shape = { B, T }, dtype = 'int64' }, loss = loss, devices = 1, memory = 2 ^ 30,
+      time = false, dtype = dt })
+    H.eq(plan.dtype, dt, 'the plan says its dtype')
+    local opt = em.optim.Adam(model:parameters(), { lr = 1e-3 })
+    local measured
+    for _ = 1, 3 do
+      local x = em.randint(1, V + 1, { B, T }, { dtype = 'int64' })
+      local y = em.randint(1, V + 1, { B, T }, { dtype = 'int64' })
+      opt:zero_grad()
+      em.collect()
+      em.reset_peak_memory_stats()
+      local l = dt == 'float32' and loss(model(x), y) or
+        em.amp.autocast(dt, function() return loss(model(x), y) end)
+      l:backward()
+      opt:step()
+      measured = em.memory_stats().peak
+    end
+    local err = (plan.peak_bytes - measured) / measured
+    H.check(math.abs(err) <= 0.10, ('%s: predicted %d, measured %d (%.1f%%)'):format(dt,
+      plan.peak_bytes, measured, 100 * err))
+    peaks[dt] = plan.peak_bytes
+    if dt == 'bfloat16' then
+      H.check(tostring(plan):find('batch 16, bfloat16 autocast', 1, true), tostring(plan))
+    end
+  end
+  H.check(peaks.bfloat16 < 0.8 * peaks.float32, ('half activations: %d vs %d'):format(
+    peaks.bfloat16, peaks.float32))
+end)
+
 H.test('errors name the option', function()
   local m = small()
   local function e(o) local ok, err = pcall(em.distribute.plan, m, o); return not ok and err or '' end
@@ -237,6 +278,8 @@ H.test('errors name the option', function()
   H.check(e({ input = { shape = { 8, 8 } }, memory = 1e6, optimizer = 'lbfgs' }):find('optimizer'))
   H.check(e({ input = { shape = { 8, 8 } }, memory = 1e6, bogus = 1 }):find("unknown option 'bogus'"))
   H.check(e({ input = { shape = { 8, 8 } }, memory = 'lots' }):find('memory'))
+  H.check(e({ input = { shape = { 8, 8 } }, memory = 1e6, dtype = 'int8' }):find(
+    "dtype must be 'float32', or 'bfloat16' or 'float16'", 1, true), 'dtype')
   H.check(e({ input = { shape = { 7, 8 } }, memory = 1e6, devices = 2 }):find('batch of 7'),
     'a batch that splits over no layout')
   local ok, err = pcall(em.distribute.plan, 'model', { input = { shape = { 1 } }, memory = 1 })

@@ -11,7 +11,9 @@ whether a model trains in the given memory per device, and how.
                              -- --memory-limit cap on the cpu, a GPU's memory)
     strategy = s,            -- optional: measures the link (a collective)
     pipeline = true,         -- consider pipeline layouts (when em.distribute.pipeline exists)
-    schedule = '1f1b' | 'gpipe', time = true })  -- time = false: no timing runs
+    schedule = '1f1b' | 'gpipe', time = true,     -- time = false: no timing runs
+    dtype = 'float32' | 'bfloat16' | 'float16' })   -- a half dtype: the step runs
+                                                    -- under em.amp.autocast(dtype)
   plan.fits, plan.layout, plan.peak_bytes, plan.step_s, plan.candidates, plan.why
   plan:print(); local dm = plan:apply(s)
 
@@ -108,6 +110,11 @@ local function check(model, o)
     raise(("plan: schedule must be '1f1b' or 'gpipe', got %s"):format(tostring(o.schedule)))
   end
   if o.input.shape[1] % 1 ~= 0 then raise('plan: input.shape[1] (the batch) must be an integer') end
+  if o.dtype ~= nil and o.dtype ~= 'float32' and o.dtype ~= 'bfloat16' and o.dtype ~= 'float16' then
+    raise(("plan: dtype must be 'float32', or 'bfloat16' or 'float16' for a step under " ..
+      'em.amp.autocast, got %s'):format(type(o.dtype) == 'string' and "'" .. o.dtype .. "'" or
+      core.kind(o.dtype)))
+  end
   return N, mem, opt
 end
 
@@ -282,7 +289,7 @@ function M.plan(model, o)
     fits = best ~= nil, layout = chosen.layout, peak_bytes = chosen.peak, step_s = chosen.step_s,
     candidates = candidates, why = why, memory = mem, devices = N, bandwidth = bw,
     bandwidth_how = bw_how, time_how = time_how, weights = W, optimizer = optname, sequential = seq,
-    schedule = o.schedule or '1f1b', batch = B,
+    schedule = o.schedule or '1f1b', batch = B, dtype = o.dtype or 'float32',
   }, Plan)
 end
 
@@ -336,10 +343,17 @@ function Plan:apply(s, model)
 end
 
 -- The planner's probes draw random inputs; the caller's generator is left as it
--- was, so that a run planned first draws what an unplanned one draws.
+-- was, so that a run planned first draws what an unplanned one draws. With
+-- dtype = 'bfloat16' or 'float16' every probe -- the meta steps and the
+-- timings -- runs under em.amp.autocast(dtype), as the step it plans for does:
+-- weights, gradients and optimizer state stay float32, the activations the
+-- autocast ops make are half.
 return function(model, o)
   local rng = em.get_rng_state()
-  local ok, p = pcall(M.plan, model, o)
+  local half = type(o) == 'table' and (o.dtype == 'bfloat16' or o.dtype == 'float16') and o.dtype
+  local ok, p
+  if half then ok, p = pcall(em.amp.autocast, half, M.plan, model, o)
+  else ok, p = pcall(M.plan, model, o) end
   em.set_rng_state(rng)
   if not ok then error(p, 0) end
   rawset(p, 'model', model)

@@ -14,10 +14,11 @@ M.PER_KIND = 2      -- candidates shown per kind (pipeline degree x sharding)
 function M.format(plan)
   local lines = {}
   local function add(...) lines[#lines + 1] = string.format(...) end
-  add('plan: %d devices x %.0f MiB, %s, batch %d, weights %.1f MiB, link %.2f GB/s (%s), ' ..
+  add('plan: %d devices x %.0f MiB, %s, batch %d%s, weights %.1f MiB, link %.2f GB/s (%s), ' ..
     'layer times %s',
-    plan.devices, plan.memory / MiB, plan.optimizer, plan.batch, plan.weights / MiB,
-    plan.bandwidth / 1e9, plan.bandwidth_how, plan.time_how or 'measured')
+    plan.devices, plan.memory / MiB, plan.optimizer, plan.batch,
+    (plan.dtype and plan.dtype ~= 'float32') and ', ' .. plan.dtype .. ' autocast' or '',
+    plan.weights / MiB, plan.bandwidth / 1e9, plan.bandwidth_how, plan.time_how or 'measured')
   if plan.fits then
     add('  fits: %s -- peak %.1f MiB per device, step %.3f s', layouts.name(plan.layout),
       plan.peak_bytes / MiB, plan.step_s)
