@@ -37,28 +37,26 @@ finalizer. Instead:
     collections make one round;
   * big tensors are invisible to the Lua heap, so a full collection also runs
     when the C memory held by tensors has grown past max(64 MB, a quarter of
-    what it was after the last sweep). Host (cpu, meta) and device memory are
-    judged apart: device memory gets a wider slack, up to 1 GiB (a 16th of
-    cuda:0's memory at most), because a full collection costs ~50-250 us of
-    host time, which a GPU op of a few MB finishes in far less -- collecting
-    every 64 MB of 16 MB results made `a + b` on 4M floats host-bound at a
-    quarter of the GPU's speed. The cached blocks stay in the CUDA allocator,
-    so the slack is memory held, not asked again of the driver. Collection
-    also runs when the CUDA allocator raised the state's memory pressure flag
-    (a device past 80 % of its memory, or out of it: em_memory_pressure_flag).
-    The allocator can't collect by itself: Lua can't be entered from inside an
-    op;
+    what it was after the last sweep) -- an eighth of a cpu cap at most. Host
+    (cpu, meta) and device memory are judged apart: device memory gets a wider
+    slack, up to 1 GiB (a 16th of cuda:0's memory at most), because a full
+    collection costs ~50-250 us of host time, in which a GPU op of a few MB
+    finishes (collecting every 64 MB of 16 MB results made `a + b` on 4M floats
+    host-bound). The cached blocks stay in the CUDA allocator, so the slack is
+    memory held, not asked again of the driver. Collection also runs when the
+    CUDA allocator raised the state's memory pressure flag (a device past 80 %
+    of its memory, or out of it); the allocator can't collect itself: Lua
+    can't be entered from inside an op;
   * a training step collects at its two natural boundaries, so that its peak
-    is what it needs and the same step after step, without a collection per
-    op: as a backward pass begins (before_backward), the forward's outputs
-    autograd did not save are dead and go; as it ends (after_backward), the
-    rest of the forward's go. Both only where 4 MB or more of tensors is held
-    (below, a collection costs more than the step: a tiny model's loop). Each
-    step then starts from the same memory, and its collections fall at the
-    same ops: the same garbage, the same peak -- on the meta device too, so
-    the planner's measured step holds what the real one holds. Code
-    that runs many backwards per step and collects itself (a pipeline) turns
-    this off around them (step_collects).
+    is what it needs and the same step after step: as a backward pass begins
+    (before_backward), the forward's outputs autograd did not save are dead
+    and go; as it ends (after_backward), the rest of the forward's go. Both
+    only where 4 MB or more of tensors is held or the cpu has a cap (a tiny
+    uncapped model's step costs less than a collection). Each step then
+    starts from the same memory and collects at the same ops -- on the meta
+    device too, so the planner's measured step holds what the real one holds.
+    Code that runs many backwards per step and collects itself (a pipeline)
+    turns this off around them (step_collects).
 
 Measured on the development VM (2 cores, busy), `c = a + b` on 16-float
 tensors including the eventual release: with ffi.gc on the handle ~600 ns,
@@ -124,11 +122,9 @@ end
 sentinel()
 function M.on_cycle(fn) cycle_listeners[#cycle_listeners + 1] = fn end
 
--- The next forced full collection: when the host's tensor memory (cpu and
--- meta) grows past what it holds now plus max(MEM_SLACK, a quarter of it), or
--- the devices' past theirs plus max(MEM_SLACK, a quarter of it, dev_slack()).
--- mem_limit is the cheap test wrap() makes on the total: it is crossed no later
--- than either limit is, and then check_limit() looks at the two apart.
+-- The next forced full collection (the essay's slacks): mem_limit is the cheap
+-- test wrap() makes on the total, crossed no later than either the host's or
+-- the devices' limit is; then check_limit() looks at the two apart.
 local MB = 2 ^ 20
 local DEV_SLACK_MAX = 2 ^ 30
 local dstats = ffi.new('em_device_memory_stats')
@@ -151,7 +147,6 @@ local function dev_slack()
   dev_slack_v = math.max(v, MEM_SLACK)
   return dev_slack_v
 end
-
 -- The total now, split into host and device bytes.
 local function split()
   local m = tonumber(mem_allocated(S))
@@ -160,7 +155,7 @@ local function split()
   return m, host, dev > 0 and dev or 0
 end
 
--- The cpu's cap (em.set_memory_limit, --memory-limit), 0 when none.
+-- The cpu's cap (em.set_memory_limit, --memory-limit), or 0.
 local function host_cap()
   if C.em_device_memory(S, C.EM_CPU, dstats) ~= 0 then return 0 end
   return tonumber(dstats.capacity)
@@ -168,10 +163,8 @@ end
 
 local function set_limit()
   local m, host, dev = split()
-  local hs = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK
-  -- under a cap, garbage may take an eighth of it at most
-  local cap = host_cap()
-  if cap > 0 and hs > cap / 8 then hs = cap / 8 end
+  local hs, cap = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK, host_cap()
+  if cap > 0 and hs > cap / 8 then hs = cap / 8 end      -- garbage: an eighth of a cap
   local ds = dev * 0.25 > MEM_SLACK and dev * 0.25 or MEM_SLACK
   if dev > 0 and dev_slack() > ds then ds = dev_slack() end
   host_limit, dev_limit = host + hs, dev + ds
@@ -304,13 +297,7 @@ end
 M.collect = collect
 core.collect = collect     -- for core.fail, after a device ran out of memory
 
--- A backward pass begins: the forward's outputs autograd does not save are
--- dead and go now, before the gradients pile up beside them -- the step's peak
--- is then its saved activations, state and gradients, as under reference
--- counting. It ends: the rest of the forward's outputs are dead and go, so
--- that every step starts from the same memory. Neither where under 4 MB of
--- tensors is held, unless the cpu has a cap: there a collection costs more
--- than the step, where no cap makes its garbage matter.
+-- A backward pass begins, and ends: the collections of the essay's last point.
 local STEP_MIN = 4 * MB
 local step_collects = true
 local function step_worth()
