@@ -105,10 +105,11 @@ end
 -- backward order). A unit's flat buffer (its full size) exists from its first
 -- gradient until it is applied; units launch in unit order once complete, and
 -- after each launch the oldest are applied while more than MAX_IN_FLIGHT are
--- under way; an applied unit leaves its 1/N slice as the shards' gradients.
--- During a segment the flat buffer of the unit receiving the gradient counts
--- already (the gradient is copied into it while still held). Returns a list
--- parallel to segs.
+-- under way; a launched unit's reduce-scatter has its result (1/N of it)
+-- beside its flat buffer; an applied unit leaves that slice as the shards'
+-- gradients. During a segment the flat buffer of the unit receiving the
+-- gradient counts already (the gradient is copied into it while still held).
+-- Returns a list parallel to segs.
 function M.zero3_grads(segs, units, N)
   local unit_of = {}
   for k, u in ipairs(units) do for _, i in ipairs(u.idx) do unit_of[i] = k end end
@@ -124,10 +125,11 @@ function M.zero3_grads(segs, units, N)
       got[k] = (got[k] or 0) + 1
       if got[k] == #units[k].idx then ready[k] = true end
       while nxt <= #units and ready[nxt] do
+        live = live + math.ceil(units[nxt].bytes / N)      -- its result, under way
         nxt = nxt + 1
         while nxt - 1 - applied > M.MAX_IN_FLIGHT do
           applied = applied + 1
-          live = live - units[applied].bytes
+          live = live - units[applied].bytes - math.ceil(units[applied].bytes / N)
           sliced = sliced + math.ceil(units[applied].bytes / N)
         end
       end
