@@ -50,10 +50,19 @@ local schedule_ops = function(name, P, Mc, s)
 end
 
 -- One stage's activation peak above its parameters and state.
-local function replay(ops, st, grads, collect)
+local function replay(ops, st, grads, collect, slack)
   local inflight, pending, garbage, on = 0, 0, 0, false
   local peak = 0
   local function live() return (on and grads or 0) + inflight + pending + garbage end
+  -- the backward's worst moment over what is live: its recomputed garbage
+  -- adds to the garbage there, up to the slack that forces a collection
+  local function over(list)
+    local top = 0             -- (never below the held activations)
+    for _, e in ipairs(list) do
+      top = math.max(top, e[1] + math.min(e[2], math.max(0, slack - garbage)))
+    end
+    return top
+  end
   local last_b = 0
   for k, op in ipairs(ops) do if op[1] == 'B' then last_b = k end end
   for k, op in ipairs(ops) do
@@ -62,13 +71,13 @@ local function replay(ops, st, grads, collect)
       peak = math.max(peak, live() + st.fwd)
     else
       on = true
-      peak = math.max(peak, live() + st.bwd)
-      if k == last_b then peak = math.max(peak, live() + st.bwd_rest + st.last_extra) end
+      peak = math.max(peak, live() + over(st.bwds))
+      if k == last_b then peak = math.max(peak, live() + over(st.rests) + st.last_extra) end
       inflight = inflight - st.held - st.inb
       -- (the sends' tensors: measured on the local communicator, which copies
       -- at the receive, they add nothing past the B that sent them)
       -- (the output's bytes stay in a send; the gradient received for it is garbage)
-      garbage = garbage + st.held + st.inb + st.recomputed
+      garbage = math.min(slack, garbage + st.held + st.inb + st.recomputed)
       -- Past COLLECT the pipeline collects; below it the garbage stays. Lua's own
       -- collector may free part of it first, at moments that vary from run to
       -- run, which can keep the pipeline from collecting: the worst case keeps
@@ -85,6 +94,9 @@ end
 function M.pipeline_memory(l, m, children, counts, schedule)
   local D, P, Mc = l.data, l.pipeline, l.chunks
   local collect = collect_bytes(m.memory)
+  -- garbage past this forces a collection whatever the pipeline does: the
+  -- collector's pacing under a cap of the planned memory (ember.handles)
+  local slack = m.memory and m.memory / 8 or math.huge
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
@@ -103,27 +115,32 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     end
     -- The backward runs the children in reverse; a checkpointed child's
     -- recomputed activations are garbage once its backward is done, and stay
-    -- under the backwards of the children before it.
+    -- under the backwards of the children before it. Each moment of it:
+    -- {bytes above the stage's held activations, recomputed garbage beside
+    -- them} (that garbage shares the collector's slack with the step's: replay).
     local after = 0
+    local bwds, rests = {}, {}
     if s == P - 1 and m.loss then
       fwd = math.max(fwd, held + m.loss.fwd_peak)
-      bwd = math.max(bwd, held + m.loss.bwd_peak)
+      bwds[1] = { held + m.loss.bwd_peak, 0 }
       held = held + m.loss.held
     end
-    -- (rest: from the moment the stage's last child has its gradients on, when
+    -- (rests: from the moment the stage's last child has its gradients on, when
     -- a sharded stage's first flat unit exists: the children before it)
-    local rest = before[last_i]
+    rests[1] = { before[last_i], 0 }
     for i = last_i, first, -1 do
       local c = children[i]
-      bwd = math.max(bwd, before[i] + c.bwd_peak + after)
-      if i < last_i then rest = math.max(rest, before[i] + c.bwd_peak + after) end
+      bwds[#bwds + 1] = { before[i] + c.bwd_peak, after }
+      if i < last_i then rests[#rests + 1] = { before[i] + c.bwd_peak, after } end
       if l.checkpoint then after = after + math.max(0, c.bwd_peak - c.held - c.params) end
     end
-    local st = { held = held, fwd = math.max(0, fwd - held), bwd = math.max(0, bwd - held),
-                 bwd_rest = math.max(0, rest - held),
+    for _, list in ipairs({ bwds, rests }) do
+      for _, e in ipairs(list) do e[1] = e[1] - held end
+    end
+    local st = { held = held, fwd = math.max(0, fwd - held), bwds = bwds, rests = rests,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
-                 outb = s < P - 1 and children[last_i].out_bytes or 0, recomputed = after,
-                 last_extra = 0 }
+                 outb = s < P - 1 and children[last_i].out_bytes or 0,
+                 recomputed = math.min(slack, after), last_extra = 0 }
     first = last_i + 1
     local sharded = l.shard ~= 'none'
     -- (ZeRO 3: a no_sync backward gathers each module's weights and keeps them
@@ -144,9 +161,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       -- ZeRO 1/2: a unit's flat buffer exists from its first gradient of the
       -- last B -- the last child's bias, before its weight's gradient arrives
       -- to be added to the accumulated one -- so over that whole backward
-      if l.shard ~= 'parameters' then st.bwd_rest = st.bwd end
+      if l.shard ~= 'parameters' then st.rests = st.bwds end
     end
-    local act = replay(schedule_ops(schedule, P, Mc, s), st, grads, collect) - grads
+    local act = replay(schedule_ops(schedule, P, Mc, s), st, grads, collect, slack) - grads
     local peak = params + state + grads + act
     -- ZeRO 1 and 2 gather the stage's weights at the step's first forward: a
     -- flat W and this replica's segment, before any activation or gradient
