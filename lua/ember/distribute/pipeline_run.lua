@@ -122,7 +122,7 @@ local function step(self, x, y, loss_fn, scaler)
         rec.loss = loss_fn(out, yi) / Mc
         rec.out = nil
       else
-        w:send('act' .. (v + 1), key, out:detach(), nxt)
+        rec.sent = w:send('act' .. (v + 1), key, out:detach(), nxt)
       end
       live[slot] = rec
     else
@@ -134,6 +134,8 @@ local function step(self, x, y, loss_fn, scaler)
         ;(scaler and scaler:scale(rec.loss) or rec.loss):backward()
       else
         local g = w:recv_into(em.zeros(rec.out.shape, { dtype = rec.out.dtype, device = dev }), nxt)
+        -- its gradient came back: the activation it answers was received
+        w:settle(rec.sent)
         rec.out:backward(g)
       end
       if not firsts then

@@ -5,6 +5,7 @@ rest of a pipeline.
 
   local w = wire.new(s, device, wait)     -- wait(name, fn): runs fn, a blocking wait
   w:send(kind, key, t, peer)              -- asynchronous; waited for by w:flush()
+  w:settle(work)                          -- one send known received: let go now
   w:send(nil, nil, t, peer)               -- no header: the peer knows the shape
   local t = w:recv(kind, key, peer)       -- shape and dtype told once per key
   w:recv_into(t, peer)                    -- the shape is known here already
@@ -65,6 +66,7 @@ local function header(t, dev)
 end
 
 -- kind == nil: no header (the receiver knows the shape: a gradient's).
+-- Returns the send's work, for settle().
 function Wire:send(kind, key, t, peer)
   local k = kind and kind .. '|' .. key .. '|' .. peer
   if k and not self.told[k] then
@@ -73,7 +75,23 @@ function Wire:send(kind, key, t, peer)
     self.told[k] = true
   end
   if self.wire_dev ~= self.dev then t = t:to(self.wire_dev) end
-  self.pending[#self.pending + 1] = self.s:send(t, peer, { async = true })
+  local work = self.s:send(t, peer, { async = true })
+  self.pending[#self.pending + 1] = work
+  return work
+end
+
+-- A send the caller knows was received (its peer answered what depended on
+-- it): waited for (at once) and let go, so its tensor goes before the step
+-- ends instead of at flush().
+function Wire:settle(work)
+  local list = self.pending
+  for i = #list, 1, -1 do
+    if list[i] == work then
+      table.remove(list, i)
+      self.wait('pipeline.send', function() work:wait() end)
+      return
+    end
+  end
 end
 
 function Wire:recv_into(t, peer)

@@ -74,9 +74,9 @@ local function replay(ops, st, grads, collect, slack)
       peak = math.max(peak, live() + over(st.bwds))
       if k == last_b then peak = math.max(peak, live() + over(st.rests) + st.last_extra) end
       inflight = inflight - st.held - st.inb
-      -- (the sends' tensors: measured on the local communicator, which copies
-      -- at the receive, they add nothing past the B that sent them)
-      -- (the output's bytes stay in a send; the gradient received for it is garbage)
+      -- (an activation's send is let go as its gradient comes back; the
+      -- gradient this B sends back stays in its send until the step's end)
+      pending = pending + st.inb
       garbage = math.min(slack, garbage + st.held + st.inb + st.recomputed)
       -- Past COLLECT the pipeline collects; below it the garbage stays. Lua's own
       -- collector may free part of it first, at moments that vary from run to
@@ -130,8 +130,13 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     rests[1] = { before[last_i], 0 }
     for i = last_i, first, -1 do
       local c = children[i]
-      bwds[#bwds + 1] = { before[i] + c.bwd_peak, after }
-      if i < last_i then rests[#rests + 1] = { before[i] + c.bwd_peak, after } end
+      -- (a child's measured backward made its weights' gradients; the replay
+      -- counts the stage's gradients apart, from its first B on: here only the
+      -- new one being added to the accumulated ones, at worst the largest --
+      -- a checkpointed child's recomputed backward makes all of its own first)
+      local b = l.checkpoint and c.bwd_peak or c.bwd_peak - c.params + (c.param_max or c.params)
+      bwds[#bwds + 1] = { before[i] + b, after }
+      if i < last_i then rests[#rests + 1] = { before[i] + b, after } end
       if l.checkpoint then after = after + math.max(0, c.bwd_peak - c.held - c.params) end
     end
     for _, list in ipairs({ bwds, rests }) do
