@@ -91,6 +91,9 @@ local function run_backward(rec, g, gin)
       end
       C.em_tensor_retain(v._h)
       gin[i - 1] = v._h
+      -- a backward that made its gradients for the core alone gives them away:
+      -- its boxes let go now, not at a collection (a weight's gradient is megabytes)
+      if rec.give then core.handles.release(v) end
     end
   end
 end
@@ -106,7 +109,9 @@ core.on_close[#core.on_close + 1] = function() callback:free() end
 -- -- apply ---------------------------------------------------------------------------------
 local out = ffi.new('em_tensor*[1]')
 
-function M.apply(name, value, inputs, backward_fn)
+-- give (internal): backward_fn's results are fresh tensors nothing else holds
+-- (em.nn.checkpoint's): the core takes them over.
+function M.apply(name, value, inputs, backward_fn, give)
   if type(name) ~= 'string' then raise('autograd.apply: expected a name (string), got ' .. kind(name)) end
   if not istype(box_t, value) then
     raise(('autograd.apply: %s: expected a tensor as the value, got %s'):format(name, kind(value)))
@@ -129,7 +134,7 @@ function M.apply(name, value, inputs, backward_fn)
   local id = new_id()
   local cell = cell_ptr(id)
   cell[0] = id
-  live[id] = { fn = backward_fn, n = n, name = name }
+  live[id] = { fn = backward_fn, n = n, name = name, give = give and true or nil }
   if C.em_function_apply(S, name, value._h, hs, n, callback, cell, C.em_function_release_flag,
       out) ~= 0 then
     cell[0] = 0   -- not released by the core: the caller keeps it

@@ -228,6 +228,28 @@ H.test('checkpoint: a 16-layer MLP peaks lower', function()
     :format(ck / 2 ^ 20, plain / 2 ^ 20))
 end)
 
+-- The gradients a checkpoint's backward makes go to the core, which adds them
+-- into .grad and frees them: none is left for Lua's collector. So a backward
+-- that accumulates through three checkpointed 4 MiB layers holds, beyond the
+-- weights and their gradients, the new gradient and the transients of one layer
+-- (about 1 weight's bytes alone, 2.2 after this file's other tests); left to the
+-- collector, every layer's gradient stays (3 more).
+H.test('checkpoint: its gradients leave no garbage behind', function()
+  em.manual_seed(3)
+  local m = nn.Sequential { nn.Checkpoint(nn.Linear(1024, 1024)),
+    nn.Checkpoint(nn.Linear(1024, 1024)), nn.Checkpoint(nn.Linear(1024, 1024)) }
+  local x = em.randn(4, 1024)
+  m:zero_grad()
+  m(x):sum():backward()
+  em.collect()
+  em.reset_peak_memory_stats()
+  m(x):sum():backward()                        -- accumulates into .grad
+  local W, one = 3 * (1024 * 1024 + 1024) * 4, 1024 * 1024 * 4
+  local over = (em.memory_stats().peak - 2 * W) / one
+  H.check(over <= 3, ('the accumulating backward held %.2f weights\' gradients beyond the ' ..
+    'weights and their gradients'):format(over))
+end)
+
 H.test('checkpoint on a cuda device (emulated)', function()
   local p = io.popen(('EMBER_CUDA_EMULATE=1:256 %s %sdist/checkpoint_cuda.lua 2>&1'):format(ember, dir))
   local out = p:read('*a')

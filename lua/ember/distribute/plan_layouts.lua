@@ -165,8 +165,10 @@ function M.data_memory(l, m)
   for s, seg in ipairs(m.step.segments) do
     local g = grads_at(seg.arrived, s)
     -- (a segment's peak holds the gradient that ends it; plain wrap's backward
-    -- writes it into its bucket, counted in g)
-    local act = (mode == 'none' and N > 1) and seg.peak - (seg.bytes or 0) or seg.peak
+    -- writes it into its bucket, counted in g -- but a checkpointed child's
+    -- recomputed backward makes it first, then adds it there)
+    local act = (mode == 'none' and N > 1 and not l.checkpoint) and seg.peak - (seg.bytes or 0)
+      or seg.peak
     if act + g > fb then fb, fb_grads, fb_act = act + g, g, act end
   end
   fb = fb + params + state

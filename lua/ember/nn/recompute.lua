@@ -195,7 +195,8 @@ local function checkpoint(fn, ...)
   end
   jit.off(backward)
 
-  local y = em.autograd.apply('checkpoint', value, inputs, backward)
+  -- (the gradients backward returns are its own: the core takes them over)
+  local y = em.autograd.apply('checkpoint', value, inputs, backward, true)
   unpacked(res, pos, y)
   return unpack(res, 2, res.n)
 end
