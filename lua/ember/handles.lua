@@ -155,8 +155,8 @@ local function split()
   return m, host, dev > 0 and dev or 0
 end
 
--- The cpu's cap (em.set_memory_limit, --memory-limit), or 0.
-local function host_cap()
+function M.cap_slack(cap) return cap / 8 end   -- the garbage a cap of `cap` allows
+local function host_cap()      -- the cpu's cap (em.set_memory_limit, --memory-limit), or 0
   if C.em_device_memory(S, C.EM_CPU, dstats) ~= 0 then return 0 end
   return tonumber(dstats.capacity)
 end
@@ -164,7 +164,7 @@ end
 local function set_limit()
   local m, host, dev = split()
   local hs, cap = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK, host_cap()
-  if cap > 0 and hs > cap / 8 then hs = cap / 8 end      -- garbage: an eighth of a cap
+  if cap > 0 and hs > M.cap_slack(cap) then hs = M.cap_slack(cap) end
   local ds = dev * 0.25 > MEM_SLACK and dev * 0.25 or MEM_SLACK
   if dev > 0 and dev_slack() > ds then ds = dev_slack() end
   host_limit, dev_limit = host + hs, dev + ds

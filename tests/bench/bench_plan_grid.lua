@@ -20,7 +20,6 @@ share, 5), plan_grid_within_10 (the share of runs predicted within 10 %; goal
 ]]
 local dir = debug.getinfo(1, 'S').source:sub(2):match('(.*/)') or './'
 local B = dofile(dir .. 'common.lua')
-local em = B.em
 local size, all = 'large', true
 do
   local i = 1

@@ -94,8 +94,8 @@ local function step(self, x, y, loss_fn, scaler)
   end
   em.reset_peak_memory_stats(dev)
   self._wait_s = 0
-  local mem0 = em.memory_stats(dev).allocated
-  local collect_at = Pipeline.collect_bytes(em.memory_stats(dev).capacity)
+  local ms0 = em.memory_stats(dev)
+  local mem0, collect_at = ms0.allocated, Pipeline.collect_bytes(ms0.capacity)
   local t0 = em.clock()
   local ops = schedule.ops(self.schedule, P, Mc, st, V)
   local live, total = {}, 0

@@ -125,7 +125,6 @@ local m = plan:apply(s)
 local l = cand.layout
 local predicted = cand.stage_peaks and cand.stage_peaks[m.stage + 1] or cand.peak
 local opt = em.optim.Adam(m:parameters(), { lr = 1e-3 })
-local measured = 0
 for step = 1, STEPS do
   local x, y = spec.batch()
   if step == 2 then em.reset_peak_memory_stats() end
@@ -139,5 +138,5 @@ for step = 1, STEPS do
   end
   opt:step()
 end
-measured = em.memory_stats().peak
+local measured = em.memory_stats().peak
 print(('rank %d predicted %d measured %d'):format(R, predicted, measured))
