@@ -292,23 +292,23 @@ end)
 -- measured peak, and the stage counts the applied pipeline was built with.
 -- {replicas, stages, chunks, schedule, checkpoint, shard}
 local PIPE = {
-  { 2, 2, 2, '1f1b', '0' }, { 2, 2, 8, '1f1b', '0' }, { 2, 2, 8, '1f1b', '1' },
-  { 4, 4, 4, '1f1b', '0' }, { 2, 2, 2, 'gpipe', '0' }, { 2, 2, 8, 'gpipe', '1' },
-  { 4, 2, 4, '1f1b', '0', 'none' }, { 4, 2, 4, '1f1b', '1', 'none' },
+  { 2, 2, 2, '1f1b', '0' }, { 2, 2, 8, '1f1b', '0' }, { 4, 4, 4, '1f1b', '0' },
+  { 2, 2, 2, 'gpipe', '0' }, { 2, 2, 8, 'gpipe', '1' }, { 4, 2, 4, '1f1b', '0', 'none' },
   { 4, 2, 4, '1f1b', '0', 'gradients' }, { 4, 2, 4, '1f1b', '0', 'parameters' },
+  { 4, 4, 16, '1f1b', '0' },
 }
--- Layouts whose prediction lies over the measured peak by more than 10 % (P = 4
--- with 16 chunks, 2-16 %; P x D with shard = 'optimizer', 4-12 %; some
--- checkpointed ones, 11-13 %: the replay gives a checkpointed child's recomputed
--- backward all of its gradients at once, a worst case): on the safe
--- side, where the planner's promise holds -- a layout planned to fit fits
+-- Layouts whose prediction lies over the measured peak by more than 10 %:
+-- P x D with shard = 'optimizer' (5-11 %) and checkpointed 1F1B ones (5-22 %:
+-- the replay keeps every recomputed forward's garbage until a collection must
+-- come, and under plain wrap every bucket's average under way at once). On the
+-- safe side, where the planner's promise holds -- a layout planned to fit fits
 -- (the measured peak is under the prediction and its safety share) -- and
 -- within 25 % over, so that a prediction grown out of bounds still shows.
 local PIPE_OVER = {
-  { 4, 4, 16, '1f1b', '0' }, { 4, 4, 16, '1f1b', '1' }, { 4, 4, 4, '1f1b', '1' },
-  { 4, 2, 4, '1f1b', '0', 'optimizer' }, { 4, 2, 4, '1f1b', '1', 'optimizer' },
-  { 2, 2, 2, '1f1b', '1' }, { 4, 2, 4, '1f1b', '1', 'gradients' },
-  { 4, 2, 4, '1f1b', '1', 'parameters' },
+  { 4, 4, 16, '1f1b', '1' }, { 4, 4, 4, '1f1b', '1' }, { 4, 2, 4, '1f1b', '0', 'optimizer' },
+  { 4, 2, 4, '1f1b', '1', 'optimizer' }, { 2, 2, 2, '1f1b', '1' },
+  { 4, 2, 4, '1f1b', '1', 'gradients' }, { 4, 2, 4, '1f1b', '1', 'parameters' },
+  { 2, 2, 8, '1f1b', '1' }, { 4, 2, 4, '1f1b', '1', 'none' },
 }
 local function pipe_layouts(list, over)
   for _, c in ipairs(list) do
@@ -333,11 +333,11 @@ local function pipe_layouts(list, over)
     H.eq(n, N, what .. ': every replica reports')
   end
 end
-H.test('predicted peak per stage within 10% of the measured one: 10 pipeline layouts', function()
-  pipe_layouts(H.tsan_pick(PIPE, { 1, 4, 6, 8, 9 }), false)
+H.test('predicted peak per stage within 10% of the measured one: 9 pipeline layouts', function()
+  pipe_layouts(H.tsan_pick(PIPE, { 1, 3, 5, 6, 7 }), false)
 end)
-H.test('predicted peak per stage never under the measured one: 8 more pipeline layouts', function()
-  pipe_layouts(H.tsan_pick(PIPE_OVER, { 4, 8 }), true)
+H.test('predicted peak per stage never under the measured one: 9 more pipeline layouts', function()
+  pipe_layouts(H.tsan_pick(PIPE_OVER, { 3, 7 }), true)
 end)
 
 H.done()

@@ -292,7 +292,11 @@ local function child_key(c, shape, dtype, ckpt)
 end
 
 -- One child alone: {held (bytes its forward keeps, its output included),
--- fwd_peak, bwd_peak (above its input, the output's gradient included), out
+-- garbage (what its forward left dead beside that, for the collector),
+-- recomputed (what its backward left dead: a checkpointed child's recomputed
+-- forward), fwd_peak, bwd_peak (above its input, the output's gradient
+-- included, beside its weights' gradients made by an earlier micro-batch; the
+-- backward's without the forward's garbage), out
 -- = {shape, dtype}, params (bytes), param_max (its largest parameter's bytes),
 -- unit (its largest module's own parameter bytes)}.
 local function measure_child(c, shape, dtype, ckpt)
@@ -305,16 +309,31 @@ local function measure_child(c, shape, dtype, ckpt)
   local fn = function(t) return c(t) end
   local out = ckpt and em.nn.checkpoint(fn, x) or fn(x)
   local fwd_peak = peak() - base
+  local left = allocated() - base
+  -- what the forward keeps apart from what it merely left for the collector
+  -- (a checkpointed forward's intermediates, made under no_grad)
+  em.collect()
   local held = allocated() - base
-  em.reset_peak_memory_stats('meta')
-  local g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
-  out:backward(g)
-  local bwd_peak = peak() - base
-  local pbytes, pmax, unit = 0, 0, 0
+  -- A pipeline's micro-batches accumulate: in all but a step's first backward
+  -- the child's gradients are there already and each new one is added into
+  -- them. So the backward runs over gradients made beforehand, and its peak
+  -- counts what it needs beside them.
+  local pbytes, pmax, given = 0, 0, 0
   for _, p in ipairs(c:parameters()) do
-    if p.requires_grad then pbytes, pmax = pbytes + nbytes(p), math.max(pmax, nbytes(p)) end
-    p.grad = nil
+    if p.requires_grad then
+      pbytes, pmax = pbytes + nbytes(p), math.max(pmax, nbytes(p))
+      p.grad = em.zeros(p.shape, { dtype = p.dtype, device = 'meta' })
+      given = given + nbytes(p)
+    end
   end
+  local g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
+  local before_bwd = allocated()
+  em.reset_peak_memory_stats('meta')
+  out:backward(g)
+  local bwd_peak = peak() - base - given
+  local made = allocated() - before_bwd - (x.grad and nbytes(x.grad) or 0)
+  for _, p in ipairs(c:parameters()) do p.grad = nil end
+  local unit = 0
   -- the largest module's own weights: a ZeRO 3 unit (and how many units)
   local units = 0
   for _, m in ipairs(c:modules()) do
@@ -326,7 +345,8 @@ local function measure_child(c, shape, dtype, ckpt)
     unit = math.max(unit, own)
     if own > 0 then units = units + 1 end
   end
-  return { held = held, fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
+  return { held = held, garbage = left - held, recomputed = math.max(0, made),
+           fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
            param_max = pmax, unit = unit, units = units,
            out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
 end

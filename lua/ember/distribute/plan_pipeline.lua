@@ -50,17 +50,38 @@ local schedule_ops = function(name, P, Mc, s)
 end
 
 -- One stage's activation peak above its parameters and state.
+--
+-- Garbage is freed by collections: the pipeline's own (above) and the
+-- collector's pacing (ember.handles): a collection once allocated memory
+-- passes its limit, what was allocated when the collector last swept plus the
+-- slack. The step starts under the limit the last step's closing collection
+-- set, with the gradients present (zero_grad dropped them since). A sweep may
+-- come at any moment (Lua's own cycles end one), and so at a backward's top,
+-- where the recomputed tensors are live: the worst case raises the limit to
+-- that top plus the slack.
 local function replay(ops, st, grads, collect, slack)
-  local inflight, pending, garbage, on = 0, 0, 0, false
+  local inflight, pending, garbage, on = 0, 0, 0, st.buckets
   local peak = 0
+  local limit = grads + slack
   local function live() return (on and grads or 0) + inflight + pending + garbage end
-  -- the backward's worst moment over what is live: its recomputed garbage
-  -- adds to the garbage there, up to the slack that forces a collection
-  local function over(list)
-    local top = 0             -- (never below the held activations)
+  local function collected() garbage = 0; limit = live() + slack end
+  -- garbage added: past the limit, the pacing collects (having reached the limit)
+  local function add(bytes)
+    garbage = garbage + bytes
+    if live() > limit then peak = math.max(peak, limit); collected() end
+  end
+  -- the backward's worst moment, each {bytes above what is live, recomputed
+  -- garbage beside them}: past the limit the pacing frees the garbage
+  local function over(list, extra)
+    local top, hi, swept = live(), 0, false
     for _, e in ipairs(list) do
-      top = math.max(top, e[1] + math.min(e[2], math.max(0, slack - garbage)))
+      local t = live() + extra + e[1] + e[2]
+      if t > limit then t = math.max(limit, live() - garbage + extra + e[1]); swept = true end
+      top = math.max(top, t)
+      hi = math.max(hi, live() - garbage + extra + e[1])
     end
+    if swept then garbage = 0 end
+    limit = math.max(limit, hi + slack)
     return top
   end
   local last_b = 0
@@ -68,22 +89,24 @@ local function replay(ops, st, grads, collect, slack)
   for k, op in ipairs(ops) do
     if op[1] == 'F' then
       inflight = inflight + st.held + st.inb
+      add(st.garbage)
       peak = math.max(peak, live() + st.fwd)
     else
       on = true
-      peak = math.max(peak, live() + over(st.bwds))
-      if k == last_b then peak = math.max(peak, live() + over(st.rests) + st.last_extra) end
+      peak = math.max(peak, over(st.bwds, 0))
+      if k == last_b then peak = math.max(peak, over(st.rests, st.last_extra)) end
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
       -- gradient this B sends back stays in its send until the step's end)
       pending = pending + st.inb
-      garbage = math.min(slack, garbage + st.held + st.inb + st.recomputed)
+      add(st.held + st.inb + st.recomputed)
       -- Past COLLECT the pipeline collects; below it the garbage stays. Lua's own
       -- collector may free part of it first, at moments that vary from run to
       -- run, which can keep the pipeline from collecting: the worst case keeps
       -- as much garbage as stays under COLLECT.
       if live() > collect then
         garbage = math.max(0, math.min(garbage, collect - (live() - garbage)))
+        if garbage == 0 then collected() end
       end
     end
   end
@@ -100,7 +123,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
-    local W, U, pmax, held, fwd, bwd = 0, 0, 0, 0, 0, 0
+    local W, U, pmax, held, dead, fwd = 0, 0, 0, 0, 0, 0
     local last_i = first + counts[s + 1] - 1
     local before = {}
     for i = first, last_i do
@@ -108,10 +131,12 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       W = W + c.params
       U = math.max(U, c.unit or c.params)
       pmax = math.max(pmax, c.param_max or c.params)
-      -- a child's transients ride on the activations of the children before it
-      fwd = math.max(fwd, held + c.fwd_peak)
+      -- a child's transients ride on the activations of the children before
+      -- it, and on the garbage their forwards left
+      fwd = math.max(fwd, held + dead + c.fwd_peak)
       before[i] = held
       held = held + c.held
+      dead = dead + (c.garbage or 0)
     end
     -- The backward runs the children in reverse; a checkpointed child's
     -- recomputed activations are garbage once its backward is done, and stay
@@ -121,7 +146,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local after = 0
     local bwds, rests = {}, {}
     if s == P - 1 and m.loss then
-      fwd = math.max(fwd, held + m.loss.fwd_peak)
+      fwd = math.max(fwd, held + dead + m.loss.fwd_peak)
       bwds[1] = { held + m.loss.bwd_peak, 0 }
       held = held + m.loss.held
     end
@@ -130,19 +155,18 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     rests[1] = { before[last_i], 0 }
     for i = last_i, first, -1 do
       local c = children[i]
-      -- (a child's measured backward made its weights' gradients; the replay
-      -- counts the stage's gradients apart, from its first B on: here only the
-      -- new one being added to the accumulated ones, at worst the largest --
-      -- a checkpointed child's recomputed backward makes all of its own first)
-      local b = l.checkpoint and c.bwd_peak or c.bwd_peak - c.params + (c.param_max or c.params)
+      -- (a child's backward was measured beside its weights' gradients, which
+      -- the replay counts apart, from the stage's first B on)
+      local b = c.bwd_peak + (l.checkpoint and (c.garbage or 0) or 0)
       bwds[#bwds + 1] = { before[i] + b, after }
       if i < last_i then rests[#rests + 1] = { before[i] + b, after } end
-      if l.checkpoint then after = after + math.max(0, c.bwd_peak - c.held - c.params) end
+      after = after + (c.recomputed or 0)
     end
     for _, list in ipairs({ bwds, rests }) do
       for _, e in ipairs(list) do e[1] = e[1] - held end
     end
-    local st = { held = held, fwd = math.max(0, fwd - held), bwds = bwds, rests = rests,
+    local st = { held = held, garbage = dead, fwd = math.max(0, fwd - held - dead),
+                 bwds = bwds, rests = rests,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
                  outb = s < P - 1 and children[last_i].out_bytes or 0,
                  recomputed = math.min(slack, after), last_extra = 0 }
@@ -159,6 +183,8 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- its flat units (at most MAX_IN_FLIGHT + 1 under way, the stage's W at most)
     -- while the full gradients are still there.
     local grads = W
+    -- (plain wrap's buckets are the gradients, there from wrap time on)
+    st.buckets = D > 1 and not sharded
     if D > 1 and sharded then
       local unit = l.shard == 'parameters' and U or math.min(math.max(M.SHARD_BUCKET, pmax), W)
       local flats = math.min(W, (M.MAX_IN_FLIGHT + 1) * unit)

@@ -13,7 +13,8 @@ weights: `weights BYTES`, the model's parameters' bytes.
 
 plan: em.distribute.plan with the memory left to default (the cap), and on
 replica 0 `plan fits yes|no layout NAME`, then `accepted NAME PEAK` for every
-layout the planner accepts.
+layout the planner accepts, and `candidate NAME PEAK` for every layout it
+weighed (what a change to the planner's arithmetic predicts, without training).
 
 run: the same plan, then LAYOUT applied (plan:apply, as if the planner had
 chosen it), and ten steps of zero_grad / forward /
@@ -110,6 +111,7 @@ if mode == 'plan' then
     print(('plan fits %s layout %s'):format(plan.fits and 'yes' or 'no', layouts.name(plan.layout)))
     for _, c in ipairs(plan.candidates) do
       if c.fits then print(('accepted %s %d'):format(c.name, c.peak)) end
+      print(('candidate %s %d'):format(c.name, c.peak))
     end
   end
   return
