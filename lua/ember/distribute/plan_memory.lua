@@ -298,7 +298,9 @@ end
 -- included, beside its weights' gradients made by an earlier micro-batch; the
 -- backward's without the forward's garbage), out
 -- = {shape, dtype}, params (bytes), param_max (its largest parameter's bytes),
--- unit (its largest module's own parameter bytes)}.
+-- sizes (each trainable parameter's bytes, in order), unit (its largest
+-- module's own parameter bytes), units and unit_sizes (how many modules own
+-- trainable parameters, and their bytes: ZeRO 3's units)}.
 local function measure_child(c, shape, dtype, ckpt)
   em.collect()
   local x = M.input(shape, dtype)
@@ -318,10 +320,11 @@ local function measure_child(c, shape, dtype, ckpt)
   -- the child's gradients are there already and each new one is added into
   -- them. So the backward runs over gradients made beforehand, and its peak
   -- counts what it needs beside them.
-  local pbytes, pmax, given = 0, 0, 0
+  local pbytes, pmax, given, sizes = 0, 0, 0, {}
   for _, p in ipairs(c:parameters()) do
     if p.requires_grad then
       pbytes, pmax = pbytes + nbytes(p), math.max(pmax, nbytes(p))
+      sizes[#sizes + 1] = nbytes(p)
       p.grad = em.zeros(p.shape, { dtype = p.dtype, device = 'meta' })
       given = given + nbytes(p)
     end
@@ -335,7 +338,7 @@ local function measure_child(c, shape, dtype, ckpt)
   for _, p in ipairs(c:parameters()) do p.grad = nil end
   local unit = 0
   -- the largest module's own weights: a ZeRO 3 unit (and how many units)
-  local units = 0
+  local units, unit_sizes = 0, {}
   for _, m in ipairs(c:modules()) do
     local r, own = rawget(m, '_reg'), 0
     for _, k in ipairs(r.pnames) do
@@ -343,11 +346,12 @@ local function measure_child(c, shape, dtype, ckpt)
       if p.requires_grad then own = own + nbytes(p) end
     end
     unit = math.max(unit, own)
-    if own > 0 then units = units + 1 end
+    if own > 0 then units = units + 1; unit_sizes[units] = own end
   end
   return { held = held, garbage = left - held, recomputed = math.max(0, made),
            fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
-           param_max = pmax, unit = unit, units = units,
+           param_max = pmax, sizes = sizes, unit = unit, units = units,
+           unit_sizes = unit_sizes,
            out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
 end
 

@@ -71,10 +71,12 @@ local function replay(ops, st, grads, collect, slack)
     if live() > limit then peak = math.max(peak, limit); collected() end
   end
   -- the backward's worst moment, each {bytes above what is live, recomputed
-  -- garbage beside them}: past the limit the pacing frees the garbage
+  -- garbage beside them, bytes beside the gradients (a sharded stage's flat
+  -- units; else `extra`)}: past the limit the pacing frees the garbage
   local function over(list, extra)
     local top, hi, swept = live(), 0, false
     for _, e in ipairs(list) do
+      local extra = e[3] or extra
       local t = live() + extra + e[1] + e[2]
       if t > limit then t = math.max(limit, live() - garbage + extra + e[1]); swept = true end
       top = math.max(top, t)
@@ -94,7 +96,7 @@ local function replay(ops, st, grads, collect, slack)
     else
       on = true
       peak = math.max(peak, over(st.bwds, 0))
-      if k == last_b then peak = math.max(peak, over(st.rests, st.last_extra)) end
+      if k == last_b then peak = math.max(peak, over(st.rests, 0)) end
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
       -- gradient this B sends back stays in its send until the step's end)
@@ -114,6 +116,86 @@ local function replay(ops, st, grads, collect, slack)
   return math.max(peak, grads + pending + garbage)
 end
 
+-- A sharded stage's last B (shard_grads.lua): each gradient, once final, moves
+-- into its unit's flat buffer -- made whole at the unit's first gradient -- and
+-- the full gradient goes. Units launch in order once complete. ZeRO 1's
+-- allreduced flats stay as the shards' gradients (their views); ZeRO 2 and 3's
+-- reduce-scatter results sit beside their flats until more than MAX_IN_FLIGHT
+-- are under way, then the oldest flat goes and its 1/D slice stays. ZeRO 3
+-- also lets a unit's gathered weights go once its gradients are complete.
+-- units: in backward order, each {bytes, parts = {{child, bytes}, ...}}.
+-- Returns, per child of the stage, the bytes beside the stage's full gradients
+-- (and ZeRO 3's gathered weights) while its backward runs: its own units'
+-- flats are made by then (a bias is final before its weight's gradient is
+-- added up).
+local function flat_extras(units, first, last, D, mode)
+  local extras, made, got = {}, {}, {}
+  local alive, moved, sliced, freed, launched, applied = 0, 0, 0, 0, 0, 0
+  for i = last, first, -1 do
+    local new = 0
+    for u, unit in ipairs(units) do
+      for _, part in ipairs(unit.parts) do
+        if part[1] == i and not made[u] then made[u] = true; new = new + unit.bytes end
+      end
+    end
+    extras[i] = alive + new + sliced - moved - freed
+    alive = alive + new
+    for u, unit in ipairs(units) do
+      for _, part in ipairs(unit.parts) do
+        if part[1] == i then got[u] = (got[u] or 0) + 1; moved = moved + part[2] end
+      end
+    end
+    while launched < #units and got[launched + 1] == #units[launched + 1].parts do
+      launched = launched + 1
+      local b = units[launched].bytes
+      if mode == 'parameters' then freed = freed + b end
+      if mode ~= 'optimizer' then
+        alive = alive + math.ceil(b / D)
+        while launched - applied > M.MAX_IN_FLIGHT do
+          applied = applied + 1
+          local a = units[applied].bytes
+          alive = alive - a - math.ceil(a / D)
+          sliced = sliced + math.ceil(a / D)
+        end
+      end
+    end
+  end
+  return extras
+end
+
+-- A stage's units, as shard.lua makes them: ZeRO 1 and 2 bucket its
+-- parameters (the last first: about 1 MiB, then SHARD_BUCKET each); ZeRO 3
+-- makes one of each module that owns parameters.
+local function stage_units(children, first, last, mode)
+  local units = {}
+  if mode == 'parameters' then
+    for i = last, first, -1 do
+      local sizes = children[i].unit_sizes or { children[i].params }
+      for k = #sizes, 1, -1 do
+        units[#units + 1] = { bytes = sizes[k], parts = { { i, sizes[k] } } }
+      end
+    end
+    return units
+  end
+  local sizes, owner, keys = {}, {}, {}
+  for i = first, last do
+    for _, b in ipairs(children[i].sizes or { children[i].params }) do
+      sizes[#sizes + 1] = b
+      owner[#sizes], keys[#sizes] = i, 1
+    end
+  end
+  for _, idx in ipairs(shard_layout.buckets(sizes, keys, math.min(M.SHARD_BUCKET, 2 ^ 20),
+      M.SHARD_BUCKET)) do
+    local u = { bytes = 0, parts = {} }
+    for _, k in ipairs(idx) do
+      u.bytes = u.bytes + sizes[k]
+      u.parts[#u.parts + 1] = { owner[k], sizes[k] }
+    end
+    units[#units + 1] = u
+  end
+  return units
+end
+
 function M.pipeline_memory(l, m, children, counts, schedule)
   local D, P, Mc = l.data, l.pipeline, l.chunks
   local collect = collect_bytes(m.memory)
@@ -123,14 +205,12 @@ function M.pipeline_memory(l, m, children, counts, schedule)
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
-    local W, U, pmax, held, dead, fwd = 0, 0, 0, 0, 0, 0
+    local W, held, dead, fwd = 0, 0, 0, 0
     local last_i = first + counts[s + 1] - 1
     local before = {}
     for i = first, last_i do
       local c = children[i]
       W = W + c.params
-      U = math.max(U, c.unit or c.params)
-      pmax = math.max(pmax, c.param_max or c.params)
       -- a child's transients ride on the activations of the children before
       -- it, and on the garbage their forwards left
       fwd = math.max(fwd, held + dead + c.fwd_peak)
@@ -145,6 +225,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- them} (that garbage shares the collector's slack with the step's: replay).
     local after = 0
     local bwds, rests = {}, {}
+    local flats = D > 1 and l.shard ~= 'none'
+    local extras = flats and
+      flat_extras(stage_units(children, first, last_i, l.shard), first, last_i, D, l.shard) or {}
     if s == P - 1 and m.loss then
       fwd = math.max(fwd, held + dead + m.loss.fwd_peak)
       bwds[1] = { held + m.loss.bwd_peak, 0 }
@@ -159,7 +242,8 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       -- the replay counts apart, from the stage's first B on)
       local b = c.bwd_peak + (l.checkpoint and (c.garbage or 0) or 0)
       bwds[#bwds + 1] = { before[i] + b, after }
-      if i < last_i then rests[#rests + 1] = { before[i] + b, after } end
+      if flats then rests[#rests + 1] = { before[i] + b, after, extras[i] }
+      elseif i < last_i then rests[#rests + 1] = { before[i] + b, after } end
       after = after + (c.recomputed or 0)
     end
     for _, list in ipairs({ bwds, rests }) do
@@ -169,7 +253,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
                  bwds = bwds, rests = rests,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
                  outb = s < P - 1 and children[last_i].out_bytes or 0,
-                 recomputed = math.min(slack, after), last_extra = 0 }
+                 recomputed = math.min(slack, after) }
     first = last_i + 1
     local sharded = l.shard ~= 'none'
     -- (ZeRO 3: a no_sync backward gathers each module's weights and keeps them
@@ -185,15 +269,6 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local grads = W
     -- (plain wrap's buckets are the gradients, there from wrap time on)
     st.buckets = D > 1 and not sharded
-    if D > 1 and sharded then
-      local unit = l.shard == 'parameters' and U or math.min(math.max(M.SHARD_BUCKET, pmax), W)
-      local flats = math.min(W, (M.MAX_IN_FLIGHT + 1) * unit)
-      st.last_extra = flats
-      -- ZeRO 1/2: a unit's flat buffer exists from its first gradient of the
-      -- last B -- the last child's bias, before its weight's gradient arrives
-      -- to be added to the accumulated one -- so over that whole backward
-      if l.shard ~= 'parameters' then st.rests = st.bwds end
-    end
     local act = replay(schedule_ops(schedule, P, Mc, s), st, grads, collect, slack) - grads
     local peak = params + state + grads + act
     -- ZeRO 1 and 2 gather the stage's weights at the step's first forward: a
