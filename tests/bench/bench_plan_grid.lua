@@ -10,8 +10,10 @@ replicas' largest; measured in steps 2-10), their error, and whether it ran.
 RESULT lines: plan_grid_accepted_ran (the share of accepted layouts that
 trained under their cap; goal 1), plan_grid_worst_under (the largest amount a
 measured peak exceeds its prediction, in percent; goal <= the planner's safety
-share, 5), plan_grid_within_10 (the share of runs predicted within 10 %; goal
-1) and plan_grid_cases.
+share, 5, or 15 for checkpointed pipelines), plan_grid_over_margin (runs whose
+measured peak passed the prediction with its margin; goal 0),
+plan_grid_within_10 (the share of runs predicted within 10 %; goal 1) and
+plan_grid_cases.
 
   build/ember tests/bench/bench_plan_grid.lua [--size small|large] [--chosen]
 
@@ -36,7 +38,7 @@ local layouts = require 'ember.distribute.plan_layouts'
 print(('%-26s %2s %7s  %-44s %9s %9s %7s  %s'):format('case', 'N', 'cap', 'layout',
   'predicted', 'measured', 'error', 'ran'))
 local t0 = B.now()
-local cases, runs, ran, within, worst = {}, 0, 0, 0, -math.huge
+local cases, runs, ran, within, worst, over_margin = {}, 0, 0, 0, -math.huge, 0
 G.run(size, { all = all, progress = function(r)
   cases[r.case .. r.replicas] = true
   if not r.layout then
@@ -50,6 +52,9 @@ G.run(size, { all = all, progress = function(r)
     ran = ran + 1
     if math.abs(err) <= 0.10 then within = within + 1 end
     worst = math.max(worst, -err)
+    local l = { pipeline = tonumber(r.layout:match('pipeline=(%d+)')) or 1,
+                checkpoint = r.layout:find('checkpoint', 1, true) ~= nil }
+    if r.measured > layouts.margin(r.predicted, l) then over_margin = over_margin + 1 end
   end
   print(('%-26s %2d %7s  %-44s %8.2fM %8.2fM %+6.1f%%  %s%s'):format(r.case, r.replicas, r.cap,
     r.layout .. (r.layout == r.chosen and ' *' or ''), r.predicted / 2 ^ 20, r.measured / 2 ^ 20,
@@ -61,7 +66,8 @@ for _ in pairs(cases) do n = n + 1 end
 print(('%d cases, %d runs in %.0f s (* the chosen layout)'):format(n, runs, B.now() - t0))
 B.result('plan_grid_accepted_ran', runs > 0 and ran / runs or 0, 'share', 'higher', '1')
 B.result('plan_grid_worst_under', 100 * math.max(worst, 0), '%', 'lower',
-  ('<= %g (the safety share; %d KiB more on top)'):format(100 * layouts.SAFETY,
-  layouts.SAFETY_BYTES / 1024))
+  ('<= %g (the safety share, %g for checkpointed pipelines; %d KiB more on top)'):format(
+  100 * layouts.SAFETY, 100 * layouts.SAFETY_RECOMPUTED, layouts.SAFETY_BYTES / 1024))
+B.result('plan_grid_over_margin', over_margin, 'runs', 'lower', '0')
 B.result('plan_grid_within_10', ran > 0 and within / ran or 0, 'share', 'higher', '1')
 B.result('plan_grid_cases', n, 'cases', 'higher', '>= 40')

@@ -324,7 +324,7 @@ local function pipe_layouts(list, over)
       n = n + 1
       p, m = tonumber(p), tonumber(m)
       local err = (p - m) / m
-      local ok = layouts.margin(p) >= m
+      local ok = layouts.margin(p, { pipeline = P, checkpoint = ck == '1' }) >= m
       if over then ok = ok and err <= 0.25 else ok = ok and math.abs(err) <= 0.10 end
       H.check(ok, ('%s rank %s: predicted %d, measured %d (%.1f%%)'):format(what, r, p, m,
         100 * err))

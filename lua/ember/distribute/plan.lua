@@ -266,13 +266,13 @@ function M.plan(model, o)
       why[c.name] = ('%s: %s > %s (parameters %s, gradients %s, optimizer %s, ' ..
         'activations %s; with a margin of %d%% and %d KiB)'):format(c.name, gib(c.peak), gib(mem),
         gib(p.parameters), gib(p.gradients), gib(p.optimizer), gib(p.activations),
-        math.floor(layouts.SAFETY * 100 + 0.5), layouts.SAFETY_BYTES / 1024)
+        math.floor(layouts.safety(c.layout) * 100 + 0.5), layouts.SAFETY_BYTES / 1024)
       -- a pipeline: which stage does not fit (the children it holds)
       if c.stage_peaks then
         local first, over = 1, {}
         for k, sp in ipairs(c.stage_peaks) do
           local n = c.layout.stages[k]
-          if layouts.margin(sp) > mem then
+          if layouts.margin(sp, c.layout) > mem then
             over[#over + 1] = ('stage %d (children %d-%d) needs %s'):format(k - 1, first,
               first + n - 1, gib(sp))
           end

@@ -9,9 +9,10 @@ and, under 1F1B, min(P - s, M) micro-batches of its children's saved
 activations (GPipe: M), the worst child's transient, and a received input and a
 sent output. With D > 1 replicas per stage the micro-batches' backwards run
 unsynchronised, so the full gradients W accumulate whatever the sharding; the
-state is S/D when sharded; plain wrap's buckets hold those gradients (nothing more);
-ZeRO 1/2 add the last backward's flat units and the first forward's gather;
-ZeRO 3 keeps W/D and, at worst, all of the weights its backwards gathered.
+state is S/D when sharded; plain wrap's buckets hold those gradients (nothing
+more); ZeRO 1/2/3 move them into flat units during the last backward, replayed
+unit by unit (flat_extras); ZeRO 1/2 gather W at the first forward; ZeRO 3
+keeps W/D and, at worst, all of the weights its backwards gathered.
 ]]
 local shard_layout = require 'ember.distribute.shard_layout'
 
@@ -22,26 +23,26 @@ M.SHARD_BUCKET = shard_layout.BUCKET_MB * 2 ^ 20   -- 'optimizer' and 'gradients
 M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 
 -- children: plan_memory.children's list at the micro-batch (each {held,
--- fwd_peak, bwd_peak, params, out_bytes}; loss: the loss's own footprint on the
--- last child's output, or nil); counts: children per stage; m.state_factor:
--- state bytes per weight byte; m.memory: the device's bytes the plan is for;
--- m.batch: the bytes of the global batch (x and y) each replica holds. The worst stage's peak, its parts, and each
--- stage's peak.
+-- garbage, recomputed, fwd_peak, bwd_peak, params, sizes, unit_sizes,
+-- out_bytes}); m.loss: the loss's own footprint on the last child's output,
+-- or nil; counts: children per stage; m.state_factor: state bytes per weight
+-- byte; m.memory: the device's bytes the plan is for; m.batch: the bytes of
+-- the global batch (x and y) each replica holds. Returns the worst stage's
+-- peak, its parts, and each stage's peak.
 --
 -- A stage's activations are not a formula but a replay of its op list
 -- (pipeline_schedule) against what pipeline.lua does with memory:
---   F  receives its input (in bytes, stages > 0) and keeps held bytes until
---      its B; the forward's transient rises above that for a moment;
+--   F  receives its input (in bytes, stages > 0), keeps held bytes until its
+--      B and leaves its garbage; the forward's transient rises above that for
+--      a moment;
 --   B  runs over the micro-batch's activations with the stage's gradients
---      present (they appear at the first B: zero_grad leaves none); after it
---      the micro-batch's tensors (activations, received input and gradient)
---      are Lua garbage until a
+--      present (they appear at the first B: zero_grad leaves none, unless
+--      plain wrap's buckets hold them); after it the micro-batch's tensors
+--      (activations, received input and gradient) are garbage until a
 --      collection, which the pipeline runs once allocated memory exceeds the
 --      step's start by its collect_bytes for the device's memory (or, the
 --      worst case, as much of it as stays under that);
 --   the optimizer step then finds the gradients and that garbage.
--- the pipeline's rule: a collection once a step's garbage passes
--- collect_bytes(memory) (1 MiB, less under a small memory)
 local collect_bytes = require('ember.distribute.pipeline_run').collect_bytes
 M.PIPELINE_COLLECT = collect_bytes()
 
@@ -60,7 +61,7 @@ end
 -- where the recomputed tensors are live: the worst case raises the limit to
 -- that top plus the slack.
 local function replay(ops, st, grads, collect, slack)
-  local inflight, pending, garbage, on = 0, 0, 0, st.buckets
+  local inflight, pending, garbage, on = 0, 0, st.prev, st.buckets
   local peak = 0
   local limit = grads + slack
   local function live() return (on and grads or 0) + inflight + pending + garbage end
@@ -233,13 +234,17 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       bwds[1] = { held + m.loss.bwd_peak, 0 }
       held = held + m.loss.held
     end
-    -- (rests: from the moment the stage's last child has its gradients on, when
-    -- a sharded stage's first flat unit exists: the children before it)
+    -- (rests: the moments of the step's last B from the one the stage's last
+    -- child has its gradients on; a sharded stage's with the bytes its flat
+    -- units add beside the gradients at each child)
     rests[1] = { before[last_i], 0 }
     for i = last_i, first, -1 do
       local c = children[i]
       -- (a child's backward was measured beside its weights' gradients, which
-      -- the replay counts apart, from the stage's first B on)
+      -- the replay counts apart, from the stage's first B on. A checkpointed
+      -- child's recompute also meets the garbage its own forward left, which
+      -- the measurement collected first: P x D stages held it, 12-19 % over
+      -- the replay without it)
       local b = c.bwd_peak + (l.checkpoint and (c.garbage or 0) or 0)
       bwds[#bwds + 1] = { before[i] + b, after }
       if flats then rests[#rests + 1] = { before[i] + b, after, extras[i] }
@@ -249,13 +254,18 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     for _, list in ipairs({ bwds, rests }) do
       for _, e in ipairs(list) do e[1] = e[1] - held end
     end
+    local sharded = l.shard ~= 'none'
     local st = { held = held, garbage = dead, fwd = math.max(0, fwd - held - dead),
                  bwds = bwds, rests = rests,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
                  outb = s < P - 1 and children[last_i].out_bytes or 0,
-                 recomputed = math.min(slack, after) }
+                 recomputed = math.min(slack, after),
+                 -- (plain wrap's buckets are the gradients, there from wrap time on)
+                 buckets = D > 1 and not sharded,
+                 -- (the last step's batch: garbage since the loop's next one came,
+                 -- until the step's first collection)
+                 prev = m.batch or 0 }
     first = last_i + 1
-    local sharded = l.shard ~= 'none'
     -- (ZeRO 3: a no_sync backward gathers each module's weights and keeps them
     -- until the synchronised one reduces their gradients: all of them, at worst)
     local params = l.shard == 'parameters' and math.ceil(W / D) + W or W
@@ -263,12 +273,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- The micro-batches' backwards run unsynchronised (no_sync): full gradients
     -- accumulate from the first B whatever the sharding. Under plain wrap they
     -- are the buckets themselves (the first B writes each gradient into its
-    -- bucket view), so D > 1 adds nothing there; a sharded stage's last B fills
-    -- its flat units (at most MAX_IN_FLIGHT + 1 under way, the stage's W at most)
-    -- while the full gradients are still there.
+    -- bucket view), so D > 1 adds nothing there; a sharded stage's last B moves
+    -- them into its flat units (the rests' extras).
     local grads = W
-    -- (plain wrap's buckets are the gradients, there from wrap time on)
-    st.buckets = D > 1 and not sharded
     local act = replay(schedule_ops(schedule, P, Mc, s), st, grads, collect, slack) - grads
     local peak = params + state + grads + act
     -- ZeRO 1 and 2 gather the stage's weights at the step's first forward: a
