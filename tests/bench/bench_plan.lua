@@ -49,7 +49,9 @@ if w then
   plan.fits, plan.layout, plan.peak_bytes, plan.step_s = true, cand.layout, cand.peak, cand.step_s
   local dm = plan:apply(s, model)
   local pipe = cand.layout.pipeline > 1
-  local rows = Bg / cand.layout.data
+  -- (a pipeline's step takes the global batch and gives each data replica its
+  -- share; data parallel replicas pass their own rows)
+  local rows = pipe and Bg or Bg / cand.layout.data
   local opt = em.optim.Adam(dm:parameters(), { lr = 1e-3 })
   local function sync()
     s:allreduce(em.zeros(1), 'sum')
