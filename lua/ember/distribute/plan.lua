@@ -33,6 +33,7 @@ local core = require 'ember.ffi'
 local memory = require 'ember.distribute.plan_memory'
 local timing = require 'ember.distribute.plan_time'
 local layouts = require 'ember.distribute.plan_layouts'
+local shard_layout = require 'ember.distribute.shard_layout'
 local raise = core.raise
 
 local M = {}
@@ -158,6 +159,20 @@ function M.plan(model, o)
   local units = {}
   local owners = memory.units(model)
   for k = #owners, 1, -1 do units[#units + 1] = owners[k] end
+  -- ZeRO 1 and 2's units: shard.lua's buckets of the trainable parameters
+  local buckets, sizes, keys = {}, {}, {}
+  for _, p in ipairs(model:parameters()) do
+    if p.requires_grad then
+      sizes[#sizes + 1] = p:numel() * p:element_size()
+      keys[#sizes] = p.dtype .. '@' .. p.device
+    end
+  end
+  for _, idx in ipairs(shard_layout.buckets(sizes, keys, math.min(layouts.SHARD_BUCKET, 2 ^ 20),
+      layouts.SHARD_BUCKET)) do
+    local b = 0
+    for _, i in ipairs(idx) do b = b + sizes[i] end
+    buckets[#buckets + 1] = { bytes = b, idx = idx }
+  end
 
   local list, skipped = layouts.enumerate{ devices = N, batch = B,
     children = seq and #children or nil, pipeline = pipeline_ok }
@@ -229,7 +244,7 @@ function M.plan(model, o)
     if l.pipeline == 1 then
       local b = B / l.data
       local m = { weights = W, state = W * state_factor, unit = unit, param_max = pmax, units = units,
-                  step = steps[memory.key(run_of(l))] }
+                  buckets = buckets, step = steps[memory.key(run_of(l))] }
       c.peak, c.parts = layouts.data_memory(l, m)
       c.step_s = layouts.data_time(l, times[b], W, b, #units)
       -- setting up: the model as built, and ZeRO 3's shards and one unit beside it

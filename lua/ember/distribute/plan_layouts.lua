@@ -13,8 +13,8 @@ gradients the layout holds at that point, plus what is resident all along:
 
   shard        weights      gradients during backward              optimizer
   none         W            W (wrap's buckets, from wrap time)     S
-  optimizer    W            arrived + one bucket being filled      S/N
-  gradients    W            arrived/N + flat buckets in flight      S/N
+  optimizer    W            flat buckets made so far (they stay)   S/N
+  gradients    W            flat buckets in flight, slices /N      S/N
   parameters   W/N + U      flat units alive, replayed; slices /N   S/N
 
 (W weights, S optimizer state: 2W for Adam, W for SGD's momentum; U the largest
@@ -22,7 +22,7 @@ module's weights, gathered for its forward and backward; shard.lua reduces at
 most MAX_IN_FLIGHT units at once, plus the one filling. ZeRO 3's meta step runs
 with the autograd nodes its units put on their outputs -- see
 plan_memory.regather_nodes -- and its flat buffers are replayed unit by unit
-over the backward's segments: zero3_grads.) After backward the
+over the backward's segments, as ZeRO 1 and 2's buckets are: flat_grads.) After backward the
 optimizer step holds weights, final gradients (W, or W/N), state and what the
 backward left (its garbage included, as the meta step measured it). ZeRO 1 and
 2 gather every unit's weights at the next forward: W more, for a moment.
@@ -110,22 +110,26 @@ function M.name(l)
 end
 
 -- -- Memory: data parallel -----------------------------------------------------------------------
--- ZeRO 3's gradient bytes besides the step's own, at each segment of the meta
--- step's backward (segment k ends when parameter segs[k].param's gradient is
--- final): a replay of shard_grads.lua over the units (each {bytes, idx}, in
--- backward order). A unit's flat buffer (its full size) exists from its first
--- gradient until it is applied; units launch in unit order once complete, and
--- after each launch the oldest are applied while more than MAX_IN_FLIGHT are
--- under way; a launched unit's reduce-scatter has its result (1/N of it)
--- beside its flat buffer; an applied unit leaves that slice as the shards'
--- gradients. During a segment the flat buffer of the unit receiving the
--- gradient counts already (the gradient is copied into it while still held).
--- Returns a list parallel to segs.
-function M.zero3_grads(segs, units, N)
+-- A sharded model's gradient bytes besides the step's own, at each segment of
+-- the meta step's backward (segment k ends when parameter segs[k].param's
+-- gradient is final): a replay of shard_grads.lua over the units (each {bytes,
+-- idx}, in backward order: shard.lua's buckets for ZeRO 1 and 2, a module's
+-- own weights for ZeRO 3). A unit's flat buffer (its full size) exists from
+-- its first gradient, which moves into it; units launch in unit order once
+-- complete, and after each launch the oldest are applied while more than
+-- MAX_IN_FLIGHT are under way. ZeRO 2 and 3: a launched unit's reduce-scatter
+-- has its result (1/N of it) beside its flat buffer, and an applied unit
+-- leaves that slice as the shards' gradients; ZeRO 1's allreduce works in
+-- place and its flats stay, the shards' gradients being views of them. During
+-- a segment the flat buffer of the unit receiving the gradient counts already
+-- (the gradient is copied into it while still held). Returns a list parallel
+-- to segs.
+function M.flat_grads(segs, units, N, mode)
   local unit_of = {}
   for k, u in ipairs(units) do for _, i in ipairs(u.idx) do unit_of[i] = k end end
   local got, ready, flat = {}, {}, {}
   local live, sliced, nxt, applied = 0, 0, 1, 0
+  local scatter = mode ~= 'optimizer'
   local out = {}
   for s, seg in ipairs(segs) do
     local k = seg.param and unit_of[seg.param]
@@ -136,9 +140,9 @@ function M.zero3_grads(segs, units, N)
       got[k] = (got[k] or 0) + 1
       if got[k] == #units[k].idx then ready[k] = true end
       while nxt <= #units and ready[nxt] do
-        live = live + math.ceil(units[nxt].bytes / N)      -- its result, under way
+        if scatter then live = live + math.ceil(units[nxt].bytes / N) end  -- its result
         nxt = nxt + 1
-        while nxt - 1 - applied > M.MAX_IN_FLIGHT do
+        while scatter and nxt - 1 - applied > M.MAX_IN_FLIGHT do
           applied = applied + 1
           live = live - units[applied].bytes - math.ceil(units[applied].bytes / N)
           sliced = sliced + math.ceil(units[applied].bytes / N)
@@ -150,7 +154,7 @@ function M.zero3_grads(segs, units, N)
 end
 
 -- m = {weights W, state S, unit U (largest module's weights), param_max, units
--- (ZeRO 3's, see zero3_grads), step (plan_memory.step's result at this
+-- (ZeRO 3's) and buckets (ZeRO 1 and 2's; see flat_grads), step (plan_memory.step's result at this
 -- layout's batch and checkpointing)}. Returns the peak and its parts
 -- {parameters, gradients, optimizer, activations}.
 function M.data_memory(l, m)
@@ -162,15 +166,11 @@ function M.data_memory(l, m)
   -- of the module after it still holds its own)
   local params = mode == 'parameters' and math.ceil(W / N) + (l.checkpoint and 2 or 1) * m.unit or W
   local state = sharded and math.ceil(S / N) or S
-  local bucket = math.min(math.max(M.SHARD_BUCKET, m.param_max), W)
-  local z3 = mode == 'parameters' and M.zero3_grads(m.step.segments, m.units, N)
+  local flats = sharded and M.flat_grads(m.step.segments,
+    mode == 'parameters' and m.units or m.buckets, N, mode)
   local function grads_at(arrived, s)
     if mode == 'none' then return N > 1 and W or arrived end
-    if mode == 'optimizer' then return math.min(W, arrived + bucket) end
-    if mode == 'gradients' then
-      return arrived / N + math.min(arrived + bucket, (M.MAX_IN_FLIGHT + 2) * bucket, W)
-    end
-    return z3[s]
+    return flats[s]
   end
   local fb, fb_grads, fb_act = 0, 0, 0
   for s, seg in ipairs(m.step.segments) do
