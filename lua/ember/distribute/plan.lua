@@ -167,8 +167,7 @@ function M.plan(model, o)
       keys[#sizes] = p.dtype .. '@' .. p.device
     end
   end
-  for _, idx in ipairs(shard_layout.buckets(sizes, keys, math.min(layouts.SHARD_BUCKET, 2 ^ 20),
-      layouts.SHARD_BUCKET)) do
+  for _, idx in ipairs(shard_layout.shard_buckets(sizes, keys)) do
     local b = 0
     for _, i in ipairs(idx) do b = b + sizes[i] end
     buckets[#buckets + 1] = { bytes = b, idx = idx }

@@ -18,8 +18,7 @@ local shard_layout = require 'ember.distribute.shard_layout'
 
 local M = {}
 
--- (the same figures as plan_layouts.lua's)
-M.SHARD_BUCKET = shard_layout.BUCKET_MB * 2 ^ 20   -- 'optimizer' and 'gradients' units
+-- (the same figure as plan_layouts.lua's)
 M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 
 -- children: plan_memory.children's list at the micro-batch (each {held,
@@ -165,7 +164,7 @@ local function flat_extras(units, first, last, D, mode)
 end
 
 -- A stage's units, as shard.lua makes them: ZeRO 1 and 2 bucket its
--- parameters (the last first: about 1 MiB, then SHARD_BUCKET each); ZeRO 3
+-- parameters (shard_layout.shard_buckets: the last first); ZeRO 3
 -- makes one of each module that owns parameters.
 local function stage_units(children, first, last, mode)
   local units = {}
@@ -185,8 +184,7 @@ local function stage_units(children, first, last, mode)
       owner[#sizes], keys[#sizes] = i, 1
     end
   end
-  for _, idx in ipairs(shard_layout.buckets(sizes, keys, math.min(M.SHARD_BUCKET, 2 ^ 20),
-      M.SHARD_BUCKET)) do
+  for _, idx in ipairs(shard_layout.shard_buckets(sizes, keys)) do
     local u = { bytes = 0, parts = {} }
     for _, k in ipairs(idx) do
       u.bytes = u.bytes + sizes[k]

@@ -73,8 +73,6 @@ local M = {}
 local Sharded = {}
 M.Sharded = Sharded
 
-local MB = 1024 * 1024
-
 -- -- Helpers ---------------------------------------------------------------------------------
 local slice, nbytes = gather.slice, gather.nbytes
 
@@ -208,8 +206,7 @@ function M.wrap(s, model, o)
   else
     local sizes, keys = {}, {}
     for i, p in ipairs(P) do sizes[i] = nbytes(p); keys[i] = p.dtype .. '@' .. p.device end
-    local mb = o.bucket_mb or layout.BUCKET_MB
-    for _, idx in ipairs(layout.buckets(sizes, keys, math.min(1, mb) * MB, mb * MB)) do
+    for _, idx in ipairs(layout.shard_buckets(sizes, keys, o.bucket_mb)) do
       groups[#groups + 1] = { idx = idx }
     end
   end

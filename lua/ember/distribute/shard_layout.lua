@@ -16,6 +16,7 @@ flat vector -- every parameter at its own offset.
   local u = layout.unit({n1, n2, ...}, N, r)
   u.L, u.seg, u.off[i], u.lo[i], u.hi[i], u.at[i]      (0-based element counts)
   layout.buckets(sizes_bytes, first_bytes, bytes, dtypes) -> lists of indices
+  layout.shard_buckets(sizes_bytes, dtypes, mb) -> the sharded model's units
 
 The sizes the sharded model works with live here too, so that the planner's
 arithmetic (plan_layouts.lua) reads the same figures.
@@ -69,6 +70,14 @@ function M.buckets(nbytes, keys, first_bytes, bytes)
   end
   if cur then out[#out + 1] = cur end
   return out
+end
+
+-- The units of 'optimizer' and 'gradients' (shard.lua), which the planner
+-- replays: buckets of about mb MiB (BUCKET_MB by default), the first of 1 MiB
+-- at most.
+function M.shard_buckets(nbytes, keys, mb)
+  mb = mb or M.BUCKET_MB
+  return M.buckets(nbytes, keys, math.min(1, mb) * 2 ^ 20, mb * 2 ^ 20)
 end
 
 return M
