@@ -22,8 +22,8 @@ module's weights, gathered for its forward and backward; shard.lua reduces at
 most MAX_IN_FLIGHT units at once, plus the one filling. ZeRO 3's meta step runs
 with the autograd nodes its units put on their outputs -- see
 plan_memory.regather_nodes -- and its flat buffers are replayed unit by unit
-over the backward's segments, as ZeRO 1 and 2's buckets are: flat_grads.) After backward the
-optimizer step holds weights, final gradients (W, or W/N), state and what the
+over the backward's segments, as ZeRO 1 and 2's buckets are: flat_grads.) After
+backward the optimizer step holds weights, final gradients (W, or W/N), state and what the
 backward left (its garbage included, as the meta step measured it). ZeRO 1 and
 2 gather every unit's weights at the next forward: W more, for a moment.
 
@@ -154,8 +154,8 @@ function M.flat_grads(segs, units, N, mode)
 end
 
 -- m = {weights W, state S, unit U (largest module's weights), param_max, units
--- (ZeRO 3's) and buckets (ZeRO 1 and 2's; see flat_grads), step (plan_memory.step's result at this
--- layout's batch and checkpointing)}. Returns the peak and its parts
+-- (ZeRO 3's) and buckets (ZeRO 1 and 2's; see flat_grads), step
+-- (plan_memory.step's result at this layout's batch and checkpointing)}. Returns the peak and its parts
 -- {parameters, gradients, optimizer, activations}.
 function M.data_memory(l, m)
   local N, mode = l.data, l.shard

@@ -58,7 +58,7 @@ end
 -- set, with the gradients present (zero_grad dropped them since). A sweep may
 -- come at any moment (Lua's own cycles end one), and so at a backward's top,
 -- where the recomputed tensors are live: the worst case raises the limit to
--- that top plus the slack.
+-- that top plus the slack. The last step's batch is garbage at the start.
 local function replay(ops, st, grads, collect, slack)
   local inflight, pending, garbage, on = 0, 0, st.prev, st.buckets
   local peak = 0
@@ -72,11 +72,12 @@ local function replay(ops, st, grads, collect, slack)
   end
   -- the backward's worst moment, each {bytes above what is live, recomputed
   -- garbage beside them, bytes beside the gradients (a sharded stage's flat
-  -- units; else `extra`)}: past the limit the pacing frees the garbage
-  local function over(list, extra)
+  -- units)}: past the limit the pacing (in the recompute's Lua ops) frees the
+  -- garbage
+  local function over(list)
     local top, hi, swept = live(), 0, false
     for _, e in ipairs(list) do
-      local extra = e[3] or extra
+      local extra = e[3] or 0
       local t = live() + extra + e[1] + e[2]
       if t > limit then t = math.max(limit, live() - garbage + extra + e[1]); swept = true end
       top = math.max(top, t)
@@ -95,8 +96,8 @@ local function replay(ops, st, grads, collect, slack)
       peak = math.max(peak, live() + st.fwd)
     else
       on = true
-      peak = math.max(peak, over(st.bwds, 0))
-      if k == last_b then peak = math.max(peak, over(st.rests, 0)) end
+      peak = math.max(peak, over(st.bwds))
+      if k == last_b then peak = math.max(peak, over(st.rests)) end
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
       -- gradient this B sends back stays in its send until the step's end)
