@@ -64,6 +64,7 @@ struct em_state {
   emi_device meta;                         /* the meta device's (core/meta/) */
   emi_mem_count cpu_mem, meta_mem;         /* per device; mem_allocated sums all */
   int64_t cpu_limit;                       /* em_set_memory_limit: 0 = none (atomic) */
+  int current_device;                      /* the accelerator "cuda" names (em_cuda_set_device) */
   emi_device *devices[EMI_MAX_DEVICES];    /* the accelerator kind's, NULL until used */
   emi_kind_slot kinds[EMI_MAX_KINDS];      /* each accelerator kind's context (registry.c) */
   struct emi_profiler *profiler;           /* NULL unless recording (core/profile/) */

@@ -23,7 +23,7 @@ em_status em_device_parse(em_state *S, const char *name, int *device) {
   if (!name || !device) return emi_error(S, EM_ERR_ARG, "device: expected a device name");
   if (!strcmp(name, "cpu")) { *device = EM_CPU; return EM_OK; }
   if (!strcmp(name, "meta")) { *device = EM_META; return EM_OK; }
-  if (!strcmp(name, "cuda")) { *device = 0; return EM_OK; }
+  if (!strcmp(name, "cuda")) { *device = S ? S->current_device : 0; return EM_OK; }
   if (!strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9') {
     char *end;
     long i = strtol(name + 5, &end, 10);
@@ -32,6 +32,19 @@ em_status em_device_parse(em_state *S, const char *name, int *device) {
   return emi_error(S, EM_ERR_DEVICE, "device: unknown device '%.64s' (expected cpu, meta, "
                    "cuda or cuda:N with N < %d)", name, EMI_MAX_DEVICES);
 }
+
+/* "cuda" alone names the state's current device, as torch.cuda.set_device makes
+** "cuda" a process's own GPU: a replica given cuda:2 then writes 'cuda' and means
+** it. The device need not exist yet (its first use says so). */
+em_status em_cuda_set_device(em_state *S, int device) {
+  if (device < 0 || device >= EMI_MAX_DEVICES)
+    return emi_error(S, EM_ERR_DEVICE, "cuda.set_device: device %d is not a CUDA device "
+                     "number (0 to %d)", device, EMI_MAX_DEVICES - 1);
+  S->current_device = device;
+  return EM_OK;
+}
+
+int em_cuda_current_device(em_state *S) { return S->current_device; }
 
 /* -- Memory statistics ---------------------------------------------------------------- */
 

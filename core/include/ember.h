@@ -1167,7 +1167,7 @@ em_status em_profile_range_pop(em_state *S);
 em_status em_cuda_libs_info(char *buf, size_t len);
 
 /* -- Devices by name, and their memory ----------------------------------------------
-** em_device_parse reads "cpu", "meta", "cuda" (cuda:0) or "cuda:N" into *device
+** em_device_parse reads "cpu", "meta", "cuda" (the current device, below) or "cuda:N" into *device
 ** (EM_ERR_DEVICE naming the text otherwise; a CUDA device need not exist yet).
 ** em_device_str writes the name of a device number into buf (32 bytes fit).
 ** em_device_memory: the bytes the device's tensors hold now (allocated), the most
@@ -1178,6 +1178,11 @@ typedef struct em_device_memory_stats {
   int64_t allocated, peak, reserved, capacity;
 } em_device_memory_stats;
 em_status em_device_parse(em_state *S, const char *name, int *device);
+/* "cuda" alone names the state's current CUDA device: 0 until em_cuda_set_device
+** (EM_ERR_DEVICE for a number outside the devices a state can name; the device need not
+** exist yet). A replica's strategy sets it to the replica's own GPU. */
+em_status em_cuda_set_device(em_state *S, int device);
+int em_cuda_current_device(em_state *S);
 const char *em_device_str(int device, char *buf, size_t len);
 em_status em_device_memory(em_state *S, int device, em_device_memory_stats *out);
 em_status em_device_reset_peak(em_state *S, int device);

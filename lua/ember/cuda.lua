@@ -1,6 +1,7 @@
 --[[
 ember.cuda -- the CUDA devices (API.md, "em.cuda"): is_available, device_count,
-synchronize, memory_stats, empty_cache, emulated, allow_tf32, why_not.
+set_device, current_device, synchronize, memory_stats, empty_cache, emulated,
+allow_tf32, why_not.
 
 The devices are the GPUs (the CUDA runtime and cuBLASLt, loaded when first
 used) or, with EMBER_CUDA_EMULATE=N[:MB], N emulated devices whose memory,
@@ -27,6 +28,22 @@ local function device_arg(op, i)
 end
 
 function M.device_count() return C.em_cuda_device_count(S) end
+
+-- 'cuda' alone names the current device, as after torch.cuda.set_device: 0 by
+-- default, a replica's own GPU under --devices or mpirun (its strategy sets it).
+function M.set_device(i)
+  if type(i) == 'string' then
+    local id = core.device_id(i, 'cuda.set_device')
+    if id < 0 then core.raise(("cuda.set_device: '%s' is not a CUDA device"):format(i)) end
+    i = id
+  end
+  if type(i) ~= 'number' or i % 1 ~= 0 then
+    core.raise(('cuda.set_device: device must be a number >= 0 or \'cuda:N\', got %s')
+      :format(tostring(i)))
+  end
+  if C.em_cuda_set_device(S, i) ~= 0 then core.fail() end
+end
+function M.current_device() return C.em_cuda_current_device(S) end
 function M.is_available() return C.em_cuda_device_count(S) > 0 end
 function M.emulated() return C.em_cuda_emulated(S) ~= 0 end
 -- Why there is no device (nil when there is one).

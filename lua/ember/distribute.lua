@@ -183,6 +183,8 @@ function M.mirrored(o)
   if backend ~= 'nccl' then device = 'cpu' end
   local box = open_comm(backend, timeout, device)
   local c = box._h
+  -- 'cuda' is this replica's GPU from now on
+  if device:match('^cuda:') then em.cuda.set_device(device) end
   return setmetatable({
     _box = box, backend = backend, timeout = timeout,
     rank = C.em_comm_rank(c), world_size = C.em_comm_size(c), device = device,

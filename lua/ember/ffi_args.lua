@@ -37,7 +37,8 @@ end
 
 -- -- Devices -----------------------------------------------------------------------
 -- Names resolve through the core's registry (em_device_parse): 'cpu' -> -1,
--- 'meta' -> -2, 'cuda' -> 0, 'cuda:N' -> N (0-based, as CUDA numbers them).
+-- 'meta' -> -2, 'cuda' -> the current device (em.cuda.set_device; 0 by default),
+-- 'cuda:N' -> N (0-based, as CUDA numbers them).
 -- Each name is asked once; a device number passes as it is.
 local device_ids = { cpu = -1 }
 local device_out = ffi.new('int[1]')
@@ -51,7 +52,8 @@ function core.device_id(d, op)
         '\'cuda:N\')'):format(op, d))
     end
     id = device_out[0]
-    device_ids[d] = id
+    -- ('cuda' alone follows em.cuda.set_device: asked each time)
+    if d ~= 'cuda' then device_ids[d] = id end
     return id
   elseif type(d) == 'number' and d >= -2 and d % 1 == 0 then
     return d

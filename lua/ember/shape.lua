@@ -225,10 +225,11 @@ function Tensor.cpu(a)
   return convert(a, 'cpu', core.dtype_of(H(a, 'cpu', 0)), C.EM_CPU)
 end
 
--- cuda([i]): device i (0-based); the error names cuda, not the generic to.
+-- cuda([i]): device i (0-based; the current device, em.cuda.set_device, without
+-- it); the error names cuda, not the generic to.
 function Tensor.cuda(a, i)
   local h = H(a, 'cuda', 0)
-  local dev = i == nil and 0 or core.device_id(i, 'cuda')
+  local dev = i == nil and C.em_cuda_current_device(S) or core.device_id(i, 'cuda')
   if C.em_to(S, h, core.dtype_of(h), dev, out) ~= 0 then
     raise('cuda: ' .. (core.errmsg():gsub('^to: ', '')))
   end

@@ -146,6 +146,35 @@ H.test('--devices and EMBER_DEVICES', function()
   H.check(out:find("backend 'nccl' needs GPU replicas", 1, true), out)
 end)
 
+H.test("'cuda' is the current device: the replica's own GPU", function()
+  -- in this process: 'cuda', t:cuda() and :to('cuda') follow set_device
+  H.eq(em.cuda.current_device(), 0)
+  em.cuda.set_device(1)
+  H.eq(em.zeros(2, { device = 'cuda' }).device, 'cuda:1')
+  H.eq(em.ones(2):cuda().device, 'cuda:1')
+  H.eq(em.ones(2):to('cuda').device, 'cuda:1')
+  H.eq(em.ones(2):cuda(0).device, 'cuda:0', 'a number still names its device')
+  em.cuda.set_device('cuda:0')
+  H.eq(em.cuda.current_device(), 0)
+  H.eq(em.zeros(2, { device = 'cuda' }).device, 'cuda:0')
+  local ok, err = pcall(em.cuda.set_device, 99)
+  H.check(not ok and err:find('cuda.set_device: device 99', 1, true), err)
+  ok, err = pcall(em.cuda.set_device, 'cpu')
+  H.check(not ok and err:find("'cpu' is not a CUDA device", 1, true), err)
+  H.eq(em.cuda.current_device(), 0, 'a refused device leaves the current one')
+  -- replicas: 'cuda' in a script means each replica's GPU, so an embedding's
+  -- weights (moved with :to(s.device)) meet the ids the script made on 'cuda'
+  local out, rc = sh(('%s --replicas 2 %s -e %q'):format(ember, DEV, table.concat({
+    "local s = em.distribute.mirrored{}",
+    "local emb = em.nn.Embedding(10, 4):to(s.device)",
+    "local ids = em.tensor({ 1, 3 }, { dtype = 'int64', device = 'cuda' })",
+    "local y = emb(ids)",
+    "print(('rank %d %s %s %s %d'):format(s.rank, s.device, ids.device, y.device, em.cuda.current_device()))",
+  }, '; ')))
+  H.check(rc == 0 and out:find('rank 0 cuda:0 cuda:0 cuda:0 0', 1, true) and
+    out:find('rank 1 cuda:1 cuda:1 cuda:1 1', 1, true), out)
+end)
+
 local no_mpi = os.getenv('EMBER_TEST_NO_MPI')
 H.test('under mpirun: one emulated GPU per process from its local rank', function()
   if no_mpi or os.execute('command -v mpirun >/dev/null 2>&1') ~= 0 then
