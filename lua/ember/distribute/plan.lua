@@ -31,6 +31,7 @@ block's measurement.
 local em = require 'ember'
 local core = require 'ember.ffi'
 local memory = require 'ember.distribute.plan_memory'
+local plan_children = require 'ember.distribute.plan_children'
 local timing = require 'ember.distribute.plan_time'
 local layouts = require 'ember.distribute.plan_layouts'
 local shard_layout = require 'ember.distribute.shard_layout'
@@ -141,14 +142,14 @@ function M.plan(model, o)
   local pipeline_ok = o.pipeline ~= false and seq and has_pipeline() and true or false
 
   -- the model's sizes
-  local W, pmax, unit = 0, 0, 0
+  local W, unit = 0, 0
   for _, m in ipairs(model:modules()) do
     local r, own = rawget(m, '_reg'), 0
     for _, k in ipairs(r.pnames) do
       local p = r.params[k]
       if p.requires_grad then
         local b = p:numel() * p:element_size()
-        W, pmax, own = W + b, math.max(pmax, b), own + b
+        W, own = W + b, own + b
       end
     end
     unit = math.max(unit, own)
@@ -242,7 +243,7 @@ function M.plan(model, o)
     local c = { layout = l, name = layouts.name(l) }
     if l.pipeline == 1 then
       local b = B / l.data
-      local m = { weights = W, state = W * state_factor, unit = unit, param_max = pmax, units = units,
+      local m = { weights = W, state = W * state_factor, unit = unit, units = units,
                   buckets = buckets, step = steps[memory.key(run_of(l))] }
       c.peak, c.parts = layouts.data_memory(l, m)
       c.step_s = layouts.data_time(l, times[b], W, b, #units)
@@ -250,7 +251,7 @@ function M.plan(model, o)
       c.setup = W + (l.shard == 'parameters' and math.ceil(W / l.data) + unit or 0)
     else
       local mb = B / (l.data * l.chunks)
-      local kids = memory.children(model, { input = o.input, target = o.target, loss = loss,
+      local kids = plan_children.children(model, { input = o.input, target = o.target, loss = loss,
         batch = mb, checkpoint = l.checkpoint, cache = child_cache })
       local costs = {}
       for i, k in ipairs(kids) do

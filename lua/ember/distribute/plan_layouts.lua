@@ -153,7 +153,7 @@ function M.flat_grads(segs, units, N, mode)
   return out
 end
 
--- m = {weights W, state S, unit U (largest module's weights), param_max, units
+-- m = {weights W, state S, unit U (largest module's weights), units
 -- (ZeRO 3's) and buckets (ZeRO 1 and 2's; see flat_grads), step
 -- (plan_memory.step's result at this layout's batch and checkpointing)}. Returns the peak and its parts
 -- {parameters, gradients, optimizer, activations}.

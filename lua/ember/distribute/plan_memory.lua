@@ -18,10 +18,8 @@ Two measurements:
   segment's peak: the step's peak for that layout, exactly, without running the
   layout.
 
-  M.children(model, o) -- each child of a Sequential alone (its input a meta
-  tensor): what its forward keeps for backward, its forward and backward peaks.
-  A pipeline stage holds several micro-batches of those. Identical children
-  (same class, parameter shapes and input shape) are measured once.
+  plan_children.lua -- each child of a Sequential alone, for the pipeline
+  replay, with the helpers below (to_meta, without_collector, input).
 
 Peaks include the garbage a step leaves for Lua's collector (the same garbage
 the real step leaves, since the ops are the same): what em.memory_stats reports.
@@ -180,6 +178,7 @@ local running
 
 local function peak() return em.memory_stats('meta').peak end
 local function allocated() return em.memory_stats('meta').allocated end
+M.peak, M.allocated = peak, allocated
 
 -- A parameter's gradient is final: close the backward's segment, drop the gradient.
 local function on_grad(i)
@@ -280,136 +279,6 @@ function M.step(model, o)
   em.collect()
   if not ok then error(err, 0) end
   return results
-end
-
--- -- Children of a Sequential ----------------------------------------------------------------
-local function child_key(c, shape, dtype, ckpt)
-  local parts = { tostring(c.__name), table.concat(shape, 'x'), dtype, ckpt and 'c' or '' }
-  for _, np in ipairs(c:named_parameters()) do
-    parts[#parts + 1] = np[1] .. ':' .. table.concat(np[2].shape, 'x') .. np[2].dtype
-  end
-  return table.concat(parts, ';')
-end
-
--- One child alone: {held (bytes its forward keeps, its output included),
--- garbage (what its forward left dead beside that, for the collector),
--- recomputed (what its backward left dead: a checkpointed child's recomputed
--- forward), fwd_peak, bwd_peak (above its input, the output's gradient
--- included, beside its weights' gradients made by an earlier micro-batch; the
--- backward's without the forward's garbage), out
--- = {shape, dtype}, params (bytes), param_max (its largest parameter's bytes),
--- sizes (each trainable parameter's bytes, in order), unit (its largest
--- module's own parameter bytes), units and unit_sizes (how many modules own
--- trainable parameters, and their bytes: ZeRO 3's units)}.
-local function measure_child(c, shape, dtype, ckpt)
-  em.collect()
-  local x = M.input(shape, dtype)
-  local floating = x:is_floating_point()
-  if floating then x:requires_grad_() end
-  local base = allocated()
-  em.reset_peak_memory_stats('meta')
-  local fn = function(t) return c(t) end
-  local out = ckpt and em.nn.checkpoint(fn, x) or fn(x)
-  local fwd_peak = peak() - base
-  local left = allocated() - base
-  -- what the forward keeps apart from what it merely left for the collector
-  -- (a checkpointed forward's intermediates, made under no_grad)
-  em.collect()
-  local held = allocated() - base
-  -- A pipeline's micro-batches accumulate: in all but a step's first backward
-  -- the child's gradients are there already and each new one is added into
-  -- them. So the backward runs over gradients made beforehand, and its peak
-  -- counts what it needs beside them.
-  local pbytes, pmax, given, sizes = 0, 0, 0, {}
-  for _, p in ipairs(c:parameters()) do
-    if p.requires_grad then
-      pbytes, pmax = pbytes + nbytes(p), math.max(pmax, nbytes(p))
-      sizes[#sizes + 1] = nbytes(p)
-      p.grad = em.zeros(p.shape, { dtype = p.dtype, device = 'meta' })
-      given = given + nbytes(p)
-    end
-  end
-  local g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
-  local before_bwd = allocated()
-  em.reset_peak_memory_stats('meta')
-  out:backward(g)
-  local bwd_peak = peak() - base - given
-  local made = allocated() - before_bwd - (x.grad and nbytes(x.grad) or 0)
-  for _, p in ipairs(c:parameters()) do p.grad = nil end
-  local unit = 0
-  -- the largest module's own weights: a ZeRO 3 unit (and how many units)
-  local units, unit_sizes = 0, {}
-  for _, m in ipairs(c:modules()) do
-    local r, own = rawget(m, '_reg'), 0
-    for _, k in ipairs(r.pnames) do
-      local p = r.params[k]
-      if p.requires_grad then own = own + nbytes(p) end
-    end
-    unit = math.max(unit, own)
-    if own > 0 then units = units + 1; unit_sizes[units] = own end
-  end
-  return { held = held, garbage = left - held, recomputed = math.max(0, made),
-           fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = pbytes,
-           param_max = pmax, sizes = sizes, unit = unit, units = units,
-           unit_sizes = unit_sizes,
-           out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
-end
-
--- The loss alone on the last child's output (a meta tensor that requires
--- grad): what it keeps for backward, its forward and backward peaks.
-local function measure_loss(loss, shape, dtype, target)
-  em.collect()
-  local x = M.input(shape, dtype):requires_grad_()
-  local y = target and M.input(target.shape, target.dtype)
-  local base = allocated()
-  em.reset_peak_memory_stats('meta')
-  local l = loss(x, y)
-  local fwd_peak = peak() - base
-  local held = allocated() - base
-  em.reset_peak_memory_stats('meta')
-  l:backward()
-  return { held = held, fwd_peak = fwd_peak, bwd_peak = peak() - base }
-end
-
--- Every child's footprint at the given input (o.input with shape[1] = batch),
--- with or without checkpointing; o.cache (a table) keeps them across calls.
--- With o.loss (and o.target, scaled to the batch as the input is), also the
--- loss's footprint on the last child's output: the list's .loss.
-function M.children(model, o)
-  local cache = o.cache or {}
-  local restore = M.to_meta(model)
-  local list = {}
-  -- (a pipeline's backwards make no collections of their own: pipeline_run)
-  local was = core.handles.step_collects(false)
-  local ok, err = pcall(without_collector, function()
-    local shape, dtype = { unpack(o.input.shape) }, o.input.dtype or 'float32'
-    shape[1] = o.batch
-    for i, c in ipairs(model:children()) do
-      local key = child_key(c, shape, dtype, o.checkpoint)
-      local m = cache[key]
-      if not m then
-        m = measure_child(c, shape, dtype, o.checkpoint)
-        cache[key] = m
-      end
-      list[i] = m
-      shape, dtype = m.out.shape, m.out.dtype
-    end
-    if o.loss then
-      local t
-      if o.target then
-        t = { shape = { unpack(o.target.shape) }, dtype = o.target.dtype }
-        t.shape[1] = o.target.shape[1] * o.batch / o.input.shape[1]
-      end
-      local key = 'loss;' .. table.concat(shape, 'x') .. ';' .. tostring(o.batch)
-      cache[key] = cache[key] or measure_loss(o.loss, shape, dtype, t)
-      list.loss = cache[key]
-    end
-  end)
-  core.handles.step_collects(was)
-  restore()
-  em.collect()
-  if not ok then error(err, 0) end
-  return list
 end
 
 return M

@@ -21,7 +21,7 @@ local M = {}
 -- (the same figure as plan_layouts.lua's)
 M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 
--- children: plan_memory.children's list at the micro-batch (each {held,
+-- children: plan_children.children's list at the micro-batch (each {held,
 -- garbage, recomputed, fwd_peak, bwd_peak, params, sizes, unit_sizes,
 -- out_bytes}); m.loss: the loss's own footprint on the last child's output,
 -- or nil; counts: children per stage; m.state_factor: state bytes per weight

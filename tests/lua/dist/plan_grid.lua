@@ -20,8 +20,9 @@ run: the same plan, then LAYOUT applied (plan:apply, as if the planner had
 chosen it), and ten steps of zero_grad / forward /
 backward / opt:step with no collection of the script's own: the global batch
 drawn alike on every replica; data replicas pass their rows, a pipeline takes
-the global batch. Each replica prints `rank R predicted P measured M`: the
-planner's peak for it (its stage's, in a pipeline) and the largest peak
+the global batch. Each replica prints `rank R predicted P margin G measured M`: the
+planner's peak for it (its stage's, in a pipeline), that peak with the
+layout's margin, and the largest peak
 em.memory_stats measured in steps 2-10 (the first makes Adam's state). Out of
 memory, the replica fails with the error, and ember exits non-zero.
 ]]
@@ -141,4 +142,5 @@ for step = 1, STEPS do
   opt:step()
 end
 local measured = em.memory_stats().peak
-print(('rank %d predicted %d measured %d'):format(R, predicted, measured))
+print(('rank %d predicted %d margin %d measured %d'):format(R, predicted,
+  math.floor(layouts.margin(predicted, l)), measured))

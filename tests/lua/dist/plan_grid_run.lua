@@ -14,8 +14,10 @@ model's weights, from tight to loose) and a number of replicas. For each, one
 predicted to need the most) runs in a process of its own under the same cap
 (`plan_grid.lua run`), so that running out of memory ends that run alone.
 
-Rows: {case, replicas, cap, fits, chosen, layout, predicted, measured, ok, why}
-per layout trained (predicted and measured: the replicas' largest), and one
+Rows: {case, replicas, cap, fits, chosen, layout, predicted, margin, measured,
+over_margin, ok, why} per layout trained (predicted, margin -- the prediction
+with the layout's margin -- and measured: the replicas' largest; over_margin:
+some replica's peak passed its own stage's prediction with the margin), and one
 row with layout = nil for a case where nothing fits (or the plan failed).
 ]]
 return function(dir, ember)
@@ -80,11 +82,13 @@ return function(dir, ember)
               if o.all or name == chosen or name == most[1] then
                 local args = ('run %s %d "%s"'):format(model, B, name)
                 local rout, rrc = L.replicas(N, 'plan_grid.lua', args, env)
-                local p, m = 0, 0
-                for pr, me in rout:gmatch('predicted (%d+) measured (%d+)') do
-                  p, m = math.max(p, tonumber(pr)), math.max(m, tonumber(me))
+                local p, g, m, over = 0, 0, 0, false
+                for pr, mg, me in rout:gmatch('predicted (%d+) margin (%d+) measured (%d+)') do
+                  p, g, m = math.max(p, tonumber(pr)), math.max(g, tonumber(mg)), math.max(m, tonumber(me))
+                  over = over or tonumber(me) > tonumber(mg)
                 end
-                add(setmetatable({ layout = name, predicted = p, measured = m,
+                add(setmetatable({ layout = name, predicted = p, margin = g, measured = m,
+                  over_margin = over,
                   ok = rrc == 0 and m > 0,
                   why = rrc ~= 0 and (rout:match('failed: ([^\n]*)') or rout:sub(-300)) or nil },
                   { __index = base }))
