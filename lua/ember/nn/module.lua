@@ -260,6 +260,7 @@ function Module:to(...)
     end
     return self
   end
+  local moved = false
   for _, m in ipairs((all_modules(self))) do
     local r = reg(m)
     for _, k in ipairs(r.pnames) do
@@ -268,20 +269,27 @@ function Module:to(...)
       if q ~= p then
         q = q:detach():requires_grad_(p.requires_grad)
         r.params[k] = q
+        moved = true
       end
     end
     for _, k in ipairs(r.bnames) do
       local b = r.buffers[k]
+      local c
       if b:is_floating_point() then
-        r.buffers[k] = b:to(unpack(args))
+        c = b:to(unpack(args))
       else
         -- integer buffers (num_batches_tracked, position ids) move with the model
         -- but keep their dtype
         local dev = device_of_args(args)
-        if dev then r.buffers[k] = b:to(dev) end
+        c = dev and b:to(dev) or b
       end
+      if c ~= b then r.buffers[k] = c; moved = true end
     end
   end
+  -- The tensors left behind are garbage; collected now, the device they were on
+  -- has their memory back at once (a model placed by hand across GPUs, block by
+  -- block, would otherwise stay whole on the first until the collector ran).
+  if moved then core.collect() end
   return self
 end
 
