@@ -184,8 +184,6 @@ static void finish_handed(em_comm *c) {
   pthread_mutex_lock(&c->mu);
 }
 
-enum { GROUP_MAX = 16 };
-
 /* One collective. On a device communicator whose backend moves host memory,
 ** the device buffers are staged around it: wait for the compute stream's mark,
 ** copy in, run, copy back (and mark the comm stream for the caller's join). */
@@ -278,34 +276,25 @@ static void *comm_thread(void *arg) {
       pthread_mutex_lock(&c->mu);
       continue;
     }
-    /* one item, or with run_group every queued one (up to GROUP_MAX) */
-    em_comm_work *ws[GROUP_MAX];
-    em_status sts[GROUP_MAX];
-    int n = 0;
-    do {
-      em_comm_work *w = c->head;
-      c->head = w->next;
-      ws[n++] = w;
-    } while (c->be->run_group && c->head && !is_p2p(c->head) && n < GROUP_MAX);
+    /* One collective at a time, in queue order: every replica runs the same
+    ** sequence, whatever its timing (nccl.c: why NCCL must not see batches). */
+    em_comm_work *w = c->head;
+    c->head = w->next;
     if (!c->head) c->tail = NULL;
     int failed = c->failed;
     pthread_mutex_unlock(&c->mu);
-    double t = emi_now();
-    for (int k = 0; k < n; k++) { ws[k]->t_begin = ws[k]->t_ready = t; sts[k] = EM_ERR_IO; }
-    if (!failed && n > 1) {
-      c->be->run_group(c, ws, n, sts);
-    } else if (!failed) {
-      sts[0] = run_one(c, ws[0]);
-      if (!sts[0] && c->test_gbps > 0) cap_bandwidth(c, ws[0]);
+    w->t_begin = w->t_ready = emi_now();
+    em_status st = EM_ERR_IO;
+    if (!failed) {
+      st = run_one(c, w);
+      if (!st && c->test_gbps > 0) cap_bandwidth(c, w);
     }
-    for (int k = 0; k < n; k++) {
-      if (sts[k] && emi_comm_failed(c)) {     /* the communicator's failure says it best */
-        pthread_mutex_lock(&c->mu);
-        snprintf(ws[k]->errmsg, sizeof ws[k]->errmsg, "%s", c->failure);
-        pthread_mutex_unlock(&c->mu);
-      }
-      finish(c, ws[k], sts[k]);
+    if (st && emi_comm_failed(c)) {           /* the communicator's failure says it best */
+      pthread_mutex_lock(&c->mu);
+      snprintf(w->errmsg, sizeof w->errmsg, "%s", c->failure);
+      pthread_mutex_unlock(&c->mu);
     }
+    finish(c, w, st);
     pthread_mutex_lock(&c->mu);
     if (c->p2p_pending) {
       pthread_mutex_unlock(&c->mu);

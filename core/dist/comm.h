@@ -100,11 +100,6 @@ typedef struct emi_comm_backend {
   ** communicator (another replica failed, a timeout) goes through
   ** emi_comm_fail as well. */
   em_status (*run)(em_comm *c, em_comm_work *w);
-  /* Optional: n >= 2 consecutive queued items at once (NCCL issues them as one
-  ** group). Each item's status goes into w[k]->status-like results: returns
-  ** EM_OK when all succeeded, else the first error (items carry their errmsg).
-  ** When NULL the comm thread runs items one at a time through run. */
-  em_status (*run_group)(em_comm *c, em_comm_work **w, int n, em_status *sts);
   /* 1 when run reads and writes device memory itself (NCCL on a real GPU);
   ** 0 when a device communicator's buffers are staged through host memory
   ** around run (comm.c does it: the host backends and emulated devices). */
@@ -273,6 +268,17 @@ em_status emi_nccl_init(emi_commdev *d, const unsigned char id[EMI_NCCL_ID_BYTES
 em_status emi_nccl_group(emi_commdev *d, void *n, int start, char *err, size_t errlen);
 em_status emi_nccl_issue(void *n, emi_commdev *d, em_comm_work *w, char *err, size_t errlen);
 em_status emi_nccl_async_error(emi_commdev *d, void *n, char *err, size_t errlen);
+/* How long the comm thread naps between looks at an event it waits for, having
+** waited waited_s so far: 0 = no nap, only sched_yield (commdev.c). */
+double emi_poll_nap_s(double waited_s);
+/* The replica that left local group g (em_local_group_leave) -- peer itself, or
+** with peer < 0 the first one -- and when (emi_now, into *at), or -1 (local.c). */
+int emi_local_group_left(em_local_group *g, int peer, double *at);
+/* nccl.c: whether a wait on NCCL fails at now because a replica of g other than
+** self left ("replica K exited" into msg); see there for the grace. */
+#define EMI_NCCL_LEFT_GRACE_S 0.5   /* why this long: nccl.c, emi_nccl_peer_left */
+int emi_nccl_peer_left(em_local_group *g, int self, int peer, double now, char *msg,
+                       size_t n);
 /* ncclCommDestroy, or ncclCommAbort with abort = 1. */
 void emi_nccl_free(emi_commdev *d, void *n, int abort);                /* ncclCommDestroy / ncclCommAbort */
 

@@ -65,7 +65,7 @@ struct em_local_group {
   int failed;
   char failure[EMI_COMM_MSG];
   int left;                  /* the first replica that left (em_local_group_leave), or -1 */
-  int *gone;                 /* [size]: replicas that left */
+  double *gone;              /* [size]: when each replica left (emi_now), 0 while here */
   em_comm_work **pq_head, **pq_tail;   /* [size * size]: pair (src, dst) at src * size + dst */
 };
 
@@ -139,7 +139,7 @@ void em_local_group_leave(em_local_group *g, int rank) {
   if (!g) return;
   pthread_mutex_lock(&g->mu);
   if (g->left < 0) g->left = rank;
-  if (rank >= 0 && rank < g->size) g->gone[rank] = 1;
+  if (rank >= 0 && rank < g->size && !g->gone[rank]) g->gone[rank] = emi_now();
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
 }
@@ -151,6 +151,19 @@ int em_local_group_failure(em_local_group *g, char *buf, size_t size) {
   if (failed && buf && size) snprintf(buf, size, "%s", g->failure);
   pthread_mutex_unlock(&g->mu);
   return failed;
+}
+
+/* Internal (comm.h): for communicators that wait outside this group's barriers
+** (nccl.c on real GPUs). */
+int emi_local_group_left(em_local_group *g, int peer, double *at) {
+  int who = -1;
+  if (!g) return -1;
+  pthread_mutex_lock(&g->mu);
+  if (peer >= 0 && peer < g->size && g->gone[peer]) who = peer;
+  else if (peer < 0) who = g->left;
+  if (who >= 0 && at) *at = who < g->size ? g->gone[who] : 0;
+  pthread_mutex_unlock(&g->mu);
+  return who;
 }
 
 /* -- Barriers ------------------------------------------------------------------------ */

@@ -10,12 +10,14 @@
 **     joins NCCL (ncclCommInitRankConfig, non-blocking and bounded by the
 **     timeout), and runs each collective on the device's communication stream
 **     -- made to wait (on the device) for the compute stream's "ready" event,
-**     inside ncclGroupStart/End,
-**     every queued bucket in one group -- then polls the "done" event and
-**     ncclCommGetAsyncError. The boot communicator stays: barriers and CPU
-**     tensors go through it, and so does failure -- a replica that fails aborts the boot
-**     communicator (the others hear "replica K failed: ..."), its peers see it
-**     while polling, stop waiting and ncclCommAbort their NCCL communicator;
+**     each in a ncclGroupStart/End of its own (run_nccl says why) -- then polls
+**     the "done" event and ncclCommGetAsyncError. The boot communicator stays:
+**     barriers and CPU tensors go through it, and so does failure -- a replica
+**     that fails aborts the boot communicator (the others hear "replica K
+**     failed: ..."), its peers see it while polling, stop waiting and
+**     ncclCommAbort their NCCL communicator; a replica that exits (leaves the
+**     local group) fails the collectives that wait for it, "replica K exited",
+**     as the local communicator's do (nccl_poll);
 **   - on emulated devices the boot communicator itself becomes the `nccl`
 **     communicator: the host collective is NCCL's stand-in, and comm.c stages
 **     the device buffers through host memory around it with the very same
@@ -75,8 +77,8 @@ em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCC
 
 /* -- The backend on real GPUs ---------------------------------------------------- */
 
-/* A tensor NCCL may still read or write after its send or recv failed: kept
-** until the communicator is aborted. */
+/* A tensor NCCL may still read or write after its collective, send or recv
+** failed: kept until the communicator is aborted. */
 typedef struct held_tensor {
   em_tensor *t;
   struct held_tensor *next;
@@ -97,12 +99,34 @@ static em_status nccl_thread_start(em_comm *c, char *err) {
                        EMI_COMM_MSG);
 }
 
-/* Between looks at the "done" event: has NCCL failed, or another replica? */
-static em_status nccl_poll(em_comm *c, char *err) {
+/* A replica that exits (its script ended; em_local_group_leave) has finished
+** every NCCL call of its own before: it freed its communicator, whose finalize
+** waits for them. So a collective or recv that still waits for it never ends
+** -- except one it took part in, which ends on this device moments after it
+** ended there. EMI_NCCL_LEFT_GRACE_S, counted from the moment it left, is that
+** moment with a wide margin (a GPU is microseconds behind its peer, the exit
+** itself takes milliseconds); then the wait fails with the host communicators'
+** words, "replica K exited", instead of at the timeout. peer < 0: any replica
+** of the group but self (a collective needs them all); otherwise that one (a
+** send or recv). 1 with the message in msg, 0 while nobody left or within the
+** grace. */
+int emi_nccl_peer_left(em_local_group *g, int self, int peer, double now, char *msg,
+                       size_t n) {
+  double at = 0;
+  int who = emi_local_group_left(g, peer, &at);
+  if (who < 0 || who == self || now - at < EMI_NCCL_LEFT_GRACE_S) return 0;
+  snprintf(msg, n, "replica %d exited", who);
+  return 1;
+}
+
+/* Between looks at an event: has NCCL failed, or another replica? Failures that
+** are not this replica's go into c (wait_event and p2p_progress see c failed);
+** NCCL's own error into err. */
+static em_status nccl_poll_failed(em_comm *c, char *err) {
   nccl_comm *nc = c->impl;
   char msg[EMI_COMM_MSG];
   if (nc->g && em_local_group_failure(nc->g, msg, sizeof msg)) {
-    emi_comm_fail(c, 0, "%s", msg);         /* not ours: wait_event sees c failed */
+    emi_comm_fail(c, 0, "%s", msg);
     return EM_OK;
   }
   if (emi_comm_failed(nc->boot)) {
@@ -113,6 +137,17 @@ static em_status nccl_poll(em_comm *c, char *err) {
     return EM_OK;
   }
   return emi_nccl_async_error(c->dev, nc->nc, err, EMI_COMM_MSG);
+}
+
+/* While a collective waits: the above, and a replica of the group that left. */
+static em_status nccl_poll(em_comm *c, char *err) {
+  nccl_comm *nc = c->impl;
+  char msg[EMI_COMM_MSG];
+  if (nc->g && emi_nccl_peer_left(nc->g, c->rank, -1, emi_now(), msg, sizeof msg)) {
+    emi_comm_fail(c, 0, "%s", msg);
+    return EM_OK;
+  }
+  return nccl_poll_failed(c, err);
 }
 
 /* Barriers and CPU tensors: through the host communicator, from this comm thread,
@@ -138,56 +173,60 @@ static em_status nccl_host(em_comm *c, em_comm_work *w) {
   return st;
 }
 
-/* Items ws[0..n) as one NCCL group (all on the device). */
-static void run_nccl(em_comm *c, em_comm_work **ws, int n, em_status *sts) {
-  nccl_comm *nc = c->impl;
-  em_status st = EM_OK;
-  int k;
-  for (k = 0; k < n && !st; k++) st = emi_commdev_order(c, ws[k]);
-  if (st) {
-    for (k = 0; k < n; k++) sts[k] = st;
-    return;
-  }
-  char err[EMI_COMM_MSG] = "";
-  st = emi_nccl_group(c->dev, nc->nc, 1, err, sizeof err);
-  for (k = 0; k < n && !st; k++) st = emi_nccl_issue(nc->nc, c->dev, ws[k], err, sizeof err);
-  em_status end = emi_nccl_group(c->dev, nc->nc, 0, err[0] ? NULL : err, err[0] ? 0 : sizeof err);
-  if (!st) st = end;
-  if (st) {
-    for (k = 0; k < n; k++) {
-      snprintf(ws[k]->errmsg, sizeof ws[k]->errmsg, "%s", err);
-      sts[k] = st;
-    }
-    emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
-    return;
-  }
-  for (k = 0; k < n; k++) {
-    sts[k] = emi_commdev_finish(c, ws[k], nccl_poll);
-    ws[k]->t_ready = ws[k]->t_begin;
-  }
+static void hold_tensor(nccl_comm *nc, em_tensor *t) {
+  if (!t) return;
+  held_tensor *h = malloc(sizeof *h);
+  if (!h) return;             /* out of memory: the tensor is released with the work */
+  em_tensor_retain(t);
+  h->t = t;
+  h->next = nc->held;
+  nc->held = h;
 }
 
-static em_status nccl_run(em_comm *c, em_comm_work *w) {
-  if (host_item(w)) return nccl_host(c, w);
-  em_status st;
-  run_nccl(c, &w, 1, &st);
+/* w failed after NCCL took it: its buffers stay until nccl_thread_stop. */
+static void hold(nccl_comm *nc, em_comm_work *w) {
+  hold_tensor(nc, w->in_t);
+  if (w->out_t != w->in_t) hold_tensor(nc, w->out_t);
+}
+
+/* w's collective, send or recv on the comm stream, after the compute stream's
+** mark, in a NCCL group of its own. Error: the text in err. */
+static em_status issue_alone(em_comm *c, em_comm_work *w, char *err) {
+  nccl_comm *nc = c->impl;
+  em_status st = emi_nccl_group(c->dev, nc->nc, 1, err, EMI_COMM_MSG);
+  if (st) return st;
+  st = emi_nccl_issue(nc->nc, c->dev, w, err, EMI_COMM_MSG);
+  em_status end = emi_nccl_group(c->dev, nc->nc, 0, err[0] ? NULL : err,
+                                 err[0] ? 0 : EMI_COMM_MSG);
+  return st ? st : end;
+}
+
+/* One collective on the device, waited for. Each is a NCCL group of its own,
+** in queue order: NCCL plans a group as a whole, so every rank must put the
+** same collectives in it, and a group made of whatever happens to be queued
+** follows each host's timing (rank 0 {b1, b2}, rank 1 {b1} {b2}) -- a hang or
+** mixed data. Queue order is call order, the same on every rank. Once NCCL has
+** the collective, a failure (at issue or while waiting) leaves its buffers to
+** NCCL until the abort: held. */
+static em_status run_nccl(em_comm *c, em_comm_work *w) {
+  nccl_comm *nc = c->impl;
+  em_status st = emi_commdev_order(c, w);
+  if (st) return st;
+  char err[EMI_COMM_MSG] = "";
+  if ((st = issue_alone(c, w, err))) {
+    snprintf(w->errmsg, sizeof w->errmsg, "%s", err);
+    emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
+    hold(nc, w);
+    return st;
+  }
+  st = emi_commdev_finish(c, w, nccl_poll);
+  if (st) hold(nc, w);
+  w->t_ready = w->t_begin;
   return st;
 }
 
-/* Every queued item at once: runs of device collectives as NCCL groups, host
-** items alone. */
-static em_status nccl_run_group(em_comm *c, em_comm_work **ws, int n, em_status *sts) {
-  int k = 0;
-  while (k < n) {
-    if (emi_comm_failed(c)) { sts[k++] = EM_ERR_IO; continue; }
-    if (host_item(ws[k])) { sts[k] = nccl_host(c, ws[k]); k++; continue; }
-    int j = k;
-    while (j < n && !host_item(ws[j])) j++;
-    run_nccl(c, ws + k, j - k, sts + k);
-    k = j;
-  }
-  for (k = 0; k < n; k++) if (sts[k]) return sts[k];
-  return EM_OK;
+static em_status nccl_run(em_comm *c, em_comm_work *w) {
+  return host_item(w) ? nccl_host(c, w) : run_nccl(c, w);
 }
 
 /* This replica failed: the others hear it through the boot communicator. */
@@ -203,7 +242,7 @@ static void nccl_abort_notify(em_comm *c, int own) {
 
 /* After a failure NCCL may still hold kernels waiting for a dead peer:
 ** ncclCommAbort is the one call that gets out of that. Then the tensors of
-** failed sends and recvs are no longer NCCL's. */
+** failed collectives, sends and recvs are no longer NCCL's. */
 static void nccl_thread_stop(em_comm *c) {
   nccl_comm *nc = c->impl;
   emi_nccl_free(c->dev, nc->nc, emi_comm_failed(c));
@@ -242,28 +281,12 @@ static void nccl_destroy(em_comm *c) {
 ** CPU tensors on this communicator go through the host one (p2p_via). */
 static em_comm *nccl_p2p_via(em_comm *c) { return ((nccl_comm *)c->impl)->boot; }
 
-static void hold(nccl_comm *nc, em_comm_work *w) {
-  held_tensor *h = malloc(sizeof *h);
-  if (!h) return;             /* out of memory: the tensor is released with the work */
-  em_tensor_retain(w->in_t);
-  h->t = w->in_t;
-  h->next = nc->held;
-  nc->held = h;
-}
-
 static em_status nccl_p2p_post(em_comm *c, em_comm_work *w) {
   nccl_comm *nc = c->impl;
   char err[EMI_COMM_MSG] = "", d[EMI_COMM_MSG];
   em_status st = emi_commdev_order(c, w);
   if (st) return st;
-  st = emi_nccl_group(c->dev, nc->nc, 1, err, sizeof err);
-  if (!st) {
-    st = emi_nccl_issue(nc->nc, c->dev, w, err, sizeof err);
-    em_status end = emi_nccl_group(c->dev, nc->nc, 0, err[0] ? NULL : err,
-                                   err[0] ? 0 : sizeof err);
-    if (!st) st = end;
-  }
-  if (st) {
+  if ((st = issue_alone(c, w, err))) {
     snprintf(w->errmsg, sizeof w->errmsg, "%.200s: %.300s", emi_coll_describe(d, w), err);
     emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
     hold(nc, w);
@@ -277,13 +300,17 @@ static em_status nccl_p2p_post(em_comm *c, em_comm_work *w) {
 
 /* Why pending item w ends now (text into msg), or 0 while it may go on. */
 static int p2p_why(em_comm *c, const em_comm_work *w, int stopping, char *msg) {
-  char d[EMI_COMM_MSG];
+  nccl_comm *nc = c->impl;
+  char d[EMI_COMM_MSG], left[64];
   emi_coll_describe(d, w);
   int send = w->kind == EMI_COLL_SEND;
   if (emi_comm_failed(c)) {
     pthread_mutex_lock(&c->mu);
     snprintf(msg, EMI_COMM_MSG, "%.200s: %.280s", d, c->failure);
     pthread_mutex_unlock(&c->mu);
+  } else if (nc->g && emi_nccl_peer_left(nc->g, c->rank, w->peer, emi_now(), left,
+                                         sizeof left)) {
+    snprintf(msg, EMI_COMM_MSG, "%.200s: %s", d, left);
   } else if (emi_now() - w->t_begin > c->timeout_s) {
     snprintf(msg, EMI_COMM_MSG, "%.200s timed out after %g s: replica %d did not %s (or the "
              "two sides' sizes differ, which NCCL does not check)", d, c->timeout_s, w->peer,
@@ -300,7 +327,8 @@ static int p2p_why(em_comm *c, const em_comm_work *w, int stopping, char *msg) {
 static void nccl_p2p_progress(em_comm *c, int stopping) {
   nccl_comm *nc = c->impl;
   char err[EMI_COMM_MSG] = "";
-  if (!emi_comm_failed(c) && nccl_poll(c, err))
+  /* a replica that left fails only the sends and recvs with it (p2p_why) */
+  if (!emi_comm_failed(c) && nccl_poll_failed(c, err))
     emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
   for (em_comm_work **pp = &nc->p2p; *pp;) {
     em_comm_work *w = *pp;
@@ -324,7 +352,6 @@ static const emi_comm_backend nccl_backend = {
   .name = "nccl",
   .thread_start = nccl_thread_start,
   .run = nccl_run,
-  .run_group = nccl_run_group,
   .p2p_post = nccl_p2p_post,
   .p2p_progress = nccl_p2p_progress,
   .p2p_via = nccl_p2p_via,

@@ -27,6 +27,63 @@ static int have_nccl;
 ** the number of scripted scenarios that went wrong, the first one in report. */
 int emk_nccl_script_check(char *report, size_t n);
 
+/* internal (core/dist/comm.h, nccl.c, local.c, commdev.c), for the polling tests */
+double emi_now(void);
+double emi_poll_nap_s(double waited_s);
+int emi_local_group_left(em_local_group *g, int peer, double *at);
+int emi_nccl_peer_left(em_local_group *g, int self, int peer, double now, char *msg,
+                       size_t n);
+#define LEFT_GRACE_S 0.5      /* EMI_NCCL_LEFT_GRACE_S */
+
+/* A replica that exits fails NCCL's waits for it, "replica K exited" as the
+** host communicators say -- after a grace from the moment it left (a collective
+** it took part in ends here moments later), a send or recv only with it. */
+static void test_nccl_peer_left(void) {
+  em_local_group *g = em_local_group_new(3);
+  char msg[64] = "";
+  double at = -1, t = emi_now();
+  CHECK(emi_local_group_left(g, -1, &at) == -1, "nobody left yet");
+  CHECK(!emi_nccl_peer_left(g, 0, -1, t + 10, msg, sizeof msg), "nobody left: %s", msg);
+  em_local_group_leave(g, 2);
+  CHECK(emi_local_group_left(g, -1, &at) == 2 && at >= t && at <= emi_now(),
+        "the first to leave: replica 2 at %g (now %g)", at, emi_now());
+  CHECK(emi_local_group_left(g, 1, &at) == -1, "replica 1 is here");
+  CHECK(emi_local_group_left(g, 2, NULL) == 2, "replica 2 left");
+  /* within the grace a wait goes on; past it, it fails, naming the replica */
+  CHECK(!emi_nccl_peer_left(g, 0, -1, at + LEFT_GRACE_S / 2, msg, sizeof msg),
+        "failed within the grace: %s", msg);
+  CHECK(emi_nccl_peer_left(g, 0, -1, at + LEFT_GRACE_S + 0.01, msg, sizeof msg) &&
+        strcmp(msg, "replica 2 exited") == 0, "a collective: '%s'", msg);
+  msg[0] = 0;
+  CHECK(!emi_nccl_peer_left(g, 0, 1, at + 10, msg, sizeof msg), "a recv from replica 1: %s",
+        msg);
+  CHECK(emi_nccl_peer_left(g, 0, 2, at + 10, msg, sizeof msg) &&
+        strcmp(msg, "replica 2 exited") == 0, "a send to replica 2: '%s'", msg);
+  /* a second leave keeps the first moment */
+  em_local_group_leave(g, 2);
+  double at2 = 0;
+  emi_local_group_left(g, 2, &at2);
+  CHECK(at2 == at, "leaving twice moved the moment: %g -> %g", at, at2);
+  em_local_group_release(g);
+}
+
+/* Waiting on an event: a spin first (no nap), then naps of a quarter of the wait,
+** growing, never above 200 us. */
+static void test_poll_nap(void) {
+  CHECK(emi_poll_nap_s(0) == 0 && emi_poll_nap_s(20e-6) == 0, "no nap while spinning");
+  double last = 0;
+  int ok = 1;
+  for (double w = 0; w < 1.0; w = w * 1.5 + 1e-6) {
+    double s = emi_poll_nap_s(w);
+    if (s < last || s > 200e-6 || (s > 0 && s > w)) ok = 0;
+    last = s;
+  }
+  CHECK(ok, "naps must grow, stay at most 200 us and under the time waited");
+  CHECK(emi_poll_nap_s(100e-6) > 0 && emi_poll_nap_s(100e-6) <= 50e-6, "after 100 us: %g",
+        emi_poll_nap_s(100e-6));
+  CHECK(emi_poll_nap_s(5.0) == 200e-6, "a long wait: %g", emi_poll_nap_s(5.0));
+}
+
 /* A failed init (an error with the communicator set, an asynchronous error, the
 ** time limit, a failing poll) aborts the communicator; a failed finalize too. */
 static void test_nccl_no_leak(void) {
@@ -328,6 +385,8 @@ int main(int argc, char **argv) {
   if (em_mpi_launched(NULL, NULL)) return rank_main();
   RUN(test_nccl_without_gpu);
   RUN(test_nccl_no_leak);
+  RUN(test_nccl_peer_left);
+  RUN(test_poll_nap);
   /* On real GPUs (EMBER_TEST_REAL_CUDA) NCCL refuses two ranks on one device, and
   ** the threads, stuck-device and MPI tests put ranks r and r + 2 on device r % 2:
   ** they need NT devices there; a world of one (test_errors) runs on any GPU. */
