@@ -79,6 +79,11 @@ struct em_state {
   int ag_watch;            /* grad mode on, or a probe listening (emi_ag_wanted*) */
   struct emi_ag_probe *ag_probe;   /* probe.c: the innermost active probe, or NULL */
   int ag_depth;            /* engine.c: backwards running (nested in custom nodes) */
+  int ag_foreign;          /* engine.c: in a custom node, hook or callback (the host's code) */
+  pthread_t ag_thread;     /* engine.c: the innermost backward's thread */
+  em_backward_reclaim_fn ag_reclaim;   /* em_backward_set_reclaim */
+  void *ag_reclaim_ud;
+  int ag_reclaiming;       /* ag_reclaim running: no second one inside it */
   int index_base;          /* messages number dims, positions, indices from it (0|1) */
   int64_t image_max_pixels; /* em_image_set_max_pixels: 0 default, > 0 limit, -1 none */
   struct emi_bw_callback *backward_callbacks;   /* engine.c: run at each backward's end */
@@ -269,6 +274,10 @@ static inline void emi_set_grad_disabled(em_state *S, int off) {
 }
 void emi_ag_probe_free(em_state *S);   /* em_close: drops probes left open */
 void emi_backward_callbacks_free(em_state *S);
+/* An allocation failed: runs the host's reclaim when inside a backward's own
+** kernels (em_backward_set_reclaim); 1 when it ran and the allocation is worth
+** trying again. */
+int emi_backward_reclaim(em_state *S);
 
 /* -- Numbering in messages (state.c); copies on the calling thread (cpu/strided.c) --
 ** Messages show dims, list positions and indices in the caller's numbering:

@@ -67,7 +67,7 @@ void emi_storage_account(em_state *S, int device, int64_t delta) {
 }
 
 /* NULL when the device refused; *over says when the CPU's cap was the reason. */
-static emi_storage *storage_new(emi_device *d, size_t nbytes, bool *over) {
+static emi_storage *storage_try(emi_device *d, size_t nbytes, bool *over) {
   em_state *S = d->S;
   bool reserved = d->index == EM_CPU && cpu_reserve(S, nbytes, over);
   if (*over) return NULL;
@@ -84,6 +84,17 @@ static emi_storage *storage_new(emi_device *d, size_t nbytes, bool *over) {
   st->ext_free = NULL;
   st->ext_ud = NULL;
   account(S, d->index, nbytes, reserved);
+  return st;
+}
+
+/* storage_try, and once more after the host's reclaim inside a backward
+** (engine.c, "Memory inside a backward"). */
+static emi_storage *storage_new(emi_device *d, size_t nbytes, bool *over) {
+  emi_storage *st = storage_try(d, nbytes, over);
+  if (!st && d->index != EM_META && emi_backward_reclaim(d->S)) {
+    *over = false;
+    st = storage_try(d, nbytes, over);
+  }
   return st;
 }
 

@@ -142,7 +142,9 @@ static em_status run_backward_callbacks(em_state *S, em_status st) {
   char first[EMI_ERRMSG_SIZE];
   if (st) memcpy(first, S->errmsg, sizeof first);
   for (struct emi_bw_callback *cb = S->backward_callbacks; cb; cb = cb->next) {
+    S->ag_foreign++;
     em_status cst = cb->fn(S, st != EM_OK, cb->ud);
+    S->ag_foreign--;
     if (cst && !st) { st = cst; memcpy(first, S->errmsg, sizeof first); }
   }
   if (st) memcpy(S->errmsg, first, sizeof first);
@@ -366,7 +368,9 @@ static em_status accumulate(em_state *S, em_tensor **acc, em_tensor *g) {
 
 static em_status run_hooks(em_state *S, em_tensor *leaf) {
   for (struct emi_ag_hook *h = leaf->hooks; h; h = h->next) {
+    S->ag_foreign++;
     em_status st = h->fn(S, leaf, h->ud);
+    S->ag_foreign--;
     if (st) return st;
   }
   return EM_OK;
@@ -718,16 +722,47 @@ static em_status walk_run(em_state *S, emi_ag_walk *w, em_tensor *root, em_tenso
   return st;
 }
 
+/* -- Memory inside a backward -----------------------------------------------------
+** The ops a host calls retry themselves after an out-of-memory error (the Lua
+** layer collects its garbage first); the engine's own kernels allocate from C,
+** where such an error was final -- though the garbage a step leaves (tensors
+** the host let go of, freed at its next collection) may be what fills the
+** device. So when one of them fails, the host's reclaim runs and the allocation
+** is tried once more (tensor.c). Only from the engine's own work: inside a
+** custom node, a hook or a callback the ops are the host's (ag_foreign), and a
+** host such as LuaJIT may not be entered from a C call its JIT compiled -- each
+** em_backward resets the mark, as its callers are kept out of the JIT -- and
+** only on the backward's own thread (a loader's workers allocate too). */
+void em_backward_set_reclaim(em_state *S, em_backward_reclaim_fn fn, void *ud) {
+  S->ag_reclaim = fn;
+  S->ag_reclaim_ud = ud;
+}
+
+int emi_backward_reclaim(em_state *S) {
+  if (!S->ag_reclaim || S->ag_depth == 0 || S->ag_foreign || S->ag_reclaiming ||
+      !pthread_equal(S->ag_thread, pthread_self()))
+    return 0;
+  S->ag_reclaiming = 1;
+  S->ag_reclaim(S, S->ag_reclaim_ud);
+  S->ag_reclaiming = 0;
+  return 1;
+}
+
 /* Grad mode off, the probe hidden, depth counted, the walk run and cleaned up;
 ** the callbacks run when the outermost backward ends. */
 static em_status backward(em_state *S, emi_ag_walk *w, em_tensor *root, em_tensor *g) {
-  int was_disabled = S->grad_disabled;
+  int was_disabled = S->grad_disabled, foreign = S->ag_foreign;
+  pthread_t thread = S->ag_thread;
   struct emi_ag_probe *probe = S->ag_probe;
   S->ag_probe = NULL;
   emi_set_grad_disabled(S, 1);
   S->ag_depth++;
+  S->ag_foreign = 0;
+  S->ag_thread = pthread_self();
   em_status st = walk_run(S, w, root, g);
   walk_end(S, w);
+  S->ag_foreign = foreign;
+  S->ag_thread = thread;
   if (--S->ag_depth == 0) st = run_backward_callbacks(S, st);
   S->ag_probe = probe;
   emi_set_grad_disabled(S, was_disabled);

@@ -35,7 +35,9 @@ static int fits(const em_tensor *g, const emi_ag_edge *e) {
 static em_status function_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
                                    em_tensor **gin) {
   fn_ext *x = n->ext;
+  S->ag_foreign++;                 /* the host's code: engine.c, "Memory inside a backward" */
   em_status st = x->fn(S, x->ud, g, gin);
+  S->ag_foreign--;
   if (st) return st;
   for (int i = 0; i < n->ninputs; i++) {
     em_tensor *gi = gin[i];

@@ -1064,6 +1064,14 @@ em_status em_backward_add_callback(em_state *S, em_backward_callback_fn fn, void
 void em_backward_remove_callback(em_state *S, em_backward_callback_fn fn, void *ud);
 /* Removes the hook added with the same (fn, ud); nothing when there is none. */
 void em_tensor_remove_grad_hook(em_tensor *t, em_grad_hook_fn fn, void *ud);
+/* The host's way to free memory inside a backward: when an allocation by the
+** engine's own kernels fails (the cpu's cap, a full device), fn(S, ud) runs on
+** the backward's thread and the allocation is tried once more. Not inside a
+** custom node, a gradient hook or a backward callback (their ops are the host's,
+** which retries them itself), and never nested. fn may release tensors and may
+** enter Lua: em_backward's callers keep it out of the JIT. NULL removes it. */
+typedef void (*em_backward_reclaim_fn)(em_state *S, void *ud);
+void em_backward_set_reclaim(em_state *S, em_backward_reclaim_fn fn, void *ud);
 
 /* OpenBLAS keeps one thread count for the whole process: replicas that are threads
 ** of one process pin it once (n >= 1) instead of each state setting its own;

@@ -55,6 +55,48 @@ H.test('garbage tensors are collected before an out-of-memory error is final', f
   em.set_memory_limit(0)
 end)
 
+-- A backward whose own kernels meet garbage: a node of Lua code (a custom
+-- function, as a checkpoint's recompute is) leaves tensors dead, and the
+-- engine's next allocation -- the matmul's gradients, from C -- would pass the
+-- cap. The engine asks Lua to collect and tries once more; without that (the
+-- reclaim removed, as before it existed) the backward fails.
+H.test('a backward collects garbage its own kernels meet at the cap', function()
+  local C, S = require('ember.ffi').C, require('ember.ffi').S
+  local function step(reclaim)
+    em.collect()
+    local base = em.memory_stats('cpu').allocated
+    em.manual_seed(1)
+    local a = em.randn(512, 512):requires_grad_()              -- 1 MiB
+    local w = em.randn(512, 2048):requires_grad_()             -- 4 MiB
+    local h = a:mm(w)                                          -- 4 MiB
+    local out = em.autograd.apply('junk', h, { h }, function(g)
+      local junk = {}
+      for i = 1, 7 do junk[i] = em.zeros(MiB / 4) end         -- 7 MiB, then dead
+      junk = nil
+      return { g }
+    end)
+    local loss = out:sum()
+    em.set_memory_limit(base + 20 * MiB)
+    if not reclaim then C.em_backward_set_reclaim(S, nil, nil) end
+    local ok, err = pcall(function() loss:backward() end)
+    if not reclaim then require('ember.handles').reinstall_reclaim() end
+    em.set_memory_limit(0)
+    return ok, err, a, w
+  end
+  local ok, err = step(false)
+  H.check(not ok and tostring(err):find('out of memory', 1, true),
+    'without the reclaim the cap is passed: ' .. tostring(err))
+  local ok2, err2, a, w = step(true)
+  H.check(ok2, 'with it the backward runs: ' .. tostring(err2))
+  if ok2 then
+    -- and its gradients are right: d(sum(a w))/da = rowsum(w), /dw = colsum(a)
+    local ga = w:sum(2):view(1, 512):expand(512, 512)
+    local gw = a:sum(1):view(512, 1):expand(512, 2048)
+    H.check(H.maxrel(a.grad, ga) < 1e-5, 'a.grad')
+    H.check(H.maxrel(w.grad, gw) < 1e-5, 'w.grad')
+  end
+end)
+
 H.test('sizes: bytes, K, M, G; bad ones are clear errors', function()
   em.set_memory_limit('512K')
   H.eq(em.memory_stats().capacity, 512 * 1024)
