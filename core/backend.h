@@ -346,11 +346,15 @@ extern const emi_backend emi_meta_backend;
 ** What the loader, the communicators, the profiler and em_device_memory need from a
 ** device beside its ops. Streams are named by role: the compute stream runs the
 ** device's ops in call order; the copy stream runs copies from pinned memory
-** beside it; the communication stream runs collectives. An event marks a point on
-** a stream. Entries may be NULL where the kind has no such thing. The CPU and
+** beside it; the communication stream is the device's for collectives. A
+** caller that needs streams of its own (a communicator: its collectives, sends
+** and recvs must not wait behind another's) makes them with stream_new: a
+** number past the roles, EMI_STREAM_OWN or more, that every entry taking an
+** emi_stream accepts, until stream_free. An event marks a point on a stream. Entries may be NULL where the kind has no such thing. The CPU and
 ** meta devices have no services table (emi_services_of gives NULL): they have
 ** no streams, and work there is done when the call returns. */
-typedef enum { EMI_STREAM_COMPUTE = 0, EMI_STREAM_COPY = 1, EMI_STREAM_COMM = 2 } emi_stream;
+typedef enum { EMI_STREAM_COMPUTE = 0, EMI_STREAM_COPY = 1, EMI_STREAM_COMM = 2,
+               EMI_STREAM_OWN = 16 } emi_stream;
 typedef enum { EMI_COPY_H2D = 0, EMI_COPY_D2H = 1 } emi_copy_dir;
 typedef struct emi_event emi_event;
 typedef struct emi_pinned_pool emi_pinned_pool;
@@ -363,9 +367,10 @@ typedef enum emi_coll_kind {
 } emi_coll_kind;
 /* One collective for a device's engine (NCCL): kind (emi_coll_kind), dtype and
 ** op (em_comm_op); in/out device pointers; count elements per
-** rank (allgather: the input's count); peer: root or the other rank. */
+** rank (allgather: the input's count); peer: root or the other rank; stream:
+** the stream it runs on (a communicator's own, stream_new). */
 typedef struct emi_coll_call {
-  int kind, dtype, op, peer;
+  int kind, dtype, op, peer, stream;
   const void *in;
   void *out;
   int64_t count;
@@ -390,6 +395,10 @@ typedef struct emi_services {
   em_status (*event_query)(emi_device *d, emi_event *e, int *done);
   em_status (*event_wait)(emi_device *d, emi_stream s, emi_event *e);
   void (*event_free)(emi_device *d, emi_event *e);
+  /* A stream of the caller's own (see above); stream_free after its work is
+  ** done (it waits for it). */
+  em_status (*stream_new)(emi_device *d, emi_stream *out);
+  void (*stream_free)(emi_device *d, emi_stream s);
   /* fn(ud) on a runtime thread once the work queued on s before it has run. */
   em_status (*host_callback)(emi_device *d, emi_stream s, void (*fn)(void *ud), void *ud);
 

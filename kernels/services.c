@@ -14,6 +14,13 @@
 
 static emk_runtime *rt_of(emi_device *d) { return emk_dev(d)->cuda->rt; }
 
+/* Streams of a caller's own (stream_new): numbered EMI_STREAM_OWN + slot in one
+** table for the process, each slot the device it belongs to and its stream.
+** A communicator takes two (comm.h), so 256 serve 128 communicators at once. */
+enum { OWN_MAX = 256 };
+static struct { emi_device *d; emk_stream *s; } own[OWN_MAX];
+static pthread_mutex_t own_mu = PTHREAD_MUTEX_INITIALIZER;
+
 /* The stream of a role; the communication stream is made on first use (most
 ** states never communicate, and an emulated stream is a thread) and lives with
 ** the device (cuda.c closes it). NULL when it can't be made. */
@@ -21,8 +28,47 @@ static emk_stream *stream_of(emi_device *d, emi_stream s) {
   emk_cuda_device *cd = emk_dev(d);
   if (s == EMI_STREAM_COPY) return cd->copy;
   if (s == EMI_STREAM_COMPUTE) return cd->compute;
+  if (s >= EMI_STREAM_OWN) {
+    int i = (int)s - EMI_STREAM_OWN;
+    emk_stream *r = NULL;
+    pthread_mutex_lock(&own_mu);
+    if (i < OWN_MAX && own[i].d == d) r = own[i].s;
+    pthread_mutex_unlock(&own_mu);
+    return r;
+  }
   if (!cd->comm) cd->cuda->rt->ops->stream_create(cd->cuda->rt, cd->index, &cd->comm);
   return cd->comm;
+}
+
+static em_status stream_new(emi_device *d, emi_stream *out) {
+  emk_runtime *rt = emk_dev(d)->cuda->rt;
+  emk_stream *s = NULL;
+  em_status st = rt->ops->stream_create(rt, d->index, &s);
+  if (st) return st;
+  pthread_mutex_lock(&own_mu);
+  int i = 0;
+  while (i < OWN_MAX && own[i].d) i++;
+  if (i < OWN_MAX) own[i].d = d, own[i].s = s;
+  pthread_mutex_unlock(&own_mu);
+  if (i == OWN_MAX) {
+    rt->ops->stream_destroy(rt, s);
+    return emk_errf(rt->errmsg, sizeof rt->errmsg, EM_ERR_DEVICE, "stream_new: %d streams "
+                    "of communicators are in use already", OWN_MAX);
+  }
+  *out = (emi_stream)(EMI_STREAM_OWN + i);
+  return EM_OK;
+}
+
+static void stream_free(emi_device *d, emi_stream s) {
+  emk_stream *st = s >= EMI_STREAM_OWN ? stream_of(d, s) : NULL;
+  if (!st) return;
+  emk_runtime *rt = emk_dev(d)->cuda->rt;
+  rt->ops->stream_sync(rt, st);
+  rt->ops->stream_destroy(rt, st);
+  pthread_mutex_lock(&own_mu);
+  own[s - EMI_STREAM_OWN].d = NULL;
+  own[s - EMI_STREAM_OWN].s = NULL;
+  pthread_mutex_unlock(&own_mu);
 }
 
 /* -- Facts and memory ------------------------------------------------------------- */
@@ -136,7 +182,8 @@ static em_status pool_new(emi_device *d, int target, emi_pinned_pool **out) {
 /* -- The collective engine: NCCL on real GPUs ----------------------------------------
 ** kernels/real/nccl_real.c is compiled only where the CUDA headers are; the
 ** references are weak so that a build without them links, and says so. The
-** handle keeps the device, whose communication stream every collective runs on. */
+** handle keeps the device; each call names the stream it runs on (the
+** communicator's own, commdev.c). */
 typedef struct emk_nccl emk_nccl;
 em_status emk_nccl_init(emk_runtime *rt, int dev, const unsigned char *id, int rank,
                         int nranks, double timeout_s, emk_nccl **out, char *err,
@@ -202,8 +249,11 @@ static em_status coll_group(emi_collective *c, int start, char *err, size_t errl
 
 static em_status coll_issue(emi_collective *c, const emi_coll_call *k, char *err,
                             size_t errlen) {
+  emk_stream *s = stream_of(c->d, (emi_stream)k->stream);
+  if (!s) return emk_errf(err, errlen, EM_ERR_DEVICE, "NCCL: cuda:%d: no stream %d", c->d->index,
+                          k->stream);
   return emk_nccl_collective(c->nccl, k->kind, k->op, (em_dtype)k->dtype, k->in, k->out,
-                             k->count, k->peer, emk_dev(c->d)->comm, err, errlen);
+                             k->count, k->peer, s, err, errlen);
 }
 
 static em_status coll_async_error(emi_collective *c, char *err, size_t errlen) {
@@ -229,6 +279,8 @@ const emi_services emk_cuda_services = {
   .event_query = event_query,
   .event_wait = event_wait,
   .event_free = event_free,
+  .stream_new = stream_new,
+  .stream_free = stream_free,
   .host_callback = host_callback,
   .memcpy_async = memcpy_async,
   .host_alloc = host_alloc,

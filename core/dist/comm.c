@@ -186,7 +186,7 @@ static void finish_handed(em_comm *c) {
 
 /* One collective. On a device communicator whose backend moves host memory,
 ** the device buffers are staged around it: wait for the compute stream's mark,
-** copy in, run, copy back (and mark the comm stream for the caller's join). */
+** copy in, run, copy back (and mark the communicator's stream for the caller's join). */
 static em_status run_one(em_comm *c, em_comm_work *w) {
   if (!c->dev || c->be->device_native || !w->dev_in) return c->be->run(c, w);
   em_status st = emi_commdev_wait_mark(c, w);
@@ -468,14 +468,30 @@ static em_status contiguous_of(em_state *S, const em_tensor *t, em_tensor **out)
   return em_contiguous(S, t, out);
 }
 
+static void *tensor_bytes_at(const em_tensor *t) {
+  return (char *)t->storage->data + t->offset * em_dtype_size(t->dtype);
+}
+
 /* Copies the result back into a strided user tensor (in-place collectives). */
 static em_status work_copy_back(em_state *S, em_comm_work *w) {
   if (!w->user || w->status) return EM_OK;
   int was = em_is_grad_enabled(S);
   em_set_grad_enabled(S, 0);
   em_tensor *src = NULL;        /* a recv into a device tensor landed on the host */
-  em_status st = em_to(S, w->in_t, w->in_t->dtype, w->user->device, &src);
-  if (!st) st = em_copy_(S, w->user, src);
+  em_status st;
+  if (w->stage_dev && w->user->device != EM_CPU) {   /* through pinned memory */
+    em_tensor *u = w->user;
+    int direct = em_tensor_is_contiguous(u);
+    if (direct) src = u, em_tensor_retain(u);
+    else st = emi_tensor_new(S, "recv", u->sizes, u->ndim, u->dtype, u->device, &src);
+    if (direct || !st)
+      st = emi_commdev_from_host(S, w->stage_dev, tensor_bytes_at(src), w->in,
+                                 (size_t)w->count * em_dtype_size(w->dtype), "recv");
+    if (!st && !direct) st = em_copy_(S, u, src);
+  } else {
+    st = em_to(S, w->in_t, w->in_t->dtype, w->user->device, &src);
+    if (!st) st = em_copy_(S, w->user, src);
+  }
   em_tensor_release(src);
   em_set_grad_enabled(S, was);
   return st;
@@ -684,7 +700,8 @@ em_status em_comm_barrier(em_state *S, em_comm *c, em_comm_work **work) {
 ** collective; its CPU tensors go through its host communicator (p2p_via).
 ** Elsewhere device tensors are staged through host memory on this thread: a
 ** send copies its tensor to the host now (after the work that wrote it), a
-** recv copies into its tensor at the wait. */
+** recv copies into its tensor at the wait -- both through the device
+** communicator's pinned buffer (commdev.c, "Why pinned, always"). */
 static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *t, int peer,
                             emi_coll_kind kind, em_comm_work **work) {
   if (work) *work = NULL;
@@ -694,6 +711,7 @@ static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *
   ** communicator that carries this one's point-to-point */
   int native = c->dev && c->be->device_native && t->device != EM_CPU && c->be->p2p_post;
   em_comm *pc = native ? c : emi_comm_p2p_carrier(c);
+  emi_commdev *cd = c->dev;
   if (!pc)
     return emi_error(S, EM_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point "
                      "(the local and mpi ones have)", op, em_comm_backend(c));
@@ -710,7 +728,15 @@ static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *
   if (!w) return EM_ERR_NOMEM;
   if (t->device == EM_CPU || native) {
     st = contiguous_of(S, t, &w->in_t);
-  } else if (kind == EMI_COLL_SEND) {      /* its values as the compute stream leaves them */
+  } else if (kind == EMI_COLL_SEND && cd) {
+    /* its values as the compute stream leaves them, through pinned memory */
+    em_tensor *dc = NULL;
+    if (!(st = contiguous_of(S, t, &dc)) &&
+        !(st = emi_tensor_new(S, op, t->sizes, t->ndim, t->dtype, EM_CPU, &w->in_t)))
+      st = emi_commdev_to_host(S, cd, tensor_bytes_at(w->in_t), tensor_bytes_at(dc),
+                               (size_t)t->numel * em_dtype_size(t->dtype), op);
+    em_tensor_release(dc);
+  } else if (kind == EMI_COLL_SEND) {
     em_tensor *h = NULL;
     if (!(st = em_to(S, t, t->dtype, EM_CPU, &h))) st = contiguous_of(S, h, &w->in_t);
     em_tensor_release(h);
@@ -718,7 +744,11 @@ static em_status submit_p2p(em_state *S, const char *op, em_comm *c, em_tensor *
     st = emi_tensor_new(S, op, t->sizes, t->ndim, t->dtype, EM_CPU, &w->in_t);
   }
   if (st) { free(w); return st; }
-  if (kind == EMI_COLL_RECV && w->in_t != t) { em_tensor_retain(t); w->user = t; }
+  if (kind == EMI_COLL_RECV && w->in_t != t) {
+    em_tensor_retain(t);
+    w->user = t;
+    if (t->device != EM_CPU && !native) w->stage_dev = cd;
+  }
   w->peer = peer;
   w->dtype = t->dtype;
   w->count = t->numel;

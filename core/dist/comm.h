@@ -86,6 +86,9 @@ struct em_comm_work {
   ** collective against the compute stream (commdev.c) */
   void *dev_in, *dev_out;
   void *ev_ready, *ev_done;
+  /* a staged recv into a device tensor: the device communicator whose pinned
+  ** buffer carries it there at the wait (comm.c, work_copy_back) */
+  struct emi_commdev *stage_dev;
   struct em_comm_work *next;
 };
 
@@ -218,20 +221,33 @@ em_status emi_comm_new_dev(em_state *S, const emi_comm_backend *be, void *impl, 
 /* -- Device communicators (core/dist/nccl.c, commdev.c) ----------------------------
 ** A communicator whose tensors live on one accelerator device of its state.
 ** What touches the device is commdev.c, through the device's services table (its
-** compute stream, its communication stream, events, staging copies and its
+** compute stream, the communicator's own two streams, events, staging copies and its
 ** collective engine), so core/ has no device code of its own. The order of a collective on a device:
 **   caller's thread  mark: an event on the compute stream after the work that
 **                    wrote the input (the gradients that fill a bucket);
 **   comm thread      emulation: wait_mark (poll that event, bounded by failure
 **                    and timeout), stage_in (D2H), the host collective,
-**                    stage_out (H2D, then an event on the comm stream); NCCL:
-**                    order (the comm stream waits for the mark), the
-**                    collective on the comm stream, then that event, polled;
+**                    stage_out (H2D, then an event on the collective stream);
+**                    NCCL: order (the communicator's stream -- collectives',
+**                    or sends' and recvs' -- waits for the mark), the call on
+**                    it, then that event, polled;
 **   caller's thread  join (at wait): the compute stream waits for the comm
 **                    stream's event, so the optimizer reads averaged values. */
 typedef struct emi_commdev emi_commdev;
 em_status emi_commdev_open(em_state *S, int device, emi_commdev **out);
 void emi_commdev_close(emi_commdev *d);
+/* Bytes of pinned staging held: the comm thread's (returned) and the callers'
+** (*xfer, may be NULL) -- tests. */
+size_t emi_commdev_staging(const emi_commdev *d, size_t *xfer);
+/* The communicator's own stream of collectives (p2p = 0) or sends and recvs. */
+int emi_commdev_stream(const emi_commdev *d, int p2p);
+/* Caller's thread, emulation's staged sends and recvs: n bytes between device
+** memory (after the compute stream's work) and host memory, through the pinned
+** buffer; waited for. Errors into S, op names the call. */
+em_status emi_commdev_to_host(em_state *S, emi_commdev *d, void *dst, const void *src, size_t n,
+                              const char *op);
+em_status emi_commdev_from_host(em_state *S, emi_commdev *d, void *dst, const void *src,
+                                size_t n, const char *op);
 int emi_commdev_device(const emi_commdev *d);
 int emi_commdev_native(const emi_commdev *d);      /* 1: a real GPU (NCCL runs) */
 /* Caller's thread. Errors into S. */
@@ -240,14 +256,14 @@ em_status emi_commdev_join(em_state *S, emi_commdev *d, em_comm_work *w);
 void emi_commdev_release(emi_commdev *d, em_comm_work *w);   /* the events */
 /* Comm thread. Errors into w->errmsg (and emi_comm_fail for a timeout). */
 em_status emi_commdev_wait_mark(em_comm *c, em_comm_work *w);
-em_status emi_commdev_order(em_comm *c, em_comm_work *w);   /* comm stream waits */
+em_status emi_commdev_order(em_comm *c, em_comm_work *w);   /* its stream waits */
 em_status emi_commdev_stage_in(em_comm *c, em_comm_work *w);
 em_status emi_commdev_stage_out(em_comm *c, em_comm_work *w);
-/* Comm thread, real GPUs: the communication stream's event after the NCCL
+/* Comm thread, real GPUs: the collective stream's event after the NCCL
 ** calls, polled; poll() (may be NULL) is asked in between (NCCL's async error). */
 em_status emi_commdev_finish(em_comm *c, em_comm_work *w,
                              em_status (*poll)(em_comm *c, char *err));
-/* Comm thread, real GPUs: a send's or recv's "done" event on the comm stream
+/* Comm thread, real GPUs: a send's or recv's "done" event on the p2p stream
 ** (into w->ev_done), and whether it was reached (no waiting). */
 em_status emi_commdev_record_done(em_comm *c, em_comm_work *w);
 em_status emi_commdev_query_done(em_comm *c, em_comm_work *w, int *done);
@@ -262,7 +278,7 @@ em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCC
 ** table; EM_ERR_UNSUPPORTED in a build without the CUDA headers. The handle is
 ** opaque. init runs ncclCommInitRankConfig non-blocking, polled up to
 ** timeout_s; issue queues w's collective -- or its ncclSend / ncclRecv -- on the
-** device's comm stream (between group(1) and group(0)); async_error is ncclCommGetAsyncError as an em_status. */
+** communicator's stream for it (between group(1) and group(0)); async_error is ncclCommGetAsyncError as an em_status. */
 em_status emi_nccl_init(emi_commdev *d, const unsigned char id[EMI_NCCL_ID_BYTES], int rank,
                         int size, double timeout_s, void **out, char *err, size_t errlen);
 em_status emi_nccl_group(emi_commdev *d, void *n, int start, char *err, size_t errlen);

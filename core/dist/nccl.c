@@ -8,7 +8,7 @@
 ** so this part runs and is tested everywhere). Then:
 **   - on real GPUs, a communicator with the backend below: its comm thread
 **     joins NCCL (ncclCommInitRankConfig, non-blocking and bounded by the
-**     timeout), and runs each collective on the device's communication stream
+**     timeout), and runs each collective on the communicator's own stream
 **     -- made to wait (on the device) for the compute stream's "ready" event,
 **     each in a ncclGroupStart/End of its own (run_nccl says why) -- then polls
 **     the "done" event and ncclCommGetAsyncError. The boot communicator stays:
@@ -41,24 +41,28 @@ int emi_comm_nccl_id(const em_comm *c, unsigned char id[128]) {
 
 /* -- The id exchange ------------------------------------------------------------ */
 
-/* Rank 0 makes the id, every rank gets it through boot: 33 int32s, the first
-** saying whether rank 0 has one (its failure is everyone's answer). */
+/* Rank 0 makes the ids, every rank gets them through boot: 65 int32s, the
+** first saying whether rank 0 has them (its failure is everyone's answer), then
+** the collectives' id and the point-to-point one (p2p, may be NULL; "Point-to-
+** point on real GPUs" says why a second NCCL communicator). */
 static em_status share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCCL_ID_BYTES],
-                          int *ok, char *why, size_t whylen) {
-  int64_t n = 1 + EMI_NCCL_ID_BYTES / 4;
+                          unsigned char *p2p, int *ok, char *why, size_t whylen) {
+  int64_t n = 1 + 2 * EMI_NCCL_ID_BYTES / 4;
   em_tensor *t;
   em_status st = em_full(S, &n, 1, 0.0, EM_INT32, EM_CPU, &t);
   if (st) return st;
   int32_t *v = (int32_t *)t->storage->data + t->offset;
   why[0] = 0;
   if (em_comm_rank(boot) == 0) {
-    unsigned char mine[EMI_NCCL_ID_BYTES];
-    v[0] = emi_nccl_unique_id(mine, why, whylen) == EM_OK;
-    if (v[0]) memcpy(v + 1, mine, EMI_NCCL_ID_BYTES);
+    unsigned char mine[2 * EMI_NCCL_ID_BYTES];
+    v[0] = emi_nccl_unique_id(mine, why, whylen) == EM_OK &&
+           emi_nccl_unique_id(mine + EMI_NCCL_ID_BYTES, why, whylen) == EM_OK;
+    if (v[0]) memcpy(v + 1, mine, sizeof mine);
   }
   if (!(st = em_comm_broadcast(S, boot, t, 0, NULL))) {
     *ok = v[0] != 0;
     memcpy(id, v + 1, EMI_NCCL_ID_BYTES);
+    if (p2p) memcpy(p2p, (unsigned char *)(v + 1) + EMI_NCCL_ID_BYTES, EMI_NCCL_ID_BYTES);
   }
   em_tensor_release(t);
   return st;
@@ -67,7 +71,7 @@ static em_status share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCCL_
 em_status emi_nccl_share_id(em_state *S, em_comm *boot, unsigned char id[EMI_NCCL_ID_BYTES]) {
   int ok = 0;
   char why[EMI_COMM_MSG];
-  em_status st = share_id(S, boot, id, &ok, why, sizeof why);
+  em_status st = share_id(S, boot, id, NULL, &ok, why, sizeof why);
   if (st) return st;
   if (!ok)
     return emi_error(S, EM_ERR_UNSUPPORTED, "comm_nccl: replica 0 could not make NCCL's "
@@ -84,19 +88,34 @@ typedef struct held_tensor {
   struct held_tensor *next;
 } held_tensor;
 
+/* Sends and recvs queued back to back go to NCCL in one group (p2p_flush). */
+enum { P2P_BATCH = 32 };
+
 typedef struct nccl_comm {
   em_comm *boot;             /* host communicator: id, barriers, failure */
   em_local_group *g;         /* the threads' group (NULL under MPI) */
-  void *nc;                  /* NCCL's communicator (kernels/real/nccl_real.c) */
-  unsigned char id[EMI_NCCL_ID_BYTES];
-  em_comm_work *p2p;         /* sends and recvs on the comm stream, not yet done */
+  void *nc;                  /* NCCL's communicator for collectives (nccl_real.c) */
+  void *pc;                  /* and the one for sends and recvs */
+  unsigned char id[EMI_NCCL_ID_BYTES], p2p_id[EMI_NCCL_ID_BYTES];
+  em_comm_work *p2p;         /* sends and recvs on the p2p stream, not yet done */
+  em_comm_work *batch[P2P_BATCH];  /* posted, not yet given to NCCL */
+  int nbatch;
+  int aborted;               /* NCCL's communicators were aborted (nccl_abort_failed) */
   held_tensor *held;
 } nccl_comm;
 
+/* Both NCCL communicators, one after the other in the same order everywhere
+** (each init is collective). */
 static em_status nccl_thread_start(em_comm *c, char *err) {
   nccl_comm *nc = c->impl;
-  return emi_nccl_init(c->dev, nc->id, c->rank, c->size, c->timeout_s, &nc->nc, err,
-                       EMI_COMM_MSG);
+  em_status st = emi_nccl_init(c->dev, nc->id, c->rank, c->size, c->timeout_s, &nc->nc, err,
+                               EMI_COMM_MSG);
+  if (!st && (st = emi_nccl_init(c->dev, nc->p2p_id, c->rank, c->size, c->timeout_s, &nc->pc,
+                                 err, EMI_COMM_MSG))) {
+    emi_nccl_free(c->dev, nc->nc, 1);       /* no thread_stop follows a failed start */
+    nc->nc = NULL;
+  }
+  return st;
 }
 
 /* A replica that exits (its script ended; em_local_group_leave) has finished
@@ -136,7 +155,9 @@ static em_status nccl_poll_failed(em_comm *c, char *err) {
     emi_comm_fail(c, 0, "%s", msg);
     return EM_OK;
   }
-  return emi_nccl_async_error(c->dev, nc->nc, err, EMI_COMM_MSG);
+  if (nc->aborted) return EM_OK;
+  em_status st = emi_nccl_async_error(c->dev, nc->nc, err, EMI_COMM_MSG);
+  return st ? st : emi_nccl_async_error(c->dev, nc->pc, err, EMI_COMM_MSG);
 }
 
 /* While a collective waits: the above, and a replica of the group that left. */
@@ -174,7 +195,7 @@ static em_status nccl_host(em_comm *c, em_comm_work *w) {
 }
 
 static void hold_tensor(nccl_comm *nc, em_tensor *t) {
-  if (!t) return;
+  if (!t || nc->aborted) return;     /* aborted: NCCL has let go of it */
   held_tensor *h = malloc(sizeof *h);
   if (!h) return;             /* out of memory: the tensor is released with the work */
   em_tensor_retain(t);
@@ -189,16 +210,40 @@ static void hold(nccl_comm *nc, em_comm_work *w) {
   if (w->out_t != w->in_t) hold_tensor(nc, w->out_t);
 }
 
-/* w's collective, send or recv on the comm stream, after the compute stream's
-** mark, in a NCCL group of its own. Error: the text in err. */
-static em_status issue_alone(em_comm *c, em_comm_work *w, char *err) {
-  nccl_comm *nc = c->impl;
-  em_status st = emi_nccl_group(c->dev, nc->nc, 1, err, EMI_COMM_MSG);
+/* The n items of w -- one collective, or sends and recvs -- on their stream of
+** this communicator, in one NCCL group, on NCCL communicator n (its streams
+** already wait for the compute stream's marks). Error: the text in err. */
+static em_status issue_group(em_comm *c, void *n, em_comm_work **w, int count, char *err) {
+  em_status st = emi_nccl_group(c->dev, n, 1, err, EMI_COMM_MSG);
   if (st) return st;
-  st = emi_nccl_issue(nc->nc, c->dev, w, err, EMI_COMM_MSG);
-  em_status end = emi_nccl_group(c->dev, nc->nc, 0, err[0] ? NULL : err,
-                                 err[0] ? 0 : EMI_COMM_MSG);
+  for (int i = 0; i < count && !st; i++) st = emi_nccl_issue(n, c->dev, w[i], err, EMI_COMM_MSG);
+  em_status end = emi_nccl_group(c->dev, n, 0, err[0] ? NULL : err, err[0] ? 0 : EMI_COMM_MSG);
   return st ? st : end;
+}
+
+/* Abort at the failure. Once this communicator failed -- another replica died,
+** a wait timed out, this replica aborted -- a kernel of NCCL's may be stuck on
+** its streams for good, waiting for a peer that never comes: ncclCommAbort is
+** the one call that ends it. Done at once, on the comm thread, where the
+** failure is seen (after a failed collective, while the p2p ones are polled,
+** and idle for a failure set on another thread), rather than when the
+** communicator is freed: until then a stuck kernel holds up everything waiting
+** on the device behind it (a cudaFree that synchronizes, in the allocator's
+** out-of-memory retry, hangs on it). The abort frees NCCL's handles too; then
+** the tensors NCCL held are released. */
+static void nccl_abort_failed(em_comm *c) {
+  nccl_comm *nc = c->impl;
+  if (nc->aborted || !emi_comm_failed(c)) return;
+  nc->aborted = 1;
+  emi_nccl_free(c->dev, nc->nc, 1);
+  emi_nccl_free(c->dev, nc->pc, 1);
+  nc->nc = nc->pc = NULL;
+  for (held_tensor *h = nc->held, *n; h; h = n) {
+    n = h->next;
+    em_tensor_release(h->t);
+    free(h);
+  }
+  nc->held = NULL;
 }
 
 /* One collective on the device, waited for. Each is a NCCL group of its own,
@@ -213,7 +258,7 @@ static em_status run_nccl(em_comm *c, em_comm_work *w) {
   em_status st = emi_commdev_order(c, w);
   if (st) return st;
   char err[EMI_COMM_MSG] = "";
-  if ((st = issue_alone(c, w, err))) {
+  if ((st = issue_group(c, nc->nc, &w, 1, err))) {
     snprintf(w->errmsg, sizeof w->errmsg, "%s", err);
     emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
     hold(nc, w);
@@ -225,8 +270,19 @@ static em_status run_nccl(em_comm *c, em_comm_work *w) {
   return st;
 }
 
+static void p2p_flush(em_comm *c);
+
 static em_status nccl_run(em_comm *c, em_comm_work *w) {
-  return host_item(w) ? nccl_host(c, w) : run_nccl(c, w);
+  p2p_flush(c);                /* sends and recvs queued before it go first */
+  em_status st = host_item(w) ? nccl_host(c, w) : run_nccl(c, w);
+  nccl_abort_failed(c);
+  return st;
+}
+
+/* Idle: a failure set by another thread (em_comm_abort, a peer's) aborts. */
+static void nccl_idle(em_comm *c) {
+  p2p_flush(c);
+  nccl_abort_failed(c);
 }
 
 /* This replica failed: the others hear it through the boot communicator. */
@@ -240,19 +296,14 @@ static void nccl_abort_notify(em_comm *c, int own) {
   emi_comm_fail(nc->boot, 1, "%s", msg);
 }
 
-/* After a failure NCCL may still hold kernels waiting for a dead peer:
-** ncclCommAbort is the one call that gets out of that. Then the tensors of
-** failed collectives, sends and recvs are no longer NCCL's. */
+/* A failure not yet acted on aborts (nccl_abort_failed); otherwise NCCL's
+** communicators are destroyed, which waits for their work. */
 static void nccl_thread_stop(em_comm *c) {
   nccl_comm *nc = c->impl;
-  emi_nccl_free(c->dev, nc->nc, emi_comm_failed(c));
-  nc->nc = NULL;
-  for (held_tensor *h = nc->held, *n; h; h = n) {
-    n = h->next;
-    em_tensor_release(h->t);
-    free(h);
-  }
-  nc->held = NULL;
+  nccl_abort_failed(c);
+  emi_nccl_free(c->dev, nc->nc, 0);
+  emi_nccl_free(c->dev, nc->pc, 0);
+  nc->nc = nc->pc = NULL;
 }
 
 static void nccl_destroy(em_comm *c) {
@@ -263,38 +314,99 @@ static void nccl_destroy(em_comm *c) {
 
 /* -- Point-to-point on real GPUs ----------------------------------------------------
 ** A send or recv of a device tensor is ncclSend / ncclRecv, device to device:
-** the comm stream waits for the compute stream's mark, the call is issued in a
-** group of its own, and a "done" event follows it. The comm thread does not
-** wait for that event (comm.h, "progress"): p2p_progress looks at every
-** pending one about every EMI_COMM_IDLE_S, as it polls NCCL's asynchronous
-** error and the boot communicator for another replica's failure.
+** the p2p stream waits for the compute stream's mark, the call is issued in a
+** NCCL group, and a "done" event follows it. The comm thread does not wait for
+** that event (comm.h, "progress"): p2p_progress looks at every pending one
+** about every EMI_COMM_IDLE_S, as it polls NCCL's asynchronous error and the
+** boot communicator for another replica's failure.
 **
-** What differs from the host backends. NCCL runs what it is given in stream
-** order: a send waits on the device for the peer's recv, and the collectives
-** and sends queued after it wait too. So on real GPUs a replica's sends, recvs
-** and collectives must come in an order the peers can match (NCCL's own rule;
-** a cycle of sends that each wait for the other is a deadlock on the device).
+** Apart from the collectives. A NCCL send or recv is a kernel that blocks until
+** the peer's matching one runs, and NCCL runs one communicator's kernels in the
+** order they were issued, whatever stream each is on. So sends and recvs have
+** an NCCL communicator of their own (pc, made beside nc from a second id) and a
+** stream of their own (commdev.c): a recv pending for its peer's send holds up
+** neither a collective queued after it nor the next training step's
+** allreduces, and the pattern async recv, allreduce, send completes on every
+** replica. The ordering rule that follows: collectives are in call order among
+** themselves, sends and recvs among themselves (send #k to j meets j's recv #k
+** from us), and the two run beside each other; a collective that reads a
+** recv's tensor waits for the recv first (em_comm_work_wait), as on the host
+** backends.
+**
+** Rings of sends. Within pc a send still blocks the sends and recvs issued
+** after it until its peer receives (for messages past NCCL's eager buffer; a
+** pair's first send also sets up its connection inside ncclGroupEnd, which
+** needs the peer's recv at that moment). So sends and recvs already queued back
+** to back when the comm thread posts them go to NCCL in one group (p2p_post
+** defers, p2p_flush issues), where NCCL runs them together. That depends on the
+** caller's timing, so it is no guarantee: a caller whose replicas each send
+** before they receive (a ring; 1F1B's activation forward against the
+** gradient back) orders the calls so that the cycle cannot form -- even
+** positions in the ring send then recv, odd ones recv then send -- or moves
+** host copies over the boot communicator, which matches sends and recvs out of
+** order (pipeline_wire.lua does this over a real NCCL communicator).
+**
 ** The never-hang rule still holds: such a wait ends at the timeout with an
-** error naming the peer, and as the stream is stuck behind it, the timeout
-** fails the communicator, whose NCCL communicator is then aborted. NCCL does
-** not compare the two sides' sizes either: a mismatch shows as that timeout.
-** CPU tensors on this communicator go through the host one (p2p_via). */
+** error naming the peer; the timeout fails the communicator, whose NCCL
+** communicators are then aborted (nccl_abort_failed). NCCL does not compare the
+** two sides' sizes either: a mismatch shows as that timeout. CPU tensors on
+** this communicator go through the host one (p2p_via). */
 static em_comm *nccl_p2p_via(em_comm *c) { return ((nccl_comm *)c->impl)->boot; }
+
+/* Whether the next item queued on c is a send or recv (its device tensors are
+** this backend's: CPU ones go to the boot communicator). */
+static int p2p_next_queued(em_comm *c) {
+  pthread_mutex_lock(&c->mu);
+  int yes = c->head && (c->head->kind == EMI_COLL_SEND || c->head->kind == EMI_COLL_RECV);
+  pthread_mutex_unlock(&c->mu);
+  return yes;
+}
+
+/* w failed before it was pending: finished here (its error in w->errmsg). */
+static void p2p_fail_now(em_comm *c, em_comm_work *w, em_status st, const char *err) {
+  nccl_comm *nc = c->impl;
+  char d[EMI_COMM_MSG];
+  if (!w->errmsg[0])
+    snprintf(w->errmsg, sizeof w->errmsg, "%.200s: %.300s", emi_coll_describe(d, w), err);
+  hold(nc, w);
+  emi_comm_p2p_done(w, st);
+}
+
+/* The deferred sends and recvs to NCCL, in one group, each then "done". */
+static void p2p_flush(em_comm *c) {
+  nccl_comm *nc = c->impl;
+  int n = nc->nbatch;
+  if (!n) return;
+  nc->nbatch = 0;
+  char err[EMI_COMM_MSG] = "";
+  em_status st = EM_ERR_IO;
+  if (emi_comm_failed(c)) {
+    pthread_mutex_lock(&c->mu);
+    snprintf(err, sizeof err, "%s", c->failure);
+    pthread_mutex_unlock(&c->mu);
+  } else if ((st = issue_group(c, nc->pc, nc->batch, n, err))) {
+    char d[EMI_COMM_MSG];
+    emi_comm_fail(c, 1, "replica %d failed: %.200s: %.280s", c->rank,
+                  emi_coll_describe(d, nc->batch[0]), err);
+  }
+  for (int i = 0; i < n; i++) {
+    em_comm_work *w = nc->batch[i];
+    if (!st && !(st = emi_commdev_record_done(c, w))) {
+      w->p2p_next = nc->p2p;
+      nc->p2p = w;
+      continue;
+    }
+    p2p_fail_now(c, w, st ? st : EM_ERR_IO, err);
+  }
+  nccl_abort_failed(c);
+}
 
 static em_status nccl_p2p_post(em_comm *c, em_comm_work *w) {
   nccl_comm *nc = c->impl;
-  char err[EMI_COMM_MSG] = "", d[EMI_COMM_MSG];
   em_status st = emi_commdev_order(c, w);
   if (st) return st;
-  if ((st = issue_alone(c, w, err))) {
-    snprintf(w->errmsg, sizeof w->errmsg, "%.200s: %.300s", emi_coll_describe(d, w), err);
-    emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, w->errmsg);
-    hold(nc, w);
-    return st;
-  }
-  if ((st = emi_commdev_record_done(c, w))) { hold(nc, w); return st; }
-  w->p2p_next = nc->p2p;
-  nc->p2p = w;
+  nc->batch[nc->nbatch++] = w;
+  if (nc->nbatch == P2P_BATCH || !p2p_next_queued(c)) p2p_flush(c);
   return EM_OK;
 }
 
@@ -327,6 +439,7 @@ static int p2p_why(em_comm *c, const em_comm_work *w, int stopping, char *msg) {
 static void nccl_p2p_progress(em_comm *c, int stopping) {
   nccl_comm *nc = c->impl;
   char err[EMI_COMM_MSG] = "";
+  p2p_flush(c);
   /* a replica that left fails only the sends and recvs with it (p2p_why) */
   if (!emi_comm_failed(c) && nccl_poll_failed(c, err))
     emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, err);
@@ -339,13 +452,14 @@ static void nccl_p2p_progress(em_comm *c, int stopping) {
       if (!p2p_why(c, w, stopping, msg)) { pp = &w->p2p_next; continue; }
       snprintf(w->errmsg, sizeof w->errmsg, "%s", msg);
       st = EM_ERR_IO;
-      /* the comm stream is stuck behind it: nothing after it can run */
+      /* the p2p stream is stuck behind it: nothing after it can run */
       if (!emi_comm_failed(c)) emi_comm_fail(c, 1, "replica %d failed: %s", c->rank, msg);
     }
     *pp = w->p2p_next;
     if (st) hold(nc, w);
     emi_comm_p2p_done(w, st);
   }
+  nccl_abort_failed(c);
 }
 
 static const emi_comm_backend nccl_backend = {
@@ -356,6 +470,7 @@ static const emi_comm_backend nccl_backend = {
   .p2p_progress = nccl_p2p_progress,
   .p2p_via = nccl_p2p_via,
   .device_native = 1,
+  .idle = nccl_idle,
   .abort_notify = nccl_abort_notify,
   .thread_stop = nccl_thread_stop,
   .destroy = nccl_destroy,
@@ -376,7 +491,8 @@ em_status em_comm_nccl(em_state *S, int device, em_local_group *g, int rank, dou
   unsigned char id[EMI_NCCL_ID_BYTES];
   int ok = 0;
   char why[EMI_COMM_MSG];
-  if ((st = share_id(S, boot, id, &ok, why, sizeof why))) {
+  unsigned char p2p_id[EMI_NCCL_ID_BYTES];
+  if ((st = share_id(S, boot, id, p2p_id, &ok, why, sizeof why))) {
     em_comm_free(boot);
     emi_commdev_close(dev);
     return st;
@@ -407,6 +523,7 @@ em_status em_comm_nccl(em_state *S, int device, em_local_group *g, int rank, dou
   nc->boot = boot;
   nc->g = g;
   memcpy(nc->id, id, sizeof id);
+  memcpy(nc->p2p_id, p2p_id, sizeof p2p_id);
   /* c->dev must be there when thread_start runs: made here, handed over below */
   em_comm *c;
   st = emi_comm_new_dev(S, &nccl_backend, nc, em_comm_rank(boot), em_comm_size(boot),

@@ -12,7 +12,8 @@
 ** which the caller aborts the communicator (ncclCommAbort), which is the only
 ** way to get a rank out of NCCL when a peer died. Sends and recvs (ncclSend /
 ** ncclRecv, device to device) are issued the same way. Completion of the queued
-** collectives themselves is an event on the comm stream that commdev.c polls,
+** collectives themselves is an event on the stream each was issued on (the
+** communicator's own, commdev.c), which commdev.c polls,
 ** asking ncclCommGetAsyncError in between (a peer gone shows there as
 ** ncclRemoteError or ncclSystemError).
 **
