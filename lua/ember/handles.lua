@@ -156,6 +156,16 @@ local function split()
 end
 
 function M.cap_slack(cap) return cap / 8 end   -- the garbage a cap of `cap` allows
+-- Garbage worth a collection of its own on a device of `capacity` bytes (0 or
+-- nil: uncapped): `most`, or a 16th of the capacity where that is less -- under
+-- a small cap the garbage must stay a small share of it. Code that knows it
+-- just made that much (a pipeline's micro-batches, a checkpoint's forward)
+-- collects at once, so that its memory does not hang on the collector's pace;
+-- the planner assumes the same rule.
+function M.garbage_worth(capacity, most)
+  if capacity and capacity > 0 and capacity / 16 < most then return capacity / 16 end
+  return most
+end
 local function host_cap()      -- the cpu's cap (em.set_memory_limit, --memory-limit), or 0
   if C.em_device_memory(S, C.EM_CPU, dstats) ~= 0 then return 0 end
   return tonumber(dstats.capacity)
@@ -296,6 +306,15 @@ local function collect()
 end
 M.collect = collect
 core.collect = collect     -- for core.fail, after a device ran out of memory
+-- The engine's own kernels in a backward allocate from C: when one runs out of
+-- memory, the engine asks for this collection and tries once more (what the ops
+-- Lua calls get from core.fail). Safe to enter Lua there: em_backward's callers
+-- are kept out of the JIT, and the engine asks only outside Lua's own nodes and
+-- hooks. An error in it must not cross C: the allocation then fails as before.
+local reclaim_cb = ffi.cast('em_backward_reclaim_fn', function() pcall(collect) end)
+function M.reinstall_reclaim() C.em_backward_set_reclaim(S, reclaim_cb, nil) end
+M.reinstall_reclaim()
+table.insert(core.on_close, function() C.em_backward_set_reclaim(S, nil, nil) end)
 
 -- A backward pass begins, and ends: the collections of the essay's last point.
 local STEP_MIN = 4 * MB

@@ -15,14 +15,12 @@ local fmt = string.format
 local Pipeline = {}
 
 -- A step's micro-batches leave garbage; a collection hands their memory back
--- once there is this much of it (a collection costs a millisecond or so), or a
--- 16th of the device's capacity where that is less: under a small cap the
--- garbage must stay a small share of it. The planner's replay
+-- once there is this much of it (a collection costs a millisecond or so), or
+-- less under a small cap (handles.garbage_worth). The planner's replay
 -- (plan_pipeline.lua) assumes the same rule for the memory it plans.
 Pipeline.COLLECT_BYTES = 1024 * 1024
 function Pipeline.collect_bytes(capacity)
-  if capacity and capacity > 0 then return math.min(Pipeline.COLLECT_BYTES, capacity / 16) end
-  return Pipeline.COLLECT_BYTES
+  return handles.garbage_worth(capacity, Pipeline.COLLECT_BYTES)
 end
 
 local function shape_key(t, rows)

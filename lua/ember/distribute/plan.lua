@@ -154,6 +154,18 @@ function M.plan(model, o)
     end
     unit = math.max(unit, own)
   end
+  -- Under checkpointing a child's recompute gathers the units inside it and its
+  -- backward keeps them until its gradients come out, all at once: ZeRO 3
+  -- holds a whole child's weights (a child that is a unit itself gathers
+  -- outside its checkpoint, one unit)
+  local ckpt_unit = unit
+  for _, c in ipairs(model:children()) do
+    local b = 0
+    for _, p in ipairs(c:parameters()) do
+      if p.requires_grad then b = b + p:numel() * p:element_size() end
+    end
+    ckpt_unit = math.max(ckpt_unit, b)
+  end
   if W == 0 then raise('plan: the model has no parameter that requires grad') end
   local state_factor = optname == 'sgd' and (o.momentum == 0 and 0 or 1) or 2
   -- ZeRO 3's units, in the order their gradients complete (backward order)
@@ -243,8 +255,9 @@ function M.plan(model, o)
     local c = { layout = l, name = layouts.name(l) }
     if l.pipeline == 1 then
       local b = B / l.data
-      local m = { weights = W, state = W * state_factor, unit = unit, units = units,
-                  buckets = buckets, step = steps[memory.key(run_of(l))] }
+      local m = { weights = W, state = W * state_factor, units = units, buckets = buckets,
+                  unit = l.checkpoint and ckpt_unit or unit,
+                  step = steps[memory.key(run_of(l))] }
       c.peak, c.parts = layouts.data_memory(l, m)
       c.step_s = layouts.data_time(l, times[b], W, b, #units)
       -- setting up: the model as built, and ZeRO 3's shards and one unit beside it

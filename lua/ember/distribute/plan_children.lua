@@ -29,7 +29,8 @@ end
 -- One child alone: {held (bytes its forward keeps, its output included),
 -- garbage (what its forward left dead beside that, for the collector),
 -- recomputed (what its backward left dead: a checkpointed child's recomputed
--- forward), fwd_peak, bwd_peak (above its input, the output's gradient
+-- forward), recompute_peak (checkpointed: its recompute's top, above its
+-- input), fwd_peak, bwd_peak (above its input, the output's gradient
 -- included, beside its weights' gradients made by an earlier micro-batch; the
 -- backward's without the forward's garbage), out
 -- = {shape, dtype}, params (its trainable weights' bytes), sizes (each one's,
@@ -41,8 +42,19 @@ local function measure_child(c, shape, dtype, ckpt)
   local floating = x:is_floating_point()
   if floating then x:requires_grad_() end
   local base = allocated()
-  em.reset_peak_memory_stats('meta')
   local fn = function(t) return c(t) end
+  -- a checkpointed child's recompute is its plain forward, run inside its
+  -- backward: its top, where Lua's collector may still run (the engine's
+  -- kernels after it allocate from C, where it cannot)
+  local recompute_peak
+  if ckpt then
+    em.reset_peak_memory_stats('meta')
+    local plain = fn(x)
+    recompute_peak = peak() - base
+    plain = nil
+    em.collect()
+  end
+  em.reset_peak_memory_stats('meta')
   local out = ckpt and em.nn.checkpoint(fn, x) or fn(x)
   local fwd_peak = peak() - base
   local left = allocated() - base
@@ -80,7 +92,8 @@ local function measure_child(c, shape, dtype, ckpt)
     if own > 0 then units = units + 1; unit_sizes[units] = own end
   end
   return { held = held, garbage = left - held, recomputed = math.max(0, made),
-           fwd_peak = fwd_peak, bwd_peak = bwd_peak, params = given, sizes = sizes,
+           fwd_peak = fwd_peak, bwd_peak = bwd_peak, recompute_peak = recompute_peak,
+           params = given, sizes = sizes,
            units = units, unit_sizes = unit_sizes,
            out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }
 end

@@ -18,7 +18,8 @@ gradients the layout holds at that point, plus what is resident all along:
   parameters   W/N + U      flat units alive, replayed; slices /N   S/N
 
 (W weights, S optimizer state: 2W for Adam, W for SGD's momentum; U the largest
-module's weights, gathered for its forward and backward; shard.lua reduces at
+module's weights, gathered for its forward and backward -- under checkpointing
+the largest child's, whose recompute gathers all of its modules; shard.lua reduces at
 most MAX_IN_FLIGHT units at once, plus the one filling. ZeRO 3's meta step runs
 with the autograd nodes its units put on their outputs -- see
 plan_memory.regather_nodes -- and its flat buffers are replayed unit by unit
@@ -53,11 +54,10 @@ local M = {}
 
 M.SAFETY = 0.05
 M.SAFETY_BYTES = 64 * 1024
--- A checkpointed pipeline stage's replay leaves out part of the garbage its
--- recomputes make, and a backward cannot collect (its kernels allocate from
--- C): its share is the largest under-prediction the grid measured for such
--- layouts (13 %), rounded up.
-M.SAFETY_RECOMPUTED = 0.15
+-- A checkpointed pipeline stage's replay knows its recomputes' garbage least
+-- (when Lua's collector frees it): its share is the largest under-prediction
+-- the grid measured for such layouts (8.9 %), rounded up.
+M.SAFETY_RECOMPUTED = 0.10
 -- The margin's share for layout l (nil: the common one).
 function M.safety(l)
   return (l and l.pipeline > 1 and l.checkpoint) and M.SAFETY_RECOMPUTED or M.SAFETY
@@ -161,10 +161,9 @@ function M.data_memory(l, m)
   local N, mode = l.data, l.shard
   local W, S = m.weights, m.state
   local sharded = mode ~= 'none'
-  -- (ZeRO 3 holds one module's gathered weights at a time, forward and backward; under
-  -- checkpointing two: a recompute gathers a module's weights while the backward
-  -- of the module after it still holds its own)
-  local params = mode == 'parameters' and math.ceil(W / N) + (l.checkpoint and 2 or 1) * m.unit or W
+  -- (ZeRO 3 holds one module's gathered weights at a time, forward and
+  -- backward; under checkpointing m.unit is a whole child's, see plan.lua)
+  local params = mode == 'parameters' and math.ceil(W / N) + m.unit or W
   local state = sharded and math.ceil(S / N) or S
   local flats = sharded and M.flat_grads(m.step.segments,
     mode == 'parameters' and m.units or m.buckets, N, mode)

@@ -72,26 +72,44 @@ local function replay(ops, st, grads, collect, slack)
   end
   -- the backward's worst moment, each {bytes above what is live, recomputed
   -- garbage beside them, bytes beside the gradients (a sharded stage's flat
-  -- units)}: past the limit the pacing (in the recompute's Lua ops) frees the
-  -- garbage
+  -- units), where the collector's pacing can run}: past the limit it frees the
+  -- garbage, but only in a Lua op -- e[4] is nil where the backward runs Lua
+  -- ops all along (ZeRO 3's nodes, a sharded stage's hooks), false where it
+  -- runs in C alone (the engine's kernels allocate there, unseen by the
+  -- pacing), or the top of a checkpointed child's recompute above what is live
+  -- (its Lua ops; the kernels after them are C's)
   local function over(list)
-    local top, hi, swept = live(), 0, false
+    local top, hi, gone = live(), 0, 0
     for _, e in ipairs(list) do
-      local extra = e[3] or 0
-      local t = live() + extra + e[1] + e[2]
-      if t > limit then t = math.max(limit, live() - garbage + extra + e[1]); swept = true end
+      local extra, beside = e[3] or 0, e[2] - gone
+      local t = live() + extra + e[1] + beside
+      if t > limit and e[4] ~= false and (not e[4] or live() + extra + e[4] + beside > limit) then
+        garbage, gone = 0, e[2]
+        t = math.max(limit, live() + extra + e[1])
+      end
       top = math.max(top, t)
       hi = math.max(hi, live() - garbage + extra + e[1])
+      if e.collects then garbage, gone = 0, 0; limit = live() + extra + slack end
     end
-    if swept then garbage = 0 end
     limit = math.max(limit, hi + slack)
     return top
   end
   local last_b = 0
   for k, op in ipairs(ops) do if op[1] == 'B' then last_b = k end end
+  -- (what the step starts with: the pipeline's collections count from there)
+  local start = live()
   for k, op in ipairs(ops) do
     if op[1] == 'F' then
-      inflight = inflight + st.held + st.inb
+      if st.tidied then
+        -- (its checkpoints' collections: the forward's top before them, then
+        -- no garbage)
+        peak = math.max(peak, live() + st.inb + st.fwd_pre)
+        inflight = inflight + st.held + st.inb
+        garbage = 0
+        collected()
+      else
+        inflight = inflight + st.held + st.inb
+      end
       add(st.garbage)
       peak = math.max(peak, live() + st.fwd)
     else
@@ -103,12 +121,12 @@ local function replay(ops, st, grads, collect, slack)
       -- gradient this B sends back stays in its send until the step's end)
       pending = pending + st.inb
       add(st.held + st.inb + st.recomputed)
-      -- Past COLLECT the pipeline collects; below it the garbage stays. Lua's own
-      -- collector may free part of it first, at moments that vary from run to
-      -- run, which can keep the pipeline from collecting: the worst case keeps
-      -- as much garbage as stays under COLLECT.
-      if live() > collect then
-        garbage = math.max(0, math.min(garbage, collect - (live() - garbage)))
+      -- Past COLLECT above the step's start the pipeline collects; below it
+      -- the garbage stays. Lua's own collector may free part of it first, at
+      -- moments that vary from run to run, which can keep the pipeline from
+      -- collecting: the worst case keeps as much garbage as stays under it.
+      if live() - start > collect then
+        garbage = math.max(0, math.min(garbage, start + collect - (live() - garbage)))
         if garbage == 0 then collected() end
       end
     end
@@ -126,11 +144,12 @@ end
 -- also lets a unit's gathered weights go once its gradients are complete.
 -- units: in backward order, each {bytes, parts = {{child, bytes}, ...}}.
 -- Returns, per child of the stage, the bytes beside the stage's full gradients
--- (and ZeRO 3's gathered weights) while its backward runs: its own units'
--- flats are made by then (a bias is final before its weight's gradient is
--- added up).
+-- (and ZeRO 3's gathered weights) while its backward runs, with its own units'
+-- flats made (a plain backward finishes a bias before it adds up its weight's
+-- gradient, whose flat then exists), and without them (a checkpointed child's
+-- gradients arrive together once its backward is done: its weight's first).
 local function flat_extras(units, first, last, D, mode)
-  local extras, made, got = {}, {}, {}
+  local extras, before, made, got = {}, {}, {}, {}
   local alive, moved, sliced, freed, launched, applied = 0, 0, 0, 0, 0, 0
   for i = last, first, -1 do
     local new = 0
@@ -139,7 +158,8 @@ local function flat_extras(units, first, last, D, mode)
         if part[1] == i and not made[u] then made[u] = true; new = new + unit.bytes end
       end
     end
-    extras[i] = alive + new + sliced - moved - freed
+    before[i] = alive + sliced - moved - freed
+    extras[i] = before[i] + new
     alive = alive + new
     for u, unit in ipairs(units) do
       for _, part in ipairs(unit.parts) do
@@ -161,7 +181,7 @@ local function flat_extras(units, first, last, D, mode)
       end
     end
   end
-  return extras
+  return extras, before
 end
 
 -- A stage's units, as shard.lua makes them: ZeRO 1 and 2 bucket its
@@ -199,13 +219,15 @@ end
 function M.pipeline_memory(l, m, children, counts, schedule)
   local D, P, Mc = l.data, l.pipeline, l.chunks
   local collect = collect_bytes(m.memory)
+  -- garbage a checkpoint collects at once (em.nn.checkpoint), or nil
+  local tidy = l.checkpoint and require('ember').nn._checkpoint_tidy_bytes(m.memory)
   -- garbage past this forces a collection whatever the pipeline does: the
   -- collector's pacing under a cap of the planned memory (ember.handles)
   local slack = m.memory and require('ember.handles').cap_slack(m.memory) or math.huge
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
-    local W, held, dead, fwd = 0, 0, 0, 0
+    local W, held, dead, fwd, fwd_pre, tidied = 0, 0, 0, 0, 0, false
     local last_i = first + counts[s + 1] - 1
     local before = {}
     for i = first, last_i do
@@ -217,6 +239,11 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       before[i] = held
       held = held + c.held
       dead = dead + (c.garbage or 0)
+      -- a checkpoint that leaves garbage worth it collects (em.nn.checkpoint):
+      -- all garbage goes, the earlier micro-batches' too
+      if tidy and (c.garbage or 0) > tidy then
+        tidied, fwd_pre, fwd, dead = true, math.max(fwd_pre, fwd), 0, 0
+      end
     end
     -- The backward runs the children in reverse; a checkpointed child's
     -- recomputed activations are garbage once its backward is done, and stay
@@ -225,36 +252,58 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- them} (that garbage shares the collector's slack with the step's: replay).
     local after = 0
     local bwds, rests = {}, {}
+    -- ZeRO 3's nodes run Lua ops all through a backward; otherwise a plain
+    -- child's backward is the engine's alone (false: no pacing there)
+    local zero3 = false
+    if D > 1 and l.shard == 'parameters' then zero3 = nil end
     local flats = D > 1 and l.shard ~= 'none'
-    local extras = flats and
-      flat_extras(stage_units(children, first, last_i, l.shard), first, last_i, D, l.shard) or {}
+    local extras, own_later = {}, {}
+    if flats then
+      extras, own_later = flat_extras(stage_units(children, first, last_i, l.shard), first, last_i,
+        D, l.shard)
+    end
     if s == P - 1 and m.loss then
       fwd = math.max(fwd, held + dead + m.loss.fwd_peak)
-      bwds[1] = { held + m.loss.bwd_peak, 0 }
+      bwds[1] = { held + m.loss.bwd_peak, 0, 0, zero3 }
       held = held + m.loss.held
     end
     -- (rests: the moments of the step's last B from the one the stage's last
     -- child has its gradients on; a sharded stage's with the bytes its flat
     -- units add beside the gradients at each child)
-    rests[1] = { before[last_i], 0 }
+    rests[1] = { before[last_i], 0, 0, zero3 }
+    if flats then rests[1][4] = nil end
     for i = last_i, first, -1 do
       local c = children[i]
       -- (a child's backward was measured beside its weights' gradients, which
-      -- the replay counts apart, from the stage's first B on. A checkpointed
-      -- child's recompute also meets the garbage its own forward left, which
-      -- the measurement collected first: P x D stages held it, 12-19 % over
-      -- the replay without it)
-      local b = c.bwd_peak + (l.checkpoint and (c.garbage or 0) or 0)
-      bwds[#bwds + 1] = { before[i] + b, after }
-      if flats then rests[#rests + 1] = { before[i] + b, after, extras[i] }
-      elseif i < last_i then rests[#rests + 1] = { before[i] + b, after } end
+      -- the replay counts apart, from the stage's first B on)
+      local b = before[i] + c.bwd_peak
+      -- (where the pacing runs: e[4] in replay's over)
+      local sweep = c.recompute_peak and before[i] + c.recompute_peak or zero3
+      bwds[#bwds + 1] = { b, after, 0, sweep }
+      if flats and l.checkpoint then
+        -- (its backward's peak before its flats, their making after it, when
+        -- its recomputed tensors are garbage)
+        rests[#rests + 1] = { b, after, own_later[i], sweep }
+        rests[#rests + 1] = { before[i], after + (c.recomputed or 0), extras[i] }
+      elseif flats then rests[#rests + 1] = { b, after, extras[i], c.recompute_peak and sweep }
+      elseif i < last_i then rests[#rests + 1] = { b, after, 0, sweep } end
       after = after + (c.recomputed or 0)
+      -- (a recompute that leaves garbage worth it collects as it returns)
+      if tidy and (c.recomputed or 0) > tidy then
+        after = 0
+        bwds[#bwds].collects = true
+        if #rests > 0 then rests[#rests].collects = true end
+      end
     end
     for _, list in ipairs({ bwds, rests }) do
-      for _, e in ipairs(list) do e[1] = e[1] - held end
+      for _, e in ipairs(list) do
+        e[1] = e[1] - held
+        if e[4] then e[4] = e[4] - held end
+      end
     end
     local sharded = l.shard ~= 'none'
     local st = { held = held, garbage = dead, fwd = math.max(0, fwd - held - dead),
+                 tidied = tidied, fwd_pre = fwd_pre,
                  bwds = bwds, rests = rests,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
                  outb = s < P - 1 and children[last_i].out_bytes or 0,

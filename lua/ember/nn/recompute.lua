@@ -27,6 +27,7 @@ recompute runs once per backward; other results pass through as they are.
 local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
+local handles = require 'ember.handles'
 local C, S, raise, kind, wrap = core.C, core.S, core.raise, core.kind, core.wrap
 local box_t, istype = core.box_t, ffi.istype
 
@@ -36,17 +37,24 @@ local function addr(t) return tonumber(ffi.cast('intptr_t', t._h)) end
 
 -- The tensors fn made and dropped are garbage that only Lua's collector frees:
 -- left to it, they would stay until the next collection and eat the memory
--- checkpointing saves. When what fn allocated beyond its results passes
--- GARBAGE bytes, they are collected at once (the cost of a collection is
--- small beside computing that much).
+-- checkpointing saves -- or not, as its pace goes, which a plan of the step's
+-- memory cannot foresee. When what fn allocated beyond its results passes
+-- GARBAGE bytes, or a 16th of its device's memory where that is less
+-- (handles.garbage_worth), they are collected at once (the cost of a
+-- collection is small beside computing that much).
 local GARBAGE = 8 * 2 ^ 20
+local function worth(capacity) return handles.garbage_worth(capacity, GARBAGE) end
 local function tidy(before, res, from)
-  local kept = 0
+  local kept, dev = 0, nil
   for i = from, res.n do
     local v = res[i]
-    if is_tensor(v) then kept = kept + v:numel() * C.em_dtype_size(core.dtype_of(v._h)) end
+    if is_tensor(v) then
+      kept = kept + v:numel() * C.em_dtype_size(core.dtype_of(v._h))
+      dev = dev or v.device
+    end
   end
-  if tonumber(C.em_memory_allocated(S)) - before - kept > GARBAGE then core.collect() end
+  local left = tonumber(C.em_memory_allocated(S)) - before - kept
+  if left > worth(dev and em.memory_stats(dev).capacity) then core.collect() end
 end
 
 -- fn(...) under no_grad with a probe; returns its results and the probed tensors.
@@ -203,6 +211,9 @@ end
 
 return function(nn)
   nn.checkpoint = checkpoint
+  -- (the garbage a checkpoint collects at once on a device of that capacity:
+  -- the planner's replay, plan_pipeline.lua)
+  nn._checkpoint_tidy_bytes = worth
 
   local Checkpoint = nn.Module:extend('Checkpoint')
   -- its module's parameters keep their names: a state_dict loads between the
