@@ -51,7 +51,8 @@ em_status emi_commdev_open(em_state *S, int device, emi_commdev **out) {
   const emi_services *svc = d ? emi_services_of(S, device) : NULL;
   if (!svc)
     return emi_error(S, EM_ERR_DEVICE, "comm_nccl: no device cuda:%d (%s)", device,
-                     S->kinds[0].ctx ? "not one of this state's devices" : emi_accel_why(S));
+                     S->kinds[0].ctx && (device < 0 || device >= emi_accel_count(S))
+                         ? "not one of this state's devices" : emi_accel_why(S));
   /* The comm stream is made on first use (a sync on it makes it). */
   if (svc->stream_sync(d, EMI_STREAM_COMM))
     return emi_error(S, EM_ERR_DEVICE, "comm_nccl: cuda:%d: %s", device, svc->errmsg(d));
