@@ -450,9 +450,13 @@ typedef struct emi_services {
 /* -- Device kinds ------------------------------------------------------------------
 ** A kind serves devices of one name ("cuda": cuda:0 .. cuda:max-1). open runs once
 ** per state, on the state's first use of the kind: *ctx is the kind's context for
-** that state (NULL and a reason in why when it has no devices); count and device
-** read it; close ends it at em_close. api: the kind's own public calls (cuda:
-** emi_cuda_api), NULL if none. */
+** that state (NULL and a reason in why when it has no devices) and touches no
+** device; count and device read it (device: the host-side context of device i,
+** whose services may give facts -- properties, memory counts -- before it is
+** opened); open_device readies device i for work (streams, the CUDA context) on
+** the state's first use of it, once (EM_OK at once after that; any thread; a
+** failure says why, naming the device). close ends it at em_close. api: the
+** kind's own public calls (cuda: emi_cuda_api), NULL if none. */
 typedef struct emi_backend_kind {
   int abi;                           /* EMI_BACKEND_ABI of the build it came from */
   const char *name;
@@ -463,6 +467,7 @@ typedef struct emi_backend_kind {
   void (*close)(em_state *S, void *ctx);
   int (*count)(void *ctx);
   emi_device *(*device)(void *ctx, int index);
+  em_status (*open_device)(void *ctx, int index, char *why, size_t whylen);
   const void *api;
 } emi_backend_kind;
 

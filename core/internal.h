@@ -189,10 +189,15 @@ em_status emi_expand_to(em_state *S, const char *op, const em_tensor *t,
 ** Accelerator devices 0 .. EMI_MAX_DEVICES-1 belong to the accelerator kind (cuda),
 ** a library loaded on the first ask of any state (libember_cuda.so beside
 ** libember, or linked in). A state opens the kind on its first use of one of
-** its devices. emi_device_attach: the device's context, NULL when it can't be had
-** (emi_accel_why says why). emi_accel: the kind and its context for S (opening
-** both on first use), NULL when there is none. */
+** its devices, and each device on its own first use. emi_device_attach: the
+** device's context, opened for work (streams, a CUDA context), NULL when it
+** can't be had (emi_accel_why says why). emi_accel_peek: the device's context
+** without opening it, for facts that need no CUDA context (properties, memory
+** counts), NULL when there is no such device. emi_accel: the kind and its
+** context for S (opening the kind, no device, on first use), NULL when there is
+** none. */
 emi_device *emi_device_attach(em_state *S, int device);
+emi_device *emi_accel_peek(em_state *S, int device);
 const emi_backend_kind *emi_accel(em_state *S, void **ctx);
 const char *emi_accel_why(em_state *S);
 int emi_accel_count(em_state *S);

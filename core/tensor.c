@@ -336,6 +336,8 @@ em_status emi_tensor_new(em_state *S, const char *op, const int64_t *sizes, int 
     if (device < EM_META)
       return emi_error(S, EM_ERR_DEVICE, "%s: invalid device %d (cpu is %d, meta %d, "
                        "CUDA devices are 0, 1, ...)", op, device, EM_CPU, EM_META);
+    if (S->kinds[0].ctx && device < emi_accel_count(S))   /* there, but it would not open */
+      return emi_error(S, EM_ERR_DEVICE, "%s: %s", op, emi_accel_why(S));
     if (S->kinds[0].ctx && device < EMI_MAX_DEVICES)
       return emi_error(S, EM_ERR_DEVICE, "%s: no device cuda:%d (this state has %d)", op,
                        device, emi_accel_count(S));

@@ -712,12 +712,15 @@ em_status emk_alloc_new(emk_runtime *rt, const emk_alloc_config *cfg, emk_alloc 
     memset(d, 0, sizeof *d);
     if (pthread_mutex_init(&d->mu, NULL) != 0) { hfree(a, d, sizeof *d); goto nomem; }
     d->id = i;
+    /* The capacity from the properties, which need no CUDA context (mem_info
+    ** would make one on every device: runtime.h, Contexts); mem_info only for a
+    ** runtime without them. */
     size_t freeb = 0, total = 0;
     emk_device_props props;
-    if (rt->ops->mem_info && rt->ops->mem_info(rt, i, &freeb, &total) == EM_OK)
-      d->st.capacity = total;
-    else if (rt->ops->device_props && rt->ops->device_props(rt, i, &props) == EM_OK)
+    if (rt->ops->device_props && rt->ops->device_props(rt, i, &props) == EM_OK)
       d->st.capacity = props.total_memory;
+    else if (rt->ops->mem_info && rt->ops->mem_info(rt, i, &freeb, &total) == EM_OK)
+      d->st.capacity = total;
     if (frac > 0 && frac < 1 && d->st.capacity) {
       d->threshold = (size_t)((double)d->st.capacity * frac);
       d->rearm = d->threshold / 10 * 9;

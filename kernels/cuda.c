@@ -9,7 +9,14 @@
 ** CUDA runtime and cuBLASLt, loaded with dlopen) finds the GPUs; on a machine
 ** without a driver or a GPU there are no CUDA devices, and the reason says so.
 ** The registry opens the kind once per state, at the first use of a device
-** number >= 0, so a CPU-only script pays nothing.
+** number >= 0, so a CPU-only script pays nothing. Opening the kind counts the
+** devices and makes the allocator and one host-side record per device; no
+** device is touched. Device i opens (emk_device_open: its streams, and with
+** them its CUDA context and kernels) at the state's first use of it, through
+** the registry (emi_device_attach) or a pinned allocation (the current device),
+** so a replica or an mpirun rank that uses cuda:3 makes a context on cuda:3
+** alone, and a GPU in EXCLUSIVE_PROCESS mode is asked only by the process that
+** uses it. A device never opened needs nothing at close.
 */
 #include "cuda.h"
 #include "dnn.h"
@@ -29,6 +36,7 @@ static void close_all(em_state *S, emk_cuda *c) {
   if (c->alloc) emk_alloc_close(c->alloc);
   if (c->rt) emk_pinned_collect(c);
   pthread_mutex_destroy(&c->pinned_mu);
+  pthread_mutex_destroy(&c->open_mu);
   if (c->rt) c->rt->ops->close(c->rt);
   emk_algo_cache_free(c->algos);
   emi_free(S, c, sizeof *c);
@@ -81,6 +89,7 @@ static em_status open_devices(em_state *S, void **ctx, char *why, size_t whylen)
   }
   memset(c, 0, sizeof *c);
   pthread_mutex_init(&c->pinned_mu, NULL);
+  pthread_mutex_init(&c->open_mu, NULL);
   c->rt = rt;
   c->emulated = emulated;
   c->algos = emk_algo_cache_new();       /* NULL: convolutions choose every time */
@@ -93,7 +102,9 @@ static em_status open_devices(em_state *S, void **ctx, char *why, size_t whylen)
     return st;
   }
   c->ndev = c->rt->ops->device_count(c->rt);
-  for (int i = 0; i < c->ndev && i < EMI_MAX_DEVICES; i++) {
+  if (c->ndev > EMI_MAX_DEVICES) c->ndev = EMI_MAX_DEVICES;
+  /* host-side records only: the streams come with the device's first use */
+  for (int i = 0; i < c->ndev; i++) {
     emk_cuda_device *d = emi_malloc(S, sizeof *d);
     if (!d) { st = EM_ERR_NOMEM; snprintf(why, whylen, "out of memory"); break; }
     memset(d, 0, sizeof *d);
@@ -101,16 +112,41 @@ static em_status open_devices(em_state *S, void **ctx, char *why, size_t whylen)
     d->cuda = c;
     d->index = i;
     c->dev[i] = d;
-    if ((st = c->rt->ops->stream_create(c->rt, i, &d->compute)) ||
-        (st = c->rt->ops->stream_create(c->rt, i, &d->copy))) {
-      snprintf(why, whylen, "cuda:%d: %.200s", i, c->rt->errmsg);
-      break;
-    }
   }
   if (st) { close_all(S, c); return st; }
   c->S = S;
   *ctx = c;
   return EM_OK;
+}
+
+em_status emk_device_open(emk_cuda *c, int i, char *why, size_t whylen) {
+  if (i < 0 || i >= c->ndev) {
+    snprintf(why, whylen, "no device cuda:%d (this state has %d)", i, c->ndev);
+    return EM_ERR_DEVICE;
+  }
+  emk_cuda_device *d = c->dev[i];
+  if (emk_device_is_open(d)) return EM_OK;
+  em_status st = EM_OK;
+  pthread_mutex_lock(&c->open_mu);
+  if (!d->opened) {
+    emk_runtime *rt = c->rt;
+    if ((st = rt->ops->stream_create(rt, i, &d->compute)) ||
+        (st = rt->ops->stream_create(rt, i, &d->copy))) {
+      snprintf(why, whylen, "cuda:%d could not be opened: %.300s", i, rt->errmsg);
+      if (d->compute) rt->ops->stream_destroy(rt, d->compute);
+      d->compute = NULL;                /* nothing half made: a later use tries again */
+    } else {
+      __atomic_store_n(&d->opened, 1, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&c->open_mu);
+  return st;
+}
+
+unsigned emk_cuda_contexts(em_state *S) {
+  emk_cuda *c = emk_ctx(S);
+  if (!c) return 0;
+  return c->emulated ? emk_emu_contexts(c->rt) : emk_real_contexts(c->rt);
 }
 
 em_status emk_error(emi_device *d, const char *op, em_status st) {
@@ -123,6 +159,9 @@ em_status emk_error(emi_device *d, const char *op, em_status st) {
 static void kind_close(em_state *S, void *ctx) { close_all(S, ctx); }
 static int kind_count(void *ctx) { return ((emk_cuda *)ctx)->ndev; }
 static emi_device *kind_device(void *ctx, int i) { return &((emk_cuda *)ctx)->dev[i]->base; }
+static em_status kind_open_device(void *ctx, int i, char *why, size_t whylen) {
+  return emk_device_open(ctx, i, why, whylen);
+}
 static int kind_emulated(void *ctx) { return ((emk_cuda *)ctx)->emulated; }
 
 static const emi_cuda_api cuda_api = {
@@ -146,6 +185,7 @@ const emi_backend_kind emk_cuda_kind = {
   .close = kind_close,
   .count = kind_count,
   .device = kind_device,
+  .open_device = kind_open_device,
   .api = &cuda_api,
 };
 

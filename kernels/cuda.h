@@ -1,7 +1,8 @@
 /*
 ** cuda.h -- the CUDA kind's context for a state: the runtime it talks to the
 ** devices through, the caching allocator, and one context per device (the
-** emi_device the registry hands out for cuda:i, and the device's streams).
+** emi_device the registry hands out for cuda:i, and the device's streams, made
+** when the state first uses the device: emk_device_open).
 ** Shared by cuda.c (the kind), backend.c (the op table), services.c (the
 ** services table) and the kernel files.
 */
@@ -16,6 +17,7 @@ typedef struct emk_cuda_device {
   emi_device base;               /* base.impl points back here */
   struct emk_cuda *cuda;
   int index;
+  int opened;                    /* atomic: 1 once compute and copy exist (emk_device_open) */
   emk_stream *compute;           /* every op of this state on this device, in order */
   emk_stream *copy;              /* asynchronous copies from pinned memory (pinned.c) */
   emk_stream *comm;              /* collectives (services.c), made on first use */
@@ -29,6 +31,7 @@ typedef struct emk_cuda {
   int ndev, emulated;
   emk_cuda_device *dev[EMK_MAX_DEVICES];
   struct emk_algo_cache *algos;  /* convolution algorithms by geometry (algo_cache.c) */
+  pthread_mutex_t open_mu;       /* guards opening a device (emk_device_open) */
   pthread_mutex_t pinned_mu;     /* guards pinned_dead */
   void *pinned_dead;             /* pinned blocks to give back (pinned.c) */
 } emk_cuda;
@@ -42,6 +45,23 @@ static inline emk_cuda_device *emk_dev(emi_device *d) { return (emk_cuda_device 
 static inline emk_cuda *emk_ctx(em_state *S) {
   return (emk_cuda *)emi_kind_ctx(S, &emk_cuda_kind);
 }
+
+/* Opens device i for the state on its first use: its compute and copy streams,
+** which is where the runtime makes the device's CUDA context (and loads the
+** kernels into it). Until then the state has not touched the device, so a
+** process that uses one GPU of eight makes one context, and a GPU in
+** EXCLUSIVE_PROCESS mode that another process holds is refused only to the
+** state that asks for it. Thread-safe (under c->open_mu; an opened device costs
+** one atomic load); EM_OK at once when open. On failure, why says which device
+** and the runtime's reason, and a later use tries again. */
+em_status emk_device_open(emk_cuda *c, int i, char *why, size_t whylen);
+static inline int emk_device_is_open(const emk_cuda_device *cd) {
+  return __atomic_load_n(&cd->opened, __ATOMIC_ACQUIRE);
+}
+/* For tests: bit d set when the state's runtime made (or would have made, on the
+** emulator) a CUDA context on device d; 0 when S has no CUDA context. Exported,
+** so a Lua test can reach it in the loaded library (ffi.load). */
+unsigned emk_cuda_contexts(em_state *S);
 
 /* The runtime's message as the state's error: "op: cuda:N: <message>". */
 em_status emk_error(emi_device *d, const char *op, em_status st);

@@ -21,6 +21,16 @@
 ** (stream_sync, event_sync, or any call on that stream), as CUDA does with
 ** sticky errors -- but a failed stream stays usable after it was reported.
 ** Pointers are device pointers unless named host.
+**
+** Contexts. A real device's CUDA context (hundreds of MB of its memory, and in
+** EXCLUSIVE_PROCESS mode one process at a time) is made by the first call that
+** needs one on it: memory, streams, events, mem_info, conv_algos. device_count
+** and device_props make none, so the backend can count and describe every
+** device while it opens only those a state uses (cuda.c). Pinned host memory
+** (host_alloc, host_free) goes through the first device that got a context
+** (cuda:0's, as CUDA's default, when none has one yet). The emulated runtime
+** records the devices it would have made a context on (emk_emu_contexts), the
+** real one the devices it did (emk_real_contexts).
 */
 #ifndef EMBER_KERNELS_RUNTIME_H
 #define EMBER_KERNELS_RUNTIME_H
@@ -118,7 +128,7 @@ typedef struct emk_runtime_ops {
   ** is the only caller. n > 0; a refusal is EM_ERR_NOMEM. */
   em_status (*malloc)(emk_runtime *rt, int dev, size_t n, void **out);
   em_status (*free)(emk_runtime *rt, int dev, void *p);
-  /* Page-locked host memory for asynchronous copies. */
+  /* Page-locked host memory for asynchronous copies (see Contexts above). */
   em_status (*host_alloc)(emk_runtime *rt, size_t n, void **out);
   em_status (*host_free)(emk_runtime *rt, void *p);
 
@@ -264,6 +274,14 @@ int emk_emu_check_guards(emk_runtime *rt, char *msg, size_t msglen);
 ** out of bounds). check_guards returns the number of damaged blocks and lists
 ** them in msg. */
 size_t emk_emu_live_blocks(emk_runtime *rt, int dev);
+/* Bit d set once a call that makes a CUDA context on device d on real CUDA ran
+** on this runtime (see Contexts above); for tests that a state touches only the
+** devices it uses. emk_real_contexts: the real runtime's own record. */
+unsigned emk_emu_contexts(emk_runtime *rt);
+unsigned emk_real_contexts(emk_runtime *rt);
+/* Bit d: device d refuses a new context from now (one it has stays), as a GPU in
+** EXCLUSIVE_PROCESS mode that another process holds; 0 makes all available. */
+void emk_emu_set_unavailable(emk_runtime *rt, unsigned mask);
 size_t emk_emu_pageable_copies(emk_runtime *rt);
 em_status emk_emu_write_raw(emk_runtime *rt, void *dst, const void *src, size_t n);
 /* The emulator's host side may read and write device memory only through

@@ -94,7 +94,14 @@ em_status emi_feed_new(em_state *S, int device, int pin_memory, int ahead, int b
   memset(f, 0, sizeof *f);
   f->S = S;
   f->device = device;
-  f->d = emi_device_of(S, device == EM_CPU ? 0 : device);  /* pinned memory: any device's */
+  /* pinned memory for CPU batches: through the current device, the one the state
+  ** uses ('cuda'), so that a replica on cuda:1 opens no context on cuda:0 */
+  int dev = device == EM_CPU ? S->current_device : device;
+  f->d = emi_device_of(S, dev);
+  if (!f->d) {
+    emi_free(S, f, sizeof *f);
+    return emi_error(S, EM_ERR_DEVICE, "loader: %s", emi_accel_why(S));
+  }
   f->svc = emi_services_of(S, f->d->index);
   f->pinned = pin_memory != 0;
   f->ahead = !f->pinned || device == EM_CPU ? 0 : ahead < 0 ? 1 :

@@ -5,6 +5,10 @@
 ** (emi_cuda_api). Without the library or a device, each says why, as the
 ** registry put it. State-wide settings (TF32, the reclaim hook, the memory
 ** pressure flag) are the state's own and need no device.
+**
+** None of them opens a device the state has not used (registry.c): a device
+** never opened has no work to wait for and no cache to empty, and its facts
+** (properties, memory counts) come without a CUDA context.
 */
 #include "internal.h"
 #include <stdio.h>
@@ -72,7 +76,7 @@ em_status em_cuda_synchronize(em_state *S, int device) {
   const emi_backend_kind *k;
   em_status st = device_range(S, "cuda.synchronize", device, 0, &lo, &hi, &k);
   for (int i = lo; !st && i < hi; i++)
-    if ((st = k->svc->synchronize(S->devices[i])))
+    if (S->devices[i] && (st = k->svc->synchronize(S->devices[i])))
       st = svc_error(S, "cuda.synchronize", S->devices[i], st);
   return st;
 }
@@ -82,7 +86,7 @@ em_status em_cuda_memory_stats(em_state *S, int device, em_cuda_memory *out) {
   const emi_backend_kind *k;
   em_status st = device_range(S, "cuda.memory_stats", device, 1, &lo, &hi, &k);
   if (st) return st;
-  if ((st = k->svc->memory_stats(S->devices[device], out)))
+  if ((st = k->svc->memory_stats(emi_accel_peek(S, device), out)))
     return emi_error(S, st, "cuda.memory_stats: cuda:%d: no statistics", device);
   return EM_OK;
 }
@@ -92,8 +96,8 @@ em_status em_cuda_device_props(em_state *S, int device, em_cuda_props *out) {
   const emi_backend_kind *k;
   em_status st = device_range(S, "cuda.get_device_properties", device, 1, &lo, &hi, &k);
   if (st) return st;
-  if ((st = k->svc->props(S->devices[device], out)))
-    return svc_error(S, "cuda.get_device_properties", S->devices[device], st);
+  emi_device *d = emi_accel_peek(S, device);
+  if ((st = k->svc->props(d, out))) return svc_error(S, "cuda.get_device_properties", d, st);
   return EM_OK;
 }
 
@@ -101,7 +105,8 @@ em_status em_cuda_empty_cache(em_state *S, int device) {
   int lo, hi;
   const emi_backend_kind *k;
   em_status st = device_range(S, "cuda.empty_cache", device, 0, &lo, &hi, &k);
-  for (int i = lo; !st && i < hi; i++) st = k->svc->empty_cache(S->devices[i]);
+  for (int i = lo; !st && i < hi; i++)
+    if (S->devices[i]) st = k->svc->empty_cache(S->devices[i]);
   return st;
 }
 
@@ -118,7 +123,10 @@ em_status em_cuda_graph_begin(em_state *S, int device) {
   int lo, hi;
   const emi_backend_kind *k;
   em_status st = device_range(S, "cuda.graph", device, 1, &lo, &hi, &k);
-  return st ? st : api_of(k)->graph_begin(S->devices[device]);
+  if (st) return st;
+  emi_device *d = emi_device_of(S, device);       /* capturing needs its streams */
+  if (!d) return emi_error(S, EM_ERR_DEVICE, "cuda.graph: %s", emi_accel_why(S));
+  return api_of(k)->graph_begin(d);
 }
 
 em_status em_cuda_graph_end(em_state *S, em_cuda_graph **out) {
@@ -160,6 +168,10 @@ em_status em_tensor_pin_memory(em_state *S, const em_tensor *t, em_tensor **out)
   void *ctx;
   const emi_backend_kind *k = emi_accel(S, &ctx);
   if (!k) return emi_error(S, EM_ERR_DEVICE, "pin_memory: %s", emi_accel_why(S));
+  /* Pinned memory needs a CUDA context: the current device's, the one the state
+  ** works on, rather than cuda:0's (CUDA's choice on a thread that chose none). */
+  if (!emi_device_of(S, S->current_device))
+    return emi_error(S, EM_ERR_DEVICE, "pin_memory: %s", emi_accel_why(S));
   return api_of(k)->pin_memory(S, ctx, t, out);
 }
 

@@ -52,10 +52,11 @@ static emi_mem_count *own_count(em_state *S, int device) {
   return device == EM_CPU ? &S->cpu_mem : device == EM_META ? &S->meta_mem : NULL;
 }
 
-/* An accelerator device and its services, or an error naming the call. */
+/* An accelerator device and its services, or an error naming the call. Memory
+** counts need no CUDA context: the device is not opened for them. */
 static em_status accel_device(em_state *S, const char *op, int device, emi_device **d,
                               const emi_services **svc) {
-  *d = device >= 0 ? emi_device_of(S, device) : NULL;
+  *d = device >= 0 ? emi_accel_peek(S, device) : NULL;
   *svc = *d ? emi_services_of(S, device) : NULL;
   if (*svc) return EM_OK;
   char b[32];

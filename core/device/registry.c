@@ -22,8 +22,13 @@
 ** fails with the undefined symbol named in the reason.
 **
 ** Loading is once per process, under a mutex (replicas open their states in
-** threads); opening the kind's devices is once per state (emi_kind_slot). A
-** library built against another layout of the tables is refused (abi).
+** threads); opening the kind is once per state (emi_kind_slot), and opening one
+** of its devices is once per state and device, at the first use of that device
+** (emi_device_attach): a state that uses cuda:1 alone never touches cuda:0, as
+** a replica or an mpirun rank on a shared machine must not (each context costs
+** memory on its GPU, and a GPU in EXCLUSIVE_PROCESS mode refuses a second
+** process). A library built against another layout of the tables is refused
+** (abi).
 */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -149,10 +154,7 @@ static emi_kind_slot *open_slot(em_state *S, const emi_backend_kind **kind) {
       pthread_mutex_lock(&load_mu);
       snprintf(slot->why, sizeof slot->why, "%s", load_why);
       pthread_mutex_unlock(&load_mu);
-    } else if (k->open(S, &slot->ctx, slot->why, sizeof slot->why) == EM_OK && slot->ctx) {
-      int n = k->count(slot->ctx);
-      for (int i = 0; i < n && i < EMI_MAX_DEVICES; i++) S->devices[i] = k->device(slot->ctx, i);
-    } else {
+    } else if (k->open(S, &slot->ctx, slot->why, sizeof slot->why) != EM_OK || !slot->ctx) {
       slot->ctx = NULL;
     }
   }
@@ -160,10 +162,31 @@ static emi_kind_slot *open_slot(em_state *S, const emi_backend_kind **kind) {
   return slot;
 }
 
+/* A device number of the kind's, or -1. */
+static int accel_index(emi_kind_slot *slot, const emi_backend_kind *k, int device) {
+  if (!slot->ctx || device < 0 || device >= EMI_MAX_DEVICES) return -1;
+  return device < k->count(slot->ctx) ? device : -1;
+}
+
+/* The device opened once: later calls find it in S->devices (emi_device_of). A
+** device that can't be opened leaves its reason for emi_accel_why, and the next
+** use tries again. */
 emi_device *emi_device_attach(em_state *S, int device) {
   const emi_backend_kind *k;
-  open_slot(S, &k);
-  return device >= 0 && device < EMI_MAX_DEVICES ? S->devices[device] : NULL;
+  emi_kind_slot *slot = open_slot(S, &k);
+  if (accel_index(slot, k, device) < 0) return NULL;
+  if (S->devices[device]) return S->devices[device];
+  if (k->open_device(slot->ctx, device, slot->why, sizeof slot->why) != EM_OK) return NULL;
+  emi_device *d = k->device(slot->ctx, device);
+  __atomic_store_n(&S->devices[device], d, __ATOMIC_RELEASE);
+  return d;
+}
+
+emi_device *emi_accel_peek(em_state *S, int device) {
+  const emi_backend_kind *k;
+  emi_kind_slot *slot = open_slot(S, &k);
+  if (accel_index(slot, k, device) < 0) return NULL;
+  return S->devices[device] ? S->devices[device] : k->device(slot->ctx, device);
 }
 
 const emi_backend_kind *emi_accel(em_state *S, void **ctx) {
@@ -191,8 +214,7 @@ void *emi_kind_ctx(em_state *S, const emi_backend_kind *k) {
 }
 
 const emi_services *emi_services_of(em_state *S, int device) {
-  emi_device *d = emi_device_of(S, device);
-  if (!d || device < 0) return NULL;
+  if (device < 0 || !emi_accel_peek(S, device)) return NULL;   /* opens no device */
   void *ctx;
   const emi_backend_kind *k = emi_accel(S, &ctx);
   return k ? k->svc : NULL;

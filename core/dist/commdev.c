@@ -77,7 +77,8 @@ em_status emi_commdev_open(em_state *S, int device, emi_commdev **out) {
   const emi_services *svc = d ? emi_services_of(S, device) : NULL;
   if (!svc)
     return emi_error(S, EM_ERR_DEVICE, "comm_nccl: no device cuda:%d (%s)", device,
-                     S->kinds[0].ctx ? "not one of this state's devices" : emi_accel_why(S));
+                     S->kinds[0].ctx && (device < 0 || device >= emi_accel_count(S))
+                         ? "not one of this state's devices" : emi_accel_why(S));
   emi_commdev *cd = calloc(1, sizeof *cd);
   if (!cd) return emi_error(S, EM_ERR_NOMEM, "comm_nccl: out of memory");
   cd->S = S;

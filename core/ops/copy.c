@@ -90,6 +90,8 @@ em_status em_to(em_state *S, const em_tensor *a, em_dtype dt, int device, em_ten
     return emi_error(S, EM_ERR_DTYPE, "to: invalid dtype %d", (int)dt);
   if (!emi_device_of(S, device)) {
     char b[16];
+    if (device >= 0 && device < emi_accel_count(S))     /* there, but it would not open */
+      return emi_error(S, EM_ERR_DEVICE, "to: %s", emi_accel_why(S));
     return emi_error(S, EM_ERR_DEVICE, "to: can't move a tensor to %s: no backend serves "
                      "it (CUDA is not available in this build or on this machine)",
                      device < EM_CPU ? "an invalid device" : emi_device_name(b, device));

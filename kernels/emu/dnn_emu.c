@@ -74,7 +74,9 @@ em_status emi_emu_conv_algos(emk_runtime *rt, int dev, const emk_conv_desc *c,
   *n = 0;
   if (dev < 0 || dev >= E->ndev)
     return emi_emu_fail(E, EM_ERR_DEVICE, "conv_algos: no device cuda:%d", dev);
-  em_status st = check_desc(E, c);
+  em_status st = emi_emu_context(E, dev, "conv_algos");   /* cuDNN's handle needs one */
+  if (st) return st;
+  st = check_desc(E, c);
   if (st) return st;
   static const struct { int algo, math; } offer[] = {
     {2, EMK_MATH_TENSOR_OP}, {2, EMK_MATH_DEFAULT}, {1, EMK_MATH_DEFAULT}, {0, EMK_MATH_FMA}};

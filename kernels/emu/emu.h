@@ -108,6 +108,11 @@ typedef struct emu {
   emu_table host;                 /* pinned host memory */
   unsigned long long next_block;
   int fail_countdown;             /* emk_emu_fail_nth_malloc */
+  /* Atomic: bit d once device d has a "context" (emi_emu_context), and the first
+  ** such device (-1: none yet), which pinned host memory goes through. */
+  unsigned contexts;
+  int home;
+  unsigned unavailable;           /* atomic: bit d refuses a new context (emk_emu_set_unavailable) */
   size_t pageable_copies;
   emu_freed freed[EMU_FREED_RING];
   unsigned freed_next;
@@ -122,6 +127,11 @@ typedef struct emu {
 /* rt->errmsg = the formatted message (under err_mu); returns code. */
 em_status emi_emu_fail(emu *E, em_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Notes that device dev (valid) has a context now, as the real call `what` that
+** brought the caller here would have made one on CUDA (runtime.h, Contexts); a
+** device marked unavailable refuses a new one, as CUDA's EXCLUSIVE_PROCESS mode
+** does when another process holds the GPU (EM_ERR_DEVICE, rt->errmsg set). */
+em_status emi_emu_context(emu *E, int dev, const char *what);
 /* Pins the live device block holding all of [p, p+n): 1, or 0 with why set. */
 int emi_emu_pin(emu *E, const void *p, size_t n, emu_block **out, char *why, size_t whylen);
 void emi_emu_unpin(emu *E, emu_block *b);

@@ -24,6 +24,12 @@
 **     before it (cudaFree synchronises likewise), and then for the copies
 **     running on the block right now (pins), so a race in the caller is an
 **     error message, never a use-after-free inside the runtime.
+**   - Contexts are recorded: every entry that makes a CUDA context on a real
+**     device (memory, streams, events, mem_info, conv_algos; pinned memory
+**     through the first device with one, else cuda:0) marks its device, and
+**     device_count and device_props mark none, as on CUDA. So a test sees a
+**     state that opens a device it does not use (emk_emu_contexts) -- on a real
+**     machine, a context on every GPU for every process.
 ** Block tables are sorted arrays searched by bisection: allocations are few
 ** (the caching allocator keeps big segments) while lookups come with every copy.
 */
@@ -311,6 +317,26 @@ static int guards_check(const emu_block *b, char *msg, size_t len) {
 
 static int dev_ok(emu *E, int dev) { return dev >= 0 && dev < E->ndev; }
 
+em_status emi_emu_context(emu *E, int dev, const char *what) {
+  unsigned bit = 1u << dev;
+  if (__atomic_load_n(&E->contexts, __ATOMIC_ACQUIRE) & bit) return EM_OK;
+  if (__atomic_load_n(&E->unavailable, __ATOMIC_ACQUIRE) & bit)
+    return emi_emu_fail(E, EM_ERR_DEVICE, "%s (cuda:%d): cudaErrorDevicesUnavailable: CUDA-"
+                        "capable device(s) is/are busy or unavailable (emulated: the device "
+                        "is in EXCLUSIVE_PROCESS mode and another process holds it)", what, dev);
+  __atomic_fetch_or(&E->contexts, bit, __ATOMIC_RELEASE);
+  int none = -1;
+  __atomic_compare_exchange_n(&E->home, &none, dev, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return EM_OK;
+}
+
+/* Pinned host memory's device: the first with a context, else cuda:0's (which
+** CUDA makes for a thread that never chose a device). */
+static em_status host_context(emu *E, const char *what) {
+  int h = __atomic_load_n(&E->home, __ATOMIC_RELAXED);
+  return emi_emu_context(E, h >= 0 ? h : 0, what);
+}
+
 static em_status no_device(emu *E, const char *what, int dev) {
   return emi_emu_fail(E, EM_ERR_DEVICE, "%s: no device cuda:%d (the emulated runtime has "
                       "%d device%s)", what, dev, E->ndev, E->ndev == 1 ? "" : "s");
@@ -341,6 +367,8 @@ static em_status emu_device_props(emk_runtime *rt, int dev, emk_device_props *ou
 static em_status emu_mem_info(emk_runtime *rt, int dev, size_t *free_bytes, size_t *total) {
   emu *E = emu_of(rt);
   if (!dev_ok(E, dev)) return no_device(E, "mem_info", dev);
+  em_status st = emi_emu_context(E, dev, "mem_info");   /* cudaMemGetInfo needs one */
+  if (st) return st;
   pthread_mutex_lock(&E->mem_mu);
   size_t used = E->dev[dev].bytes;
   pthread_mutex_unlock(&E->mem_mu);
@@ -358,6 +386,8 @@ static em_status emu_malloc(emk_runtime *rt, int dev, size_t n, void **out) {
   if (!out) return emi_emu_fail(E, EM_ERR_ARG, "malloc on cuda:%d: no output (NULL)", dev);
   *out = NULL;
   if (n == 0) return emi_emu_fail(E, EM_ERR_ARG, "malloc on cuda:%d: 0 bytes asked", dev);
+  em_status st = emi_emu_context(E, dev, "malloc");
+  if (st) return st;
   emu_table *t = &E->dev[dev];
   /* Reserve the bytes under the lock, allocate and poison outside it. */
   pthread_mutex_lock(&E->mem_mu);
@@ -413,9 +443,10 @@ static em_status emu_free(emk_runtime *rt, int dev, void *ptr) {
   char blk[128];
   if (!dev_ok(E, dev)) return no_device(E, "free", dev);
   if (!p) return emi_emu_fail(E, EM_ERR_ARG, "free on cuda:%d: NULL pointer", dev);
-  /* As cudaFree: the device's queued work may still use the block. */
-  em_status st = emi_emu_drain(E, dev, "free");
+  em_status st = emi_emu_context(E, dev, "free");
   if (st) return st;
+  /* As cudaFree: the device's queued work may still use the block. */
+  if ((st = emi_emu_drain(E, dev, "free"))) return st;
   pthread_mutex_lock(&E->mem_mu);
   emu_table *t = &E->dev[dev];
   long i = table_floor(t, p);
@@ -466,6 +497,8 @@ static em_status emu_host_alloc(emk_runtime *rt, size_t n, void **out) {
   if (!out) return emi_emu_fail(E, EM_ERR_ARG, "host_alloc: no output (NULL)");
   *out = NULL;
   if (n == 0) return emi_emu_fail(E, EM_ERR_ARG, "host_alloc: 0 bytes asked");
+  em_status st = host_context(E, "host_alloc");
+  if (st) return st;
   emu_block *b = malloc(sizeof *b);
   void *raw = NULL;
   if (!b || posix_memalign(&raw, EMU_HOST_ALIGN, n)) {
@@ -491,9 +524,10 @@ static em_status emu_host_free(emk_runtime *rt, void *p) {
   emu *E = emu_of(rt);
   char why[320] = "";
   if (!p) return emi_emu_fail(E, EM_ERR_ARG, "host_free: NULL pointer");
-  /* Queued copies may still read or write it (cudaFreeHost synchronises too). */
-  em_status st = emi_emu_drain(E, -1, "host_free");
+  em_status st = host_context(E, "host_free");
   if (st) return st;
+  /* Queued copies may still read or write it (cudaFreeHost synchronises too). */
+  if ((st = emi_emu_drain(E, -1, "host_free"))) return st;
   pthread_mutex_lock(&E->mem_mu);
   long i = table_floor(&E->host, p);
   emu_block *b = i >= 0 ? E->host.v[i] : NULL;
@@ -564,6 +598,7 @@ em_status emk_emu_open(const emk_emu_config *cfg, emk_runtime **out, char *err,
   E->rt.impl = E;
   E->ndev = cfg->devices;
   E->capacity = cfg->capacity ? cfg->capacity : (size_t)1024 << 20;
+  E->home = -1;
   pthread_mutex_init(&E->err_mu, NULL);
   pthread_mutex_init(&E->mem_mu, NULL);
   pthread_cond_init(&E->mem_cv, NULL);
@@ -633,6 +668,16 @@ size_t emk_emu_live_blocks(emk_runtime *rt, int dev) {
   size_t n = dev < 0 ? E->host.len : E->dev[dev].len;
   pthread_mutex_unlock(&E->mem_mu);
   return n;
+}
+
+unsigned emk_emu_contexts(emk_runtime *rt) {
+  emu *E = emu_of(rt);
+  return E ? __atomic_load_n(&E->contexts, __ATOMIC_RELAXED) : 0;
+}
+
+void emk_emu_set_unavailable(emk_runtime *rt, unsigned mask) {
+  emu *E = emu_of(rt);
+  if (E) __atomic_store_n(&E->unavailable, mask, __ATOMIC_RELEASE);
 }
 
 size_t emk_emu_pageable_copies(emk_runtime *rt) {

@@ -298,6 +298,8 @@ em_status emi_emu_stream_create(emk_runtime *rt, int dev, emk_stream **out) {
   if (dev < 0 || dev >= E->ndev)
     return emi_emu_fail(E, EM_ERR_DEVICE, "stream_create: no device cuda:%d (the emulated "
                         "runtime has %d)", dev, E->ndev);
+  em_status cst = emi_emu_context(E, dev, "stream_create");
+  if (cst) return cst;
   emk_stream *s = calloc(1, sizeof *s);
   if (!s) return emi_emu_fail(E, EM_ERR_NOMEM, "stream_create: out of host memory");
   s->magic = EMU_STREAM_MAGIC;
@@ -592,6 +594,8 @@ em_status emi_emu_event_create(emk_runtime *rt, int dev, emk_event **out) {
   if (dev < 0 || dev >= E->ndev)
     return emi_emu_fail(E, EM_ERR_DEVICE, "event_create: no device cuda:%d (the emulated "
                         "runtime has %d)", dev, E->ndev);
+  em_status cst = emi_emu_context(E, dev, "event_create");
+  if (cst) return cst;
   emk_event *e = calloc(1, sizeof *e);
   if (!e) return emi_emu_fail(E, EM_ERR_NOMEM, "event_create: out of host memory");
   e->magic = EMU_EVENT_MAGIC;

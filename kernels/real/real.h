@@ -55,6 +55,10 @@ typedef struct emr {
   emk_stream *streams;
   emk_event *events;
   uint32_t peer_tried[EMK_MAX_DEVICES];   /* bit j of [i]: i -> j peer access asked */
+  /* Atomic: bit d once device d was made current (so has its context: emr_use),
+  ** and the first such device (-1: none), which pinned host memory goes through. */
+  unsigned contexts;
+  int home;
   /* kernels (launch_real.c) */
   int mods_state;           /* 0 not loaded, 1 loaded, -1 failed (mods_why) */
   char mods_why[EMK_ERRMSG_SIZE];

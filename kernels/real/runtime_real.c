@@ -10,8 +10,11 @@
 **   - Any thread may call any entry, and CUDA's current device is per thread: so
 **     every entry first sets the device its object belongs to (a stream's, an
 **     event's, the dev argument). Streams and events remember their device.
-**     Pinned host memory belongs to none (it is portable): host_alloc and
-**     host_free leave the thread's device as it is.
+**     Pinned host memory belongs to none (it is portable), but CUDA pins it
+**     through the calling thread's context: host_alloc and host_free set the
+**     first device that got a context (R->home), so a loader's worker thread,
+**     whose current device is CUDA's default 0, makes no context on cuda:0 for
+**     a state that works on cuda:3.
 **   - Errors carry CUDA's own words and the entry: "stream_sync (cuda:1):
 **     cudaStreamSynchronize: cudaErrorIllegalAddress: an illegal memory access
 **     was encountered". Asynchronous failures need no bookkeeping here: CUDA
@@ -24,8 +27,12 @@
 **     (page-locked for every device). Live streams and events are kept in lists
 **     so that close can release what a caller forgot.
 **   - Nothing here exits or aborts, and nothing touches a device before a call
-**     asks for it: open only counts devices.
-** Built without the CUDA headers, emk_real_open alone is compiled and says so.
+**     asks for it: open only counts devices, and device_props reads
+**     cudaGetDeviceProperties, which needs no context (cudaSetDevice makes the
+**     primary context since CUDA 12, cudaMemGetInfo needs one). emr_use, the
+**     one way an entry reaches a device, records it in R->contexts.
+** Built without the CUDA headers, emk_real_open alone is compiled and says so
+** (with emk_real_contexts, which has nothing to record).
 */
 #include "libs_fn.h"
 #include <stdarg.h>
@@ -35,6 +42,8 @@
 
 #ifndef EMK_HAVE_CUDART_H
 #include "../runtime.h"
+unsigned emk_real_contexts(emk_runtime *rt) { (void)rt; return 0; }
+
 em_status emk_real_open(emk_runtime **out, char *err, size_t errlen) {
   if (out) *out = NULL;
   snprintf(err, errlen, "CUDA runtime: ember was built without the CUDA headers (no "
@@ -85,7 +94,20 @@ em_status emr_use(emr *R, int dev, const char *entry) {
     return emr_fail(R, EM_ERR_DEVICE, "%s: no device cuda:%d (this machine has %d)", entry,
                     dev, R->ndev);
   cudaError_t e = R->f->cudaSetDevice(dev);
-  return e == cudaSuccess ? EM_OK : emr_cuda(R, e, entry, dev, "cudaSetDevice");
+  if (e != cudaSuccess) return emr_cuda(R, e, entry, dev, "cudaSetDevice");
+  if (!(__atomic_load_n(&R->contexts, __ATOMIC_RELAXED) & (1u << dev))) {
+    __atomic_fetch_or(&R->contexts, 1u << dev, __ATOMIC_RELAXED);
+    int none = -1;
+    __atomic_compare_exchange_n(&R->home, &none, dev, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  }
+  return EM_OK;
+}
+
+/* Pinned memory's context: the first device that got one (none yet: the
+** thread's own, cuda:0 unless it chose another). */
+static em_status use_home(emr *R, const char *entry) {
+  int h = __atomic_load_n(&R->home, __ATOMIC_RELAXED);
+  return h >= 0 ? emr_use(R, h, entry) : EM_OK;
 }
 
 em_status emr_check_stream(emr *R, emk_stream *s, const char *entry) {
@@ -119,8 +141,9 @@ static em_status real_device_props(emk_runtime *rt, int dev, emk_device_props *o
   emr *R = emr_of(rt);
   if (!out) return emr_fail(R, EM_ERR_ARG, "device_props: no output (NULL)");
   memset(out, 0, sizeof *out);
-  em_status st = emr_use(R, dev, "device_props");
-  if (st) return st;
+  if (dev < 0 || dev >= R->ndev)          /* no cudaSetDevice: it would make a context */
+    return emr_fail(R, EM_ERR_DEVICE, "device_props: no device cuda:%d (this machine has %d)",
+                    dev, R->ndev);
   struct cudaDeviceProp p;
   memset(&p, 0, sizeof p);
   CALLN(R, "device_props", dev, "cudaGetDeviceProperties", R->f->cudaGetDeviceProperties(&p, dev));
@@ -187,12 +210,14 @@ static em_status real_host_alloc(emk_runtime *rt, size_t n, void **out) {
   if (!out) return emr_fail(R, EM_ERR_ARG, "host_alloc: no output (NULL)");
   *out = NULL;
   if (!n) return emr_fail(R, EM_ERR_ARG, "host_alloc: 0 bytes");
-  /* Portable: pinned for every device, so whichever device is current will do
-  ** (the thread's, or device 0's context on a thread that never chose one). */
+  /* Portable: pinned for every device, through the home device's context (see
+  ** above), not the thread's default cuda:0. */
+  em_status st = use_home(R, "host_alloc");
+  if (st) return st;
   void *p = NULL;
   cudaError_t e = R->f->cudaHostAlloc(&p, n, cudaHostAllocPortable);
   if (e != cudaSuccess) {
-    em_status st = emr_cuda(R, e, "host_alloc", 0, "cudaHostAlloc");
+    st = emr_cuda(R, e, "host_alloc", 0, "cudaHostAlloc");
     return st == EM_ERR_NOMEM ? emr_fail(R, EM_ERR_NOMEM, "host_alloc: cudaHostAlloc of %zu "
                                          "bytes: out of page-locked memory", n)
                               : st;
@@ -204,6 +229,8 @@ static em_status real_host_alloc(emk_runtime *rt, size_t n, void **out) {
 static em_status real_host_free(emk_runtime *rt, void *p) {
   emr *R = emr_of(rt);
   if (!p) return EM_OK;
+  em_status st = use_home(R, "host_free");
+  if (st) return st;
   CALLN(R, "host_free", 0, "cudaFreeHost", R->f->cudaFreeHost(p));
   return EM_OK;
 }
@@ -615,10 +642,16 @@ em_status emk_real_open(emk_runtime **out, char *err, size_t errlen) {
   R->L = L;
   R->f = f;
   R->ndev = n < EMK_MAX_DEVICES ? n : EMK_MAX_DEVICES;
+  R->home = -1;
   pthread_mutex_init(&R->mu, NULL);
   pthread_mutex_init(&R->err_mu, NULL);
   *out = &R->rt;
   return EM_OK;
+}
+
+unsigned emk_real_contexts(emk_runtime *rt) {
+  emr *R = emr_of(rt);
+  return R ? __atomic_load_n(&R->contexts, __ATOMIC_RELAXED) : 0;
 }
 
 static const emk_runtime_ops real_ops = {

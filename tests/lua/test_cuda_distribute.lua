@@ -9,7 +9,8 @@ on GPU replicas: wrapped training equals one replica on the global batch
 so that it needs none of the cuDNN, loss and fused-optimizer kernels still being
 written), unused parameters, and failure -- a replica that errors or stops never
 hangs the others, who fail within the timeout naming it. Under mpirun: one
-emulated GPU per process from --devices and the local rank.
+emulated GPU per process from --devices and the local rank. Either way each
+replica opens its own GPU and no other.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -173,6 +174,46 @@ H.test("'cuda' is the current device: the replica's own GPU", function()
   }, '; ')))
   H.check(rc == 0 and out:find('rank 0 cuda:0 cuda:0 cuda:0 0', 1, true) and
     out:find('rank 1 cuda:1 cuda:1 cuda:1 1', 1, true), out)
+end)
+
+-- Each replica's state opens its own GPU and no other (kernels/cuda.c opens a
+-- device at its first use), as threads of one process and as mpirun's processes:
+-- on real GPUs every device a state opens is a CUDA
+-- context, memory on that GPU and, in EXCLUSIVE_PROCESS mode, the GPU itself. The
+-- emulator records the devices it would have made a context on; the replica
+-- reads its record from the loaded libember_cuda.so (emk_cuda_contexts).
+H.test('each GPU replica opens its own device only', function()
+  local lib = (ember:match('^(.*/)') or '') .. 'libember_cuda.so'
+  local f = os.tmpname()
+  local fh = io.open(f, 'w')
+  fh:write(([[
+local ffi = require 'ffi'
+ffi.cdef 'unsigned emk_cuda_contexts(void *S);'
+local s = em.distribute.mirrored{ timeout = 30 }
+local t = em.ones(4):to(s.device)
+s:allreduce(t, 'sum')
+local pinned = em.ones(8):pin_memory()
+local y = (pinned:to('cuda') * 2):sum():item()
+em.cuda.synchronize()
+local _ = em.cuda.memory_stats(1 - s.rank), em.cuda.get_device_properties(1 - s.rank)
+local mask = ffi.load(%q).emk_cuda_contexts(require('ember.ffi').S)
+print(('contexts rank %%d %%s mask %%d sum %%g y %%g'):format(s.rank, s.device, mask,
+  t:totable()[1], y))
+]]):format(lib))
+  fh:close()
+  local runs = { ('%s --replicas 2 %s %s'):format(ember, DEV, f) }
+  if not os.getenv('EMBER_TEST_NO_MPI') and os.execute('command -v mpirun >/dev/null 2>&1') == 0 then
+    runs[2] = ('OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun ' ..
+      '--oversubscribe --bind-to none --mca btl self,vader,tcp --mca btl_tcp_if_include lo ' ..
+      '--mca oob_tcp_if_include lo -np 2 %s %s %s'):format(ember, DEV, f)   -- a process each
+  end
+  for _, cmd in ipairs(runs) do
+    local out, rc = sh(cmd)
+    H.check(rc == 0, out)
+    H.check(out:find('contexts rank 0 cuda:0 mask 1 sum 2 y 16', 1, true), out)
+    H.check(out:find('contexts rank 1 cuda:1 mask 2 sum 2 y 16', 1, true), out)
+  end
+  os.remove(f)
 end)
 
 local no_mpi = os.getenv('EMBER_TEST_NO_MPI')
