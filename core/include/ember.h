@@ -958,6 +958,16 @@ em_status em_comm_local(em_state *S, em_local_group *g, int rank, double timeout
 ** in for NCCL, through host memory. em_comm_backend says "nccl" either way. */
 em_status em_comm_nccl(em_state *S, int device, em_local_group *g, int rank,
                        double timeout_s, em_comm **out);
+/* A GPU replica's communicator over the host (core/dist/staged.c): the local group
+** g (rank = this one's) or, g NULL, MPI moves the bytes, and every device tensor
+** is staged through pinned host memory on the device's communication stream, on
+** real and emulated GPUs alike. For replicas that share a GPU, which NCCL
+** refuses. em_comm_backend says "local" or "mpi". */
+em_status em_comm_staged(em_state *S, int device, em_local_group *g, int rank,
+                         double timeout_s, em_comm **out);
+/* 1 when c moves device memory itself (NCCL on a real GPU); 0 when its device
+** tensors travel through host memory (host backends, emulated devices, groups). */
+int em_comm_device_native(const em_comm *c);
 /* This process's rank of an MPI job (MPI_COMM_WORLD). libmpi is loaded on first
 ** use; EM_ERR_UNSUPPORTED when it cannot be (the message says why). */
 em_status em_comm_mpi(em_state *S, double timeout_s, em_comm **out);

@@ -27,7 +27,14 @@ count> (the usual one GPU per process), and everything else stays on the CPU.
 A replica on a CUDA device is a GPU replica: 'auto' picks the `nccl`
 communicator (core/dist/nccl.c: NCCL on real GPUs; on emulated devices the
 local group or MPI through host memory), its collectives take tensors on that
-device, and wrap moves the model there.
+device, and wrap moves the model there. NCCL refuses two ranks on one GPU, so
+where two replicas share a real GPU (--devices cuda:0,cuda:0) 'auto' picks the
+host communicator instead, and an explicit 'nccl' fails saying so. 'local' and
+'mpi' keep GPU replicas on their GPUs as well (core/dist/staged.c): each
+collective copies its device buffers to pinned host memory and back on the
+device's communication stream, ordered against the compute stream as NCCL's
+would be, so the reducer's buckets still overlap backward. EMBER_DIST_BACKEND
+names the backend for strategies that name none.
 
 One communicator per backend and Lua state: a second mirrored{} shares it (MPI
 can be initialised only once per process). Communicators and reducers are freed
@@ -79,9 +86,11 @@ local function device_index(d)
   return n and tonumber(n) or nil
 end
 
-local function pick_device()
+-- The device of this host's replica k: entry k mod the count of --devices /
+-- EMBER_DEVICES; without a list, MPI processes on real GPUs take one GPU each
+-- (local rank mod the device count), everything else the CPU.
+local function device_rule()
   local list = os.getenv('EMBER_DEVICES')
-  local k = replica and replica.rank or (mpi_launched() and local_rank()) or 0
   if list and list ~= '' then
     local devs = {}
     for d in list:gmatch('[^,%s]+') do
@@ -92,21 +101,64 @@ local function pick_device()
       devs[#devs + 1] = d == 'cuda' and 'cuda:0' or d
     end
     if #devs == 0 then raise("mirrored: EMBER_DEVICES is empty") end
-    return devs[k % #devs + 1]
+    return function(k) return devs[k % #devs + 1] end
   end
   if mpi_launched() and not replica then      -- one GPU per process, real GPUs only
     local ok, n = pcall(function() return em.cuda.device_count() end)
-    if ok and n > 0 and not em.cuda.emulated() then return 'cuda:' .. (k % n) end
+    if ok and n > 0 and not em.cuda.emulated() then
+      return function(k) return 'cuda:' .. (k % n) end
+    end
   end
-  return 'cpu'
+  return function() return 'cpu' end
 end
 
--- The backend 'auto' picks, and why.
-local function auto_backend(device)
-  if device ~= 'cpu' then return 'nccl' end
+-- How many replicas of this host the rule deals devices to (the threads of
+-- --replicas, or the launcher's processes here); nil when the launcher does not say.
+local function local_count()
+  if replica and replica.group then return replica.world_size end
+  if not mpi_launched() then return 1 end
+  for _, v in ipairs { 'OMPI_COMM_WORLD_LOCAL_SIZE', 'MPI_LOCALNRANKS', 'PMI_LOCAL_SIZE',
+                       'PMIX_LOCAL_SIZE' } do
+    local n = tonumber(os.getenv(v) or '')
+    if n then return n end
+  end
+end
+
+-- This replica's device, and the GPU that two replicas of this host share (nil
+-- when none does): every replica finds the same one, so all pick one backend.
+local function pick_device()
+  local rule = device_rule()
+  local k = replica and replica.rank or (mpi_launched() and local_rank()) or 0
+  local seen, shared = {}, nil
+  for j = 0, (local_count() or 1) - 1 do
+    local d = rule(j)
+    if d ~= 'cpu' and seen[d] and not shared then shared = d end
+    seen[d] = true
+  end
+  return rule(k), shared
+end
+
+-- The host communicator: threads of --replicas, MPI processes, or a single replica.
+local function host_backend()
   if replica and replica.group then return 'local' end
   if mpi_launched() then return 'mpi' end
   return 'local'
+end
+
+-- The backend a replica on `device` runs ('auto' resolved). NCCL refuses two
+-- ranks on one GPU, so where two replicas share a real one (`shared`, `native`)
+-- 'auto' takes the host communicator, which stages device buffers through host
+-- memory; emulated devices stage under 'nccl' already and may be shared.
+function M._choose_backend(backend, device, shared, native)
+  if backend == 'auto' then
+    if device ~= 'cpu' and not (shared and native) then return 'nccl' end
+    return host_backend()
+  end
+  if backend == 'nccl' and device ~= 'cpu' and shared and native then
+    raise(("mirrored: NCCL refuses two replicas on one GPU (%s twice); use backend = '%s'")
+      :format(shared, host_backend()))
+  end
+  return backend
 end
 
 local single_group   -- a local group of one, for a plain `ember script.lua`
@@ -115,6 +167,7 @@ local function open_comm(backend, timeout, device)
   if comms[backend] then return comms[backend] end
   local out = ffi.new('em_comm*[1]')
   local st
+  local gpu = device_index(device) or -1
   if backend == 'local' then
     local g, rank
     if replica and replica.group then
@@ -128,13 +181,16 @@ local function open_comm(backend, timeout, device)
       single_group = single_group or ffi.gc(C.em_local_group_new(1), C.em_local_group_release)
       g, rank = single_group, 0
     end
-    st = C.em_comm_local(S, g, rank, timeout, out)
+    -- a GPU replica of a host communicator stays on its GPU, staged through host memory
+    if gpu >= 0 then st = C.em_comm_staged(S, gpu, g, rank, timeout, out)
+    else st = C.em_comm_local(S, g, rank, timeout, out) end
   elseif backend == 'mpi' then
     if replica and replica.group then
       raise("mirrored: backend 'mpi' was asked for, but this script runs as threads of one " ..
         "process (ember --replicas); use backend = 'local' or 'auto'")
     end
-    st = C.em_comm_mpi(S, timeout, out)
+    if gpu >= 0 then st = C.em_comm_staged(S, gpu, nil, 0, timeout, out)
+    else st = C.em_comm_mpi(S, timeout, out) end
   elseif backend == 'nccl' then
     local dev = device_index(device)
     if dev < 0 then
@@ -176,11 +232,13 @@ function M.mirrored(o)
   if type(timeout) ~= 'number' or timeout <= 0 then
     raise('mirrored: timeout must be a number of seconds > 0, got ' .. tostring(timeout))
   end
-  local backend = o.backend or 'auto'
-  local device = pick_device()
-  if backend == 'auto' then backend = auto_backend(device) end
-  -- a host communicator moves CPU tensors: its replicas are CPU replicas
-  if backend ~= 'nccl' then device = 'cpu' end
+  -- EMBER_DIST_BACKEND names the backend of strategies whose script does not, so
+  -- that an unchanged script (and the pipeline's own strategy) runs on another
+  local env = os.getenv('EMBER_DIST_BACKEND')
+  local backend = o.backend or (env ~= '' and env) or 'auto'
+  local device, shared = pick_device()
+  local native = device ~= 'cpu' and not em.cuda.emulated()
+  backend = M._choose_backend(backend, device, shared, native)
   local box = open_comm(backend, timeout, device)
   local c = box._h
   -- 'cuda' is this replica's GPU from now on

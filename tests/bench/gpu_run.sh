@@ -211,6 +211,10 @@ for t in test_cuda_ops test_cuda_index_grads test_cuda_nn_ops test_cuda_nn_dnn t
          test_cuda test_cuda_loader; do
   test_step "$t.lua" 60 12 "$ember_env" "$EMBER" "$ROOT/tests/lua/$t.lua"
 done
+# Two replicas on this one GPU (NCCL refuses that; 'auto' takes the host communicator,
+# buffers staged through pinned memory): the CNN wrapped, sharded, in groups and as a
+# 2-stage pipeline, each against one replica on the global batch. About 30 s.
+test_step test_cuda_shared_gpu.lua 45 12 "$ember_env" "$EMBER" "$ROOT/tests/lua/test_cuda_shared_gpu.lua"
 
 # -- Every failure once more: synchronous launches, library logging, eager module loading,
 #    then compute-sanitizer where time allows ---------------------------------------------------

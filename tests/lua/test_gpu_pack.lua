@@ -257,14 +257,16 @@ end)
 H.test('gpu_run.sh on emulated devices passes its steps', function()
   if not PACK then return H.skip('no archive: ' .. tostring(packed)) end
   local out, rc, s = sh('cd ' .. q(ROOT) .. ' && env -u OUT EMBER_GPU_EMULATE=1:1024 ' ..
-                        '"EMBER_GPU_ONLY=info|test_cuda_elementwise|gpu_check" EMBER_GPU_LOGS=' ..
+                        '"EMBER_GPU_ONLY=info|test_cuda_elementwise|gpu_check|test_cuda_shared_gpu" ' ..
+                        'EMBER_GPU_LOGS=' ..
                         q(TMP .. '/logs-emu') .. ' sh tests/bench/gpu_run.sh ' .. q(ARCHIVE))
   print(('  gpu_run.sh, emulated: %.1f s'):format(s))
   H.check(rc == 0, 'gpu_run.sh exited ' .. rc .. ':\n' .. tail(out, 30))
   local f = io.open(TMP .. '/logs-emu/summary.txt')
   local summary = f and f:read('*a') or ''
   if f then f:close() end
-  for _, step in ipairs{ 'info', 'test_cuda_elementwise', 'gpu_check%.lua' } do
+  for _, step in ipairs{ 'info', 'test_cuda_elementwise', 'gpu_check%.lua',
+                         'test_cuda_shared_gpu%.lua' } do
     H.check(summary:find('\n?' .. step .. '%s+%d+s%s+PASS'),
             ('the summary has no PASS for %s:\n%s'):format(step:gsub('%%', ''), summary))
   end

@@ -27,12 +27,15 @@ blocks in a receive, and receives are issued in an order both sides agree on
 Why host memory between real GPUs. NCCL runs a replica's sends and receives in
 its stream's order, and a send holds the stream until the peer receives: the
 1F1B exchange above (each side sending before it receives) would stall both
-streams. Over a real NCCL communicator the wire therefore moves host copies,
-which the host communicator matches out of order as on CPU replicas; emulated
-devices already stage through host memory.
+streams. Over a communicator that moves device memory itself (NCCL on a real
+GPU: em_comm_device_native) the wire therefore moves host copies, which the
+host communicator matches out of order as on CPU replicas; the others --
+emulated devices, GPU replicas over 'local' or 'mpi' (several on one GPU),
+groups -- stage device tensors through host memory already.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
+local cm = require 'ember.distribute.comm'
 local raise = core.raise
 
 local M = {}
@@ -47,7 +50,7 @@ local Wire = {}
 Wire.__index = Wire
 
 function M.new(s, device, wait)
-  local host = s.backend == 'nccl' and device ~= 'cpu' and not em.cuda.emulated()
+  local host = device ~= 'cpu' and core.C.em_comm_device_native(cm.comm(s, 'pipeline')) ~= 0
   return setmetatable({ s = s, dev = device, wire_dev = host and 'cpu' or device, wait = wait,
                         told = {}, known = {}, pending = {} }, Wire)
 end
