@@ -222,4 +222,15 @@ end
 local fn = require 'ember.function'
 M.apply, M.backward_capture = fn.apply, fn.backward_capture
 
+-- The engine's own kernels in a backward allocate from C: when one runs out of
+-- memory, the engine asks for a collection and tries once more (what the ops
+-- Lua calls get from core.fail). Lua may be entered there: em_backward's
+-- callers are kept out of the JIT, and the engine asks only outside Lua's own
+-- nodes and hooks. An error must not cross C: the allocation then fails as it
+-- would have.
+local reclaim = ffi.cast('em_backward_reclaim_fn', function() pcall(core.collect) end)
+function M._set_reclaim(on) C.em_backward_set_reclaim(S, on and reclaim or nil, nil) end
+M._set_reclaim(true)
+table.insert(core.on_close, function() M._set_reclaim(false) end)
+
 return M

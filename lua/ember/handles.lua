@@ -66,6 +66,7 @@ allocator (lua/host/alloc.c).
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local C, S = core.C, core.S
+local memlimit = require 'ember.memlimit'
 local box_t = core.box_t
 local tnew = require 'table.new'
 local rel = C.em_tensor_release
@@ -155,17 +156,6 @@ local function split()
   return m, host, dev > 0 and dev or 0
 end
 
-function M.cap_slack(cap) return cap / 8 end   -- the garbage a cap of `cap` allows
--- Garbage worth a collection of its own on a device of `capacity` bytes (0 or
--- nil: uncapped): `most`, or a 16th of the capacity where that is less -- under
--- a small cap the garbage must stay a small share of it. Code that knows it
--- just made that much (a pipeline's micro-batches, a checkpoint's forward)
--- collects at once, so that its memory does not hang on the collector's pace;
--- the planner assumes the same rule.
-function M.garbage_worth(capacity, most)
-  if capacity and capacity > 0 and capacity / 16 < most then return capacity / 16 end
-  return most
-end
 local function host_cap()      -- the cpu's cap (em.set_memory_limit, --memory-limit), or 0
   if C.em_device_memory(S, C.EM_CPU, dstats) ~= 0 then return 0 end
   return tonumber(dstats.capacity)
@@ -174,7 +164,7 @@ end
 local function set_limit()
   local m, host, dev = split()
   local hs, cap = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK, host_cap()
-  if cap > 0 and hs > M.cap_slack(cap) then hs = M.cap_slack(cap) end
+  if cap > 0 and hs > memlimit.cap_slack(cap) then hs = memlimit.cap_slack(cap) end
   local ds = dev * 0.25 > MEM_SLACK and dev * 0.25 or MEM_SLACK
   if dev > 0 and dev_slack() > ds then ds = dev_slack() end
   host_limit, dev_limit = host + hs, dev + ds
@@ -306,15 +296,6 @@ local function collect()
 end
 M.collect = collect
 core.collect = collect     -- for core.fail, after a device ran out of memory
--- The engine's own kernels in a backward allocate from C: when one runs out of
--- memory, the engine asks for this collection and tries once more (what the ops
--- Lua calls get from core.fail). Safe to enter Lua there: em_backward's callers
--- are kept out of the JIT, and the engine asks only outside Lua's own nodes and
--- hooks. An error in it must not cross C: the allocation then fails as before.
-local reclaim_cb = ffi.cast('em_backward_reclaim_fn', function() pcall(collect) end)
-function M.reinstall_reclaim() C.em_backward_set_reclaim(S, reclaim_cb, nil) end
-M.reinstall_reclaim()
-table.insert(core.on_close, function() C.em_backward_set_reclaim(S, nil, nil) end)
 
 -- A backward pass begins, and ends: the collections of the essay's last point.
 local STEP_MIN = 4 * MB

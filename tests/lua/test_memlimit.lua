@@ -61,7 +61,6 @@ end)
 -- cap. The engine asks Lua to collect and tries once more; without that (the
 -- reclaim removed, as before it existed) the backward fails.
 H.test('a backward collects garbage its own kernels meet at the cap', function()
-  local C, S = require('ember.ffi').C, require('ember.ffi').S
   local function step(reclaim)
     em.collect()
     local base = em.memory_stats('cpu').allocated
@@ -77,9 +76,9 @@ H.test('a backward collects garbage its own kernels meet at the cap', function()
     end)
     local loss = out:sum()
     em.set_memory_limit(base + 20 * MiB)
-    if not reclaim then C.em_backward_set_reclaim(S, nil, nil) end
+    if not reclaim then em.autograd._set_reclaim(false) end
     local ok, err = pcall(function() loss:backward() end)
-    if not reclaim then require('ember.handles').reinstall_reclaim() end
+    em.autograd._set_reclaim(true)
     em.set_memory_limit(0)
     return ok, err, a, w
   end

@@ -16,11 +16,11 @@ local Pipeline = {}
 
 -- A step's micro-batches leave garbage; a collection hands their memory back
 -- once there is this much of it (a collection costs a millisecond or so), or
--- less under a small cap (handles.garbage_worth). The planner's replay
+-- less under a small cap (memlimit.garbage_worth). The planner's replay
 -- (plan_pipeline.lua) assumes the same rule for the memory it plans.
 Pipeline.COLLECT_BYTES = 1024 * 1024
 function Pipeline.collect_bytes(capacity)
-  return handles.garbage_worth(capacity, Pipeline.COLLECT_BYTES)
+  return require('ember.memlimit').garbage_worth(capacity, Pipeline.COLLECT_BYTES)
 end
 
 local function shape_key(t, rows)

@@ -223,7 +223,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
   local tidy = l.checkpoint and require('ember').nn._checkpoint_tidy_bytes(m.memory)
   -- garbage past this forces a collection whatever the pipeline does: the
   -- collector's pacing under a cap of the planned memory (ember.handles)
-  local slack = m.memory and require('ember.handles').cap_slack(m.memory) or math.huge
+  local slack = m.memory and require('ember.memlimit').cap_slack(m.memory) or math.huge
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do

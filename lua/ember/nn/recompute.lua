@@ -27,7 +27,7 @@ recompute runs once per backward; other results pass through as they are.
 local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
-local handles = require 'ember.handles'
+local memlimit = require 'ember.memlimit'
 local C, S, raise, kind, wrap = core.C, core.S, core.raise, core.kind, core.wrap
 local box_t, istype = core.box_t, ffi.istype
 
@@ -40,10 +40,10 @@ local function addr(t) return tonumber(ffi.cast('intptr_t', t._h)) end
 -- checkpointing saves -- or not, as its pace goes, which a plan of the step's
 -- memory cannot foresee. When what fn allocated beyond its results passes
 -- GARBAGE bytes, or a 16th of its device's memory where that is less
--- (handles.garbage_worth), they are collected at once (the cost of a
+-- (memlimit.garbage_worth), they are collected at once (the cost of a
 -- collection is small beside computing that much).
 local GARBAGE = 8 * 2 ^ 20
-local function worth(capacity) return handles.garbage_worth(capacity, GARBAGE) end
+local function worth(capacity) return memlimit.garbage_worth(capacity, GARBAGE) end
 local function tidy(before, res, from)
   local kept, dev = 0, nil
   for i = from, res.n do
