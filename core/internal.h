@@ -80,7 +80,6 @@ struct em_state {
   struct emi_ag_probe *ag_probe;   /* probe.c: the innermost active probe, or NULL */
   int ag_depth;            /* engine.c: backwards running (nested in custom nodes) */
   int ag_foreign;          /* engine.c: in a custom node, hook or callback (the host's code) */
-  pthread_t ag_thread;     /* engine.c: the innermost backward's thread */
   em_backward_reclaim_fn ag_reclaim;   /* em_backward_set_reclaim */
   void *ag_reclaim_ud;
   int ag_reclaiming;       /* ag_reclaim running: no second one inside it */

@@ -733,15 +733,17 @@ static em_status walk_run(em_state *S, emi_ag_walk *w, em_tensor *root, em_tenso
 ** host such as LuaJIT may not be entered from a C call its JIT compiled -- each
 ** em_backward resets the mark, as its callers are kept out of the JIT -- and
 ** only on the backward's own thread (a loader's workers allocate too). */
+/* The state whose backward runs on this thread (innermost): a thread-local, so
+** that a loader worker allocating meanwhile reads nothing the backward writes. */
+static __thread em_state *backward_state;
+
 void em_backward_set_reclaim(em_state *S, em_backward_reclaim_fn fn, void *ud) {
   S->ag_reclaim = fn;
   S->ag_reclaim_ud = ud;
 }
 
 int emi_backward_reclaim(em_state *S) {
-  if (!S->ag_reclaim || S->ag_depth == 0 || S->ag_foreign || S->ag_reclaiming ||
-      !pthread_equal(S->ag_thread, pthread_self()))
-    return 0;
+  if (backward_state != S || !S->ag_reclaim || S->ag_foreign || S->ag_reclaiming) return 0;
   S->ag_reclaiming = 1;
   S->ag_reclaim(S, S->ag_reclaim_ud);
   S->ag_reclaiming = 0;
@@ -752,17 +754,17 @@ int emi_backward_reclaim(em_state *S) {
 ** the callbacks run when the outermost backward ends. */
 static em_status backward(em_state *S, emi_ag_walk *w, em_tensor *root, em_tensor *g) {
   int was_disabled = S->grad_disabled, foreign = S->ag_foreign;
-  pthread_t thread = S->ag_thread;
+  em_state *outer = backward_state;
   struct emi_ag_probe *probe = S->ag_probe;
   S->ag_probe = NULL;
   emi_set_grad_disabled(S, 1);
   S->ag_depth++;
   S->ag_foreign = 0;
-  S->ag_thread = pthread_self();
+  backward_state = S;
   em_status st = walk_run(S, w, root, g);
   walk_end(S, w);
   S->ag_foreign = foreign;
-  S->ag_thread = thread;
+  backward_state = outer;
   if (--S->ag_depth == 0) st = run_backward_callbacks(S, st);
   S->ag_probe = probe;
   emi_set_grad_disabled(S, was_disabled);
