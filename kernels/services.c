@@ -5,7 +5,8 @@
 ** the device's collective engine. Each entry is the runtime's call (real or
 ** emulated) on the stream the role names; the loader's feed (core/data/feed.c)
 ** and the communicators' device side (core/dist/commdev.c) are written on
-** these alone.
+** these alone. On emulated devices with EMBER_NCCL_EMULATE=1 the collective
+** entries go to the stand-in NCCL (kernels/emu/nccl_emu.c) instead.
 */
 #include "cuda.h"
 #include "real/libs.h"
@@ -197,14 +198,37 @@ em_status emk_nccl_async_error(emk_nccl *n, char *err, size_t errlen) __attribut
 void emk_nccl_abort(emk_nccl *n) __attribute__((weak));
 void emk_nccl_destroy(emk_nccl *n) __attribute__((weak));
 
+/* The stand-in NCCL of emulated devices (kernels/emu/nccl_emu.c), opted into
+** with EMBER_NCCL_EMULATE=1: the same entries, ranks being threads of this
+** process. Emulated device memory is host memory, so the stand-in reads and
+** writes it directly and the device counts as native (no host staging). */
+typedef struct emk_nccl_emu emk_nccl_emu;
+int emk_nccl_emu_on(void);
+em_status emk_nccl_emu_unique_id(unsigned char id[128]);
+em_status emk_nccl_emu_init(emk_runtime *rt, int dev, const unsigned char *id, int rank,
+                            int nranks, double timeout_s, emk_nccl_emu **out, char *err,
+                            size_t errlen);
+em_status emk_nccl_emu_group(emk_nccl_emu *n, int start, char *err, size_t errlen);
+em_status emk_nccl_emu_issue(emk_nccl_emu *n, int kind, int op, em_dtype dt, const void *in,
+                             void *out, int64_t count, int peer, emk_stream *s, char *err,
+                             size_t errlen);
+em_status emk_nccl_emu_async_error(emk_nccl_emu *n, char *err, size_t errlen);
+void emk_nccl_emu_free(emk_nccl_emu *n, int abort);
+
 struct emi_collective {
   emk_nccl *nccl;
+  emk_nccl_emu *emu;           /* the stand-in's instead */
   emi_device *d;
 };
 
-static int native(emi_device *d) { return !emk_dev(d)->cuda->emulated; }
+static int emulated_nccl(emi_device *d) {
+  return emk_dev(d)->cuda->emulated && emk_nccl_emu_on();
+}
+
+static int native(emi_device *d) { return !emk_dev(d)->cuda->emulated || emulated_nccl(d); }
 
 static em_status coll_unique_id(unsigned char id[128], char *err, size_t errlen) {
+  if (emk_nccl_emu_on()) return emk_nccl_emu_unique_id(id);
   emk_libs *L;
   em_status st = emk_libs_open(&L, err, errlen);
   if (st) return st;
@@ -228,6 +252,16 @@ static em_status coll_init(emi_device *d, const unsigned char id[128], int rank,
                            double timeout_s, emi_collective **out, char *err,
                            size_t errlen) {
   *out = NULL;
+  if (emulated_nccl(d)) {
+    emi_collective *c = calloc(1, sizeof *c);
+    if (!c) return emk_errf(err, errlen, EM_ERR_NOMEM, "NCCL: out of memory");
+    c->d = d;
+    em_status st = emk_nccl_emu_init(rt_of(d), d->index, id, rank, size, timeout_s, &c->emu,
+                                     err, errlen);
+    if (st) { free(c); return st; }
+    *out = c;
+    return EM_OK;
+  }
   if (!emk_nccl_init)
     return emk_errf(err, errlen, EM_ERR_UNSUPPORTED, "NCCL: ember was built without the "
                     "CUDA and NCCL headers");
@@ -244,6 +278,7 @@ static em_status coll_init(emi_device *d, const unsigned char id[128], int rank,
 }
 
 static em_status coll_group(emi_collective *c, int start, char *err, size_t errlen) {
+  if (c->emu) return emk_nccl_emu_group(c->emu, start, err, errlen);
   return emk_nccl_group(c->nccl, start, err, errlen);
 }
 
@@ -252,17 +287,22 @@ static em_status coll_issue(emi_collective *c, const emi_coll_call *k, char *err
   emk_stream *s = stream_of(c->d, (emi_stream)k->stream);
   if (!s) return emk_errf(err, errlen, EM_ERR_DEVICE, "NCCL: cuda:%d: no stream %d", c->d->index,
                           k->stream);
+  if (c->emu)
+    return emk_nccl_emu_issue(c->emu, k->kind, k->op, (em_dtype)k->dtype, k->in, k->out,
+                              k->count, k->peer, s, err, errlen);
   return emk_nccl_collective(c->nccl, k->kind, k->op, (em_dtype)k->dtype, k->in, k->out,
                              k->count, k->peer, s, err, errlen);
 }
 
 static em_status coll_async_error(emi_collective *c, char *err, size_t errlen) {
+  if (c->emu) return emk_nccl_emu_async_error(c->emu, err, errlen);
   return emk_nccl_async_error(c->nccl, err, errlen);
 }
 
 static void coll_free(emi_collective *c, int abort) {
   if (!c) return;
-  if (abort) emk_nccl_abort(c->nccl);
+  if (c->emu) emk_nccl_emu_free(c->emu, abort);
+  else if (abort) emk_nccl_abort(c->nccl);
   else emk_nccl_destroy(c->nccl);
   free(c);
 }

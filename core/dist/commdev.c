@@ -38,7 +38,11 @@
 ** collective stream after "ready", runs the host collective there, copies the
 ** result back on that stream and records "done" -- the same ordering as with
 ** NCCL. Sends and recvs there are staged on the caller's thread (comm.c),
-** through a second pinned buffer (emi_commdev_to_host / from_host).
+** through a second pinned buffer (emi_commdev_to_host / from_host). With
+** EMBER_NCCL_EMULATE=1 the device's engine is the stand-in NCCL of
+** kernels/emu/nccl_emu.c instead: native() says 1 (emulated device memory is
+** host memory, which it reads and writes in place from the stream) and
+** nothing is staged, as on real GPUs.
 **
 ** Why pinned, always. A copy between the device and pageable host memory is
 ** synchronous in CUDA and takes locks a cudaMalloc on another thread also takes;

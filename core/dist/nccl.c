@@ -21,12 +21,19 @@
 **   - on emulated devices the boot communicator itself becomes the `nccl`
 **     communicator: the host collective is NCCL's stand-in, and comm.c stages
 **     the device buffers through host memory around it with the very same
-**     events (commdev.c), so that ordering logic runs in CI.
+**     events (commdev.c), so that ordering logic runs in CI;
+**   - on emulated devices with EMBER_NCCL_EMULATE=1 (opt-in: the default
+**     above lets replicas share an emulated device) the device counts as
+**     native and the backend below runs as on real GPUs, against a stand-in
+**     NCCL that groups, blocks and refuses one GPU twice as NCCL does
+**     (kernels/emu/nccl_emu.c; ranks are threads of one process), so that
+**     this file's NCCL path -- its groups, the p2p communicator, the abort,
+**     the held tensors, the replica that left -- runs in CI too.
 ** Sends and recvs of device tensors are ncclSend / ncclRecv on real GPUs (see
 ** "Point-to-point on real GPUs" below); on emulated devices the host
 ** communicator's, staged through host memory by comm.c.
 ** What CI does not run: the NCCL calls themselves (kernels/real/nccl_real.c) --
-** its machines have no GPU; the code compiles against nccl.h, and the GPU tests
+** its machines have no GPU, and the stand-in is what answers there; the code compiles against nccl.h, and the GPU tests
 ** (make gpu-tests, test_comm_nccl) run them where a GPU is.
 */
 #include "comm.h"
@@ -500,7 +507,8 @@ em_status em_comm_nccl(em_state *S, int device, em_local_group *g, int rank, dou
   if (!emi_commdev_native(dev)) {
     /* emulated devices: the host communicator stands in for NCCL (comm.c
     ** stages); the id is shared all the same, when libnccl is there, so that
-    ** the exchange is what CI tests */
+    ** the exchange is what CI tests (EMBER_NCCL_EMULATE=1 makes an emulated
+    ** device native: the backend below then runs, on the stand-in NCCL) */
     memcpy(boot->nccl_id, id, sizeof id);
     boot->nccl_id_ok = ok;
     boot->label = "nccl";

@@ -13,7 +13,8 @@
 ** On emulated devices sends and recvs go through the host communicator (comm.c
 ** stages them); the NCCL path with its own p2p communicator and stream, the
 ** grouping of queued sends and recvs, and the abort at the failure
-** (core/dist/nccl.c) need a real GPU and run in the GPU tests only.
+** (core/dist/nccl.c) run on real GPUs and, on emulated devices, against the
+** stand-in NCCL (EMBER_NCCL_EMULATE=1): test_nccl_emu.c.
 */
 #include "check.h"
 #include "../../core/dist/comm.h"
