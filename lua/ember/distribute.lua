@@ -237,7 +237,9 @@ function M.mirrored(o)
   local env = os.getenv('EMBER_DIST_BACKEND')
   local backend = o.backend or (env ~= '' and env) or 'auto'
   local device, shared = pick_device()
-  local native = device ~= 'cpu' and not em.cuda.emulated()
+  -- (emulated devices behave as real ones under the stand-in NCCL: nccl_emu.c)
+  local native = device ~= 'cpu' and
+    (not em.cuda.emulated() or os.getenv('EMBER_NCCL_EMULATE') == '1')
   backend = M._choose_backend(backend, device, shared, native)
   local box = open_comm(backend, timeout, device)
   local c = box._h

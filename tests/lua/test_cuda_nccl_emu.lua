@@ -8,7 +8,7 @@ failure) with no host staging, the stand-in reading and writing the emulated
 device memory from the stream. Checked: dist/gpu.lua trains as one replica on
 the global batch and its replicas agree; the collectives of device tensors
 give the host's values; two replicas on one device under 'nccl' are refused
-with NCCL's words, naming the device; and a replica that fails still ends the
+naming the device, and 'auto' runs them as threads; and a replica that fails still ends the
 others with its message (the abort goes through the stand-in).
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
@@ -69,12 +69,23 @@ print(('rank %d %s %g %g %g %g %g'):format(s.rank, s.backend, t:totable()[1],
   H.check(out:find('rank 1 nccl 1.5 1 4 1 1', 1, true), out)
 end)
 
-H.test("two replicas on one device under 'nccl': NCCL's duplicate-GPU error", function()
+-- As on real GPUs: 'nccl' with a device twice is refused before NCCL sees it
+-- (NCCL's own duplicate-GPU error is test_nccl_emu.c's), and 'auto' takes the
+-- threads, staged through host memory.
+H.test("two replicas on one device: 'nccl' refused naming it, 'auto' takes threads", function()
   local out, rc, secs = sh(('%s EMBER_DIST_BACKEND=nccl %s --replicas 2 --devices cuda:0,cuda:0 %s')
     :format(ENV, ember, dir .. 'dist/gpu.lua equiv 1 0.0003'))
   H.check(rc ~= 0, out)
-  H.check(out:find('Duplicate GPU detected: rank %d and rank %d both on CUDA device 0'), out)
+  H.check(out:find('NCCL refuses two replicas on one GPU (cuda:0 twice)', 1, true), out)
   H.check(secs < 30, 'took ' .. secs .. ' s')
+  out, rc = replicas('cuda:0,cuda:0', 'gpu.lua', 'equiv 3 0.0003')
+  H.check(rc == 0, out)
+  local seen = 0
+  for dev, backend, agree in out:gmatch('device (%S+) backend (%S+) buckets %d+ maxdiff %S+ replicas_agree (%S+)') do
+    seen = seen + 1
+    H.eq({ dev, backend, agree }, { 'cuda:0', 'local', 'true' })
+  end
+  H.eq(seen, 2, out)
 end)
 
 H.test('a replica that fails ends the other with its message', function()
