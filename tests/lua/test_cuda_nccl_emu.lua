@@ -81,7 +81,8 @@ H.test("two replicas on one device: 'nccl' refused naming it, 'auto' takes threa
   out, rc = replicas('cuda:0,cuda:0', 'gpu.lua', 'equiv 3 0.0003')
   H.check(rc == 0, out)
   local seen = 0
-  for dev, backend, agree in out:gmatch('device (%S+) backend (%S+) buckets %d+ maxdiff %S+ replicas_agree (%S+)') do
+  local pattern = 'device (%S+) backend (%S+) buckets %d+ maxdiff %S+ replicas_agree (%S+)'
+  for dev, backend, agree in out:gmatch(pattern) do
     seen = seen + 1
     H.eq({ dev, backend, agree }, { 'cuda:0', 'local', 'true' })
   end
