@@ -10,7 +10,7 @@ replicas' largest; measured in steps 2-10), their error, and whether it ran.
 RESULT lines: plan_grid_accepted_ran (the share of accepted layouts that
 trained under their cap; goal 1), plan_grid_worst_under (the largest amount a
 measured peak exceeds its prediction, in percent; goal <= the planner's safety
-share, 5, or 15 for checkpointed pipelines), plan_grid_over_margin (runs where a
+share, 5, or 10 for checkpointed pipelines), plan_grid_over_margin (runs where a
 replica's peak passed its own stage's prediction with its margin; goal 0),
 plan_grid_within_10 (the share of runs predicted within 10 %; goal 1) and
 plan_grid_cases.
