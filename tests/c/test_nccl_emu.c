@@ -13,7 +13,10 @@
 **   - a send waits for its recv (and within one group a send and a recv
 **     pair up); a ring whose ranks both send first deadlocks on the device
 **     and ends in the timeout's error;
-**   - abort unblocks a recv that waits for a send that never comes.
+**   - abort unblocks a recv that waits for a send that never comes;
+** and through the nccl communicator again:
+**   - a recv that failed while its group still sits on the device keeps its
+**     tensor's memory, after the caller let go of it, until the abort is done.
 */
 #include "check.h"
 #include "../../core/dist/comm.h"
@@ -345,6 +348,136 @@ static void test_abort_unblocks(void) {
   CHECK_CLOSE(j[0].out1, -1, 0);
 }
 
+/* -- A failed recv's tensor outlives the caller's reference until the abort ------- */
+
+/* The gate: a host callback on cuda:0's compute stream that holds the stream
+** (and with it the recv's group, which waits for the stream's "ready" mark)
+** until the test opens it -- bounded, so that nothing hangs. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static int gate_open;
+
+static void gate_wait(void *ud) {
+  (void)ud;
+  double until = clock_s() + 3;
+  pthread_mutex_lock(&gate_mu);
+  while (!gate_open && clock_s() < until) {
+    pthread_mutex_unlock(&gate_mu);
+    nap(0.002);
+    pthread_mutex_lock(&gate_mu);
+  }
+  pthread_mutex_unlock(&gate_mu);
+}
+
+static void gate_set(int open) {
+  pthread_mutex_lock(&gate_mu);
+  gate_open = open;
+  pthread_mutex_unlock(&gate_mu);
+}
+
+typedef struct holdjob {
+  em_local_group *g;
+  pthread_barrier_t *bar;
+  int rank, fails;
+  char err[EMI_COMM_MSG], recv_err[EMI_COMM_MSG];
+  int64_t before, with_t, after_release, after_abort;
+  double t_abort;
+} holdjob;
+
+static int64_t allocated(em_state *S, int dev) {
+  em_cuda_memory m;
+  return em_cuda_memory_stats(S, dev, &m) ? -1 : m.allocated;
+}
+
+static void *hold_replica(void *arg) {
+  holdjob *j = arg;
+  em_state *S;
+  if (em_open(&S, NULL)) { j->fails++; pthread_barrier_wait(j->bar); return NULL; }
+  em_comm *c = NULL;
+  if (em_comm_nccl(S, j->rank, j->g, j->rank, 0.2, &c)) {
+    snprintf(j->err, sizeof j->err, "%s", em_errmsg(S));
+    j->fails++;
+    pthread_barrier_wait(j->bar);
+    em_close(S);
+    return NULL;
+  }
+  if (j->rank == 0) {
+    /* rank 0 receives from rank 1, which never sends: the recv times out after
+    ** 0.2 s while its group has not yet run (the gate holds the stream it
+    ** waits behind), so the abort that follows waits for that group to leave
+    ** the device -- the window in which NCCL may still write the buffer */
+    const emi_services *svc = emi_services_of(S, 0);
+    emi_device *d = emi_device_attach(S, 0);
+    int64_t n = 256 * 1024;                       /* 1 MiB of float32 */
+    em_tensor *x = NULL;
+    em_comm_work *w = NULL;
+    if (!svc || !d || svc->synchronize(d)) j->fails++;
+    j->before = allocated(S, 0);
+    if (!j->fails && !em_full(S, &n, 1, -1, EM_FLOAT32, 0, &x) && !svc->synchronize(d)) {
+      j->with_t = allocated(S, 0);
+      gate_set(0);
+      if (svc->host_callback(d, EMI_STREAM_COMPUTE, gate_wait, NULL) ||
+          em_comm_recv(S, c, x, 1, &w)) {
+        j->fails++;
+        gate_set(1);
+      } else {
+        if (!em_comm_work_wait(S, w)) j->fails++;       /* it must fail */
+        snprintf(j->recv_err, sizeof j->recv_err, "%s", em_errmsg(S));
+        em_comm_work_free(w);
+        em_tensor_release(x);                          /* the caller lets go */
+        x = NULL;
+        nap(0.1);                                      /* a free would show by now */
+        j->after_release = allocated(S, 0);
+        double t0 = clock_s();
+        gate_set(1);                                   /* the abort can end now */
+        while (allocated(S, 0) > j->before && clock_s() - t0 < 2) nap(0.005);
+        j->t_abort = clock_s() - t0;
+        j->after_abort = allocated(S, 0);
+      }
+    } else {
+      j->fails++;
+    }
+    em_tensor_release(x);
+    if (j->fails && !j->err[0]) snprintf(j->err, sizeof j->err, "%s", em_errmsg(S));
+  }
+  pthread_barrier_wait(j->bar);                 /* rank 1 stays until rank 0 is done */
+  em_comm_free(c);
+  em_close(S);
+  return NULL;
+}
+
+static void test_failed_recv_holds_tensor(void) {
+  pthread_t th[2];
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  holdjob j[2];
+  em_local_group *g = em_local_group_new(2);
+  double t0 = clock_s();
+  for (int r = 0; r < 2; r++) {
+    memset(&j[r], 0, sizeof j[r]);
+    j[r].g = g;
+    j[r].bar = &bar;
+    j[r].rank = r;
+    pthread_create(&th[r], NULL, hold_replica, &j[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  double took = clock_s() - t0;
+  pthread_barrier_destroy(&bar);
+  em_local_group_release(g);
+  REQUIRE(j[0].fails == 0 && j[1].fails == 0, "rank 0: %s; rank 1: %s", j[0].err, j[1].err);
+  CHECK(strstr(j[0].recv_err, "timed out after 0.2 s") != NULL, "the recv: %s", j[0].recv_err);
+  CHECK(j[0].with_t - j[0].before >= 1 << 20, "the tensor took %lld bytes",
+        (long long)(j[0].with_t - j[0].before));
+  /* the caller's reference is gone, NCCL's hold is not: the bytes stay */
+  CHECK(j[0].after_release == j[0].with_t, "before the abort ended: %lld bytes allocated, "
+        "%lld with the tensor, %lld without", (long long)j[0].after_release,
+        (long long)j[0].with_t, (long long)j[0].before);
+  /* the abort ends once the group left the device, and lets go of them */
+  CHECK(j[0].after_abort == j[0].before, "after the abort: %lld bytes allocated, %lld before "
+        "the tensor", (long long)j[0].after_abort, (long long)j[0].before);
+  CHECK(j[0].t_abort < 1.5, "the abort took %.2f s after the gate opened", j[0].t_abort);
+  CHECK(took < 3, "the test took %.2f s", took);
+}
+
 int main(void) {
   setenv("EMBER_CUDA_EMULATE", "2:64", 1);
   setenv("EMBER_NCCL_EMULATE", "1", 1);
@@ -354,5 +487,6 @@ int main(void) {
   RUN(test_send_recv_pairs);
   RUN(test_send_first_ring);
   RUN(test_abort_unblocks);
+  RUN(test_failed_recv_holds_tensor);
   return check_done();
 }
