@@ -32,6 +32,14 @@ local function build(seed)
   return Two(48)
 end
 
+-- Built on the CPU, then block a on cuda:0 and block b on cuda:1.
+local function placed()
+  local m = build()
+  m.a:to('cuda:0')
+  m.b:to('cuda:1')
+  return m
+end
+
 -- The device bytes of m's weights: each a block of the caching allocator, in
 -- 512-byte steps (as CUDA's)
 local function bytes(m)
@@ -48,9 +56,7 @@ end
 H.test('placed by hand, each device holds only its own blocks', function()
   local z0, z1 = allocated('cuda:0'), allocated('cuda:1')
   -- from the CPU, one block per device
-  local m = build()
-  m.a:to('cuda:0')
-  m.b:to('cuda:1')
+  local m = placed()
   local A, B = bytes(m.a), bytes(m.b)
   H.eq(em.memory_stats('cuda:0').allocated - z0, A, 'cuda:0 holds block a (bytes)')
   H.eq(em.memory_stats('cuda:1').allocated - z1, B, 'cuda:1 holds block b (bytes)')
@@ -93,9 +99,7 @@ end
 
 H.test('training across two devices equals one device and the CPU', function()
   local z0, z1 = allocated('cuda:0'), allocated('cuda:1')
-  local split = build()
-  split.a:to('cuda:0')
-  split.b:to('cuda:1')
+  local split = placed()
   local A, B = bytes(split.a), bytes(split.b)
   local ls, ws, opt = train(split, 'cuda:0', 5)
 
@@ -119,9 +123,7 @@ H.test('training across two devices equals one device and the CPU', function()
 end)
 
 H.test('an activation on the wrong device is an error naming both', function()
-  local m = build()
-  m.a:to('cuda:0')
-  m.b:to('cuda:1')
+  local m = placed()
   local x = em.randn(2, 16):to('cuda:0')
   local h = m.a(x)
   H.raises(function() return m.b(h) end, 'cuda:0', 'cuda:1')
