@@ -135,6 +135,17 @@ em_status emi_emu_context(emu *E, int dev, const char *what);
 /* Pins the live device block holding all of [p, p+n): 1, or 0 with why set. */
 int emi_emu_pin(emu *E, const void *p, size_t n, emu_block **out, char *why, size_t whylen);
 void emi_emu_unpin(emu *E, emu_block *b);
+/* A kernel (or library call) queued on a stream of device dev reads every
+** pointer it is given from dev; on CUDA another device's memory is an illegal
+** address there unless peer access is on, which ember's kernels never rely on
+** (cross-device data moves by memcpy_peer_async). So launches and library work
+** look at each pointer-aligned word of their arguments [args, args+n): 1 with
+** the word's offset and the device that owns it when one points into a live
+** block of another device, else 0. A word is read as a pointer whatever its
+** type; an integer or a double that equals a live device address of another
+** device is not a value ember's arguments hold. */
+int emi_emu_foreign_pointer(emu *E, const void *args, size_t n, int dev, size_t *off,
+                            int *owner);
 /* 1 (and why) when host range [p, p+n) overlaps device memory, guards included. */
 int emi_emu_is_device(emu *E, const void *p, size_t n, char *why, size_t whylen);
 /* 1 when host range [p, p+n) lies inside one block of pinned memory. */

@@ -237,6 +237,24 @@ int emi_emu_pin(emu *E, const void *p, size_t n, emu_block **out, char *why, siz
   return b != NULL;
 }
 
+int emi_emu_foreign_pointer(emu *E, const void *args, size_t n, int dev, size_t *off,
+                            int *owner) {
+  int hit = 0;
+  pthread_mutex_lock(&E->mem_mu);
+  for (size_t o = 0; o + sizeof(void *) <= n && !hit; o += sizeof(void *)) {
+    const unsigned char *p;
+    memcpy(&p, (const unsigned char *)args + o, sizeof p);
+    emu_block *b = p ? find_block(E, p, 0) : NULL;
+    if (b && b->dev != dev) {
+      hit = 1;
+      *off = o;
+      *owner = b->dev;
+    }
+  }
+  pthread_mutex_unlock(&E->mem_mu);
+  return hit;
+}
+
 void emi_emu_unpin(emu *E, emu_block *b) {
   pthread_mutex_lock(&E->mem_mu);
   if (--b->pins == 0) pthread_cond_broadcast(&E->mem_cv);
