@@ -378,6 +378,15 @@ local function run_replicas(mode, env, launcher)
 end
 
 H.test('2 replicas, one slower: replica-skew names it', function()
+  -- Under ThreadSanitizer this run's replica threads have LuaJIT (not
+  -- instrumented) map and fill arenas at address ranges another replica's state
+  -- let go of, which TSan, seeing only those mmap and memcpy calls, reports as a
+  -- race in libluajit now and then; the plain build runs it, and the other
+  -- two-replica profiles below still run under TSan.
+  if H.tsan() then
+    H.skip('under ThreadSanitizer: LuaJIT arena reuse across replica threads reads as a race')
+    return
+  end
   local f, text, out = run_replicas('skew')
   H.eq(f.exit, '0', text)
   H.eq(f.REPLICAS, '2', text)
