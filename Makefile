@@ -80,7 +80,8 @@ CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SANFLAGS)
 LDLIBS  := $(BLAS_LIBS) -ljpeg -lpng -lz -lm -lpthread -ldl
 
 CORE_SRC := $(wildcard core/*.c core/ops/*.c core/cpu/*.c core/io/*.c core/autograd/*.c core/data/*.c \
-                      core/dist/*.c core/profile/*.c core/device/*.c core/meta/*.c)
+                      core/dist/*.c core/profile/*.c core/device/*.c core/meta/*.c \
+                      core/compile/*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 # The CUDA backend is a library of its own, libember_cuda.so, that libember loads
 # when a state first asks for a CUDA device (core/device/registry.c): a CPU-only

@@ -13,6 +13,7 @@
 #ifndef EMBER_INTERNAL_H
 #define EMBER_INTERNAL_H
 #include "ember.h"
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -68,6 +69,7 @@ struct em_state {
   emi_device *devices[EMI_MAX_DEVICES];    /* the accelerator kind's, NULL until used */
   emi_kind_slot kinds[EMI_MAX_KINDS];      /* each accelerator kind's context (registry.c) */
   struct emi_profiler *profiler;           /* NULL unless recording (core/profile/) */
+  struct emi_recorder *recorder;           /* NULL unless em.compile captures (core/compile/) */
   struct emi_profiler *profile_last;       /* the stopped profile, kept for reading */
   int memory_pressure;                     /* em_memory_pressure_flag */
   int allow_tf32;                          /* em_cuda_set_allow_tf32 */
@@ -117,6 +119,11 @@ double emi_profile_op_begin(em_state *S);
 void emi_profile_op_end(em_state *S, const char *op, const em_tensor *t, double t0);
 void emi_profile_free(em_state *S);      /* em_close */
 void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
+/* compile (core/compile/): what a capture can't replay, and the engine's and the
+** host's changes of a leaf's .grad, which it replays. No-ops unless capturing. */
+void emi_compile_unfit(em_state *S, const char *fmt, ...);
+void emi_compile_note_grad(em_state *S, em_tensor *leaf, em_tensor *grad, int first);
+void emi_compile_note_accumulate(em_state *S, const em_tensor *leaf);
 #define EMI_DISPATCH(S, op, t, entry, ...) __extension__({                           \
     em_state *S_ = (S);                                                             \
     const em_tensor *t_ = (t);                                                      \
@@ -126,6 +133,9 @@ void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
       st_ = emi_no_kernel(S_, (op), #entry, t_->device);                            \
     } else {                                                                        \
       S_->dispatch_counts[d_->backend->id][EMI_ENTRY_##entry]++;                    \
+      if (__builtin_expect(S_->recorder != NULL, 0) && d_ != &S_->cpu)              \
+        emi_compile_unfit(S_, "%s runs on %s, and only CPU ops are captured", (op),  \
+                          d_->backend->name);                                        \
       if (__builtin_expect(__atomic_load_n(&S_->profiler, __ATOMIC_RELAXED) != NULL, 0)) { \
         double t0_ = emi_profile_op_begin(S_);                                      \
         st_ = d_->backend->entry(d_, __VA_ARGS__);                                  \
@@ -252,6 +262,14 @@ void emi_iter_row(const emi_iter *it, int64_t r, char **ptrs);
 ** from several threads (replicas, loader workers). */
 static inline void emi_bump_version(const em_tensor *t) {
   __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);
+}
+/* Adam's bias correction for one parameter at step (from 1): the step size lr /
+** (1 - beta1^step) and sqrt(1 - beta2^step) (ops/optim.c, and a compiled step's
+** patch, which must give the same bits). */
+static inline void emi_adam_factors(double lr, double beta1, double beta2, int64_t step,
+                                    double *step_size, double *bc2_sqrt) {
+  *step_size = lr / (1 - pow(beta1, (double)step));
+  *bc2_sqrt = sqrt(1 - pow(beta2, (double)step));
 }
 static inline uint32_t emi_version(const em_tensor *t) {
   return __atomic_load_n(&t->storage->version, __ATOMIC_RELAXED);

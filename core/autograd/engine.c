@@ -59,6 +59,7 @@ em_status em_tensor_set_grad(em_state *S, em_tensor *t, em_tensor *g) {
   }
   em_tensor_release(t->grad);
   t->grad = g;
+  if (S->recorder) emi_compile_note_grad(S, t, g, 0);
   return EM_OK;
 }
 
@@ -449,7 +450,9 @@ static em_status leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
       em_tensor_release(g);
       if (!st) leaf->grad = c;
     }
+    if (S->recorder && leaf->grad) emi_compile_note_grad(S, leaf, leaf->grad, 1);
   } else {
+    if (S->recorder) emi_compile_note_accumulate(S, leaf);
     st = em_binary_(S, EM_ADD, leaf->grad, g);
     em_tensor_release(g);
   }

@@ -1287,6 +1287,46 @@ int em_cuda_capturing(em_state *S);
 em_status em_cuda_graph_end(em_state *S, em_cuda_graph **out);
 em_status em_cuda_graph_launch(em_state *S, em_cuda_graph *g);
 void em_cuda_graph_free(em_state *S, em_cuda_graph *g);
+/* -- Compiled steps (core/compile/; em.compile in Lua) ---------------------------------
+** em_compile_begin starts recording every kernel call this state makes on the CPU
+** while the step runs as usual (eagerly); em_compile_end stops and returns the
+** program: those calls with their arguments, every tensor they touched held by
+** the program. why receives "" when the program can replay, else the reason
+** (a call on another device, a gradient accumulated into a .grad from before the
+** capture); the program is returned either way (NULL only on failure).
+** em_program_run replays the calls on the same memory: copy new inputs into the
+** captured input tensors first; results are rewritten in place. Random draws take
+** fresh counters at every replay. em_program_ready says whether the leaves the
+** capture gave a first gradient have none now (run refuses otherwise).
+** em_program_patch_sgd / _adam set call i's per-step arguments (the learning
+** rate; Adam's step counts, one per recorded parameter) before a replay.
+** em_program_compare gives the first call where two programs differ, or -1.
+** Only the CPU's calls are recorded.
+** One capture at a time per state; the program must be freed before the state. */
+typedef struct em_program em_program;
+typedef struct em_program_info {
+  int calls;                 /* recorded calls, gradient events included */
+  int kernels;               /* of which kernel calls */
+  int64_t held_bytes;        /* tensor memory the program keeps alive */
+  int64_t replays;
+} em_program_info;
+em_status em_compile_begin(em_state *S);
+int em_compile_capturing(const em_state *S);
+/* While paused (1), calls run without being recorded: one-time work inside a
+** captured step, such as an optimizer's state made at its first step. */
+void em_compile_pause(em_state *S, int paused);
+/* Calls recorded so far (-1 when not capturing): a recorded call's index. */
+int em_compile_recorded(const em_state *S);
+em_status em_compile_end(em_state *S, em_program **out, char *why, size_t whylen);
+int em_program_ready(const em_program *p);
+em_status em_program_run(em_state *S, em_program *p);
+em_status em_program_patch_sgd(em_state *S, em_program *p, int i, double lr);
+em_status em_program_patch_adam(em_state *S, em_program *p, int i, int n, const int64_t *steps,
+                                double lr, double weight_decay, int decoupled);
+void em_program_stats(const em_program *p, em_program_info *out);
+const char *em_program_op(const em_program *p, int i);
+int em_program_compare(const em_program *a, const em_program *b);
+void em_program_free(em_state *S, em_program *p);
 /* Pinned (page-locked) host memory: a CPU tensor whose data the CUDA runtime
 ** can copy from without staging, so t:cuda() of it is asynchronous and runs on
 ** the device's copy stream, beside the compute. *out is a new pinned contiguous

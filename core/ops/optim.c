@@ -184,8 +184,8 @@ static em_status adam_steps(em_state *S, const char *rec, int n, em_tensor *cons
     G[k] = grads[i];
     M[k] = exp_avgs[i];
     V[k] = exp_avg_sqs[i];
-    SS[k] = lr / (1 - pow(beta1, (double)steps[i]));
-    BC[k++] = sqrt(1 - pow(beta2, (double)steps[i]));
+    emi_adam_factors(lr, beta1, beta2, steps[i], &SS[k], &BC[k]);
+    k++;
   }
   double decay = decoupled ? 1 - lr * weight_decay : 1;
   double wd = decoupled ? 0 : weight_decay;

@@ -123,6 +123,9 @@ local function load_core()
   -- Run a full collection now and hand the memory of dead tensors back to C.
   em.collect = handles.collect
 
+  -- em.compile(fn[, opts]): a step captured once, replayed after (ember.compile).
+  function em.compile(fn, opts) return require('ember.compile').compile(fn, opts) end
+
   -- Saving (ember.save, loaded at first use; em.checkpoint is a submodule).
   function em.save(...) return require('ember.save').save(...) end
   function em.load(...) return require('ember.save').load(...) end

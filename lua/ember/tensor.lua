@@ -51,6 +51,7 @@ core.ptr_ct = ptr_ct
 -- Element k (0-based, in elements from the data pointer) of a CPU tensor.
 -- float16 / bfloat16 bits are converted by C, as every op converts them.
 local function load(h, dt, k)
+  if core.host_access then core.host_access('reading an element') end
   local v = ffi.cast(ptr_ct[dt], C.em_tensor_data(h))[k]
   if dt == FLOAT32 or dt == FLOAT64 then return v end
   if dt == INT64 then return tonumber(v) end
@@ -64,6 +65,7 @@ core.load = load
 -- Element k of a CPU tensor := number v (converted as fill_ converts it). The
 -- caller has called em_tensor_bump_version.
 local function store(h, dt, k, v)
+  if core.host_access then core.host_access('writing an element') end
   local p = ffi.cast(ptr_ct[dt], C.em_tensor_data(h))
   if dt == FLOAT16 then p[k] = C.em_float_to_half(v)
   elseif dt == BFLOAT16 then p[k] = C.em_float_to_bfloat16(v)
@@ -267,7 +269,10 @@ function Tensor.is_contiguous(t) return C.em_tensor_is_contiguous(H(t, 'is_conti
 function Tensor.is_floating_point(t) return core.is_float[core.dtype_of(H(t, 'is_floating_point', 0))] end
 function Tensor.element_size(t) return tonumber(C.em_dtype_size(core.dtype_of(H(t, 'element_size', 0)))) end
 function Tensor.storage_offset(t) return tonumber(C.em_tensor_offset(H(t, 'storage_offset', 0))) end
-function Tensor.data_ptr(t) return C.em_tensor_data(H(t, 'data_ptr', 0)) end
+function Tensor.data_ptr(t)
+  if core.host_access then core.host_access('data_ptr') end
+  return C.em_tensor_data(H(t, 'data_ptr', 0))
+end
 function Tensor.same_storage(t, u)
   return C.em_tensor_same_storage(H(t, 'same_storage', 0), H(u, 'same_storage', 1)) ~= 0
 end
@@ -276,6 +281,7 @@ local dbox = ffi.new('double[1]')
 local ibox = ffi.new('int64_t[1]')
 function Tensor.item(t)
   local h = H(t, 'item', 0)
+  if core.host_access then core.host_access('item') end
   local dt = core.dtype_of(h)
   if dt == INT64 or dt == INT32 then
     if C.em_tensor_item_int(S, h, ibox) ~= 0 then fail() end
@@ -289,6 +295,7 @@ end
 -- A contiguous CPU copy readable from Lua: float64 for floating dtypes, int64
 -- for integers, uint8 for bool. Returns handle (owned), typed data pointer.
 function core.readable(h)
+  if core.host_access then core.host_access('reading values (totable, tostring)') end
   local dt = core.dtype_of(h)
   local want = core.is_float[dt] and FLOAT64 or (dt == BOOL and BOOL or INT64)
   if C.em_to(S, h, want, C.EM_CPU, out) ~= 0 then fail() end

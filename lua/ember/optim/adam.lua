@@ -15,6 +15,7 @@ device. A step updates a group's parameters of one device and dtype in one call
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local create = require 'ember.create'
+local compile = require 'ember.compile'
 local C, S, raise = core.C, core.S, core.raise
 
 return function(optim)
@@ -29,6 +30,23 @@ return function(optim)
         type(b) == 'table' and ('{' .. tostring(b[1]) .. ', ' .. tostring(b[2]) .. '}')
         or core.kind(b)))
     end
+  end
+
+  -- A compiled step replays the update at index `at` of its program: before each
+  -- replay the step counts move on and the bias correction follows them (and
+  -- the group's rate of the time). Empty parameters have no place in the call.
+  local function replayed(b, g, at, decoupled)
+    local items = {}
+    for i = 1, b.n do if b[i].p:numel() > 0 then items[#items + 1] = b[i] end end
+    local steps = ffi.new('int64_t[?]', math.max(#items, 1))
+    compile.on_replay(function(prog)
+      for k, it in ipairs(items) do
+        it.s.step = it.s.step + 1
+        steps[k - 1] = it.s.step
+      end
+      core.check(C.em_program_patch_adam(S, prog, at, #items, steps, g.lr, g.weight_decay,
+                                         decoupled))
+    end)
   end
 
   local function make(name, decoupled, wd)
@@ -47,9 +65,10 @@ return function(optim)
       local steps = ffi.new('int64_t[?]', n)
       for i = 1, n do
         local it, s = b[i], b[i].s
-        if s.exp_avg == nil then
-          s.exp_avg = create.zeros_like(it.p)      -- on the parameter's device
-          s.exp_avg_sq = create.zeros_like(it.p)
+        if s.exp_avg == nil then   -- on the parameter's device; once in a compiled step
+          s.exp_avg, s.exp_avg_sq = compile.once(function()
+            return create.zeros_like(it.p), create.zeros_like(it.p)
+          end)
         end
         P[i - 1], G[i - 1], M[i - 1], V[i - 1] = it.h, it.gh, s.exp_avg._h, s.exp_avg_sq._h
         steps[i - 1] = (s.step or 0) + 1
@@ -58,6 +77,7 @@ return function(optim)
                                        g.eps, g.weight_decay, decoupled)
       if st == 0 then
         for i = 1, n do b[i].s.step = (b[i].s.step or 0) + 1 end
+        if compile.capturing() then replayed(b, g, C.em_compile_recorded(S) - 1, decoupled) end
       end
       return st
     end

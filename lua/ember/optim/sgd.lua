@@ -14,6 +14,7 @@ device. A step updates a group's parameters of one device and dtype in one call
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local create = require 'ember.create'
+local compile = require 'ember.compile'
 local C, S, raise = core.C, core.S, core.raise
 
 return function(optim)
@@ -59,6 +60,11 @@ return function(optim)
     -- kept only once written: a failed first step must not leave garbage behind
     if st == 0 then
       for i, buf in pairs(fresh) do b[i].s.momentum_buffer = buf end
+      -- a compiled step replays this update with the rate of its time
+      if compile.capturing() then
+        local at = C.em_compile_recorded(S) - 1
+        compile.on_replay(function(prog) core.check(C.em_program_patch_sgd(S, prog, at, g.lr)) end)
+      end
     end
     return st
   end

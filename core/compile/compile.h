@@ -1,0 +1,73 @@
+/*
+** compile.h -- what recorder.c and program.c (em.compile's C half) share: a
+** recorded call of a backend entry, the program those calls make, and the
+** recorder that builds one while a step runs.
+**
+** A program is the list of kernel calls one run of a step made on the CPU, with
+** every tensor they touched held by reference, so that running the list again
+** ("replay") does the step's work again without Lua, without autograd and
+** without allocating: each call writes where it wrote when it was recorded.
+** recorder.c explains how calls are caught; program.c how they are replayed.
+*/
+#ifndef EMBER_COMPILE_H
+#define EMBER_COMPILE_H
+#include "internal.h"
+
+/* What a replay changes in recorded arguments: random draws move on. */
+typedef struct emi_replay {
+  uint64_t rng_delta;      /* added to every recorded Philox offset */
+} emi_replay;
+
+typedef em_status (*emi_play_fn)(emi_device *d, void *args, const emi_replay *r);
+
+/* A call: a backend entry (EMI_ENTRY_*) with its arguments, or one of the
+** events below (a leaf's gradient set by the engine or by the host). */
+enum { EMI_REC_SET_GRAD = -1 };
+typedef struct emi_rec {
+  int entry;
+  emi_play_fn play;
+  void *args;              /* the entry's argument struct (recorder.c), owned */
+  const char *op;          /* the entry's name, for messages and comparisons */
+  size_t first_held;       /* its first tensor in held (the profiler's shape), if any */
+} emi_rec;
+
+typedef struct emi_set_grad_args { em_tensor *leaf, *grad; } emi_set_grad_args;
+
+struct em_program {
+  emi_rec *recs;
+  int nrecs, caprecs;
+  em_tensor **held;        /* one reference each, released with the program */
+  size_t nheld, capheld;
+  void **owned;            /* argument copies (geometries, lists), freed with it */
+  size_t nowned, capowned;
+  /* leaves the engine gives a first gradient with no recorded set before it:
+  ** a replay needs their .grad empty, as at the capture */
+  em_tensor **fresh_leaves;
+  size_t nfresh, capfresh;
+  uint64_t rng_start;      /* S->rng_offset when the capture began */
+  uint64_t rng_used;       /* Philox counters the step draws */
+  uint64_t replays;
+  int64_t held_bytes;      /* storage bytes the program keeps alive */
+};
+
+/* The recorder of a state that is capturing (S->recorder). */
+typedef struct emi_recorder {
+  em_program *prog;
+  const emi_backend *real;     /* the CPU's table, put back at the end */
+  emi_backend table;           /* the recording table the CPU serves through meanwhile */
+  uint64_t rng_start;          /* S->rng_offset when the capture began */
+  em_status failed;            /* the first failure to record (out of memory) */
+  char why[256];               /* why the program can't replay, "" if it can */
+  /* leaves given a gradient during the capture (engine or host) */
+  em_tensor **given;
+  size_t ngiven, capgiven;
+} emi_recorder;
+
+/* recorder.c */
+void emi_recording_table(emi_backend *t, const emi_backend *real);
+int emi_compile_push(void ***v, size_t *n, size_t *cap, void *p);
+
+/* program.c */
+void emi_program_free_contents(em_program *p);
+
+#endif

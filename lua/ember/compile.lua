@@ -1,0 +1,313 @@
+--[[
+ember.compile -- em.compile(fn[, opts]): a step captured once per input
+signature and replayed after, without Lua between its kernels.
+
+How it works. The first call with a signature (each tensor argument's shape,
+dtype, device, strides and requires_grad; every other argument's value) copies
+the tensor arguments into static tensors of its own, and runs fn on them once,
+eagerly, while the C core records every kernel call the CPU receives
+(core/compile/: forward, the autograd engine's backward, the optimizer's fused
+update, .grad changes). Later calls with that signature copy their tensors into
+the statics and replay the record: the same kernels on the same memory, so the
+results equal the eager step's bits; fn's Lua code does not run. What fn returns
+comes back as copies, detached from autograd (call backward inside fn), so a
+result kept from an earlier call does not change.
+
+What changes per step is not in the record, and is handled so:
+  - random draws (dropout) take fresh counters at every replay (C);
+  - the optimizers register a hook while captured (M.on_replay) that sets the
+    replayed update's learning rate and Adam's step count before each replay, so
+    a schedule's new rate is seen and the bias correction moves on;
+  - a parameter's .grad is set by the replay as by the eager step.
+A step that can't be replayed runs eagerly for that signature, and explain()
+says why: it read a value (item, totable, tostring, element access: the rest
+of the step would depend on it), touched a device other than the CPU, took a
+tensor that requires grad, or
+accumulated into gradients from before the call. `check = true` runs the first
+calls after a capture eagerly again, recording them, and raises at the first
+call that differs from the captured step (fn branching on data or on a Lua
+value that is no argument). EMBER_COMPILE=0 runs every compiled function eagerly.
+]]
+local ffi = require 'ffi'
+local core = require 'ember.ffi'
+require 'ember.tensor'
+local C, S, raise, kind = core.C, core.S, core.raise, core.kind
+local box_t, istype = core.box_t, ffi.istype
+
+local M = {}
+
+-- -- While capturing ---------------------------------------------------------------------
+local capture   -- {hooks = {...}, read = why} of the capture that runs, or nil
+
+-- An optimizer's per-step arguments: hook(program) runs before every replay of
+-- the capture that runs now (nothing when none runs).
+function M.on_replay(hook)
+  if capture then capture.hooks[#capture.hooks + 1] = hook end
+end
+function M.capturing() return capture ~= nil end
+
+-- fn() run once, not recorded (state an optimizer makes at its first step: a
+-- replay must not make it again). Returns fn's results.
+function M.once(fn)
+  if not capture then return fn() end
+  C.em_compile_pause(S, 1)
+  local res = { pcall(fn) }
+  C.em_compile_pause(S, 0)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2)
+end
+
+local function host_access(what)
+  if capture and not capture.read then
+    capture.read = what .. ' at ' .. (debug.traceback('', 3):match('\n%s*([^\n]+)') or '?')
+  end
+end
+
+-- -- Signatures --------------------------------------------------------------------------
+local function tensor_sig(t)
+  local h = t._h
+  local parts = { t.device, t.dtype, t.requires_grad and 'g' or '' }
+  for d = 0, C.em_tensor_ndim(h) - 1 do
+    parts[#parts + 1] = tonumber(C.em_tensor_size(h, d)) .. '/' .. tonumber(C.em_tensor_stride(h, d))
+  end
+  return table.concat(parts, ',')
+end
+
+-- Visits the tensors among the arguments (top level, and one level into plain
+-- tables such as a batch {x, y}): fn(tensor, path) with path = {i} or {i, key}.
+local function plain(v) return type(v) == 'table' and getmetatable(v) == nil end
+local function sorted_keys(tab)
+  local keys = {}
+  for k in pairs(tab) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  return keys
+end
+
+local function signature(args)
+  local parts = {}
+  local function one(v)
+    if istype(box_t, v) then return 'T(' .. tensor_sig(v) .. ')' end
+    local tv = type(v)
+    if tv == 'number' or tv == 'boolean' or tv == 'string' or tv == 'nil' then
+      return tv:sub(1, 1) .. tostring(v)
+    end
+    return tv .. ':' .. tostring(v)   -- tables, functions, modules: by identity
+  end
+  for i = 1, args.n do
+    local v = args[i]
+    if plain(v) then
+      local inner = {}
+      for _, k in ipairs(sorted_keys(v)) do inner[#inner + 1] = tostring(k) .. '=' .. one(v[k]) end
+      parts[i] = '{' .. table.concat(inner, ';') .. '}'
+    else
+      parts[i] = one(v)
+    end
+  end
+  return table.concat(parts, '|')
+end
+
+local function each_tensor(args, fn)
+  for i = 1, args.n do
+    local v = args[i]
+    if istype(box_t, v) then fn(v, i)
+    elseif plain(v) then
+      for _, k in ipairs(sorted_keys(v)) do if istype(box_t, v[k]) then fn(v[k], i, k) end end
+    end
+  end
+end
+
+local function at(args, i, k) if k == nil then return args[i] end return args[i][k] end
+
+-- -- Results -------------------------------------------------------------------------------
+-- Copies of the tensors in results (top level and one level into plain tables).
+local function own(res)
+  local out = { n = res.n }
+  local function copy(v) if istype(box_t, v) then return v:detach():clone() end return v end
+  for i = 1, res.n do
+    local v = res[i]
+    if plain(v) then
+      local t = {}
+      for k, x in pairs(v) do t[k] = copy(x) end
+      out[i] = t
+    else
+      out[i] = copy(v)
+    end
+  end
+  return out
+end
+
+-- -- The compiled function -----------------------------------------------------------------
+local Compiled = {}
+Compiled.__index = Compiled
+
+local free_program = function(p) C.em_program_free(S, p) end
+local prog_box = ffi.typeof('em_program*[1]')
+
+local function pack(...) return { n = select('#', ...), ... } end
+
+local function disabled() return os.getenv('EMBER_COMPILE') == '0' end
+
+-- Runs fn(args) while recording: the entry for the signature, and fn's results.
+function Compiled:capture(key, args)
+  local statics, call_args = {}, { n = args.n }
+  for i = 1, args.n do call_args[i] = plain(args[i]) and {} or args[i] end
+  for i = 1, args.n do
+    if plain(args[i]) then for k, v in pairs(args[i]) do call_args[i][k] = v end end
+  end
+  local why
+  each_tensor(args, function(t, i, k)
+    if t.requires_grad then
+      why = why or ('argument %d%s requires grad (compiled steps take data, not leaves)')
+        :format(i, k and ('.' .. tostring(k)) or '')
+      return
+    end
+    local s = t:clone()
+    statics[#statics + 1] = { static = s, i = i, k = k }
+    if k == nil then call_args[i] = s else call_args[i][k] = s end
+  end)
+  if why then
+    local res = pack(self.fn(unpack(args, 1, args.n)))
+    return { eager = true, why = why }, res
+  end
+  local cap = { hooks = {} }
+  core.check(C.em_compile_begin(S))
+  capture, core.host_access = cap, host_access
+  local res = pack(pcall(self.fn, unpack(call_args, 1, call_args.n)))
+  capture, core.host_access = nil, nil
+  local box, whybuf = prog_box(), ffi.new('char[256]')
+  local st = C.em_compile_end(S, box, whybuf, 256)
+  local prog = box[0] ~= nil and ffi.gc(box[0], free_program) or nil
+  if not res[1] then error(res[2], 0) end
+  if st ~= 0 then core.fail() end
+  table.remove(res, 1)
+  res.n = res.n - 1
+  self.counts.captures = self.counts.captures + 1
+  why = cap.read and ('it reads a value: ' .. cap.read) or (ffi.string(whybuf) ~= '' and
+    ffi.string(whybuf)) or nil
+  if why then
+    self.counts.breaks = self.counts.breaks + 1
+    if prog then ffi.gc(prog, nil); free_program(prog) end
+    return { eager = true, why = why }, res
+  end
+  local info = ffi.new('em_program_info')
+  C.em_program_stats(prog, info)
+  return { prog = prog, statics = statics, results = res, hooks = cap.hooks,
+           kernels = info.kernels, calls = info.calls, held = tonumber(info.held_bytes),
+           checks = self.check }, own(res)
+end
+
+-- Runs fn eagerly while recording, and raises where its calls differ from e's.
+function Compiled:check_against(e, args)
+  core.check(C.em_compile_begin(S))
+  local cap = { hooks = {} }
+  capture, core.host_access = cap, host_access
+  local res = pack(pcall(self.fn, unpack(args, 1, args.n)))
+  capture, core.host_access = nil, nil
+  local box = prog_box()
+  local st = C.em_compile_end(S, box, nil, 0)
+  local now = box[0] ~= nil and ffi.gc(box[0], free_program) or nil
+  if not res[1] then error(res[2], 0) end
+  if st ~= 0 then core.fail() end
+  table.remove(res, 1)
+  res.n = res.n - 1
+  local i = C.em_program_compare(e.prog, now)
+  if i >= 0 or cap.read then
+    local function op(p) local s = C.em_program_op(p, i); return s ~= nil and ffi.string(s) or 'the end' end
+    raise(cap.read and ('compile: check: the step now reads a value (%s), which the captured ' ..
+      'step did not'):format(cap.read) or
+      ('compile: check: call %d of the step differs from the captured one: captured %s, now %s ' ..
+      '(fn branches on data or on a value that is not an argument)'):format(i + 1, op(e.prog), op(now)))
+  end
+  return res
+end
+
+function Compiled:__call(...)
+  local args = pack(...)
+  if disabled() then return self.fn(...) end
+  local key = signature(args)
+  local e = self.cache[key]
+  if not e then
+    local res
+    e, res = self:capture(key, args)
+    self.cache[key] = e
+    self.order[#self.order + 1] = key
+    return unpack(res, 1, res.n)
+  end
+  if e.eager then
+    self.counts.eager = self.counts.eager + 1
+    return self.fn(...)
+  end
+  if C.em_program_ready(e.prog) == 0 then
+    -- a .grad the captured step did not have: the eager step accumulates into it
+    self.counts.eager = self.counts.eager + 1
+    e.not_ready = (e.not_ready or 0) + 1
+    return self.fn(...)
+  end
+  if e.checks and e.checks > 0 then
+    e.checks = e.checks - 1
+    local res = self:check_against(e, args)
+    return unpack(res, 1, res.n)
+  end
+  for _, s in ipairs(e.statics) do s.static:copy_(at(args, s.i, s.k)) end
+  for _, h in ipairs(e.hooks) do h(e.prog) end
+  core.check(C.em_program_run(S, e.prog))
+  self.counts.replays = self.counts.replays + 1
+  local res = own(e.results)
+  return unpack(res, 1, res.n)
+end
+
+-- {captures, replays, breaks, eager, fused, ops, kernels, peak_bytes}: ops and
+-- kernels of the captured steps (each signature's), peak_bytes the memory their
+-- programs hold between calls.
+function Compiled:stats()
+  local s = { captures = self.counts.captures, replays = self.counts.replays,
+              breaks = self.counts.breaks, eager = self.counts.eager, fused = 0, ops = 0,
+              kernels = 0, peak_bytes = 0 }
+  for _, key in ipairs(self.order) do
+    local e = self.cache[key]
+    if not e.eager then
+      s.ops, s.kernels = s.ops + e.calls, s.kernels + e.kernels
+      s.peak_bytes = s.peak_bytes + e.held
+    end
+  end
+  return s
+end
+
+-- Each signature: replayed, or eager and why.
+function Compiled:explain()
+  local lines = {}
+  if disabled() then lines[1] = 'EMBER_COMPILE=0: every call runs eagerly' end
+  for n, key in ipairs(self.order) do
+    local e = self.cache[key]
+    if e.eager then
+      lines[#lines + 1] = ('signature %d: runs eagerly: %s'):format(n, e.why)
+    else
+      lines[#lines + 1] = ('signature %d: replayed: %d kernel calls, %.2f MiB held%s'):format(n,
+        e.kernels, e.held / 2 ^ 20, e.not_ready and (', ran eagerly %d times (a .grad was set ' ..
+        'before the call)'):format(e.not_ready) or '')
+    end
+    lines[#lines + 1] = '  ' .. key
+  end
+  if #lines == 0 then lines[1] = 'not called yet' end
+  return table.concat(lines, '\n')
+end
+
+function M.compile(fn, opts)
+  if type(fn) ~= 'function' and not (type(fn) == 'table' and getmetatable(fn) and
+      getmetatable(fn).__call) then
+    raise('compile: expected a function, got ' .. kind(fn))
+  end
+  opts = opts or {}
+  if type(opts) ~= 'table' then raise('compile: options must be a table, got ' .. kind(opts)) end
+  for k in pairs(opts) do
+    if k ~= 'check' and k ~= 'graph' then
+      raise(("compile: unknown option '%s' (check, graph)"):format(tostring(k)))
+    end
+  end
+  local check = opts.check
+  if check == true then check = 2 elseif not check then check = 0 end
+  return setmetatable({ fn = fn, cache = {}, order = {}, check = check,
+    counts = { captures = 0, replays = 0, breaks = 0, eager = 0 } }, Compiled)
+end
+
+return M
