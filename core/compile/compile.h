@@ -29,6 +29,8 @@ typedef struct emi_rec {
   void *args;              /* the entry's argument struct (recorder.c), owned */
   const char *op;          /* the entry's name, for messages and comparisons */
   size_t first_held;       /* its first tensor in held (the profiler's shape), if any */
+  uint64_t fp;             /* its arguments' fingerprint: scalars, shapes, dtypes,
+                           ** strides (em_program_compare) */
 } emi_rec;
 
 typedef struct emi_set_grad_args { em_tensor *leaf, *grad; } emi_set_grad_args;

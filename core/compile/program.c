@@ -238,18 +238,12 @@ const char *em_program_op(const em_program *p, int i) {
   return p && i >= 0 && i < p->nrecs ? p->recs[i].op : NULL;
 }
 
-/* The first call where a and b differ (entry, or a tensor's shape), or -1. */
+/* The first call where a and b differ (entry, or its arguments' fingerprint), or -1. */
 int em_program_compare(const em_program *a, const em_program *b) {
   int n = a->nrecs < b->nrecs ? a->nrecs : b->nrecs;
   for (int i = 0; i < n; i++) {
     const emi_rec *x = &a->recs[i], *y = &b->recs[i];
-    if (x->entry != y->entry) return i;
-    if (x->first_held < a->nheld && y->first_held < b->nheld) {
-      const em_tensor *s = a->held[x->first_held], *t = b->held[y->first_held];
-      if (s->ndim != t->ndim || s->dtype != t->dtype ||
-          memcmp(s->sizes, t->sizes, (size_t)s->ndim * sizeof *s->sizes))
-        return i;
-    }
+    if (x->entry != y->entry || x->fp != y->fp) return i;
   }
   return a->nrecs == b->nrecs ? -1 : n;
 }

@@ -66,7 +66,7 @@ static void *push_rec(emi_device *d, int e, const char *op, emi_play_fn play, si
     p->recs = q;
     p->caprecs = c;
   }
-  p->recs[p->nrecs++] = (emi_rec){e, play, args, op, p->nheld};
+  p->recs[p->nrecs++] = (emi_rec){e, play, args, op, p->nheld, 1469598103934665603ull};
   return args;
 }
 
@@ -99,23 +99,45 @@ static void *own_copy(emi_device *d, const void *src, size_t n) {
   return c;
 }
 
-/* Per argument slot, by its type: tensors are held, geometries copied. */
+/* The fingerprint of the last record takes n more bytes (FNV-1a). */
+static void mix(emi_device *d, const void *bytes, size_t n) {
+  em_program *p = rec_of(d)->prog;
+  uint64_t h = p->recs[p->nrecs - 1].fp;
+  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)bytes)[i]) * 1099511628211ull;
+  p->recs[p->nrecs - 1].fp = h;
+}
+static void mix_tensor(emi_device *d, const em_tensor *t) {
+  if (!t) { mix(d, "-", 1); return; }
+  mix(d, &t->dtype, sizeof t->dtype);
+  mix(d, &t->ndim, sizeof t->ndim);
+  mix(d, t->sizes, (size_t)t->ndim * sizeof *t->sizes);
+  mix(d, t->strides, (size_t)t->ndim * sizeof *t->strides);
+}
+
+/* Per argument slot, by its type: tensors are held, geometries copied; each
+** enters the fingerprint. */
 static void keep_tensor(emi_device *d, void *slot) {
+  mix_tensor(d, *(const em_tensor **)slot);
   *(em_tensor **)slot = hold(d, *(const em_tensor **)slot);
 }
 static void keep_conv(emi_device *d, void *slot) {
   const emi_conv_geom **g = slot;
+  mix(d, *g, sizeof **g);
   *g = own_copy(d, *g, sizeof **g);
 }
 static void keep_pool(emi_device *d, void *slot) {
   const emi_pool_geom **g = slot;
+  mix(d, *g, sizeof **g);
   *g = own_copy(d, *g, sizeof **g);
 }
 static void keep_value(emi_device *d, void *slot) { (void)d; (void)slot; }
 #define KEEP(d, field)                                                                  \
   _Generic((field), em_tensor *: keep_tensor, const em_tensor *: keep_tensor,            \
            const emi_conv_geom *: keep_conv, const emi_pool_geom *: keep_pool,           \
-           default: keep_value)((d), (void *)&(field))
+           default: keep_value)((d), (void *)&(field));                                  \
+  _Generic((field), em_tensor *: (void)0, const em_tensor *: (void)0,                    \
+           const emi_conv_geom *: (void)0, const emi_pool_geom *: (void)0,               \
+           default: mix((d), &(field), sizeof(field)))
 
 /* -- The generated wrappers ------------------------------------------------------- */
 #define FIELD_(T, n) T n;
@@ -214,7 +236,12 @@ GENERATED_ENTRIES(DEFINE_ENTRY)
   static em_status rec_##name(emi_device *d, em_tensor *out, uint64_t seed,              \
                               uint64_t offset, T a, T b) {                              \
     args_##name *x = push_rec(d, EMI_ENTRY_##name, #name, play_##name, sizeof *x);      \
-    if (x) *x = (args_##name){hold(d, out), seed, offset, a, b};                \
+    if (x) {                                                                            \
+      mix_tensor(d, out);                                                               \
+      mix(d, &a, sizeof a);                                                             \
+      mix(d, &b, sizeof b);                                                             \
+      *x = (args_##name){hold(d, out), seed, offset, a, b};                             \
+    }                \
     return rec_of(d)->real->name(d, out, seed, offset, a, b);                           \
   }
 DEFINE_RANDOM(uniform, double)

@@ -57,10 +57,21 @@ function M.once(fn)
   return unpack(res, 2)
 end
 
-local function host_access(what)
-  if capture and not capture.read then
-    capture.read = what .. ' at ' .. (debug.traceback('', 3):match('\n%s*([^\n]+)') or '?')
+-- The first line of the caller's code (outside ember's own files) on the stack.
+local function user_line()
+  for level = 3, 40 do
+    local info = debug.getinfo(level, 'Sl')
+    if not info then break end
+    local src = info.short_src or ''
+    if not src:find('ember/', 1, true) and info.currentline and info.currentline > 0 then
+      return src:match('[^/]*$') .. ':' .. info.currentline
+    end
   end
+  return '?'
+end
+
+local function host_access(what)
+  if capture and not capture.read then capture.read = what .. ' at ' .. user_line() end
 end
 
 -- -- Signatures --------------------------------------------------------------------------
@@ -116,6 +127,38 @@ local function each_tensor(args, fn)
   end
 end
 
+-- A tensor of t's shape, dtype, device and strides, holding t's values: the
+-- step is captured on the layout it is given (a transposed or broadcast input
+-- takes the kernels it takes eagerly, so the results keep the eager bits).
+local out_box = ffi.new('em_tensor*[1]')
+local function static_like(t)
+  if t:is_contiguous() then return t:clone() end
+  local h, n = t._h, C.em_tensor_ndim(t._h)
+  local sizes, strides, span = ffi.new('int64_t[?]', n), ffi.new('int64_t[?]', n), 1
+  for d = 0, n - 1 do
+    sizes[d], strides[d] = C.em_tensor_size(h, d), C.em_tensor_stride(h, d)
+    if strides[d] < 0 then return t:clone() end
+    if sizes[d] > 0 then span = span + (sizes[d] - 1) * strides[d] end
+  end
+  local flat = require('ember').empty(tonumber(span), { dtype = t.dtype, device = t.device })
+  core.check(C.em_as_strided(S, flat._h, sizes, strides, n, 0, out_box))
+  local s = core.wrap(out_box[0])
+  M.fill(s, t)
+  return s
+end
+
+-- static := t, both of one layout: along a broadcast dim (stride 0) one slice
+-- is all there is to copy (and copy_ refuses to write the same element twice).
+function M.fill(static, t)
+  local h = static._h
+  for d = 0, C.em_tensor_ndim(h) - 1 do
+    if C.em_tensor_stride(h, d) == 0 and C.em_tensor_size(h, d) > 1 then
+      static, t = static:narrow(d + 1, 1, 1), t:narrow(d + 1, 1, 1)
+    end
+  end
+  static:copy_(t)
+end
+
 local function at(args, i, k) if k == nil then return args[i] end return args[i][k] end
 
 -- -- Results -------------------------------------------------------------------------------
@@ -161,7 +204,7 @@ function Compiled:capture(key, args)
         :format(i, k and ('.' .. tostring(k)) or '')
       return
     end
-    local s = t:clone()
+    local s = static_like(t)
     statics[#statics + 1] = { static = s, i = i, k = k }
     if k == nil then call_args[i] = s else call_args[i][k] = s end
   end)
@@ -248,7 +291,7 @@ function Compiled:__call(...)
     local res = self:check_against(e, args)
     return unpack(res, 1, res.n)
   end
-  for _, s in ipairs(e.statics) do s.static:copy_(at(args, s.i, s.k)) end
+  for _, s in ipairs(e.statics) do M.fill(s.static, at(args, s.i, s.k)) end
   for _, h in ipairs(e.hooks) do h(e.prog) end
   core.check(C.em_program_run(S, e.prog))
   self.counts.replays = self.counts.replays + 1

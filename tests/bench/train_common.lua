@@ -31,8 +31,9 @@ function T.model(kind)
 end
 
 -- The model, its data and one training step: step(i) trains on batch i (of 40).
--- low = true: bfloat16 autocast and channels-last.
-function T.setup(kind, low)
+-- low = true: bfloat16 autocast and channels-last; compiled = true: the step
+-- (forward, backward, update) through em.compile, fed each batch.
+function T.setup(kind, low, compiled)
   em.manual_seed(0)
   local batch = 128
   local ds = em.data.fashion_mnist{ split = 'train' }
@@ -43,9 +44,7 @@ function T.setup(kind, low)
   local model = T.model(kind)
   if low then model:to{ memory_format = 'channels_last' } end
   local opt = em.optim.Adam(model:parameters(), { lr = 1e-3 })
-  local function step(i)
-    local s = ((i - 1) % 40) * batch + 1
-    local xb, yb = x:narrow(1, s, batch), y:narrow(1, s, batch)
+  local function train(xb, yb)
     local loss
     if low then
       xb = xb:to_channels_last()
@@ -57,6 +56,11 @@ function T.setup(kind, low)
     loss:backward()
     opt:step()
     return loss
+  end
+  local run = compiled and em.compile(train) or train
+  local function step(i)
+    local s = ((i - 1) % 40) * batch + 1
+    return run(x:narrow(1, s, batch), y:narrow(1, s, batch))
   end
   return step, batch
 end
@@ -85,6 +89,8 @@ function T.run(kind, steps)
            kind == 'mlp' and 'ratio >= 1.5' or 'ratio >= 1.2')
   B.result('rss_' .. kind, peak_rss_mb(), 'MB', 'lower', 'ratio >= 1')
   if kind ~= 'cnn' then return end
+  step = T.setup(kind, false, true)
+  B.result('train_cnn_compiled', rate(step, batch, steps), 'samples/s', 'higher', 'ratio >= 1.5')
   local why = missing_low()
   if why then print('skipped: train_cnn_bf16: ' .. why); return end
   step = T.setup(kind, true)

@@ -1,0 +1,221 @@
+--[[
+test_compile.lua -- em.compile on the CPU: a step captured once and replayed
+gives the eager step's results bit for bit (losses, weights, gradients, batch
+norm's running statistics) for an MLP with dropout and Adam, a CNN with batch
+norm and SGD momentum, AdamW under a learning-rate schedule; on strided and
+broadcast inputs; a new signature captures again; reading a value inside the
+step runs it eagerly and explain() says where; check = true names the first
+call that differs; results are the caller's own; EMBER_COMPILE=0; errors.
+]]
+local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
+            ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
+local H = dofile(dir .. 'harness.lua')
+local em = require 'ember'
+local nn, F = em.nn, em.nn.F
+
+-- Two copies of one model and optimizer (same seed), a step for each.
+local function twins(build, optimizer)
+  local out = {}
+  for k = 1, 2 do
+    em.manual_seed(11)
+    local m = build()
+    out[k] = { m = m, opt = optimizer(m) }
+  end
+  return out[1], out[2]
+end
+
+local function train_step(t)
+  return function(x, y)
+    t.opt:zero_grad()
+    local loss = F.cross_entropy(t.m(x), y)
+    loss:backward()
+    t.opt:step()
+    return loss
+  end
+end
+
+-- Runs eager and compiled over the batches from the same random state; checks
+-- every loss, then every parameter, gradient and buffer, for exact equality.
+local function same_training(name, a, b, batches, compiled, between)
+  local eager = train_step(a)
+  em.manual_seed(5)
+  local le = {}
+  for i, bt in ipairs(batches) do
+    le[i] = eager(bt[1], bt[2]):item()
+    if between then between(a, i) end
+  end
+  em.manual_seed(5)
+  local lc = {}
+  for i, bt in ipairs(batches) do
+    lc[i] = compiled(bt[1], bt[2]):item()
+    if between then between(b, i) end
+  end
+  H.eq(lc, le, name .. ': losses of each step')
+  local pa, pb = a.m:parameters(), b.m:parameters()
+  local worst, gworst = 0, 0
+  for i = 1, #pa do
+    worst = math.max(worst, (pa[i] - pb[i]):abs():max():item())
+    gworst = math.max(gworst, (pa[i].grad - pb[i].grad):abs():max():item())
+  end
+  H.eq(worst, 0, name .. ': largest weight difference')
+  H.eq(gworst, 0, name .. ': largest gradient difference')
+  local ba, bb = a.m:buffers(), b.m:buffers()
+  for i = 1, #ba do
+    H.eq(H.flat(bb[i]), H.flat(ba[i]), name .. ': buffer ' .. i)
+  end
+end
+
+H.test('MLP with dropout and Adam: replays equal eager steps, strided inputs', function()
+  local a, b = twins(function()
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+  end, function(m) return em.optim.Adam(m:parameters(), { lr = 0.01 }) end)
+  local batches = {}
+  em.manual_seed(3)
+  for i = 1, 6 do
+    -- transposed views: the step sees strided inputs
+    batches[i] = { em.randn(8, 4):t(), em.randint(1, 4, { 4 }, { dtype = 'int64' }) }
+  end
+  local step = em.compile(train_step(b))
+  same_training('mlp', a, b, batches, step)
+  local s = step:stats()
+  H.eq({ s.captures, s.replays, s.breaks }, { 1, 5, 0 }, 'captures, replays, breaks')
+  H.check(s.kernels > 10 and s.ops >= s.kernels, 'kernels counted: ' .. s.kernels)
+  H.check(s.peak_bytes > 0, 'held bytes reported')
+  H.check(step:explain():find('replayed', 1, true), 'explain: ' .. step:explain())
+  -- Adam's step count moved on with the replays
+  H.eq(b.opt.state[1].step, 6, 'Adam step count after 6 calls')
+end)
+
+H.test('CNN with batch norm and SGD momentum: equal, running stats too, broadcast input', function()
+  local a, b = twins(function()
+    return nn.Sequential(nn.Conv2d(2, 4, 3, { padding = 1 }), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
+  end, function(m) return em.optim.SGD(m:parameters(), { lr = 0.05, momentum = 0.9 }) end)
+  local batches = {}
+  em.manual_seed(4)
+  for i = 1, 5 do
+    -- one image broadcast over the batch (a stride-0 input), or a sum over it
+    local base = em.randn(1, 2, 8, 8):expand(6, 2, 8, 8)
+    local x = i % 2 == 1 and base or base + em.randn(6, 1, 1, 1)
+    batches[i] = { x, em.randint(1, 6, { 6 }, { dtype = 'int64' }) }
+  end
+  same_training('cnn', a, b, batches, em.compile(train_step(b)))
+end)
+
+H.test('AdamW under a StepLR schedule: the replays see each new rate', function()
+  local a, b = twins(function() return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2)) end,
+    function(m)
+      local opt = em.optim.AdamW(m:parameters(), { lr = 0.05, weight_decay = 0.1 })
+      return opt
+    end)
+  a.sched = em.optim.StepLR(a.opt, { step_size = 2, gamma = 0.5 })
+  b.sched = em.optim.StepLR(b.opt, { step_size = 2, gamma = 0.5 })
+  local batches = {}
+  em.manual_seed(8)
+  for i = 1, 6 do batches[i] = { em.randn(3, 5), em.randint(1, 2, { 3 }, { dtype = 'int64' }) } end
+  same_training('adamw', a, b, batches, em.compile(train_step(b)),
+                function(t) t.sched:step() end)
+  H.close(b.opt.lr, 0.05 * 0.125, 1e-12, 'rate after the schedule')
+end)
+
+H.test('a new signature captures again; results are the caller\'s own', function()
+  local _, b = twins(function() return nn.Linear(4, 2) end,
+    function(m) return em.optim.SGD(m:parameters(), { lr = 0.1 }) end)
+  local step = em.compile(train_step(b))
+  local y4 = em.tensor({ 1, 2, 1, 2 }, { dtype = 'int64' })
+  local first = step(em.ones(4, 4), y4)
+  local kept = first:item()
+  step(em.ones(4, 4) * 3, y4)
+  H.eq(first:item(), kept, 'a result kept from the first call is unchanged by a replay')
+  step(em.ones(2, 4), em.tensor({ 1, 2 }, { dtype = 'int64' }))
+  step(em.ones(2, 4), em.tensor({ 2, 1 }, { dtype = 'int64' }))
+  local s = step:stats()
+  H.eq({ s.captures, s.replays }, { 2, 2 }, 'two signatures: captures, replays')
+  -- a number argument is part of the signature
+  local scale = em.compile(function(x, k) return x * k end)
+  H.eq(H.flat(scale(em.ones(2), 2)), { 2, 2 }, 'k = 2')
+  H.eq(H.flat(scale(em.ones(2), 3)), { 3, 3 }, 'k = 3 captures anew')
+  H.eq(H.flat(scale(em.ones(2) * 5, 3)), { 15, 15 }, 'replayed with new data')
+  H.eq(scale:stats().captures, 2, 'captures')
+end)
+
+H.test('reading a value inside the step runs it eagerly, and explain says where', function()
+  local a, b = twins(function() return nn.Linear(3, 2) end,
+    function(m) return em.optim.SGD(m:parameters(), { lr = 0.1 }) end)
+  local seen = {}
+  local function reading(t)
+    return function(x, y)
+      t.opt:zero_grad()
+      local loss = F.cross_entropy(t.m(x), y)
+      seen[#seen + 1] = loss:item()   -- a value read: the rest depends on Lua
+      loss:backward()
+      t.opt:step()
+      return loss
+    end
+  end
+  local step = em.compile(reading(b))
+  local eager = reading(a)
+  local x, y = em.randn(4, 3), em.tensor({ 1, 2, 2, 1 }, { dtype = 'int64' })
+  for _ = 1, 3 do eager(x, y) end
+  local n0 = #seen
+  for _ = 1, 3 do step(x, y) end
+  H.eq({ seen[n0 + 1], seen[n0 + 2], seen[n0 + 3] }, { seen[1], seen[2], seen[3] },
+       'eager and compiled losses (the compiled fn ran each time)')
+  local s = step:stats()
+  H.eq({ s.captures, s.breaks, s.eager, s.replays }, { 1, 1, 2, 0 }, 'captures, breaks, eager, replays')
+  H.check(step:explain():find('reads a value: item', 1, true), 'explain: ' .. step:explain())
+  H.check(step:explain():find('test_compile.lua', 1, true), 'explain names the line')
+end)
+
+H.test('gradients kept across calls: the eager step accumulates, so the call runs eagerly', function()
+  local a, b = twins(function() return nn.Linear(3, 1) end,
+    function(m) return em.optim.SGD(m:parameters(), { lr = 0.1 }) end)
+  local function accumulate(t)
+    return function(x) local l = t.m(x):sum(); l:backward(); return l end
+  end
+  local step = em.compile(accumulate(b))
+  local eager = accumulate(a)
+  local x = em.randn(2, 3)
+  for _ = 1, 3 do eager(x); step(x) end
+  H.eq(H.flat(b.m.weight.grad), H.flat(a.m.weight.grad), 'gradients summed over 3 calls')
+  H.check(step:stats().eager == 2, 'calls 2 and 3 ran eagerly: ' .. step:stats().eager)
+  -- zeroed between calls (outside the step), the replay serves
+  b.opt:zero_grad(); a.opt:zero_grad()
+  eager(x); step(x)
+  H.eq(H.flat(b.m.weight.grad), H.flat(a.m.weight.grad), 'after zero_grad outside')
+  H.eq(step:stats().replays, 1, 'replayed once')
+end)
+
+H.test('check = true names the first call that differs', function()
+  local relu = true
+  local f = em.compile(function(x)
+    if relu then return (x * 2):relu() end
+    return (x * 2):tanh()
+  end, { check = true })
+  local x = em.randn(5)
+  f(x)
+  f(x)   -- checked: same calls
+  relu = false
+  local err = H.raises(function() f(x) end, 'compile: check: call 2', 'captured unary')
+  H.check(err:find('branches', 1, true), 'the message says why: ' .. err)
+end)
+
+H.test('EMBER_COMPILE=0 runs eagerly; bad arguments are clear errors', function()
+  local out, rc = H.ember([[
+    local em = require 'ember'
+    local f = em.compile(function(x) return x + 1 end)
+    f(em.ones(2)); f(em.ones(2))
+    print(f:stats().replays, f:explain():match('[^\n]+'))
+  ]], { prefix = 'EMBER_COMPILE=0' })
+  H.eq(rc, 0, 'exit status: ' .. out)
+  H.check(out:find('0\tEMBER_COMPILE=0', 1, true), 'no replays: ' .. out)
+  H.raises(function() em.compile(42) end, 'compile: expected a function, got number')
+  H.raises(function() em.compile(function() end, { graph = false, fast = true }) end,
+           "unknown option 'fast'")
+  local needs = em.compile(function(x) return x * 2 end)
+  local leaf = em.ones(2):requires_grad_()
+  needs(leaf); needs(leaf)
+  H.check(needs:explain():find('requires grad', 1, true), 'explain: ' .. needs:explain())
+end)
+
+H.done()
