@@ -124,6 +124,8 @@ void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
 void emi_compile_unfit(em_state *S, const char *fmt, ...);
 void emi_compile_note_grad(em_state *S, em_tensor *leaf, em_tensor *grad, int first);
 void emi_compile_note_accumulate(em_state *S, const em_tensor *leaf);
+/* A storage whose data lies in a compiled step's arena (counted there, once). */
+int emi_storage_is_slice(const emi_storage *st);
 #define EMI_DISPATCH(S, op, t, entry, ...) __extension__({                           \
     em_state *S_ = (S);                                                             \
     const em_tensor *t_ = (t);                                                      \

@@ -115,6 +115,10 @@ static inline bool last_reference(int *refcount) {
 void emi_storage_release(emi_storage *st) {
   if (!last_reference(&st->refcount)) return;
   em_state *S = st->S;
+  if (emi_storage_is_slice(st)) {   /* a compiled step's arena counts its bytes */
+    emi_free(S, st, sizeof *st);
+    return;
+  }
   __atomic_sub_fetch(&S->mem_allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);
   emi_mem_count *c = device_count(S, st->device);
   if (c) __atomic_sub_fetch(&c->allocated, (int64_t)st->nbytes, __ATOMIC_RELAXED);

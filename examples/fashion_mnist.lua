@@ -7,7 +7,7 @@
 --                                    [--root dir] [--limit n] [--workers 2]
 --                                    [--device cpu|cuda|cuda:N]
 --                                    [--shard optimizer|gradients|parameters]
---                                    [--amp bf16|fp16] [--channels-last]
+--                                    [--amp bf16|fp16] [--channels-last] [--compile]
 --
 -- --device cuda trains on a GPU (or, with EMBER_CUDA_EMULATE=1, on an emulated
 -- one: slowly, but through the same CUDA backend code); batches come to the
@@ -20,6 +20,12 @@
 -- set is evaluated the same way. --channels-last (the CNN) keeps the model's weights
 -- in NHWC memory order (m:to{memory_format = 'channels_last'}) and converts each batch
 -- once, as it enters the model; every layer keeps that layout from there on.
+--
+-- --compile runs each training step (forward, loss, backward, Adam's update) through
+-- em.compile: captured at the first batch and replayed after, without Lua between its
+-- kernels. A step em.compile can't replay (fp16's GradScaler reads the overflow flag;
+-- --replicas and --shard average gradients through collectives) runs eagerly, and
+-- the first epoch line says why.
 --
 -- The checkpoint goes to PATH, by default $XDG_CACHE_HOME/ember/fashion_mnist.ckpt
 -- (~/.cache/ember/... when XDG_CACHE_HOME is unset), never into the source tree;
@@ -83,7 +89,7 @@ do
     if not k or opt[k] == nil and k ~= 'root' and k ~= 'limit' then
       error(('unknown argument %s (see the header of %s)'):format(arg[i], arg[0]), 0)
     end
-    if k == 'resume' or k == 'channels-last' then opt[k] = true; i = i + 1
+    if k == 'resume' or k == 'channels-last' or k == 'compile' then opt[k] = true; i = i + 1
     else
       local v = arg[i + 1]
       if v == nil then error('--' .. k .. ' needs a value', 0) end
@@ -196,21 +202,28 @@ local function evaluate()
   return 100 * correct / total
 end
 
+-- One training step on a batch; returns the loss.
+local function train_step(x, y)
+  local loss = run(dmodel, x, function(out) return F.cross_entropy(out, y) end)
+  optimizer:zero_grad()
+  if scaler then          -- scaled backward; the step is skipped when gradients overflowed
+    scaler:scale(loss):backward()
+    scaler:step(optimizer)
+    scaler:update()
+  else
+    loss:backward()
+    optimizer:step()
+  end
+  return loss
+end
+local step = opt.compile and em.compile(train_step) or train_step
+
 local accuracy
 for epoch = first_epoch, opt.epochs do
   local loss_sum, batches = 0, 0
   train_loader:note('')
   for x, y in train_loader:epoch(epoch) do     -- the loader shows a progress bar
-    local loss = run(dmodel, x, function(out) return F.cross_entropy(out, y) end)
-    optimizer:zero_grad()
-    if scaler then          -- scaled backward; the step is skipped when gradients overflowed
-      scaler:scale(loss):backward()
-      scaler:step(optimizer)
-      scaler:update()
-    else
-      loss:backward()
-      optimizer:step()
-    end
+    local loss = step(x, y)
     batches = batches + 1
     loss_sum = loss_sum + loss:item()
     if batches % 20 == 0 then train_loader:note(('loss %.4f'):format(loss_sum / batches)) end
@@ -221,6 +234,9 @@ for epoch = first_epoch, opt.epochs do
   local speed = strategy:allreduce(em.tensor({ st.samples_per_s }, { dtype = 'float64' }))
   local wait = strategy:allreduce(em.tensor({ st.wait_fraction }, { dtype = 'float64' }), 'max')
   if opt.shard or strategy:is_main() then accuracy = evaluate() end
+  if opt.compile and epoch == first_epoch and strategy:is_main() then
+    print('compiled step: ' .. step:explain():gsub('\n', '\n  '))
+  end
   if strategy:is_main() then
     print(('epoch %d/%d  loss %.4f  test %.2f%%  %d samples/s  (waited for data %.1f%%)'):format(
       epoch, opt.epochs, mean_loss:item(), accuracy, math.floor(speed:item()),

@@ -40,6 +40,8 @@ struct em_program {
   int nrecs, caprecs;
   em_tensor **held;        /* one reference each, released with the program */
   size_t nheld, capheld;
+  unsigned char *held_writes;  /* per held tensor: 1 when its call only writes it */
+  size_t capwrites;
   void **owned;            /* argument copies (geometries, lists), freed with it */
   size_t nowned, capowned;
   /* leaves the engine gives a first gradient with no recorded set before it:
@@ -50,6 +52,8 @@ struct em_program {
   uint64_t rng_used;       /* Philox counters the step draws */
   uint64_t replays;
   int64_t held_bytes;      /* storage bytes the program keeps alive */
+  emi_storage *arena;      /* plan.c: where the short-lived buffers live, or NULL */
+  int64_t planned_bytes;   /* the buffers placed there, before packing */
 };
 
 /* The recorder of a state that is capturing (S->recorder). */
@@ -63,6 +67,9 @@ typedef struct emi_recorder {
   /* leaves given a gradient during the capture (engine or host) */
   em_tensor **given;
   size_t ngiven, capgiven;
+  /* storages allocated during the capture (the memory plan's candidates) */
+  void **born;
+  size_t nborn, capborn;
 } emi_recorder;
 
 /* recorder.c */
@@ -71,5 +78,9 @@ int emi_compile_push(void ***v, size_t *n, size_t *cap, void *p);
 
 /* program.c */
 void emi_program_free_contents(em_program *p);
+
+/* plan.c: the record's short-lived buffers packed into one arena (at capture
+** end); the arena goes with the program, after its slices' views. */
+void emi_program_plan(em_state *S, em_program *p, emi_recorder *R);
 
 #endif

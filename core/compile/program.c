@@ -67,9 +67,10 @@ static int64_t held_bytes(em_program *p) {
   if (!st) return -1;
   for (size_t i = 0; i < p->nheld; i++) st[i] = p->held[i]->storage;
   qsort(st, p->nheld, sizeof *st, by_ptr);
-  int64_t sum = 0;
+  int64_t sum = p->arena ? (int64_t)p->arena->nbytes : 0;
   for (size_t i = 0; i < p->nheld; i++)
-    if (i == 0 || st[i] != st[i - 1]) sum += (int64_t)((emi_storage *)st[i])->nbytes;
+    if ((i == 0 || st[i] != st[i - 1]) && !emi_storage_is_slice(st[i]))
+      sum += (int64_t)((emi_storage *)st[i])->nbytes;
   free(st);
   return sum;
 }
@@ -84,10 +85,12 @@ em_status em_compile_end(em_state *S, em_program **out, char *why, size_t whylen
   S->recorder = NULL;
   em_program *p = R->prog;
   p->rng_used = S->rng_offset - R->rng_start;
-  p->held_bytes = held_bytes(p);
   em_status failed = R->failed;
+  if (!failed && out && !R->why[0]) emi_program_plan(S, p, R);
+  p->held_bytes = held_bytes(p);
   if (why && whylen) snprintf(why, whylen, "%s", R->why);
   free(R->given);
+  free(R->born);
   free(R);
   if (failed || !out) {
     em_program_free(S, p);
@@ -258,15 +261,18 @@ void emi_program_free_contents(em_program *p) {
     free(p->recs[i].args);
   }
   for (size_t i = 0; i < p->nheld; i++) em_tensor_release(p->held[i]);
+  if (p->arena) emi_storage_release(p->arena);   /* after its slices' views */
+  p->arena = NULL;
   for (size_t i = 0; i < p->nowned; i++) free(p->owned[i]);
   free(p->recs);
   free(p->held);
   free(p->owned);
   free(p->fresh_leaves);
+  free(p->held_writes);
 }
 
 void em_program_free(em_state *S, em_program *p) {
-  (void)S;
+  (void)S;   /* (the program's tensors know their state) */
   if (!p) return;
   emi_program_free_contents(p);
   free(p);

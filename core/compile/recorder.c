@@ -73,16 +73,25 @@ static void *push_rec(emi_device *d, int e, const char *op, emi_play_fn play, si
 /* The program's own view of t (NULL for NULL): the same storage, sizes, strides
 ** and offset, held until the program is freed. A view, not t itself: ops pass
 ** tensors that live on their stack (a matmul's batched views), and a header may
-** change after the call (resize_, set_data) where the replay needs it as it was. */
-static em_tensor *hold(emi_device *d, const em_tensor *t) {
+** change after the call (resize_, set_data) where the replay needs it as it was.
+** writes: the call only writes t (an output), which the memory plan needs to know
+** (a buffer first written by the step needs no value from the step before). */
+static em_tensor *hold(emi_device *d, const em_tensor *t, int writes) {
   if (!t) return NULL;
   em_program *p = rec_of(d)->prog;
   em_tensor *v = emi_tensor_try_view(d->S, t, t->sizes, t->strides, t->ndim, t->offset);
-  if (!v || !emi_compile_push((void ***)&p->held, &p->nheld, &p->capheld, v)) {
+  if (v && p->nheld == p->capwrites) {
+    size_t c = p->capwrites ? 2 * p->capwrites : 64;
+    unsigned char *w = realloc(p->held_writes, c);
+    if (w) { p->held_writes = w; p->capwrites = c; }
+  }
+  if (!v || p->nheld == p->capwrites ||
+      !emi_compile_push((void ***)&p->held, &p->nheld, &p->capheld, v)) {
     em_tensor_release(v);
     rec_of(d)->failed = EM_ERR_NOMEM;
     return NULL;
   }
+  p->held_writes[p->nheld - 1] = (unsigned char)writes;
   return v;
 }
 
@@ -116,9 +125,20 @@ static void mix_tensor(emi_device *d, const em_tensor *t) {
 
 /* Per argument slot, by its type: tensors are held, geometries copied; each
 ** enters the fingerprint. */
-static void keep_tensor(emi_device *d, void *slot) {
+static void keep_in(emi_device *d, void *slot) {
   mix_tensor(d, *(const em_tensor **)slot);
-  *(em_tensor **)slot = hold(d, *(const em_tensor **)slot);
+  *(em_tensor **)slot = hold(d, *(const em_tensor **)slot, 0);
+}
+/* An em_tensor * argument is the call's output (the table's convention), except
+** for the entries that update it in place (inout_entry). */
+static int inout_entry(int e) {
+  return e == EMI_ENTRY_index_add || e == EMI_ENTRY_scatter_add || e == EMI_ENTRY_batch_norm;
+}
+static void keep_out(emi_device *d, void *slot) {
+  em_program *p = rec_of(d)->prog;
+  mix_tensor(d, *(const em_tensor **)slot);
+  *(em_tensor **)slot = hold(d, *(const em_tensor **)slot,
+                             !inout_entry(p->recs[p->nrecs - 1].entry));
 }
 static void keep_conv(emi_device *d, void *slot) {
   const emi_conv_geom **g = slot;
@@ -132,7 +152,7 @@ static void keep_pool(emi_device *d, void *slot) {
 }
 static void keep_value(emi_device *d, void *slot) { (void)d; (void)slot; }
 #define KEEP(d, field)                                                                  \
-  _Generic((field), em_tensor *: keep_tensor, const em_tensor *: keep_tensor,            \
+  _Generic((field), em_tensor *: keep_out, const em_tensor *: keep_in,                   \
            const emi_conv_geom *: keep_conv, const emi_pool_geom *: keep_pool,           \
            default: keep_value)((d), (void *)&(field));                                  \
   _Generic((field), em_tensor *: (void)0, const em_tensor *: (void)0,                    \
@@ -240,7 +260,7 @@ GENERATED_ENTRIES(DEFINE_ENTRY)
       mix_tensor(d, out);                                                               \
       mix(d, &a, sizeof a);                                                             \
       mix(d, &b, sizeof b);                                                             \
-      *x = (args_##name){hold(d, out), seed, offset, a, b};                             \
+      *x = (args_##name){hold(d, out, 1), seed, offset, a, b};                          \
     }                \
     return rec_of(d)->real->name(d, out, seed, offset, a, b);                           \
   }
@@ -249,12 +269,12 @@ DEFINE_RANDOM(normal, double)
 DEFINE_RANDOM(randint, int64_t)
 
 /* -- Lists of tensors (the optimizers, clip_grad_norm) ---------------------------- */
-/* A held copy of a list of n tensors. */
+/* A held copy of a list of n tensors (read, or updated in place). */
 static em_tensor **own_list(emi_device *d, em_tensor *const *t, int n) {
   if (!t) return NULL;
   em_tensor **c = own_copy(d, t, (size_t)n * sizeof *c);
   if (c)
-    for (int i = 0; i < n; i++) c[i] = hold(d, c[i]);
+    for (int i = 0; i < n; i++) c[i] = hold(d, c[i], 0);
   return c;
 }
 
@@ -326,7 +346,7 @@ static em_status rec_norm_multi(emi_device *d, em_tensor *out, int n,
   args_norm_multi *x = push_rec(d, EMI_ENTRY_norm_multi, "norm_multi", play_norm_multi,
                                 sizeof *x);
   if (x) {
-    *x = (args_norm_multi){hold(d, out), n, own_list(d, (em_tensor *const *)t, n), p};
+    *x = (args_norm_multi){hold(d, out, 1), n, own_list(d, (em_tensor *const *)t, n), p};
   }
   return rec_of(d)->real->norm_multi(d, out, n, t, p);
 }
@@ -344,10 +364,19 @@ static em_status rec_scale_multi(emi_device *d, int n, em_tensor *const *t, doub
   return rec_of(d)->real->scale_multi(d, n, t, scale);
 }
 
-/* The recording table: the CPU's own, with every op entry recording. alloc and
-** free stay the CPU's (a replay allocates nothing). */
+/* Storages made during the capture are noted: the memory plan may move those. */
+static emi_storage *rec_alloc(emi_device *d, size_t nbytes) {
+  emi_recorder *R = rec_of(d);
+  emi_storage *st = R->real->alloc(d, nbytes);
+  if (st && !emi_compile_push(&R->born, &R->nborn, &R->capborn, st)) R->failed = EM_ERR_NOMEM;
+  return st;
+}
+
+/* The recording table: the CPU's own, with every op entry recording and alloc
+** noting (a replay allocates nothing). */
 void emi_recording_table(emi_backend *t, const emi_backend *real) {
   *t = *real;
+  t->alloc = rec_alloc;
 #define SET_(name) t->name = real->name ? rec_##name : NULL;
   GENERATED_ENTRIES(SET_)
   SET_(uniform) SET_(normal) SET_(randint)

@@ -547,6 +547,10 @@ em_status emi_comm_p2p_queue(em_comm *c, em_comm_work *w) {
 
 static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work **work) {
   w->comm = c;
+  /* a compiled step replays kernels only: a collective inside it would be skipped */
+  if (S->recorder)
+    emi_compile_unfit(S, "it runs a collective (a wrapped model's gradient averaging, "
+                         "a sharded model's gathers), which compiled steps do not replay yet");
   if (c->dev && w->in_t && w->in_t->device != EM_CPU) {   /* where their values are final */
     w->dev_in = w->in;
     w->dev_out = w->out;

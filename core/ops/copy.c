@@ -150,7 +150,13 @@ em_status em_from_data(em_state *S, const int64_t *shape, int ndim, em_dtype dt,
   src.dtype = src_dt;
   src.storage = &st_src;
   src.offset = 0;
-  if ((st = EMI_DISPATCH(S, "from_data", r, copy, r, &src))) { em_tensor_release(r); return st; }
+  /* a compiled step records no copy from the caller's buffer (it lives on no
+  ** storage the program could hold): the tensor is a constant of the step */
+  int capturing = em_compile_capturing(S);
+  if (capturing) em_compile_pause(S, 1);
+  st = EMI_DISPATCH(S, "from_data", r, copy, r, &src);
+  if (capturing) em_compile_pause(S, 0);
+  if (st) { em_tensor_release(r); return st; }
   *out = r;
   return EM_OK;
 }

@@ -217,6 +217,10 @@ function Compiled:capture(key, args)
   capture, core.host_access = cap, host_access
   local res = pack(pcall(self.fn, unpack(call_args, 1, call_args.n)))
   capture, core.host_access = nil, nil
+  -- the step's dead tensors let go of their buffers, so the memory plan (at the
+  -- capture's end) sees which buffers only the record holds (ember.handles'
+  -- full collection hands dead tensors back to C)
+  collectgarbage()
   local box, whybuf = prog_box(), ffi.new('char[256]')
   local st = C.em_compile_end(S, box, whybuf, 256)
   local prog = box[0] ~= nil and ffi.gc(box[0], free_program) or nil
@@ -256,10 +260,12 @@ function Compiled:check_against(e, args)
   local i = C.em_program_compare(e.prog, now)
   if i >= 0 or cap.read then
     local function op(p) local s = C.em_program_op(p, i); return s ~= nil and ffi.string(s) or 'the end' end
+    local was, is = op(e.prog), op(now)
+    if was == is then is = is .. ' with other arguments (scalars, shapes, dtypes or strides)' end
     raise(cap.read and ('compile: check: the step now reads a value (%s), which the captured ' ..
       'step did not'):format(cap.read) or
       ('compile: check: call %d of the step differs from the captured one: captured %s, now %s ' ..
-      '(fn branches on data or on a value that is not an argument)'):format(i + 1, op(e.prog), op(now)))
+      '(fn branches on data or on a value that is not an argument)'):format(i + 1, was, is))
   end
   return res
 end

@@ -3,7 +3,8 @@ test_compile.lua -- em.compile on the CPU: a step captured once and replayed
 gives the eager step's results bit for bit (losses, weights, gradients, batch
 norm's running statistics) for an MLP with dropout and Adam, a CNN with batch
 norm and SGD momentum, AdamW under a learning-rate schedule; on strided and
-broadcast inputs; a new signature captures again; reading a value inside the
+broadcast inputs; the memory plan keeps the compiled step under the eager
+step's peak and leaves constants alone; a new signature captures again; reading a value inside the
 step runs it eagerly and explain() says where; check = true names the first
 call that differs; results are the caller's own; EMBER_COMPILE=0; errors.
 ]]
@@ -116,6 +117,33 @@ H.test('AdamW under a StepLR schedule: the replays see each new rate', function(
   same_training('adamw', a, b, batches, em.compile(train_step(b)),
                 function(t) t.sched:step() end)
   H.close(b.opt.lr, 0.05 * 0.125, 1e-12, 'rate after the schedule')
+end)
+
+H.test('memory plan: the compiled step holds less than the eager step\'s peak', function()
+  local function measure(compiled)
+    local _, b = twins(function()
+      return nn.Sequential(nn.Conv2d(3, 16, 3, { padding = 1 }), nn.ReLU(), nn.Conv2d(16, 16, 3,
+        { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+    end, function(m) return em.optim.Adam(m:parameters(), { lr = 1e-3 }) end)
+    local step = train_step(b)
+    if compiled then step = em.compile(step) end
+    em.manual_seed(2)
+    local x, y = em.randn(32, 3, 16, 16), em.randint(1, 10, { 32 }, { dtype = 'int64' })
+    step(x, y); step(x, y)
+    em.collect()
+    em.reset_peak_memory_stats()
+    for _ = 1, 3 do step(x, y) end
+    return em.memory_stats().peak, compiled and step:stats() or nil
+  end
+  local eager = measure(false)
+  local compiled, s = measure(true)
+  H.check(compiled <= eager, ('compiled peak %d <= eager peak %d'):format(compiled, eager))
+  H.check(s.replays == 4, 'replayed: ' .. s.replays)
+  -- a constant made from Lua data inside the step is read, never overwritten
+  local f = em.compile(function(x) return (x + em.tensor({ 1, 2, 3 })) * 2 end)
+  for k = 1, 3 do
+    H.eq(H.flat(f(em.ones(3) * k)), { 2 * (k + 1), 2 * (k + 2), 2 * (k + 3) }, 'call ' .. k)
+  end
 end)
 
 H.test('a new signature captures again; results are the caller\'s own', function()
