@@ -78,7 +78,7 @@ end
 local strategy = em.distribute.mirrored{}
 local opt = { model = 'cnn', epochs = 5, batch = 128, lr = 1e-3, resume = false,
               checkpoint = default_checkpoint(), root = nil, limit = nil, seed = 1,
-              shard = false, amp = false, ['channels-last'] = false,
+              shard = false, amp = false, ['channels-last'] = false, compile = false,
               workers = strategy.world_size > 1 and 1 or 2,
               -- a replica placed on a device (--devices) trains there
               device = strategy.device or 'cpu' }

@@ -125,7 +125,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # the headline ratios, as RESULT lines of their own (ember / peer, same run):
 # ddp_cnn_vs_torch2 and ddp_cnn_vs_tf (the threads replicas' global samples/s),
 # train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf,
-# train_cnn_bf16_vs_torch2, train_resnet_fp32_vs_torch2, train_resnet_bf16_vs_torch2, and for
+# train_cnn_bf16_vs_torch2, train_resnet_fp32_vs_torch2, train_resnet_bf16_vs_torch2,
+# train_cnn_compiled_vs_torch2 and _vs_tf (em.compile's step against the peers' own), and for
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
 # and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember),
 # and for the pipelines pipe_<schedule>_p<P>_m<M>_vs_torch2 (samples/s, ember/PyTorch).
@@ -166,16 +167,19 @@ awk '
       shard = shard sprintf("RESULT %s_vs_torch2 %.4g x higher\n", name, r)
   }
   END {
+    # NAME:EMBER_FIGURE[:PEER_FIGURE when the peers name it otherwise] (a compiled
+    # step against the plain step of the peers)
     split("ddp_cnn_vs:ddp_cnn_local train_cnn_fp32_vs:train_cnn train_mlp_fp32_vs:train_mlp " \
           "train_cnn_bf16_vs:train_cnn_bf16 train_resnet_fp32_vs:train_resnet_fp32 " \
-          "train_resnet_bf16_vs:train_resnet_bf16", pairs, " ")
+          "train_resnet_bf16_vs:train_resnet_bf16 " \
+          "train_cnn_compiled_vs:train_cnn_compiled:train_cnn", pairs, " ")
     for (i = 1; i in pairs; i++) {
-      split(pairs[i], kv, ":"); key = kv[2]
+      n = split(pairs[i], kv, ":"); key = kv[2]; peer = n >= 3 ? kv[3] : key
       if (!(key in ev) || ev[key] <= 0) continue
-      if (key in tv && tv[key] > 0)
-        printf "RESULT %s_torch2 %.4g x higher\n", kv[1], ratio(eb[key], ev[key], tv[key])
-      if (key in fv && fv[key] > 0)
-        printf "RESULT %s_tf %.4g x higher\n", kv[1], ratio(eb[key], ev[key], fv[key])
+      if (peer in tv && tv[peer] > 0)
+        printf "RESULT %s_torch2 %.4g x higher\n", kv[1], ratio(eb[key], ev[key], tv[peer])
+      if (peer in fv && fv[peer] > 0)
+        printf "RESULT %s_tf %.4g x higher\n", kv[1], ratio(eb[key], ev[key], fv[peer])
     }
     printf "%s", shard
   }
