@@ -21,8 +21,9 @@ typedef struct emi_replay {
 typedef em_status (*emi_play_fn)(emi_device *d, void *args, const emi_replay *r);
 
 /* A call: a backend entry (EMI_ENTRY_*) with its arguments, or one of the
-** events below (a leaf's gradient set by the engine or by the host). */
-enum { EMI_REC_SET_GRAD = -1 };
+** kinds below: a leaf's gradient set by the engine or by the host; a fused call
+** (fuse.c), which does the work of calls it replaced, now no-ops. */
+enum { EMI_REC_SET_GRAD = -1, EMI_REC_FUSED = -2, EMI_REC_NOP = -3 };
 typedef struct emi_rec {
   int entry;
   emi_play_fn play;
@@ -35,13 +36,21 @@ typedef struct emi_rec {
 
 typedef struct emi_set_grad_args { em_tensor *leaf, *grad; } emi_set_grad_args;
 
+/* How a call uses a held tensor (the memory plan's lifetimes). A fused call
+** takes over the tensors of the calls it replaces; a tensor no call uses any
+** more is released and its held slot set to NULL. */
+typedef struct emi_use {
+  int rec;                 /* the call that uses it */
+  int writes;              /* 1: the call only writes it (an output) */
+} emi_use;
+
 struct em_program {
   emi_rec *recs;
   int nrecs, caprecs;
   em_tensor **held;        /* one reference each, released with the program */
   size_t nheld, capheld;
-  unsigned char *held_writes;  /* per held tensor: 1 when its call only writes it */
-  size_t capwrites;
+  emi_use *uses;           /* per held tensor: its call, and whether it only writes it */
+  size_t capuses;
   void **owned;            /* argument copies (geometries, lists), freed with it */
   size_t nowned, capowned;
   /* leaves the engine gives a first gradient with no recorded set before it:
@@ -52,6 +61,7 @@ struct em_program {
   uint64_t rng_used;       /* Philox counters the step draws */
   uint64_t replays;
   int64_t held_bytes;      /* storage bytes the program keeps alive */
+  int fused;               /* fused calls */
   emi_storage *arena;      /* plan.c: where the short-lived buffers live, or NULL */
   int64_t planned_bytes;   /* the buffers placed there, before packing */
 };
@@ -78,6 +88,10 @@ int emi_compile_push(void ***v, size_t *n, size_t *cap, void *p);
 
 /* program.c */
 void emi_program_free_contents(em_program *p);
+
+/* fuse.c: passes over a finished record that replace chains of calls by one
+** fused call (before the memory plan, which then sees the fused lifetimes). */
+void emi_program_fuse(em_state *S, em_program *p);
 
 /* plan.c: the record's short-lived buffers packed into one arena (at capture
 ** end); the arena goes with the program, after its slices' views. */

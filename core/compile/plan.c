@@ -80,23 +80,27 @@ void emi_program_plan(em_state *S, em_program *p, emi_recorder *R) {
   qsort(R->born, R->nborn, sizeof *R->born, by_ptr);
   /* the distinct storages of the program's views */
   size_t n = 0;
-  for (size_t j = 0; j < p->nheld; j++) v[n++] = (buffer){p->held[j]->storage, -1, -1, 0, 1, 0, 0, NULL};
+  for (size_t j = 0; j < p->nheld; j++)
+    if (p->held[j]) v[n++] = (buffer){p->held[j]->storage, -1, -1, 0, 1, 0, 0, NULL};
   qsort(v, n, sizeof *v, by_storage);
   size_t m = 0;
   for (size_t j = 0; j < n; j++)
     if (m == 0 || v[m - 1].st != v[j].st) v[m++] = v[j];
   n = m;
-  /* lifetimes, view counts and the first call's kind of access, call by call */
-  for (int r = 0, j = 0; r < p->nrecs; r++) {
-    size_t end = r + 1 < p->nrecs ? p->recs[r + 1].first_held : p->nheld;
-    for (; (size_t)j < end; j++) {
-      const em_tensor *t = p->held[j];
-      buffer *b = find(v, n, t->storage);
-      b->views++;
-      if (b->first < 0) b->first = r;
-      if (b->first == r && (!p->held_writes[j] || !covers(t))) b->ok = 0;
-      b->last = r;
-    }
+  /* lifetimes and view counts; then the first call's kind of access */
+  for (size_t j = 0; j < p->nheld; j++) {
+    if (!p->held[j]) continue;
+    buffer *b = find(v, n, p->held[j]->storage);
+    int r = p->uses[j].rec;
+    b->views++;
+    if (b->first < 0 || r < b->first) b->first = r;
+    if (r > b->last) b->last = r;
+  }
+  for (size_t j = 0; j < p->nheld; j++) {
+    const em_tensor *t = p->held[j];
+    if (!t) continue;
+    buffer *b = find(v, n, t->storage);
+    if (p->uses[j].rec == b->first && (!p->uses[j].writes || !covers(t))) b->ok = 0;
   }
   /* SET_GRAD events hold tensors outside the views: their storages' counts
   ** exceed the views, which rules them out below */
@@ -152,7 +156,7 @@ void emi_program_plan(em_state *S, em_program *p, emi_recorder *R) {
   }
   for (size_t j = 0; j < p->nheld; j++) {
     em_tensor *t = p->held[j];
-    buffer *b = find(v, n, t->storage);
+    buffer *b = t ? find(v, n, t->storage) : NULL;
     if (!b || !b->slice) continue;
     emi_storage *old = t->storage;
     t->storage = b->slice;

@@ -65,10 +65,12 @@ static int64_t held_bytes(em_program *p) {
   if (!p->nheld) return 0;
   void **st = malloc(p->nheld * sizeof *st);
   if (!st) return -1;
-  for (size_t i = 0; i < p->nheld; i++) st[i] = p->held[i]->storage;
-  qsort(st, p->nheld, sizeof *st, by_ptr);
-  int64_t sum = p->arena ? (int64_t)p->arena->nbytes : 0;
+  size_t n = 0;
   for (size_t i = 0; i < p->nheld; i++)
+    if (p->held[i]) st[n++] = p->held[i]->storage;
+  qsort(st, n, sizeof *st, by_ptr);
+  int64_t sum = p->arena ? (int64_t)p->arena->nbytes : 0;
+  for (size_t i = 0; i < n; i++)
     if ((i == 0 || st[i] != st[i - 1]) && !emi_storage_is_slice(st[i]))
       sum += (int64_t)((emi_storage *)st[i])->nbytes;
   free(st);
@@ -86,7 +88,10 @@ em_status em_compile_end(em_state *S, em_program **out, char *why, size_t whylen
   em_program *p = R->prog;
   p->rng_used = S->rng_offset - R->rng_start;
   em_status failed = R->failed;
-  if (!failed && out && !R->why[0]) emi_program_plan(S, p, R);
+  if (!failed && out && !R->why[0]) {
+    emi_program_fuse(S, p);
+    emi_program_plan(S, p, R);
+  }
   p->held_bytes = held_bytes(p);
   if (why && whylen) snprintf(why, whylen, "%s", R->why);
   free(R->given);
@@ -164,15 +169,16 @@ em_status em_program_run(em_state *S, em_program *p) {
   for (int i = 0; i < p->nrecs; i++) {
     const emi_rec *c = &p->recs[i];
     if (c->entry == EMI_REC_SET_GRAD) { set_grad(c->args); continue; }
+    if (c->entry == EMI_REC_NOP) continue;
     em_status st;
-    if (profiling && c->first_held < p->nheld) {
+    if (profiling && c->first_held < p->nheld && p->held[c->first_held]) {
       double t0 = emi_profile_op_begin(S);
       st = c->play(d, c->args, &r);
       emi_profile_op_end(S, c->op, p->held[c->first_held], t0);
     } else {
       st = c->play(d, c->args, &r);
     }
-    S->dispatch_counts[d->backend->id][c->entry]++;
+    if (c->entry >= 0) S->dispatch_counts[d->backend->id][c->entry]++;
     if (st) {
       char msg[EMI_ERRMSG_SIZE];
       snprintf(msg, sizeof msg, "%s", S->errmsg);
@@ -230,9 +236,12 @@ em_status em_program_patch_adam(em_state *S, em_program *p, int i, int n, const 
 void em_program_stats(const em_program *p, em_program_info *out) {
   memset(out, 0, sizeof *out);
   if (!p) return;
-  for (int i = 0; i < p->nrecs; i++)
-    if (p->recs[i].entry != EMI_REC_SET_GRAD) out->kernels++;
-  out->calls = p->nrecs;
+  for (int i = 0; i < p->nrecs; i++) {
+    int e = p->recs[i].entry;
+    if (e != EMI_REC_SET_GRAD && e != EMI_REC_NOP) out->kernels++;
+    if (e != EMI_REC_NOP) out->calls++;
+  }
+  out->fused = p->fused;
   out->held_bytes = p->held_bytes;
   out->replays = (int64_t)p->replays;
 }
@@ -268,7 +277,7 @@ void emi_program_free_contents(em_program *p) {
   free(p->held);
   free(p->owned);
   free(p->fresh_leaves);
-  free(p->held_writes);
+  free(p->uses);
 }
 
 void em_program_free(em_state *S, em_program *p) {

@@ -24,7 +24,7 @@
 ** What the engine or the host does to .grad outside the kernels is recorded as
 ** events: a leaf's first gradient, and em_tensor_set_grad (zero_grad).
 */
-#include "compile.h"
+#include "entries.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,18 +80,18 @@ static em_tensor *hold(emi_device *d, const em_tensor *t, int writes) {
   if (!t) return NULL;
   em_program *p = rec_of(d)->prog;
   em_tensor *v = emi_tensor_try_view(d->S, t, t->sizes, t->strides, t->ndim, t->offset);
-  if (v && p->nheld == p->capwrites) {
-    size_t c = p->capwrites ? 2 * p->capwrites : 64;
-    unsigned char *w = realloc(p->held_writes, c);
-    if (w) { p->held_writes = w; p->capwrites = c; }
+  if (v && p->nheld == p->capuses) {
+    size_t c = p->capuses ? 2 * p->capuses : 64;
+    emi_use *u = realloc(p->uses, c * sizeof *u);
+    if (u) { p->uses = u; p->capuses = c; }
   }
-  if (!v || p->nheld == p->capwrites ||
+  if (!v || p->nheld == p->capuses ||
       !emi_compile_push((void ***)&p->held, &p->nheld, &p->capheld, v)) {
     em_tensor_release(v);
     rec_of(d)->failed = EM_ERR_NOMEM;
     return NULL;
   }
-  p->held_writes[p->nheld - 1] = (unsigned char)writes;
+  p->uses[p->nheld - 1] = (emi_use){p->nrecs - 1, writes};
   return v;
 }
 
@@ -160,14 +160,12 @@ static void keep_value(emi_device *d, void *slot) { (void)d; (void)slot; }
            default: mix((d), &(field), sizeof(field)))
 
 /* -- The generated wrappers ------------------------------------------------------- */
-#define FIELD_(T, n) T n;
 #define PARAM_(T, n) , T n
 #define NAME_(T, n) , n
 #define STORE_(T, n) a_->n = n; KEEP(d, a_->n);
 #define LOAD_(T, n) , a_->n
 
 #define DEFINE_ENTRY(name)                                                              \
-  typedef struct { ARGS_##name(FIELD_) } args_##name;                                   \
   static em_status play_##name(emi_device *d, void *q_, const emi_replay *r) {            \
     (void)r;                                                                            \
     args_##name *a_ = q_;                                                                 \
@@ -179,67 +177,6 @@ static void keep_value(emi_device *d, void *slot) { (void)d; (void)slot; }
     return rec_of(d)->real->name(d ARGS_##name(NAME_));                                 \
   }
 
-#define CT const em_tensor *
-#define MT em_tensor *
-#define ARGS_copy(F) F(MT, out) F(CT, src)
-#define ARGS_fill(F) F(MT, out) F(double, value)
-#define ARGS_unary(F) F(em_unop, op) F(MT, out) F(CT, a)
-#define ARGS_binary(F) F(em_binop, op) F(MT, out) F(CT, a) F(CT, b)
-#define ARGS_binary_scalar(F) F(em_binop, op) F(MT, out) F(CT, a) F(double, s) F(int, reverse)
-#define ARGS_add_scaled(F) F(MT, out) F(CT, a) F(CT, b) F(double, alpha)
-#define ARGS_clamp(F) F(MT, out) F(CT, a) F(double, lo) F(double, hi)
-#define ARGS_where(F) F(MT, out) F(CT, cond) F(CT, a) F(CT, b)
-#define ARGS_reduce(F) F(em_redop, op) F(MT, out) F(CT, a) F(unsigned, mask)
-#define ARGS_var(F) F(MT, out) F(CT, a) F(unsigned, mask) F(double, correction) F(int, take_sqrt)
-#define ARGS_norm(F) F(MT, out) F(CT, a) F(unsigned, mask) F(double, p)
-#define ARGS_arg_reduce(F) F(MT, values) F(MT, indices) F(CT, a) F(int, dim) F(int, want_max) \
-  F(int, index_base)
-#define ARGS_softmax(F) F(MT, out) F(CT, a) F(int, dim) F(int, log)
-#define ARGS_matmul(F) F(MT, out) F(CT, a) F(CT, b)
-#define ARGS_index_select(F) F(MT, out) F(CT, a) F(int, dim) F(CT, idx) F(int, index_base)
-#define ARGS_gather(F) F(MT, out) F(CT, a) F(int, dim) F(CT, idx) F(int, index_base)
-#define ARGS_arange(F) F(MT, out) F(double, start) F(double, step)
-#define CG const emi_conv_geom *
-#define PG const emi_pool_geom *
-#define ARGS_conv2d(F) F(CG, g) F(MT, y) F(CT, x) F(CT, w) F(CT, b)
-#define ARGS_conv2d_backward(F) F(CG, g) F(MT, gx) F(MT, gw) F(MT, gb) F(CT, gy) F(CT, x) F(CT, w)
-#define ARGS_max_pool2d(F) F(PG, g) F(MT, y) F(MT, ind) F(CT, x) F(int, index_base)
-#define ARGS_max_pool2d_backward(F) F(PG, g) F(MT, gx) F(CT, gy) F(CT, ind) F(int, index_base)
-#define ARGS_avg_pool2d(F) F(PG, g) F(MT, y) F(CT, x) F(int, cip)
-#define ARGS_avg_pool2d_backward(F) F(PG, g) F(MT, gx) F(CT, gy) F(int, cip)
-#define ARGS_adaptive_avg_pool2d(F) F(PG, g) F(MT, y) F(CT, x)
-#define ARGS_adaptive_avg_pool2d_backward(F) F(PG, g) F(MT, gx) F(CT, gy)
-#define ARGS_batch_norm(F) F(MT, y) F(MT, mean) F(MT, invstd) F(MT, rm) F(MT, rv) F(CT, x) \
-  F(CT, w) F(CT, b) F(int, training) F(double, momentum) F(double, eps)
-#define ARGS_batch_norm_backward(F) F(MT, gx) F(MT, gw) F(MT, gb) F(CT, gy) F(CT, x) \
-  F(CT, mean) F(CT, invstd) F(CT, w) F(int, training)
-#define ARGS_layer_norm(F) F(MT, y) F(MT, mean) F(MT, rstd) F(CT, x) F(CT, w) F(CT, b) \
-  F(double, eps)
-#define ARGS_layer_norm_backward(F) F(MT, gx) F(MT, gw) F(MT, gb) F(CT, gy) F(CT, x) \
-  F(CT, mean) F(CT, rstd) F(CT, w)
-#define ARGS_cross_entropy(F) F(MT, loss) F(MT, lse) F(CT, x) F(CT, target) F(int, index_base) \
-  F(int64_t, ignore_index) F(double, smoothing) F(int, reduction)
-#define ARGS_cross_entropy_backward(F) F(MT, gx) F(CT, grad_loss) F(CT, x) F(CT, target) \
-  F(CT, lse) F(int, index_base) F(int64_t, ignore_index) F(double, smoothing) F(int, reduction)
-#define ARGS_nll_loss(F) F(MT, loss) F(CT, logp) F(CT, target) F(int, index_base) \
-  F(int64_t, ignore_index) F(int, reduction)
-#define ARGS_nll_loss_backward(F) F(MT, gx) F(CT, grad_loss) F(CT, target) F(int, index_base) \
-  F(int64_t, ignore_index) F(int, reduction)
-#define ARGS_pointwise_loss(F) F(int, kind) F(MT, loss) F(CT, x) F(CT, y) F(int, reduction)
-#define ARGS_pointwise_loss_backward(F) F(int, kind) F(MT, gx) F(CT, grad_loss) F(CT, x) \
-  F(CT, y) F(int, reduction)
-#define ARGS_index_add(F) F(MT, out) F(int, dim) F(CT, idx) F(CT, src) F(int, index_base)
-#define ARGS_scatter_add(F) F(MT, out) F(int, dim) F(CT, idx) F(CT, src) F(int, index_base)
-
-#define GENERATED_ENTRIES(X)                                                            \
-  X(copy) X(fill) X(unary) X(binary) X(binary_scalar) X(add_scaled) X(clamp) X(where)    \
-  X(reduce) X(var) X(norm) X(arg_reduce) X(softmax) X(matmul) X(index_select) X(gather)  \
-  X(arange) X(conv2d) X(conv2d_backward) X(max_pool2d) X(max_pool2d_backward)           \
-  X(avg_pool2d) X(avg_pool2d_backward) X(adaptive_avg_pool2d)                           \
-  X(adaptive_avg_pool2d_backward) X(batch_norm) X(batch_norm_backward) X(layer_norm)    \
-  X(layer_norm_backward) X(cross_entropy) X(cross_entropy_backward) X(nll_loss)         \
-  X(nll_loss_backward) X(pointwise_loss) X(pointwise_loss_backward) X(index_add)        \
-  X(scatter_add)
 GENERATED_ENTRIES(DEFINE_ENTRY)
 
 /* -- Random draws: each replay draws fresh counters --------------------------------

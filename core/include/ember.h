@@ -1305,8 +1305,9 @@ void em_cuda_graph_free(em_state *S, em_cuda_graph *g);
 ** One capture at a time per state; the program must be freed before the state. */
 typedef struct em_program em_program;
 typedef struct em_program_info {
-  int calls;                 /* recorded calls, gradient events included */
-  int kernels;               /* of which kernel calls */
+  int calls;                 /* calls, gradient events included */
+  int kernels;               /* of which kernel calls (a fused call counts once) */
+  int fused;                 /* of which fused calls, each doing the work of several */
   int64_t held_bytes;        /* tensor memory the program keeps alive */
   int64_t replays;
 } em_program_info;

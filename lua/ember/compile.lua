@@ -240,6 +240,7 @@ function Compiled:capture(key, args)
   C.em_program_stats(prog, info)
   return { prog = prog, statics = statics, results = res, hooks = cap.hooks,
            kernels = info.kernels, calls = info.calls, held = tonumber(info.held_bytes),
+           fused = info.fused,
            checks = self.check }, own(res)
 end
 
@@ -305,9 +306,9 @@ function Compiled:__call(...)
   return unpack(res, 1, res.n)
 end
 
--- {captures, replays, breaks, eager, fused, ops, kernels, peak_bytes}: ops and
--- kernels of the captured steps (each signature's), peak_bytes the memory their
--- programs hold between calls.
+-- {captures, replays, breaks, eager, fused, ops, kernels, peak_bytes}: calls,
+-- kernel calls and fused calls of the captured steps (each signature's),
+-- peak_bytes the memory their programs hold between calls.
 function Compiled:stats()
   local s = { captures = self.counts.captures, replays = self.counts.replays,
               breaks = self.counts.breaks, eager = self.counts.eager, fused = 0, ops = 0,
@@ -315,7 +316,7 @@ function Compiled:stats()
   for _, key in ipairs(self.order) do
     local e = self.cache[key]
     if not e.eager then
-      s.ops, s.kernels = s.ops + e.calls, s.kernels + e.kernels
+      s.ops, s.kernels, s.fused = s.ops + e.calls, s.kernels + e.kernels, s.fused + e.fused
       s.peak_bytes = s.peak_bytes + e.held
     end
   end
@@ -331,8 +332,8 @@ function Compiled:explain()
     if e.eager then
       lines[#lines + 1] = ('signature %d: runs eagerly: %s'):format(n, e.why)
     else
-      lines[#lines + 1] = ('signature %d: replayed: %d kernel calls, %.2f MiB held%s'):format(n,
-        e.kernels, e.held / 2 ^ 20, e.not_ready and (', ran eagerly %d times (a .grad was set ' ..
+      lines[#lines + 1] = ('signature %d: replayed: %d kernel calls (%d fused), %.2f MiB held%s')
+        :format(n, e.kernels, e.fused, e.held / 2 ^ 20, e.not_ready and (', ran eagerly %d times (a .grad was set ' ..
         'before the call)'):format(e.not_ready) or '')
     end
     lines[#lines + 1] = '  ' .. key

@@ -3,7 +3,8 @@ test_compile.lua -- em.compile on the CPU: a step captured once and replayed
 gives the eager step's results bit for bit (losses, weights, gradients, batch
 norm's running statistics) for an MLP with dropout and Adam, a CNN with batch
 norm and SGD momentum, AdamW under a learning-rate schedule; on strided and
-broadcast inputs; the memory plan keeps the compiled step under the eager
+broadcast inputs; the fused ReLU backward gives the unfused calls' bits
+(zero signs, NaN); the memory plan keeps the compiled step under the eager
 step's peak and leaves constants alone; a new signature captures again; reading a value inside the
 step runs it eagerly and explain() says where; check = true names the first
 call that differs; results are the caller's own; EMBER_COMPILE=0; errors.
@@ -81,6 +82,7 @@ H.test('MLP with dropout and Adam: replays equal eager steps, strided inputs', f
   local s = step:stats()
   H.eq({ s.captures, s.replays, s.breaks }, { 1, 5, 0 }, 'captures, replays, breaks')
   H.check(s.kernels > 10 and s.ops >= s.kernels, 'kernels counted: ' .. s.kernels)
+  H.eq(s.fused, 1, 'the ReLU backward fused')
   H.check(s.peak_bytes > 0, 'held bytes reported')
   H.check(step:explain():find('replayed', 1, true), 'explain: ' .. step:explain())
   -- Adam's step count moved on with the replays
@@ -117,6 +119,39 @@ H.test('AdamW under a StepLR schedule: the replays see each new rate', function(
   same_training('adamw', a, b, batches, em.compile(train_step(b)),
                 function(t) t.sched:step() end)
   H.close(b.opt.lr, 0.05 * 0.125, 1e-12, 'rate after the schedule')
+end)
+
+H.test('fused ReLU backward: the unfused calls\' values, signs of zero and NaN included', function()
+  -- the gradient reaching relu: g = (relu(x) * c):sum() wrt relu's output is c,
+  -- a tensor with negatives, infinities and NaN; x has negatives, zeros, NaN
+  local xs = { -2, -0.0, 0, 1, 3, 0 / 0, -1, 2 }
+  local cs = { -1.5, 2, -3, 0 / 0, 1 / 0, 4, -1 / 0, -0.0 }
+  local function run(compiled)
+    local x = em.tensor(xs):requires_grad_()
+    local c = em.tensor(cs)
+    local f = function(xx, cc)
+      x.grad = nil
+      local y = (x:relu() * cc):sum()
+      y:backward()
+      return x.grad
+    end
+    if compiled then f = em.compile(f) end
+    local g
+    for _ = 1, 3 do g = f(x:detach(), c) end
+    return g, compiled and f or nil
+  end
+  local want = run(false)
+  local got, f = run(true)
+  local function bits(t)
+    local out = {}
+    for i, v in ipairs(t:totable()) do
+      out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or tostring(v))
+    end
+    return out
+  end
+  H.eq(bits(got), bits(want), 'gradient values, zero signs and NaN')
+  H.eq(f:stats().fused, 1, 'one fused call')
+  H.check(f:explain():find('(1 fused)', 1, true), 'explain: ' .. f:explain())
 end)
 
 H.test('memory plan: the compiled step holds less than the eager step\'s peak', function()

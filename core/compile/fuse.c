@@ -1,0 +1,125 @@
+/*
+** fuse.c -- passes over a finished record that replace a chain of calls by one
+** fused call doing the same work in one pass over memory (em.compile's "fuse").
+**
+** ReLU's backward. Autograd computes it as g * (x > 0): three calls, each a
+** pass over an activation-sized tensor -- a comparison writing a bool mask, the
+** mask widened to g's dtype, the product -- and two temporaries. The fused call
+** reads x and g once and writes the gradient: out = x > 0 ? g : 0, which is the
+** product's value exactly (g * 1 or g * 0; a NaN or infinite g times 0 is NaN,
+** kept as such).
+**
+** Rules for any pass. A chain is fused only when the temporaries it removes are
+** used by nothing else: no other call reads them and nothing outside the program
+** holds them (their storages' reference counts are the program's views). The
+** fused call takes the first call's place; the others become no-ops; the views
+** of the removed temporaries are released (their memory goes at once), and the
+** views the fused call reads and writes are moved to its place, so the memory
+** plan sees the lifetimes the replay has.
+*/
+#include "entries.h"
+#include <stdlib.h>
+
+/* -- Held views ----------------------------------------------------------------------- */
+static size_t slot_of(const em_program *p, const em_tensor *v) {
+  for (size_t j = 0; j < p->nheld; j++)
+    if (p->held[j] == v) return j;
+  return (size_t)-1;
+}
+
+/* The program's views of storage st, and whether that is all that holds it. */
+static int only_views(const em_program *p, const emi_storage *st, int want) {
+  int n = 0;
+  for (size_t j = 0; j < p->nheld; j++)
+    if (p->held[j] && p->held[j]->storage == st) n++;
+  return n == want && __atomic_load_n(&st->refcount, __ATOMIC_ACQUIRE) == want;
+}
+
+static void drop(em_program *p, const em_tensor *v) {
+  size_t j = slot_of(p, v);
+  if (j == (size_t)-1) return;
+  em_tensor_release(p->held[j]);
+  p->held[j] = NULL;
+}
+
+static void move_to(em_program *p, const em_tensor *v, int rec) {
+  size_t j = slot_of(p, v);
+  if (j != (size_t)-1) p->uses[j].rec = rec;
+}
+
+static int dense_like(const em_tensor *a, const em_tensor *b) {
+  return a->dtype == b->dtype && a->numel == b->numel && em_tensor_is_contiguous(a) &&
+         em_tensor_is_contiguous(b);
+}
+
+/* -- ReLU's backward -------------------------------------------------------------------- */
+typedef struct { em_tensor *out; const em_tensor *g, *x; } relu_bw_args;
+
+typedef struct { void *out; const void *g, *x; } relu_bw_ctx;
+static void relu_bw_f32(void *c, int64_t b, int64_t e) {
+  relu_bw_ctx *k = c;
+  float *o = k->out;
+  const float *g = k->g, *x = k->x;
+  for (int64_t i = b; i < e; i++) o[i] = x[i] > 0 ? g[i] : g[i] * 0.0f;
+}
+static void relu_bw_f64(void *c, int64_t b, int64_t e) {
+  relu_bw_ctx *k = c;
+  double *o = k->out;
+  const double *g = k->g, *x = k->x;
+  for (int64_t i = b; i < e; i++) o[i] = x[i] > 0 ? g[i] : g[i] * 0.0;
+}
+
+static em_status play_relu_bw(emi_device *d, void *q, const emi_replay *r) {
+  (void)r;
+  relu_bw_args *a = q;
+  relu_bw_ctx k = {em_tensor_data(a->out), em_tensor_data(a->g), em_tensor_data(a->x)};
+  emi_parallel_for(d->S, a->out->numel, 1 << 14,
+                   a->out->dtype == EM_FLOAT32 ? relu_bw_f32 : relu_bw_f64, &k);
+  return EM_OK;
+}
+
+/* Calls r, r+1, r+2 are mask = x > 0; wide = mask as g's dtype; out = g * wide
+** (either order), with mask and wide used nowhere else: fused. */
+static int fuse_relu_bw(em_program *p, int r) {
+  emi_rec *c0 = &p->recs[r], *c1 = &p->recs[r + 1], *c2 = &p->recs[r + 2];
+  if (c0->entry != EMI_ENTRY_binary_scalar || c1->entry != EMI_ENTRY_copy ||
+      c2->entry != EMI_ENTRY_binary)
+    return 0;
+  args_binary_scalar *gt = c0->args;
+  args_copy *widen = c1->args;
+  args_binary *mul = c2->args;
+  if (gt->op != EM_GT || gt->s != 0 || gt->reverse || !gt->out || !gt->a || !widen->out ||
+      !widen->src || !mul->out || !mul->a || !mul->b || mul->op != EM_MUL)
+    return 0;
+  const em_tensor *mask = gt->out, *wide = widen->out, *x = gt->a;
+  if (widen->src->storage != mask->storage || mask->dtype != EM_BOOL) return 0;
+  const em_tensor *g = mul->a->storage == wide->storage ? mul->b
+                     : mul->b->storage == wide->storage ? mul->a : NULL;
+  const em_tensor *out = mul->out;
+  if (!g || (g->dtype != EM_FLOAT32 && g->dtype != EM_FLOAT64)) return 0;
+  if (!dense_like(out, g) || !dense_like(out, x) || out->storage == x->storage ||
+      out->storage == g->storage)
+    return 0;
+  if (!only_views(p, mask->storage, 2) || !only_views(p, wide->storage, 2)) return 0;
+  relu_bw_args *a = malloc(sizeof *a);
+  if (!a) return 0;
+  *a = (relu_bw_args){mul->out, g, x};
+  move_to(p, g, r);
+  move_to(p, out, r);
+  drop(p, gt->out);
+  drop(p, widen->out);
+  drop(p, widen->src);
+  drop(p, mul->a == g ? mul->b : mul->a);
+  free(c0->args);
+  *c0 = (emi_rec){EMI_REC_FUSED, play_relu_bw, a, "relu_backward", c0->first_held, c0->fp};
+  c1->entry = EMI_REC_NOP;
+  c2->entry = EMI_REC_NOP;
+  p->fused++;
+  return 1;
+}
+
+void emi_program_fuse(em_state *S, em_program *p) {
+  (void)S;
+  for (int r = 0; r + 2 < p->nrecs; r++)
+    if (fuse_relu_bw(p, r)) r += 2;
+}
