@@ -105,6 +105,28 @@ H.test('CNN with batch norm and SGD momentum: equal, running stats too, broadcas
   same_training('cnn', a, b, batches, em.compile(train_step(b)))
 end)
 
+H.test('channels-last CNN: equal, and a ReLU backward fused in that layout', function()
+  local a, b = twins(function()
+    local m = nn.Sequential(nn.Conv2d(3, 8, 3, { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(8, 8, 3, { padding = 1 }), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(8 * 4 * 4, 4))
+    m:to{ memory_format = 'channels_last' }
+    return m
+  end, function(m) return em.optim.Adam(m:parameters(), { lr = 1e-2 }) end)
+  local batches = {}
+  em.manual_seed(6)
+  for i = 1, 4 do
+    batches[i] = { em.randn(5, 3, 8, 8):to_channels_last(),
+                   em.randint(1, 4, { 5 }, { dtype = 'int64' }) }
+  end
+  local step = em.compile(train_step(b))
+  same_training('channels-last cnn', a, b, batches, step)
+  -- the first ReLU's gradient comes from max pooling, channels-last like its
+  -- input: fused; the second's from flatten, in NCHW order against a
+  -- channels-last input: left as it is (no flat pass covers both layouts)
+  H.eq(step:stats().fused, 1, 'the ReLU backward whose tensors share a layout fused')
+end)
+
 H.test('AdamW under a StepLR schedule: the replays see each new rate', function()
   local a, b = twins(function() return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2)) end,
     function(m)
