@@ -2,6 +2,7 @@
 # run.sh -- the benchmarks: ember beside PyTorch, measured in the same run.
 #
 #   sh tests/bench/run.sh BUILD_DIR          (make bench)
+#   EMBER_BENCH_ONLY=train_cnn sh tests/bench/run.sh build   (the matching benchmarks only)
 #
 # Each bench_NAME.lua runs under BUILD_DIR/ember and prints
 #   RESULT <name> <value> <unit> <lower|higher> <target>
@@ -67,6 +68,10 @@ while [ $r -lt "$ROUNDS" ]; do
     name=$(basename "$lua" .lua)
     case "$name" in bench_cuda|bench_cuda_train) continue ;; esac   # gpu_run.sh
     case "$name" in bench_cpu_kernels) continue ;; esac   # kernel by kernel, run alone
+    # EMBER_BENCH_ONLY=REGEX: only the benchmarks whose names match (grep -E)
+    if [ -n "${EMBER_BENCH_ONLY:-}" ] && ! echo "$name" | grep -Eq "$EMBER_BENCH_ONLY"; then
+      continue
+    fi
     if ! "$EMBER" "$lua" > "$TMP/out" 2>&1; then
       echo "$name: ember failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
     fi
