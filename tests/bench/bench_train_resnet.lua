@@ -15,7 +15,11 @@ layout makes the headline: train_resnet_fp32_vs_torch2 and train_resnet_bf16_vs_
 (ember samples/s / PyTorch's; goal >= 1.3).
 
   build/ember tests/bench/bench_train_resnet.lua [--smoke] [--steps N] [--reps N]
-                                                 [--configs fp32_nchw,bf16_cl,...]
+                                                 [--configs fp32_nchw,bf16_cl,...] [--compile]
+
+--compile also measures each configuration's step through em.compile, and prints
+train_resnet_compiled_<fp32|bf16> and _vs_torch2 (the best compiled layout against
+PyTorch's best eager one).
 
 Started by hand it runs the twin itself ($EMBER_BENCH_PYTHON, else the peers'
 environment), alternating: in each repetition ember's configurations, then PyTorch's,
@@ -31,12 +35,13 @@ local R = dofile(dir .. 'resnet_common.lua')
 local em = B.em
 local F = em.nn.F
 
-local smoke, steps, reps, only = false, nil, nil, nil
+local smoke, steps, reps, only, compile = false, nil, nil, nil, false
 do
   local i = 1
   while arg[i] do
     local a = arg[i]
     if a == '--smoke' then smoke = true; i = i + 1
+    elseif a == '--compile' then compile = true; i = i + 1
     elseif a == '--steps' or a == '--reps' or a == '--configs' then
       local v = arg[i + 1]
       if not v then error(a .. ' needs a value', 0) end
@@ -79,35 +84,42 @@ for _, c in ipairs(CONFIGS) do
 end
 
 -- -- ember's side ----------------------------------------------------------------------------
--- One configuration's model, data and step, made on first use and kept.
-local function setup(c)
+-- One configuration's model, data and step, made on first use and kept;
+-- compiled: the step (forward, backward, update) through em.compile.
+local function setup(c, compiled)
   em.manual_seed(0)
   local model = R.resnet18()
   if c.cl then model:to{ memory_format = 'channels_last' } end
   local opt = R.sgd(model)
   local x = em.randn({ Z.batch, 3, 32, 32 })
   local y = em.randint(1, 11, { Z.batch })
-  local function forward()
-    return F.cross_entropy(model(c.cl and x:to_channels_last() or x), y)
-  end
-  return function()
+  local function train(xb, yb)
+    local function forward()
+      return F.cross_entropy(model(c.cl and xb:to_channels_last() or xb), yb)
+    end
     local loss = c.bf16 and em.amp.autocast('bfloat16', forward) or forward()
     opt:zero_grad()
     loss:backward()
     opt:step()
+    return loss
+  end
+  local run = compiled and em.compile(train) or train
+  return function()
+    run(x, y)
     if em.profile.active() then em.profile.step() end
   end
 end
 
--- One repetition of c: Z.steps steps; samples/s.
-local function rep(c)
-  if not c.step then
-    c.step = setup(c)
-    for _ = 1, Z.warm do c.step() end
+-- One repetition of c (compiled: its em.compile twin): Z.steps steps; samples/s.
+local function rep(c, compiled)
+  local key = compiled and 'cstep' or 'step'
+  if not c[key] then
+    c[key] = setup(c, compiled)
+    for _ = 1, Z.warm do c[key]() end
   end
   collectgarbage()
   local t0 = B.now()
-  for _ = 1, Z.steps do c.step() end
+  for _ = 1, Z.steps do c[key]() end
   return Z.steps * Z.batch / (B.now() - t0)
 end
 
@@ -136,12 +148,17 @@ end
 
 -- -- The measurements: rounds of ember's configurations, then PyTorch's --------------------------
 local mine, theirs, errors, info, na, twin_why = {}, {}, {}, {}, {}, nil
-for _, c in ipairs(runs) do mine[c.name], theirs[c.name] = {}, {} end
+local compiled = {}
+for _, c in ipairs(runs) do mine[c.name], theirs[c.name], compiled[c.name] = {}, {}, {} end
 for r = 1, Z.reps do
   for _, c in ipairs(runs) do
     if not errors[c.name] and not c.why then
       local ok, v = pcall(rep, c)
       if ok then table.insert(mine[c.name], v) else errors[c.name] = tostring(v) end
+      if compile and ok then
+        ok, v = pcall(rep, c, true)
+        if ok then table.insert(compiled[c.name], v) else errors[c.name] = 'compiled: ' .. tostring(v) end
+      end
     end
   end
   if peer and #runs > 0 and not twin_why then
@@ -157,10 +174,13 @@ for r = 1, Z.reps do
 end
 
 local function med(xs) return #xs > 0 and B.median(xs) or nil end
-local best_mine, best_theirs = {}, {}
+local best_mine, best_theirs, best_compiled = {}, {}, {}
 for _, c in ipairs(runs) do
-  c.mine, c.theirs = med(mine[c.name]), med(theirs[c.name])
+  c.mine, c.theirs, c.compiled = med(mine[c.name]), med(theirs[c.name]), med(compiled[c.name])
   local k = c.bf16 and 'bf16' or 'fp32'
+  if c.compiled and (not best_compiled[k] or c.compiled > best_compiled[k].v) then
+    best_compiled[k] = { v = c.compiled, c = c }
+  end
   if c.mine and (not best_mine[k] or c.mine > best_mine[k].v) then best_mine[k] = { v = c.mine, c = c } end
   if c.theirs and (not best_theirs[k] or c.theirs > best_theirs[k].v) then
     best_theirs[k] = { v = c.theirs, c = c }
@@ -187,11 +207,19 @@ if peer then
         (errors[c.name] and ('  ember n/a: ' .. errors[c.name])) or
         (na[c.name] and ('  torch n/a: ' .. na[c.name])))
   end
+  for _, c in ipairs(runs) do
+    if c.compiled then row(c.label .. ', compiled', c.compiled, c.theirs) end
+  end
   for _, k in ipairs({ 'fp32', 'bf16' }) do
     local m, t = best_mine[k], best_theirs[k]
     if m or t then
       row(('best layout, %s'):format(k), m and m.v, t and t.v,
           ('  (ember %s, PyTorch %s)'):format(m and m.c.label or 'n/a', t and t.c.label or 'n/a'))
+    end
+    local mc = best_compiled[k]
+    if mc then
+      row(('best layout, %s, compiled'):format(k), mc.v, t and t.v,
+          ('  (ember %s, PyTorch %s)'):format(mc.c.label, t and t.c.label or 'n/a'))
     end
   end
   print()
@@ -204,6 +232,12 @@ for _, k in ipairs({ 'fp32', 'bf16' }) do
   if m then B.result('train_resnet_' .. k, m.v, 'samples/s', 'higher', 'ratio ' .. GOAL) end
   if m and t then
     B.result(('train_resnet_%s_vs_torch2'):format(k), m.v / t.v, 'x', 'higher', GOAL .. ' x')
+  end
+  -- --compile: ember's best compiled layout against PyTorch's best eager one
+  local mc = best_compiled[k]
+  if mc then B.result('train_resnet_compiled_' .. k, mc.v, 'samples/s', 'higher', 'report') end
+  if mc and t then
+    B.result(('train_resnet_compiled_%s_vs_torch2'):format(k), mc.v / t.v, 'x', 'higher', GOAL .. ' x')
   end
 end
 -- ember's own side failing is a failure of the run (PyTorch missing is not).
