@@ -71,7 +71,6 @@ typedef struct emi_recorder {
   em_program *prog;
   const emi_backend *real;     /* the CPU's table, put back at the end */
   emi_backend table;           /* the recording table the CPU serves through meanwhile */
-  uint64_t rng_start;          /* S->rng_offset when the capture began */
   em_status failed;            /* the first failure to record (out of memory) */
   char why[256];               /* why the program can't replay, "" if it can */
   /* leaves given a gradient during the capture (engine or host) */
@@ -85,9 +84,12 @@ typedef struct emi_recorder {
 /* recorder.c */
 void emi_recording_table(emi_backend *t, const emi_backend *real);
 int emi_compile_push(void ***v, size_t *n, size_t *cap, void *p);
+void *emi_compile_new_rec(emi_recorder *R, int e, const char *op, emi_play_fn play,
+                          size_t size);
 
 /* program.c */
 void emi_program_free_contents(em_program *p);
+int emi_compile_cmp_ptr(const void *a, const void *b);   /* qsort/bsearch of pointers */
 
 /* fuse.c: passes over a finished record that replace chains of calls by one
 ** fused call (before the memory plan, which then sees the fused lifetimes). */

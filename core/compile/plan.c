@@ -44,10 +44,6 @@ static int by_size_desc(const void *a, const void *b) {
   size_t x = (*(buffer *const *)a)->size, y = (*(buffer *const *)b)->size;
   return x > y ? -1 : x < y;
 }
-static int by_ptr(const void *a, const void *b) {
-  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
-  return x < y ? -1 : x > y;
-}
 
 static buffer *find(buffer *v, size_t n, const emi_storage *st) {
   size_t lo = 0, hi = n;
@@ -77,7 +73,7 @@ void emi_program_plan(em_state *S, em_program *p, emi_recorder *R) {
   buffer *v = calloc(p->nheld, sizeof *v);
   buffer **order = calloc(p->nheld, sizeof *order);
   if (!v || !order) goto done;
-  qsort(R->born, R->nborn, sizeof *R->born, by_ptr);
+  qsort(R->born, R->nborn, sizeof *R->born, emi_compile_cmp_ptr);
   /* the distinct storages of the program's views */
   size_t n = 0;
   for (size_t j = 0; j < p->nheld; j++)
@@ -111,7 +107,7 @@ void emi_program_plan(em_state *S, em_program *p, emi_recorder *R) {
     void *key = st;
     if (!b->ok || st->device != EM_CPU || st->ext_free ||
         __atomic_load_n(&st->refcount, __ATOMIC_ACQUIRE) != b->views ||
-        !bsearch(&key, R->born, R->nborn, sizeof *R->born, by_ptr))
+        !bsearch(&key, R->born, R->nborn, sizeof *R->born, emi_compile_cmp_ptr))
       continue;
     b->size = (st->nbytes + 63) & ~(size_t)63;
     order[nq++] = b;

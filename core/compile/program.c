@@ -35,7 +35,6 @@ em_status em_compile_begin(em_state *S) {
   }
   R->prog = p;
   R->real = S->cpu.backend;
-  R->rng_start = S->rng_offset;
   emi_recording_table(&R->table, R->real);
   p->rng_start = S->rng_offset;
   S->recorder = R;
@@ -56,11 +55,12 @@ int em_compile_recorded(const em_state *S) {
   return S && S->recorder ? S->recorder->prog->nrecs : -1;
 }
 
-/* Storage bytes the program keeps alive: each storage once. */
-static int by_ptr(const void *a, const void *b) {
+int emi_compile_cmp_ptr(const void *a, const void *b) {
   uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
   return x < y ? -1 : x > y;
 }
+
+/* Storage bytes the program keeps alive: each storage once (the arena once). */
 static int64_t held_bytes(em_program *p) {
   if (!p->nheld) return 0;
   void **st = malloc(p->nheld * sizeof *st);
@@ -68,7 +68,7 @@ static int64_t held_bytes(em_program *p) {
   size_t n = 0;
   for (size_t i = 0; i < p->nheld; i++)
     if (p->held[i]) st[n++] = p->held[i]->storage;
-  qsort(st, n, sizeof *st, by_ptr);
+  qsort(st, n, sizeof *st, emi_compile_cmp_ptr);
   int64_t sum = p->arena ? (int64_t)p->arena->nbytes : 0;
   for (size_t i = 0; i < n; i++)
     if ((i == 0 || st[i] != st[i - 1]) && !emi_storage_is_slice(st[i]))
@@ -86,7 +86,7 @@ em_status em_compile_end(em_state *S, em_program **out, char *why, size_t whylen
   S->cpu.backend = R->real;
   S->recorder = NULL;
   em_program *p = R->prog;
-  p->rng_used = S->rng_offset - R->rng_start;
+  p->rng_used = S->rng_offset - p->rng_start;
   em_status failed = R->failed;
   if (!failed && out && !R->why[0]) {
     emi_program_fuse(S, p);
@@ -123,18 +123,11 @@ void emi_compile_note_grad(em_state *S, em_tensor *leaf, em_tensor *grad, int fi
     R->failed = EM_ERR_NOMEM;
   if (!given(R, leaf) && !emi_compile_push((void ***)&R->given, &R->ngiven, &R->capgiven, leaf))
     R->failed = EM_ERR_NOMEM;
-  emi_set_grad_args *x = calloc(1, sizeof *x);
-  if (!x || p->nrecs == p->caprecs) {
-    int c = p->caprecs ? 2 * p->caprecs : 256;
-    emi_rec *q = x ? realloc(p->recs, (size_t)c * sizeof *q) : NULL;
-    if (!q) { free(x); R->failed = EM_ERR_NOMEM; return; }
-    p->recs = q;
-    p->caprecs = c;
-  }
+  emi_set_grad_args *x = emi_compile_new_rec(R, EMI_REC_SET_GRAD, "set_grad", NULL, sizeof *x);
+  if (!x) return;
   em_tensor_retain(leaf);
   if (grad) em_tensor_retain(grad);
   *x = (emi_set_grad_args){leaf, grad};
-  p->recs[p->nrecs++] = (emi_rec){EMI_REC_SET_GRAD, NULL, x, "set_grad", p->nheld};
 }
 
 /* The engine accumulates into leaf->grad: fine when the capture made it. */

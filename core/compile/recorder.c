@@ -52,10 +52,10 @@ void emi_compile_unfit(em_state *S, const char *fmt, ...) {
 
 static emi_recorder *rec_of(emi_device *d) { return d->S->recorder; }
 
-/* A new record of entry e with an argument struct of size bytes, or NULL (the
-** recorder failed: the call still runs, the program is refused). */
-static void *push_rec(emi_device *d, int e, const char *op, emi_play_fn play, size_t size) {
-  emi_recorder *R = rec_of(d);
+/* A new record of entry e with an argument struct of size bytes (zeroed), or
+** NULL (the recorder failed: the call still runs, the program is refused). */
+void *emi_compile_new_rec(emi_recorder *R, int e, const char *op, emi_play_fn play,
+                          size_t size) {
   em_program *p = R->prog;
   void *args = calloc(1, size ? size : 1);
   if (!args) { R->failed = EM_ERR_NOMEM; return NULL; }
@@ -68,6 +68,9 @@ static void *push_rec(emi_device *d, int e, const char *op, emi_play_fn play, si
   }
   p->recs[p->nrecs++] = (emi_rec){e, play, args, op, p->nheld, 1469598103934665603ull};
   return args;
+}
+static void *push_rec(emi_device *d, int e, const char *op, emi_play_fn play, size_t size) {
+  return emi_compile_new_rec(rec_of(d), e, op, play, size);
 }
 
 /* The program's own view of t (NULL for NULL): the same storage, sizes, strides
