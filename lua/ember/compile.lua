@@ -190,6 +190,31 @@ local function pack(...) return { n = select('#', ...), ... } end
 
 local function disabled() return os.getenv('EMBER_COMPILE') == '0' end
 
+-- Runs fn(args) once, eagerly, while the core records its calls. Returns the
+-- program (collected with its box), why the core can't replay it (or nil), the
+-- capture's Lua side ({hooks, read}) and fn's results {n = ...}; fn's error is
+-- raised after the recording ended.
+local function record(fn, args)
+  local cap = { hooks = {} }
+  core.check(C.em_compile_begin(S))
+  capture, core.host_access = cap, host_access
+  local res = pack(pcall(fn, unpack(args, 1, args.n)))
+  capture, core.host_access = nil, nil
+  -- the step's dead tensors let go of their buffers, so the memory plan (at the
+  -- capture's end) sees which buffers only the record holds (ember.handles'
+  -- full collection hands dead tensors back to C)
+  collectgarbage()
+  local box, whybuf = prog_box(), ffi.new('char[256]')
+  local st = C.em_compile_end(S, box, whybuf, 256)
+  local prog = box[0] ~= nil and ffi.gc(box[0], free_program) or nil
+  if not res[1] then error(res[2], 0) end
+  if st ~= 0 then core.fail() end
+  table.remove(res, 1)
+  res.n = res.n - 1
+  local why = ffi.string(whybuf)
+  return prog, why ~= '' and why or nil, cap, res
+end
+
 -- Runs fn(args) while recording: the entry for the signature, and fn's results.
 function Compiled:capture(key, args)
   local statics, call_args = {}, { n = args.n }
@@ -212,25 +237,9 @@ function Compiled:capture(key, args)
     local res = pack(self.fn(unpack(args, 1, args.n)))
     return { eager = true, why = why }, res
   end
-  local cap = { hooks = {} }
-  core.check(C.em_compile_begin(S))
-  capture, core.host_access = cap, host_access
-  local res = pack(pcall(self.fn, unpack(call_args, 1, call_args.n)))
-  capture, core.host_access = nil, nil
-  -- the step's dead tensors let go of their buffers, so the memory plan (at the
-  -- capture's end) sees which buffers only the record holds (ember.handles'
-  -- full collection hands dead tensors back to C)
-  collectgarbage()
-  local box, whybuf = prog_box(), ffi.new('char[256]')
-  local st = C.em_compile_end(S, box, whybuf, 256)
-  local prog = box[0] ~= nil and ffi.gc(box[0], free_program) or nil
-  if not res[1] then error(res[2], 0) end
-  if st ~= 0 then core.fail() end
-  table.remove(res, 1)
-  res.n = res.n - 1
+  local prog, why_not, cap, res = record(self.fn, call_args)
   self.counts.captures = self.counts.captures + 1
-  why = cap.read and ('it reads a value: ' .. cap.read) or (ffi.string(whybuf) ~= '' and
-    ffi.string(whybuf)) or nil
+  why = cap.read and ('it reads a value: ' .. cap.read) or why_not
   if why then
     self.counts.breaks = self.counts.breaks + 1
     if prog then ffi.gc(prog, nil); free_program(prog) end
@@ -246,18 +255,7 @@ end
 
 -- Runs fn eagerly while recording, and raises where its calls differ from e's.
 function Compiled:check_against(e, args)
-  core.check(C.em_compile_begin(S))
-  local cap = { hooks = {} }
-  capture, core.host_access = cap, host_access
-  local res = pack(pcall(self.fn, unpack(args, 1, args.n)))
-  capture, core.host_access = nil, nil
-  local box = prog_box()
-  local st = C.em_compile_end(S, box, nil, 0)
-  local now = box[0] ~= nil and ffi.gc(box[0], free_program) or nil
-  if not res[1] then error(res[2], 0) end
-  if st ~= 0 then core.fail() end
-  table.remove(res, 1)
-  res.n = res.n - 1
+  local now, _, cap, res = record(self.fn, args)
   local i = C.em_program_compare(e.prog, now)
   if i >= 0 or cap.read then
     local function op(p) local s = C.em_program_op(p, i); return s ~= nil and ffi.string(s) or 'the end' end
