@@ -7,7 +7,7 @@
 ** mask widened to g's dtype, the product -- and two temporaries. The fused call
 ** reads x and g once and writes the gradient: out = x > 0 ? g : 0, which is the
 ** product's value exactly (g * 1 or g * 0; a NaN or infinite g times 0 is NaN,
-** kept as such).
+** kept as such; bfloat16 computed in float and rounded once, as the product is).
 **
 ** Rules for any pass. A chain is fused only when the temporaries it removes are
 ** used by nothing else: no other call reads them and nothing outside the program
@@ -90,12 +90,23 @@ static void relu_bw_f64(void *c, int64_t b, int64_t e) {
   for (int64_t i = b; i < e; i++) o[i] = x[i] > 0 ? g[i] : g[i] * 0.0;
 }
 
+/* bfloat16: as the unfused product computes it, in float and rounded once */
+static void relu_bw_bf16(void *c, int64_t b, int64_t e) {
+  relu_bw_ctx *k = c;
+  uint16_t *o = k->out;
+  const uint16_t *g = k->g, *x = k->x;
+  for (int64_t i = b; i < e; i++)
+    o[i] = emi_float_to_bf16(emi_bf16_to_float(g[i]) * (emi_bf16_to_float(x[i]) > 0 ? 1.0f : 0.0f));
+}
+
 static em_status play_relu_bw(emi_device *d, void *q, const emi_replay *r) {
   (void)r;
   relu_bw_args *a = q;
   relu_bw_ctx k = {em_tensor_data(a->out), em_tensor_data(a->g), em_tensor_data(a->x)};
+  em_dtype dt = a->out->dtype;
   emi_parallel_for(d->S, a->out->numel, 1 << 14,
-                   a->out->dtype == EM_FLOAT32 ? relu_bw_f32 : relu_bw_f64, &k);
+                   dt == EM_FLOAT32 ? relu_bw_f32 : dt == EM_FLOAT64 ? relu_bw_f64 : relu_bw_bf16,
+                   &k);
   return EM_OK;
 }
 
@@ -117,7 +128,8 @@ static int fuse_relu_bw(em_program *p, int r) {
   const em_tensor *g = mul->a->storage == wide->storage ? mul->b
                      : mul->b->storage == wide->storage ? mul->a : NULL;
   const em_tensor *out = mul->out;
-  if (!g || (g->dtype != EM_FLOAT32 && g->dtype != EM_FLOAT64)) return 0;
+  if (!g || (g->dtype != EM_FLOAT32 && g->dtype != EM_FLOAT64 && g->dtype != EM_BFLOAT16))
+    return 0;
   if (!dense_like(out, g) || !dense_like(out, x) || out->storage == x->storage ||
       out->storage == g->storage)
     return 0;

@@ -148,9 +148,9 @@ H.test('fused ReLU backward: the unfused calls\' values, signs of zero and NaN i
   -- a tensor with negatives, infinities and NaN; x has negatives, zeros, NaN
   local xs = { -2, -0.0, 0, 1, 3, 0 / 0, -1, 2 }
   local cs = { -1.5, 2, -3, 0 / 0, 1 / 0, 4, -1 / 0, -0.0 }
-  local function run(compiled)
-    local x = em.tensor(xs):requires_grad_()
-    local c = em.tensor(cs)
+  local function run(compiled, dtype)
+    local x = em.tensor(xs, { dtype = dtype }):requires_grad_()
+    local c = em.tensor(cs, { dtype = dtype })
     local f = function(xx, cc)
       x.grad = nil
       local y = (x:relu() * cc):sum()
@@ -162,8 +162,6 @@ H.test('fused ReLU backward: the unfused calls\' values, signs of zero and NaN i
     for _ = 1, 3 do g = f(x:detach(), c) end
     return g, compiled and f or nil
   end
-  local want = run(false)
-  local got, f = run(true)
   local function bits(t)
     local out = {}
     for i, v in ipairs(t:totable()) do
@@ -171,9 +169,13 @@ H.test('fused ReLU backward: the unfused calls\' values, signs of zero and NaN i
     end
     return out
   end
-  H.eq(bits(got), bits(want), 'gradient values, zero signs and NaN')
-  H.eq(f:stats().fused, 1, 'one fused call')
-  H.check(f:explain():find('(1 fused)', 1, true), 'explain: ' .. f:explain())
+  for _, dtype in ipairs({ 'float32', 'float64', 'bfloat16' }) do
+    local want = run(false, dtype)
+    local got, f = run(true, dtype)
+    H.eq(bits(got:float()), bits(want:float()), dtype .. ': gradient values, zero signs and NaN')
+    H.eq(f:stats().fused, 1, dtype .. ': one fused call')
+    H.check(f:explain():find('(1 fused)', 1, true), 'explain: ' .. f:explain())
+  end
 end)
 
 H.test('memory plan: the compiled step holds less than the eager step\'s peak', function()
