@@ -131,7 +131,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # ddp_cnn_vs_torch2 and ddp_cnn_vs_tf (the threads replicas' global samples/s),
 # train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf,
 # train_cnn_bf16_vs_torch2, train_resnet_fp32_vs_torch2, train_resnet_bf16_vs_torch2,
-# train_cnn_compiled_vs_torch2 and _vs_tf (em.compile's step against the peers' own), and for
+# train_cnn_compiled_vs_torch2 and _vs_tf (em.compile's step against the peers' own),
+# compile_tiny_step_vs_torch2 (a small MLP's compiled step against PyTorch eager), and for
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
 # and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember),
 # and for the pipelines pipe_<schedule>_p<P>_m<M>_vs_torch2 (samples/s, ember/PyTorch).
@@ -177,7 +178,8 @@ awk '
     split("ddp_cnn_vs:ddp_cnn_local train_cnn_fp32_vs:train_cnn train_mlp_fp32_vs:train_mlp " \
           "train_cnn_bf16_vs:train_cnn_bf16 train_resnet_fp32_vs:train_resnet_fp32 " \
           "train_resnet_bf16_vs:train_resnet_bf16 " \
-          "train_cnn_compiled_vs:train_cnn_compiled:train_cnn", pairs, " ")
+          "train_cnn_compiled_vs:train_cnn_compiled:train_cnn " \
+          "compile_tiny_step_vs:compile_tiny_step", pairs, " ")
     for (i = 1; i in pairs; i++) {
       n = split(pairs[i], kv, ":"); key = kv[2]; peer = n >= 3 ? kv[3] : key
       if (!(key in ev) || ev[key] <= 0) continue

@@ -159,10 +159,11 @@ local function diagnose_launch(s)
      s.mean_op_us > M.SMALL_OP_US then return nil end
   return { kind = 'launch-bound', message = string.format('Launch-bound: per-op overhead ' ..
     'dominates. Each step runs %d ops averaging %.1f µs, and %s of the step is spent ' ..
-    'outside kernels (Lua, dispatch, allocation, autograd). Give each op more work: ' ..
-    'larger batches, fused ops (nn layers and functional ops instead of chains of small ' ..
-    'element-wise ones), fewer per-element Lua loops; on GPUs, CUDA graphs will remove ' ..
-    'the launches.', math.floor(s.ops_per_step + 0.5), s.mean_op_us, pct(s.breakdown.host)),
+    'outside kernels (Lua, dispatch, allocation, autograd). Run the step through ' ..
+    'em.compile (its kernels replayed with nothing between them: step:explain() says ' ..
+    'whether it replays), or give each op more work: larger batches, fused ops (nn layers ' ..
+    'and functional ops instead of chains of small element-wise ones), fewer per-element ' ..
+    'Lua loops.', math.floor(s.ops_per_step + 0.5), s.mean_op_us, pct(s.breakdown.host)),
     share = s.breakdown.host }
 end
 
