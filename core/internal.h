@@ -124,6 +124,10 @@ void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
 void emi_compile_unfit(em_state *S, const char *fmt, ...);
 void emi_compile_note_grad(em_state *S, em_tensor *leaf, em_tensor *grad, int first);
 void emi_compile_note_accumulate(em_state *S, const em_tensor *leaf);
+/* A collective started on t (in place, contiguous, CPU) and the wait for one. */
+void emi_compile_note_collective(em_state *S, em_comm *c, em_tensor *t, int broadcast,
+                                 em_comm_op op, int root, em_comm_work *work);
+void emi_compile_note_wait(em_state *S, em_comm_work *w);
 /* A storage whose data lies in a compiled step's arena (counted there, once). */
 int emi_storage_is_slice(const emi_storage *st);
 #define EMI_DISPATCH(S, op, t, entry, ...) __extension__({                           \

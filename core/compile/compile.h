@@ -22,8 +22,10 @@ typedef em_status (*emi_play_fn)(emi_device *d, void *args, const emi_replay *r)
 
 /* A call: a backend entry (EMI_ENTRY_*) with its arguments, or one of the
 ** kinds below: a leaf's gradient set by the engine or by the host; a fused call
-** (fuse.c), which does the work of calls it replaced, now no-ops. */
-enum { EMI_REC_SET_GRAD = -1, EMI_REC_FUSED = -2, EMI_REC_NOP = -3 };
+** (fuse.c), which does the work of calls it replaced, now no-ops; a collective
+** started, and waited for (collective.c). */
+enum { EMI_REC_SET_GRAD = -1, EMI_REC_FUSED = -2, EMI_REC_NOP = -3, EMI_REC_COLL = -4,
+       EMI_REC_WAIT = -5 };
 typedef struct emi_rec {
   int entry;
   emi_play_fn play;
@@ -86,6 +88,12 @@ void emi_recording_table(emi_backend *t, const emi_backend *real);
 int emi_compile_push(void ***v, size_t *n, size_t *cap, void *p);
 void *emi_compile_new_rec(emi_recorder *R, int e, const char *op, emi_play_fn play,
                           size_t size);
+/* The program's own view of t, used by the call being recorded (writes: only
+** written by it); NULL for NULL or out of memory (then the recorder failed). */
+em_tensor *emi_compile_hold(emi_recorder *R, em_state *S, const em_tensor *t, int writes);
+
+/* collective.c: a collective's start and its wait, as calls of the record. */
+void emi_compile_free_collective(emi_rec *c);
 
 /* program.c */
 void emi_program_free_contents(em_program *p);

@@ -231,7 +231,7 @@ void em_program_stats(const em_program *p, em_program_info *out) {
   if (!p) return;
   for (int i = 0; i < p->nrecs; i++) {
     int e = p->recs[i].entry;
-    if (e != EMI_REC_SET_GRAD && e != EMI_REC_NOP) out->kernels++;
+    if (e >= 0 || e == EMI_REC_FUSED) out->kernels++;
     if (e != EMI_REC_NOP) out->calls++;
   }
   out->fused = p->fused;
@@ -255,6 +255,7 @@ int em_program_compare(const em_program *a, const em_program *b) {
 
 void emi_program_free_contents(em_program *p) {
   for (int i = 0; i < p->nrecs; i++) {
+    emi_compile_free_collective(&p->recs[i]);
     if (p->recs[i].entry == EMI_REC_SET_GRAD) {
       emi_set_grad_args *x = p->recs[i].args;
       em_tensor_release(x->leaf);

@@ -79,10 +79,10 @@ static void *push_rec(emi_device *d, int e, const char *op, emi_play_fn play, si
 ** change after the call (resize_, set_data) where the replay needs it as it was.
 ** writes: the call only writes t (an output), which the memory plan needs to know
 ** (a buffer first written by the step needs no value from the step before). */
-static em_tensor *hold(emi_device *d, const em_tensor *t, int writes) {
+em_tensor *emi_compile_hold(emi_recorder *R, em_state *S, const em_tensor *t, int writes) {
   if (!t) return NULL;
-  em_program *p = rec_of(d)->prog;
-  em_tensor *v = emi_tensor_try_view(d->S, t, t->sizes, t->strides, t->ndim, t->offset);
+  em_program *p = R->prog;
+  em_tensor *v = emi_tensor_try_view(S, t, t->sizes, t->strides, t->ndim, t->offset);
   if (v && p->nheld == p->capuses) {
     size_t c = p->capuses ? 2 * p->capuses : 64;
     emi_use *u = realloc(p->uses, c * sizeof *u);
@@ -91,11 +91,14 @@ static em_tensor *hold(emi_device *d, const em_tensor *t, int writes) {
   if (!v || p->nheld == p->capuses ||
       !emi_compile_push((void ***)&p->held, &p->nheld, &p->capheld, v)) {
     em_tensor_release(v);
-    rec_of(d)->failed = EM_ERR_NOMEM;
+    R->failed = EM_ERR_NOMEM;
     return NULL;
   }
   p->uses[p->nheld - 1] = (emi_use){p->nrecs - 1, writes};
   return v;
+}
+static em_tensor *hold(emi_device *d, const em_tensor *t, int writes) {
+  return emi_compile_hold(rec_of(d), d->S, t, writes);
 }
 
 /* A copy of n bytes at src that the program owns. */

@@ -547,10 +547,13 @@ em_status emi_comm_p2p_queue(em_comm *c, em_comm_work *w) {
 
 static em_status submit(em_state *S, em_comm *c, em_comm_work *w, em_comm_work **work) {
   w->comm = c;
-  /* a compiled step replays kernels only: a collective inside it would be skipped */
-  if (S->recorder)
-    emi_compile_unfit(S, "it runs a collective (a wrapped model's gradient averaging, "
-                         "a sharded model's gathers), which compiled steps do not replay yet");
+  /* a compiled step replays in-place collectives on CPU tensors (submit_inplace
+  ** records them); the others would be skipped */
+  if (S->recorder && ((w->kind != EMI_COLL_ALLREDUCE && w->kind != EMI_COLL_BROADCAST) ||
+                      c->dev || w->user))
+    emi_compile_unfit(S, "it runs a collective compiled steps do not replay (%s)",
+                      c->dev ? "on a device communicator" : w->user ? "on a strided tensor"
+                      : "a gather, scatter, barrier, send or receive: a sharded model's, say");
   if (c->dev && w->in_t && w->in_t->device != EM_CPU) {   /* where their values are final */
     w->dev_in = w->in;
     w->dev_out = w->out;
@@ -619,7 +622,14 @@ static em_status submit_inplace(em_state *S, const char *op, em_comm *c, em_tens
   w->dtype = t->dtype;
   w->count = t->numel;
   w->in = w->out = (char *)w->in_t->storage->data + w->in_t->offset * em_dtype_size(t->dtype);
-  return submit(S, c, w, work);
+  em_comm_work *mine = NULL;
+  if ((st = submit(S, c, w, &mine))) return st;
+  if (S->recorder && !c->dev && w->in_t == t)   /* (a compiled step replays it) */
+    emi_compile_note_collective(S, c, t, kind == EMI_COLL_BROADCAST, rop, root, mine);
+  if (work) { *work = mine; return EM_OK; }
+  st = em_comm_work_wait(S, mine);
+  em_comm_work_free(mine);
+  return st;
 }
 
 em_status em_comm_allreduce(em_state *S, em_comm *c, em_tensor *t, em_comm_op op,
@@ -795,6 +805,7 @@ static void profile_wait(em_state *S, const em_comm_work *w, double t0, double t
 
 em_status em_comm_work_wait(em_state *S, em_comm_work *w) {
   if (!w) return emi_error(S, EM_ERR_ARG, "wait: NULL work handle");
+  if (S->recorder) emi_compile_note_wait(S, w);
   em_comm *c = w->comm;
   double t0 = S->profiler ? emi_now() : 0;
   pthread_mutex_lock(&c->mu);

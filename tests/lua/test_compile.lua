@@ -3,7 +3,8 @@ test_compile.lua -- em.compile on the CPU: a step captured once and replayed
 gives the eager step's results bit for bit (losses, weights, gradients, batch
 norm's running statistics) for an MLP with dropout and Adam, a CNN with batch
 norm and SGD momentum, AdamW under a learning-rate schedule; on strided and
-broadcast inputs; the fused ReLU backward gives the unfused calls' bits
+broadcast inputs; two replicas whose wrapped model's gradient averaging is
+replayed (equal to eager, equal across replicas); the fused ReLU backward gives the unfused calls' bits
 (zero signs, NaN); the memory plan keeps the compiled step under the eager
 step's peak and leaves constants alone; a new signature captures again; reading a value inside the
 step runs it eagerly and explain() says where; check = true names the first
@@ -285,6 +286,47 @@ H.test('check = true names the first call that differs', function()
   relu = false
   local err = H.raises(function() f(x) end, 'compile: check: call 2', 'captured unary')
   H.check(err:find('branches', 1, true), 'the message says why: ' .. err)
+end)
+
+H.test('two replicas: a wrapped model\'s gradient averaging replays, equal to eager', function()
+  local out, rc = H.ember([[
+    local em = require 'ember'
+    local nn, F = em.nn, em.nn.F
+    local s = em.distribute.mirrored{}
+    local function make()
+      em.manual_seed(3)
+      local m = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+      local dm = s:wrap(m)
+      local opt = em.optim.SGD(dm:parameters(), { lr = 0.1, momentum = 0.9 })
+      return m, function(x, y)
+        opt:zero_grad()
+        local loss = F.cross_entropy(dm(x), y)
+        loss:backward()
+        opt:step()
+        return loss
+      end
+    end
+    local m1, eager = make()
+    local m2, step = make()
+    local comp = em.compile(step)
+    em.manual_seed(10 + s.rank)   -- each replica its own batches
+    local xs, ys = {}, {}
+    for i = 1, 5 do xs[i] = em.randn(4, 6); ys[i] = em.randint(1, 3, { 4 }, { dtype = 'int64' }) end
+    for i = 1, 5 do eager(xs[i], ys[i]); comp(xs[i], ys[i]) end
+    local d = 0
+    local p1, p2 = m1:parameters(), m2:parameters()
+    for i = 1, #p1 do d = math.max(d, (p1[i] - p2[i]):abs():max():item()) end
+    print(('rank %d diff %g sum %.9g replays %d'):format(s.rank, d, p2[1]:sum():item(),
+      comp:stats().replays))
+  ]], { args = '--replicas 2' })
+  H.eq(rc, 0, 'exit status: ' .. out)
+  local sums = {}
+  for r, d, sum, n in out:gmatch('rank (%d) diff (%S+) sum (%S+) replays (%d+)') do
+    H.eq({ tonumber(d), tonumber(n) }, { 0, 4 }, 'rank ' .. r .. ': difference to eager, replays')
+    sums[#sums + 1] = sum
+  end
+  H.eq(#sums, 2, 'both replicas reported: ' .. out)
+  H.eq(sums[1], sums[2], 'the replicas hold the same weights')
 end)
 
 H.test('EMBER_COMPILE=0 runs eagerly; bad arguments are clear errors', function()
