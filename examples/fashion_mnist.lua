@@ -23,9 +23,9 @@
 --
 -- --compile runs each training step (forward, loss, backward, Adam's update) through
 -- em.compile: captured at the first batch and replayed after, without Lua between its
--- kernels. A step em.compile can't replay (fp16's GradScaler reads the overflow flag;
--- --replicas and --shard average gradients through collectives) runs eagerly, and
--- the first epoch line says why.
+-- kernels; under --replicas its gradient averaging is replayed too. A step em.compile
+-- can't replay (fp16's GradScaler reads the overflow flag; --shard gathers weights)
+-- runs eagerly, and the line before the first epoch's says why.
 --
 -- The checkpoint goes to PATH, by default $XDG_CACHE_HOME/ember/fashion_mnist.ckpt
 -- (~/.cache/ember/... when XDG_CACHE_HOME is unset), never into the source tree;

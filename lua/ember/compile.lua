@@ -7,7 +7,7 @@ dtype, device, strides and requires_grad; every other argument's value) copies
 the tensor arguments into static tensors of its own, and runs fn on them once,
 eagerly, while the C core records every kernel call the CPU receives
 (core/compile/: forward, the autograd engine's backward, the optimizer's fused
-update, .grad changes). Later calls with that signature copy their tensors into
+update, .grad changes, a wrapped model's allreduces). Later calls with that signature copy their tensors into
 the statics and replay the record: the same kernels on the same memory, so the
 results equal the eager step's bits; fn's Lua code does not run. What fn returns
 comes back as copies, detached from autograd (call backward inside fn), so a
@@ -21,9 +21,9 @@ What changes per step is not in the record, and is handled so:
   - a parameter's .grad is set by the replay as by the eager step.
 A step that can't be replayed runs eagerly for that signature, and explain()
 says why: it read a value (item, totable, tostring, element access: the rest
-of the step would depend on it), touched a device other than the CPU, took a
-tensor that requires grad, or
-accumulated into gradients from before the call. `check = true` runs the first
+of the step would depend on it), touched a device other than the CPU, ran a
+collective other than an in-place allreduce or broadcast, took a tensor that
+requires grad, or accumulated into gradients from before the call. `check = true` runs the first
 calls after a capture eagerly again, recording them, and raises at the first
 call that differs from the captured step (fn branching on data or on a Lua
 value that is no argument). EMBER_COMPILE=0 runs every compiled function eagerly.

@@ -5,6 +5,8 @@ bench_ddp_cnn.lua -- data-parallel training of the Fashion-MNIST CNN
   ddp_cnn_local   ember --replicas 2, 1 intra-op thread each
   ddp_cnn_mpi     mpirun -np 2 ember, 1 intra-op thread each
   ddp_cnn_1x2     ember, 1 replica x 2 intra-op threads (the same script)
+  ddp_cnn_local_compiled   ember --replicas 2 with the step through em.compile
+                  (its bucket allreduces replayed)
 
 each with batch 128 per replica on its shard of the shuffled train set, Adam
 1e-3, a loader with workers = 0 (ddp_common.lua). The PyTorch twin,
@@ -15,8 +17,8 @@ ddp_cnn_local and ddp_cnn_mpi: run.sh's ratios are ember/DDP (the target:
 under MirroredStrategy (2 logical CPU devices) and MultiWorkerMirroredStrategy (2
 workers on localhost) and prints the faster under the same names. Standalone, this
 driver runs both twins itself and ends with ddp_cnn_vs_torch2 and ddp_cnn_vs_tf
-(ember --replicas 2 over each peer, same run); under run.sh, which runs the twins,
-run.sh prints those. ddp_cnn_2x1_vs_1x2 is 2 replicas x 1 thread against 1 replica
+(ember --replicas 2 over each peer, same run) and ddp_cnn_compiled_vs_tf; under
+run.sh, which runs the twins, run.sh prints those. ddp_cnn_2x1_vs_1x2 is 2 replicas x 1 thread against 1 replica
 x 2 threads.
 
   ember tests/bench/bench_ddp_cnn.lua [--steps N]    N steps per replica after 10
@@ -36,9 +38,14 @@ local configs = {
   { 'local', 'local', 2, 1, '2 replicas x 1 thread (ember --replicas 2)' },
   { 'mpi', 'mpi', 2, 1, '2 processes x 1 thread (mpirun -np 2 ember)' },
   { '1x2', 'single', 1, 2, '1 replica x 2 threads (ember)' },
+  { 'local_compiled', 'local', 2, 1, '2 replicas x 1 thread, em.compile', true },
 }
 local runs, why = {}, {}
-for _, c in ipairs(configs) do runs[c[1]], why[c[1]] = D.launch(c[2], c[3], c[4], args) end
+for _, c in ipairs(configs) do
+  local a = args
+  if c[6] then a = { unpack(args) }; a[#a + 1], a[#a + 2] = '--compile', 1 end
+  runs[c[1]], why[c[1]] = D.launch(c[2], c[3], c[4], a)
+end
 local peer, peer_why = D.peer(dir .. 'bench_ddp_cnn.py', args)
 local ddp = peer and peer.ddp_cnn_local
 local tfp, tf_why = D.peer(dir .. 'bench_ddp_cnn_tf.py', args, 'tensorflow')
@@ -89,6 +96,10 @@ if runs['local'] and ddp then
 end
 if runs['local'] and tfm then
   D.B.result('ddp_cnn_vs_tf', runs['local'].samples_s / tfm, 'x', 'higher', '-')
+end
+if runs['local_compiled'] and tfm then
+  D.B.result('ddp_cnn_compiled_vs_tf', runs['local_compiled'].samples_s / tfm, 'x', 'higher',
+             '>= 1 x')
 end
 if runs['local'] and runs['1x2'] then
   D.B.result('ddp_cnn_2x1_vs_1x2', runs['local'].samples_s / runs['1x2'].samples_s, 'x',

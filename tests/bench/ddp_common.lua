@@ -67,13 +67,19 @@ function W.train(o)
     t0, c0 = em.clock(), dm:comm_stats()
   end
   if warm == 0 then start() end
+  local function train(x, y)
+    local loss = F.cross_entropy(dm(x), y)
+    opt:zero_grad()
+    loss:backward()
+    opt:step()
+    return loss
+  end
+  -- --compile 1: the step (its bucket allreduces included) through em.compile
+  local step = o.compile and em.compile(train) or train
   while i < total do
     epoch = epoch + 1
     for x, y in loader:epoch(epoch) do
-      local loss = F.cross_entropy(dm(x), y)
-      opt:zero_grad()
-      loss:backward()
-      opt:step()
+      step(x, y)
       i = i + 1
       if i == warm then start() end
       if i == total then break end
@@ -93,6 +99,7 @@ function W.train(o)
   D.data(s, 'wait_ms', 1000 * comm[3] / steps)
   D.data(s, 'overlap', comm[1] > 0 and comm[2] / comm[1] or 0)
   D.data(s, 'buckets', c1.buckets)
+  if o.compile then D.data(s, 'replays', step:stats().replays) end
   if o.epochs and s:is_main() then D.data(s, 'accuracy', evaluate(model, norm)) end
 end
 

@@ -179,7 +179,8 @@ awk '
           "train_cnn_bf16_vs:train_cnn_bf16 train_resnet_fp32_vs:train_resnet_fp32 " \
           "train_resnet_bf16_vs:train_resnet_bf16 " \
           "train_cnn_compiled_vs:train_cnn_compiled:train_cnn " \
-          "compile_tiny_step_vs:compile_tiny_step", pairs, " ")
+          "compile_tiny_step_vs:compile_tiny_step " \
+          "ddp_cnn_compiled_vs:ddp_cnn_local_compiled:ddp_cnn_local", pairs, " ")
     for (i = 1; i in pairs; i++) {
       n = split(pairs[i], kv, ":"); key = kv[2]; peer = n >= 3 ? kv[3] : key
       if (!(key in ev) || ev[key] <= 0) continue
