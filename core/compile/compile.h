@@ -1,13 +1,15 @@
 /*
-** compile.h -- what recorder.c and program.c (em.compile's C half) share: a
-** recorded call of a backend entry, the program those calls make, and the
-** recorder that builds one while a step runs.
+** compile.h -- what the files of em.compile's C half share: a recorded call,
+** the program those calls make, and the recorder that builds one while a step
+** runs.
 **
 ** A program is the list of kernel calls one run of a step made on the CPU, with
 ** every tensor they touched held by reference, so that running the list again
 ** ("replay") does the step's work again without Lua, without autograd and
 ** without allocating: each call writes where it wrote when it was recorded.
-** recorder.c explains how calls are caught; program.c how they are replayed.
+** recorder.c explains how calls are caught, collective.c how collectives are,
+** fuse.c how chains of calls become one, plan.c where the step's own buffers
+** go, and program.c how a program is made and replayed.
 */
 #ifndef EMBER_COMPILE_H
 #define EMBER_COMPILE_H

@@ -11,16 +11,21 @@
 ** wrote) and calls the real entry. The forward, the autograd engine's backward
 ** nodes and the optimizers' fused updates all come through here alike.
 **
-** The wrappers are written once per entry by macros from an argument list
-** (ENTRY_ARGS below); the entries whose arguments point to arrays (the
-** optimizers' lists) and the random draws (whose counters move on at every
-** replay) are written by hand.
+** The wrappers are written once per entry by macros from its argument list
+** (the ARGS_* lists of entries.h); the entries whose arguments point to arrays
+** (the optimizers' lists) and the random draws (whose counters move on at every
+** replay) are written by hand. Each call also gets a fingerprint of its scalars,
+** shapes, dtypes and strides (em_program_compare), and each held tensor a note
+** of whether the call only writes it; allocations are noted too (the memory
+** plan, plan.c, may move what the step itself made).
 **
 ** What a replay can't do is noted, and the program then refuses to replay
 ** (em_compile_end says why; em.compile runs such a step eagerly):
 **   - a call on another device (only the CPU is recorded);
 **   - a gradient accumulated into a .grad made before the capture (the replay
-**     would add to the gradient of the capture's time, not the current one).
+**     would add to the gradient of the capture's time, not the current one);
+**   - a collective other than an in-place allreduce or broadcast (collective.c
+**     records those).
 ** What the engine or the host does to .grad outside the kernels is recorded as
 ** events: a leaf's first gradient, and em_tensor_set_grad (zero_grad).
 */
