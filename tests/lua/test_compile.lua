@@ -2,7 +2,8 @@
 test_compile.lua -- em.compile on the CPU: a step captured once and replayed
 gives the eager step's results bit for bit (losses, weights, gradients, batch
 norm's running statistics) for an MLP with dropout and Adam, a CNN with batch
-norm and SGD momentum, AdamW under a learning-rate schedule; on strided and
+norm and SGD momentum, the GPT example's blocks with AdamW, AdamW under a
+learning-rate schedule; on strided and
 broadcast inputs; two replicas whose wrapped model's gradient averaging is
 replayed (equal to eager, equal across replicas); the fused ReLU backward gives the unfused calls' bits
 (zero signs, NaN); the memory plan keeps the compiled step under the eager
@@ -126,6 +127,40 @@ H.test('channels-last CNN: equal, and a ReLU backward fused in that layout', fun
   -- input: fused; the second's from flatten, in NCHW order against a
   -- channels-last input: left as it is (no flat pass covers both layouts)
   H.eq(step:stats().fused, 1, 'the ReLU backward whose tensors share a layout fused')
+end)
+
+H.test('GPT blocks (the example\'s model) with AdamW: replays equal eager steps', function()
+  local GPT = dofile(dir .. '../../examples/gpt_model.lua')
+  local function step_of(t)
+    return function(x, y)
+      t.opt:zero_grad()
+      local loss = F.cross_entropy(t.m(x):reshape(-1, 32), y:reshape(-1))
+      loss:backward()
+      t.opt:step()
+      return loss
+    end
+  end
+  local a, b = twins(function()
+    return GPT.build{ vocab = 32, layers = 2, dim = 32, heads = 4, context = 16 }
+  end, function(m) return em.optim.AdamW(m:parameters(), { lr = 1e-3 }) end)
+  em.manual_seed(5)
+  local batches = {}
+  for i = 1, 4 do
+    batches[i] = { em.randint(1, 33, { 3, 16 }, { dtype = 'int64' }),
+                   em.randint(1, 33, { 3, 16 }, { dtype = 'int64' }) }
+  end
+  local eager, compiled = step_of(a), em.compile(step_of(b))
+  local le, lc = {}, {}
+  for i, bt in ipairs(batches) do
+    le[i] = eager(bt[1], bt[2]):item()
+    lc[i] = compiled(bt[1], bt[2]):item()
+  end
+  H.eq(lc, le, 'losses of each step')
+  local worst = 0
+  local pa, pb = a.m:parameters(), b.m:parameters()
+  for i = 1, #pa do worst = math.max(worst, (pa[i] - pb[i]):abs():max():item()) end
+  H.eq(worst, 0, 'largest weight difference')
+  H.eq(compiled:stats().replays, 3, 'replayed')
 end)
 
 H.test('AdamW under a StepLR schedule: the replays see each new rate', function()
