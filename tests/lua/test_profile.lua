@@ -102,7 +102,10 @@ H.test('a compute-bound step: large matmuls are neither input- nor launch-bound'
   local r = em.profile.stop()
   H.eq(r.diagnosis[1].kind, 'balanced')
   H.eq(#r.diagnosis, 1)
-  H.check(r.breakdown.compute > 0.8, 'compute share ' .. r.breakdown.compute)
+  -- (under ThreadSanitizer the instrumented host side of each op grows several
+  -- times more than the matmul kernel: 0.797 was seen there on an idle machine)
+  local floor = H.tsan() and 0.6 or 0.8
+  H.check(r.breakdown.compute > floor, 'compute share ' .. r.breakdown.compute)
   H.eq(r.top_ops[1].name, 'matmul')
   H.eq(r.top_ops[1].calls, 24)
   H.check(r.diagnosis[1].message:find('compute'))
