@@ -65,7 +65,6 @@ struct em_program {
   uint64_t rng_used;       /* Philox counters the step draws */
   uint64_t replays;
   int64_t held_bytes;      /* storage bytes the program keeps alive */
-  int fused;               /* fused calls */
   emi_storage *arena;      /* plan.c: where the short-lived buffers live, or NULL */
   int64_t planned_bytes;   /* the buffers placed there, before packing */
 };

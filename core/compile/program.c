@@ -232,9 +232,9 @@ void em_program_stats(const em_program *p, em_program_info *out) {
   for (int i = 0; i < p->nrecs; i++) {
     int e = p->recs[i].entry;
     if (e >= 0 || e == EMI_REC_FUSED) out->kernels++;
+    if (e == EMI_REC_FUSED) out->fused++;
     if (e != EMI_REC_NOP) out->calls++;
   }
-  out->fused = p->fused;
   out->held_bytes = p->held_bytes;
   out->replays = (int64_t)p->replays;
 }

@@ -522,18 +522,25 @@ em_status emi_emu_memset_async(emk_runtime *rt, void *dst, int byte, size_t n,
   return enqueue(E, s, it, NULL);
 }
 
+/* Work queued on s whose argument bytes hold a pointer into another device's
+** memory fails here, naming both devices (what + name: the call). */
+static em_status own_device_args(emu *E, const emk_stream *s, const char *what,
+                                 const char *name, const void *args, size_t n) {
+  size_t off;
+  int owner;
+  if (!emi_emu_foreign_pointer(E, args, n, s->dev, &off, &owner)) return EM_OK;
+  return emi_emu_fail(E, EM_ERR_DEVICE, "%s%s on a stream of cuda:%d: the argument at byte "
+                      "%zu is memory of cuda:%d (another device's memory is an illegal "
+                      "address there without peer access; copy it with memcpy_peer_async)",
+                      what, name, s->dev, off, owner);
+}
+
 em_status emi_emu_queue_work(emu *E, emk_stream *s, const char *what,
                              em_status (*fn)(emu *E, void *args, char *err, size_t errlen),
                              const void *args, size_t n) {
   em_status st = check_stream(E, s, what);
   if (st) return st;
-  size_t off;
-  int owner;
-  if (emi_emu_foreign_pointer(E, args, n, s->dev, &off, &owner))
-    return emi_emu_fail(E, EM_ERR_DEVICE, "%s on a stream of cuda:%d: the argument at byte "
-                        "%zu is memory of cuda:%d (another device's memory is an illegal "
-                        "address there without peer access; copy it with "
-                        "memcpy_peer_async)", what, s->dev, off, owner);
+  if ((st = own_device_args(E, s, what, "", args, n))) return st;
   emu_item *it = new_item(E, IT_WORK, n, what);
   if (!it) return EM_ERR_NOMEM;
   it->u.work.fn = fn;
@@ -581,13 +588,7 @@ em_status emi_emu_launch(emk_runtime *rt, const emk_kernel *k, emk_dim3 grid,
   if (args_size > EMU_MAX_ARGS_SIZE || (args_size && !args))
     return emi_emu_fail(E, EM_ERR_ARG, "launch %s: %zu bytes of arguments at %p (at most %zu)",
                         name, args_size, args, EMU_MAX_ARGS_SIZE);
-  size_t off;
-  int owner;
-  if (emi_emu_foreign_pointer(E, args, args_size, s->dev, &off, &owner))
-    return emi_emu_fail(E, EM_ERR_DEVICE, "launch %s on a stream of cuda:%d: the argument "
-                        "at byte %zu is memory of cuda:%d (another device's memory is an "
-                        "illegal address there without peer access; copy it with "
-                        "memcpy_peer_async)", name, s->dev, off, owner);
+  if ((st = own_device_args(E, s, "launch ", name, args, args_size))) return st;
   emu_item *it = new_item(E, IT_KERNEL, args_size, "launch");
   if (!it) return EM_ERR_NOMEM;
   it->u.kern.k = k;

@@ -188,7 +188,9 @@ local prog_box = ffi.typeof('em_program*[1]')
 
 local function pack(...) return { n = select('#', ...), ... } end
 
-local function disabled() return os.getenv('EMBER_COMPILE') == '0' end
+-- (read once: the environment of a running process does not change under Lua)
+local DISABLED = os.getenv('EMBER_COMPILE') == '0'
+local function disabled() return DISABLED end
 
 -- Runs fn(args) once, eagerly, while the core records its calls. Returns the
 -- program (collected with its box), why the core can't replay it (or nil), the
