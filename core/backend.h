@@ -92,7 +92,11 @@ typedef struct emi_conv_geom {
   int64_t sH, sW, pH, pW, dH, dW, G;
   int nhwc;                  /* x, w, y (gy, gx, gw) are all channels last, densely:
                              ** (N, H, W, C), (O, kH, kW, C/G), (N, OH, OW, O) */
+  int act;                   /* forward only: EMI_ACT_RELU writes relu(conv) to y, as
+                             ** x < 0 ? 0 : x (em.compile's fused conv + ReLU; only
+                             ** the CPU backend is given it) */
 } emi_conv_geom;
+enum { EMI_ACT_NONE = 0, EMI_ACT_RELU = 1 };
 /* 2-d pooling over planes = N*C independent (H, W) -> (OH, OW) planes. Adaptive
 ** pooling sets only planes, H, W, OH, OW (kH, kW: a window-size estimate). */
 typedef struct emi_pool_geom {

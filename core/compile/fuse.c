@@ -150,8 +150,109 @@ static int fuse_relu_bw(em_program *p, int r) {
   return 1;
 }
 
+/* -- Convolution and the ReLU after it ------------------------------------------------
+** conv2d writes X, ReLU reads X and writes Y, and X is kept only for ReLU's backward,
+** which asks where X > 0. The fused call is the convolution writing relu(X) to Y
+** directly (emi_conv_geom.act: each kernel applies it while the output is in cache,
+** oneDNN as a post-op), and the backward asks where Y > 0: the same places, as
+** Y = X < 0 ? 0 : X keeps positives and NaNs and zeroes the rest. X is never
+** written, so one activation-sized buffer and one pass over it go. */
+
+/* The slots of the held views of storage st (at most max; -1 when more). */
+static int views_of(const em_program *p, const emi_storage *st, size_t *out, int max) {
+  int n = 0;
+  for (size_t j = 0; j < p->nheld; j++)
+    if (p->held[j] && p->held[j]->storage == st) {
+      if (n == max) return -1;
+      out[n++] = j;
+    }
+  return n;
+}
+
+/* v becomes a view of to's elements (same geometry). */
+static void rebind(em_tensor *v, const em_tensor *to) {
+  emi_storage *old = v->storage;
+  __atomic_add_fetch(&to->storage->refcount, 1, __ATOMIC_ACQ_REL);
+  v->storage = to->storage;
+  v->offset = to->offset;
+  emi_storage_release(old);
+}
+
+static int same_geometry(const em_tensor *a, const em_tensor *b) {
+  return a->dtype == b->dtype && a->ndim == b->ndim && a->offset == b->offset &&
+         !memcmp(a->sizes, b->sizes, (size_t)a->ndim * sizeof *a->sizes) &&
+         !memcmp(a->strides, b->strides, (size_t)a->ndim * sizeof *a->strides);
+}
+
+/* Whether call c only asks where view v is > 0: ReLU's backward, fused or not. */
+static int asks_positive(const emi_rec *c, const em_tensor *v) {
+  if (c->entry == EMI_REC_FUSED && c->play == play_relu_bw)
+    return ((relu_bw_args *)c->args)->x == v;
+  if (c->entry != EMI_ENTRY_binary_scalar) return 0;
+  const args_binary_scalar *a = c->args;
+  return a->a == v && a->op == EM_GT && a->s == 0 && !a->reverse;
+}
+
+enum { MAX_VIEWS = 8 };
+
+static int fuse_conv_relu(em_program *p, int r) {
+  emi_rec *c = &p->recs[r];
+  if (c->entry != EMI_ENTRY_conv2d) return 0;
+  args_conv2d *cv = c->args;
+  const em_tensor *X = cv->y;
+  if (!X || cv->g->act != EMI_ACT_NONE) return 0;
+  /* every view of X: the conv's output, one ReLU after it, backward questions */
+  size_t xs[MAX_VIEWS];
+  int nx = views_of(p, X->storage, xs, MAX_VIEWS), relu = -1;
+  if (nx < 2 || !only_views(p, X->storage, nx)) return 0;
+  for (int k = 0; k < nx; k++) {
+    const em_tensor *v = p->held[xs[k]];
+    int at = p->uses[xs[k]].rec;
+    const emi_rec *u = &p->recs[at];
+    if (at == r) {
+      if (v != X) return 0;           /* the conv reads X too */
+    } else if (u->entry == EMI_ENTRY_unary && ((args_unary *)u->args)->a == v &&
+               ((args_unary *)u->args)->op == EM_RELU && relu < 0 && at > r &&
+               same_geometry(v, X)) {
+      relu = at;
+    } else if (!asks_positive(u, v) || !same_geometry(v, X)) {
+      return 0;
+    }
+  }
+  if (relu < 0) return 0;
+  const em_tensor *Y = ((args_unary *)p->recs[relu].args)->out;
+  if (!Y || Y->storage == X->storage || !same_geometry(Y, X)) return 0;
+  /* Y is first touched by the ReLU and written by nothing else, so writing it
+  ** earlier, at the conv, changes nothing any other call sees; the questions
+  ** come after the ReLU */
+  for (size_t j = 0; j < p->nheld; j++) {
+    if (!p->held[j] || p->held[j]->storage != Y->storage) continue;
+    if (p->uses[j].rec < relu || (p->uses[j].writes && p->uses[j].rec != relu)) return 0;
+  }
+  for (int k = 0; k < nx; k++)
+    if (p->uses[xs[k]].rec != r && p->uses[xs[k]].rec != relu && p->uses[xs[k]].rec < relu)
+      return 0;
+  /* the ReLU goes; the conv writes Y; the questions read Y */
+  args_unary *u = p->recs[relu].args;
+  const em_tensor *relu_in = u->a, *relu_out = u->out;
+  for (int k = 0; k < nx; k++) {
+    em_tensor *v = p->held[xs[k]];
+    if (v != relu_in) rebind(v, Y);
+  }
+  drop(p, relu_in);
+  drop(p, relu_out);   /* the last reference to X went with the rebinds */
+  free(u);
+  p->recs[relu].args = NULL;
+  p->recs[relu].entry = EMI_REC_NOP;
+  ((emi_conv_geom *)cv->g)->act = EMI_ACT_RELU;   /* the program's own copy */
+  c->entry = EMI_REC_FUSED;
+  c->op = "conv2d_relu";
+  return 1;
+}
+
 void emi_program_fuse(em_state *S, em_program *p) {
   (void)S;
   for (int r = 0; r + 2 < p->nrecs; r++)
     if (fuse_relu_bw(p, r)) r += 2;
+  for (int r = 0; r < p->nrecs; r++) fuse_conv_relu(p, r);
 }

@@ -243,6 +243,12 @@ const char *em_program_op(const em_program *p, int i) {
   return p && i >= 0 && i < p->nrecs ? p->recs[i].op : NULL;
 }
 
+const char *em_program_fused(const em_program *p, int k) {
+  for (int i = 0; p && i < p->nrecs; i++)
+    if (p->recs[i].entry == EMI_REC_FUSED && k-- == 0) return p->recs[i].op;
+  return NULL;
+}
+
 /* The first call where a and b differ (entry, or its arguments' fingerprint), or -1. */
 int em_program_compare(const em_program *a, const em_program *b) {
   int n = a->nrecs < b->nrecs ? a->nrecs : b->nrecs;

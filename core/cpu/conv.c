@@ -82,9 +82,11 @@ em_status emi_cpu_conv2d(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
   em_state *S = dev->S;
   /* Who serves: oneDNN where it wins (dnnl.c declines the rest), then float16 /
   ** bfloat16 widened to float32 (conv_lowp.c, which comes back here), then ours in
-  ** NHWC (conv_nhwc.c) or NCHW (below). */
+  ** NHWC (conv_nhwc.c) or NCHW (below). Ours apply g->act as they write. */
   bool served;
   em_status dst = emi_dnnl_conv2d(S, g, y, x, w, b, &served);
+  /* oneDNN's ReLU post-op turns NaN into 0, where ReLU keeps it: a pass of ours */
+  if (served && !dst && g->act == EMI_ACT_RELU) dst = emi_cpu_unary(dev, EM_RELU, y, y);
   if (served || dst) return dst;
   if (emi_lowp(x->dtype)) return emi_cpu_conv2d_lowp(dev, g, y, x, w, b);
   if (g->nhwc) return emi_cpu_conv2d_nhwc(dev, g, y, x, w, b);

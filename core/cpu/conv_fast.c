@@ -105,7 +105,13 @@ static void fast_fwd(void *ctx, int64_t s0, int64_t s1) {
         for (int64_t oh = 0; oh < g->OH; oh++) {
           const float *r = yw + o * NW + oh * Wp;
           float *d = yn + o * L + oh * g->OW;
-          for (int64_t ow = 0; ow < g->OW; ow++) d[ow] = r[ow] + bv;
+          if (g->act == EMI_ACT_RELU)
+            for (int64_t ow = 0; ow < g->OW; ow++) {
+              float v = r[ow] + bv;
+              d[ow] = v < 0 ? 0.0f : v;
+            }
+          else
+            for (int64_t ow = 0; ow < g->OW; ow++) d[ow] = r[ow] + bv;
         }
       }
     }

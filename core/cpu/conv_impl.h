@@ -88,6 +88,8 @@ static void FN(conv_fwd)(void *ctx, int64_t s0, int64_t s1) {
       for (int64_t gi = 0; gi < g->G; gi++)
         FN(gemm)(Og, L, K, w + gi * Og * K, K, 1, c + gi * K * L, L, yn + gi * Og * L, L,
                  b != NULL);
+      if (g->act == EMI_ACT_RELU)   /* while the sample's output is in cache */
+        for (int64_t i = 0; i < g->O * L; i++) yn[i] = yn[i] < 0 ? (T)0 : yn[i];
     }
   }
 }

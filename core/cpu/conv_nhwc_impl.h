@@ -70,6 +70,8 @@ static void FN(nhwc_fwd)(void *ctx, int64_t s0, int64_t s1) {
         FN(gemm)(false, true, L, Og, K, a, lda, w + gi * Og * K, K, yn + gi * Og, g->O,
                  b != NULL);
       }
+      if (g->act == EMI_ACT_RELU)   /* while the sample's output is in cache */
+        for (int64_t i = 0; i < L * g->O; i++) yn[i] = yn[i] < 0 ? (T)0 : yn[i];
     }
   }
 }

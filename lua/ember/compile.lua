@@ -249,9 +249,14 @@ function Compiled:capture(key, args)
   end
   local info = ffi.new('em_program_info')
   C.em_program_stats(prog, info)
+  local fusions = {}
+  for k = 0, info.fused - 1 do
+    local kind = ffi.string(C.em_program_fused(prog, k))
+    fusions[kind] = (fusions[kind] or 0) + 1
+  end
   return { prog = prog, statics = statics, results = res, hooks = cap.hooks,
            kernels = info.kernels, calls = info.calls, held = tonumber(info.held_bytes),
-           fused = info.fused,
+           fused = info.fused, fusions = fusions,
            checks = self.check }, own(res)
 end
 
@@ -306,21 +311,31 @@ function Compiled:__call(...)
   return unpack(res, 1, res.n)
 end
 
--- {captures, replays, breaks, eager, fused, ops, kernels, peak_bytes}: calls,
--- kernel calls and fused calls of the captured steps (each signature's),
--- peak_bytes the memory their programs hold between calls.
+-- {captures, replays, breaks, eager, fused, fusions, ops, kernels, peak_bytes}:
+-- calls, kernel calls and fused calls of the captured steps (each signature's),
+-- fusions the fused calls by kind ({conv2d_relu = 2, ...}), peak_bytes the memory
+-- their programs hold between calls.
 function Compiled:stats()
   local s = { captures = self.counts.captures, replays = self.counts.replays,
               breaks = self.counts.breaks, eager = self.counts.eager, fused = 0, ops = 0,
-              kernels = 0, peak_bytes = 0 }
+              kernels = 0, peak_bytes = 0, fusions = {} }
   for _, key in ipairs(self.order) do
     local e = self.cache[key]
     if not e.eager then
       s.ops, s.kernels, s.fused = s.ops + e.calls, s.kernels + e.kernels, s.fused + e.fused
       s.peak_bytes = s.peak_bytes + e.held
+      for kind, n in pairs(e.fusions) do s.fusions[kind] = (s.fusions[kind] or 0) + n end
     end
   end
   return s
+end
+
+-- "3 fused: 2 conv2d_relu, 1 relu_backward", or "none fused"
+local function fused_words(e)
+  local kinds = {}
+  for kind, n in pairs(e.fusions) do kinds[#kinds + 1] = n .. ' ' .. kind end
+  table.sort(kinds)
+  return #kinds == 0 and 'none fused' or ('%d fused: %s'):format(e.fused, table.concat(kinds, ', '))
 end
 
 -- Each signature: replayed, or eager and why.
@@ -332,8 +347,8 @@ function Compiled:explain()
     if e.eager then
       lines[#lines + 1] = ('signature %d: runs eagerly: %s'):format(n, e.why)
     else
-      lines[#lines + 1] = ('signature %d: replayed: %d kernel calls (%d fused), %.2f MiB held%s')
-        :format(n, e.kernels, e.fused, e.held / 2 ^ 20, e.not_ready and (', ran eagerly %d times (a .grad was set ' ..
+      lines[#lines + 1] = ('signature %d: replayed: %d kernel calls (%s), %.2f MiB held%s')
+        :format(n, e.kernels, fused_words(e), e.held / 2 ^ 20, e.not_ready and (', ran eagerly %d times (a .grad was set ' ..
         'before the call)'):format(e.not_ready) or '')
     end
     lines[#lines + 1] = '  ' .. key

@@ -4,7 +4,8 @@
 ** backward, recorded once; each replay, after new data is copied into the
 ** captured input, gives w.grad and the loss an eager step gives on that data
 ** (bit for bit), draws new random numbers, keeps its own buffers in the arena
-** (fewer bytes than the step allocated), and leaves every tensor released at
+** (fewer bytes than the step allocated), names its fused call (ReLU's backward),
+** and leaves every tensor released at
 ** the end. A leaf with a gradient the capture did not have is refused; a second
 ** capture, an end without a capture and a bad call index are errors. Runs under
 ** the sanitizers in CI (the recorder's references and the arena's slices).
@@ -69,6 +70,11 @@ static void test_replay(em_state *S) {
   em_program_stats(p, &info);
   CHECK(info.kernels >= 5 && info.calls > info.kernels, "calls %d, kernels %d", info.calls,
         info.kernels);
+  /* ReLU's backward (x > 0, widened, times g) is one fused call */
+  CHECK(info.fused == 1, "fused %d", info.fused);
+  const char *kind = em_program_fused(p, 0);
+  CHECK(kind && !strcmp(kind, "relu_backward"), "the fused call: %s", kind ? kind : "none");
+  CHECK(em_program_fused(p, info.fused) == NULL, "no fused call past the last");
   em_tensor_release(loss);
   /* replays on new data, against eager steps on the same data from the same
   ** random state */

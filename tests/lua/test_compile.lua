@@ -5,8 +5,9 @@ norm's running statistics) for an MLP with dropout and Adam, a CNN with batch
 norm and SGD momentum, the GPT example's blocks with AdamW, AdamW under a
 learning-rate schedule; on strided and
 broadcast inputs; two replicas whose wrapped model's gradient averaging is
-replayed (equal to eager, equal across replicas); the fused ReLU backward gives the unfused calls' bits
-(zero signs, NaN); the memory plan keeps the compiled step under the eager
+replayed (equal to eager, equal across replicas); the fused ReLU backward and
+the fused conv + ReLU give the unfused calls' bits (zero signs, NaN) on every conv
+path, and a conv whose output is read again stays unfused; the memory plan keeps the compiled step under the eager
 step's peak and leaves constants alone; a new signature captures again; reading a value inside the
 step runs it eagerly and explain() says where; check = true names the first
 call that differs; results are the caller's own; EMBER_COMPILE=0; errors.
@@ -126,7 +127,8 @@ H.test('channels-last CNN: equal, and a ReLU backward fused in that layout', fun
   -- the first ReLU's gradient comes from max pooling, channels-last like its
   -- input: fused; the second's from flatten, in NCHW order against a
   -- channels-last input: left as it is (no flat pass covers both layouts)
-  H.eq(step:stats().fused, 1, 'the ReLU backward whose tensors share a layout fused')
+  H.eq(step:stats().fusions, { relu_backward = 1, conv2d_relu = 2 },
+       'the ReLU backward whose tensors share a layout, and both conv + ReLU, fused')
 end)
 
 H.test('GPT blocks (the example\'s model) with AdamW: replays equal eager steps', function()
@@ -210,8 +212,67 @@ H.test('fused ReLU backward: the unfused calls\' values, signs of zero and NaN i
     local got, f = run(true, dtype)
     H.eq(bits(got:float()), bits(want:float()), dtype .. ': gradient values, zero signs and NaN')
     H.eq(f:stats().fused, 1, dtype .. ': one fused call')
-    H.check(f:explain():find('(1 fused)', 1, true), 'explain: ' .. f:explain())
+    H.check(f:explain():find('(1 fused: 1 relu_backward)', 1, true), 'explain: ' .. f:explain())
   end
+end)
+
+H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused where the conv\'s output is read', function()
+  -- x carries a NaN, so some conv outputs are NaN, which ReLU keeps; the ReLU
+  -- backward then asks the fused conv's output where the conv's was > 0
+  local function run(compiled, c, uses_h)
+    em.manual_seed(7)
+    local conv = nn.Conv2d(c.C, 8, 3, { padding = 1 })
+    conv:to{ dtype = c.dtype }
+    local x = em.randn(2, c.C, 5, 5, { dtype = c.dtype })
+    local nan = em.zeros(x:numel(), { dtype = c.dtype })
+    nan[3] = 0 / 0
+    x = (x:view(-1) + nan):view(2, c.C, 5, 5)
+    if c.cl then conv:to{ memory_format = 'channels_last' }; x = x:to_channels_last() end
+    local f = function(xx)
+      conv:zero_grad()
+      local h = conv(xx)
+      local y = h:relu()
+      if uses_h then y = y + h end
+      ;(y * y):sum():backward()
+      return y
+    end
+    if compiled then f = em.compile(f) end
+    local before = c.kernels and em.cpu_kernels(c.kernels)
+    local y
+    for _ = 1, 3 do y = f(x) end
+    if before then em.cpu_kernels(before) end
+    return y, conv.weight.grad, conv.bias.grad, compiled and f
+  end
+  local function bits(t)
+    local out = {}
+    for i, v in ipairs(t:float():contiguous():view(-1):totable()) do
+      out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or ('%.9g'):format(v))
+    end
+    return out
+  end
+  local cases = {
+    { dtype = 'float32', C = 1, name = 'float32 NCHW, im2col' },
+    { dtype = 'float32', C = 8, name = 'float32 NCHW, C = 8 (no im2col where AVX-512 runs)' },
+    { dtype = 'float64', C = 3, name = 'float64 NCHW' },
+    { dtype = 'bfloat16', C = 8, name = 'bfloat16 NCHW (widened)' },
+    { dtype = 'float32', C = 8, cl = true, name = 'float32 channels-last (oneDNN)' },
+    { dtype = 'bfloat16', C = 8, cl = true, name = 'bfloat16 channels-last (oneDNN)' },
+    { dtype = 'float32', C = 8, cl = true, kernels = 'ours', name = 'float32 channels-last, ours' },
+  }
+  for _, c in ipairs(cases) do
+    local ye, gwe, gbe = run(false, c)
+    local yc, gwc, gbc, f = run(true, c)
+    H.eq(bits(yc), bits(ye), c.name .. ': output, NaN and zero signs')
+    H.eq({ bits(gwc), bits(gbc) }, { bits(gwe), bits(gbe) }, c.name .. ': weight and bias gradients')
+    H.check(f:explain():find('conv2d_relu', 1, true), c.name .. ': explain names the fusion: ' .. f:explain())
+    H.check(f:stats().fusions.conv2d_relu == 1, c.name .. ': one conv2d_relu')
+  end
+  -- the conv's own output is read again: it has to exist, so no fusion
+  local c = cases[2]
+  local ye, gwe = run(false, c, true)
+  local yc, gwc, _, f = run(true, c, true)
+  H.eq({ bits(yc), bits(gwc) }, { bits(ye), bits(gwe) }, 'relu(h) + h: output and weight gradient')
+  H.eq(f:stats().fusions.conv2d_relu, nil, 'relu(h) + h: the conv stays unfused')
 end)
 
 H.test('memory plan: the compiled step holds less than the eager step\'s peak', function()
