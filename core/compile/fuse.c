@@ -18,6 +18,7 @@
 ** plan sees the lifetimes the replay has.
 */
 #include "entries.h"
+#include "cpu/cpu.h"
 #include <stdlib.h>
 
 /* -- Held views ----------------------------------------------------------------------- */
@@ -144,7 +145,7 @@ static int fuse_relu_bw(em_program *p, int r) {
   drop(p, widen->src);
   drop(p, mul->a == g ? mul->b : mul->a);
   free(c0->args);
-  *c0 = (emi_rec){EMI_REC_FUSED, play_relu_bw, a, "relu_backward", c0->first_held, c0->fp};
+  *c0 = (emi_rec){EMI_REC_FUSED, play_relu_bw, a, "relu_backward", slot_of(p, out), c0->fp};
   c1->entry = EMI_REC_NOP;
   c2->entry = EMI_REC_NOP;
   return 1;
@@ -250,9 +251,76 @@ static int fuse_conv_relu(em_program *p, int r) {
   return 1;
 }
 
+/* -- Max pooling's backward and the ReLU backward after it ------------------------------
+** In a conv, ReLU, max pool block the backward scatters the pooled gradient into P
+** (zeros elsewhere), then ReLU's backward reads P and the mask and writes the
+** gradient. Fused, each plane of P gets ReLU's backward while it is in cache
+** (emi_cpu_max_pool2d_backward_relu), written straight to the gradient: P, and two
+** passes over it, go. */
+typedef struct {
+  const emi_pool_geom *g;
+  em_tensor *gx;
+  const em_tensor *gy, *ind, *mask;
+  int index_base;
+} pool_relu_args;
+
+static em_status play_pool_relu(emi_device *d, void *q, const emi_replay *r) {
+  (void)r;
+  pool_relu_args *a = q;
+  return emi_cpu_max_pool2d_backward_relu(d, a->g, a->gx, a->gy, a->ind, a->index_base,
+                                          a->mask);
+}
+
+/* Whether a view of storage st is used by a call in [from, to) (writes: written). */
+static int touched(const em_program *p, const emi_storage *st, int from, int to, int writes) {
+  for (size_t j = 0; j < p->nheld; j++)
+    if (p->held[j] && p->held[j]->storage == st && p->uses[j].rec >= from &&
+        p->uses[j].rec < to && (!writes || p->uses[j].writes))
+      return 1;
+  return 0;
+}
+
+static int fuse_pool_relu_bw(em_program *p, int r) {
+  emi_rec *c = &p->recs[r];
+  if (c->entry != EMI_ENTRY_max_pool2d_backward) return 0;
+  args_max_pool2d_backward *pb = c->args;
+  const em_tensor *P = pb->gx;
+  if (!P || pb->g->nhwc || (P->dtype != EM_FLOAT32 && P->dtype != EM_FLOAT64)) return 0;
+  /* P: written here, read once after, as a fused ReLU backward's gradient */
+  size_t ps[2];
+  if (views_of(p, P->storage, ps, 2) != 2 || !only_views(p, P->storage, 2)) return 0;
+  size_t other = p->uses[ps[0]].rec == r ? ps[1] : ps[0];
+  int at = p->uses[other].rec;
+  emi_rec *rb = &p->recs[at];
+  if (at <= r || rb->entry != EMI_REC_FUSED || rb->play != play_relu_bw) return 0;
+  relu_bw_args *a = rb->args;
+  if (a->g != p->held[other] || !dense_like(P, a->g) || !dense_like(P, a->out) ||
+      !dense_like(P, a->x))
+    return 0;
+  /* the gradient and the mask are now used at r: nothing between may touch the
+  ** gradient, nor write the mask */
+  if (touched(p, a->out->storage, r, at, 0) || touched(p, a->x->storage, r + 1, at, 1))
+    return 0;
+  pool_relu_args *f = malloc(sizeof *f);
+  if (!f) return 0;
+  *f = (pool_relu_args){pb->g, a->out, pb->gy, pb->ind, a->x, pb->index_base};
+  move_to(p, a->out, r);
+  move_to(p, a->x, r);
+  drop(p, pb->gx);
+  drop(p, a->g);
+  free(c->args);
+  *c = (emi_rec){EMI_REC_FUSED, play_pool_relu, f, "max_pool2d_backward_relu",
+                 slot_of(p, f->gx), c->fp};
+  free(rb->args);
+  rb->args = NULL;
+  rb->entry = EMI_REC_NOP;
+  return 1;
+}
+
 void emi_program_fuse(em_state *S, em_program *p) {
   (void)S;
   for (int r = 0; r + 2 < p->nrecs; r++)
     if (fuse_relu_bw(p, r)) r += 2;
   for (int r = 0; r < p->nrecs; r++) fuse_conv_relu(p, r);
+  for (int r = 0; r < p->nrecs; r++) fuse_pool_relu_bw(p, r);
 }

@@ -59,6 +59,12 @@ em_status emi_cpu_conv2d_backward(emi_device *dev, const emi_conv_geom *g, em_te
 /* pool.c */
 em_status emi_cpu_max_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor *y,
                              em_tensor *ind, const em_tensor *x, int index_base);
+/* ..._relu: then ReLU's backward, gx = relu_mask > 0 ? gx : gx * 0, plane by plane
+** (em.compile's fusion; NCHW float32/float64, relu_mask dense like gx) */
+em_status emi_cpu_max_pool2d_backward_relu(emi_device *dev, const emi_pool_geom *g,
+                                           em_tensor *gx, const em_tensor *gy,
+                                           const em_tensor *ind, int index_base,
+                                           const em_tensor *relu_mask);
 em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
                                       const em_tensor *gy, const em_tensor *ind,
                                       int index_base);

@@ -14,6 +14,7 @@ typedef struct pool_job {
   void *y, *gx;
   int64_t *ind;
   const int64_t *cind;
+  const void *relu_mask;   /* max pool's backward: then ReLU's backward at mask */
   int base, include_pad;
 } pool_job;
 
@@ -58,10 +59,23 @@ em_status emi_cpu_max_pool2d(emi_device *dev, const emi_pool_geom *g, em_tensor 
 em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, em_tensor *gx,
                                       const em_tensor *gy, const em_tensor *ind,
                                       int index_base) {
+  return emi_cpu_max_pool2d_backward_relu(dev, g, gx, gy, ind, index_base, NULL);
+}
+
+em_status emi_cpu_max_pool2d_backward_relu(emi_device *dev, const emi_pool_geom *g,
+                                           em_tensor *gx, const em_tensor *gy,
+                                           const em_tensor *ind, int index_base,
+                                           const em_tensor *relu_mask) {
+  if (relu_mask && (g->nhwc || emi_lowp(gx->dtype)))
+    return emi_error(dev->S, EM_ERR_INTERNAL, "max_pool2d_backward_relu: %s %s not served",
+                     em_dtype_name(gx->dtype), g->nhwc ? "channels-last" : "NCHW");
   if (emi_lowp(gx->dtype)) return emi_cpu_max_pool2d_backward_lowp(dev, g, gx, gy, ind, index_base);
   const int64_t *pi = em_tensor_data(ind);
   int64_t HW = g->H * g->W;
-  for (int64_t i = 0; i < ind->numel; i++)   /* all checked before gx is written */
+  /* all checked before gx is written, unless they are max_pool2d's own (the
+  ** autograd's), which are in range by construction: the check reads as many
+  ** bytes as the pass itself */
+  for (int64_t i = 0; !g->ind_trusted && i < ind->numel; i++)
     if (pi[i] - index_base < 0 || pi[i] - index_base >= HW)
       return emi_error(dev->S, EM_ERR_INDEX, "max_pool2d_backward: index %lld out of range "
                        "for a %lldx%lld plane (index_base %d)", (long long)pi[i],
@@ -71,7 +85,7 @@ em_status emi_cpu_max_pool2d_backward(emi_device *dev, const emi_pool_geom *g, e
     return EM_OK;
   }
   pool_job j = {.g = g, .gy = em_tensor_data(gy), .gx = em_tensor_data(gx), .cind = pi,
-                .base = index_base};
+                .base = index_base, .relu_mask = relu_mask ? em_tensor_data(relu_mask) : NULL};
   POOL_RUN(maxp_bwd, dev->S, gx->dtype, g, &j);
   return EM_OK;
 }

@@ -120,6 +120,10 @@ static void FN(maxp_bwd)(void *ctx, int64_t p0, int64_t p1) {
       int64_t k = ind[l] - j->base;
       if (k >= 0 && k < HW) gx[k] += gy[l];   /* the entry checked the range */
     }
+    if (j->relu_mask) {   /* ReLU's backward while the plane is in cache, as it computes */
+      const T *m = (const T *)j->relu_mask + p * HW;
+      for (int64_t i = 0; i < HW; i++) gx[i] = m[i] > 0 ? gx[i] : gx[i] * (T)0;
+    }
   }
 }
 

@@ -7,7 +7,8 @@ learning-rate schedule; on strided and
 broadcast inputs; two replicas whose wrapped model's gradient averaging is
 replayed (equal to eager, equal across replicas); the fused ReLU backward and
 the fused conv + ReLU give the unfused calls' bits (zero signs, NaN) on every conv
-path, and a conv whose output is read again stays unfused; the memory plan keeps the compiled step under the eager
+path, and a conv whose output is read again stays unfused; max pooling's backward
+fused with the ReLU backward after it gives the unfused bits; the memory plan keeps the compiled step under the eager
 step's peak and leaves constants alone; a new signature captures again; reading a value inside the
 step runs it eagerly and explain() says where; check = true names the first
 call that differs; results are the caller's own; EMBER_COMPILE=0; errors.
@@ -217,15 +218,16 @@ H.test('fused ReLU backward: the unfused calls\' values, signs of zero and NaN i
 end)
 
 H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused where the conv\'s output is read', function()
-  -- x carries a NaN, so some conv outputs are NaN, which ReLU keeps; the ReLU
-  -- backward then asks the fused conv's output where the conv's was > 0
-  local function run(compiled, c, uses_h)
+  -- with_nan: x carries a NaN, so some conv outputs are NaN, which ReLU keeps
+  -- (the gradients are then NaN: they are compared without it); the ReLU
+  -- backward asks the fused conv's output where the conv's was > 0
+  local function run(compiled, c, uses_h, with_nan)
     em.manual_seed(7)
     local conv = nn.Conv2d(c.C, 8, 3, { padding = 1 })
     conv:to{ dtype = c.dtype }
     local x = em.randn(2, c.C, 5, 5, { dtype = c.dtype })
     local nan = em.zeros(x:numel(), { dtype = c.dtype })
-    nan[3] = 0 / 0
+    if with_nan then nan[3] = 0 / 0 end
     x = (x:view(-1) + nan):view(2, c.C, 5, 5)
     if c.cl then conv:to{ memory_format = 'channels_last' }; x = x:to_channels_last() end
     local f = function(xx)
@@ -260,9 +262,12 @@ H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused wh
     { dtype = 'float32', C = 8, cl = true, kernels = 'ours', name = 'float32 channels-last, ours' },
   }
   for _, c in ipairs(cases) do
+    local yn = run(false, c, false, true)
+    local ync = run(true, c, false, true)
+    H.eq(bits(ync), bits(yn), c.name .. ': output with NaN, zero signs')
     local ye, gwe, gbe = run(false, c)
     local yc, gwc, gbc, f = run(true, c)
-    H.eq(bits(yc), bits(ye), c.name .. ': output, NaN and zero signs')
+    H.eq(bits(yc), bits(ye), c.name .. ': output')
     H.eq({ bits(gwc), bits(gbc) }, { bits(gwe), bits(gbe) }, c.name .. ': weight and bias gradients')
     H.check(f:explain():find('conv2d_relu', 1, true), c.name .. ': explain names the fusion: ' .. f:explain())
     H.check(f:stats().fusions.conv2d_relu == 1, c.name .. ': one conv2d_relu')
@@ -273,6 +278,53 @@ H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused wh
   local yc, gwc, _, f = run(true, c, true)
   H.eq({ bits(yc), bits(gwc) }, { bits(ye), bits(gwe) }, 'relu(h) + h: output and weight gradient')
   H.eq(f:stats().fusions.conv2d_relu, nil, 'relu(h) + h: the conv stays unfused')
+end)
+
+H.test('fused max-pool backward + ReLU backward: eager bits, NaN and ties included', function()
+  -- conv, ReLU, max pool, as in the CNNs: the pooled gradient and ReLU's backward
+  -- become one pass. The input has a block of equal values (ties in the pooling
+  -- windows, ReLU's zeros among them), and with_nan a NaN (then every gradient
+  -- is NaN: the outputs are compared)
+  local function run(compiled, dtype, C, with_nan)
+    em.manual_seed(9)
+    local m = nn.Sequential(nn.Conv2d(C, 4, 3, { padding = 1 }), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Flatten(), nn.Linear(4 * 3 * 3, 3))
+    m:to{ dtype = dtype }
+    local x = em.randn(3, C, 6, 6, { dtype = dtype })
+    local special = em.zeros(x:numel(), { dtype = dtype })
+    if with_nan then special[5] = 0 / 0 end
+    x = (x:view(-1) + special):view(3, C, 6, 6)
+    x:narrow(1, 2, 1):fill_(-1)   -- sample 2: every conv output equals its bias
+    local f = function(xx)
+      m:zero_grad()
+      local out = m(xx)
+      ;(out * out):sum():backward()
+      return out
+    end
+    if compiled then f = em.compile(f) end
+    local out
+    for _ = 1, 3 do out = f(x) end
+    local g = {}
+    for i, p in ipairs(m:parameters()) do g[i] = p.grad end
+    return out, g, compiled and f
+  end
+  local function bits(t)
+    local out = {}
+    for i, v in ipairs(t:double():contiguous():view(-1):totable()) do
+      out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or ('%.17g'):format(v))
+    end
+    return table.concat(out, ' ')
+  end
+  for _, c in ipairs({ { 'float32', 1 }, { 'float32', 3 }, { 'float64', 2 } }) do
+    local name = c[1] .. ', C = ' .. c[2]
+    H.eq(bits(run(true, c[1], c[2], true)), bits(run(false, c[1], c[2], true)),
+         name .. ': output with NaN')
+    local oe, ge = run(false, c[1], c[2])
+    local oc, gc, f = run(true, c[1], c[2])
+    H.eq(bits(oc), bits(oe), name .. ': output')
+    for i = 1, #ge do H.eq(bits(gc[i]), bits(ge[i]), name .. ': gradient of parameter ' .. i) end
+    H.eq(f:stats().fusions, { conv2d_relu = 1, max_pool2d_backward_relu = 1 }, name .. ': fusions')
+  end
 end)
 
 H.test('memory plan: the compiled step holds less than the eager step\'s peak', function()
