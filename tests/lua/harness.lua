@@ -123,10 +123,13 @@ function H.ember(text, o)
 end
 
 -- A fresh folder under the system's temporary one.
+-- A fresh directory, removed with everything in it by H.done().
+local tmpdirs = {}
 function H.tmpdir()
   local d = os.tmpname()
   os.remove(d)
   os.execute('mkdir -p ' .. d)
+  tmpdirs[#tmpdirs + 1] = d
   return d
 end
 
@@ -276,6 +279,7 @@ end
 
 -- `#counts PASSED FAILED SKIPPED`, then exits (non-zero when a check failed).
 function H.done()
+  for _, d in ipairs(tmpdirs) do os.execute("rm -rf '" .. d .. "'") end
   group_end()
   out(('#counts %d %d %d'):format(passed, failed, skipped))
   os.exit(failed > 0 and 1 or 0)
