@@ -25,8 +25,8 @@
 /* -- Workers (cpu/workers.c) ------------------------------------------------------
 ** The state's CPU threads: nthreads - 1 workers plus the caller (none for 1).
 ** emi_parallel_for runs fn(ctx, begin, end) over [0, n) in chunks of at least
-** `grain` items; inline when one chunk covers it. Not reentrant: kernels do not
-** nest it. */
+** `grain` items; inline when one chunk covers it, and inline when called from
+** inside a share (a nested call never re-enters the pool). */
 typedef void (*emi_range_fn)(void *ctx, int64_t begin, int64_t end);
 typedef struct emi_workers emi_workers;
 emi_workers *emi_workers_new(em_state *S, int nthreads);   /* NULL: out of memory */

@@ -36,6 +36,7 @@ typedef struct emi_rec {
   size_t first_held;       /* its first tensor in held (the profiler's shape), if any */
   uint64_t fp;             /* its arguments' fingerprint: scalars, shapes, dtypes,
                            ** strides (em_program_compare) */
+  void (*drop)(void *args);   /* frees args, where free() alone would not */
 } emi_rec;
 
 typedef struct emi_set_grad_args { em_tensor *leaf, *grad; } emi_set_grad_args;
@@ -101,8 +102,28 @@ void emi_program_free_contents(em_program *p);
 int emi_compile_cmp_ptr(const void *a, const void *b);   /* qsort/bsearch of pointers */
 
 /* fuse.c: passes over a finished record that replace chains of calls by one
-** fused call (before the memory plan, which then sees the fused lifetimes). */
+** fused call (before the memory plan, which then sees the fused lifetimes);
+** chain.c's pass, element-wise chains run tile by tile, comes last. */
 void emi_program_fuse(em_state *S, em_program *p);
+void emi_program_chain(em_state *S, em_program *p);
+
+/* Whether t's elements fill numel consecutive places from its data pointer
+** (any order of dims: NCHW, channels-last), so a pass may run over them flat. */
+static inline int emi_compile_dense(const em_tensor *t) {
+  int64_t expect = 1;
+  int used[EM_MAX_DIMS] = {0};
+  for (int k = 0; k < t->ndim; k++) {       /* dims by increasing stride */
+    int best = -1;
+    for (int d = 0; d < t->ndim; d++)
+      if (!used[d] && t->sizes[d] != 1 && (best < 0 || t->strides[d] < t->strides[best]))
+        best = d;
+    if (best < 0) break;
+    used[best] = 1;
+    if (t->strides[best] != expect) return 0;
+    expect *= t->sizes[best];
+  }
+  return 1;
+}
 
 /* plan.c: the record's short-lived buffers packed into one arena (at capture
 ** end); the arena goes with the program, after its slices' views. */

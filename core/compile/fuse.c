@@ -48,28 +48,11 @@ static void move_to(em_program *p, const em_tensor *v, int rec) {
   if (j != (size_t)-1) p->uses[j].rec = rec;
 }
 
-/* Whether t's elements fill numel consecutive places from its data pointer
-** (any order of dims: NCHW, channels-last), so a pass may run over them flat. */
-static int dense(const em_tensor *t) {
-  int64_t expect = 1;
-  int used[EM_MAX_DIMS] = {0};
-  for (int k = 0; k < t->ndim; k++) {       /* dims by increasing stride */
-    int best = -1;
-    for (int d = 0; d < t->ndim; d++)
-      if (!used[d] && t->sizes[d] != 1 && (best < 0 || t->strides[d] < t->strides[best]))
-        best = d;
-    if (best < 0) break;
-    used[best] = 1;
-    if (t->strides[best] != expect) return 0;
-    expect *= t->sizes[best];
-  }
-  return 1;
-}
-
 /* a and b: dense, of one dtype, shape and strides: element i of each is at the
 ** same flat place. */
 static int dense_like(const em_tensor *a, const em_tensor *b) {
-  return a->dtype == b->dtype && a->ndim == b->ndim && dense(a) && dense(b) &&
+  return a->dtype == b->dtype && a->ndim == b->ndim && emi_compile_dense(a) &&
+         emi_compile_dense(b) &&
          !memcmp(a->sizes, b->sizes, (size_t)a->ndim * sizeof *a->sizes) &&
          !memcmp(a->strides, b->strides, (size_t)a->ndim * sizeof *a->strides);
 }
@@ -323,4 +306,5 @@ void emi_program_fuse(em_state *S, em_program *p) {
     if (fuse_relu_bw(p, r)) r += 2;
   for (int r = 0; r < p->nrecs; r++) fuse_conv_relu(p, r);
   for (int r = 0; r < p->nrecs; r++) fuse_pool_relu_bw(p, r);
+  emi_program_chain(S, p);
 }

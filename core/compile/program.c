@@ -267,7 +267,8 @@ void emi_program_free_contents(em_program *p) {
       em_tensor_release(x->leaf);
       em_tensor_release(x->grad);
     }
-    free(p->recs[i].args);
+    if (p->recs[i].drop) p->recs[i].drop(p->recs[i].args);
+    else free(p->recs[i].args);
   }
   for (size_t i = 0; i < p->nheld; i++) em_tensor_release(p->held[i]);
   if (p->arena) emi_storage_release(p->arena);   /* after its slices' views */

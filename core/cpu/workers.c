@@ -33,10 +33,17 @@ struct emi_workers {
   emi_blas_want blas;           /* this state's entry in the OpenBLAS registry */
 };
 
+/* Set while this thread runs a share: a kernel called from inside one (em.compile's
+** tiled chains call kernels per tile) runs its loop inline, never re-entering the
+** pool, whose one job slot is taken. */
+static _Thread_local int in_share;
+
 static void run_share(emi_workers *w, int i) {
   int64_t b = (int64_t)i * w->chunk, e = b + w->chunk;
   if (e > w->n) e = w->n;
+  in_share++;
   if (b < e) w->fn(w->ctx, b, e);
+  in_share--;
 }
 
 typedef struct worker_arg { emi_workers *w; int index; } worker_arg;
@@ -121,7 +128,7 @@ void emi_parallel_for(em_state *S, int64_t n, int64_t grain, emi_range_fn fn, vo
   emi_workers *w = S->workers;
   if (n <= 0) return;
   if (grain < 1) grain = 1;
-  if (!w || w->nthreads == 1 || n <= grain) { fn(ctx, 0, n); return; }
+  if (!w || w->nthreads == 1 || n <= grain || in_share) { fn(ctx, 0, n); return; }
   int64_t shares = (n + grain - 1) / grain;
   if (shares > w->nthreads) shares = w->nthreads;
   pthread_mutex_lock(&w->mu);

@@ -8,7 +8,9 @@ broadcast inputs; two replicas whose wrapped model's gradient averaging is
 replayed (equal to eager, equal across replicas); the fused ReLU backward and
 the fused conv + ReLU give the unfused calls' bits (zero signs, NaN) on every conv
 path, and a conv whose output is read again stays unfused; max pooling's backward
-fused with the ReLU backward after it gives the unfused bits; the memory plan keeps the compiled step under the eager
+fused with the ReLU backward after it gives the unfused bits; element-wise chains
+run tile by tile give eager's bits in every dtype, on strided and broadcast inputs,
+in place, in training, and hold tile-sized temporaries; the memory plan keeps the compiled step under the eager
 step's peak and leaves constants alone; a new signature captures again; reading a value inside the
 step runs it eagerly and explain() says where; check = true names the first
 call that differs; results are the caller's own; EMBER_COMPILE=0; errors.
@@ -325,6 +327,81 @@ H.test('fused max-pool backward + ReLU backward: eager bits, NaN and ties includ
     for i = 1, #ge do H.eq(bits(gc[i]), bits(ge[i]), name .. ': gradient of parameter ' .. i) end
     H.eq(f:stats().fusions, { conv2d_relu = 1, max_pool2d_backward_relu = 1 }, name .. ': fusions')
   end
+end)
+
+-- Values, zero signs and NaN of t, for bit-for-bit comparisons.
+local function exact(t)
+  local out = {}
+  for i, v in ipairs(t:double():contiguous():view(-1):totable()) do
+    out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or ('%.17g'):format(v))
+  end
+  return table.concat(out, ' ')
+end
+
+H.test('element-wise chains run tile by tile: eager bits in every dtype, strided and broadcast inputs', function()
+  local fns = {
+    gelu = function(x, b)
+      return 0.5 * x * (1 + ((x + 0.044715 * x * x * x) * 0.7978845608):tanh()) + b
+    end,
+    casts = function(x, b) return ((x * 2 + b):exp():clamp(0, 3) - x:sigmoid()):float() end,
+    where = function(x, b) return em.where(x:gt(0), x * b, x:neg()):sqrt() end,
+    in_place = function(x, b) local y = x * 2; y:add_(b); y:mul_(y); return y end,
+    two_results = function(x, b) local h = x * b; return h, (h + 1):relu() end,
+  }
+  for _, dtype in ipairs({ 'float32', 'float64', 'bfloat16' }) do
+    for _, name in ipairs({ 'gelu', 'casts', 'where', 'in_place', 'two_results' }) do
+      em.manual_seed(1)
+      -- x: a transposed view, which the tiles slice along its outer dimension in
+      -- memory (35 of 64, then 29); b: 7 values broadcast over it. New values
+      -- each call, so that an element a replay leaves unwritten shows
+      local f = em.compile(fns[name])
+      local x, b, g1, g2
+      for _ = 1, 3 do
+        x = em.randn(64, 33, 7, { dtype = dtype }):transpose(1, 2)
+        b = em.randn(7, { dtype = dtype })
+        g1, g2 = f(x, b)
+      end
+      local w1, w2 = fns[name](x, b)
+      local what = dtype .. ' ' .. name
+      H.eq(exact(g1), exact(w1), what .. ': bit for bit')
+      if w2 then H.eq(exact(g2), exact(w2), what .. ': second result') end
+      H.eq(f:stats().fusions, { elementwise_chain = 1 }, what .. ': one chain')
+    end
+  end
+  -- the chain's temporaries shrink to tiles: a 10-call chain over 1 Mi floats
+  -- holds its input copy, the broadcast vector and its result
+  local f = em.compile(fns.gelu)
+  local x, b = em.randn(256, 4096), em.randn(4096)
+  for _ = 1, 2 do f(x, b) end
+  local held = f:stats().peak_bytes
+  H.check(held < 2.2 * x:numel() * 4, ('held %.1f MiB for two 4 MiB tensors'):format(held / 2 ^ 20))
+  -- too small to pay (4095 elements), and slices too wide for a cache: unfused
+  for _, shape in ipairs({ { 4095 }, { 2, 70000 } }) do
+    local g = em.compile(fns.gelu)
+    local xs, bs = em.randn(shape), em.randn(shape[#shape])
+    H.eq(exact(g(xs, bs)), exact(fns.gelu(xs, bs)), 'shape ' .. shape[#shape] .. ': values')
+    g(xs, bs)
+    H.eq(g:stats().fused, 0, 'shape ' .. table.concat(shape, 'x') .. ': no chain')
+  end
+end)
+
+H.test('element-wise chains in training: a GELU MLP with Adam equals eager, forward and backward chained', function()
+  local Gelu = nn.Module:extend('TanhGelu')
+  function Gelu:forward(x)
+    return 0.5 * x * (1 + ((x + 0.044715 * x * x * x) * 0.7978845608):tanh())
+  end
+  local a, b = twins(function()
+    return nn.Sequential(nn.Linear(24, 128), Gelu(), nn.Linear(128, 128), Gelu(), nn.Linear(128, 5))
+  end, function(m) return em.optim.Adam(m:parameters(), { lr = 1e-2 }) end)
+  local batches = {}
+  em.manual_seed(8)
+  for i = 1, 4 do
+    batches[i] = { em.randn(24, 64):t(), em.randint(1, 5, { 64 }, { dtype = 'int64' }) }
+  end
+  local step = em.compile(train_step(b))
+  same_training('gelu mlp', a, b, batches, step)
+  local chains = step:stats().fusions.elementwise_chain or 0
+  H.check(chains >= 4, 'the GELUs forward and backward chained: ' .. step:explain())
 end)
 
 H.test('memory plan: the compiled step holds less than the eager step\'s peak', function()
