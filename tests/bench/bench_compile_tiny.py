@@ -1,7 +1,9 @@
 """bench_compile_tiny.py -- PyTorch's side of bench_compile_tiny.lua: the small MLP's
 whole training step (16-32-32-4, batch 8, cross-entropy, Adam) in microseconds, eager
 (compile_tiny_step, the figure ember's compiled step is compared with) and, where it
-runs, through torch.compile (compile_tiny_step_torch_compile, reported)."""
+runs, through torch.compile (compile_tiny_step_torch_compile, reported). Then the
+element-wise chain (a tanh-approximated GELU plus a bias over 256 x 4096 floats):
+compile_chain eager, and compile_chain_torch_compile where it runs."""
 import os
 import sys
 import time
@@ -45,3 +47,28 @@ try:
     result('compile_tiny_step_torch_compile', best_us(torch.compile(make()), x, y), 'us')
 except Exception as e:  # noqa: BLE001 -- a missing compiler toolchain, say
     print('SKIP compile_tiny_step_torch_compile: torch.compile failed: %s' % str(e).splitlines()[0])
+
+
+def gelu_bias(x, b):
+    return 0.5 * x * (1 + torch.tanh((x + 0.044715 * x * x * x) * 0.7978845608)) + b
+
+
+def chain_us(f, x, b):
+    for _ in range(3):
+        f(x, b)
+    best = float('inf')
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            f(x, b)
+        best = min(best, (time.perf_counter() - t0) / 20 * 1e6)
+    return best
+
+
+cx, cb = torch.randn(256, 4096), torch.randn(4096)
+with torch.no_grad():
+    result('compile_chain', chain_us(gelu_bias, cx, cb), 'us')
+    try:
+        result('compile_chain_torch_compile', chain_us(torch.compile(gelu_bias), cx, cb), 'us')
+    except Exception as e:  # noqa: BLE001 -- a missing compiler toolchain, say
+        print('SKIP compile_chain_torch_compile: torch.compile failed: %s' % str(e).splitlines()[0])

@@ -132,7 +132,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf,
 # train_cnn_bf16_vs_torch2, train_resnet_fp32_vs_torch2, train_resnet_bf16_vs_torch2,
 # train_cnn_compiled_vs_torch2 and _vs_tf (em.compile's step against the peers' own),
-# compile_tiny_step_vs_torch2 (a small MLP's compiled step against PyTorch eager), and for
+# compile_tiny_step_vs_torch2 (a small MLP's compiled step against PyTorch eager),
+# compile_chain_vs_torch2 (a compiled element-wise chain against PyTorch eager), and for
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
 # and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember),
 # and for the pipelines pipe_<schedule>_p<P>_m<M>_vs_torch2 (samples/s, ember/PyTorch).
@@ -179,7 +180,7 @@ awk '
           "train_cnn_bf16_vs:train_cnn_bf16 train_resnet_fp32_vs:train_resnet_fp32 " \
           "train_resnet_bf16_vs:train_resnet_bf16 " \
           "train_cnn_compiled_vs:train_cnn_compiled:train_cnn " \
-          "compile_tiny_step_vs:compile_tiny_step " \
+          "compile_tiny_step_vs:compile_tiny_step compile_chain_vs:compile_chain " \
           "ddp_cnn_compiled_vs:ddp_cnn_local_compiled:ddp_cnn_local", pairs, " ")
     for (i = 1; i in pairs; i++) {
       n = split(pairs[i], kv, ":"); key = kv[2]; peer = n >= 3 ? kv[3] : key

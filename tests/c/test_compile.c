@@ -6,7 +6,9 @@
 ** (bit for bit), draws new random numbers, keeps its own buffers in the arena
 ** (fewer bytes than the step allocated), names its fused call (ReLU's backward),
 ** and leaves every tensor released at
-** the end. A leaf with a gradient the capture did not have is refused; a second
+** the end. An element-wise chain (y = relu(x * 2 + b) * x) replays as one call, tile
+** by tile on two threads, with the eager step's bits. A leaf with a gradient the
+** capture did not have is refused; a second
 ** capture, an end without a capture and a bad call index are errors. Runs under
 ** the sanitizers in CI (the recorder's references and the arena's slices).
 */
@@ -134,6 +136,49 @@ static void test_not_ready(em_state *S) {
   em_tensor_release(w);
 }
 
+/* y = relu(x * 2 + b) * x over 96 x 128 floats, b broadcast: one element-wise
+** chain, run tile by tile on two threads; each replay on new data gives the
+** eager step's bits. */
+static em_tensor *chain_step(em_state *S, em_tensor *x, em_tensor *b) {
+  em_tensor *t = NULL, *u = NULL, *r = NULL, *y = NULL;
+  CHECK_OK(S, em_binary_scalar(S, EM_MUL, x, 2.0, 0, &t));
+  CHECK_OK(S, em_binary(S, EM_ADD, t, b, &u));
+  CHECK_OK(S, em_unary(S, EM_RELU, u, &r));
+  CHECK_OK(S, em_binary(S, EM_MUL, r, x, &y));
+  em_tensor_release(t);
+  em_tensor_release(u);
+  em_tensor_release(r);
+  return y;
+}
+
+static void test_chain(em_state *S) {
+  CHECK_OK(S, em_set_num_threads(S, 2));
+  em_tensor *x = randn(S, (const int64_t[]){96, 128}, 2), *b = randn(S, (const int64_t[]){128}, 1);
+  CHECK_OK(S, em_compile_begin(S));
+  em_tensor *y = chain_step(S, x, b);
+  em_program *p = NULL;
+  CHECK_OK(S, em_compile_end(S, &p, NULL, 0));
+  REQUIRE(p != NULL, "a program");
+  em_program_info info;
+  em_program_stats(p, &info);
+  const char *kind = em_program_fused(p, 0);
+  CHECK(info.kernels == 1 && kind && !strcmp(kind, "elementwise_chain"),
+        "one chain of the four calls: %d kernels, %s", info.kernels, kind ? kind : "none");
+  for (int k = 0; k < 3; k++) {
+    em_tensor *fresh = randn(S, (const int64_t[]){96, 128}, 2);
+    memcpy(em_tensor_data(x), em_tensor_data(fresh), 96 * 128 * sizeof(float));
+    CHECK_OK(S, em_program_run(S, p));
+    em_tensor *want = chain_step(S, fresh, b);
+    CHECK(same_values(y, want), "replay %d: the eager step's bits", k + 1);
+    em_tensor_release(want);
+    em_tensor_release(fresh);
+  }
+  em_program_free(S, p);
+  em_tensor_release(y);
+  em_tensor_release(b);
+  em_tensor_release(x);
+}
+
 static void test_errors(em_state *S) {
   CHECK_ERR(S, em_compile_end(S, NULL, NULL, 0), EM_ERR_ARG, "no capture");
   CHECK_OK(S, em_compile_begin(S));
@@ -151,6 +196,7 @@ int main(void) {
   if (em_open(&S, NULL) != EM_OK) return 1;
   RUN(test_replay, S);
   RUN(test_not_ready, S);
+  RUN(test_chain, S);
   RUN(test_errors, S);
   CHECK(em_memory_allocated(S) == 0, "every tensor released (%lld bytes left)",
         (long long)em_memory_allocated(S));
