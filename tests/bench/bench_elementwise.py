@@ -1,5 +1,5 @@
 """bench_elementwise.py -- PyTorch's side of bench_elementwise.lua (4M float32 add
-and sum, GB/s of data touched)."""
+and sum, GB/s of data touched; exp, tanh, sigmoid and gelu, elements per second)."""
 import os
 import sys
 
@@ -28,3 +28,14 @@ add(5)
 sum_(5)
 result('add_4M', 3 * N * 4 / time_per_iter(add, 20, 7) / 1e9, 'GB/s')
 result('sum_4M', N * 4 / time_per_iter(sum_, 40, 7) / 1e9, 'GB/s')
+for op in ('exp', 'tanh', 'sigmoid', 'gelu'):
+    x = torch.randn(N)
+    f = torch.nn.functional.gelu if op == 'gelu' else getattr(torch, op)
+
+    def run(n, f=f, x=x):
+        y = None
+        for _ in range(n):
+            y = f(x)
+        return y
+    run(3)
+    result(op + '_4M', N / time_per_iter(run, 10, 5) / 1e9, 'G/s')
