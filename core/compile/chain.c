@@ -32,10 +32,11 @@
 */
 #include "entries.h"
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 enum { TILE = 8192, MAX_INNER = 65536, MIN_NUMEL = 4096, MAX_OPS = 4, MAX_TEMPS = 32,
-       MAX_LINKS = 64 };
+       MAX_LINKS = 32, MAX_ARGS = 128 };
 
 /* -- The tensor operands of the element-wise entries ----------------------------------- */
 typedef struct { size_t off; int out; } field;
@@ -98,6 +99,8 @@ typedef struct {
 
 typedef struct chain {
   void *first_args;         /* the first call's arguments, owned here */
+  char ops[160];            /* what the calls do, "mul, add, tanh" (for explain and
+                            ** the profiler; "..." past its length) */
   int dim;                  /* the dimension tiles slice */
   int64_t per_tile, extent, ntiles;
   int ntemps;
@@ -146,7 +149,7 @@ static void run_tiles(void *q, int64_t b, int64_t e) {
     st[k] = c->temps[k].st;
     st[k].data = scratch + c->temps[k].at;
   }
-  _Alignas(16) char args[128];
+  _Alignas(16) char args[MAX_ARGS];
   em_tensor views[MAX_OPS];
   for (int64_t t = b; t < e && !__atomic_load_n(&x->status, __ATOMIC_ACQUIRE); t++) {
     int64_t t0 = t * c->per_tile;
@@ -242,11 +245,33 @@ static void place_temps(chain *c, size_t elems) {
   for (int k = 0; k < c->ntemps; k++) c->temps[k].at = at[c->temps[k].at];
 }
 
+/* What call c does, by its op's name: "mul", "tanh", "copy", ... */
+static const char *op_name(const emi_rec *c) {
+  switch (c->entry) {
+  case EMI_ENTRY_unary: return em_unop_name(((const args_unary *)c->args)->op);
+  case EMI_ENTRY_binary: return em_binop_name(((const args_binary *)c->args)->op);
+  case EMI_ENTRY_binary_scalar: return em_binop_name(((const args_binary_scalar *)c->args)->op);
+  default: return c->op;   /* the entry's name: copy, add_scaled, clamp, where */
+  }
+}
+
+static void append_op(char *buf, size_t cap, const char *name) {
+  size_t n = strlen(buf);
+  if (n + 6 >= cap) return;
+  if (n && !strcmp(buf + n - 3, "...")) return;
+  int w = snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", name);
+  if (w < 0 || (size_t)w >= cap - n) snprintf(buf + n, cap - n, "%s...", n ? ", " : "");
+}
+
 /* Calls [r, e) (element-wise or no-ops) as one fused call at r; 1 if made. */
 static int make_chain(em_program *p, int r, int e, const em_tensor *ref, int dim) {
   int nlinks = 0;
   operands o;
-  for (int i = r; i < e; i++) nlinks += p->recs[i].entry != EMI_REC_NOP;
+  for (int i = r; i < e; i++) {
+    if (p->recs[i].entry == EMI_REC_NOP) continue;
+    if (!elementwise(&p->recs[i], &o) || o.size > MAX_ARGS) return 0;
+    nlinks++;
+  }
   if (nlinks < 2) return 0;
   /* the storages written: one geometry each inside the chain; the first
   ** writer's view stands for all of them */
@@ -325,6 +350,7 @@ static int make_chain(em_program *p, int r, int e, const em_tensor *ref, int dim
     if (!elementwise(rc, &o)) continue;
     link *l = &c->links[c->nlinks++];
     *l = (link){rc->play, rc->args, o.size, o.n, {{0}}};
+    append_op(c->ops, sizeof c->ops, op_name(rc));
     for (int k = 0; k < o.n; k++) {
       const em_tensor *t = operand(rc, &o.f[k]);
       link_op *lo = &l->op[k];
@@ -367,7 +393,8 @@ static int make_chain(em_program *p, int r, int e, const em_tensor *ref, int dim
   for (int w = 0; w < nw && shown == (size_t)-1; w++)
     if (!is_temp[w]) shown = slot_of(p, writer[w]);
   *first = (emi_rec){EMI_REC_FUSED, play_chain, c, "elementwise_chain",
-                     shown == (size_t)-1 ? first->first_held : shown, first->fp, drop_chain};
+                     shown == (size_t)-1 ? first->first_held : shown, first->fp, drop_chain,
+                     c->ops};
   return 1;
 }
 

@@ -37,6 +37,8 @@ typedef struct emi_rec {
   uint64_t fp;             /* its arguments' fingerprint: scalars, shapes, dtypes,
                            ** strides (em_program_compare) */
   void (*drop)(void *args);   /* frees args, where free() alone would not */
+  const char *inside;      /* a fused call: the ops it does ("mul, add, tanh"), kept
+                           ** as long as its args; else NULL */
 } emi_rec;
 
 typedef struct emi_set_grad_args { em_tensor *leaf, *grad; } emi_set_grad_args;

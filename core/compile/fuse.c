@@ -128,7 +128,8 @@ static int fuse_relu_bw(em_program *p, int r) {
   drop(p, widen->src);
   drop(p, mul->a == g ? mul->b : mul->a);
   free(c0->args);
-  *c0 = (emi_rec){EMI_REC_FUSED, play_relu_bw, a, "relu_backward", slot_of(p, out), c0->fp};
+  *c0 = (emi_rec){EMI_REC_FUSED, play_relu_bw, a, "relu_backward", slot_of(p, out), c0->fp,
+                  NULL, "gt, copy, mul"};
   c1->entry = EMI_REC_NOP;
   c2->entry = EMI_REC_NOP;
   return 1;
@@ -231,6 +232,7 @@ static int fuse_conv_relu(em_program *p, int r) {
   ((emi_conv_geom *)cv->g)->act = EMI_ACT_RELU;   /* the program's own copy */
   c->entry = EMI_REC_FUSED;
   c->op = "conv2d_relu";
+  c->inside = "conv2d, relu";
   return 1;
 }
 
@@ -293,7 +295,7 @@ static int fuse_pool_relu_bw(em_program *p, int r) {
   drop(p, a->g);
   free(c->args);
   *c = (emi_rec){EMI_REC_FUSED, play_pool_relu, f, "max_pool2d_backward_relu",
-                 slot_of(p, f->gx), c->fp};
+                 slot_of(p, f->gx), c->fp, NULL, "max_pool2d_backward, relu_backward"};
   free(rb->args);
   rb->args = NULL;
   rb->entry = EMI_REC_NOP;

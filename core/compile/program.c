@@ -19,6 +19,7 @@
 ** (em_program_ready), else the eager step would have accumulated into it.
 */
 #include "compile.h"
+#include "profile/profile.h"
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -151,6 +152,17 @@ static void set_grad(const emi_set_grad_args *x) {
   x->leaf->grad = x->grad;
 }
 
+/* A call's name in a profile: a fused call's with the ops it does,
+** "elementwise_chain(mul, add, tanh)", interned (the profile may outlive the
+** program). */
+static const char *profile_name(em_state *S, const emi_rec *c) {
+  struct emi_profiler *pr = emi_profiler_of(S);
+  if (!c->inside || !pr) return c->op;
+  char name[256];
+  snprintf(name, sizeof name, "%s(%s)", c->op, c->inside);
+  return emi_profile_intern(pr, name);
+}
+
 em_status em_program_run(em_state *S, em_program *p) {
   if (!S || !p) return S ? emi_error(S, EM_ERR_ARG, "compile: no program") : EM_ERR_ARG;
   if (!em_program_ready(p))
@@ -167,7 +179,7 @@ em_status em_program_run(em_state *S, em_program *p) {
     if (profiling && c->first_held < p->nheld && p->held[c->first_held]) {
       double t0 = emi_profile_op_begin(S);
       st = c->play(d, c->args, &r);
-      emi_profile_op_end(S, c->op, p->held[c->first_held], t0);
+      emi_profile_op_end(S, profile_name(S, c), p->held[c->first_held], t0);
     } else {
       st = c->play(d, c->args, &r);
     }
@@ -243,10 +255,20 @@ const char *em_program_op(const em_program *p, int i) {
   return p && i >= 0 && i < p->nrecs ? p->recs[i].op : NULL;
 }
 
-const char *em_program_fused(const em_program *p, int k) {
+static const emi_rec *fused_call(const em_program *p, int k) {
   for (int i = 0; p && i < p->nrecs; i++)
-    if (p->recs[i].entry == EMI_REC_FUSED && k-- == 0) return p->recs[i].op;
+    if (p->recs[i].entry == EMI_REC_FUSED && k-- == 0) return &p->recs[i];
   return NULL;
+}
+
+const char *em_program_fused(const em_program *p, int k) {
+  const emi_rec *c = fused_call(p, k);
+  return c ? c->op : NULL;
+}
+
+const char *em_program_fused_ops(const em_program *p, int k) {
+  const emi_rec *c = fused_call(p, k);
+  return c ? (c->inside ? c->inside : "") : NULL;
 }
 
 /* The first call where a and b differ (entry, or its arguments' fingerprint), or -1. */

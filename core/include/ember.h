@@ -1326,8 +1326,10 @@ em_status em_program_patch_adam(em_state *S, em_program *p, int i, int n, const 
                                 double lr, double weight_decay, int decoupled);
 void em_program_stats(const em_program *p, em_program_info *out);
 const char *em_program_op(const em_program *p, int i);
-/* The kind of the k-th fused call ("conv2d_relu", "relu_backward"), NULL past the last. */
+/* The kind of the k-th fused call ("conv2d_relu", "relu_backward"), NULL past the last;
+** and the ops it does ("conv2d, relu"; a chain's, "mul, add, tanh"), kept with p. */
 const char *em_program_fused(const em_program *p, int k);
+const char *em_program_fused_ops(const em_program *p, int k);
 int em_program_compare(const em_program *a, const em_program *b);
 void em_program_free(em_state *S, em_program *p);
 /* Pinned (page-locked) host memory: a CPU tensor whose data the CUDA runtime

@@ -249,14 +249,22 @@ function Compiled:capture(key, args)
   end
   local info = ffi.new('em_program_info')
   C.em_program_stats(prog, info)
-  local fusions = {}
+  -- the fused calls by kind, and each distinct (kind, ops inside) with its count
+  local fusions, inside, order = {}, {}, {}
   for k = 0, info.fused - 1 do
     local kind = ffi.string(C.em_program_fused(prog, k))
     fusions[kind] = (fusions[kind] or 0) + 1
+    local what = kind .. ': ' .. ffi.string(C.em_program_fused_ops(prog, k))
+    if not inside[what] then order[#order + 1] = what end
+    inside[what] = (inside[what] or 0) + 1
+  end
+  local fused_lines = {}
+  for i, what in ipairs(order) do
+    fused_lines[i] = inside[what] > 1 and ('%s (x%d)'):format(what, inside[what]) or what
   end
   return { prog = prog, statics = statics, results = res, hooks = cap.hooks,
            kernels = info.kernels, calls = info.calls, held = tonumber(info.held_bytes),
-           fused = info.fused, fusions = fusions,
+           fused = info.fused, fusions = fusions, fused_lines = fused_lines,
            checks = self.check }, own(res)
 end
 
@@ -352,6 +360,7 @@ function Compiled:explain()
         'before the call)'):format(e.not_ready) or '')
     end
     lines[#lines + 1] = '  ' .. key
+    for _, f in ipairs(e.fused_lines or {}) do lines[#lines + 1] = '  fused ' .. f end
   end
   if #lines == 0 then lines[1] = 'not called yet' end
   return table.concat(lines, '\n')

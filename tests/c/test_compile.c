@@ -77,6 +77,9 @@ static void test_replay(em_state *S) {
   const char *kind = em_program_fused(p, 0);
   CHECK(kind && !strcmp(kind, "relu_backward"), "the fused call: %s", kind ? kind : "none");
   CHECK(em_program_fused(p, info.fused) == NULL, "no fused call past the last");
+  const char *ops = em_program_fused_ops(p, 0);
+  CHECK(ops && !strcmp(ops, "gt, copy, mul"), "the ops inside: %s", ops ? ops : "none");
+  CHECK(em_program_fused_ops(p, 1) == NULL, "no ops past the last");
   em_tensor_release(loss);
   /* replays on new data, against eager steps on the same data from the same
   ** random state */
@@ -164,6 +167,8 @@ static void test_chain(em_state *S) {
   const char *kind = em_program_fused(p, 0);
   CHECK(info.kernels == 1 && kind && !strcmp(kind, "elementwise_chain"),
         "one chain of the four calls: %d kernels, %s", info.kernels, kind ? kind : "none");
+  const char *ops = em_program_fused_ops(p, 0);
+  CHECK(ops && !strcmp(ops, "mul, add, relu, mul"), "the chain's ops: %s", ops ? ops : "none");
   for (int k = 0; k < 3; k++) {
     em_tensor *fresh = randn(S, (const int64_t[]){96, 128}, 2);
     memcpy(em_tensor_data(x), em_tensor_data(fresh), 96 * 128 * sizeof(float));

@@ -369,10 +369,19 @@ H.test('element-wise chains run tile by tile: eager bits in every dtype, strided
     end
   end
   -- the chain's temporaries shrink to tiles: a 10-call chain over 1 Mi floats
-  -- holds its input copy, the broadcast vector and its result
+  -- holds its input copy, the broadcast vector and its result; explain() and the
+  -- profiler name the ops inside
   local f = em.compile(fns.gelu)
   local x, b = em.randn(256, 4096), em.randn(4096)
   for _ = 1, 2 do f(x, b) end
+  local ops = 'mul, mul, mul, mul, add, mul, tanh, add, mul, add'
+  H.check(f:explain():find('fused elementwise_chain: ' .. ops, 1, true), 'explain: ' .. f:explain())
+  em.profile.start {}
+  f(x, b)
+  em.profile.step()
+  local names = {}
+  for _, o in ipairs(em.profile.stop().top_ops) do names[o.name] = o.calls end
+  H.eq(names['elementwise_chain(' .. ops .. ')'], 1, 'the profile names the fused region and its ops')
   local held = f:stats().peak_bytes
   H.check(held < 2.2 * x:numel() * 4, ('held %.1f MiB for two 4 MiB tensors'):format(held / 2 ^ 20))
   -- too small to pay (4095 elements), and slices too wide for a cache: unfused
