@@ -135,13 +135,15 @@ static int fuse_relu_bw(em_program *p, int r) {
   return 1;
 }
 
-/* -- Convolution and the ReLU after it ------------------------------------------------
-** conv2d writes X, ReLU reads X and writes Y, and X is kept only for ReLU's backward,
-** which asks where X > 0. The fused call is the convolution writing relu(X) to Y
-** directly (emi_conv_geom.act: each kernel applies it while the output is in cache,
-** oneDNN as a post-op), and the backward asks where Y > 0: the same places, as
-** Y = X < 0 ? 0 : X keeps positives and NaNs and zeroes the rest. X is never
-** written, so one activation-sized buffer and one pass over it go. */
+/* -- A convolution or batch norm, and the ReLU after it ----------------------------------
+** conv2d (or batch_norm) writes X, ReLU reads X and writes Y, and X is kept only for
+** ReLU's backward, which asks where X > 0 (batch norm's backward reads its input, not
+** X). The fused call is the producer writing relu(X) to Y directly -- the conv kernels
+** apply emi_conv_geom.act while a sample's output is in cache (where oneDNN serves, a
+** pass of ours follows: its ReLU turns NaN into 0), batch norm's apply loops take a
+** flag (emi_cpu_batch_norm_relu) -- and the backward asks where Y > 0: the same
+** places, as Y = X < 0 ? 0 : X keeps positives and NaNs and zeroes the rest. X is
+** never written, so one activation-sized buffer and one pass over it go. */
 
 /* The slots of the held views of storage st (at most max; -1 when more). */
 static int views_of(const em_program *p, const emi_storage *st, size_t *out, int max) {
@@ -180,12 +182,26 @@ static int asks_positive(const emi_rec *c, const em_tensor *v) {
 
 enum { MAX_VIEWS = 8 };
 
-static int fuse_conv_relu(em_program *p, int r) {
+static em_status play_bn_relu(emi_device *d, void *q, const emi_replay *r) {
+  (void)r;
+  args_batch_norm *a = q;
+  return emi_cpu_batch_norm_relu(d, a->y, a->mean, a->invstd, a->rm, a->rv, a->x, a->w, a->b,
+                                 a->training, a->momentum, a->eps);
+}
+
+/* The output ReLU may be folded into: a plain conv2d's or batch_norm's y. */
+static const em_tensor *producer_out(const emi_rec *c) {
+  if (c->entry == EMI_ENTRY_conv2d) {
+    const args_conv2d *a = c->args;
+    return a->g->act == EMI_ACT_NONE ? a->y : NULL;
+  }
+  return c->entry == EMI_ENTRY_batch_norm ? ((const args_batch_norm *)c->args)->y : NULL;
+}
+
+static int fuse_producer_relu(em_program *p, int r) {
   emi_rec *c = &p->recs[r];
-  if (c->entry != EMI_ENTRY_conv2d) return 0;
-  args_conv2d *cv = c->args;
-  const em_tensor *X = cv->y;
-  if (!X || cv->g->act != EMI_ACT_NONE) return 0;
+  const em_tensor *X = producer_out(c);
+  if (!X) return 0;
   /* every view of X: the conv's output, one ReLU after it, backward questions */
   size_t xs[MAX_VIEWS];
   int nx = views_of(p, X->storage, xs, MAX_VIEWS), relu = -1;
@@ -195,7 +211,7 @@ static int fuse_conv_relu(em_program *p, int r) {
     int at = p->uses[xs[k]].rec;
     const emi_rec *u = &p->recs[at];
     if (at == r) {
-      if (v != X) return 0;           /* the conv reads X too */
+      if (v != X) return 0;           /* the producer reads X too */
     } else if (u->entry == EMI_ENTRY_unary && ((args_unary *)u->args)->a == v &&
                ((args_unary *)u->args)->op == EM_RELU && relu < 0 && at > r &&
                same_geometry(v, X)) {
@@ -229,10 +245,16 @@ static int fuse_conv_relu(em_program *p, int r) {
   free(u);
   p->recs[relu].args = NULL;
   p->recs[relu].entry = EMI_REC_NOP;
-  ((emi_conv_geom *)cv->g)->act = EMI_ACT_RELU;   /* the program's own copy */
+  if (c->entry == EMI_ENTRY_conv2d) {
+    ((emi_conv_geom *)((args_conv2d *)c->args)->g)->act = EMI_ACT_RELU;   /* its own copy */
+    c->op = "conv2d_relu";
+    c->inside = "conv2d, relu";
+  } else {
+    c->play = play_bn_relu;
+    c->op = "batch_norm_relu";
+    c->inside = "batch_norm, relu";
+  }
   c->entry = EMI_REC_FUSED;
-  c->op = "conv2d_relu";
-  c->inside = "conv2d, relu";
   return 1;
 }
 
@@ -306,7 +328,7 @@ void emi_program_fuse(em_state *S, em_program *p) {
   (void)S;
   for (int r = 0; r + 2 < p->nrecs; r++)
     if (fuse_relu_bw(p, r)) r += 2;
-  for (int r = 0; r < p->nrecs; r++) fuse_conv_relu(p, r);
+  for (int r = 0; r < p->nrecs; r++) fuse_producer_relu(p, r);
   for (int r = 0; r < p->nrecs; r++) fuse_pool_relu_bw(p, r);
   emi_program_chain(S, p);
 }

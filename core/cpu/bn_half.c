@@ -32,6 +32,7 @@ typedef struct bnl_job {
   int64_t nt;                      /* channels last: row tasks of the reductions */
   double *part;                    /* their partial sums, 2*C per task */
   int kind;                        /* which reduction nhwc_red runs */
+  int relu;                        /* apply: then ReLU (before the rounding: the same) */
 } bnl_job;
 
 static void ld(float *dst, const char *src, int64_t n, em_dtype dt) {
@@ -97,6 +98,8 @@ static void nchw_apply(void *ctx, int64_t p0, int64_t p1) {
       int64_t k = j->L - l0 < RUN ? j->L - l0 : RUN;
       ld(buf, r + l0 * 2, k, j->dt);
       for (int64_t i = 0; i < k; i++) buf[i] = buf[i] * sc + sh;
+      if (j->relu)
+        for (int64_t i = 0; i < k; i++) buf[i] = buf[i] < 0 ? 0.0f : buf[i];
       st(o + l0 * 2, buf, k, j->dt);
     }
   }
@@ -246,6 +249,8 @@ static void nhwc_apply(void *ctx, int64_t r0, int64_t r1) {
         float *v = buf + i * n;
         for (int64_t c = 0; c < n; c++) v[c] = v[c] * sc[c] + sh[c];
       }
+      if (j->relu)
+        for (int64_t i = 0; i < k * n; i++) buf[i] = buf[i] < 0 ? 0.0f : buf[i];
       st(j->y + off, buf, k * n, j->dt);
     }
   }
@@ -321,9 +326,9 @@ em_status emi_cpu_bn_half_stats(em_state *S, em_dtype dt, int64_t N, int64_t C, 
 
 void emi_cpu_bn_half_apply(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
                            bool nhwc, const void *x, const double *mean, const double *invstd,
-                           const float *w, const float *b, void *y) {
+                           const float *w, const float *b, void *y, int relu) {
   bnl_job j = {.dt = dt, .N = N, .C = C, .L = L, .x = x, .mean = mean, .invstd = invstd,
-               .w = w, .b = b, .y = y};
+               .w = w, .b = b, .y = y, .relu = relu};
   if (nhwc) emi_parallel_for(S, N * L, grain(C), nhwc_apply, &j);
   else emi_parallel_for(S, N * C, grain(L), nchw_apply, &j);
 }

@@ -23,6 +23,7 @@ typedef struct bnh_job {
   int64_t nt;         /* row tasks of the reductions */
   double *part;       /* their partial sums, 2*C per task */
   int kind;           /* which reduction bnh_red runs */
+  int relu;           /* apply: then ReLU */
 } bnh_job;
 
 static int64_t rows_grain(int64_t C) {
@@ -74,8 +75,9 @@ em_status emi_cpu_bn_nhwc_stats(em_state *S, em_dtype dt, int64_t M, int64_t C, 
 
 void emi_cpu_bn_nhwc_apply(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
                            const double *mean, const double *invstd, const void *w,
-                           const void *b, void *y) {
-  bnh_job j = {.M = M, .C = C, .x = x, .mean = mean, .invstd = invstd, .w = w, .b = b, .y = y};
+                           const void *b, void *y, int relu) {
+  bnh_job j = {.M = M, .C = C, .x = x, .mean = mean, .invstd = invstd, .w = w, .b = b, .y = y,
+               .relu = relu};
   emi_parallel_for(S, M, rows_grain(C), PICK(bnh_apply, dt), &j);
 }
 

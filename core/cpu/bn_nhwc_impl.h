@@ -62,7 +62,13 @@ static void FN(bnh_apply)(void *ctx, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
       const T *restrict xr = x + r * C + c0;
       T *restrict yr = y + r * C + c0;
-      for (int64_t c = 0; c < n; c++) yr[c] = xr[c] * sc[c] + sh[c];
+      if (j->relu)
+        for (int64_t c = 0; c < n; c++) {
+          T v = xr[c] * sc[c] + sh[c];
+          yr[c] = v < 0 ? (T)0 : v;
+        }
+      else
+        for (int64_t c = 0; c < n; c++) yr[c] = xr[c] * sc[c] + sh[c];
     }
   }
 }

@@ -91,12 +91,13 @@ void emi_cpu_pool_nhwc_adaptive_bwd(em_state *S, const emi_pool_geom *g, em_tens
                                     const em_tensor *gy);
 /* bn_nhwc.c: batch norm's loops on channels-last x ((M = N*H*W) rows of C), which
 ** normalize.c calls: per-channel mean and biased variance (double); y = x*sc + sh
-** with sc, sh per channel (T); the backward's per-channel sums and gx. */
+** with sc, sh per channel (T), then ReLU where relu; the backward's per-channel sums
+** and gx. */
 em_status emi_cpu_bn_nhwc_stats(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
                                 double *mean, double *var);
 void emi_cpu_bn_nhwc_apply(em_state *S, em_dtype dt, int64_t M, int64_t C, const void *x,
                            const double *mean, const double *invstd, const void *w,
-                           const void *b, void *y);
+                           const void *b, void *y, int relu);
 em_status emi_cpu_bn_nhwc_backward(em_state *S, em_dtype dt, int64_t M, int64_t C,
                                    const void *gy, const void *x, const void *mean,
                                    const void *invstd, const void *w, int training, void *gx,
@@ -107,16 +108,22 @@ em_status emi_cpu_bn_half_stats(em_state *S, em_dtype dt, int64_t N, int64_t C, 
                                 bool nhwc, const void *x, double *mean, double *var);
 void emi_cpu_bn_half_apply(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
                            bool nhwc, const void *x, const double *mean, const double *invstd,
-                           const float *w, const float *b, void *y);
+                           const float *w, const float *b, void *y, int relu);
 em_status emi_cpu_bn_half_backward(em_state *S, em_dtype dt, int64_t N, int64_t C, int64_t L,
                                    bool nhwc, const void *gy, const void *x, const float *mean,
                                    const float *invstd, const float *w, int training, void *gx,
                                    float *gw, float *gb);
-/* normalize.c */
+/* normalize.c; ..._relu writes relu(batch_norm(x)) to y, as x < 0 ? 0 : x, in the
+** same pass (em.compile's fusion) */
 em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
                              em_tensor *invstd, em_tensor *running_mean,
                              em_tensor *running_var, const em_tensor *x, const em_tensor *w,
                              const em_tensor *b, int training, double momentum, double eps);
+em_status emi_cpu_batch_norm_relu(emi_device *dev, em_tensor *y, em_tensor *mean,
+                                  em_tensor *invstd, em_tensor *running_mean,
+                                  em_tensor *running_var, const em_tensor *x,
+                                  const em_tensor *w, const em_tensor *b, int training,
+                                  double momentum, double eps);
 em_status emi_cpu_batch_norm_backward(emi_device *dev, em_tensor *gx, em_tensor *gw,
                                       em_tensor *gb, const em_tensor *gy, const em_tensor *x,
                                       const em_tensor *mean, const em_tensor *invstd,

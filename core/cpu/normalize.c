@@ -19,6 +19,7 @@ typedef struct normalize_job {
   const double *mean, *invstd;
   double *var, *dmean, eps;
   int training;
+  int relu;           /* batch norm's apply: then ReLU */
 } normalize_job;
 
 static int64_t normalize_grain(int64_t per) {
@@ -58,10 +59,11 @@ static void bn_dims(const em_tensor *x, int64_t *N, int64_t *C, int64_t *L) {
   for (int d = 2; d < x->ndim; d++) *L *= x->sizes[d];
 }
 
-em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
-                             em_tensor *invstd, em_tensor *running_mean,
-                             em_tensor *running_var, const em_tensor *x, const em_tensor *w,
-                             const em_tensor *b, int training, double momentum, double eps) {
+static em_status batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
+                            em_tensor *invstd, em_tensor *running_mean,
+                            em_tensor *running_var, const em_tensor *x, const em_tensor *w,
+                            const em_tensor *b, int training, double momentum, double eps,
+                            int relu) {
   em_state *S = dev->S;
   em_dtype dt = x->dtype;
   int64_t N, C, L;
@@ -105,15 +107,33 @@ em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
     emi_store_f64(pi + (size_t)c * es, pdt, inv[c]);
   }
   normalize_job j = {.N = N, .C = C, .L = L, .x = em_tensor_data(x), .mean = m, .invstd = inv,
-                     .w = data_or_null(w), .b = data_or_null(b), .y = em_tensor_data(y)};
+                     .w = data_or_null(w), .b = data_or_null(b), .y = em_tensor_data(y),
+                     .relu = relu};
   if (half)
-    emi_cpu_bn_half_apply(S, dt, N, C, L, nhwc, j.x, m, inv, j.w, j.b, j.y);
+    emi_cpu_bn_half_apply(S, dt, N, C, L, nhwc, j.x, m, inv, j.w, j.b, j.y, relu);
   else if (nhwc)
-    emi_cpu_bn_nhwc_apply(S, dt, N * L, C, j.x, m, inv, j.w, j.b, j.y);
+    emi_cpu_bn_nhwc_apply(S, dt, N * L, C, j.x, m, inv, j.w, j.b, j.y, relu);
   else
     emi_parallel_for(S, N * C, normalize_grain(L), PICK(bn_apply, dt), &j);
   emi_free(S, m, bytes);
   return EM_OK;
+}
+
+em_status emi_cpu_batch_norm(emi_device *dev, em_tensor *y, em_tensor *mean,
+                             em_tensor *invstd, em_tensor *running_mean,
+                             em_tensor *running_var, const em_tensor *x, const em_tensor *w,
+                             const em_tensor *b, int training, double momentum, double eps) {
+  return batch_norm(dev, y, mean, invstd, running_mean, running_var, x, w, b, training,
+                    momentum, eps, 0);
+}
+
+em_status emi_cpu_batch_norm_relu(emi_device *dev, em_tensor *y, em_tensor *mean,
+                                  em_tensor *invstd, em_tensor *running_mean,
+                                  em_tensor *running_var, const em_tensor *x,
+                                  const em_tensor *w, const em_tensor *b, int training,
+                                  double momentum, double eps) {
+  return batch_norm(dev, y, mean, invstd, running_mean, running_var, x, w, b, training,
+                    momentum, eps, 1);
 }
 
 em_status emi_cpu_batch_norm_backward(emi_device *dev, em_tensor *gx, em_tensor *gw,

@@ -49,7 +49,13 @@ static void FN(bn_apply)(void *ctx, int64_t p0, int64_t p1) {
     T sh = (b ? b[c] : 0) - (T)j->mean[c] * sc;
     const T *r = x + p * j->L;
     T *o = y + p * j->L;
-    for (int64_t l = 0; l < j->L; l++) o[l] = r[l] * sc + sh;
+    if (j->relu)
+      for (int64_t l = 0; l < j->L; l++) {
+        T v = r[l] * sc + sh;
+        o[l] = v < 0 ? (T)0 : v;
+      }
+    else
+      for (int64_t l = 0; l < j->L; l++) o[l] = r[l] * sc + sh;
   }
 }
 

@@ -7,7 +7,8 @@ learning-rate schedule; on strided and
 broadcast inputs; two replicas whose wrapped model's gradient averaging is
 replayed (equal to eager, equal across replicas); the fused ReLU backward and
 the fused conv + ReLU give the unfused calls' bits (zero signs, NaN) on every conv
-path, and a conv whose output is read again stays unfused; max pooling's backward
+path, and a conv whose output is read again stays unfused; batch norm fused with
+the ReLU after it gives eager's bits on every batch-norm path; max pooling's backward
 fused with the ReLU backward after it gives the unfused bits; element-wise chains
 run tile by tile give eager's bits in every dtype, on strided and broadcast inputs,
 in place, in training, and hold tile-sized temporaries; the memory plan keeps the compiled step under the eager
@@ -71,6 +72,15 @@ local function same_training(name, a, b, batches, compiled, between)
   for i = 1, #ba do
     H.eq(H.flat(bb[i]), H.flat(ba[i]), name .. ': buffer ' .. i)
   end
+end
+
+-- Values, zero signs and NaN of t, for bit-for-bit comparisons.
+local function exact(t)
+  local out = {}
+  for i, v in ipairs(t:double():contiguous():view(-1):totable()) do
+    out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or ('%.17g'):format(v))
+  end
+  return table.concat(out, ' ')
 end
 
 H.test('MLP with dropout and Adam: replays equal eager steps, strided inputs', function()
@@ -282,6 +292,49 @@ H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused wh
   H.eq(f:stats().fusions.conv2d_relu, nil, 'relu(h) + h: the conv stays unfused')
 end)
 
+H.test('fused batch norm + ReLU: eager bits on every batch-norm path, running stats, NaN kept', function()
+  local function run(compiled, c, with_nan)
+    em.manual_seed(3)
+    local m = nn.Sequential(nn.Conv2d(3, 6, 3, { padding = 1 }), nn.BatchNorm2d(6), nn.ReLU())
+    if not c.amp then m:to{ dtype = c.dtype } end
+    if c.cl then m:to{ memory_format = 'channels_last' } end
+    if c.eval then m:eval() end
+    local x = em.randn(4, 3, 6, 6, { dtype = c.dtype })
+    local nan = em.zeros(x:numel(), { dtype = c.dtype })
+    if with_nan then nan[7] = 0 / 0 end
+    x = (x:view(-1) + nan):view(4, 3, 6, 6)
+    if c.cl then x = x:to_channels_last() end
+    local f = function(xx)
+      m:zero_grad()
+      local y = c.amp and em.amp.autocast('bfloat16', function() return m(xx) end) or m(xx)
+      ;(y:float() * y:float()):sum():backward()
+      return y
+    end
+    if compiled then f = em.compile(f) end
+    local y
+    for _ = 1, 3 do y = f(x) end
+    local out = { exact(y) }
+    for _, p in ipairs(m:parameters()) do out[#out + 1] = exact(p.grad) end
+    for _, b in ipairs(m:buffers()) do out[#out + 1] = exact(b) end
+    return out, compiled and f
+  end
+  for _, c in ipairs({
+    { dtype = 'float32', name = 'float32 NCHW' }, { dtype = 'float64', name = 'float64 NCHW' },
+    { dtype = 'float32', cl = true, name = 'float32 channels-last' },
+    { dtype = 'float32', amp = true, name = 'bfloat16 autocast NCHW' },
+    { dtype = 'float32', amp = true, cl = true, name = 'bfloat16 autocast channels-last' },
+    { dtype = 'float32', eval = true, name = 'float32 NCHW, eval' },
+  }) do
+    local yn = run(false, c, true)
+    local ync = run(true, c, true)
+    H.eq(ync[1], yn[1], c.name .. ': output with NaN')
+    local want = run(false, c)
+    local got, f = run(true, c)
+    H.eq(got, want, c.name .. ': output, gradients, running statistics')
+    H.eq(f:stats().fusions.batch_norm_relu, 1, c.name .. ': batch_norm_relu fused')
+  end
+end)
+
 H.test('fused max-pool backward + ReLU backward: eager bits, NaN and ties included', function()
   -- conv, ReLU, max pool, as in the CNNs: the pooled gradient and ReLU's backward
   -- become one pass. The input has a block of equal values (ties in the pooling
@@ -328,15 +381,6 @@ H.test('fused max-pool backward + ReLU backward: eager bits, NaN and ties includ
     H.eq(f:stats().fusions, { conv2d_relu = 1, max_pool2d_backward_relu = 1 }, name .. ': fusions')
   end
 end)
-
--- Values, zero signs and NaN of t, for bit-for-bit comparisons.
-local function exact(t)
-  local out = {}
-  for i, v in ipairs(t:double():contiguous():view(-1):totable()) do
-    out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or ('%.17g'):format(v))
-  end
-  return table.concat(out, ' ')
-end
 
 H.test('element-wise chains run tile by tile: eager bits in every dtype, strided and broadcast inputs', function()
   local fns = {
