@@ -123,6 +123,9 @@ void emi_profile_batch_out(em_state *S, double t);   /* the loader, per batch */
 ** host's changes of a leaf's .grad, which it replays. No-ops unless capturing. */
 void emi_compile_unfit(em_state *S, const char *fmt, ...);
 void emi_compile_note_grad(em_state *S, em_tensor *leaf, em_tensor *grad, int first);
+/* The references the capture's own views hold on st (0 unless capturing): a tensor
+** the step made is still the step's alone when its storage has no others. */
+int emi_compile_views_of(const em_state *S, const emi_storage *st);
 void emi_compile_note_accumulate(em_state *S, const em_tensor *leaf);
 /* A collective started on t (in place, contiguous, CPU) and the wait for one. */
 void emi_compile_note_collective(em_state *S, em_comm *c, em_tensor *t, int broadcast,

@@ -397,11 +397,14 @@ static int dense_layout(const em_tensor *t) {
 }
 
 /* Whether g may become leaf's .grad as it is: nothing else can see it (one handle,
-** one storage reference, from the storage's start) and it is laid out as .grad
+** one storage reference -- besides a capture's own views, em.compile's record of
+** the step that made it -- from the storage's start) and it is laid out as .grad
 ** would be -- contiguous, or dense with the leaf's own strides (a weight kept
 ** transposed or channels-last gets its gradient in that layout). */
-static int grad_adoptable(const em_tensor *leaf, const em_tensor *g) {
-  if (g->refcount != 1 || g->storage->refcount != 1 || g->offset != 0) return 0;
+static int grad_adoptable(em_state *S, const em_tensor *leaf, const em_tensor *g) {
+  if (g->refcount != 1 || g->offset != 0 ||
+      g->storage->refcount != 1 + emi_compile_views_of(S, g->storage))
+    return 0;
   if (em_tensor_is_contiguous(g)) return 1;
   if (g->ndim != leaf->ndim || !dense_layout(g)) return 0;
   for (int d = 0; d < g->ndim; d++)
@@ -440,7 +443,7 @@ static em_status leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
       st = em_copy_(S, dest, g);
       em_tensor_release(g);
       if (!st) { em_tensor_retain(dest); leaf->grad = dest; }
-    } else if (grad_adoptable(leaf, g)) {
+    } else if (grad_adoptable(S, leaf, g)) {
       /* .grad must own its memory: g is copied only when someone else may hold it,
       ** or its layout is not the one .grad keeps */
       leaf->grad = g;

@@ -131,6 +131,15 @@ void emi_compile_note_grad(em_state *S, em_tensor *leaf, em_tensor *grad, int fi
   *x = (emi_set_grad_args){leaf, grad};
 }
 
+int emi_compile_views_of(const em_state *S, const emi_storage *st) {
+  const emi_recorder *R = S->recorder;
+  if (!R) return 0;
+  int n = 0;
+  for (size_t j = 0; j < R->prog->nheld; j++)
+    if (R->prog->held[j] && R->prog->held[j]->storage == st) n++;
+  return n;
+}
+
 /* The engine accumulates into leaf->grad: fine when the capture made it. */
 void emi_compile_note_accumulate(em_state *S, const em_tensor *leaf) {
   emi_recorder *R = S->recorder;
