@@ -29,36 +29,32 @@ local function make()
   end
 end
 
-local x, y = em.randn(8, 16), em.randint(1, 4, { 8 }, { dtype = 'int64' })
-local eager, compiled = make(), em.compile(make())
-for _ = 1, 200 do eager(x, y); compiled(x, y) end
--- the two alternate; each keeps its best of 5 rounds of 2000 steps
-local best = { eager = math.huge, compiled = math.huge }
-for _ = 1, 5 do
-  for _, k in ipairs({ 'eager', 'compiled' }) do
-    local f = k == 'eager' and eager or compiled
-    local t0 = B.now()
-    for _ = 1, 2000 do f(x, y) end
-    best[k] = math.min(best[k], (B.now() - t0) / 2000 * 1e6)
+-- Microseconds per call of eager(...) and compiled(...): after `warm` calls each, they
+-- alternate, and each keeps its best of 5 rounds of n calls.
+local function alternate(eager, compiled, warm, n, ...)
+  for _ = 1, warm do eager(...); compiled(...) end
+  local best = { eager = math.huge, compiled = math.huge }
+  for _ = 1, 5 do
+    for _, k in ipairs({ 'eager', 'compiled' }) do
+      local f = k == 'eager' and eager or compiled
+      local t0 = B.now()
+      for _ = 1, n do f(...) end
+      best[k] = math.min(best[k], (B.now() - t0) / n * 1e6)
+    end
   end
+  return best
 end
+
+local x, y = em.randn(8, 16), em.randint(1, 4, { 8 }, { dtype = 'int64' })
+local compiled = em.compile(make())
+local best = alternate(make(), compiled, 200, 2000, x, y)
 assert(compiled:stats().replays > 0, 'the compiled step did not replay: ' .. compiled:explain())
--- the element-wise chain, best of 5 rounds of 20 calls each way
+-- the element-wise chain
 local function gelu_bias(xx, b)
   return 0.5 * xx * (1 + ((xx + 0.044715 * xx * xx * xx) * 0.7978845608):tanh()) + b
 end
-local cx, cb = em.randn(256, 4096), em.randn(4096)
 local chain = em.compile(gelu_bias)
-local cbest = { eager = math.huge, compiled = math.huge }
-for _ = 1, 3 do gelu_bias(cx, cb); chain(cx, cb) end
-for _ = 1, 5 do
-  for _, k in ipairs({ 'eager', 'compiled' }) do
-    local f = k == 'eager' and gelu_bias or chain
-    local t0 = B.now()
-    for _ = 1, 20 do f(cx, cb) end
-    cbest[k] = math.min(cbest[k], (B.now() - t0) / 20 * 1e6)
-  end
-end
+local cbest = alternate(gelu_bias, chain, 3, 20, em.randn(256, 4096), em.randn(4096))
 assert((chain:stats().fusions.elementwise_chain or 0) == 1, 'no chain: ' .. chain:explain())
 B.result('compile_chain_eager', cbest.eager, 'us', 'lower', 'report')
 B.result('compile_chain', cbest.compiled, 'us', 'lower', 'ratio >= 1.0')

@@ -29,22 +29,23 @@ def make():
     return step
 
 
-def best_us(f, x, y):
-    for _ in range(200):
-        f(x, y)
+def best_us(f, args, warm, n):
+    """Microseconds per call of f(*args): the best of 5 rounds of n calls, after warm."""
+    for _ in range(warm):
+        f(*args)
     best = float('inf')
     for _ in range(5):
         t0 = time.perf_counter()
-        for _ in range(2000):
-            f(x, y)
-        best = min(best, (time.perf_counter() - t0) / 2000 * 1e6)
+        for _ in range(n):
+            f(*args)
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
     return best
 
 
 x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
-result('compile_tiny_step', best_us(make(), x, y), 'us')
+result('compile_tiny_step', best_us(make(), (x, y), 200, 2000), 'us')
 try:
-    result('compile_tiny_step_torch_compile', best_us(torch.compile(make()), x, y), 'us')
+    result('compile_tiny_step_torch_compile', best_us(torch.compile(make()), (x, y), 200, 2000), 'us')
 except Exception as e:  # noqa: BLE001 -- a missing compiler toolchain, say
     print('SKIP compile_tiny_step_torch_compile: torch.compile failed: %s' % str(e).splitlines()[0])
 
@@ -53,22 +54,11 @@ def gelu_bias(x, b):
     return 0.5 * x * (1 + torch.tanh((x + 0.044715 * x * x * x) * 0.7978845608)) + b
 
 
-def chain_us(f, x, b):
-    for _ in range(3):
-        f(x, b)
-    best = float('inf')
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(20):
-            f(x, b)
-        best = min(best, (time.perf_counter() - t0) / 20 * 1e6)
-    return best
-
-
 cx, cb = torch.randn(256, 4096), torch.randn(4096)
 with torch.no_grad():
-    result('compile_chain', chain_us(gelu_bias, cx, cb), 'us')
+    result('compile_chain', best_us(gelu_bias, (cx, cb), 3, 20), 'us')
     try:
-        result('compile_chain_torch_compile', chain_us(torch.compile(gelu_bias), cx, cb), 'us')
+        result('compile_chain_torch_compile', best_us(torch.compile(gelu_bias), (cx, cb), 3, 20),
+               'us')
     except Exception as e:  # noqa: BLE001 -- a missing compiler toolchain, say
         print('SKIP compile_chain_torch_compile: torch.compile failed: %s' % str(e).splitlines()[0])

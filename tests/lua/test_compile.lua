@@ -213,17 +213,10 @@ H.test('fused ReLU backward: the unfused calls\' values, signs of zero and NaN i
     for _ = 1, 3 do g = f(x:detach(), c) end
     return g, compiled and f or nil
   end
-  local function bits(t)
-    local out = {}
-    for i, v in ipairs(t:totable()) do
-      out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or tostring(v))
-    end
-    return out
-  end
   for _, dtype in ipairs({ 'float32', 'float64', 'bfloat16' }) do
     local want = run(false, dtype)
     local got, f = run(true, dtype)
-    H.eq(bits(got:float()), bits(want:float()), dtype .. ': gradient values, zero signs and NaN')
+    H.eq(exact(got:float()), exact(want:float()), dtype .. ': gradient values, zero signs and NaN')
     H.eq(f:stats().fused, 1, dtype .. ': one fused call')
     H.check(f:explain():find('(1 fused: 1 relu_backward)', 1, true), 'explain: ' .. f:explain())
   end
@@ -257,13 +250,6 @@ H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused wh
     if before then em.cpu_kernels(before) end
     return y, conv.weight.grad, conv.bias.grad, compiled and f
   end
-  local function bits(t)
-    local out = {}
-    for i, v in ipairs(t:float():contiguous():view(-1):totable()) do
-      out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or ('%.9g'):format(v))
-    end
-    return out
-  end
   local cases = {
     { dtype = 'float32', C = 1, name = 'float32 NCHW, im2col' },
     { dtype = 'float32', C = 8, name = 'float32 NCHW, C = 8 (no im2col where AVX-512 runs)' },
@@ -276,11 +262,11 @@ H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused wh
   for _, c in ipairs(cases) do
     local yn = run(false, c, false, true)
     local ync = run(true, c, false, true)
-    H.eq(bits(ync), bits(yn), c.name .. ': output with NaN, zero signs')
+    H.eq(exact(ync), exact(yn), c.name .. ': output with NaN, zero signs')
     local ye, gwe, gbe = run(false, c)
     local yc, gwc, gbc, f = run(true, c)
-    H.eq(bits(yc), bits(ye), c.name .. ': output')
-    H.eq({ bits(gwc), bits(gbc) }, { bits(gwe), bits(gbe) }, c.name .. ': weight and bias gradients')
+    H.eq(exact(yc), exact(ye), c.name .. ': output')
+    H.eq({ exact(gwc), exact(gbc) }, { exact(gwe), exact(gbe) }, c.name .. ': weight and bias gradients')
     H.check(f:explain():find('conv2d_relu', 1, true), c.name .. ': explain names the fusion: ' .. f:explain())
     H.check(f:stats().fusions.conv2d_relu == 1, c.name .. ': one conv2d_relu')
   end
@@ -288,7 +274,7 @@ H.test('fused conv + ReLU: eager bits on every conv path, NaN kept; not fused wh
   local c = cases[2]
   local ye, gwe = run(false, c, true)
   local yc, gwc, _, f = run(true, c, true)
-  H.eq({ bits(yc), bits(gwc) }, { bits(ye), bits(gwe) }, 'relu(h) + h: output and weight gradient')
+  H.eq({ exact(yc), exact(gwc) }, { exact(ye), exact(gwe) }, 'relu(h) + h: output and weight gradient')
   H.eq(f:stats().fusions.conv2d_relu, nil, 'relu(h) + h: the conv stays unfused')
 end)
 
@@ -363,21 +349,14 @@ H.test('fused max-pool backward + ReLU backward: eager bits, NaN and ties includ
     for i, p in ipairs(m:parameters()) do g[i] = p.grad end
     return out, g, compiled and f
   end
-  local function bits(t)
-    local out = {}
-    for i, v in ipairs(t:double():contiguous():view(-1):totable()) do
-      out[i] = v ~= v and 'nan' or (v == 0 and (1 / v < 0 and '-0' or '+0') or ('%.17g'):format(v))
-    end
-    return table.concat(out, ' ')
-  end
   for _, c in ipairs({ { 'float32', 1 }, { 'float32', 3 }, { 'float64', 2 } }) do
     local name = c[1] .. ', C = ' .. c[2]
-    H.eq(bits(run(true, c[1], c[2], true)), bits(run(false, c[1], c[2], true)),
+    H.eq(exact(run(true, c[1], c[2], true)), exact(run(false, c[1], c[2], true)),
          name .. ': output with NaN')
     local oe, ge = run(false, c[1], c[2])
     local oc, gc, f = run(true, c[1], c[2])
-    H.eq(bits(oc), bits(oe), name .. ': output')
-    for i = 1, #ge do H.eq(bits(gc[i]), bits(ge[i]), name .. ': gradient of parameter ' .. i) end
+    H.eq(exact(oc), exact(oe), name .. ': output')
+    for i = 1, #ge do H.eq(exact(gc[i]), exact(ge[i]), name .. ': gradient of parameter ' .. i) end
     H.eq(f:stats().fusions, { conv2d_relu = 1, max_pool2d_backward_relu = 1 }, name .. ': fusions')
   end
 end)
