@@ -1,6 +1,10 @@
 /*
 ** fuse.c -- passes over a finished record that replace a chain of calls by one
 ** fused call doing the same work in one pass over memory (em.compile's "fuse").
+** The passes, in order: ReLU's backward; a convolution or batch norm and the ReLU
+** after it; max pooling's backward and the ReLU backward after it (each explained
+** at its code); then element-wise chains (chain.c). Each fused call names the ops
+** it does (emi_rec.inside), for explain() and the profiler.
 **
 ** ReLU's backward. Autograd computes it as g * (x > 0): three calls, each a
 ** pass over an activation-sized tensor -- a comparison writing a bool mask, the
@@ -202,7 +206,7 @@ static int fuse_producer_relu(em_program *p, int r) {
   emi_rec *c = &p->recs[r];
   const em_tensor *X = producer_out(c);
   if (!X) return 0;
-  /* every view of X: the conv's output, one ReLU after it, backward questions */
+  /* every view of X: the producer's output, one ReLU after it, backward questions */
   size_t xs[MAX_VIEWS];
   int nx = views_of(p, X->storage, xs, MAX_VIEWS), relu = -1;
   if (nx < 2 || !only_views(p, X->storage, nx)) return 0;
@@ -224,7 +228,7 @@ static int fuse_producer_relu(em_program *p, int r) {
   const em_tensor *Y = ((args_unary *)p->recs[relu].args)->out;
   if (!Y || Y->storage == X->storage || !same_geometry(Y, X)) return 0;
   /* Y is first touched by the ReLU and written by nothing else, so writing it
-  ** earlier, at the conv, changes nothing any other call sees; the questions
+  ** earlier, at the producer, changes nothing any other call sees; the questions
   ** come after the ReLU */
   for (size_t j = 0; j < p->nheld; j++) {
     if (!p->held[j] || p->held[j]->storage != Y->storage) continue;
@@ -233,7 +237,7 @@ static int fuse_producer_relu(em_program *p, int r) {
   for (int k = 0; k < nx; k++)
     if (p->uses[xs[k]].rec != r && p->uses[xs[k]].rec != relu && p->uses[xs[k]].rec < relu)
       return 0;
-  /* the ReLU goes; the conv writes Y; the questions read Y */
+  /* the ReLU goes; the producer writes Y; the questions read Y */
   args_unary *u = p->recs[relu].args;
   const em_tensor *relu_in = u->a, *relu_out = u->out;
   for (int k = 0; k < nx; k++) {
