@@ -374,8 +374,10 @@ else ifeq ($(SANITIZE),thread)
 # one thread, the communicator's, whose queue test_comm covers.) OpenBLAS is not
 # instrumented either: its own thread pool's hand-offs would read as races, and
 # more or fewer of them show depending on the kernel it picks for the host's CPU,
-# so tests/tsan.supp leaves frames inside libopenblas out.
-TSAN_TESTS := loader|data|transforms|nccl_emu|^test_comm$$|^test_comm_p2p$$|^test_comm_group$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$|^test_blas_threads$$|^test_(checkpoint_shard|checkpoint_act|amp_strategies|wrap_grad_dest|memory_sweep)\.lua$$
+# so tests/tsan.supp leaves frames inside libopenblas out. test_compile: a compiled
+# element-wise chain shares its tiles among the threads, each calling kernels inside
+# its share.
+TSAN_TESTS := loader|data|transforms|nccl_emu|^test_compile$$|^test_comm$$|^test_comm_p2p$$|^test_comm_group$$|distribute|^test_profile(\.lua)?$$|^test_cuda_(emu|alloc|backend|elementwise|reduce|index|random|matmul|transfer|graph|dnn)$$|^test_grid_emu$$|^test_comm_nccl$$|^test_cuda(_ops|_index_grads|_optim|_nn_dnn)?\.lua$$|^test_embed\.lua$$|^test_blas_threads$$|^test_(checkpoint_shard|checkpoint_act|amp_strategies|wrap_grad_dest|memory_sweep)\.lua$$
 build-tests: all $(CTEST_BIN)
 test: build-tests
 	@EMBER_TEST_NO_MPI='Open MPI is not instrumented for ThreadSanitizer' \
