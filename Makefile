@@ -203,8 +203,9 @@ $(BUILD):
 # -- Library ----------------------------------------------------------------------
 # The objects depend on the compiler and its flags through a stamp rewritten only when
 # they change (a new Makefile, ARCH=...): make alone would keep objects built otherwise.
+# The compiler is named by the file it resolves to (cc and gcc are one compiler).
 FLAGS_STAMP := $(BUILD)/cflags
-FLAGS_NOW   := $(CC) $(CFLAGS)
+FLAGS_NOW   := $(or $(realpath $(shell command -v $(CC) 2>/dev/null)),$(CC)) $(CFLAGS)
 $(shell mkdir -p $(BUILD) && { printf '%s\n' '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || \
   printf '%s\n' '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
 
