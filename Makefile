@@ -25,7 +25,7 @@ endif
 # The local build is for this machine's CPU. What leaves it (make install, the
 # luarocks package, tests/bench/gpu_pack.sh's archive) is built for PORTABLE_ARCH,
 # x86-64-v3 (AVX2, FMA, F16C: every x86 server CPU since 2015, AMD included), in
-# its own folder; the AVX-512 kernels there are chosen at run time (nn_gemm.c).
+# its own folder; the AVX-512 and AVX2 kernels there are chosen at run time (nn_gemm.c).
 ARCH     ?= -march=native
 PORTABLE_ARCH  ?= -march=x86-64-v3
 PORTABLE_BUILD ?= build-portable

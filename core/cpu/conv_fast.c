@@ -11,8 +11,8 @@
 ** the flipped, transposed weight; the weight gradient reads the padded image
 ** rows against grad_out transposed (junk columns zeroed).
 ** Parallel over the batch, one share per thread, as conv.c. It runs only where
-** the AVX-512 GEMM does (chosen at run time, nn_gemm.c); the code here is plain
-** C, the same in every build.
+** our AVX-512 or AVX2 GEMM does (chosen at run time, nn_gemm.c); the code here
+** is plain C, the same in every build.
 */
 #include "nn.h"
 
@@ -28,12 +28,12 @@ typedef struct fast_job {
 
 #define PADV(g) ((g)->kW * (g)->dW + 32)   /* slack after a padded image */
 
-/* Only with the AVX-512 GEMM: emi_nn_sgemm_rows's plain C fallback is slower
+/* Only with our GEMM kernels: emi_nn_sgemm_rows's plain C fallback is slower
 ** than im2col and OpenBLAS, which conv.c uses otherwise. */
 bool emi_conv_fast_ok(const emi_conv_geom *g) {
   return g->sH == 1 && g->sW == 1 && g->kH * g->kW > 1 && g->C / g->G >= 8 &&
          g->pH <= (g->kH - 1) * g->dH && g->pW <= (g->kW - 1) * g->dW && g->OH > 0 &&
-         g->OW > 0 && emi_cpu_avx512();
+         g->OW > 0 && emi_nn_sgemm_own();
 }
 
 static int64_t sb(const fast_job *j, int64_t s) { return j->g->N * s / j->shares; }

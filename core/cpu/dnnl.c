@@ -33,6 +33,7 @@
 ** policy table below, with its numbers (also in README.md's "CPU kernels").
 */
 #include "dnnl.h"
+#include "nn.h"
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -164,7 +165,7 @@ em_status emi_dnnl_matmul(em_state *S, em_tensor *out, const em_tensor *a,
 em_status em_cpu_kernels_info(char *buf, size_t len) {
   if (!buf || !len) return EM_ERR_ARG;
   snprintf(buf, len, "oneDNN: not built in (no oneapi/dnnl/dnnl.h at build time)\n"
-           "conv2d: ember (im2col + GEMM)\nmatmul: OpenBLAS / ember\n");
+           "conv2d: ember (GEMM on %s)\nmatmul: OpenBLAS / ember\n", emi_nn_sgemm_name());
   return EM_OK;
 }
 
@@ -762,6 +763,8 @@ em_status em_cpu_kernels_info(char *buf, size_t len) {
   if (ok) PUT("oneDNN %s (%s, OpenMP), mode %s\n", L.version, isa, em_cpu_kernels_get());
   else PUT("oneDNN: not used (%s)\n", L.why);
   static const char *const dts[2] = {"float32", "bfloat16"}, *const lays[2] = {"NCHW", "NHWC"};
+  char conv_ours[96];
+  snprintf(conv_ours, sizeof conv_ours, "ember (GEMM on %s)", emi_nn_sgemm_name());
   for (int op = 0; op < 4; op++)
     for (int dt = 0; dt < 2; dt++)
       for (int lay = 0; lay < (op == OP_MATMUL ? 1 : 2); lay++) {
@@ -769,7 +772,7 @@ em_status em_cpu_kernels_info(char *buf, size_t len) {
         const char *ours = op == OP_MATMUL
                                ? (dt == DT_F32 ? "OpenBLAS / ember (small)"
                                                : "OpenBLAS in float32")
-                               : (dt == DT_F32 ? (lay == LAY_NCHW ? "ember (im2col + GEMM)"
+                               : (dt == DT_F32 ? (lay == LAY_NCHW ? conv_ours
                                                                   : "ember (on an NCHW copy)")
                                                : "ember in float32 (widened)");
         if (op == OP_MATMUL)

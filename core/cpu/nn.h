@@ -9,8 +9,8 @@
 #include "cpu.h"
 
 /* nn_gemm.c -- C (MxN) = [C +] A (MxK, any strides) * B (KxN, rows of stride ldb),
-** single-threaded float32 (AVX-512 kernel where the CPU has it, else cblas).
-** With the fallback, A must have acs == 1 or ars == 1. */
+** single-threaded float32 (our AVX-512 or AVX2 kernel where the CPU has one, else
+** cblas). With the fallback, A must have acs == 1 or ars == 1. */
 void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                   const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
 
@@ -31,11 +31,16 @@ static inline int emi_blas_lda(int64_t M, int64_t K, int64_t ars, int64_t acs) {
 }
 
 /* Whether this process runs the AVX-512 kernels: the CPU and OS support them and
-** EMBER_CPU_AVX512 is not 0. Decided once, on the first call; any thread. */
+** EMBER_CPU_AVX512 is not 0; the AVX2 + FMA ones, EMBER_CPU_AVX2 not 0. Decided
+** once, on the first call; any thread. */
 bool emi_cpu_avx512(void);
+bool emi_cpu_avx2(void);
 
-/* Whether emi_nn_sgemm calls OpenBLAS (no AVX-512 kernel on this CPU). */
-#define EMI_NN_SGEMM_BLAS (!emi_cpu_avx512())
+/* Whether emi_nn_sgemm runs one of our kernels (AVX-512 or AVX2), not OpenBLAS. */
+static inline bool emi_nn_sgemm_own(void) { return emi_cpu_avx512() || emi_cpu_avx2(); }
+#define EMI_NN_SGEMM_BLAS (!emi_nn_sgemm_own())
+/* Which serves emi_nn_sgemm, for `ember --info`: "its AVX-512 kernel", ... */
+const char *emi_nn_sgemm_name(void);
 
 /* nn_gemm_avx512.c -- the kernels behind the two above, compiled for AVX-512
 ** whatever the build's -march (x86-64 with GCC or clang only); call them only
@@ -52,6 +57,19 @@ void emi_nn_sgemm_rows_avx512(int64_t M, int64_t N, int64_t K, const float *cons
 #define EMI_HAVE_AVX512_KERNELS 0
 #endif
 
+/* nn_gemm_avx2.c -- the same two, compiled for AVX2 + FMA whatever the build's
+** -march; call them only where emi_cpu_avx2() is true, with K > 0. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define EMI_HAVE_AVX2_KERNELS 1
+void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
+                       int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
+void emi_nn_sgemm_rows_avx2(int64_t M, int64_t N, int64_t K, const float *const *A,
+                            int64_t acs, const float *const *B, float *C, int64_t ldc,
+                            int acc);
+#else
+#define EMI_HAVE_AVX2_KERNELS 0
+#endif
+
 /* conv_nhwc.c -- conv2d on channels-last tensors (g->nhwc), float32 and float64;
 ** the entries of conv.c hand such geometries over. */
 em_status emi_cpu_conv2d_nhwc(emi_device *dev, const emi_conv_geom *g, em_tensor *y,
@@ -60,7 +78,7 @@ em_status emi_cpu_conv2d_nhwc_backward(emi_device *dev, const emi_conv_geom *g,
                                        em_tensor *gx, em_tensor *gw, em_tensor *gb,
                                        const em_tensor *gy, const em_tensor *x,
                                        const em_tensor *w);
-/* conv_fast.c -- float32 stride-1 conv2d without im2col (where emi_cpu_avx512()). */
+/* conv_fast.c -- float32 stride-1 conv2d without im2col (where emi_nn_sgemm_own()). */
 bool emi_conv_fast_ok(const emi_conv_geom *g);
 em_status emi_conv_fast_fwd(em_state *S, const emi_conv_geom *g, const float *x,
                             const float *w, const float *b, float *y, int64_t shares);
