@@ -70,6 +70,15 @@ void emi_nn_sgemm_rows_avx2(int64_t M, int64_t N, int64_t K, const float *const 
 #define EMI_HAVE_AVX2_KERNELS 0
 #endif
 
+/* pool_avx2.c -- float32 max pooling's forward, 2x2 window, stride 2, one output
+** row: OW outputs and their indices from input rows r0, r1 of width W (i0: the
+** index of r0's first element); returns how many it did. Call only where
+** emi_cpu_avx2(). */
+#if EMI_HAVE_AVX2_KERNELS
+int64_t emi_maxpool2x2_row_avx2(const float *r0, const float *r1, int64_t OW, int64_t W,
+                                int64_t i0, float *y, int64_t *ind);
+#endif
+
 /* conv_nhwc.c -- conv2d on channels-last tensors (g->nhwc), float32 and float64;
 ** the entries of conv.c hand such geometries over. */
 em_status emi_cpu_conv2d_nhwc(emi_device *dev, const emi_conv_geom *g, em_tensor *y,

@@ -6,6 +6,7 @@
 ** Channels-last geometries (g->nhwc) go to pool_nhwc.c.
 */
 #include "lowp.h"
+#include "nn.h"
 #include <math.h>
 
 typedef struct pool_job {
@@ -28,6 +29,27 @@ static int64_t ada_end(int64_t o, int64_t in, int64_t out) {
   return ((o + 1) * in + out - 1) / out;
 }
 
+/* The common 2x2 window with stride 2 and no padding or dilation (every CNN's
+** MaxPool2d(2)), whose windows tile the plane without overlap. */
+static bool is_2x2(const emi_pool_geom *g) {
+  return g->kH == 2 && g->kW == 2 && g->sH == 2 && g->sW == 2 && g->pH == 0 && g->pW == 0 &&
+         g->dH == 1 && g->dW == 1 && 2 * g->OH <= g->H && 2 * g->OW <= g->W;
+}
+
+/* The vector row of pool_avx2.c for float32 where the CPU has AVX2 (it says how
+** many outputs it did, the rest run in pool_impl.h's scalar loop); float64 has
+** none. */
+static inline int64_t row2x2_f32(const float *r0, const float *r1, int64_t OW, int64_t W,
+                                 int64_t i0, float *y, int64_t *ind) {
+#if EMI_HAVE_AVX2_KERNELS
+  if (emi_cpu_avx2()) return emi_maxpool2x2_row_avx2(r0, r1, OW, W, i0, y, ind);
+#endif
+  return 0;
+}
+static inline int64_t row2x2_f64(const double *r0, const double *r1, int64_t OW, int64_t W,
+                                 int64_t i0, double *y, int64_t *ind) {
+  return 0;
+}
 /* -- Per-dtype loops (pool_impl.h, T float then double) --------------------------------- */
 
 #define T float

@@ -6,8 +6,8 @@
 ** at full width, and double stays double for the gradient checks. C has no
 ** templates; a file included per type keeps these loops ordinary code, which
 ** compiler messages and debuggers see line by line, where a macro would be one
-** line. The file is part of pool.c (pool_job, ada_start, ada_end come from
-** there) and nothing else includes it.
+** line. The file is part of pool.c (pool_job, ada_start, ada_end, is_2x2 and
+** the vector row FN(row2x2) come from there) and nothing else includes it.
 **
 ** x is planes of (H, W), y and ind planes of (OH, OW); [p0, p1) are planes.
 */
@@ -16,7 +16,8 @@
 ** MaxPool2d(2)): straight-line code over pairs of rows, same choices as the
 ** general loop below (the first maximum wins; a NaN is taken, then only a later
 ** NaN replaces it). The general loop spends most of its time on index arithmetic
-** for so small a window: this runs several times faster. */
+** for so small a window: this runs several times faster, and the vector row
+** (pool_avx2.c, where the CPU has AVX2) faster still. */
 static void FN(maxp_fwd_2x2)(const pool_job *j, int64_t p0, int64_t p1) {
   const emi_pool_geom *g = j->g;
   int64_t W = g->W, OH = g->OH, OW = g->OW, base = j->base;
@@ -31,7 +32,7 @@ static void FN(maxp_fwd_2x2)(const pool_job *j, int64_t p0, int64_t p1) {
       int64_t i0 = 2 * oh * W + base;
       /* selects rather than if-chains: random data would make every comparison a
       ** coin flip for the branch predictor */
-      for (int64_t ow = 0; ow < OW; ow++) {
+      for (int64_t ow = FN(row2x2)(r0, r1, OW, W, i0, yr, ir); ow < OW; ow++) {
         T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
         int64_t off = 0;
         T best = a;
@@ -54,8 +55,7 @@ static void FN(maxp_fwd_2x2)(const pool_job *j, int64_t p0, int64_t p1) {
 static void FN(maxp_fwd)(void *ctx, int64_t p0, int64_t p1) {
   const pool_job *j = ctx;
   const emi_pool_geom *g = j->g;
-  if (g->kH == 2 && g->kW == 2 && g->sH == 2 && g->sW == 2 && g->pH == 0 && g->pW == 0 &&
-      g->dH == 1 && g->dW == 1 && 2 * g->OH <= g->H && 2 * g->OW <= g->W) {
+  if (is_2x2(g)) {
     FN(maxp_fwd_2x2)(j, p0, p1);
     return;
   }
