@@ -54,6 +54,24 @@ static void gemm_f64(int64_t M, int64_t N, int64_t K, const double *A, int64_t a
               emi_blas_lda(M, K, ars, acs), B, (int)ldb, acc ? 1.0 : 0.0, C, (int)ldc);
 }
 
+/* The weight gradient's dots where K (weight columns) is small, gwt (K x O) +=
+** gy (Og x L) col^T: the AVX2 kernel for float32 where the CPU has it (true),
+** else conv_impl.h's plain loop (false). */
+static bool gw_dots_fast_f32(int64_t Og, int64_t K, int64_t L, const float *gy,
+                             const float *col, float *gwt, int64_t O) {
+#if EMI_HAVE_AVX2_KERNELS
+  if (emi_cpu_avx2()) {
+    emi_nn_sgemm_nt_avx2(Og, K, L, gy, L, col, L, gwt, 1, O);
+    return true;
+  }
+#endif
+  return false;
+}
+static bool gw_dots_fast_f64(int64_t Og, int64_t K, int64_t L, const double *gy,
+                             const double *col, double *gwt, int64_t O) {
+  return false;
+}
+
 /* -- Per-dtype loops (conv_impl.h, T float then double) --------------------------------- */
 
 #define T float

@@ -8,7 +8,7 @@
 ** templates; a file included per type keeps these loops ordinary code, which
 ** compiler messages and debuggers see line by line, where a macro would be one
 ** line. The file is part of conv.c (conv_job, valid_range, share_begin,
-** conv_direct come from there) and nothing else includes it.
+** conv_direct, FN(gw_dots_fast) come from there) and nothing else includes it.
 **
 ** x is (N, C, H, W), w (O, C/G, kH, kW), y and gy (N, O, OH, OW); a share is a
 ** slice of the batch with its own scratch.
@@ -124,11 +124,13 @@ static void FN(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
         const T *c = col;
         if (conv_direct(g)) c = xn;
         else FN(im2col)(g, xn, col);
-        if (K <= 16) {   /* few weight columns (e.g. one input channel): plain dots */
-          for (int64_t gi = 0; gi < g->G; gi++)
+        if (K <= 16) {   /* few weight columns (e.g. one input channel): dots */
+          for (int64_t gi = 0; gi < g->G; gi++) {
+            const T *gyg = gyn + gi * Og * L, *cg = c + gi * K * L;
+            if (FN(gw_dots_fast)(Og, K, L, gyg, cg, gwt + gi * Og, g->O)) continue;
             for (int64_t o = 0; o < Og; o++)
               for (int64_t k = 0; k < K; k++) {
-                const T *a = gyn + (gi * Og + o) * L, *bb = c + (gi * K + k) * L;
+                const T *a = gyg + o * L, *bb = cg + k * L;
                 T part[16] = {0}, acc = 0;
                 int64_t l = 0;
                 for (; l + 16 <= L; l += 16)
@@ -137,6 +139,7 @@ static void FN(conv_bwd)(void *ctx, int64_t s0, int64_t s1) {
                 for (int q = 0; q < 16; q++) acc += part[q];
                 gwt[k * g->O + gi * Og + o] += acc;
               }
+          }
         } else {
         for (int64_t l0 = 0; l0 < L; l0 += 16)   /* gy^T, in tiles */
           for (int64_t o = 0; o < g->O; o++)

@@ -66,6 +66,11 @@ void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
 void emi_nn_sgemm_rows_avx2(int64_t M, int64_t N, int64_t K, const float *const *A,
                             int64_t acs, const float *const *B, float *C, int64_t ldc,
                             int acc);
+/* C[m*cm + n*cn] += sum over l < L of A[m*lda + l] * B[n*ldb + l], for m < M,
+** n < N: the weight gradient of a conv with few weight columns (one input
+** channel: K = kH*kW), where A is grad_out and B the im2col rows. */
+void emi_nn_sgemm_nt_avx2(int64_t M, int64_t N, int64_t L, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float *C, int64_t cm, int64_t cn);
 #else
 #define EMI_HAVE_AVX2_KERNELS 0
 #endif

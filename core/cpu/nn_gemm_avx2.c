@@ -181,6 +181,76 @@ EMI_AVX2 void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A,
   }
 }
 
+/* -- C += A B^T with both read along their rows --------------------------------------- */
+
+/* The first n of eight lanes (n <= 8), for the masked loads of a row's end. */
+EMI_AVX2 INLINE __m256i lanes_first(int64_t n) { return lanes_of(n); }
+
+/* R rows of A (1..4) against P rows of B (1..3): twelve 8-wide partial sums over
+** l, summed across their lanes at the end and added into C. Constants R, P fold
+** as in kern(). */
+#define NT_ACC(r, q) (R > r && P > q)
+#define NT_FMA(r, q) if (NT_ACC(r, q)) s##r##q = _mm256_fmadd_ps(a##r, b##q, s##r##q);
+#define NT_ROW(r)                                                                          \
+  if (R > r) a##r = LOAD(A + r * lda + l);
+#define NT_COL(q)                                                                          \
+  if (P > q) b##q = LOAD(B + q * ldb + l);
+#define NT_STEP                                                                            \
+  NT_ROW(0) NT_ROW(1) NT_ROW(2) NT_ROW(3) NT_COL(0) NT_COL(1) NT_COL(2)                    \
+  NT_FMA(0, 0) NT_FMA(0, 1) NT_FMA(0, 2) NT_FMA(1, 0) NT_FMA(1, 1) NT_FMA(1, 2)             \
+  NT_FMA(2, 0) NT_FMA(2, 1) NT_FMA(2, 2) NT_FMA(3, 0) NT_FMA(3, 1) NT_FMA(3, 2)
+
+EMI_AVX2 INLINE float lane_sum(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+EMI_AVX2 INLINE void nt_block(int R, int P, int64_t L, const float *A, int64_t lda,
+                              const float *B, int64_t ldb, float *C, int64_t cm, int64_t cn) {
+  __m256 z = _mm256_setzero_ps(), s00 = z, s01 = z, s02 = z, s10 = z, s11 = z, s12 = z,
+         s20 = z, s21 = z, s22 = z, s30 = z, s31 = z, s32 = z;
+  __m256 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z;
+  int64_t l = 0;
+#define LOAD(p) _mm256_loadu_ps(p)
+  for (; l + 8 <= L; l += 8) { NT_STEP }
+#undef LOAD
+  if (l < L) {   /* the row ends inside a vector: masked loads read zeros past it */
+    __m256i m = lanes_first(L - l);
+#define LOAD(p) _mm256_maskload_ps(p, m)
+    NT_STEP
+#undef LOAD
+  }
+#define NT_OUT(r, q) if (NT_ACC(r, q)) C[r * cm + q * cn] += lane_sum(s##r##q);
+  NT_OUT(0, 0) NT_OUT(0, 1) NT_OUT(0, 2) NT_OUT(1, 0) NT_OUT(1, 1) NT_OUT(1, 2)
+  NT_OUT(2, 0) NT_OUT(2, 1) NT_OUT(2, 2) NT_OUT(3, 0) NT_OUT(3, 1) NT_OUT(3, 2)
+#undef NT_OUT
+}
+
+#define NT_INSTANCES(X)                                                                    \
+  X(4, 3) X(4, 2) X(4, 1) X(3, 3) X(3, 2) X(3, 1) X(2, 3) X(2, 2) X(2, 1) X(1, 3) X(1, 2)   \
+  X(1, 1)
+#define NT_CASE(R, P)                                                                      \
+  case R * 10 + P:                                                                         \
+    nt_block(R, P, L, A, lda, B, ldb, C, cm, cn);                                          \
+    break;
+
+EMI_AVX2 static void nt_pick(int sel, int64_t L, const float *A, int64_t lda, const float *B,
+                             int64_t ldb, float *C, int64_t cm, int64_t cn) {
+  switch (sel) { NT_INSTANCES(NT_CASE) default: break; }
+}
+
+EMI_AVX2 void emi_nn_sgemm_nt_avx2(int64_t M, int64_t N, int64_t L, const float *A,
+                                   int64_t lda, const float *B, int64_t ldb, float *C,
+                                   int64_t cm, int64_t cn) {
+  for (int64_t i = 0; i < M; i += 4)
+    for (int64_t j = 0; j < N; j += 3) {
+      int R = M - i < 4 ? (int)(M - i) : 4, P = N - j < 3 ? (int)(N - j) : 3;
+      nt_pick(R * 10 + P, L, A + i * lda, lda, B + j * ldb, ldb, C + i * cm + j * cn, cm, cn);
+    }
+}
+
 #else
 /* ISO C wants a translation unit to declare something. */
 typedef int emi_nn_gemm_avx2_unused;

@@ -1,8 +1,9 @@
 /*
 ** test_cpu_gemm.c -- the single-threaded float32 GEMM kernels under conv2d
 ** (core/cpu/nn_gemm*.c), each one this CPU can run, called directly: the AVX-512
-** and AVX2 kernels, plain and with rows by pointer, and the plain C fallback of
-** the latter. Each is compared with a float64 reference over shapes that reach
+** and AVX2 kernels, plain and with rows by pointer, the plain C fallback of the
+** latter, and the AVX2 kernel of C += A B^T (the weight gradient of a conv with
+** few weight columns). Each is compared with a float64 reference over shapes that reach
 ** every register-block instance (row tails of 1 to 3 rows, 1 to 3 vectors, a
 ** partial last vector), K slices of unequal count, accumulation into C, a
 ** transposed A (read by strides), and C's columns past N left untouched. A value
@@ -145,6 +146,54 @@ static void test_avx512(void) {
 #endif
 }
 
+/* C += A B^T (both along rows), C written with strides cm, cn (the conv's
+** transposed weight gradient): every block instance, rows that end inside a
+** vector, and C's untouched neighbours. */
+static void test_avx2_nt(void) {
+#if EMI_HAVE_AVX2_KERNELS
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    check_skip("this CPU has no AVX2 and FMA");
+    return;
+  }
+  static const int64_t Ms[] = {1, 2, 3, 4, 5, 8, 9, 32}, Ns[] = {1, 2, 3, 4, 7, 9, 16},
+                       Ls[] = {1, 7, 8, 9, 100, 784};
+  for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+    for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+      for (size_t c = 0; c < sizeof Ls / sizeof *Ls; c++) {
+        int64_t M = Ms[a], N = Ns[b], L = Ls[c], lda = L + 3, ldb = L + 1;
+        int64_t cm = 1, cn = M + 2;   /* C transposed, with a gap after each column */
+        size_t nc = (size_t)(N * cn);
+        float *A = malloc(sizeof(float) * (size_t)(M * lda)), *B = malloc(sizeof(float) * (size_t)(N * ldb));
+        float *C = malloc(sizeof(float) * nc), *C0 = malloc(sizeof(float) * nc);
+        uint32_t s = (uint32_t)(M * 31 + N * 7 + L);
+        for (int64_t i = 0; i < M * lda; i++) A[i] = val(&s);
+        for (int64_t i = 0; i < N * ldb; i++) B[i] = val(&s);
+        for (size_t i = 0; i < nc; i++) C[i] = C0[i] = val(&s);
+        emi_nn_sgemm_nt_avx2(M, N, L, A, lda, B, ldb, C, cm, cn);
+        double worst = 0;
+        int untouched = 1;
+        for (int64_t n = 0; n < N; n++) {
+          for (int64_t m = 0; m < M; m++) {
+            double r = C0[m * cm + n * cn];
+            for (int64_t l = 0; l < L; l++) r += (double)A[m * lda + l] * B[n * ldb + l];
+            double e = fabs(C[m * cm + n * cn] - r) / (1 + fabs(r));
+            if (e > worst) worst = e;
+          }
+          for (int64_t m = M; m < cn; m++) untouched &= C[n * cn + m] == C0[n * cn + m];
+        }
+        double tol = 4e-6 * sqrt((double)L + 1);
+        CHECK(worst <= tol, "nt M=%lld N=%lld L=%lld: error %.3g > %.3g", (long long)M,
+              (long long)N, (long long)L, worst, tol);
+        CHECK(untouched, "nt M=%lld N=%lld L=%lld: wrote outside C", (long long)M, (long long)N,
+              (long long)L);
+        free(A); free(B); free(C); free(C0);
+      }
+#else
+  check_skip("not an x86-64 GCC/clang build: no AVX2 kernels");
+#endif
+}
+
 /* The entry the conv calls: whichever kernel this process picked (or BLAS). */
 static void test_dispatch(void) {
   sweep("emi_nn_sgemm", emi_nn_sgemm, NULL, 0);
@@ -153,6 +202,7 @@ static void test_dispatch(void) {
 
 int main(void) {
   RUN(test_avx2);
+  RUN(test_avx2_nt);
   RUN(test_avx512);
   RUN(test_dispatch);
   return check_done();
