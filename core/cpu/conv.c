@@ -54,6 +54,25 @@ static void gemm_f64(int64_t M, int64_t N, int64_t K, const double *A, int64_t a
               emi_blas_lda(M, K, ars, acs), B, (int)ldb, acc ? 1.0 : 0.0, C, (int)ldc);
 }
 
+/* y = [relu](w * col + b[row]): the epilogue inside the float32 GEMM; float64
+** runs BLAS, then one pass over the rows while they are in cache. */
+static void gemm_ep_f32(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
+                        int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                        const float *bias, int relu) {
+  emi_nn_sgemm_ep(M, N, K, A, ars, acs, B, ldb, C, ldc, bias, relu);
+}
+static void gemm_ep_f64(int64_t M, int64_t N, int64_t K, const double *A, int64_t ars,
+                        int64_t acs, const double *B, int64_t ldb, double *C, int64_t ldc,
+                        const double *bias, int relu) {
+  gemm_f64(M, N, K, A, ars, acs, B, ldb, C, ldc, 0);
+  if (!bias && !relu) return;
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double v = bias ? C[i * ldc + j] + bias[i] : C[i * ldc + j];
+      C[i * ldc + j] = relu && v < 0 ? 0.0 : v;
+    }
+}
+
 /* The weight gradient's dots where K (weight columns) is small, gwt (K x O) +=
 ** gy (Og x L) col^T: the AVX2 kernel for float32 where the CPU has it (true),
 ** else conv_impl.h's plain loop (false). */

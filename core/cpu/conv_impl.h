@@ -8,7 +8,8 @@
 ** templates; a file included per type keeps these loops ordinary code, which
 ** compiler messages and debuggers see line by line, where a macro would be one
 ** line. The file is part of conv.c (conv_job, valid_range, share_begin,
-** conv_direct, FN(gw_dots_fast) come from there) and nothing else includes it.
+** conv_direct, FN(gemm_ep), FN(gw_dots_fast) come from there) and nothing else
+** includes it.
 **
 ** x is (N, C, H, W), w (O, C/G, kH, kW), y and gy (N, O, OH, OW); a share is a
 ** slice of the batch with its own scratch.
@@ -82,14 +83,9 @@ static void FN(conv_fwd)(void *ctx, int64_t s0, int64_t s1) {
         FN(im2col)(g, xn, col);
         c = col;
       }
-      if (b)
-        for (int64_t o = 0; o < g->O; o++)
-          for (int64_t l = 0; l < L; l++) yn[o * L + l] = b[o];
-      for (int64_t gi = 0; gi < g->G; gi++)
-        FN(gemm)(Og, L, K, w + gi * Og * K, K, 1, c + gi * K * L, L, yn + gi * Og * L, L,
-                 b != NULL);
-      if (g->act == EMI_ACT_RELU)   /* while the sample's output is in cache */
-        for (int64_t i = 0; i < g->O * L; i++) yn[i] = yn[i] < 0 ? (T)0 : yn[i];
+      for (int64_t gi = 0; gi < g->G; gi++)   /* bias and ReLU as it writes */
+        FN(gemm_ep)(Og, L, K, w + gi * Og * K, K, 1, c + gi * K * L, L, yn + gi * Og * L, L,
+                    b ? b + gi * Og : NULL, g->act == EMI_ACT_RELU);
     }
   }
 }

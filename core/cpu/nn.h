@@ -14,6 +14,12 @@
 void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                   const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
 
+/* C = [relu](A*B + bias[row]), bias NULL for none: the GEMM with the conv's
+** epilogue, applied as the AVX2 kernel stores C (elsewhere, a pass after). */
+void emi_nn_sgemm_ep(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
+                     int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                     const float *bias, int relu);
+
 /* The same with rows given by pointers: A row i element k at A[i][k*acs], B row
 ** k at B[k] (conv_fast.c reads shifted windows of a padded image this way). */
 void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,
@@ -58,11 +64,13 @@ void emi_nn_sgemm_rows_avx512(int64_t M, int64_t N, int64_t K, const float *cons
 #endif
 
 /* nn_gemm_avx2.c -- the same two, compiled for AVX2 + FMA whatever the build's
-** -march; call them only where emi_cpu_avx2() is true, with K > 0. */
+** -march; call them only where emi_cpu_avx2() is true, with K > 0. The plain one
+** takes emi_nn_sgemm_ep's epilogue (bias NULL and relu 0: none). */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define EMI_HAVE_AVX2_KERNELS 1
 void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
-                       int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
+                       int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc, int acc,
+                       const float *bias, int relu);
 void emi_nn_sgemm_rows_avx2(int64_t M, int64_t N, int64_t K, const float *const *A,
                             int64_t acs, const float *const *B, float *C, int64_t ldc,
                             int acc);

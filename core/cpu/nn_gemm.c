@@ -93,7 +93,7 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
     }
 #endif
 #if EMI_HAVE_AVX2_KERNELS
-    emi_nn_sgemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, acc);
+    emi_nn_sgemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, acc, NULL, 0);
     return;
 #endif
   }
@@ -101,6 +101,26 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
   cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, A,
               emi_blas_lda(M, K, ars, acs), B,
               (int)ldb, acc ? 1.0f : 0.0f, C, (int)ldc);
+}
+
+void emi_nn_sgemm_ep(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
+                     int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                     const float *bias, int relu) {
+#if EMI_HAVE_AVX2_KERNELS
+  if (K > 0 && emi_cpu_avx2() && !emi_cpu_avx512()) {
+    emi_nn_sgemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, 0, bias, relu);
+    return;
+  }
+#endif
+  emi_nn_sgemm(M, N, K, A, ars, acs, B, ldb, C, ldc, 0);
+  if (!bias && !relu) return;
+  for (int64_t i = 0; i < M; i++) {   /* while the rows are in cache */
+    float *c = C + i * ldc, bv = bias ? bias[i] : 0.0f;
+    for (int64_t j = 0; j < N; j++) {
+      float v = bias ? c[j] + bv : c[j];
+      c[j] = relu && v < 0 ? 0.0f : v;
+    }
+  }
 }
 
 /* The fallback is plain C: conv_fast.c calls this only where one of our kernels

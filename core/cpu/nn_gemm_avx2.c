@@ -34,14 +34,20 @@ EMI_AVX2 INLINE __m256i lanes_of(int64_t n) {
   return _mm256_loadu_si256((const __m256i *)(const void *)(ramp + 8 - k));
 }
 
-EMI_AVX2 INLINE void store_c(float *p, __m256 v, int acc, int last, int masked, __m256i m) {
-  if (masked && last) {
-    if (acc) v = _mm256_add_ps(v, _mm256_maskload_ps(p, m));
-    _mm256_maskstore_ps(p, m, v);
-  } else {
-    if (acc) v = _mm256_add_ps(v, _mm256_loadu_ps(p));
-    _mm256_storeu_ps(p, v);
-  }
+/* The epilogue a caller may ask for, applied as the last K slice stores C:
+** C = relu(AB [+ C] + bias[row]). max(0, v) is ReLU with NaN kept (maxps gives
+** its second operand when either is NaN) and -0 kept (and when they compare
+** equal), as the scalar v < 0 ? 0 : v. */
+typedef struct { const float *bias; int relu; } epilogue;
+
+EMI_AVX2 INLINE void store_c(float *p, __m256 v, int acc, int last, int masked, __m256i m,
+                             const float *bias, int relu) {
+  bool part = masked && last;
+  if (acc) v = _mm256_add_ps(v, part ? _mm256_maskload_ps(p, m) : _mm256_loadu_ps(p));
+  if (bias) v = _mm256_add_ps(v, _mm256_broadcast_ss(bias));
+  if (relu) v = _mm256_max_ps(_mm256_setzero_ps(), v);
+  if (part) _mm256_maskstore_ps(p, m, v);
+  else _mm256_storeu_ps(p, v);
 }
 
 /* R rows (1..4) x NV vectors (1..3) of C from a packed panel of B (row k at
@@ -58,11 +64,13 @@ EMI_AVX2 INLINE void store_c(float *p, __m256 v, int acc, int last, int masked, 
     FMA_RV(r, 0) FMA_RV(r, 1) FMA_RV(r, 2)                                                 \
   }
 #define STORE_RV(r, v)                                                                     \
-  if (ACC(r, v)) store_c(C + r * ldc + 8 * v, c##r##v, acc, v == NV - 1, masked, m);
+  if (ACC(r, v))                                                                           \
+    store_c(C + r * ldc + 8 * v, c##r##v, acc, v == NV - 1, masked, m,                      \
+            ep.bias ? ep.bias + r : NULL, ep.relu);
 
 EMI_AVX2 INLINE void kern(int R, int NV, int masked, int64_t K, const float *const *ar,
                           int64_t acs, const float *bp, float *C, int64_t ldc, int acc,
-                          __m256i m) {
+                          __m256i m, epilogue ep) {
   __m256 z = _mm256_setzero_ps(), c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z,
          c20 = z, c21 = z, c22 = z, c30 = z, c31 = z, c32 = z;
   for (int64_t k = 0; k < K; k++) {
@@ -89,11 +97,12 @@ EMI_AVX2 INLINE void kern(int R, int NV, int masked, int64_t K, const float *con
   X(1, 3, 0) X(1, 3, 1) X(1, 2, 0) X(1, 2, 1) X(1, 1, 0) X(1, 1, 1)
 #define CASE(R, NV, MK)                                                                    \
   case R * 100 + NV * 10 + MK:                                                             \
-    kern(R, NV, MK, K, ar, acs, bp, C, ldc, acc, m);                                       \
+    kern(R, NV, MK, K, ar, acs, bp, C, ldc, acc, m, ep);                                   \
     break;
 
 EMI_AVX2 static void block(int sel, int64_t K, const float *const *ar, int64_t acs,
-                           const float *bp, float *C, int64_t ldc, int acc, __m256i m) {
+                           const float *bp, float *C, int64_t ldc, int acc, __m256i m,
+                           epilogue ep) {
   switch (sel) { INSTANCES(CASE) default: break; }
 }
 
@@ -130,10 +139,11 @@ EMI_AVX2 static void pack_panel(float *bp, const float *const *brow, int64_t kb,
 }
 
 /* The shared driver: A rows by pointer (ar0[i] + k*acs is A[i][k]), B rows by
-** pointer (brow[k] + j is B[k][j]). */
+** pointer (brow[k] + j is B[k][j]); ep applies as the last K slice stores (ep
+** holds the bias of row 0). */
 EMI_AVX2 static void gemm_rows(int64_t M, int64_t N, int64_t K, const float *const *arow,
                                int64_t acs, const float *const *brow, float *C, int64_t ldc,
-                               int acc) {
+                               int acc, epilogue ep) {
   float bp[KB * NB] __attribute__((aligned(32)));
   int64_t ks = slice_of(K);
   for (int64_t k0 = 0; k0 < K; k0 += ks) {
@@ -148,7 +158,9 @@ EMI_AVX2 static void gemm_rows(int64_t M, int64_t N, int64_t K, const float *con
         int R = M - i < 4 ? (int)(M - i) : 4;
         const float *ar[4];
         for (int r = 0; r < 4; r++) ar[r] = arow[i + (r < R ? r : 0)] + k0 * acs;
-        block(R * 100 + nv * 10 + masked, kb, ar, acs, bp, C + i * ldc + j, ldc, a2, m);
+        epilogue e = {NULL, 0};
+        if (k0 + kb == K) e = (epilogue){ep.bias ? ep.bias + i : NULL, ep.relu};
+        block(R * 100 + nv * 10 + masked, kb, ar, acs, bp, C + i * ldc + j, ldc, a2, m, e);
       }
     }
   }
@@ -157,14 +169,14 @@ EMI_AVX2 static void gemm_rows(int64_t M, int64_t N, int64_t K, const float *con
 EMI_AVX2 void emi_nn_sgemm_rows_avx2(int64_t M, int64_t N, int64_t K, const float *const *A,
                                      int64_t acs, const float *const *B, float *C,
                                      int64_t ldc, int acc) {
-  gemm_rows(M, N, K, A, acs, B, C, ldc, acc);
+  gemm_rows(M, N, K, A, acs, B, C, ldc, acc, (epilogue){NULL, 0});
 }
 
 /* The plain form builds the row tables in slices (KB rows of B, 4 of A at a
 ** time would do, but tables of every row keep one driver). */
 EMI_AVX2 void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
                                 int64_t acs, const float *B, int64_t ldb, float *C,
-                                int64_t ldc, int acc) {
+                                int64_t ldc, int acc, const float *bias, int relu) {
   enum { ROWS = 512 };
   const float *arow[ROWS], *brow[KB];
   for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
@@ -176,7 +188,9 @@ EMI_AVX2 void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A,
       for (int64_t k = 0; k < kb; k++) brow[k] = B + (k0 + k) * ldb;
       const float *ak[ROWS];
       for (int64_t i = 0; i < mb; i++) ak[i] = arow[i] + k0 * acs;
-      gemm_rows(mb, N, kb, ak, acs, brow, C + i0 * ldc, ldc, acc || k0 > 0);
+      epilogue ep = {NULL, 0};
+      if (k0 + kb == K) ep = (epilogue){bias ? bias + i0 : NULL, relu};
+      gemm_rows(mb, N, kb, ak, acs, brow, C + i0 * ldc, ldc, acc || k0 > 0, ep);
     }
   }
 }

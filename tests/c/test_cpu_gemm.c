@@ -118,6 +118,13 @@ static void sweep(const char *name, plain_fn pf, rows_fn rf, int position_free) 
       }
 }
 
+#if EMI_HAVE_AVX2_KERNELS
+static void avx2_plain(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
+                       int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc, int acc) {
+  emi_nn_sgemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, acc, NULL, 0);
+}
+#endif
+
 static void test_avx2(void) {
 #if EMI_HAVE_AVX2_KERNELS
   __builtin_cpu_init();
@@ -125,7 +132,7 @@ static void test_avx2(void) {
     check_skip("this CPU has no AVX2 and FMA");
     return;
   }
-  sweep("avx2", emi_nn_sgemm_avx2, NULL, 1);
+  sweep("avx2", avx2_plain, NULL, 1);
   sweep("avx2 rows", NULL, emi_nn_sgemm_rows_avx2, 1);
 #else
   check_skip("not an x86-64 GCC/clang build: no AVX2 kernels");
@@ -194,6 +201,46 @@ static void test_avx2_nt(void) {
 #endif
 }
 
+/* The GEMM with the conv's epilogue, C = relu(A B + bias[row]), through whichever
+** path this process runs (inside the AVX2 kernel, or a pass after): against the
+** reference, over K slices and edges, with a NaN row (ReLU keeps NaN). */
+static void test_epilogue(void) {
+  static const int64_t Ms[] = {1, 3, 4, 5, 9, 32}, Ns[] = {1, 8, 9, 23, 24, 25, 100},
+                       Ks[] = {1, 9, 128, 300};
+  int bad = 0;
+  for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+    for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+      for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++)
+        for (int relu = 0; relu < 2; relu++) {
+          int64_t M = Ms[a], N = Ns[b], K = Ks[c], ldc = N + 2;
+          float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
+          float *bias = malloc(sizeof(float) * (size_t)M), *C = malloc(sizeof(float) * (size_t)(M * ldc));
+          uint32_t s = (uint32_t)(M * 5 + N * 11 + K * 3 + relu);
+          for (int64_t i = 0; i < M * K; i++) A[i] = val(&s);
+          for (int64_t i = 0; i < K * N; i++) B[i] = val(&s);
+          for (int64_t i = 0; i < M; i++) bias[i] = val(&s);
+          for (int64_t i = 0; i < M * ldc; i++) C[i] = 7;
+          if (M > 1) A[K] = NAN;                       /* row 1 all NaN */
+          emi_nn_sgemm_ep(M, N, K, A, K, 1, B, N, C, ldc, bias, relu);
+          for (int64_t i = 0; i < M; i++) {
+            for (int64_t j = 0; j < N; j++) {
+              double r = bias[i];
+              for (int64_t k = 0; k < K; k++) r += (double)A[i * K + k] * B[k * N + j];
+              float got = C[i * ldc + j];
+              if (relu && r < 0) r = 0;
+              int ok = isnan(r) ? isnan(got) : fabs(got - r) <= 4e-6 * sqrt((double)K + 1) * (1 + fabs(r));
+              if (!ok && bad++ < 5)
+                CHECK(0, "epilogue M=%lld N=%lld K=%lld relu=%d: C[%lld][%lld] %.9g, want %.9g",
+                      (long long)M, (long long)N, (long long)K, relu, (long long)i, (long long)j,
+                      (double)got, r);
+            }
+            for (int64_t j = N; j < ldc; j++) bad += C[i * ldc + j] != 7;
+          }
+          free(A); free(B); free(bias); free(C);
+        }
+  CHECK(bad == 0, "epilogue: %d elements wrong or written past N", bad);
+}
+
 /* The entry the conv calls: whichever kernel this process picked (or BLAS). */
 static void test_dispatch(void) {
   sweep("emi_nn_sgemm", emi_nn_sgemm, NULL, 0);
@@ -205,5 +252,6 @@ int main(void) {
   RUN(test_avx2_nt);
   RUN(test_avx512);
   RUN(test_dispatch);
+  RUN(test_epilogue);
   return check_done();
 }
