@@ -6,7 +6,10 @@
 ** c*Hp*Wp + kh*dH*Wp + kw*dW, over OH*Wp contiguous values: the output is
 ** computed on a grid Wp wide (the last Wp-OW columns of each row are junk and
 ** dropped). The GEMM kernel takes row pointers (emi_nn_sgemm_rows), so no
-** column matrix (kH*kW times the input) is ever written. The backward does the
+** column matrix (kH*kW times the input) is ever written. The AVX2 kernel can
+** read only the output's columns of those rows (a column map: OW of every Wp),
+** so the forward there computes no junk and writes y directly, with the bias and
+** ReLU applied as it stores. The backward does the
 ** same: the input gradient is the full correlation of the padded grad_out with
 ** the flipped, transposed weight; the weight gradient reads the padded image
 ** rows against grad_out transposed (junk columns zeroed).
@@ -83,13 +86,17 @@ static void fast_fwd(void *ctx, int64_t s0, int64_t s1) {
   const emi_conv_geom *g = j->g;
   int64_t Hp = g->H + 2 * g->pH, Wp = g->W + 2 * g->pW, Cg = g->C / g->G, Og = g->O / g->G;
   int64_t K = Cg * g->kH * g->kW, NW = g->OH * Wp, L = g->OH * g->OW;
+  int relu = g->act == EMI_ACT_RELU;
   fast_sizes z = sizes_of(g, 0);
+  emi_nn_colmap grid = {g->OW, Wp};   /* the output's columns inside the padded rows */
   for (int64_t s = s0; s < s1; s++) {
     const float **A = (const float **)(void *)(j->scratch + j->share_bytes * (size_t)s);
     const float **B = A + Og + 8;
     float *xpad = (float *)(void *)A + z.tabs, *yw = xpad + z.xpad;
     for (int64_t n = sb(j, s); n < sb(j, s + 1); n++) {
       pad_image(j->x + n * g->C * g->H * g->W, g->C, g->H, g->W, g->pH, g->pW, xpad, PADV(g));
+      float *yn = j->y + n * g->O * L;
+      bool wide = false;
       for (int64_t gi = 0; gi < g->G; gi++) {
         for (int64_t i = 0; i < Og; i++) A[i] = j->w + (gi * Og + i) * K;
         int64_t k = 0;
@@ -97,15 +104,21 @@ static void fast_fwd(void *ctx, int64_t s0, int64_t s1) {
           for (int64_t kh = 0; kh < g->kH; kh++)
             for (int64_t kw = 0; kw < g->kW; kw++)
               B[k++] = xpad + (gi * Cg + c) * Hp * Wp + kh * g->dH * Wp + kw * g->dW;
-        emi_nn_sgemm_rows(Og, NW, K, A, 1, B, yw + gi * Og * NW, NW, 0);
+        /* straight into y, bias and ReLU as it stores, where the kernel reads the
+        ** output's columns through the map; else the wide grid, then a pass */
+        if (!emi_nn_sgemm_rows_mapped(Og, L, K, A, 1, B, &grid, yn + gi * Og * L, L,
+                                      j->b ? j->b + gi * Og : NULL, relu)) {
+          emi_nn_sgemm_rows(Og, NW, K, A, 1, B, yw + gi * Og * NW, NW, 0);
+          wide = true;
+        }
       }
-      float *yn = j->y + n * g->O * L;
+      if (!wide) continue;
       for (int64_t o = 0; o < g->O; o++) {
         float bv = j->b ? j->b[o] : 0;
         for (int64_t oh = 0; oh < g->OH; oh++) {
           const float *r = yw + o * NW + oh * Wp;
           float *d = yn + o * L + oh * g->OW;
-          if (g->act == EMI_ACT_RELU)
+          if (relu)
             for (int64_t ow = 0; ow < g->OW; ow++) {
               float v = r[ow] + bv;
               d[ow] = v < 0 ? 0.0f : v;

@@ -14,6 +14,18 @@
 void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, int64_t acs,
                   const float *B, int64_t ldb, float *C, int64_t ldc, int acc);
 
+/* Where a row of B keeps its columns: column l at (l / run) * stride + l % run (a
+** conv's output grid inside the wider padded rows of its input). */
+typedef struct emi_nn_colmap { int64_t run, stride; } emi_nn_colmap;
+
+/* C = [relu](A*B + bias[row]) with B's rows by pointer read through map, each
+** readable 7 floats past the end of each run; false (nothing done) where this
+** process runs no kernel that reads through a map (then the caller computes the
+** wide grid). */
+bool emi_nn_sgemm_rows_mapped(int64_t M, int64_t N, int64_t K, const float *const *A,
+                              int64_t acs, const float *const *B, const emi_nn_colmap *map,
+                              float *C, int64_t ldc, const float *bias, int relu);
+
 /* C = [relu](A*B + bias[row]), bias NULL for none: the GEMM with the conv's
 ** epilogue, applied as the AVX2 kernel stores C (elsewhere, a pass after). */
 void emi_nn_sgemm_ep(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
@@ -74,6 +86,10 @@ void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
 void emi_nn_sgemm_rows_avx2(int64_t M, int64_t N, int64_t K, const float *const *A,
                             int64_t acs, const float *const *B, float *C, int64_t ldc,
                             int acc);
+void emi_nn_sgemm_rows_mapped_avx2(int64_t M, int64_t N, int64_t K, const float *const *A,
+                                   int64_t acs, const float *const *B,
+                                   const emi_nn_colmap *map, float *C, int64_t ldc,
+                                   const float *bias, int relu);
 /* C[m*cm + n*cn] += sum over l < L of A[m*lda + l] * B[n*ldb + l], for m < M,
 ** n < N: the weight gradient of a conv with few weight columns (one input
 ** channel: K = kH*kW), where A is grad_out and B the im2col rows. */

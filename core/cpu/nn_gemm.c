@@ -123,6 +123,18 @@ void emi_nn_sgemm_ep(int64_t M, int64_t N, int64_t K, const float *A, int64_t ar
   }
 }
 
+bool emi_nn_sgemm_rows_mapped(int64_t M, int64_t N, int64_t K, const float *const *A,
+                              int64_t acs, const float *const *B, const emi_nn_colmap *map,
+                              float *C, int64_t ldc, const float *bias, int relu) {
+#if EMI_HAVE_AVX2_KERNELS
+  if (K > 0 && emi_cpu_avx2() && !emi_cpu_avx512()) {
+    emi_nn_sgemm_rows_mapped_avx2(M, N, K, A, acs, B, map, C, ldc, bias, relu);
+    return true;
+  }
+#endif
+  return false;
+}
+
 /* The fallback is plain C: conv_fast.c calls this only where one of our kernels
 ** runs (emi_conv_fast_ok), so it serves as the readable reference. */
 void emi_nn_sgemm_rows(int64_t M, int64_t N, int64_t K, const float *const *A, int64_t acs,

@@ -138,13 +138,37 @@ EMI_AVX2 static void pack_panel(float *bp, const float *const *brow, int64_t kb,
   }
 }
 
+/* The same through a column map: column l of a row lies at (l / run) * stride +
+** l % run, so a panel is a few runs (at most 24), each copied eight floats at a
+** time. A copy may run up to 7 floats past its run's end on both sides: the
+** source rows are readable there (emi_nn_sgemm_rows_mapped's contract), and in
+** bp it lands on columns a later run or row overwrites, or on lanes past w,
+** whose sums are never stored (bp has 8 floats of slack after its last row). */
+EMI_AVX2 static void pack_panel_mapped(float *bp, const float *const *brow, int64_t kb,
+                                       int64_t j, int64_t w, const emi_nn_colmap *map) {
+  int64_t src[NB], dst[NB], len[NB], nseg = 0;
+  for (int64_t l = j; l < j + w; nseg++) {
+    int64_t r = l % map->run, n = map->run - r < j + w - l ? map->run - r : j + w - l;
+    src[nseg] = l / map->run * map->stride + r;
+    dst[nseg] = l - j;
+    len[nseg] = n;
+    l += n;
+  }
+  for (int64_t k = 0; k < kb; k++)
+    for (int64_t q = 0; q < nseg; q++) {
+      const float *s = brow[k] + src[q];
+      float *d = bp + NB * k + dst[q];
+      for (int64_t c = 0; c < len[q]; c += 8) _mm256_storeu_ps(d + c, _mm256_loadu_ps(s + c));
+    }
+}
+
 /* The shared driver: A rows by pointer (ar0[i] + k*acs is A[i][k]), B rows by
-** pointer (brow[k] + j is B[k][j]); ep applies as the last K slice stores (ep
-** holds the bias of row 0). */
+** pointer (brow[k] + j is B[k][j], or through map where not NULL); ep applies as
+** the last K slice stores (ep holds the bias of row 0). */
 EMI_AVX2 static void gemm_rows(int64_t M, int64_t N, int64_t K, const float *const *arow,
                                int64_t acs, const float *const *brow, float *C, int64_t ldc,
-                               int acc, epilogue ep) {
-  float bp[KB * NB] __attribute__((aligned(32)));
+                               int acc, epilogue ep, const emi_nn_colmap *map) {
+  float bp[KB * NB + 8] __attribute__((aligned(32)));
   int64_t ks = slice_of(K);
   for (int64_t k0 = 0; k0 < K; k0 += ks) {
     int64_t kb = K - k0 < ks ? K - k0 : ks;
@@ -153,7 +177,8 @@ EMI_AVX2 static void gemm_rows(int64_t M, int64_t N, int64_t K, const float *con
       int64_t w = N - j < NB ? N - j : NB;
       int nv = (int)((w + 7) / 8), masked = w % 8 != 0;
       __m256i m = lanes_of(w - 8 * (nv - 1));
-      pack_panel(bp, brow + k0, kb, j, w);
+      if (map) pack_panel_mapped(bp, brow + k0, kb, j, w, map);
+      else pack_panel(bp, brow + k0, kb, j, w);
       for (int64_t i = 0; i < M; i += 4) {
         int R = M - i < 4 ? (int)(M - i) : 4;
         const float *ar[4];
@@ -169,7 +194,15 @@ EMI_AVX2 static void gemm_rows(int64_t M, int64_t N, int64_t K, const float *con
 EMI_AVX2 void emi_nn_sgemm_rows_avx2(int64_t M, int64_t N, int64_t K, const float *const *A,
                                      int64_t acs, const float *const *B, float *C,
                                      int64_t ldc, int acc) {
-  gemm_rows(M, N, K, A, acs, B, C, ldc, acc, (epilogue){NULL, 0});
+  gemm_rows(M, N, K, A, acs, B, C, ldc, acc, (epilogue){NULL, 0}, NULL);
+}
+
+EMI_AVX2 void emi_nn_sgemm_rows_mapped_avx2(int64_t M, int64_t N, int64_t K,
+                                            const float *const *A, int64_t acs,
+                                            const float *const *B, const emi_nn_colmap *map,
+                                            float *C, int64_t ldc, const float *bias,
+                                            int relu) {
+  gemm_rows(M, N, K, A, acs, B, C, ldc, 0, (epilogue){bias, relu}, map);
 }
 
 /* The plain form builds the row tables in slices (KB rows of B, 4 of A at a
@@ -190,7 +223,7 @@ EMI_AVX2 void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A,
       for (int64_t i = 0; i < mb; i++) ak[i] = arow[i] + k0 * acs;
       epilogue ep = {NULL, 0};
       if (k0 + kb == K) ep = (epilogue){bias ? bias + i0 : NULL, relu};
-      gemm_rows(mb, N, kb, ak, acs, brow, C + i0 * ldc, ldc, acc || k0 > 0, ep);
+      gemm_rows(mb, N, kb, ak, acs, brow, C + i0 * ldc, ldc, acc || k0 > 0, ep, NULL);
     }
   }
 }
