@@ -19,10 +19,10 @@
 ** build where the CPU has it. The AVX-512 kernels live in nn_gemm_avx512.c,
 ** compiled for AVX-512 by a function attribute whatever the build's -march;
 ** emi_cpu_avx512() below says whether they may run (emi_cpu_avx2() for the AVX2
-** ones). The answer is a fact about
-** the process (the CPU and the OS's saving of the vector state), not about an
-** em_state, so it is kept in one atomic, not in the state: threads that ask at
-** once compute the same answer and store the same value, so no lock is needed.
+** ones). The answer is a fact about the process (the CPU and the OS's saving of
+** the vector state), not about an em_state, so it is kept in one atomic, not in
+** the state: threads that ask at once compute the same answer and store the same
+** value, so no lock is needed.
 **
 ** The results differ between the paths (each kernel's K slices against
 ** OpenBLAS's own blocking), as they differ between OpenBLAS's kernels on
