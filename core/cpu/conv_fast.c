@@ -131,6 +131,21 @@ static void fast_fwd(void *ctx, int64_t s0, int64_t s1) {
   }
 }
 
+/* dst[c*ldd + r] = src[r*lds + c], r < R, c < C: in 8x8 register tiles where the
+** CPU has AVX2, else in strips of 8 columns. */
+static void transpose(int64_t R, int64_t C, const float *src, int64_t lds, float *dst,
+                      int64_t ldd) {
+#if EMI_HAVE_AVX2_KERNELS
+  if (emi_cpu_avx2()) {
+    emi_transpose_avx2(R, C, src, lds, dst, ldd);
+    return;
+  }
+#endif
+  for (int64_t c0 = 0; c0 < C; c0 += 8)
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t c = c0; c < c0 + 8 && c < C; c++) dst[c * ldd + r] = src[r * lds + c];
+}
+
 static void fast_bwd(void *ctx, int64_t s0, int64_t s1) {
   const fast_job *j = ctx;
   const emi_conv_geom *g = j->g;
@@ -162,10 +177,7 @@ static void fast_bwd(void *ctx, int64_t s0, int64_t s1) {
         pad_image(j->x + n * g->C * g->H * g->W, g->C, g->H, g->W, g->pH, g->pW, xpad, PADV(g));
         /* gy^T on the wide grid: row oh*Wp+ow holds gy[:, oh, ow], junk rows zero */
         for (int64_t oh = 0; oh < g->OH; oh++) {
-          for (int64_t ow0 = 0; ow0 < g->OW; ow0 += 8)
-            for (int64_t o = 0; o < O; o++)
-              for (int64_t ow = ow0; ow < ow0 + 8 && ow < g->OW; ow++)
-                gyt[(oh * Wp + ow) * O + o] = gyn[o * L + oh * g->OW + ow];
+          transpose(O, g->OW, gyn + oh * g->OW, L, gyt + oh * Wp * O, O);
           memset(gyt + (oh * Wp + g->OW) * O, 0, sizeof(float) * (size_t)((Wp - g->OW) * O));
         }
         for (int64_t gi = 0; gi < g->G; gi++) {

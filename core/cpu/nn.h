@@ -95,6 +95,9 @@ void emi_nn_sgemm_rows_mapped_avx2(int64_t M, int64_t N, int64_t K, const float 
 ** channel: K = kH*kW), where A is grad_out and B the im2col rows. */
 void emi_nn_sgemm_nt_avx2(int64_t M, int64_t N, int64_t L, const float *A, int64_t lda,
                           const float *B, int64_t ldb, float *C, int64_t cm, int64_t cn);
+/* dst[c*ldd + r] = src[r*lds + c] for r < R, c < C (the conv's gy^T). */
+void emi_transpose_avx2(int64_t R, int64_t C, const float *src, int64_t lds, float *dst,
+                        int64_t ldd);
 #else
 #define EMI_HAVE_AVX2_KERNELS 0
 #endif

@@ -298,6 +298,40 @@ EMI_AVX2 void emi_nn_sgemm_nt_avx2(int64_t M, int64_t N, int64_t L, const float 
     }
 }
 
+/* -- Transpose ----------------------------------------------------------------------- */
+
+/* dst[c*ldd + r] = src[r*lds + c] for r < R, c < C, in 8x8 tiles: eight rows loaded
+** (masked past C), transposed in registers by unpacks and lane swaps, eight
+** columns stored (masked past R: a tile at the edge writes only its own part). */
+EMI_AVX2 void emi_transpose_avx2(int64_t R, int64_t C, const float *src, int64_t lds,
+                                 float *dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < R; r0 += 8)
+    for (int64_t c0 = 0; c0 < C; c0 += 8) {
+      int64_t nr = R - r0 < 8 ? R - r0 : 8, nc = C - c0 < 8 ? C - c0 : 8;
+      __m256i cm = lanes_of(nc), rm = lanes_of(nr);
+      __m256 v[8];
+      for (int i = 0; i < 8; i++)
+        v[i] = i < nr ? _mm256_maskload_ps(src + (r0 + i) * lds + c0, cm) : _mm256_setzero_ps();
+      __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]),
+             t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]),
+             t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]),
+             t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+      __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+             u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+             u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+             u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      __m256 w[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                     _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                     _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                     _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+      for (int i = 0; i < nc; i++) {
+        float *d = dst + (c0 + i) * ldd + r0;
+        if (nr == 8) _mm256_storeu_ps(d, w[i]);
+        else _mm256_maskstore_ps(d, rm, w[i]);
+      }
+    }
+}
+
 #else
 /* ISO C wants a translation unit to declare something. */
 typedef int emi_nn_gemm_avx2_unused;

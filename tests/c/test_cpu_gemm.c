@@ -2,8 +2,8 @@
 ** test_cpu_gemm.c -- the single-threaded float32 GEMM kernels under conv2d
 ** (core/cpu/nn_gemm*.c), each one this CPU can run, called directly: the AVX-512
 ** and AVX2 kernels, plain and with rows by pointer, the plain C fallback of the
-** latter, and the AVX2 kernel of C += A B^T (the weight gradient of a conv with
-** few weight columns). Each is compared with a float64 reference over shapes that reach
+** latter, the AVX2 kernel of C += A B^T (the weight gradient of a conv with few
+** weight columns) and the AVX2 transpose. Each is compared with a float64 reference over shapes that reach
 ** every register-block instance (row tails of 1 to 3 rows, 1 to 3 vectors, a
 ** partial last vector), K slices of unequal count, accumulation into C, a
 ** transposed A (read by strides), and C's columns past N left untouched. A value
@@ -241,6 +241,34 @@ static void test_epilogue(void) {
   CHECK(bad == 0, "epilogue: %d elements wrong or written past N", bad);
 }
 
+/* The 8x8-tiled transpose: every element moved exactly, nothing written outside
+** dst's R x C block, for sizes around the tile's edges. */
+static void test_avx2_transpose(void) {
+#if EMI_HAVE_AVX2_KERNELS
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    check_skip("this CPU has no AVX2 and FMA");
+    return;
+  }
+  int bad = 0;
+  for (int64_t R = 1; R <= 17; R++)
+    for (int64_t C = 1; C <= 17; C++) {
+      int64_t lds = C + 3, ldd = R + 2;
+      float *src = malloc(sizeof(float) * (size_t)(R * lds)), *dst = malloc(sizeof(float) * (size_t)(C * ldd));
+      for (int64_t i = 0; i < R * lds; i++) src[i] = (float)i;
+      for (int64_t i = 0; i < C * ldd; i++) dst[i] = -1;
+      emi_transpose_avx2(R, C, src, lds, dst, ldd);
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t r = 0; r < ldd; r++)
+          bad += dst[c * ldd + r] != (r < R ? src[r * lds + c] : -1);
+      free(src); free(dst);
+    }
+  CHECK(bad == 0, "transpose: %d elements wrong or written outside", bad);
+#else
+  check_skip("not an x86-64 GCC/clang build: no AVX2 kernels");
+#endif
+}
+
 /* The entry the conv calls: whichever kernel this process picked (or BLAS). */
 static void test_dispatch(void) {
   sweep("emi_nn_sgemm", emi_nn_sgemm, NULL, 0);
@@ -250,6 +278,7 @@ static void test_dispatch(void) {
 int main(void) {
   RUN(test_avx2);
   RUN(test_avx2_nt);
+  RUN(test_avx2_transpose);
   RUN(test_avx512);
   RUN(test_dispatch);
   RUN(test_epilogue);
