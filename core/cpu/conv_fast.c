@@ -9,10 +9,10 @@
 ** column matrix (kH*kW times the input) is ever written. The AVX2 kernel can
 ** read only the output's columns of those rows (a column map: OW of every Wp),
 ** so the forward there computes no junk and writes y directly, with the bias and
-** ReLU applied as it stores. The backward does the
-** same: the input gradient is the full correlation of the padded grad_out with
-** the flipped, transposed weight; the weight gradient reads the padded image
-** rows against grad_out transposed (junk columns zeroed).
+** ReLU applied as it stores. The backward does the same: the input gradient is
+** the full correlation of the padded grad_out with the flipped, transposed
+** weight; the weight gradient reads the padded image rows against grad_out
+** transposed (junk columns zeroed).
 ** Parallel over the batch, one share per thread, as conv.c. It runs only where
 ** our AVX-512 or AVX2 GEMM does (chosen at run time, nn_gemm.c); the code here
 ** is plain C, the same in every build.

@@ -103,11 +103,16 @@ void emi_nn_sgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars, 
               (int)ldb, acc ? 1.0f : 0.0f, C, (int)ldc);
 }
 
+/* Whether the AVX2 kernel serves the calls that only it can do as asked (the
+** epilogue as it stores, the column map): on CPUs with AVX-512 that kernel wins,
+** and these calls take their other way. */
+static bool avx2_serves(void) { return emi_cpu_avx2() && !emi_cpu_avx512(); }
+
 void emi_nn_sgemm_ep(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
                      int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc,
                      const float *bias, int relu) {
 #if EMI_HAVE_AVX2_KERNELS
-  if (K > 0 && emi_cpu_avx2() && !emi_cpu_avx512()) {
+  if (K > 0 && avx2_serves()) {
     emi_nn_sgemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, 0, bias, relu);
     return;
   }
@@ -127,7 +132,7 @@ bool emi_nn_sgemm_rows_mapped(int64_t M, int64_t N, int64_t K, const float *cons
                               int64_t acs, const float *const *B, const emi_nn_colmap *map,
                               float *C, int64_t ldc, const float *bias, int relu) {
 #if EMI_HAVE_AVX2_KERNELS
-  if (K > 0 && emi_cpu_avx2() && !emi_cpu_avx512()) {
+  if (K > 0 && avx2_serves()) {
     emi_nn_sgemm_rows_mapped_avx2(M, N, K, A, acs, B, map, C, ldc, bias, relu);
     return true;
   }

@@ -230,9 +230,6 @@ EMI_AVX2 void emi_nn_sgemm_avx2(int64_t M, int64_t N, int64_t K, const float *A,
 
 /* -- C += A B^T with both read along their rows --------------------------------------- */
 
-/* The first n of eight lanes (n <= 8), for the masked loads of a row's end. */
-EMI_AVX2 INLINE __m256i lanes_first(int64_t n) { return lanes_of(n); }
-
 /* R rows of A (1..4) against P rows of B (1..3): twelve 8-wide partial sums over
 ** l, summed across their lanes at the end and added into C. Constants R, P fold
 ** as in kern(). */
@@ -264,7 +261,7 @@ EMI_AVX2 INLINE void nt_block(int R, int P, int64_t L, const float *A, int64_t l
   for (; l + 8 <= L; l += 8) { NT_STEP }
 #undef LOAD
   if (l < L) {   /* the row ends inside a vector: masked loads read zeros past it */
-    __m256i m = lanes_first(L - l);
+    __m256i m = lanes_of(L - l);
 #define LOAD(p) _mm256_maskload_ps(p, m)
     NT_STEP
 #undef LOAD

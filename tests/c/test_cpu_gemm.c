@@ -119,6 +119,14 @@ static void sweep(const char *name, plain_fn pf, rows_fn rf, int position_free) 
 }
 
 #if EMI_HAVE_AVX2_KERNELS
+/* Whether this CPU runs the AVX2 kernels; where not, the group says skipped. */
+static int avx2_here(void) {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+  check_skip("this CPU has no AVX2 and FMA");
+  return 0;
+}
+
 static void avx2_plain(int64_t M, int64_t N, int64_t K, const float *A, int64_t ars,
                        int64_t acs, const float *B, int64_t ldb, float *C, int64_t ldc, int acc) {
   emi_nn_sgemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, acc, NULL, 0);
@@ -127,11 +135,7 @@ static void avx2_plain(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
 
 static void test_avx2(void) {
 #if EMI_HAVE_AVX2_KERNELS
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    check_skip("this CPU has no AVX2 and FMA");
-    return;
-  }
+  if (!avx2_here()) return;
   sweep("avx2", avx2_plain, NULL, 1);
   sweep("avx2 rows", NULL, emi_nn_sgemm_rows_avx2, 1);
 #else
@@ -158,11 +162,7 @@ static void test_avx512(void) {
 ** vector, and C's untouched neighbours. */
 static void test_avx2_nt(void) {
 #if EMI_HAVE_AVX2_KERNELS
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    check_skip("this CPU has no AVX2 and FMA");
-    return;
-  }
+  if (!avx2_here()) return;
   static const int64_t Ms[] = {1, 2, 3, 4, 5, 8, 9, 32}, Ns[] = {1, 2, 3, 4, 7, 9, 16},
                        Ls[] = {1, 7, 8, 9, 100, 784};
   for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
@@ -245,11 +245,7 @@ static void test_epilogue(void) {
 ** dst's R x C block, for sizes around the tile's edges. */
 static void test_avx2_transpose(void) {
 #if EMI_HAVE_AVX2_KERNELS
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    check_skip("this CPU has no AVX2 and FMA");
-    return;
-  }
+  if (!avx2_here()) return;
   int bad = 0;
   for (int64_t R = 1; R <= 17; R++)
     for (int64_t C = 1; C <= 17; C++) {
