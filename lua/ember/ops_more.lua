@@ -378,7 +378,9 @@ function M.multinomial(probs, n, replacement)
     return em.empty(one and { n } or { rows, n }, { dtype = 'int64', device = 'meta' })
   end
   p = p:double():detach()
-  local u = em.empty({ rows, n }, { dtype = 'float64', device = probs.device }):uniform_()
+  -- one uniform per draw with replacement, one per category without
+  local u = em.empty({ rows, replacement and n or k }, { dtype = 'float64', device = probs.device })
+  u:uniform_()
   local r
   if replacement then
     local cdf = p:cumsum(2)

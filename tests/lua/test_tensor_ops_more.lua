@@ -183,6 +183,9 @@ H.test('gradients (gradcheck, float64)', function()
   local p = (em.rand(3, 4):double() + 0.5):requires_grad_()
   H.check(g(function(a) return a:cumprod(2) end, { p }), 'cumprod')
   H.check(g(function(a) return a:t():cumprod(1) end, { p }), 'cumprod of a transpose')
+  local z = em.tensor({ { 1.5, 0, 2, 0.5 }, { 0, 0, 3, 1 }, { 2, 1, -1, 0 } }):double():requires_grad_()
+  H.check(g(function(a) return a:cumprod(2) end, { z }), 'cumprod through zeros')
+  H.check(g(function(a) return a:t():cumprod(1) end, { z }), 'cumprod through zeros, transposed')
   H.check(g(function(a) return (a:sort(2)) end, { x }), 'sort values')
   H.check(g(function(a) return (a:sort(1, true)) end, { x }), 'sort values, descending')
   H.check(g(function(a) return (a:topk(2, 1)) end, { x }), 'topk values')
@@ -217,21 +220,21 @@ H.test('multinomial', function()
   H.close(counts[3] / 2000, 0.6, 0.06, 'frequency of class 3')
   H.close(counts[1] / 2000, 0.1, 0.03, 'frequency of class 1')
   H.eq(a[2]:eq(3):all():item(), true, 'a one-hot row always gives its class')
-  local w = em.multinomial(em.tensor({ 1, 2, 3, 4, 0 }), 4)
+  local w = em.multinomial(em.tensor({ 1, 2, 3, 4, 0 }):float(), 4)
   local seen = {}
   for _, c in ipairs(w:totable()) do seen[c] = (seen[c] or 0) + 1 end
   H.eq({ w.shape, seen[5] }, { { 4 }, nil }, 'without replacement: 4 of the 4 possible classes')
   H.eq({ seen[1], seen[2], seen[3], seen[4] }, { 1, 1, 1, 1 }, 'each drawn once')
   local top = 0
   for _ = 1, 300 do
-    if em.multinomial(em.tensor({ 1, 1, 8 }), 1):item() == 3 then top = top + 1 end
+    if em.multinomial(em.tensor({ 1, 1, 8 }):float(), 1):item() == 3 then top = top + 1 end
   end
   H.close(top / 300, 0.8, 0.1, 'first draw without replacement follows the weights')
   em.manual_seed(3)
   local c = em.multinomial(probs:to('cuda'), 50, true)
   em.manual_seed(3)
   H.eq(H.flat(c:cpu()), H.flat(em.multinomial(probs, 50, true)), 'cuda draws the cpu draws')
-  H.eq(em.multinomial(probs:double(), 3):dim(), 2, 'float64 probs')
+  H.eq(em.multinomial(probs:double(), 3, true):dim(), 2, 'float64 probs')
 end)
 
 H.test('errors', function()
