@@ -1,8 +1,8 @@
 --[[
 ember.ops_more -- more of PyTorch's tensor ops, same semantics, dims and indices
 1-based: tril/triu, masked_fill(_), cumsum/cumprod, sort/argsort/topk,
-chunk/split, tile, repeat_interleave, flip and em.multinomial (em.einsum is in
-ember.einsum). Each method also exists as em.<name>(t, ...).
+chunk/split, tile, repeat_interleave and flip (em.einsum is in ember.einsum,
+em.multinomial in ember.multinomial). Each method also exists as em.<name>(t, ...).
 
 The sorts and scans are C kernels (core/ops/sort_scan.c). The rest compose ops
 that already have every backend and their gradients: masks through em.where,
@@ -320,86 +320,5 @@ function Tensor.flip(a, dims, ...)
   if r == a then r = a:clone() end
   return r
 end
-
--- -- multinomial ------------------------------------------------------------------------
--- With replacement, each draw is the category whose cumulative weight first passes
--- u * total (u uniform in [0, 1)): the count of cumulative weights <= u * total.
--- Without, the n largest of p / E (E exponential, from -log u) -- the order in which
--- sequential draws without replacement come out. The uniforms come from ember's
--- generator (uniform_), so em.manual_seed makes the draws reproducible.
-local CELLS = 2 ^ 24    -- the most (draw, category) comparisons held at once
-
-local function check_probs(probs, n, replacement)
-  local op = 'multinomial'
-  tensor_arg(op, probs, 1)
-  local nd = probs:dim()
-  if nd ~= 1 and nd ~= 2 then
-    raise(('%s: probs must be 1-D or 2-D, got shape [%s]'):format(op, table.concat(probs.shape, ',')))
-  end
-  if not probs:is_floating_point() then
-    raise(('%s: probs must be a floating-point tensor, got %s'):format(op, probs.dtype))
-  end
-  if not is_int(n) or n < 1 then
-    raise(('%s: the number of samples must be a positive integer, got %s'):format(op,
-      type(n) == 'number' and tostring(n) or kind(n)))
-  end
-  local k = probs.shape[nd]
-  if k == 0 then raise(op .. ': probs has no categories') end
-  if not replacement and n > k then
-    raise(('%s: can\'t draw %d samples without replacement from %d categories (pass '
-      .. 'replacement = true, or n <= %d)'):format(op, n, k, k))
-  end
-  if probs.device == 'meta' then return end   -- no values to check
-  local p = probs:double()
-  local lo = p:min():item()
-  if lo ~= lo or p:max():item() == math.huge then
-    raise(op .. ': probs must be finite and not NaN')
-  end
-  if lo < 0 then
-    raise(('%s: probs must be non-negative, got a minimum of %g'):format(op, lo))
-  end
-  if p:sum(nd):min():item() <= 0 then
-    raise(op .. ': every row of probs must have a positive sum')
-  end
-  if not replacement and p:gt(0):long():sum(nd):min():item() < n then
-    raise(('%s: a row of probs has fewer than %d categories of non-zero probability, '
-      .. 'too few to draw %d samples without replacement'):format(op, n, n))
-  end
-end
-
-function M.multinomial(probs, n, replacement)
-  replacement = flag('multinomial', 'replacement', replacement, false)
-  check_probs(probs, n, replacement)
-  local one = probs:dim() == 1
-  local p = one and probs:unsqueeze(1) or probs
-  local rows, k = p.shape[1], p.shape[2]
-  local em = create()
-  if probs.device == 'meta' then
-    return em.empty(one and { n } or { rows, n }, { dtype = 'int64', device = 'meta' })
-  end
-  p = p:double():detach()
-  -- one uniform per draw with replacement, one per category without
-  local u = em.empty({ rows, replacement and n or k }, { dtype = 'float64', device = probs.device })
-  u:uniform_()
-  local r
-  if replacement then
-    local cdf = p:cumsum(2)
-    local target = u * cdf:narrow(2, k, 1)
-    local cdf3, parts = cdf:unsqueeze(2), {}
-    local step = math.max(1, math.floor(CELLS / math.max(1, rows * k)))
-    for s = 1, n, step do
-      local t = target:narrow(2, s, math.min(step, n - s + 1)):unsqueeze(3)
-      parts[#parts + 1] = cdf3:le(t):long():sum(3)
-    end
-    r = (#parts == 1 and parts[1] or require('ember.index').cat(parts, 2)):add(1):clamp(1, k)
-  else
-    local e = u:log():neg()
-    local _, idx = (p / e):topk(n, 2)
-    r = idx
-  end
-  if one then r = r:squeeze(1) end
-  return r
-end
-function Tensor.multinomial(probs, n, replacement) return M.multinomial(probs, n, replacement) end
 
 return M

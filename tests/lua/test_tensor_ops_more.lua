@@ -136,6 +136,24 @@ H.test('cuda (emulated) gives the cpu results', function()
   local vc, ic = x:cpu():sort(2, true)
   H.close(H.flat(v:cpu()), H.flat(vc), 0, 'long sort values')
   H.close(H.flat(i:cpu()), H.flat(ic), 0, 'long sort indices')
+  -- gradients through the cuda kernels and compositions match the cpu's
+  local xg = em.tensor({ { 1.5, 0, 2, -0.5, 3 }, { 0.5, -1, 0, 0, 2 } }):double()
+  local function grad_on(dev, f)
+    local a = xg:clone():to(dev):requires_grad_()
+    f(a):sum():backward()
+    return a.grad:cpu()
+  end
+  local grads = {
+    cumsum = function(a) return a:cumsum(2) * a end,
+    cumprod = function(a) return a:t():cumprod(1) end,
+    sort = function(a) return (a:sort(2, true)) * em.arange(5):double():to(a.device) end,
+    topk = function(a) return (a:topk(2, 1)) * 3 end,
+    einsum = function(a) return em.einsum('ij,kj->ik', a, a) end,
+    masked_fill = function(a) return a:masked_fill(a:gt(1), 0) * a end,
+  }
+  for name, f in pairs(grads) do
+    H.close(H.flat(grad_on('cuda', f)), H.flat(grad_on('cpu', f)), 1e-12, name .. ' gradient on cuda')
+  end
   local base = em.randn(600, 5):double()
   local c = base:to('cuda'):t():cumprod(1)
   H.close(H.flat(c:cpu()), H.flat(base:t():cumprod(1)), 1e-12, 'cumprod of many lines')
