@@ -38,7 +38,9 @@ local CALLS = {
     return { x:masked_fill(m_row, -1.5), x:t():masked_fill(m_col, 2.0),
              em.masked_fill(x, x:gt(0), 0) }
   end,
-  masked_fill_int64 = function(x, m) return { x:masked_fill(m, 7) } end,
+  masked_fill_int64 = function(x, m)
+    return { x:masked_fill(m, 7), x:masked_fill(m, em.tensor(-2, { device = x.device })) }
+  end,
   cumsum_f32 = function(x) return { x:cumsum(2), x:cumsum(1), x:t():cumsum(2),
                                     x:narrow(2, 2, 3):cumsum(2) } end,
   cumprod_f64 = function(x) return { x:cumprod(2), x:t():cumprod(1), em.cumprod(x, -2) } end,
@@ -47,7 +49,8 @@ local CALLS = {
     local v, i = x:sort(-1)
     local vd, id = x:sort(-1, true)
     local vt, it = x:t():sort(1)
-    return { v, i, vd, id, vt, it }
+    local vn, inn = x:narrow(2, 2, 5):sort(2, true)
+    return { v, i, vd, id, vt, it, vn, inn }
   end,
   sort_nan_f64 = function(x)
     local v, i = x:sort()
@@ -86,20 +89,21 @@ local CALLS = {
              x:repeat_interleave(reps, 1) }
   end,
   flip = function(x) return { x:flip({ 1, 3 }), x:flip(2), x:transpose(1, 3):flip(1), em.flip(x, { -1 }) } end,
-  einsum = function(a, bm, v3, v4, sq, ba, bb, q, k, t3, t4)
+  einsum = function(a, bm, v3, v4, sq, ba, bb, q, k, t3, t4, e1, e2)
     local E = em.einsum
     return { E('ij,jk->ik', a, bm), E('bij,bjk->bik', ba, bb), E('i,j->ij', v3, v4),
              E('ii->i', sq), E('ii', sq), E('ij->ji', a), E('bhqd,bhkd->bhqk', q, k),
              E('ijk,ikl->jl', t3, t4), E('ij,ij->', a, a), E('ij,jk', { a, bm }),
              E('...ij->...ji', ba), E('ij,j->i', a:t():contiguous():t(), v4),
-             E('ji,jk->ik', a:t(), bm), E('i,i,i->', v3, v3, v3), E('bij,jk->bik', ba, bm) }
+             E('ji,jk->ik', a:t(), bm), E('i,i,i->', v3, v3, v3), E('bij,jk->bik', ba, bm),
+             E('...ij,...jk->...ik', e1, e2), E('bij,bkj->bik', ba, ba:narrow(2, 2, 2)) }
   end,
 }
 -- The inputs of each case, in the calls' order.
 local ARGS = {
   masked_fill = { 'x', 'm_row', 'm_col' }, masked_fill_int64 = { 'x', 'm' },
   triu_batched = { 'b' },
-  einsum = { 'a', 'bm', 'v3', 'v4', 'sq', 'ba', 'bb', 'q', 'k', 't3', 't4' },
+  einsum = { 'a', 'bm', 'v3', 'v4', 'sq', 'ba', 'bb', 'q', 'k', 't3', 't4', 'e1', 'e2' },
 }
 local function inputs(name, dev)
   local r = {}
