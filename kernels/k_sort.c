@@ -1,6 +1,12 @@
 /*
 ** k_sort.c -- the launchers of the sort and scan kernels (k_sort.cu): each
 ** describes a's lines along dim and launches on the compute stream.
+**
+** The sort kernel's work grows with the square of a line's length, so lines
+** longer than SORT_RANK_MAX sort on the host instead: a copy of a to the CPU (a
+** sync), the CPU backend's sort (the same stable order), the indices copied back.
+** That is n log n plus two copies, and what a long line wants until the device
+** has a merge sort of its own.
 */
 #include "cuda.h"
 #include "k_sort.h"
@@ -34,9 +40,28 @@ static void describe(sort_args *x, char *out, const em_tensor *a, int dim) {
   }
 }
 
+enum { SORT_RANK_MAX = 4096 };
+
+static em_status sort_on_host(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
+                              int descending, int index_base) {
+  em_state *S = d->S;
+  emi_device *cpu = emi_cpu_device(S);
+  em_tensor *ha = NULL, *hi = NULL;
+  em_status st = emi_tensor_new(S, "sort", a->sizes, a->ndim, a->dtype, EM_CPU, &ha);
+  if (!st) st = emi_tensor_new(S, "sort", a->sizes, a->ndim, EM_INT64, EM_CPU, &hi);
+  if (!st) st = emk_cuda_backend.copy(d, ha, a);
+  if (!st) st = cpu->backend->sort(cpu, hi, ha, dim, descending, index_base);
+  if (!st) st = emk_cuda_backend.copy(d, indices, hi);
+  em_tensor_release(ha);
+  em_tensor_release(hi);
+  return st;
+}
+
 em_status emk_sort(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
                    int descending, int index_base) {
   if (a->numel == 0) return EM_OK;
+  if (a->sizes[dim] > SORT_RANK_MAX)
+    return sort_on_host(d, indices, a, dim, descending, index_base);
   sort_args x;
   describe(&x, (char *)em_tensor_data(indices), a, dim);
   x.n = a->numel;

@@ -7,8 +7,8 @@
 ** line that sort before it (smaller, or equal and earlier: the stable order) and
 ** writes its position at that rank. Quadratic in the line's length but without
 ** scratch memory or synchronisation, and exactly the CPU's order, ties
-** included; lines of a few thousand elements (sorting logits, top-k over a
-** vocabulary slice) are what it serves. The scan gives each line one thread,
+** included; it serves lines of up to a few thousand elements, and k_sort.c
+** sorts longer ones on the host. The scan gives each line one thread,
 ** accumulating in double (int64: wrapping) in the CPU's order.
 */
 #include "k_sort_args.h"

@@ -140,6 +140,13 @@ H.test('cuda (emulated) gives the cpu results', function()
   local vc, ic = x:cpu():sort(2, true)
   H.close(H.flat(v:cpu()), H.flat(vc), 0, 'long sort values')
   H.close(H.flat(i:cpu()), H.flat(ic), 0, 'long sort indices')
+  -- lines past the kernel's length sort on the host: ties keep their order there too
+  local ties = em.randint(0, 50, { 2, 5000 }):float():to('cuda'):t()
+  local tv, ti = ties:sort(1)
+  local cv, ci = ties:cpu():sort(1)
+  H.close(H.flat(tv:cpu()), H.flat(cv), 0, 'sort of 5000-long lines (values)')
+  H.close(H.flat(ti:cpu()), H.flat(ci), 0, 'sort of 5000-long lines (stable indices)')
+  H.eq(ti.device, 'cuda:0', 'long-line indices stay on the device')
   -- gradients through the cuda kernels and compositions match the cpu's
   local xg = em.tensor({ { 1.5, 0, 2, -0.5, 3 }, { 0.5, -1, 0, 0, 2 } }):double()
   local function grad_on(dev, f)
