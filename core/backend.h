@@ -311,7 +311,7 @@ typedef struct emi_backend {
   em_status (*scale_multi)(emi_device *d, int n, em_tensor *const *t, double scale);
   /* -- Sorting and scans along one dim (core/ops/sort_scan.c) ---------------------
   ** indices (int64, contiguous, a's shape with ndim >= 1) receives, for each line
-  ** of a (any dtype but bool, strided) along dim, the positions of its elements in
+  ** of a (any dtype, strided) along dim, the positions of its elements in
   ** ascending (descending) order, plus index_base. The sort is stable: equal
   ** elements keep their order. NaN sorts above every number (first when
   ** descending); NaNs are equal among themselves. */
