@@ -309,7 +309,21 @@ typedef struct emi_backend {
                           double p);
   /* t[i] *= (T)scale for n tensors as norm_multi's. */
   em_status (*scale_multi)(emi_device *d, int n, em_tensor *const *t, double scale);
+  /* -- Sorting and scans along one dim (core/ops/sort_scan.c) ---------------------
+  ** indices (int64, contiguous, a's shape with ndim >= 1) receives, for each line
+  ** of a (any dtype, strided) along dim, the positions of its elements in
+  ** ascending (descending) order, plus index_base. The sort is stable: equal
+  ** elements keep their order. NaN sorts above every number (first when
+  ** descending); NaNs are equal among themselves. */
+  em_status (*sort)(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
+                    int descending, int index_base);
+  /* Inclusive scan along dim: op EMI_SCAN_SUM (cumsum) or EMI_SCAN_PROD (cumprod).
+  ** out (contiguous) and a (strided) have one shape (ndim >= 1) and one dtype, a
+  ** floating one or int64; floats accumulate in double, int64 wraps. */
+  em_status (*scan)(emi_device *d, int op, em_tensor *out, const em_tensor *a, int dim);
 } emi_backend;
+/* The scans (scan entries). */
+enum { EMI_SCAN_SUM = 0, EMI_SCAN_PROD = 1 };
 
 /* -- Backend entries by name, and their counters ---------------------------------
 ** EMI_BACKEND_ENTRIES(X) is X(entry) for every entry of emi_backend, in the
@@ -328,7 +342,8 @@ typedef struct emi_backend {
   X(batch_norm) X(batch_norm_backward) X(layer_norm) X(layer_norm_backward)          \
   X(cross_entropy) X(cross_entropy_backward) X(nll_loss) X(nll_loss_backward)        \
   X(pointwise_loss) X(pointwise_loss_backward) X(index_add) X(scatter_add)           \
-  X(sgd_step_multi) X(adam_step_multi) X(norm_multi) X(scale_multi)
+  X(sgd_step_multi) X(adam_step_multi) X(norm_multi) X(scale_multi)                 \
+  X(sort) X(scan)
 #define EMI_ENTRY_INDEX_(e) EMI_ENTRY_##e,
 enum { EMI_BACKEND_ENTRIES(EMI_ENTRY_INDEX_) EMI_NENTRIES };
 #define EMI_ENTRY_AT_(e)                                                             \

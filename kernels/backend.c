@@ -21,6 +21,7 @@
 #include "k_optim.h"
 #include "k_loss.h"
 #include "k_norm.h"
+#include "k_sort.h"
 #include <stdio.h>
 
 /* -- Storages ---------------------------------------------------------------------- */
@@ -295,4 +296,6 @@ const emi_backend emk_cuda_backend = {
   .nll_loss_backward = emk_nll_loss_backward,
   .pointwise_loss = emk_pointwise_loss,
   .pointwise_loss_backward = emk_pointwise_loss_backward,
+  .sort = emk_sort,                   /* k_sort.c */
+  .scan = emk_scan,
 };

@@ -263,6 +263,9 @@ em_status emi_ag_record_arg(em_state *S, const em_tensor *a, int dim, int keepdi
                             int index_base, em_tensor **values, const em_tensor *indices);
 em_status emi_ag_record_softmax(em_state *S, const em_tensor *a, int dim, int log,
                                 em_tensor **out);
+/* cumsum / cumprod (op: EMI_SCAN_*) along dim (grad_scan.c). */
+em_status emi_ag_record_scan(em_state *S, int op, const em_tensor *a, int dim,
+                             em_tensor **out);
 
 /* In-place ops call this first: it refuses in-place writes autograd can't follow
 ** and bumps the storage version so saved tensors notice the write. */

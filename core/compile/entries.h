@@ -59,6 +59,8 @@
   F(CT, y) F(int, reduction)
 #define ARGS_index_add(F) F(MT, out) F(int, dim) F(CT, idx) F(CT, src) F(int, index_base)
 #define ARGS_scatter_add(F) F(MT, out) F(int, dim) F(CT, idx) F(CT, src) F(int, index_base)
+#define ARGS_sort(F) F(MT, indices) F(CT, a) F(int, dim) F(int, descending) F(int, index_base)
+#define ARGS_scan(F) F(int, op) F(MT, out) F(CT, a) F(int, dim)
 
 #define GENERATED_ENTRIES(X)                                                            \
   X(copy) X(fill) X(unary) X(binary) X(binary_scalar) X(add_scaled) X(clamp) X(where)    \
@@ -68,7 +70,8 @@
   X(adaptive_avg_pool2d_backward) X(batch_norm) X(batch_norm_backward) X(layer_norm)    \
   X(layer_norm_backward) X(cross_entropy) X(cross_entropy_backward) X(nll_loss)         \
   X(nll_loss_backward) X(pointwise_loss) X(pointwise_loss_backward) X(index_add)        \
-  X(scatter_add)
+  X(scatter_add)                                                                         \
+  X(sort) X(scan)
 
 #define EMI_ARGS_FIELD_(T, n) T n;
 #define EMI_ARGS_STRUCT_(name) typedef struct { ARGS_##name(EMI_ARGS_FIELD_) } args_##name;

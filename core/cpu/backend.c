@@ -79,4 +79,6 @@ const emi_backend emi_cpu_backend = {
   .adam_step_multi = emi_cpu_adam_step_multi,
   .norm_multi = emi_cpu_norm_multi,
   .scale_multi = emi_cpu_scale_multi,
+  .sort = emi_cpu_sort,
+  .scan = emi_cpu_scan,
 };

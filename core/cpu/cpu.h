@@ -174,6 +174,10 @@ em_status emi_cpu_adam_step_multi(emi_device *dev, int n, em_tensor *const *p,
 em_status emi_cpu_norm_multi(emi_device *dev, em_tensor *out, int n,
                              const em_tensor *const *t, double p);
 em_status emi_cpu_scale_multi(emi_device *dev, int n, em_tensor *const *t, double scale);
+/* sort_scan.c: stable sorts and inclusive scans along one dim. */
+em_status emi_cpu_sort(emi_device *dev, em_tensor *indices, const em_tensor *a, int dim,
+                       int descending, int index_base);
+em_status emi_cpu_scan(emi_device *dev, int op, em_tensor *out, const em_tensor *a, int dim);
 
 /* -- OpenBLAS's thread count (blas.c) ----------------------------------------------
 ** One setting for the whole process: OpenBLAS runs the largest count wanted by a

@@ -370,6 +370,20 @@ em_status em_gather(em_state *S, const em_tensor *a, int dim, const em_tensor *i
 em_status em_one_hot(em_state *S, const em_tensor *labels, int64_t n, int index_base,
                      em_tensor **out);
 
+/* -- Sorting and scans along one dim --------------------------------------------
+** Stable sorts: equal elements keep their order; NaN sorts above every number.
+** indices are int64 counted from index_base; values are a's elements in that
+** order (differentiable). topk: the k largest (smallest) along dim, sorted,
+** 0 <= k <= size. cumsum / cumprod: inclusive, integers and bool in int64. */
+em_status em_argsort(em_state *S, const em_tensor *a, int dim, int descending,
+                     int index_base, em_tensor **indices);
+em_status em_sort(em_state *S, const em_tensor *a, int dim, int descending, int index_base,
+                  em_tensor **values, em_tensor **indices);
+em_status em_topk(em_state *S, const em_tensor *a, int64_t k, int dim, int largest,
+                  int index_base, em_tensor **values, em_tensor **indices);
+em_status em_cumsum(em_state *S, const em_tensor *a, int dim, em_tensor **out);
+em_status em_cumprod(em_state *S, const em_tensor *a, int dim, em_tensor **out);
+
 /* -- Dataset files ------------------------------------------------------------
 ** An IDX file (MNIST's format), gzip-compressed or raw, as one tensor of the
 ** file's shape: uint8, int32, float32 or float64 by the file's type code. */

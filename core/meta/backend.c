@@ -280,6 +280,16 @@ static em_status meta_scale_multi(emi_device *d, int n, em_tensor *const *t,
   return EM_OK;
 }
 
+static em_status meta_sort(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
+                           int descending, int index_base) {
+  return EM_OK;
+}
+
+static em_status meta_scan(emi_device *d, int op, em_tensor *out, const em_tensor *a,
+                           int dim) {
+  return EM_OK;
+}
+
 const emi_backend emi_meta_backend = {
   .name = "meta",
   .id = EMI_BACKEND_META,
@@ -329,4 +339,6 @@ const emi_backend emi_meta_backend = {
   .adam_step_multi = meta_adam_step_multi,
   .norm_multi = meta_norm_multi,
   .scale_multi = meta_scale_multi,
+  .sort = meta_sort,
+  .scan = meta_scan,
 };

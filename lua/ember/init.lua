@@ -31,7 +31,7 @@ local function load_core()
   local Tensor = require 'ember.tensor'
   local C, S = core.C, core.S
 
-  for _, name in ipairs({ 'create', 'math', 'reduce', 'index' }) do
+  for _, name in ipairs({ 'create', 'math', 'reduce', 'index', 'ops_more', 'einsum', 'multinomial' }) do
     for k, v in pairs(require('ember.' .. name)) do em[k] = v end
   end
   require 'ember.shape'

@@ -526,12 +526,43 @@ typedef struct pcase {
   void (*run)(ctx *c);
 } pcase;
 
+/* sort (stable, ties from the small-integer inputs; ascending and descending, on
+** transposed float32, sliced float64 and int64) and scan (cumsum, cumprod, int64 too) */
+static void case_sort_scan(ctx *c) {
+  em_state *S = c->S;
+  em_tensor *a, *b, *i, *ix, *v, *vd, *idd, *tk, *tki, *cs, *cp, *ci, *cpi;
+  IN(a, EM_FLOAT32, TRANS, 41, 5, 7);
+  IN(b, EM_FLOAT64, SLICE, 42, 3, 6);
+  IN(i, EM_INT64, TRANS, 43, 4, 5);
+  GET(ix, em_argsort(S, a, 1, 0, 0, &ix));
+  GET2(v, idd, em_sort(S, b, 0, 1, 0, &v, &idd));
+  GET2(vd, tki, em_sort(S, i, 1, 1, 1, &vd, &tki));
+  em_tensor *tv;
+  GET2(tk, tv, em_topk(S, a, 2, 0, 0, 0, &tk, &tv));
+  GET(cs, em_cumsum(S, a, 1, &cs));
+  GET(cp, em_cumprod(S, b, 0, &cp));
+  GET(ci, em_cumsum(S, i, 0, &ci));
+  GET(cpi, em_cumprod(S, i, 1, &cpi));
+  out(c, "argsort float32 (transposed)", ix);
+  out(c, "sort float64 descending (sliced)", v);
+  out(c, "sort float64 indices", idd);
+  out(c, "sort int64 descending", vd);
+  out(c, "sort int64 indices", tki);
+  out(c, "topk smallest", tk);
+  out(c, "topk indices", tv);
+  out(c, "cumsum float32 (transposed)", cs);
+  out(c, "cumprod float64 (sliced)", cp);
+  out(c, "cumsum int64", ci);
+  out(c, "cumprod int64", cpi);
+}
+
 static const pcase CASES[] = {
   {"copy_fill", case_copy_fill}, {"unary", case_unary}, {"binary", case_binary},
   {"scalar_ops", case_scalar_ops}, {"reductions", case_reductions},
   {"matmul", case_matmul}, {"indexing", case_indexing}, {"random", case_random},
   {"conv", case_conv}, {"pool", case_pool}, {"norms", case_norms},
   {"losses", case_losses}, {"optim", case_optim},
+  {"sort_scan", case_sort_scan},
 };
 enum { NCASES = (int)(sizeof CASES / sizeof CASES[0]) };
 

@@ -1,0 +1,189 @@
+/*
+** sort_scan.c -- the CPU's sort and scan entries (backend.h): a stable sort of
+** every line of a tensor along one dim, giving the positions in sorted order
+** (sort, argsort and topk are built on it in ops/sort_scan.c), and the inclusive
+** scans cumsum and cumprod.
+**
+** A line is the elements along dim at one position of the other dims; lines are
+** split over the state's workers. Sorting orders (key, position) pairs with the
+** position breaking ties, so qsort's result is the stable order. Float keys are
+** doubles (exact for every float dtype and the small integers), int64 keys stay
+** int64; NaN sorts above every number, as in PyTorch.
+*/
+#include "cpu.h"
+#include <stdlib.h>
+
+/* Where line k (of outer * inner lines) starts in a, and in a contiguous tensor of
+** a's shape. outer: the product of the sizes before dim; inner: after it. */
+typedef struct lines {
+  const em_tensor *a;
+  int dim;
+  int64_t len, inner;
+} lines;
+
+static int64_t line_offset(const lines *l, int64_t k) {
+  const em_tensor *a = l->a;
+  int64_t off = a->offset, rest = k;
+  for (int d = a->ndim - 1; d >= 0; d--) {
+    if (d == l->dim) continue;
+    int64_t i = rest % a->sizes[d];
+    rest /= a->sizes[d];
+    off += i * a->strides[d];
+  }
+  return off;
+}
+
+static int64_t line_start_contig(const lines *l, int64_t k) {
+  return (k / l->inner) * l->len * l->inner + k % l->inner;
+}
+
+static void lines_init(lines *l, const em_tensor *a, int dim) {
+  l->a = a;
+  l->dim = dim;
+  l->len = a->sizes[dim];
+  l->inner = 1;
+  for (int d = dim + 1; d < a->ndim; d++) l->inner *= a->sizes[d];
+}
+
+static int64_t lines_count(const lines *l) {
+  return l->len ? l->a->numel / l->len : 0;
+}
+
+/* -- sort ------------------------------------------------------------------------- */
+
+typedef struct skey {
+  union { double f; int64_t i; } k;
+  int64_t pos;
+} skey;
+
+static int ties(const skey *x, const skey *y) { return (x->pos > y->pos) - (x->pos < y->pos); }
+
+/* NaN above everything, NaNs equal to each other. */
+static int cmp_f(double a, double b) {
+  int na = a != a, nb = b != b;
+  if (na || nb) return na - nb;
+  return (a > b) - (a < b);
+}
+
+static int asc_f(const void *p, const void *q) {
+  const skey *x = p, *y = q;
+  int c = cmp_f(x->k.f, y->k.f);
+  return c ? c : ties(x, y);
+}
+static int desc_f(const void *p, const void *q) {
+  const skey *x = p, *y = q;
+  int c = cmp_f(y->k.f, x->k.f);
+  return c ? c : ties(x, y);
+}
+static int asc_i(const void *p, const void *q) {
+  const skey *x = p, *y = q;
+  int c = (x->k.i > y->k.i) - (x->k.i < y->k.i);
+  return c ? c : ties(x, y);
+}
+static int desc_i(const void *p, const void *q) {
+  const skey *x = p, *y = q;
+  int c = (y->k.i > x->k.i) - (y->k.i < x->k.i);
+  return c ? c : ties(x, y);
+}
+
+typedef struct sort_job {
+  lines l;
+  int64_t *out;
+  int descending, index_base;
+  int failed;               /* a task could not get its scratch (atomic) */
+} sort_job;
+
+static void sort_task(void *ctx, int64_t k0, int64_t k1) {
+  sort_job *j = ctx;
+  const em_tensor *a = j->l.a;
+  int64_t n = j->l.len, st = a->strides[j->l.dim];
+  size_t esz = em_dtype_size(a->dtype);
+  int i64 = a->dtype == EM_INT64;
+  const char *base = (const char *)a->storage->data;
+  skey *keys = malloc((size_t)n * sizeof *keys);
+  if (!keys) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  int (*cmp)(const void *, const void *) =
+      i64 ? (j->descending ? desc_i : asc_i) : (j->descending ? desc_f : asc_f);
+  for (int64_t k = k0; k < k1; k++) {
+    const char *p = base + line_offset(&j->l, k) * (int64_t)esz;
+    for (int64_t i = 0; i < n; i++) {
+      const char *e = p + i * st * (int64_t)esz;
+      if (i64) keys[i].k.i = *(const int64_t *)e;
+      else keys[i].k.f = emi_load_f64(e, a->dtype);
+      keys[i].pos = i;
+    }
+    qsort(keys, (size_t)n, sizeof *keys, cmp);
+    int64_t *o = j->out + line_start_contig(&j->l, k);
+    for (int64_t i = 0; i < n; i++) o[i * j->l.inner] = keys[i].pos + j->index_base;
+  }
+  free(keys);
+}
+
+em_status emi_cpu_sort(emi_device *dev, em_tensor *indices, const em_tensor *a, int dim,
+                       int descending, int index_base) {
+  sort_job j = {.out = em_tensor_data(indices), .descending = descending,
+                .index_base = index_base};
+  lines_init(&j.l, a, dim);
+  int64_t nl = lines_count(&j.l);
+  if (nl == 0) return EM_OK;
+  int64_t grain = 4096 / (j.l.len + 1) + 1;
+  emi_parallel_for(dev->S, nl, grain, sort_task, &j);
+  if (j.failed)
+    return emi_error(dev->S, EM_ERR_NOMEM, "sort: out of memory for the scratch of a line "
+                     "of %lld elements", (long long)j.l.len);
+  return EM_OK;
+}
+
+/* -- scans ------------------------------------------------------------------------ */
+
+typedef struct scan_job {
+  lines l;
+  char *out;
+  int op;
+} scan_job;
+
+static void scan_task(void *ctx, int64_t k0, int64_t k1) {
+  scan_job *j = ctx;
+  const em_tensor *a = j->l.a;
+  em_dtype dt = a->dtype;
+  int64_t n = j->l.len, st = a->strides[j->l.dim], ost = j->l.inner;
+  const char *base = (const char *)a->storage->data;
+  for (int64_t k = k0; k < k1; k++) {
+    int64_t ao = line_offset(&j->l, k), oo = line_start_contig(&j->l, k);
+    if (dt == EM_INT64) {
+      const int64_t *p = (const int64_t *)base + ao;
+      int64_t *o = (int64_t *)j->out + oo;
+      uint64_t acc = j->op == EMI_SCAN_SUM ? 0 : 1;   /* unsigned: wraps, as torch's */
+      for (int64_t i = 0; i < n; i++) {
+        uint64_t v = (uint64_t)p[i * st];
+        acc = j->op == EMI_SCAN_SUM ? acc + v : acc * v;
+        o[i * ost] = (int64_t)acc;
+      }
+    } else if (dt == EM_FLOAT32) {
+      const float *p = (const float *)base + ao;
+      float *o = (float *)j->out + oo;
+      double acc = j->op == EMI_SCAN_SUM ? 0 : 1;
+      for (int64_t i = 0; i < n; i++) {
+        acc = j->op == EMI_SCAN_SUM ? acc + p[i * st] : acc * p[i * st];
+        o[i * ost] = (float)acc;
+      }
+    } else {
+      size_t esz = em_dtype_size(dt);
+      double acc = j->op == EMI_SCAN_SUM ? 0 : 1;
+      for (int64_t i = 0; i < n; i++) {
+        double v = emi_load_f64(base + (ao + i * st) * (int64_t)esz, dt);
+        acc = j->op == EMI_SCAN_SUM ? acc + v : acc * v;
+        emi_store_f64(j->out + (oo + i * ost) * (int64_t)esz, dt, acc);
+      }
+    }
+  }
+}
+
+em_status emi_cpu_scan(emi_device *dev, int op, em_tensor *out, const em_tensor *a, int dim) {
+  scan_job j = {.out = em_tensor_data(out), .op = op};
+  lines_init(&j.l, a, dim);
+  int64_t nl = lines_count(&j.l);
+  if (nl == 0) return EM_OK;
+  emi_parallel_for(dev->S, nl, 16384 / (j.l.len + 1) + 1, scan_task, &j);
+  return EM_OK;
+}

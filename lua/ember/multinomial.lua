@@ -1,0 +1,105 @@
+--[[
+ember.multinomial -- em.multinomial(probs, n[, replacement]) and
+probs:multinomial(...): n 1-based class indices (int64) drawn from the weights of a
+1-D probs, or of each row of a 2-D one.
+]]
+local ffi = require 'ffi'
+local core = require 'ember.ffi'
+require 'ember.tensor'
+require 'ember.ops_more'
+local raise, kind = core.raise, core.kind
+local box_t, istype = core.box_t, ffi.istype
+local Tensor = core.Tensor
+
+local M = {}
+
+local function create() return require 'ember.create' end
+local function is_int(v) return type(v) == 'number' and v % 1 == 0 end
+
+-- -- multinomial ------------------------------------------------------------------------
+-- With replacement, each draw is the category whose cumulative weight first passes
+-- u * total (u uniform in [0, 1)): the count of cumulative weights <= u * total.
+-- Without, the n largest of p / E (E exponential, from -log u) -- the order in which
+-- sequential draws without replacement come out. The uniforms come from ember's
+-- generator (uniform_), so em.manual_seed makes the draws reproducible.
+local CELLS = 2 ^ 24    -- the most (draw, category) comparisons held at once
+
+local function check_probs(probs, n, replacement)
+  local op = 'multinomial'
+  if not istype(box_t, probs) then
+    raise(('%s: expected a tensor of probabilities as argument 1, got %s'):format(op, kind(probs)))
+  end
+  local nd = probs:dim()
+  if nd ~= 1 and nd ~= 2 then
+    raise(('%s: probs must be 1-D or 2-D, got shape [%s]'):format(op, table.concat(probs.shape, ',')))
+  end
+  if not probs:is_floating_point() then
+    raise(('%s: probs must be a floating-point tensor, got %s'):format(op, probs.dtype))
+  end
+  if not is_int(n) or n < 1 then
+    raise(('%s: the number of samples must be a positive integer, got %s'):format(op,
+      type(n) == 'number' and tostring(n) or kind(n)))
+  end
+  local k = probs.shape[nd]
+  if k == 0 then raise(op .. ': probs has no categories') end
+  if not replacement and n > k then
+    raise(('%s: can\'t draw %d samples without replacement from %d categories (pass '
+      .. 'replacement = true, or n <= %d)'):format(op, n, k, k))
+  end
+  if probs.device == 'meta' then return end   -- no values to check
+  local p = probs:double()
+  local lo = p:min():item()
+  if lo ~= lo or p:max():item() == math.huge then
+    raise(op .. ': probs must be finite and not NaN')
+  end
+  if lo < 0 then
+    raise(('%s: probs must be non-negative, got a minimum of %g'):format(op, lo))
+  end
+  if p:sum(nd):min():item() <= 0 then
+    raise(op .. ': every row of probs must have a positive sum')
+  end
+  if not replacement and p:gt(0):long():sum(nd):min():item() < n then
+    raise(('%s: a row of probs has fewer than %d categories of non-zero probability, '
+      .. 'too few to draw %d samples without replacement'):format(op, n, n))
+  end
+end
+
+function M.multinomial(probs, n, replacement)
+  if replacement == nil then replacement = false end
+  if type(replacement) ~= 'boolean' then
+    raise('multinomial: replacement must be a boolean, got ' .. kind(replacement))
+  end
+  check_probs(probs, n, replacement)
+  local one = probs:dim() == 1
+  local p = one and probs:unsqueeze(1) or probs
+  local rows, k = p.shape[1], p.shape[2]
+  local em = create()
+  if probs.device == 'meta' then
+    return em.empty(one and { n } or { rows, n }, { dtype = 'int64', device = 'meta' })
+  end
+  p = p:double():detach()
+  -- one uniform per draw with replacement, one per category without
+  local u = em.empty({ rows, replacement and n or k }, { dtype = 'float64', device = probs.device })
+  u:uniform_()
+  local r
+  if replacement then
+    local cdf = p:cumsum(2)
+    local target = u * cdf:narrow(2, k, 1)
+    local cdf3, parts = cdf:unsqueeze(2), {}
+    local step = math.max(1, math.floor(CELLS / math.max(1, rows * k)))
+    for s = 1, n, step do
+      local t = target:narrow(2, s, math.min(step, n - s + 1)):unsqueeze(3)
+      parts[#parts + 1] = cdf3:le(t):long():sum(3)
+    end
+    r = (#parts == 1 and parts[1] or require('ember.index').cat(parts, 2)):add(1):clamp(1, k)
+  else
+    local e = u:log():neg()
+    local _, idx = (p / e):topk(n, 2)
+    r = idx
+  end
+  if one then r = r:squeeze(1) end
+  return r
+end
+function Tensor.multinomial(probs, n, replacement) return M.multinomial(probs, n, replacement) end
+
+return M
