@@ -45,7 +45,16 @@ function F.linear(x, w, b)
   local hx, hw = H(x, 'linear', 1), H(w, 'linear', 2)
   local hb = nil
   if b ~= nil then hb = H(b, 'linear', 3) end
-  if C.em_linear(S, hx, hw, hb, o1) ~= 0 then fail() end
+  if C.em_linear(S, hx, hw, hb, o1) ~= 0 then
+    -- The C op multiplies inside; the user called linear with x and w.
+    local msg = core.errmsg()
+    if msg:find('^matmul: shapes') then
+      local xs, ws = core.shape_str(hx), core.shape_str(hw)
+      raise(('linear: input %s does not fit weight %s: the input\'s last dim must be %s (in_features = weight:size(2))')
+        :format(xs, ws, tostring(tonumber(C.em_tensor_sizes(hw)[C.em_tensor_ndim(hw) - 1]))))
+    end
+    fail()
+  end
   return wrap(o1[0])
 end
 
@@ -111,12 +120,14 @@ local function opts_of(op, o)
   return o
 end
 
-function F.cross_entropy(input, target, opts)
-  opts = opts_of('cross_entropy', opts)
-  local r = reduction_of('cross_entropy', opts.reduction)
-  local ls, ign = opts.label_smoothing or 0, opts.ignore_index or -100
+-- The fused op on (N, C) logits and (N) labels; F.cross_entropy (loss_functions.lua)
+-- brings the other shapes and options to it.
+local function fused_cross_entropy(input, target, ignore_index, label_smoothing, reduction)
+  local r = reduction_of('cross_entropy', reduction)
   local hx, ht = H(input, 'cross_entropy', 1), H(target, 'cross_entropy', 2)
-  if C.em_cross_entropy(S, hx, ht, 1, ign, ls, r, o1, nil) ~= 0 then fail() end
+  if C.em_cross_entropy(S, hx, ht, 1, ignore_index, label_smoothing, r, o1, nil) ~= 0 then
+    fail()
+  end
   return wrap(o1[0])
 end
 
@@ -147,6 +158,9 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
   return wrap(o1[0])
 end
 
+-- cross_entropy (every option and shape), l1_loss, smooth_l1_loss, huber_loss.
+require('ember.nn.loss_functions')(F, fused_cross_entropy, reduction_of, opts_of)
+
 -- -- Normalisation ----------------------------------------------------------------------------
 -- batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 function F.batch_norm(x, rm, rv, w, b, training, momentum, eps)
@@ -174,7 +188,13 @@ function F.layer_norm(x, shape, w, b, eps)
 end
 
 function F.embedding(idx, w)
-  local flat = w:index_select(1, idx:reshape(-1))
+  local ok, flat = pcall(w.index_select, w, 1, idx:reshape(-1))
+  if not ok then
+    -- Named as the user's call: an index out of range is a token id out of range.
+    local msg = tostring(flat):gsub('^.-index_select: index (%-?%d+) is out of range for dimension 1 of size (%d+)',
+      'embedding: index %1 is out of range for %2 embeddings')
+    raise(msg)
+  end
   local shape = idx.shape
   shape[#shape + 1] = w.shape[2]
   return flat:reshape(shape)

@@ -1,6 +1,8 @@
 --[[
-ember.nn.loss -- CrossEntropyLoss({label_smoothing, reduction, ignore_index}),
-NLLLoss, MSELoss, BCEWithLogitsLoss ({reduction}); called as loss(input, target).
+ember.nn.loss -- CrossEntropyLoss({weight, ignore_index, label_smoothing,
+reduction}), NLLLoss, MSELoss, BCEWithLogitsLoss, L1Loss ({reduction}),
+SmoothL1Loss({beta, reduction}), HuberLoss({delta, reduction}); called as
+loss(input, target). The options go to the em.nn.F function as given.
 ]]
 return function(nn)
   local F = nn.F
@@ -15,4 +17,7 @@ return function(nn)
   make('NLLLoss', F.nll_loss)
   make('MSELoss', F.mse_loss)
   make('BCEWithLogitsLoss', F.binary_cross_entropy_with_logits)
+  make('L1Loss', F.l1_loss)
+  make('SmoothL1Loss', F.smooth_l1_loss)
+  make('HuberLoss', F.huber_loss)
 end
