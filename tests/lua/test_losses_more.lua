@@ -145,6 +145,12 @@ H.test('the module forms pass their options on', function()
   local o = { weight = w, ignore_index = -1, label_smoothing = 0.1, reduction = 'sum' }
   H.close(nn.CrossEntropyLoss(o)(x, t):item(), F.cross_entropy(x, t, o):item(), 1e-15,
     'CrossEntropyLoss')
+  local crit = nn.CrossEntropyLoss({ weight = w, label_smoothing = 0.2, ignore_index = -1 })
+  H.eq(crit:state_dict().weight:totable(), { 1, 2, 3 }, 'the weight is a buffer in the state_dict')
+  crit:to('cuda')
+  H.eq(crit.weight.device, 'cuda:0', ':to moves the weight')
+  H.close(crit(x:cuda(), t:cuda()):item(), F.cross_entropy(x, t, { weight = w, ignore_index = -1,
+    label_smoothing = 0.2 }):item(), 1e-12, 'CrossEntropyLoss on cuda with its weight moved')
   local a, b = em.randn(4, { dtype = 'float64' }), em.randn(4, { dtype = 'float64' })
   H.close(nn.L1Loss()(a, b):item(), (a - b):abs():mean():item(), 1e-15, 'L1Loss')
   H.close(nn.L1Loss({ reduction = 'sum' })(a, b):item(), (a - b):abs():sum():item(), 1e-15,

@@ -14,6 +14,22 @@ return function(nn)
     nn[name] = cls
   end
   make('CrossEntropyLoss', F.cross_entropy)
+  -- The class weights are a buffer, as in PyTorch: in the state_dict, moved by :to().
+  local CE = nn.CrossEntropyLoss
+  local ce_init = CE.init
+  function CE:init(o)
+    ce_init(self, o)
+    if self.opts.weight ~= nil then self:register_buffer('weight', self.opts.weight) end
+  end
+  function CE:forward(input, target)
+    local o = self.opts
+    if o.weight ~= nil then
+      o = {}
+      for k, v in pairs(self.opts) do o[k] = v end
+      o.weight = self.weight
+    end
+    return F.cross_entropy(input, target, o)
+  end
   make('NLLLoss', F.nll_loss)
   make('MSELoss', F.mse_loss)
   make('BCEWithLogitsLoss', F.binary_cross_entropy_with_logits)

@@ -46,8 +46,8 @@ return function(F, fused_cross_entropy, reduction_of, opts_of)
         :format(shape_str(w), C, shape_str(x)))
     end
     if w.dtype ~= x.dtype or w.device ~= x.device then
-      raise(('cross_entropy: weight is %s on %s but input is %s on %s; convert it with weight:to(input)')
-        :format(w.dtype, w.device, x.dtype, x.device))
+      raise(("cross_entropy: weight is %s on %s but input is %s on %s; convert it with weight:to({dtype = '%s', device = '%s'})")
+        :format(w.dtype, w.device, x.dtype, x.device, x.dtype, x.device))
     end
   end
 
