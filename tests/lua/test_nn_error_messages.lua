@@ -65,6 +65,26 @@ H.test('embedding names itself for an id out of range', function()
     'index 5')
 end)
 
+H.test('batch norm names the channels and the layer to make', function()
+  names(function() nn.BatchNorm2d(3)(em.randn(2, 4, 5, 5)) end, 'batch_norm', nil,
+    'input [2,4,5,5] has 4 channels', 'num_features = 3', 'BatchNorm2d(4)')
+  names(function() nn.BatchNorm1d(3)(em.randn(2, 4)) end, 'batch_norm', nil,
+    'input [2,4] has 4 channels', 'BatchNorm1d(4)')
+  names(function() nn.BatchNorm2d(3):to('cuda')(em.randn(2, 4, 5, 5, { device = 'cuda' })) end, 'batch_norm',
+    nil, 'has 4 channels', 'BatchNorm2d(4)')
+  H.eq(nn.BatchNorm2d(4)(em.randn(2, 4, 5, 5)).shape, { 2, 4, 5, 5 }, 'a fitting input still works')
+end)
+
+H.test('binary_cross_entropy_with_logits and embedding name themselves', function()
+  local F = em.nn.F
+  names(function() F.binary_cross_entropy_with_logits(em.randn(3), em.tensor({ 1, 0, 1 })) end,
+    'binary_cross_entropy_with_logits', 'bce_with_logits', 'int64', 'target:to(input.dtype)')
+  names(function() nn.BCEWithLogitsLoss()(em.randn(3), em.randn(4)) end,
+    'binary_cross_entropy_with_logits', 'bce_with_logits', '[3]', '[4]')
+  names(function() nn.Embedding(4, 3)(em.randn(2)) end, 'embedding', 'index_select',
+    'got float32', 'idx:long()')
+end)
+
 H.test('class labels out of range say labels count from 1', function()
   for _, dev in ipairs({ 'cpu', 'cuda' }) do
     local x = em.randn(2, 3, { device = dev })

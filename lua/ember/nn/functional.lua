@@ -30,6 +30,17 @@ local function pair(op, what, v, buf, def)
   return buf
 end
 
+-- Raises the state's last error as the user's call op: the C op may name itself
+-- `internal` (bce_with_logits for binary_cross_entropy_with_logits).
+local function fail_as(op, internal, hint)
+  local msg = core.errmsg()
+  pcall(fail)   -- what fail does besides raising (a collection under memory pressure)
+  if internal and msg:sub(1, #internal + 2) == internal .. ': ' then
+    msg = op .. msg:sub(#internal + 1)
+  end
+  raise(msg .. (hint or ''))
+end
+
 local reductions = { none = 0, mean = 1, sum = 2 }
 local function reduction_of(op, r)
   if r == nil then return 1 end
@@ -154,7 +165,11 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
   opts = opts_of('binary_cross_entropy_with_logits', opts)
   local r = reduction_of('binary_cross_entropy_with_logits', opts.reduction)
   if C.em_bce_with_logits(S, H(input, 'binary_cross_entropy_with_logits', 1),
-      H(target, 'binary_cross_entropy_with_logits', 2), r, o1) ~= 0 then fail() end
+      H(target, 'binary_cross_entropy_with_logits', 2), r, o1) ~= 0 then
+    local dtype_msg = core.errmsg():find('target has dtype int') ~= nil
+    fail_as('binary_cross_entropy_with_logits', 'bce_with_logits',
+      dtype_msg and ' (targets are 0/1 floats here: target:to(input.dtype))' or nil)
+  end
   return wrap(o1[0])
 end
 
@@ -171,6 +186,16 @@ function F.batch_norm(x, rm, rv, w, b, training, momentum, eps)
   local hw = w ~= nil and H(w, 'batch_norm', 4) or nil
   local hb = b ~= nil and H(b, 'batch_norm', 5) or nil
   if C.em_batch_norm(S, h, hw, hb, hrm, hrv, training and 1 or 0, momentum, eps, o1, nil, nil) ~= 0 then
+    -- A per-channel tensor that does not fit is the layer's num_features against
+    -- the input's channels (dim 2): say so.
+    local what, has, want = core.errmsg():match('^batch_norm: (%S+) %[(%d+)%] must be %[(%d+)%]$')
+    if what then
+      pcall(fail)
+      raise(('batch_norm: input %s has %s channels (dim 2) but the %s is for %s: the layer was '
+        .. 'made for num_features = %s; make it for %s (%s) or check the layer before it')
+        :format(core.shape_str(h), want, what, has, has, want,
+          C.em_tensor_ndim(h) >= 4 and ('BatchNorm2d(' .. want .. ')') or ('BatchNorm1d(' .. want .. ')')))
+    end
     fail()
   end
   return wrap(o1[0])
@@ -191,9 +216,12 @@ function F.embedding(idx, w)
   local ok, flat = pcall(w.index_select, w, 1, idx:reshape(-1))
   if not ok then
     -- Named as the user's call: an index out of range is a token id out of range.
-    local msg = tostring(flat):gsub('^.-index_select: index (%-?%d+) is out of range for dimension 1 of size (%d+)',
-      'embedding: index %1 is out of range for %2 embeddings')
-    raise(msg)
+    -- The message already holds the user's position.
+    local msg = tostring(flat):gsub('index_select: index (%-?%d+) is out of range for dimension 1 of size (%d+)',
+      'embedding: index %1 is out of range for %2 embeddings', 1)
+    msg = msg:gsub('index_select: expected an int64 or int32 index tensor, got (%w+)',
+      'embedding: expected int64 or int32 indices, got %1 (idx:long())', 1)
+    error(msg, 0)
   end
   local shape = idx.shape
   shape[#shape + 1] = w.shape[2]
