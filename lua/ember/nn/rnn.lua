@@ -94,7 +94,7 @@ return function(nn)
     local out = {}
     for s = 1, T do
       local t = reverse and T - s + 1 or s
-      local g = xw[t] + F.linear(h, w_hh)
+      local g = F.linear(h, w_hh, xw[t])   -- h w_hh^T + (x_t w_ih^T + biases), one call
       local sg = g:sigmoid()
       local i, f, o = sg:narrow(2, 1, Hd), sg:narrow(2, Hd + 1, Hd), sg:narrow(2, 3 * Hd + 1, Hd)
       c = f * c + i * g:narrow(2, 2 * Hd + 1, Hd):tanh()
