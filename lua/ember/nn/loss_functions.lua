@@ -17,7 +17,7 @@ with F and the fused op.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
-local raise, kind = core.raise, core.kind
+local raise, kind, CC = core.raise, core.kind, core.C
 
 return function(F, fused_cross_entropy, reduction_of, opts_of)
   local function shape_str(t) return '[' .. table.concat(t.shape, ',') .. ']' end
@@ -96,7 +96,13 @@ return function(F, fused_cross_entropy, reduction_of, opts_of)
       raise('cross_entropy: expected a tensor as argument 2 (class labels or probabilities), got '
         .. kind(target))
     end
-    local nd = x:dim()
+    local nd = CC.em_tensor_ndim(x._h)
+    -- The common case, (N, C) logits and (N) labels without weights, goes straight
+    -- to the fused op (whose checks cover it): no shape tables in a training step.
+    if w == nil and nd == 2 and CC.em_tensor_ndim(target._h) == 1 and
+        not core.is_float[core.dtype_of(target._h)] then
+      return fused_cross_entropy(x, target, ign, ls, opts.reduction)
+    end
     if nd < 1 then raise('cross_entropy: input ' .. shape_str(x) .. ' must have a class dimension') end
     local C = nd == 1 and x.shape[1] or x.shape[2]
     if w ~= nil then check_weight(w, x, C) end
