@@ -61,7 +61,8 @@ function F.linear(x, w, b)
     local msg = core.errmsg()
     if msg:find('^matmul: shapes') then
       local xs, ws = core.shape_str(hx), core.shape_str(hw)
-      raise(('linear: input %s does not fit weight %s: the input\'s last dim must be %s (in_features = weight:size(2))')
+      raise(("linear: input %s does not fit weight %s: the input's last dim must be %s "
+        .. '(in_features = weight:size(2))')
         :format(xs, ws, tostring(tonumber(C.em_tensor_sizes(hw)[C.em_tensor_ndim(hw) - 1]))))
     end
     fail()
@@ -217,7 +218,8 @@ function F.embedding(idx, w)
   if not ok then
     -- Named as the user's call: an index out of range is a token id out of range.
     -- The message already holds the user's position.
-    local msg = tostring(flat):gsub('index_select: index (%-?%d+) is out of range for dimension 1 of size (%d+)',
+    local msg = tostring(flat):gsub(
+      'index_select: index (%-?%d+) is out of range for dimension 1 of size (%d+)',
       'embedding: index %1 is out of range for %2 embeddings', 1)
     msg = msg:gsub('index_select: expected an int64 or int32 index tensor, got (%w+)',
       'embedding: expected int64 or int32 indices, got %1 (idx:long())', 1)

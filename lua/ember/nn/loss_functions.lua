@@ -46,7 +46,8 @@ return function(F, fused_cross_entropy, reduction_of, opts_of)
         :format(shape_str(w), C, shape_str(x)))
     end
     if w.dtype ~= x.dtype or w.device ~= x.device then
-      raise(("cross_entropy: weight is %s on %s but input is %s on %s; convert it with weight:to({dtype = '%s', device = '%s'})")
+      raise(("cross_entropy: weight is %s on %s but input is %s on %s; "
+        .. "convert it with weight:to({dtype = '%s', device = '%s'})")
         :format(w.dtype, w.device, x.dtype, x.device, x.dtype, x.device))
     end
   end
@@ -110,7 +111,8 @@ return function(F, fused_cross_entropy, reduction_of, opts_of)
       local same = target:dim() == nd
       for i = 1, nd do same = same and target.shape[i] == x.shape[i] end
       if not same then
-        raise(('cross_entropy: a float target holds class probabilities and must have the input\'s shape %s, got %s (class labels are integers: target:long())')
+        raise(("cross_entropy: a float target holds class probabilities and must have the "
+          .. "input's shape %s, got %s (class labels are integers: target:long())")
           :format(shape_str(x), shape_str(target)))
       end
       return prob_target(x, target, w, ls, r, C)
@@ -126,7 +128,8 @@ return function(F, fused_cross_entropy, reduction_of, opts_of)
     local ok = target:dim() == #want
     for i = 1, #want do ok = ok and target.shape[i] == want[i] end
     if not ok then
-      raise(('cross_entropy: target %s must be [%s] (input %s without its class dim 2), or a float tensor of probabilities of the input\'s shape')
+      raise(("cross_entropy: target %s must be [%s] (input %s without its class dim 2), "
+        .. "or a float tensor of probabilities of the input's shape")
         :format(shape_str(target), table.concat(want, ','), xs))
     end
     local x2, t2 = x, target:reshape(-1)
