@@ -199,11 +199,17 @@ return function(M, base)
       last_epoch = 0 }, Sequential)
     for i, s in ipairs(scheds) do self.schedulers[i] = s end
     for i, m in ipairs(ms) do self.milestones[i] = m end
-    -- Back to the initial lrs; every schedule's own step 0 is undone, and the first
-    -- takes it again.
+    -- Back to the initial lrs; every schedule's own step 0 is undone (inside nested
+    -- sequences too), and the one that runs at step 0 takes it again.
     for _, g in ipairs(opt.param_groups) do g.lr = g.initial_lr end
-    for _, s in ipairs(scheds) do s.last_epoch = s.last_epoch - 1 end
-    local first = scheds[1]
+    local function undo(list)
+      for _, s in ipairs(list) do
+        if getmetatable(s) == Sequential then undo(s.schedulers)
+        else s.last_epoch = s.last_epoch - 1 end
+      end
+    end
+    undo(scheds)
+    local first = scheds[which(ms, 0)]
     first.step_count = 0
     first:step()
     self.last_lr = first:get_last_lr()
@@ -245,7 +251,16 @@ return function(M, base)
       self.num_bad_epochs = 0
     end
     if self.num_bad_epochs > self.patience then
-      for i, g in ipairs(self.optimizer.param_groups) do
+      local groups = self.optimizer.param_groups
+      if #groups ~= #self.min_lrs then
+        if self.default_min_lr == nil then
+          raise(('ReduceLROnPlateau:step: the optimizer has %d parameter groups but min_lr lists %d; '
+            .. 'set sched.min_lrs to one value per group'):format(#groups, #self.min_lrs))
+        end
+        for i = 1, #groups do self.min_lrs[i] = self.default_min_lr end
+        for i = #groups + 1, #self.min_lrs do self.min_lrs[i] = nil end
+      end
+      for i, g in ipairs(groups) do
         local new = math.max(g.lr * self.factor, self.min_lrs[i])
         if g.lr - new > self.eps then g.lr = new end
       end
@@ -293,6 +308,7 @@ return function(M, base)
       end
       self.min_lrs[i] = v
     end
+    if type(min_lr) == 'number' then self.default_min_lr = min_lr end
     self.best = self.mode == 'min' and math.huge or -math.huge
     self.last_lr = current(self)
     return self
