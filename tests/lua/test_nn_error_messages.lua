@@ -75,6 +75,14 @@ H.test('batch norm names the channels and the layer to make', function()
   H.eq(nn.BatchNorm2d(4)(em.randn(2, 4, 5, 5)).shape, { 2, 4, 5, 5 }, 'a fitting input still works')
 end)
 
+H.test('layer norm names the layer that would fit', function()
+  names(function() nn.LayerNorm(3)(em.randn(2, 4)) end, 'layer_norm', nil, 'input [2,4]',
+    'normalizes over [3]', 'ends in [4]', 'LayerNorm(4)')
+  names(function() nn.LayerNorm({ 2, 3 })(em.randn(5, 4, 3)) end, 'layer_norm', nil,
+    'normalizes over [2,3]', 'LayerNorm({4, 3})')
+  H.eq(nn.LayerNorm(4)(em.randn(2, 4)).shape, { 2, 4 }, 'a fitting input still works')
+end)
+
 H.test('binary_cross_entropy_with_logits and embedding name themselves', function()
   local F = em.nn.F
   names(function() F.binary_cross_entropy_with_logits(em.randn(3), em.tensor({ 1, 0, 1 })) end,

@@ -209,7 +209,19 @@ function F.layer_norm(x, shape, w, b, eps)
   local nd = #shape
   local h = H(x, 'layer_norm', 1)
   if C.em_layer_norm(S, h, nd, w ~= nil and H(w, 'layer_norm', 3) or nil,
-      b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil) ~= 0 then fail() end
+      b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil) ~= 0 then
+    -- A weight that does not fit is the layer's normalized_shape against the
+    -- input's last dims: name the layer that would fit.
+    local xd = C.em_tensor_ndim(h)
+    if core.errmsg():find('does not match the last', 1, true) and xd >= nd then
+      local sz, last = C.em_tensor_sizes(h), {}
+      for i = xd - nd, xd - 1 do last[#last + 1] = tostring(tonumber(sz[i])) end
+      fail_as('layer_norm', nil, ('; the layer normalizes over [%s], the input ends in [%s]: '
+        .. 'make it LayerNorm(%s)'):format(table.concat(shape, ','), table.concat(last, ','),
+        nd == 1 and last[1] or '{' .. table.concat(last, ', ') .. '}'))
+    end
+    fail()
+  end
   return wrap(o1[0])
 end
 
