@@ -1,5 +1,5 @@
 --[[
-test_lr_schedules_more.lua -- LinearLR, LambdaLR, SequentialLR and
+test_optim_schedules_more.lua -- LinearLR, LambdaLR, SequentialLR and
 ReduceLROnPlateau replay PyTorch's lr sequences (36 steps, two parameter groups)
 recorded by tests/fixtures/gen_losses_sched_rnn.py; state_dict /
 load_state_dict resume mid-way onto the same sequence; bad options raise
