@@ -42,7 +42,10 @@ static em_status check_targets(emi_device *d, const char *op, const em_tensor *t
     if (v == ignore_index) continue;
     if (v - index_base < 0 || v - index_base >= C)
       st = emi_error(S, EM_ERR_INDEX, "%s: target %lld is out of range for %lld classes "
-                     "(index_base %d)", op, (long long)v, (long long)C, index_base);
+                     "(labels count from %d, "
+                     "so they run %d..%lld%s)", op, (long long)v, (long long)C, index_base,
+                     index_base, (long long)(C - 1 + index_base),
+                     index_base == 1 ? "; add 1 to 0-based labels" : "");
     (*count)++;
   }
   em_tensor_release(h);

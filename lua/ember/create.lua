@@ -21,9 +21,27 @@ local parse_shape, parse_opts = core.parse_shape, core.parse_opts
 local M = {}
 
 -- -- Helpers ---------------------------------------------------------------------
+-- The C ops the creators call name themselves in their messages; the user called
+-- op, so the message names op (em.zeros(2, {device = 'cuda:1'}) blames zeros).
+local internal = { full = true, empty = true, to = true, uniform_ = true, normal_ = true,
+  randint_ = true, eye = true, arange = true, from_data = true, clone = true }
+local function fail_as(op)
+  local msg = core.errmsg()
+  pcall(fail)   -- what fail does besides raising (a collection under memory pressure)
+  local head, rest = msg:match('^([%w_]+): (.*)$')
+  if head and head ~= op and internal[head] then msg = op .. ': ' .. rest end
+  local n = msg:match('no device cuda:%d+ %(this state has (%d+)%)$')
+  if n then
+    msg = msg .. (n == '0' and '; create it on the cpu'
+      or ("; pass device = 'cuda' (the current device) or 'cuda:0'" ..
+        (n ~= '1' and (" .. 'cuda:%d'"):format(n - 1) or '')))
+  end
+  raise(msg)
+end
+
 local function empty(op, n, shape, dt, dev)
   if C.em_empty(S, shape, n, dt, dev, out) ~= 0 then
-    fail()
+    fail_as(op)
   end
   return wrap(out[0])
 end
@@ -32,7 +50,7 @@ local function filled(op, value, ...)
   local n, opts, shape = parse_shape(op, false, ...)
   local dt, dev = parse_opts(op, opts, FLOAT32)
   if C.em_full(S, shape, n, value, dt, dev, out) ~= 0 then
-    fail()
+    fail_as(op)
   end
   return wrap(out[0])
 end
@@ -61,7 +79,7 @@ function M.full(shape, value, opts)
   if v == nil then raise('full: expected a number or boolean fill value, got ' .. kind(value)) end
   local dt, dev = parse_opts('full', opts, infer_scalar_dtype(value))
   if C.em_full(S, shp, n, v, dt, dev, out) ~= 0 then
-    fail()
+    fail_as('full')
   end
   return wrap(out[0])
 end
@@ -125,10 +143,16 @@ local function tensor_from_table(data, opts)
   local shp = core.shape_buf2
   for i = 1, ndim do shp[i - 1] = shape[i] end
   if C.em_from_data(S, shp, ndim, dt, buf, C.EM_FLOAT64, out) ~= 0 then
-    fail()
+    fail_as('tensor')
   end
   local t = wrap(out[0])
-  if dev ~= -1 then return t:to(core.device_name(dev)) end
+  if dev ~= -1 then
+    -- Made on the device, then filled: a device that does not exist is named as such.
+    if C.em_empty(S, shp, ndim, dt, dev, out) ~= 0 then fail_as('tensor') end
+    local d = wrap(out[0])
+    if C.em_copy_(S, d._h, t._h) ~= 0 then fail_as('tensor') end
+    return d
+  end
   return t
 end
 
@@ -136,12 +160,12 @@ function M.tensor(data, opts)
   if istype(box_t, data) then
     local dt, dev = parse_opts('tensor', opts, core.dtype_of(data._h),
       C.em_tensor_device(data._h))
-    if C.em_to(S, data._h, dt, dev, out) ~= 0 then fail() end
+    if C.em_to(S, data._h, dt, dev, out) ~= 0 then fail_as('tensor') end
     local h = out[0]
     if h == data._h then  -- same dtype and device: em.tensor copies
       local st = C.em_clone(S, h, out)
       C.em_tensor_release(h)
-      if st ~= 0 then fail() end
+      if st ~= 0 then fail_as('tensor') end
       h = out[0]
     end
     return wrap(h)
@@ -150,7 +174,7 @@ function M.tensor(data, opts)
   if v ~= nil then
     local dt, dev = parse_opts('tensor', opts, infer_scalar_dtype(data))
     if C.em_full(S, nil, 0, v, dt, dev, out) ~= 0 then
-      fail()
+      fail_as('tensor')
     end
     return wrap(out[0])
   end
@@ -203,7 +227,7 @@ function M.rand(...)
   local n, opts, shape = parse_shape('rand', false, ...)
   local dt, dev = parse_opts('rand', opts, FLOAT32)
   local t = empty('rand', n, shape, dt, dev)
-  if C.em_uniform_(S, t._h, 0, 1) ~= 0 then fail() end
+  if C.em_uniform_(S, t._h, 0, 1) ~= 0 then fail_as('rand') end
   return t
 end
 
@@ -211,7 +235,7 @@ function M.randn(...)
   local n, opts, shape = parse_shape('randn', false, ...)
   local dt, dev = parse_opts('randn', opts, FLOAT32)
   local t = empty('randn', n, shape, dt, dev)
-  if C.em_normal_(S, t._h, 0, 1) ~= 0 then fail() end
+  if C.em_normal_(S, t._h, 0, 1) ~= 0 then fail_as('randn') end
   return t
 end
 
@@ -228,7 +252,7 @@ function M.randint(lo, hi, shape, opts)
   local n, _, shp = parse_shape('randint', false, shape)
   local dt, dev = parse_opts('randint', opts, INT64)
   local t = empty('randint', n, shp, dt, dev)
-  if C.em_randint_(S, t._h, lo, hi) ~= 0 then fail() end
+  if C.em_randint_(S, t._h, lo, hi) ~= 0 then fail_as('randint') end
   return t
 end
 
@@ -279,7 +303,7 @@ end
 function M.zeros_like(t, opts)
   local n, shape, dt, dev = like('zeros_like', t, opts)
   if C.em_full(S, shape, n, 0, dt, dev, out) ~= 0 then
-    fail()
+    fail_as('zeros_like')
   end
   return keep_format(t, wrap(out[0]))
 end
@@ -287,7 +311,7 @@ end
 function M.ones_like(t, opts)
   local n, shape, dt, dev = like('ones_like', t, opts)
   if C.em_full(S, shape, n, 1, dt, dev, out) ~= 0 then
-    fail()
+    fail_as('ones_like')
   end
   return keep_format(t, wrap(out[0]))
 end
@@ -297,7 +321,7 @@ function M.full_like(t, value, opts)
   local v = core.number_of(value)
   if v == nil then raise('full_like: expected a number fill value, got ' .. kind(value)) end
   if C.em_full(S, shape, n, v, dt, dev, out) ~= 0 then
-    fail()
+    fail_as('full_like')
   end
   return keep_format(t, wrap(out[0]))
 end
@@ -310,14 +334,14 @@ end
 function M.rand_like(t, opts)
   local n, shape, dt, dev = like('rand_like', t, opts)
   local r = empty('rand_like', n, shape, dt, dev)
-  if C.em_uniform_(S, r._h, 0, 1) ~= 0 then fail() end
+  if C.em_uniform_(S, r._h, 0, 1) ~= 0 then fail_as('rand_like') end
   return keep_format(t, r)
 end
 
 function M.randn_like(t, opts)
   local n, shape, dt, dev = like('randn_like', t, opts)
   local r = empty('randn_like', n, shape, dt, dev)
-  if C.em_normal_(S, r._h, 0, 1) ~= 0 then fail() end
+  if C.em_normal_(S, r._h, 0, 1) ~= 0 then fail_as('randn_like') end
   return keep_format(t, r)
 end
 

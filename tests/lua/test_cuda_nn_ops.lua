@@ -367,7 +367,7 @@ H.test('embedding on cuda: index_select forward, index_add backward', function()
   local i = em.tensor({ 2, 4, 2 }, { dtype = 'int64' })
   compare(mc(i), md(i:cuda()), 'Embedding module')
   same_error('embedding index out of range', function() return F.embedding(em.tensor({ 11 }, { dtype = 'int64' }), mc.weight) end,
-             function() return F.embedding(em.tensor({ 11 }, { dtype = 'int64' }):cuda(), md.weight) end, 'index_select: index 11')
+             function() return F.embedding(em.tensor({ 11 }, { dtype = 'int64' }):cuda(), md.weight) end, 'embedding: index 11')
 end)
 
 H.done()

@@ -131,7 +131,7 @@ H.test('ember --memory-limit: the error, then the script goes on', function()
   local out, rc = run('--memory-limit 3M', script)
   H.eq(rc, 0, out)
   H.check(out:find('rank 0 capacity 3145728', 1, true), out)
-  H.check(out:find('rank 0 error [^\n]*full: cpu: out of memory allocating 2%.00 MiB %(2%.00 ' ..
+  H.check(out:find('rank 0 error [^\n]*zeros: cpu: out of memory allocating 2%.00 MiB %(2%.00 ' ..
     'MiB allocated by tensors, 3%.00 MiB limit'), out)
   H.check(out:find('rank 0 after 524288 8', 1, true), out)
   out, rc = run('--memory-limit=3145728', script)

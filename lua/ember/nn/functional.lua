@@ -30,6 +30,17 @@ local function pair(op, what, v, buf, def)
   return buf
 end
 
+-- Raises the state's last error as the user's call op: the C op may name itself
+-- `internal` (bce_with_logits for binary_cross_entropy_with_logits).
+local function fail_as(op, internal, hint)
+  local msg = core.errmsg()
+  pcall(fail)   -- what fail does besides raising (a collection under memory pressure)
+  if internal and msg:sub(1, #internal + 2) == internal .. ': ' then
+    msg = op .. msg:sub(#internal + 1)
+  end
+  raise(msg .. (hint or ''))
+end
+
 local reductions = { none = 0, mean = 1, sum = 2 }
 local function reduction_of(op, r)
   if r == nil then return 1 end
@@ -45,7 +56,17 @@ function F.linear(x, w, b)
   local hx, hw = H(x, 'linear', 1), H(w, 'linear', 2)
   local hb = nil
   if b ~= nil then hb = H(b, 'linear', 3) end
-  if C.em_linear(S, hx, hw, hb, o1) ~= 0 then fail() end
+  if C.em_linear(S, hx, hw, hb, o1) ~= 0 then
+    -- The C op multiplies inside; the user called linear with x and w.
+    local msg = core.errmsg()
+    if msg:find('^matmul: shapes') then
+      local xs, ws = core.shape_str(hx), core.shape_str(hw)
+      raise(("linear: input %s does not fit weight %s: the input's last dim must be %s "
+        .. '(in_features = weight:size(2))')
+        :format(xs, ws, tostring(tonumber(C.em_tensor_sizes(hw)[C.em_tensor_ndim(hw) - 1]))))
+    end
+    fail()
+  end
   return wrap(o1[0])
 end
 
@@ -111,12 +132,14 @@ local function opts_of(op, o)
   return o
 end
 
-function F.cross_entropy(input, target, opts)
-  opts = opts_of('cross_entropy', opts)
-  local r = reduction_of('cross_entropy', opts.reduction)
-  local ls, ign = opts.label_smoothing or 0, opts.ignore_index or -100
+-- The fused op on (N, C) logits and (N) labels; F.cross_entropy (loss_functions.lua)
+-- brings the other shapes and options to it.
+local function fused_cross_entropy(input, target, ignore_index, label_smoothing, reduction)
+  local r = reduction_of('cross_entropy', reduction)
   local hx, ht = H(input, 'cross_entropy', 1), H(target, 'cross_entropy', 2)
-  if C.em_cross_entropy(S, hx, ht, 1, ign, ls, r, o1, nil) ~= 0 then fail() end
+  if C.em_cross_entropy(S, hx, ht, 1, ignore_index, label_smoothing, r, o1, nil) ~= 0 then
+    fail()
+  end
   return wrap(o1[0])
 end
 
@@ -143,9 +166,16 @@ function F.binary_cross_entropy_with_logits(input, target, opts)
   opts = opts_of('binary_cross_entropy_with_logits', opts)
   local r = reduction_of('binary_cross_entropy_with_logits', opts.reduction)
   if C.em_bce_with_logits(S, H(input, 'binary_cross_entropy_with_logits', 1),
-      H(target, 'binary_cross_entropy_with_logits', 2), r, o1) ~= 0 then fail() end
+      H(target, 'binary_cross_entropy_with_logits', 2), r, o1) ~= 0 then
+    local dtype_msg = core.errmsg():find('target has dtype int') ~= nil
+    fail_as('binary_cross_entropy_with_logits', 'bce_with_logits',
+      dtype_msg and ' (targets are 0/1 floats here: target:to(input.dtype))' or nil)
+  end
   return wrap(o1[0])
 end
+
+-- cross_entropy (every option and shape), l1_loss, smooth_l1_loss, huber_loss.
+require('ember.nn.loss_functions')(F, fused_cross_entropy, reduction_of, opts_of)
 
 -- -- Normalisation ----------------------------------------------------------------------------
 -- batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
@@ -157,6 +187,16 @@ function F.batch_norm(x, rm, rv, w, b, training, momentum, eps)
   local hw = w ~= nil and H(w, 'batch_norm', 4) or nil
   local hb = b ~= nil and H(b, 'batch_norm', 5) or nil
   if C.em_batch_norm(S, h, hw, hb, hrm, hrv, training and 1 or 0, momentum, eps, o1, nil, nil) ~= 0 then
+    -- A per-channel tensor that does not fit is the layer's num_features against
+    -- the input's channels (dim 2): say so.
+    local what, has, want = core.errmsg():match('^batch_norm: (%S+) %[(%d+)%] must be %[(%d+)%]$')
+    if what then
+      pcall(fail)
+      raise(('batch_norm: input %s has %s channels (dim 2) but the %s is for %s: the layer was '
+        .. 'made for num_features = %s; make it for %s (%s) or check the layer before it')
+        :format(core.shape_str(h), want, what, has, has, want,
+          C.em_tensor_ndim(h) >= 4 and ('BatchNorm2d(' .. want .. ')') or ('BatchNorm1d(' .. want .. ')')))
+    end
     fail()
   end
   return wrap(o1[0])
@@ -169,12 +209,34 @@ function F.layer_norm(x, shape, w, b, eps)
   local nd = #shape
   local h = H(x, 'layer_norm', 1)
   if C.em_layer_norm(S, h, nd, w ~= nil and H(w, 'layer_norm', 3) or nil,
-      b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil) ~= 0 then fail() end
+      b ~= nil and H(b, 'layer_norm', 4) or nil, eps, o1, nil, nil) ~= 0 then
+    -- A weight that does not fit is the layer's normalized_shape against the
+    -- input's last dims: name the layer that would fit.
+    local xd = C.em_tensor_ndim(h)
+    if core.errmsg():find('does not match the last', 1, true) and xd >= nd then
+      local sz, last = C.em_tensor_sizes(h), {}
+      for i = xd - nd, xd - 1 do last[#last + 1] = tostring(tonumber(sz[i])) end
+      fail_as('layer_norm', nil, ('; the layer normalizes over [%s], the input ends in [%s]: '
+        .. 'make it LayerNorm(%s)'):format(table.concat(shape, ','), table.concat(last, ','),
+        nd == 1 and last[1] or '{' .. table.concat(last, ', ') .. '}'))
+    end
+    fail()
+  end
   return wrap(o1[0])
 end
 
 function F.embedding(idx, w)
-  local flat = w:index_select(1, idx:reshape(-1))
+  local ok, flat = pcall(w.index_select, w, 1, idx:reshape(-1))
+  if not ok then
+    -- Named as the user's call: an index out of range is a token id out of range.
+    -- The message already holds the user's position.
+    local msg = tostring(flat):gsub(
+      'index_select: index (%-?%d+) is out of range for dimension 1 of size (%d+)',
+      'embedding: index %1 is out of range for %2 embeddings', 1)
+    msg = msg:gsub('index_select: expected an int64 or int32 index tensor, got (%w+)',
+      'embedding: expected int64 or int32 indices, got %1 (idx:long())', 1)
+    error(msg, 0)
+  end
   local shape = idx.shape
   shape[#shape + 1] = w.shape[2]
   return flat:reshape(shape)

@@ -23,7 +23,7 @@ function nn.Parameter(t, requires_grad)
 end
 
 for _, f in ipairs({ 'linear', 'conv', 'pool', 'norm', 'activation', 'dropout', 'embedding',
-  'container', 'loss', 'recompute' }) do
+  'container', 'loss', 'recompute', 'rnn' }) do
   require('ember.nn.' .. f)(nn)
 end
 

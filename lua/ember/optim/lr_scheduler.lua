@@ -8,6 +8,7 @@ agree to the last bit):
   OneCycleLR(opt, {max_lr, total_steps, pct_start = 0.3, anneal_strategy = 'cos',
     div_factor = 25, final_div_factor = 1e4, cycle_momentum = true,
     base_momentum = 0.85, max_momentum = 0.95, three_phase = false})
+  (LinearLR, LambdaLR, SequentialLR, ReduceLROnPlateau: lr_scheduler_more.lua)
 
 Creating a schedule performs its step 0 (setting the initial lr), as PyTorch
 does; call sched:step() after each opt:step(). sched:get_last_lr() returns the
@@ -51,10 +52,18 @@ local function init(self, name, opt)
   return self
 end
 
-function Scheduler:step()
+-- step(epoch) jumps to an epoch, as PyTorch's deprecated form that SequentialLR
+-- uses at its milestones: the closed form where the schedule has one.
+function Scheduler:step(epoch)
   self.step_count = self.step_count + 1
-  self.last_epoch = self.last_epoch + 1
-  local lrs = self:get_lr()
+  local lrs
+  if epoch == nil then
+    self.last_epoch = self.last_epoch + 1
+    lrs = self:get_lr()
+  else
+    self.last_epoch = epoch
+    lrs = self.closed_form_lr and self:closed_form_lr() or self:get_lr()
+  end
   local last = {}
   for i, g in ipairs(self.optimizer.param_groups) do
     g.lr = lrs[i]
@@ -69,11 +78,12 @@ function Scheduler:get_last_lr()
   return t
 end
 
--- Everything but the optimizer: numbers, booleans, strings and lists of numbers.
+-- Everything but the optimizer and functions (LambdaLR's lambdas stay with the
+-- code, as in PyTorch): numbers, booleans, strings and lists of numbers.
 function Scheduler:state_dict()
   local sd = {}
   for k, v in pairs(self) do
-    if k ~= 'optimizer' then
+    if k ~= 'optimizer' and type(v) ~= 'function' then
       if type(v) == 'table' then
         local t = {}
         for i, x in pairs(v) do t[i] = x end
@@ -90,7 +100,7 @@ function Scheduler:load_state_dict(sd)
     raise(self.name .. ':load_state_dict: expected a table, got ' .. kind(sd))
   end
   for k, v in pairs(sd) do
-    if k ~= 'optimizer' then
+    if k ~= 'optimizer' and type(v) ~= 'function' then
       if type(v) == 'table' then
         local t = {}
         for i, x in pairs(v) do t[i] = x end
@@ -122,6 +132,14 @@ local StepLR = class(function(self)
   return lrs
 end)
 
+function StepLR:closed_form_lr()
+  local lrs = {}
+  for i, b in ipairs(self.base_lrs) do
+    lrs[i] = b * self.gamma ^ math.floor(self.last_epoch / self.step_size)
+  end
+  return lrs
+end
+
 function M.StepLR(opt, opts)
   check_opt('StepLR', opt)
   opts = opts or {}
@@ -149,6 +167,14 @@ local Cosine = class(function(self)
   end
   return lrs
 end)
+
+function Cosine:closed_form_lr()
+  local lrs, eta = {}, self.eta_min
+  for i, b in ipairs(self.base_lrs) do
+    lrs[i] = eta + (b - eta) * (1 + cos(pi * self.last_epoch / self.T_max)) / 2
+  end
+  return lrs
+end
 
 function M.CosineAnnealingLR(opt, opts)
   check_opt('CosineAnnealingLR', opt)
@@ -262,5 +288,11 @@ function M.OneCycleLR(opt, opts)
   end
   return init(self, name, opt)
 end
+
+-- LinearLR, LambdaLR, SequentialLR and ReduceLROnPlateau build on the same base.
+require('ember.optim.lr_scheduler_more')(M, {
+  Scheduler = Scheduler, init = init, class = class, num = num, check_opt = check_opt,
+  current = current,
+})
 
 return M
