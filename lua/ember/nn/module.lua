@@ -7,7 +7,8 @@ ember.nn.module -- em.nn.Module, the base class of every layer and model.
   local m = Net(4); local y = m(x)
 
 Assigning a module, an em.nn.Parameter or any tensor that requires grad to a
-field registers it (in order of assignment); self:register_buffer(name, t)
+field registers it (in order of assignment), and so does assigning a plain table
+of them (it becomes an em.nn.ModuleList/ModuleDict, ember.nn.container); self:register_buffer(name, t)
 registers state that is saved but not trained (BatchNorm's running stats).
 Registered things live in per-instance ordered tables, so every assignment to
 them goes through __newindex (a plain field would bypass it after the first).
@@ -52,6 +53,11 @@ end
 
 local function instance_newindex(self, k, v)
   local r = reg(self)
+  if type(v) == 'table' and getmetatable(v) == nil then
+    -- a plain table of modules or parameters becomes a ModuleList/ModuleDict (or
+    -- ParameterList/ParameterDict): its contents are never silently left out
+    v = Module._adopt_table(self.__name, tostring(k), v) or v
+  end
   if is_module(v) then
     remove(r.pnames, r.params, k); remove(r.bnames, r.buffers, k)
     return put(r.mnames, r.modules, k, v)
@@ -131,6 +137,8 @@ end
 local function gather_modules(m, prefix, mods, prefixes)
   local n = #mods + 1
   mods[n], prefixes[n] = m, prefix
+  local sync = m._sync_entries    -- a list container registers entries put in with rawset
+  if sync then sync(m) end
   local r = reg(m)
   local through = rawget(getmetatable(m) or {}, 'transparent')
   for _, k in ipairs(r.mnames) do
@@ -272,6 +280,7 @@ function Module:to(...)
         moved = true
       end
     end
+    if m._after_to then m:_after_to() end
     for _, k in ipairs(r.bnames) do
       local b = r.buffers[k]
       local c
