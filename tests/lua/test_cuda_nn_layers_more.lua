@@ -17,11 +17,12 @@ local function check(what, fn, inputs, tol)
   local res = {}
   for d, dev in ipairs({ 'cpu', 'cuda' }) do
     local leaves = {}
-    for i, x in ipairs(inputs) do leaves[i] = x:to(dev):requires_grad_() end
+    for i, x in ipairs(inputs) do leaves[i] = x:detach():to(dev):requires_grad_() end
     local y = fn(dev, unpack(leaves))
     em.manual_seed(1)
     local w = em.randn(y.shape, { dtype = 'float64' }):to(dev)
-    (y * w):sum():backward()
+    local loss = (y * w):sum()
+    loss:backward()
     res[d] = { y = y:cpu(), g = {} }
     for i, l in ipairs(leaves) do res[d].g[i] = l.grad and l.grad:cpu() end
   end
