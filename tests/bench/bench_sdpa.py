@@ -21,4 +21,4 @@ for T in [int(t) for t in os.environ.get('EMBER_BENCH_SDPA_T', '256,1024').split
 
         step(1)
         s = time_per_iter(step, 2, 3 if T >= 1024 else 5)
-        result('sdpa_%s_T%d_torch_ms' % (tag, T), s * 1e3, 'ms')
+        result('sdpa_%s_T%d' % (tag, T), s * 1e3, 'ms')
