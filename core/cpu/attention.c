@@ -13,6 +13,7 @@
 
 #include "internal.h"
 #include "nn.h"
+#include "vmath.h"
 
 enum { QB = 64, KB = 64 };   /* query and key rows per block */
 
@@ -34,18 +35,22 @@ static void att_dgemm(int64_t M, int64_t N, int64_t K, const double *A, int64_t 
 
 #define T float
 #define GEMM emi_nn_sgemm
+#define EXP emi_vexpf
 #define SFX _f32
 #include "attention_impl.h"
 #undef T
 #undef GEMM
+#undef EXP
 #undef SFX
 
 #define T double
 #define GEMM att_dgemm
+#define EXP exp
 #define SFX _f64
 #include "attention_impl.h"
 #undef T
 #undef GEMM
+#undef EXP
 #undef SFX
 
 static em_status att_bad(em_state *S, const char *msg) {

@@ -1,7 +1,8 @@
 /*
 ** attention_impl.h -- the body of the fused attention kernels (attention.c),
 ** included once per compute type: T (float or double), GEMM (a function with
-** emi_nn_sgemm's signature over T) and SFX (the name suffix).
+** emi_nn_sgemm's signature over T), EXP (the exponential over T) and SFX (the name
+** suffix).
 **
 ** Layout: every buffer is contiguous; q (B, L, E), k (B, S, E), kt and vt the
 ** transposes of k and v per batch (B, E, S) and (B, Ev, S), v (B, S, Ev), out
@@ -31,14 +32,14 @@ static void FN(att_scores)(const FN(att_args) *a, int64_t b, int64_t i0, int64_t
        a->kt + b * a->E * a->S + j0, a->S, s, KB, 0);
   for (int64_t i = 0; i < nq; i++) {
     T *row = s + i * KB;
-    const T *m = a->mask ? a->mask + (b / a->minner) * a->mso + (b % a->minner) * a->msi +
-                          (i0 + i) * a->msl + j0 * a->mss : NULL;
-    for (int64_t j = 0; j < nk; j++) {
-      T x = row[j] * a->scale;
-      if (m) x += m[j * a->mss];
-      if (a->causal && j0 + j > i0 + i) x = -(T)INFINITY;
-      row[j] = x;
+    for (int64_t j = 0; j < nk; j++) row[j] *= a->scale;
+    if (a->mask) {
+      const T *m = a->mask + (b / a->minner) * a->mso + (b % a->minner) * a->msi +
+                   (i0 + i) * a->msl + j0 * a->mss;
+      for (int64_t j = 0; j < nk; j++) row[j] += m[j * a->mss];
     }
+    if (a->causal)   /* key j0 + j is in query i0 + i's future when j > i0 + i - j0 */
+      for (int64_t j = i0 + i - j0 + 1 < 0 ? 0 : i0 + i - j0 + 1; j < nk; j++) row[j] = -(T)INFINITY;
   }
 }
 
@@ -78,8 +79,9 @@ static void FN(att_forward_range)(void *ctx, int64_t begin, int64_t end) {
           for (int64_t j = 0; j < nk; j++) row[j] = 0;
           continue;
         }
-        T corr = m[i] == -(T)INFINITY ? 0 : (T)exp(m[i] - mx), sum = 0;
-        for (int64_t j = 0; j < nk; j++) { row[j] = (T)exp(row[j] - mx); sum += row[j]; }
+        T corr = m[i] == -(T)INFINITY ? 0 : EXP(m[i] - mx), sum = 0;
+        for (int64_t j = 0; j < nk; j++) row[j] = EXP(row[j] - mx);
+        for (int64_t j = 0; j < nk; j++) sum += row[j];
         l[i] = l[i] * corr + sum;
         m[i] = mx;
         if (corr != 1) for (int64_t e = 0; e < a->Ev; e++) o[i * a->Ev + e] *= corr;
@@ -103,7 +105,7 @@ static void FN(att_block_grads)(const FN(att_args) *a, int64_t b, int64_t i0, in
   FN(att_scores)(a, b, i0, nq, j0, nk, p);
   for (int64_t i = 0; i < nq; i++) {
     T lse = a->lse[b * a->L + i0 + i], *row = p + i * KB;
-    for (int64_t j = 0; j < nk; j++) row[j] = (T)exp(row[j] - lse);
+    for (int64_t j = 0; j < nk; j++) row[j] = EXP(row[j] - lse);
   }
   GEMM(nq, nk, a->Ev, a->dout + (b * a->L + i0) * a->Ev, a->Ev, 1,
        a->vt + b * a->Ev * a->S + j0, a->S, ds, KB, 0);

@@ -325,6 +325,32 @@ H.test('fused attention in bfloat16 accumulates in float32', function()
   H.check(H.maxrel(qb.grad:float(), q32.grad) < 5e-2, 'bf16 grad near fp32: ' .. H.maxrel(qb.grad:float(), q32.grad))
 end)
 
+H.test('fused attention keeps no L x S matrix, and fully masked rows give zeros', function()
+  em.manual_seed(9)
+  local L, E = 2048, 8
+  local q = em.randn({ 1, L, E }):requires_grad_()
+  local k = em.randn({ 1, L, E }):requires_grad_()
+  local v = em.randn({ 1, L, E }):requires_grad_()
+  collectgarbage(); collectgarbage()
+  em.reset_peak_memory_stats('cpu')
+  local base = em.memory_stats('cpu').allocated
+  local y = F.scaled_dot_product_attention(q, k, v, { causal = true })
+  y:backward(em.ones_like(y))
+  local grew = em.memory_stats('cpu').peak - base
+  H.check(grew < L * L * 4 / 8, ('peak grew %d bytes; one L x L float32 matrix is %d'):format(grew, L * L * 4))
+  H.check(q.grad ~= nil and k.grad ~= nil and v.grad ~= nil, 'gradients reach q, k, v')
+  -- a query row that may attend to no key: zeros forward, zero gradients, no NaN
+  local mask = em.ones({ 4, 6 }):gt(0)
+  mask:narrow(1, 2, 1):fill_(0)
+  local q2, k2, v2 = em.randn({ 4, 3 }, D64):requires_grad_(), em.randn({ 6, 3 }, D64):requires_grad_(),
+    em.randn({ 6, 2 }, D64):requires_grad_()
+  local y2 = F.scaled_dot_product_attention(q2, k2, v2, { mask = mask })
+  H.eq(flat(y2:narrow(1, 2, 1)), { 0, 0 }, 'the masked row is zero')
+  y2:sum():backward()
+  H.eq(flat(q2.grad:narrow(1, 2, 1)), { 0, 0, 0 }, 'its gradient is zero')
+  H.check(q2.grad:ne(q2.grad):sum():item() == 0 and k2.grad:ne(k2.grad):sum():item() == 0, 'no NaN')
+end)
+
 -- -- Meta -------------------------------------------------------------------------------------
 H.test('meta shapes', function()
   local M = { device = 'meta' }
