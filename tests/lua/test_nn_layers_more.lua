@@ -163,6 +163,24 @@ H.test('a plain table of modules or parameters on a field is registered', functi
   H.raises(function() Bad2() end, 'Bad2', 'parts', 'mixes modules and parameters')
 end)
 
+H.test('a table filled after it was assigned, and the caller\'s reference, are registered', function()
+  local Net = nn.Module:extend('Net2')
+  function Net:init(n)
+    self.blocks = {}
+    for i = 1, n do self.blocks[i] = nn.Linear(3, 3) end
+    local heads = { x = nn.Linear(3, 1) }
+    self.heads = heads
+    heads.y = nn.Linear(3, 2)       -- the table the caller kept is the ModuleDict itself
+  end
+  local m = Net(3)
+  local names = {}
+  for _, np in ipairs(m:named_parameters()) do names[np[1]] = true end
+  H.check(names['blocks.3.weight'], 'blocks filled after assignment: blocks.3.weight')
+  H.check(names['heads.y.bias'], 'an entry added through the kept reference: heads.y.bias')
+  H.eq(#m:parameters(), 6 + 4, 'every parameter counted')
+  H.eq(m.blocks.__name, 'ModuleList', 'the filled table became a ModuleList')
+end)
+
 H.test('Sequential:get out of range says the index and the count', function()
   local s = nn.Sequential(nn.ReLU())
   H.raises(function() s:get(3) end, 'Sequential:get', 'index 3', 'it has 1 child', '1 to 1')

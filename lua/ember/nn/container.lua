@@ -10,7 +10,8 @@ with rawset or table.insert is registered when the module tree is next walked
 the registry, in insertion order.
 
 A plain Lua table of modules or parameters assigned to a module's field becomes
-one of these (ember.nn.module calls adopt_table), so its parameters are never
+one of these in place (ember.nn.module calls adopt_table; an empty table is adopted
+once it is filled, at the next walk of the tree), so its parameters are never
 silently left out of parameters(), state_dict, to() or train().
 ]]
 local em = require 'ember'
@@ -256,7 +257,8 @@ return function(nn)
     'a parameter (em.nn.Parameter or a tensor that requires grad)')
 
   -- -- Plain tables assigned to a module's field ------------------------------------------
-  -- adopt_table(owner, field, t): the container t stands for, or nil when t holds no
+  -- adopt_table(owner, field, t): t made the container it stands for, in place
+  -- (ModuleList, ModuleDict, ParameterList or ParameterDict), or nil when t holds no
   -- module and no parameter (it stays a plain table). Nested tables are adopted too.
   local function holds_registrable(t, seen)
     seen = seen or {}
@@ -293,21 +295,15 @@ return function(nn)
       raise(('%s: the table assigned to %s mixes modules and parameters; put them in separate ' ..
         'fields (a ModuleList/ModuleDict and a ParameterList/ParameterDict)'):format(owner, field))
     end
+    -- t becomes the container itself, so a reference the caller kept still sees it
     local is_list = count == n
-    if mods > 0 then
-      if is_list then
-        local list = {}
-        for i = 1, n do list[i] = vals[i] end
-        return nn.ModuleList(list)
-      end
-      return nn.ModuleDict(vals)
-    end
+    for k in pairs(vals) do t[k] = nil end
     if is_list then
       local list = {}
       for i = 1, n do list[i] = vals[i] end
-      return nn.ParameterList(list)
+      return Module._become(t, mods > 0 and nn.ModuleList or nn.ParameterList, list)
     end
-    return nn.ParameterDict(vals)
+    return Module._become(t, mods > 0 and nn.ModuleDict or nn.ParameterDict, vals)
   end
   Module._adopt_table = adopt
 end
