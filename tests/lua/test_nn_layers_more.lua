@@ -281,6 +281,11 @@ H.test('gradcheck in float64: fused attention (mask, causal, scale), norms, pad,
   -- broadcast batch: k and v shared across q's batch
   gc('sdpa broadcast k, v', function(a, b, c)
     return F._sdpa(a, b, c, {}, false, 'fused') end, { r(2, 3, 4, 3), r(1, 3, 5, 3), r(3, 5, 2) })
+  local mha = nn.MultiheadAttention(4, 2, { dtype = 'float64' })
+  gc('MultiheadAttention (composed, weights)', function(x, kv) return (mha(x, kv, kv)) end,
+    { r(3, 2, 4), r(5, 2, 4) })
+  gc('MultiheadAttention (fused, causal)', function(x) return (mha(x, x, x, { need_weights = false,
+    causal = true })) end, { r(3, 2, 4) })
   gc('rms_norm', function(x, w) return F.rms_norm(x, { 4 }, w, 1e-5) end, { r(3, 4), r(4) })
   gc('group_norm', function(x, w, b) return F.group_norm(x, 2, w, b) end, { r(2, 4, 3), r(4), r(4) })
   gc('pad reflect', function(x) return F.pad(x, { 2, 1, 1, 1 }, { mode = 'reflect' }) end, { r(2, 3, 4) })

@@ -142,6 +142,7 @@ local function composed(q, k, v, mask, causal, scale, dropout, batch)
     s = s + additive_mask(mask, s.dtype, concat(batch, { L, Skv }), 'scaled_dot_product_attention')
   end
   local p = s:softmax(-1)
+  -- the weights returned are the ones applied, after dropout (as PyTorch's MHA)
   if dropout > 0 then p = em.nn.F.dropout(p, dropout, true) end
   return em.matmul(p, v), p
 end

@@ -171,7 +171,7 @@ return function(nn)
     local function key_of(k)
       if type(k) == 'number' then return names[k] end
       if type(k) ~= 'string' then raise(('%s: keys must be strings, got %s'):format(name, kind(k))) end
-      if D[k] ~= nil or k:sub(1, 1) == '_' then
+      if D[k] ~= nil or k == 'training' or k:sub(1, 1) == '_' then
         raise(('%s: key %q names one of its methods or fields; choose another key'):format(name, k))
       end
       return k
