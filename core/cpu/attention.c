@@ -3,7 +3,9 @@
 ** em.nn.F.scaled_dot_product_attention: one pass over the keys per block of
 ** queries with an online (running max) softmax, so no L x S matrix is ever kept;
 ** the backward recomputes each block's scores from the saved row log-sum-exps
-** (the FlashAttention scheme). float32 runs on ember's GEMM (nn_gemm.c), float64
+** (the FlashAttention scheme): in one pass per batch entry where there are entries
+** enough for the threads, else in two (dK and dV per key block, then dQ per query
+** block) so that a single long sequence still spreads over them. float32 runs on ember's GEMM (nn_gemm.c), float64
 ** on a plain loop (it serves gradcheck), bfloat16 widens to float32, computes
 ** there and rounds the results back. The Lua layer hands contiguous buffers.
 */

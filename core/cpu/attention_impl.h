@@ -165,6 +165,37 @@ static void FN(att_backward_q_range)(void *ctx, int64_t begin, int64_t end) {
   free(p); free(ds);
 }
 
+/* dQ, dK and dV in one pass over units b (a whole batch entry each): every block's
+** scores are recomputed once, where the two passes above recompute them twice;
+** used when there are batch entries enough to keep every thread busy. */
+static void FN(att_backward_one_pass_range)(void *ctx, int64_t begin, int64_t end) {
+  const FN(att_args) *a = ctx;
+  T *p = malloc(sizeof(T) * QB * KB), *ds = malloc(sizeof(T) * QB * KB);
+  if (!p || !ds) {
+    free(p); free(ds);
+    __atomic_store_n(&((FN(att_args) *)a)->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  for (int64_t b = begin; b < end; b++) {
+    memset(a->dq + b * a->L * a->E, 0, sizeof(T) * a->L * a->E);
+    memset(a->dk + b * a->S * a->E, 0, sizeof(T) * a->S * a->E);
+    memset(a->dv + b * a->S * a->Ev, 0, sizeof(T) * a->S * a->Ev);
+    for (int64_t kb = 0; kb < a->kblocks; kb++) {
+      int64_t j0 = kb * KB, nk = a->S - j0 < KB ? a->S - j0 : KB;
+      T *dk = a->dk + (b * a->S + j0) * a->E, *dv = a->dv + (b * a->S + j0) * a->Ev;
+      const T *kk = a->k + (b * a->S + j0) * a->E;
+      for (int64_t qb = a->causal ? j0 / QB : 0; qb < a->qblocks; qb++) {
+        int64_t i0 = qb * QB, nq = a->L - i0 < QB ? a->L - i0 : QB;
+        FN(att_block_grads)(a, b, i0, nq, j0, nk, p, ds);
+        GEMM(nk, a->Ev, nq, p, 1, KB, a->dout + (b * a->L + i0) * a->Ev, a->Ev, dv, a->Ev, 1);
+        GEMM(nk, a->E, nq, ds, 1, KB, a->q + (b * a->L + i0) * a->E, a->E, dk, a->E, 1);
+        GEMM(nq, a->E, nk, ds, KB, 1, kk, a->E, a->dq + (b * a->L + i0) * a->E, a->E, 1);
+      }
+    }
+  }
+  free(p); free(ds);
+}
+
 /* Transposes each batch's (n x c) matrix into (c x n). */
 static void FN(att_transpose)(const T *x, T *xt, int64_t B, int64_t n, int64_t c) {
   for (int64_t b = 0; b < B; b++) {
@@ -224,8 +255,12 @@ static bool FN(att_backward)(em_state *St, int64_t B, int64_t L, int64_t S, int6
   }
   a.kt = kt; a.vt = vt; a.out = out; a.dout = dout; a.delta = delta;
   a.lse = (T *)lse; a.dq = dq; a.dk = dk; a.dv = dv;
-  emi_parallel_for(St, B * a.kblocks, 1, FN(att_backward_kv_range), &a);
-  emi_parallel_for(St, B * a.qblocks, 1, FN(att_backward_q_range), &a);
+  if (B >= 2 * emi_workers_size(St->workers)) {
+    emi_parallel_for(St, B, 1, FN(att_backward_one_pass_range), &a);
+  } else {
+    emi_parallel_for(St, B * a.kblocks, 1, FN(att_backward_kv_range), &a);
+    emi_parallel_for(St, B * a.qblocks, 1, FN(att_backward_q_range), &a);
+  }
   free(kt); free(vt); free(delta);
   return !a.failed;
 }

@@ -303,7 +303,7 @@ end
 H.test('fused CPU attention equals the composed one (block edges, masks, causal)', function()
   em.manual_seed(11)
   local shapes = { { 1, 1, 1, 1 }, { 2, 70, 70, 16 }, { 3, 130, 65, 8 }, { 1, 64, 128, 32 },
-    { 2, 129, 200, 4 }, { 1, 5, 300, 64 } }
+    { 2, 129, 200, 4 }, { 1, 5, 300, 64 }, { 6, 70, 90, 8 } }   -- B >= 2 threads x 2: one pass
   for _, s in ipairs(shapes) do
     local B, L, S, E = unpack(s)
     for _, dt in ipairs({ 'float32', 'float64' }) do
