@@ -72,7 +72,8 @@ return function(nn)
   end
   function RMSNorm:forward(x) return F.rms_norm(x, self.normalized_shape, self.weight, self.eps) end
   function RMSNorm:extra_repr()
-    return ('{%s}, eps=%s'):format(table.concat(self.normalized_shape, ','), tostring(self.eps))
+    return ('{%s}, eps=%s'):format(table.concat(self.normalized_shape, ','),
+      self.eps and tostring(self.eps) or "the dtype's epsilon")
   end
   nn.RMSNorm = RMSNorm
 
