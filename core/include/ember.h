@@ -705,6 +705,24 @@ em_status em_layer_norm_backward(em_state *S, const em_tensor *grad_out,
                                  const em_tensor *mean, const em_tensor *rstd,
                                  const em_tensor *weight, em_tensor **grad_input,
                                  em_tensor **grad_weight, em_tensor **grad_bias);
+/* The fused CPU attention kernels (cpu/attention.c) behind the Lua layer's
+** scaled_dot_product_attention, on contiguous host buffers: q (B, L, E), k (B, S, E),
+** v (B, S, Ev), out and dout (B, L, Ev), lse (B, L), dq/dk/dv shaped as q/k/v.
+** dt is float32, float64 or bfloat16 (then mask and lse are float32, else of dt).
+** mask (NULL for none) is additive, read for batch b, query i, key j at
+** (b / ms[0]) * ms[1] + (b % ms[0]) * ms[2] + i * ms[3] + j * ms[4] (two groups of
+** batch dims, strides 0 where broadcast); causal masks key j > query i. A query row with every key masked gives zeros. */
+em_status em_cpu_attention_forward(em_state *S, em_dtype dt, int64_t B, int64_t L,
+                                   int64_t Skv, int64_t E, int64_t Ev, const void *q,
+                                   const void *k, const void *v, const void *mask,
+                                   const int64_t *mask_strides, int causal, double scale,
+                                   void *out, void *lse);
+em_status em_cpu_attention_backward(em_state *S, em_dtype dt, int64_t B, int64_t L,
+                                    int64_t Skv, int64_t E, int64_t Ev, const void *q,
+                                    const void *k, const void *v, const void *mask,
+                                    const int64_t *mask_strides, int causal, double scale,
+                                    const void *out, const void *lse, const void *dout,
+                                    void *dq, void *dk, void *dv);
 /* In place, out and src of one dtype (any), idx int32/int64:
 ** index_add_: out[.., idx[i], ..] += src[.., i, ..] along dim (idx 1-D);
 ** scatter_add_: out[.., idx[p], ..] += src[p] at every position p of idx (same

@@ -165,7 +165,8 @@ function M.pipeline(model, o, s)
   local P = o.stages
   if not is_int(P, 1) then raise('pipeline: stages must be an integer >= 1, got ' .. tostring(P)) end
   if P > #children then
-    raise(fmt('pipeline: stages = %d, but the Sequential has only %d children', P, #children))
+    raise(fmt('pipeline: stages = %d, but the Sequential has only %s (each stage needs at least one child)',
+      P, #children == 1 and '1 child' or (#children .. ' children')))
   end
   if s.world_size % P ~= 0 then
     raise(fmt('pipeline: the world size %d is not divisible by stages = %d (replicas run ' ..
@@ -206,7 +207,7 @@ function M.pipeline(model, o, s)
   local pieces = P * V
   if pieces > #children then
     raise(fmt('pipeline: stages x virtual = %d x %d = %d pieces, but the Sequential ' ..
-      'has only %d children', P, V, pieces, #children))
+      'has only %s', P, V, pieces, #children == 1 and '1 child' or (#children .. ' children')))
   end
   local counts, costs = stage_counts(s, children, o, pieces,
     nested and fmt('stages x virtual = %d', pieces) or fmt('stages = %d', P))

@@ -1,6 +1,7 @@
 --[[
 ember.nn -- em.nn: Module (ember.nn.module), the layers (one file per family),
-the losses, em.nn.F (ember.nn.functional), em.nn.init (ember.nn.initializers),
+the losses, em.nn.F (ember.nn.functional; F.pad, F.rms_norm, F.group_norm and
+attention join it from their layers' files), em.nn.init (ember.nn.initializers),
 em.nn.Parameter, em.nn.utils.clip_grad_norm, and activation checkpointing
 (em.nn.checkpoint, em.nn.Checkpoint: ember.nn.recompute).
 ]]
@@ -23,7 +24,7 @@ function nn.Parameter(t, requires_grad)
 end
 
 for _, f in ipairs({ 'linear', 'conv', 'pool', 'norm', 'activation', 'dropout', 'embedding',
-  'container', 'loss', 'recompute', 'rnn' }) do
+  'container', 'loss', 'recompute', 'rnn', 'norm_more', 'pad', 'attention' }) do
   require('ember.nn.' .. f)(nn)
 end
 

@@ -7,7 +7,8 @@ ember.nn.module -- em.nn.Module, the base class of every layer and model.
   local m = Net(4); local y = m(x)
 
 Assigning a module, an em.nn.Parameter or any tensor that requires grad to a
-field registers it (in order of assignment); self:register_buffer(name, t)
+field registers it (in order of assignment), and so does assigning a plain table
+of them (it becomes an em.nn.ModuleList/ModuleDict, ember.nn.container); self:register_buffer(name, t)
 registers state that is saved but not trained (BatchNorm's running stats).
 Registered things live in per-instance ordered tables, so every assignment to
 them goes through __newindex (a plain field would bypass it after the first).
@@ -52,6 +53,14 @@ end
 
 local function instance_newindex(self, k, v)
   local r = reg(self)
+  r.watch[k] = nil
+  if type(v) == 'table' and getmetatable(v) == nil then
+    -- a plain table of modules or parameters becomes a ModuleList/ModuleDict (or
+    -- ParameterList/ParameterDict) in place: its contents are never silently left
+    -- out. An empty one is watched: filled later, the next walk adopts it.
+    if next(v) == nil then r.watch[k] = v
+    else Module._adopt_table(self.__name, tostring(k), v) end
+  end
   if is_module(v) then
     remove(r.pnames, r.params, k); remove(r.bnames, r.buffers, k)
     return put(r.mnames, r.modules, k, v)
@@ -85,12 +94,18 @@ function Module:extend(name)
     __tostring = function() return 'class ' .. name end })
 end
 
-function Module.new(cls, ...)
-  local self = setmetatable({ _reg = { params = {}, pnames = {}, modules = {}, mnames = {},
-    buffers = {}, bnames = {} }, training = true }, cls)
-  self:init(...)
-  return self
+-- Module._become(t, cls, ...): the (empty) table t made an instance of cls in place
+-- (a plain table of modules assigned to a field keeps its identity that way).
+function Module._become(t, cls, ...)
+  rawset(t, '_reg', { params = {}, pnames = {}, modules = {}, mnames = {}, buffers = {},
+    bnames = {}, watch = {} })
+  rawset(t, 'training', true)
+  setmetatable(t, cls)
+  t:init(...)
+  return t
 end
+
+function Module.new(cls, ...) return Module._become({}, cls, ...) end
 
 function Module:init() end
 function Module:forward()
@@ -128,10 +143,26 @@ end
 -- A wrapper class with `transparent = true` (em.nn.Checkpoint) adds no name of
 -- its own: its child's parameters are named as if the child stood in its place,
 -- so a state_dict loads between the wrapped and the plain model.
+-- The fields that held an empty plain table when assigned and now hold modules or
+-- parameters: adopted (in place) and registered under their field names.
+local function adopt_watched(m, r)
+  for k, t in pairs(r.watch) do
+    if rawget(m, k) ~= t then r.watch[k] = nil
+    elseif next(t) ~= nil and Module._adopt_table(m.__name, tostring(k), t) then
+      r.watch[k] = nil
+      rawset(m, k, nil)
+      instance_newindex(m, k, t)
+    end
+  end
+end
+
 local function gather_modules(m, prefix, mods, prefixes)
   local n = #mods + 1
   mods[n], prefixes[n] = m, prefix
+  local sync = m._sync_entries    -- a list container registers entries put in with rawset
+  if sync then sync(m) end
   local r = reg(m)
+  if next(r.watch) ~= nil then adopt_watched(m, r) end
   local through = rawget(getmetatable(m) or {}, 'transparent')
   for _, k in ipairs(r.mnames) do
     gather_modules(r.modules[k], through and prefix or prefix .. k .. '.', mods, prefixes)
@@ -272,6 +303,7 @@ function Module:to(...)
         moved = true
       end
     end
+    if m._after_to then m:_after_to() end
     for _, k in ipairs(r.bnames) do
       local b = r.buffers[k]
       local c
