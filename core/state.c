@@ -18,8 +18,15 @@ static void *default_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return realloc(ptr, nsize);
 }
 
+/* A refusal raises the memory pressure flag, as a device or the CPU cap running
+** out does: the host's allocator may be counting garbage tensors that only Lua's
+** collector frees, so the Lua layer collects and retries the op once
+** (em_memory_pressure_flag) -- a node autograd could not record, or a tensor
+** header, included, not only tensor storage. */
 void *emi_malloc(em_state *S, size_t n) {
-  return S->alloc(S->alloc_ud, NULL, 0, n ? n : 1);
+  void *p = S->alloc(S->alloc_ud, NULL, 0, n ? n : 1);
+  if (!p) __atomic_store_n(&S->memory_pressure, 1, __ATOMIC_RELAXED);
+  return p;
 }
 
 void emi_free(em_state *S, void *p, size_t n) {

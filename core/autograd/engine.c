@@ -599,6 +599,23 @@ static em_tensor **capture_slot(emi_ag_walk *w, const em_tensor *leaf) {
   return NULL;
 }
 
+/* A node's backward. When it runs out of memory in scratch of its own (a kernel's
+** emi_malloc: tensor storage already retries in tensor.c), the host's reclaim runs
+** and the node runs once more: a built-in node leaves nothing behind before it
+** returns its gradients, which are let go first. A custom node (ext_free set) is
+** the host's code, whose ops retry themselves. */
+static em_status call_backward(em_state *S, emi_ag_node *n, em_tensor *g, em_tensor **gin) {
+  em_status st = n->backward(S, n, g, gin);
+  if (st == EM_ERR_NOMEM && !n->ext_free && emi_backward_reclaim(S)) {
+    for (int i = 0; i < n->ninputs; i++) {
+      em_tensor_release(gin[i]);
+      gin[i] = NULL;
+    }
+    st = n->backward(S, n, g, gin);
+  }
+  return st;
+}
+
 static em_status run_node(em_state *S, emi_ag_walk *w, emi_ag_node *n, emi_ag_node **ready) {
   em_status st = EM_OK;
   n->ran = 1;
@@ -621,10 +638,10 @@ static em_status run_node(em_state *S, emi_ag_walk *w, emi_ag_node *n, emi_ag_no
   if (g && !st) {
     if (__builtin_expect(S->profiler != NULL, 0)) {   /* the node, around its ops */
       double t0 = emi_now();
-      st = n->backward(S, n, g, gin);
+      st = call_backward(S, n, g, gin);
       emi_profile_span(S, EM_PROF_BACKWARD, n->name, t0, emi_now(), 0);
     } else {
-      st = n->backward(S, n, g, gin);
+      st = call_backward(S, n, g, gin);
     }
   }
   em_tensor_release(g);
@@ -734,7 +751,8 @@ static em_status walk_run(em_state *S, emi_ag_walk *w, em_tensor *root, em_tenso
 ** where such an error was final -- though the garbage a step leaves (tensors
 ** the host let go of, freed at its next collection) may be what fills the
 ** device. So when one of them fails, the host's reclaim runs and the allocation
-** is tried once more (tensor.c). Only from the engine's own work: inside a
+** is tried once more (tensor.c), or, for a kernel's own scratch, the node runs
+** once more (call_backward). Only from the engine's own work: inside a
 ** custom node, a hook or a callback the ops are the host's (ag_foreign), and a
 ** host such as LuaJIT may not be entered from a C call its JIT compiled -- each
 ** em_backward resets the mark, as its callers are kept out of the JIT -- and

@@ -10,6 +10,8 @@
 ** the state closed. Each such run must:
 **   - stop with EM_ERR_NOMEM and a message (never crash, never abort);
 **   - leave an in-place op's input as it was when that op is the one refused;
+**   - raise the memory pressure flag (em_memory_pressure_flag), so a host collects
+**     its garbage and retries;
 **   - give every byte back (live bytes and blocks both return to zero);
 **   - free each block with the size it was allocated with (lua_Alloc contract).
 ** The loop ends with the first N whose run completes without reaching the
@@ -27,6 +29,7 @@ typedef struct run_result {
   const char *step;        /* the call that failed */
   char msg[512];
   int input_changed;       /* a refused in-place op modified its input */
+  int pressure;            /* the memory pressure flag after the failure */
   double checksum;         /* of the results, for a completed run */
 } run_result;
 
@@ -169,6 +172,7 @@ static void run_sequence(fa_state *f, run_result *r) {
 
 fail:
   snprintf(r->msg, sizeof r->msg, "%s", em_errmsg(S));
+  r->pressure = S ? *em_memory_pressure_flag(S) : 1;
   if (snap_t)
     for (int64_t q = 0; q < snap_n; q++) {
       double v = t_get(snap_t, q);
@@ -216,6 +220,10 @@ int main(void) {
       good &= CHECK(r.msg[0] != 0 || strstr(r.step, "em_open"),
                     "N=%ld: %s failed without a message", n, r.step);
       good &= CHECK(!r.input_changed, "N=%ld: refused %s modified its input", n, r.step);
+      /* (the flag a host's collect-and-retry reads: the refused memory may be
+      ** held by garbage it can free) */
+      good &= CHECK(r.pressure, "N=%ld: %s refused without raising the pressure flag", n,
+                    r.step);
     }
     good &= CHECK(f.live_bytes == 0 && f.live_blocks == 0,
                   "N=%ld: after %s failed, %lld bytes in %ld blocks leaked", n, r.step,
