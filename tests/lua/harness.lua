@@ -253,6 +253,23 @@ function H.maxrel(got, want)
   return m
 end
 
+-- The largest |got - want| / (1 + |want|) over the elements of tensor got (any
+-- device) and a fixture's flat list want (a fixture tensor {shape, data}, or its
+-- elements from..to): the error measure of the PyTorch fixtures. A NaN, or a
+-- count that differs, is an infinite error.
+function H.maxdiff(got, want, from, to)
+  local g, w = H.flat(got:cpu():double()), want.data
+  if from then w = { unpack(w, from, to) } end
+  if #g ~= #w then return math.huge end
+  local m = 0
+  for i = 1, #w do
+    local d = math.abs(g[i] - w[i]) / (1 + math.abs(w[i]))
+    if d ~= d then d = math.huge end
+    if d > m then m = d end
+  end
+  return m
+end
+
 -- A number from a number or a one-element tensor.
 function H.num(x)
   if type(x) == 'number' then return x end

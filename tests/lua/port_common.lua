@@ -28,20 +28,7 @@ return function(H, em)
     return sd
   end
 
-  -- max |got - want| / (1 + |want|) over the elements; want a fixture tensor, or the
-  -- list of its elements from..to.
-  function P.maxdiff(got, want, from, to)
-    local g, w = H.flat(got:cpu():double()), want.data
-    if from then w = { unpack(w, from, to) } end
-    if #g ~= #w then return math.huge end
-    local m = 0
-    for i = 1, #w do
-      local d = math.abs(g[i] - w[i]) / (1 + math.abs(w[i]))
-      if d ~= d then d = math.huge end
-      if d > m then m = d end
-    end
-    return m
-  end
+  P.maxdiff = H.maxdiff
 
   -- Every entry of PyTorch's final state_dict against the model's, within tol; the
   -- names in skip (PyTorch's) are left to the caller.

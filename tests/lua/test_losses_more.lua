@@ -34,18 +34,7 @@ local function opts_of(case, dtype, device)
   return o
 end
 
-local function maxdiff(got, want)
-  local g = H.flat(got)
-  local w = want.data
-  if #g ~= #w then return math.huge end
-  local m = 0
-  for i = 1, #w do
-    local d = math.abs(g[i] - w[i]) / (1 + math.abs(w[i]))
-    if d ~= d then d = math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
+local maxdiff = H.maxdiff
 
 -- x as a strided view: the columns of a wider leaf (or the leaf itself).
 local function input_of(case, dtype, device, strided)

@@ -16,17 +16,7 @@ local function tensor(fx, dtype, device)
   return device and t:to(device) or t
 end
 
-local function maxdiff(got, want)
-  local g, w = H.flat(got:cpu()), want.data
-  if #g ~= #w then return math.huge end
-  local m = 0
-  for i = 1, #w do
-    local d = math.abs(g[i] - w[i]) / (1 + math.abs(w[i]))
-    if d ~= d then d = math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
+local maxdiff = H.maxdiff
 
 local function build(case, device)
   local o = { dtype = 'float64' }
