@@ -26,13 +26,13 @@ local units = { [''] = 1, K = 1024, M = 1024 ^ 2, G = 1024 ^ 3 }
 -- megabytes between collections.
 function M.cap_slack(cap) return cap / 32 end
 -- Garbage worth a collection of its own on a device of `capacity` bytes (0 or
--- nil: uncapped): `most`, or a 16th of the capacity where that is less -- under
--- a small cap the garbage must stay a small share of it. Code that knows it
+-- nil: uncapped): `most`, or a 64th of the capacity where that is less -- under
+-- a small cap the garbage must stay a small share of it (as cap_slack's). Code that knows it
 -- just made that much (a pipeline's micro-batches, a checkpoint's forward)
 -- collects at once, so that its memory does not hang on the collector's pace;
 -- the planner assumes the same rule.
 function M.garbage_worth(capacity, most)
-  if capacity and capacity > 0 and capacity / 16 < most then return capacity / 16 end
+  if capacity and capacity > 0 and capacity / 64 < most then return capacity / 64 end
   return most
 end
 
