@@ -37,7 +37,7 @@ finalizer. Instead:
     collections make one round;
   * big tensors are invisible to the Lua heap, so a full collection also runs
     when the C memory held by tensors has grown past max(64 MB, a quarter of
-    what it was after the last sweep) -- a 32nd of a cpu cap at most. Host
+    what it was after the last sweep) -- an eighth of a cpu cap at most. Host
     (cpu, meta) and device memory are judged apart: device memory gets a wider
     slack, up to 1 GiB (a 16th of cuda:0's memory at most), because a full
     collection costs ~50-250 us of host time, in which a GPU op of a few MB

@@ -18,21 +18,16 @@ local units = { [''] = 1, K = 1024, M = 1024 ^ 2, G = 1024 ^ 3 }
 
 -- -- Garbage under a cap -------------------------------------------------------
 -- The garbage a cap of `cap` bytes lets the collector's pacing keep
--- (ember.handles); the planner's replay assumes the same. The planner must
--- assume the worst (no cycle of Lua's collector finishes early), while a real
--- run frees garbage whenever one does: the share kept is how far a measured
--- peak can fall below its prediction, so it is small -- a 32nd of the cap, a
--- few per cent of a step that fits. Under a big cap it is still hundreds of
--- megabytes between collections.
-function M.cap_slack(cap) return cap / 32 end
+-- (ember.handles); the planner's replay assumes the same.
+function M.cap_slack(cap) return cap / 8 end
 -- Garbage worth a collection of its own on a device of `capacity` bytes (0 or
--- nil: uncapped): `most`, or a 64th of the capacity where that is less -- under
--- a small cap the garbage must stay a small share of it (as cap_slack's). Code that knows it
+-- nil: uncapped): `most`, or a 16th of the capacity where that is less -- under
+-- a small cap the garbage must stay a small share of it. Code that knows it
 -- just made that much (a pipeline's micro-batches, a checkpoint's forward)
 -- collects at once, so that its memory does not hang on the collector's pace;
 -- the planner assumes the same rule.
 function M.garbage_worth(capacity, most)
-  if capacity and capacity > 0 and capacity / 64 < most then return capacity / 64 end
+  if capacity and capacity > 0 and capacity / 16 < most then return capacity / 16 end
   return most
 end
 
