@@ -83,25 +83,78 @@ return function(nn)
     return cls
   end
 
-  -- One direction of one layer. xs: (T, N, in); returns the list of h per step
-  -- (in time order) and the final states.
-  local function lstm_direction(m, sfx, xs, h, c, reverse)
+  -- -- LSTM: one direction of one layer -----------------------------------------------
+  -- The recurrence is one autograd node with a backward of its own (an LSTM's
+  -- gradient is a known closed form): per time step the forward keeps the gate
+  -- activations, and the backward walks the steps in reverse with a handful of
+  -- whole-tensor ops under no_grad, writing each step's gate gradients into one
+  -- (T, N, 4H) tensor; the weight_hh gradient is then one matmul over every step,
+  -- and the gates' input gradient is that tensor itself. Left to autograd op by
+  -- op, each step's gate views would each get a zero-filled gradient of all four
+  -- gates and each step its own weight_hh gradient to add up: three times the
+  -- work of the arithmetic.
+  --
+  -- xw: (T, N, 4H), the input's projection with the biases (autograd's); returns
+  -- the list of h per step (in time order) and the final states.
+  local function lstm_direction(m, sfx, xs, h0, c0, reverse)
     local T, N, Hd = xs.shape[1], xs.shape[2], m.hidden_size
     local w_ih, w_hh = m['weight_ih_' .. sfx], m['weight_hh_' .. sfx]
     local b = nil
     if m.bias then b = m['bias_ih_' .. sfx] + m['bias_hh_' .. sfx] end
     local xw = F.linear(xs:reshape(T * N, xs.shape[3]), w_ih, b):reshape(T, N, 4 * Hd)
+    local order = {}
+    for s = 1, T do order[s] = reverse and T - s + 1 or s end
+    -- the forward: every step's sigmoid gates (N, 4H; g's slot unused), tanh(g),
+    -- c and the h it started from
+    local sg, tg, cs, hprev = {}, {}, {}, {}
+    local value = em.no_grad(function()
+      local v = em.empty({ T + 1, N, Hd }, { dtype = xs.dtype, device = xs.device })
+      local h, c = h0, c0
+      for _, t in ipairs(order) do
+        hprev[t] = h
+        local g = F.linear(h, w_hh, xw[t])
+        local sgt = g:sigmoid()
+        local tgt = g:narrow(2, 2 * Hd + 1, Hd):tanh()
+        c = sgt:narrow(2, Hd + 1, Hd) * c + sgt:narrow(2, 1, Hd) * tgt
+        h = sgt:narrow(2, 3 * Hd + 1, Hd) * c:tanh()
+        sg[t], tg[t], cs[t] = sgt, tgt, c
+        v[t]:copy_(h)
+      end
+      v[T + 1]:copy_(c)
+      return v
+    end)
+    local first, last = order[1], order[T]
+    local node = em.autograd.apply('lstm', value, { xw, w_hh, h0, c0 }, function(grad)
+      return em.no_grad(function()
+        local dG = em.empty({ T, N, 4 * Hd }, { dtype = grad.dtype, device = grad.device })
+        local dh, dc = nil, grad[T + 1]
+        for s = T, 1, -1 do
+          local t = order[s]
+          local gt = sg[t]
+          local i, f, o = gt:narrow(2, 1, Hd), gt:narrow(2, Hd + 1, Hd), gt:narrow(2, 3 * Hd + 1, Hd)
+          local g = tg[t]
+          local cprev = s > 1 and cs[order[s - 1]] or c0
+          local dy = dh and grad[t] + dh or grad[t]
+          local tc = cs[t]:tanh()
+          dc = dc + dy * o * (1 - tc * tc)
+          local d = dG[t]
+          d:narrow(2, 3 * Hd + 1, Hd):copy_(dy * tc * o * (1 - o))
+          d:narrow(2, 1, Hd):copy_(dc * g * i * (1 - i))
+          d:narrow(2, 2 * Hd + 1, Hd):copy_(dc * i * (1 - g * g))
+          d:narrow(2, Hd + 1, Hd):copy_(dc * cprev * f * (1 - f))
+          dc = dc * f
+          dh = d:mm(w_hh)
+        end
+        -- every step's h it started from, in time order, as one (T * N, H) matrix
+        local hp = {}
+        for t = 1, T do hp[t] = hprev[t] end
+        local dw = dG:reshape(T * N, 4 * Hd):t():mm(em.stack(hp, 1):reshape(T * N, Hd))
+        return { dG, dw, dh, dc }
+      end)
+    end)
     local out = {}
-    for s = 1, T do
-      local t = reverse and T - s + 1 or s
-      local g = F.linear(h, w_hh, xw[t])   -- h w_hh^T + (x_t w_ih^T + biases), one call
-      local sg = g:sigmoid()
-      local i, f, o = sg:narrow(2, 1, Hd), sg:narrow(2, Hd + 1, Hd), sg:narrow(2, 3 * Hd + 1, Hd)
-      c = f * c + i * g:narrow(2, 2 * Hd + 1, Hd):tanh()
-      h = o * c:tanh()
-      out[t] = h
-    end
-    return out, h, c
+    for t = 1, T do out[t] = node[t] end
+    return out, node[last], node[T + 1]
   end
 
   local function gru_direction(m, sfx, xs, h, _, reverse)
