@@ -24,6 +24,7 @@ backend runs it.
 local em = require 'ember'
 local core = require 'ember.ffi'
 local raise, kind = core.raise, core.kind
+local release = core.handles.release
 
 return function(nn)
   local Module, F, I = nn.Module, nn.F, nn.init
@@ -104,25 +105,57 @@ return function(nn)
     local xw = F.linear(xs:reshape(T * N, xs.shape[3]), w_ih, b):reshape(T, N, 4 * Hd)
     local order = {}
     for s = 1, T do order[s] = reverse and T - s + 1 or s end
-    -- the forward: every step's sigmoid gates (N, 4H; g's slot unused), tanh(g),
-    -- c and the h it started from
+    -- The forward keeps, per step, the sigmoid gates (N, 4H; g's slot unused),
+    -- tanh(g), c and the h it started from -- only when a gradient will be asked
+    -- for. Every other intermediate is released as soon as it is dead, so the
+    -- next step's tensors reuse its blocks (still in cache) instead of fresh
+    -- memory from the system, which costs more than the arithmetic at these sizes.
+    local keep = em.is_grad_enabled() and (xw.requires_grad or w_hh.requires_grad or
+      h0.requires_grad or c0.requires_grad)
     local sg, tg, cs, hprev = {}, {}, {}, {}
     local value = em.no_grad(function()
       local v = em.empty({ T + 1, N, Hd }, { dtype = xs.dtype, device = xs.device })
       local h, c = h0, c0
       for _, t in ipairs(order) do
-        hprev[t] = h
-        local g = F.linear(h, w_hh, xw[t])
+        local xt = xw[t]
+        local g = F.linear(h, w_hh, xt)
+        release(xt)
         local sgt = g:sigmoid()
-        local tgt = g:narrow(2, 2 * Hd + 1, Hd):tanh()
-        c = sgt:narrow(2, Hd + 1, Hd) * c + sgt:narrow(2, 1, Hd) * tgt
-        h = sgt:narrow(2, 3 * Hd + 1, Hd) * c:tanh()
-        sg[t], tg[t], cs[t] = sgt, tgt, c
-        v[t]:copy_(h)
+        local gv = g:narrow(2, 2 * Hd + 1, Hd)
+        local tgt = gv:tanh()
+        release(gv); release(g)
+        local iv, fv, ov = sgt:narrow(2, 1, Hd), sgt:narrow(2, Hd + 1, Hd), sgt:narrow(2, 3 * Hd + 1, Hd)
+        local fc, it = fv * c, iv * tgt
+        local cn = fc + it
+        local tc = cn:tanh()
+        local hn = ov * tc
+        release(fc); release(it); release(tc); release(iv); release(fv); release(ov)
+        local vt = v[t]
+        vt:copy_(hn)
+        release(vt)
+        if keep then
+          hprev[t], sg[t], tg[t], cs[t] = h, sgt, tgt, cn
+        else
+          release(sgt); release(tgt)
+          if h ~= h0 then release(h) end
+          if c ~= c0 then release(c) end
+        end
+        h, c = hn, cn
       end
-      v[T + 1]:copy_(c)
+      local vc = v[T + 1]
+      vc:copy_(c)
+      release(vc)
+      if not keep then
+        if h ~= h0 then release(h) end
+        if c ~= c0 then release(c) end
+      end
       return v
     end)
+    if not keep then
+      local out = {}
+      for t = 1, T do out[t] = value[t] end
+      return out, value[order[T]], value[T + 1]
+    end
     local first, last = order[1], order[T]
     local node = em.autograd.apply('lstm', value, { xw, w_hh, h0, c0 }, function(grad)
       return em.no_grad(function()
@@ -134,16 +167,40 @@ return function(nn)
           local i, f, o = gt:narrow(2, 1, Hd), gt:narrow(2, Hd + 1, Hd), gt:narrow(2, 3 * Hd + 1, Hd)
           local g = tg[t]
           local cprev = s > 1 and cs[order[s - 1]] or c0
-          local dy = dh and grad[t] + dh or grad[t]
+          local gy = grad[t]
+          local dy = gy
+          if dh then dy = gy + dh; release(gy); release(dh) end
           local tc = cs[t]:tanh()
-          dc = dc + dy * o * (1 - tc * tc)
+          -- dc += dy o (1 - tc^2)
+          local a = tc * tc
+          local b = 1 - a
+          local e = dy * o
+          local q = e * b
+          local dc2 = dc + q
+          release(a); release(b); release(e); release(q); release(dc)
+          dc = dc2
           local d = dG[t]
-          d:narrow(2, 3 * Hd + 1, Hd):copy_(dy * tc * o * (1 - o))
-          d:narrow(2, 1, Hd):copy_(dc * g * i * (1 - i))
-          d:narrow(2, 2 * Hd + 1, Hd):copy_(dc * i * (1 - g * g))
-          d:narrow(2, Hd + 1, Hd):copy_(dc * cprev * f * (1 - f))
-          dc = dc * f
+          -- (each gate's gradient: the product of four factors, written in place)
+          local function put(at, x1, x2, x3, x4)
+            local v = d:narrow(2, at, Hd)
+            local p1 = x1 * x2
+            local p2 = p1 * x3
+            v:copy_(x4 and p2:mul_(x4) or p2)
+            release(p1); release(p2); release(v)
+          end
+          local om, im, fm, gg = 1 - o, 1 - i, 1 - f, g * g
+          local gm = 1 - gg
+          put(3 * Hd + 1, dy, tc, o, om)
+          put(1, dc, g, i, im)
+          put(2 * Hd + 1, dc, i, gm)
+          put(Hd + 1, dc, cprev, f, fm)
+          release(om); release(im); release(fm); release(gg); release(gm); release(tc)
+          release(dy)
+          local dcf = dc * f
+          release(dc); release(i); release(f); release(o)
+          dc = dcf
           dh = d:mm(w_hh)
+          release(d)
         end
         -- every step's h it started from, in time order, as one (T * N, H) matrix
         local hp = {}
