@@ -18,8 +18,9 @@ Gates: LSTM i, f, g, o; GRU r, z, n.
 Each layer and direction multiplies the whole sequence by weight_ih in one
 matmul (with the biases that can be added there); each time step then does one
 matmul by weight_hh and the gate math in a few whole-tensor ops (one sigmoid
-over all the gates, views for each). Autograd comes from the core ops, so every
-backend runs it.
+over all the gates, views for each). The GRU's gradient comes from those core
+ops; the LSTM's recurrence is one autograd node with its closed-form backward
+(lstm_direction). Both are core ops only, so every backend runs them.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
