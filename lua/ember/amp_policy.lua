@@ -40,10 +40,11 @@ local cache = nil        -- leaf tensor -> {[grad_on] = cast}, for the region
 P.lowp = { 'matmul', 'mm', 'bmm', 'mv' }
 P.fp32 = { 'softmax', 'log_softmax', 'sum', 'mean', 'prod', 'var', 'std', 'norm',
   'logsumexp', 'exp', 'log', 'log1p', 'expm1', 'log2', 'log10', 'pow', 'reciprocal',
-  'rsqrt', 'sinh', 'cosh', 'tan', 'asin', 'acos' }
-P.F_lowp = { 'linear', 'conv2d' }
-P.F_fp32 = { 'layer_norm', 'cross_entropy', 'nll_loss', 'mse_loss',
-  'binary_cross_entropy_with_logits', 'softmax', 'log_softmax' }
+  'rsqrt', 'sinh', 'cosh', 'tan', 'asin', 'acos', 'cumsum', 'cumprod' }
+P.F_lowp = { 'linear', 'conv2d', 'conv1d', 'scaled_dot_product_attention' }
+P.F_fp32 = { 'layer_norm', 'group_norm', 'rms_norm', 'cross_entropy', 'nll_loss', 'mse_loss',
+  'l1_loss', 'smooth_l1_loss', 'huber_loss', 'binary_cross_entropy_with_logits', 'softmax',
+  'log_softmax' }
 
 local function to(t, dt)
   local out = core.out
@@ -124,6 +125,8 @@ function P.install(Tensor, em)
   install_meta()
 end
 
+-- (again once em.nn's later files have added theirs: F.conv1d, the norms and
+-- attention; what is wrapped already stays as it is)
 function P.wrap_functional(F)
   wrap_all(F, P.F_lowp, down)
   wrap_all(F, P.F_fp32, up)

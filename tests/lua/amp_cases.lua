@@ -40,6 +40,7 @@ function A.run(H, em, dev)
     local tgt = on(em.tensor({ 1, 2, 3, 4, 5, 1 }):long())
     local rm, rv = on(em.zeros(3)), on(em.ones(3))
     local wn, bn = on(em.randn(8)), on(em.randn(8))
+    local w1 = on(em.randn(3, 6, 3)):mul(0.3)
     return {
       { 'matmul', 'low', function(c) return c(x2):matmul(c(x2t)) end },
       { 'mm', 'low', function(c) return em.mm(c(x2), c(x2t)) end },
@@ -69,6 +70,14 @@ function A.run(H, em, dev)
       { 'tensor ^ number', 'f32', function(c) return c(x2t) ^ 3 end },
       { 'number ^ tensor', 'f32', function(c) return 2 ^ c(x2) end },
       { 'em.exp', 'f32', function(c) return em.exp(c(x2)) end },
+      { 'cumsum', 'f32', function(c) return c(x2t):cumsum(2) end },
+      { 'conv1d', 'low', function(c) return F.conv1d(c(x3), c(w1), c(bc):narrow(1, 1, 3), 1, 1) end },
+      { 'sdpa', 'low', function(c) return F.scaled_dot_product_attention(c(x3), c(x3), c(x3), { causal = true }) end },
+      { 'group_norm', 'f32', function(c) return F.group_norm(c(img), 3, c(wn):narrow(1, 1, 3), c(bn):narrow(1, 1, 3)) end },
+      { 'rms_norm', 'f32', function(c) return F.rms_norm(c(x2), { 8 }, c(wn)) end },
+      { 'l1_loss', 'f32', function(c) return F.l1_loss(c(x2), c(pos)) end },
+      { 'smooth_l1_loss', 'f32', function(c) return F.smooth_l1_loss(c(x2), c(pos)) end },
+      { 'huber_loss', 'f32', function(c) return F.huber_loss(c(x2), c(pos)) end },
     }
   end
 
