@@ -52,6 +52,39 @@ static int64_t FN(att_kblocks_for)(const FN(att_args) *a, int64_t i0, int64_t nq
   return n < a->kblocks ? n : a->kblocks;
 }
 
+/* The largest of row[0..n) and at least from, and the exponentials row[j] =
+** exp(row[j] - mx) with their sum. Each keeps ATT_LANES partial results, one per
+** lane, so that the compiler turns the reductions into vector ops (a single
+** running max or sum is a chain of dependent scalar steps: without reassociation
+** it cannot be vectorised, and it cost more than the block's GEMMs). */
+#ifndef ATT_LANES
+#define ATT_LANES 8
+#endif
+static inline T FN(att_row_max)(const T *row, int64_t n, T from) {
+  T part[ATT_LANES];
+  for (int t = 0; t < ATT_LANES; t++) part[t] = from;
+  int64_t j = 0;
+  for (; j + ATT_LANES <= n; j += ATT_LANES)
+    for (int t = 0; t < ATT_LANES; t++) part[t] = row[j + t] > part[t] ? row[j + t] : part[t];
+  for (; j < n; j++) part[0] = row[j] > part[0] ? row[j] : part[0];
+  T mx = part[0];
+  for (int t = 1; t < ATT_LANES; t++) mx = part[t] > mx ? part[t] : mx;
+  return mx;
+}
+static inline T FN(att_row_exp_sum)(T *row, int64_t n, T mx) {
+  T part[ATT_LANES] = {0};
+  int64_t j = 0;
+  for (; j + ATT_LANES <= n; j += ATT_LANES)
+    for (int t = 0; t < ATT_LANES; t++) {
+      row[j + t] = EXP(row[j + t] - mx);
+      part[t] += row[j + t];
+    }
+  for (; j < n; j++) { row[j] = EXP(row[j] - mx); part[0] += row[j]; }
+  T sum = 0;
+  for (int t = 0; t < ATT_LANES; t++) sum += part[t];
+  return sum;
+}
+
 /* Forward over units (b, query block): the running max m, the running sum l and
 ** the unnormalised output rescaled as the max grows (an online softmax). */
 static void FN(att_forward_range)(void *ctx, int64_t begin, int64_t end) {
@@ -73,15 +106,13 @@ static void FN(att_forward_range)(void *ctx, int64_t begin, int64_t end) {
       int64_t j0 = kb * KB, nk = a->S - j0 < KB ? a->S - j0 : KB;
       FN(att_scores)(a, b, i0, nq, j0, nk, s);
       for (int64_t i = 0; i < nq; i++) {
-        T *row = s + i * KB, mx = m[i];
-        for (int64_t j = 0; j < nk; j++) if (row[j] > mx) mx = row[j];
+        T *row = s + i * KB, mx = FN(att_row_max)(row, nk, m[i]);
         if (mx == -(T)INFINITY) {             /* nothing to attend yet in this row */
           for (int64_t j = 0; j < nk; j++) row[j] = 0;
           continue;
         }
-        T corr = m[i] == -(T)INFINITY ? 0 : EXP(m[i] - mx), sum = 0;
-        for (int64_t j = 0; j < nk; j++) row[j] = EXP(row[j] - mx);
-        for (int64_t j = 0; j < nk; j++) sum += row[j];
+        T corr = m[i] == -(T)INFINITY ? 0 : EXP(m[i] - mx);
+        T sum = FN(att_row_exp_sum)(row, nk, mx);
         l[i] = l[i] * corr + sum;
         m[i] = mx;
         if (corr != 1) for (int64_t e = 0; e < a->Ev; e++) o[i * a->Ev + e] *= corr;
@@ -201,8 +232,14 @@ static void FN(att_transpose)(const T *x, T *xt, int64_t B, int64_t n, int64_t c
   for (int64_t b = 0; b < B; b++) {
     const T *src = x + b * n * c;
     T *dst = xt + b * n * c;
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t j = 0; j < c; j++) dst[j * n + i] = src[i * c + j];
+    /* in 16 x 16 tiles: a row at a time, the writes go n elements apart and each
+    ** lands on its own cache line */
+    for (int64_t i0 = 0; i0 < n; i0 += 16)
+      for (int64_t j0 = 0; j0 < c; j0 += 16) {
+        int64_t i1 = i0 + 16 < n ? i0 + 16 : n, j1 = j0 + 16 < c ? j0 + 16 : c;
+        for (int64_t j = j0; j < j1; j++)
+          for (int64_t i = i0; i < i1; i++) dst[j * n + i] = src[i * c + j];
+      }
   }
 }
 
