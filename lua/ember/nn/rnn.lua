@@ -18,17 +18,17 @@ Gates: LSTM i, f, g, o; GRU r, z, n.
 Each layer and direction multiplies the whole sequence by weight_ih in one
 matmul (with the biases that can be added there); each time step then does one
 matmul by weight_hh and the gate math in a few whole-tensor ops (one sigmoid
-over all the gates, views for each). The GRU's gradient comes from those core
-ops; the LSTM's recurrence is one autograd node with its closed-form backward
-(lstm_direction). Both are core ops only, so every backend runs them.
+over all the gates, views for each); the recurrence of each is one autograd
+node with its closed-form backward (ember.nn.rnn_recurrence). Both are core ops
+only, so every backend runs them.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
 local raise, kind = core.raise, core.kind
-local release = core.handles.release
 
 return function(nn)
   local Module, F, I = nn.Module, nn.F, nn.init
+  local rec = require('ember.nn.rnn_recurrence')(F)
 
   local function shape_str(t) return '[' .. table.concat(t.shape, ',') .. ']' end
 
@@ -85,152 +85,7 @@ return function(nn)
     return cls
   end
 
-  -- -- LSTM: one direction of one layer -----------------------------------------------
-  -- The recurrence is one autograd node with a backward of its own (an LSTM's
-  -- gradient is a known closed form): per time step the forward keeps the gate
-  -- activations, and the backward walks the steps in reverse with a handful of
-  -- whole-tensor ops under no_grad, writing each step's gate gradients into one
-  -- (T, N, 4H) tensor; the weight_hh gradient is then one matmul over every step,
-  -- and the gates' input gradient is that tensor itself. Left to autograd op by
-  -- op, each step's gate views would each get a zero-filled gradient of all four
-  -- gates and each step its own weight_hh gradient to add up: three times the
-  -- work of the arithmetic.
-  --
-  -- xw: (T, N, 4H), the input's projection with the biases (autograd's); returns
-  -- the list of h per step (in time order) and the final states.
-  local function lstm_direction(m, sfx, xs, h0, c0, reverse)
-    local T, N, Hd = xs.shape[1], xs.shape[2], m.hidden_size
-    local w_ih, w_hh = m['weight_ih_' .. sfx], m['weight_hh_' .. sfx]
-    local b = nil
-    if m.bias then b = m['bias_ih_' .. sfx] + m['bias_hh_' .. sfx] end
-    local xw = F.linear(xs:reshape(T * N, xs.shape[3]), w_ih, b):reshape(T, N, 4 * Hd)
-    local order = {}
-    for s = 1, T do order[s] = reverse and T - s + 1 or s end
-    -- The forward keeps, per step, the sigmoid gates (N, 4H; g's slot unused),
-    -- tanh(g), c and the h it started from -- only when a gradient will be asked
-    -- for. Every other intermediate is released as soon as it is dead, so the
-    -- next step's tensors reuse its blocks (still in cache) instead of fresh
-    -- memory from the system, which costs more than the arithmetic at these sizes.
-    local keep = em.is_grad_enabled() and (xw.requires_grad or w_hh.requires_grad or
-      h0.requires_grad or c0.requires_grad)
-    local sg, tg, cs, hprev = {}, {}, {}, {}
-    local value = em.no_grad(function()
-      local v = em.empty({ T + 1, N, Hd }, { dtype = xs.dtype, device = xs.device })
-      local h, c = h0, c0
-      for _, t in ipairs(order) do
-        local xt = xw[t]
-        local g = F.linear(h, w_hh, xt)
-        release(xt)
-        local sgt = g:sigmoid()
-        local gv = g:narrow(2, 2 * Hd + 1, Hd)
-        local tgt = gv:tanh()
-        release(gv); release(g)
-        local iv, fv, ov = sgt:narrow(2, 1, Hd), sgt:narrow(2, Hd + 1, Hd), sgt:narrow(2, 3 * Hd + 1, Hd)
-        local fc, it = fv * c, iv * tgt
-        local cn = fc + it
-        local tc = cn:tanh()
-        local hn = ov * tc
-        release(fc); release(it); release(tc); release(iv); release(fv); release(ov)
-        local vt = v[t]
-        vt:copy_(hn)
-        release(vt)
-        if keep then
-          hprev[t], sg[t], tg[t], cs[t] = h, sgt, tgt, cn
-        else
-          release(sgt); release(tgt)
-          if h ~= h0 then release(h) end
-          if c ~= c0 then release(c) end
-        end
-        h, c = hn, cn
-      end
-      local vc = v[T + 1]
-      vc:copy_(c)
-      release(vc)
-      if not keep then
-        if h ~= h0 then release(h) end
-        if c ~= c0 then release(c) end
-      end
-      return v
-    end)
-    if not keep then
-      local out = {}
-      for t = 1, T do out[t] = value[t] end
-      return out, value[order[T]], value[T + 1]
-    end
-    local first, last = order[1], order[T]
-    local node = em.autograd.apply('lstm', value, { xw, w_hh, h0, c0 }, function(grad)
-      return em.no_grad(function()
-        local dG = em.empty({ T, N, 4 * Hd }, { dtype = grad.dtype, device = grad.device })
-        local dh, dc = nil, grad[T + 1]
-        for s = T, 1, -1 do
-          local t = order[s]
-          local gt = sg[t]
-          local i, f, o = gt:narrow(2, 1, Hd), gt:narrow(2, Hd + 1, Hd), gt:narrow(2, 3 * Hd + 1, Hd)
-          local g = tg[t]
-          local cprev = s > 1 and cs[order[s - 1]] or c0
-          local gy = grad[t]
-          local dy = gy
-          if dh then dy = gy + dh; release(gy); release(dh) end
-          local tc = cs[t]:tanh()
-          -- dc += dy o (1 - tc^2)
-          local a = tc * tc
-          local b = 1 - a
-          local e = dy * o
-          local q = e * b
-          local dc2 = dc + q
-          release(a); release(b); release(e); release(q); release(dc)
-          dc = dc2
-          local d = dG[t]
-          -- (each gate's gradient: the product of four factors, written in place)
-          local function put(at, x1, x2, x3, x4)
-            local v = d:narrow(2, at, Hd)
-            local p1 = x1 * x2
-            local p2 = p1 * x3
-            v:copy_(x4 and p2:mul_(x4) or p2)
-            release(p1); release(p2); release(v)
-          end
-          local om, im, fm, gg = 1 - o, 1 - i, 1 - f, g * g
-          local gm = 1 - gg
-          put(3 * Hd + 1, dy, tc, o, om)
-          put(1, dc, g, i, im)
-          put(2 * Hd + 1, dc, i, gm)
-          put(Hd + 1, dc, cprev, f, fm)
-          release(om); release(im); release(fm); release(gg); release(gm); release(tc)
-          release(dy)
-          local dcf = dc * f
-          release(dc); release(i); release(f); release(o)
-          dc = dcf
-          dh = d:mm(w_hh)
-          release(d)
-        end
-        -- every step's h it started from, in time order, as one (T * N, H) matrix
-        local hp = {}
-        for t = 1, T do hp[t] = hprev[t] end
-        local dw = dG:reshape(T * N, 4 * Hd):t():mm(em.stack(hp, 1):reshape(T * N, Hd))
-        return { dG, dw, dh, dc }
-      end)
-    end)
-    local out = {}
-    for t = 1, T do out[t] = node[t] end
-    return out, node[last], node[T + 1]
-  end
-
-  local function gru_direction(m, sfx, xs, h, _, reverse)
-    local T, N, Hd = xs.shape[1], xs.shape[2], m.hidden_size
-    local w_ih, w_hh = m['weight_ih_' .. sfx], m['weight_hh_' .. sfx]
-    local b_ih, b_hh = m['bias_ih_' .. sfx], m['bias_hh_' .. sfx]
-    local xw = F.linear(xs:reshape(T * N, xs.shape[3]), w_ih, b_ih):reshape(T, N, 3 * Hd)
-    local out = {}
-    for s = 1, T do
-      local t = reverse and T - s + 1 or s
-      local x_t, hw = xw[t], F.linear(h, w_hh, b_hh)
-      local rz = (x_t:narrow(2, 1, 2 * Hd) + hw:narrow(2, 1, 2 * Hd)):sigmoid()
-      local n = (x_t:narrow(2, 2 * Hd + 1, Hd) + rz:narrow(2, 1, Hd) * hw:narrow(2, 2 * Hd + 1, Hd)):tanh()
-      h = n + rz:narrow(2, Hd + 1, Hd) * (h - n)   -- (1 - z) n + z h
-      out[t] = h
-    end
-    return out, h, nil
-  end
+  local lstm_direction, gru_direction = rec.lstm_direction, rec.gru_direction
 
   -- Checks a given initial state against (L * D, N, H) and the input.
   local function check_state(m, what, st, want, x)
