@@ -1,0 +1,218 @@
+--[[
+ember.doc_names -- every public name of ember, as the reference spells it
+(docs/reference/README.md gives the rules): what the coverage test checks the
+reference against and what help() maps values back through.
+
+  local N = require 'ember.doc_names'
+  N.names()        -> sorted list of canonical names ('em.sum', 'em.nn.F.relu',
+                      'Tensor:matmul', 'Tensor.shape', 'Module:parameters',
+                      'em_tensor_new', 'help', ...)
+  N.values()       -> map from a function or table to the list of names it has
+  N.PACKAGES, N.CLASSES   the packages and classes whose names are public
+
+A name is public when it does not start with '_'. The packages are read at run
+time (their tables, so a function added to em.nn is listed without a change
+here); so are the classes whose tables users can reach (em.Tensor, em.nn.Module,
+...). The classes whose tables stay local to their modules (what a public call
+returns: a loader, a pipeline, a plan, ...) are read from their source files:
+each `function Class:name` or `Class.name = ` there, less the few methods that
+only ember itself calls (listed with the class below). The C functions are the
+`em_...(` declarations of ember.h, read from the build's cdefs.lua (ember.h
+without its preprocessor lines) or from the header in a source tree.
+]]
+local M = {}
+
+local function em() return require 'ember' end
+local here = (debug.getinfo(1, 'S').source:match('^@(.*)/[^/]*$') or '.')
+
+local function public(k) return type(k) == 'string' and k:match('^[%a][%w_]*$') ~= nil end
+
+-- The packages: canonical prefix and how to reach the table. em.nn.functional is
+-- em.nn.F (one table); em.data.T loads its table on first use, so it is required.
+M.PACKAGES = {
+  { 'em.nn', function() return em().nn end, skip = { F = true, functional = true, init = true, utils = true } },
+  { 'em.nn.F', function() return em().nn.F end },
+  { 'em.nn.init', function() return em().nn.init end },
+  { 'em.nn.utils', function() return em().nn.utils end },
+  { 'em.optim', function() return em().optim end },
+  { 'em.data', function() return em().data end, skip = { T = true } },
+  { 'em.data.T', function() return require 'ember.data.transforms' end },
+  { 'em.distribute', function() return em().distribute end },
+  { 'em.profile', function() return em().profile end },
+  { 'em.cuda', function() return em().cuda end },
+  { 'em.amp', function() return em().amp end },
+  { 'em.checkpoint', function() return em().checkpoint end },
+  { 'em.autograd', function() return em().autograd end },
+}
+
+-- The classes users hold, by the name the docs use.
+--   get:    the method table, where users can reach it;
+--   fields: computed fields (t.shape), named Class.field;
+--   files, tbl: where the class is local to its module: the source files (under
+--           lua/ember/) and the table's name there;
+--   internal: methods only ember's own code calls.
+M.CLASSES = {
+  { 'Tensor', get = function() return em().Tensor end,
+    fields = function() local _ = em().version; return require('ember.ffi').getters end },
+  { 'Module', get = function() return em().nn.Module end },
+  { 'Optimizer', get = function() return em().optim.Optimizer end },
+  { 'Dataset', get = function() return em().data.Dataset end },
+  { 'Strategy', get = function() return em().distribute.Strategy end },
+  -- what ds:loader() returns
+  { 'Loader', files = { 'data/loader.lua' }, tbl = 'Loader', internal = { new = true } },
+  -- what an async collective (s:allreduce(t, {async = true}), ...) returns
+  { 'Work', files = { 'distribute/comm.lua' }, tbl = 'Work' },
+  -- s:pipeline(model, opts)
+  { 'Pipeline', files = { 'distribute/pipeline.lua', 'distribute/pipeline_run.lua',
+      'distribute/pipeline_state.lua' }, tbl = 'Pipeline', internal = { collect_bytes = true } },
+  -- em.distribute.plan(model, opts)
+  { 'Plan', files = { 'distribute/plan.lua' }, tbl = 'Plan' },
+  -- s:wrap(model): the replicated model; s:shard(model, opts): the sharded one
+  { 'DistributedModel', files = { 'distribute/wrap.lua' }, tbl = 'DistributedModel',
+    internal = { arm = true } },
+  { 'Sharded', files = { 'distribute/shard.lua' }, tbl = 'Sharded', internal = { arm = true } },
+  -- em.amp.GradScaler(opts)
+  { 'GradScaler', files = { 'amp_scaler.lua' }, tbl = 'Scaler' },
+  -- em.compile(fn): the compiled step (capture and check_against are its __call's)
+  { 'Compiled', files = { 'compile.lua' }, tbl = 'Compiled',
+    internal = { capture = true, check_against = true } },
+  -- em.cuda.graph(fn)
+  { 'Graph', files = { 'cuda.lua' }, tbl = 'Graph' },
+  -- em.profile.stop() / em.profile.last()
+  { 'Report', files = { 'profile/report.lua' }, tbl = 'Report' },
+  -- every em.optim learning-rate schedule (StepLR, OneCycleLR, ...)
+  { 'Scheduler', files = { 'optim/lr_scheduler.lua' }, tbl = 'Scheduler' },
+}
+
+-- Names that are no field of em: the REPL's and `ember -e`'s globals.
+M.GLOBALS = { 'help' }
+
+local function read(path)
+  local f = io.open(path, 'rb')
+  if not f then return nil end
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+-- `function T:name(`, `function T.name(` and `T.name = ` in a source file (names
+-- in capitals there are constants, no methods).
+local function source_methods(path, tbl, out)
+  local text = read(here .. '/' .. path)
+  if not text then error('ember.doc: cannot read ' .. here .. '/' .. path, 0) end
+  for line in text:gmatch('[^\n]+') do
+    local k = line:match('^function ' .. tbl .. '[:.](%l[%w_]*)%s*%(')
+           or line:match('^' .. tbl .. '%.(%l[%w_]*)%s*=')
+    if k then out[k] = true end
+  end
+end
+
+-- The C functions of ember.h: declarations `type em_name(`, comments and
+-- preprocessor lines left out (a function-pointer type `(*em_x)(` is no function:
+-- a `)` follows its name).
+local function c_functions(out)
+  local text = read(here .. '/cdefs.lua') or read(here .. '/../../core/include/ember.h')
+  if not text then
+    local p = package.searchpath('ember.cdefs', package.path)
+    text = p and read(p)
+  end
+  if not text then error('ember.doc: found neither cdefs.lua nor ember.h beside ' .. here, 0) end
+  text = text:gsub('/%*.-%*/', ' '):gsub('//[^\n]*', ' ')
+  text = text:gsub('\n#[^\n]*', '\n')
+  for name in text:gmatch('[^%w_]%s*(em_[%w_]+)%s*%(') do out[name] = true end
+  out.luaopen_ember = true
+end
+
+local cached_names, cached_values
+
+local function add_value(values, v, name)
+  if type(v) ~= 'function' and type(v) ~= 'table' then return end
+  local l = values[v]
+  if not l then l = {}; values[v] = l end
+  l[#l + 1] = name
+end
+
+local function build()
+  local E = em()
+  local _ = E.version                     -- em loads lazily: its core fields exist now
+  local set, values = {}, {}
+  local function add(name, v) set[name] = true; add_value(values, v, name) end
+  local modules = {}
+  for _, p in ipairs(M.PACKAGES) do
+    local t = p[2]()
+    modules[t] = true
+    for k, v in pairs(t) do
+      if public(k) and not (p.skip and p.skip[k]) then add(p[1] .. '.' .. k, v) end
+    end
+    add_value(values, t, p[1])
+  end
+  -- em's own fields (after the packages loaded: one of them may add some), less
+  -- the subpackages (any table that is a loaded ember.* module) and em.Tensor
+  for k, v in pairs(E) do
+    if public(k) and k ~= 'Tensor' and not modules[v]
+       and not (type(v) == 'table' and package.loaded['ember.' .. k] == v) then
+      add('em.' .. k, v)
+    end
+  end
+  add_value(values, E, 'em')
+  for _, c in ipairs(M.CLASSES) do
+    local cls = c[1]
+    if c.get then
+      local t = c.get()
+      add_value(values, t, cls)
+      for k, v in pairs(t) do
+        if public(k) and type(v) == 'function' then add(cls .. ':' .. k, v) end
+      end
+      if c.fields then
+        for k in pairs(c.fields()) do if public(k) then set[cls .. '.' .. k] = true end end
+      end
+    else
+      local found = {}
+      for _, f in ipairs(c.files) do source_methods(f, c.tbl, found) end
+      for k in pairs(found) do
+        if public(k) and not (c.internal and c.internal[k]) then set[cls .. ':' .. k] = true end
+      end
+    end
+  end
+  -- em.nn's layers: the methods a layer adds to Module's (Sequential:add, ...)
+  local Module = E.nn.Module
+  for k, cls in pairs(E.nn) do
+    if public(k) and type(cls) == 'table' and cls ~= Module and rawget(cls, '__name') then
+      add_value(values, cls, 'em.nn.' .. k)
+      for name, v in pairs(cls) do
+        if public(name) and type(v) == 'function' and Module[name] == nil then
+          add(k .. ':' .. name, v)
+        end
+      end
+    end
+  end
+  local cfuncs = {}
+  c_functions(cfuncs)
+  for k in pairs(cfuncs) do set[k] = true end
+  for _, g in ipairs(M.GLOBALS) do set[g] = true end
+  local list = {}
+  for k in pairs(set) do list[#list + 1] = k end
+  table.sort(list)
+  return list, values
+end
+
+function M.names()
+  if not cached_names then cached_names, cached_values = build() end
+  return cached_names
+end
+
+function M.values()
+  M.names()
+  return cached_values
+end
+
+-- Whether name is a package ('em.nn') or a class ('Module'), and its members'
+-- prefix ('em.nn.' or 'Module').
+function M.container(name)
+  if name == 'em' then return 'em.' end
+  for _, p in ipairs(M.PACKAGES) do if p[1] == name then return name .. '.' end end
+  for _, c in ipairs(M.CLASSES) do if c[1] == name then return name end end
+  return nil
+end
+
+return M
