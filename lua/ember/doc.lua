@@ -71,6 +71,7 @@ function M.entries()
       f:close()
       for _, e in ipairs(parse.entries(text, 'reference/' .. file)) do
         for _, n in ipairs(e.names) do
+          n = N.canonical(n)
           if not index[n] then index[n] = e end
         end
       end
@@ -81,11 +82,6 @@ function M.entries()
 end
 
 -- -- Resolving what the user asked for ------------------------------------------------
-local function name_set()
-  local set = {}
-  for _, n in ipairs(N.names()) do set[n] = true end
-  return set
-end
 
 local function last_part(n) return n:match('[%.:]([^%.:]+)$') or n end
 
@@ -94,7 +90,7 @@ local function last_part(n) return n:match('[%.:]([^%.:]+)$') or n end
 local function resolve(s)
   s = s:gsub('^%s+', ''):gsub('%s+$', ''):gsub('%(%)$', '')
   s = s:gsub('^em%.nn%.functional%.', 'em.nn.F.'):gsub('^nn%.functional%.', 'nn.F.')
-  local set = name_set()
+  local set = N.set()
   for _, cand in ipairs({ s, 'em.' .. s }) do
     if N.container(cand) then return {}, cand end
   end
@@ -208,17 +204,17 @@ function M.lookup(x)
   elseif type(x) == 'function' or type(x) == 'table' then
     names, container = of_value(x)
     if not names then
-      return ('help: %s is no public ember value (give its name as a string: help(\'em.sum\'))')
+      return ('%s is no public ember value (give its name as a string: help(\'em.sum\'))')
                :format(tostring(x)), false
     end
     what = container or names[1]
   elseif x == nil then
-    return "help: got nil -- a misspelt name is nil; give the name as a string: help('em.sum')", false
+    return "got nil -- a misspelt name is nil; give the name as a string: help('em.sum')", false
   else
-    return ('help: expected a function, table or name, got a %s'):format(type(x)), false
+    return ('help(x): expected a function, table or name, got a %s'):format(type(x)), false
   end
   local entries, err = M.entries()
-  if not entries and #names > 0 then return 'help: ' .. err, false end
+  if not entries and #names > 0 then return err, false end
   local parts, seen = {}, {}
   for _, n in ipairs(names) do
     local e = entries[n]
@@ -247,8 +243,8 @@ function M.lookup(x)
       table.concat(names, ', ')), false
   end
   local close = M.close_matches(what)
-  if #close == 0 then return ("help: no public name '%s'"):format(what), false end
-  return ("help: no public name '%s'; close: %s"):format(what, table.concat(close, ', ')), false
+  if #close == 0 then return ("no public name '%s'"):format(what), false end
+  return ("no public name '%s'; close: %s"):format(what, table.concat(close, ', ')), false
 end
 
 local USAGE = [[

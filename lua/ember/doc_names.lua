@@ -50,11 +50,13 @@ M.PACKAGES = {
 --   fields: computed fields (t.shape), named Class.field;
 --   files, tbl: where the class is local to its module: the source files (under
 --           lua/ember/) and the table's name there;
---   internal: methods only ember's own code calls.
+--   internal: methods only ember's own code calls;
+--   data:   plain fields users read (named Class.field).
 M.CLASSES = {
   { 'Tensor', get = function() return em().Tensor end,
     fields = function() local _ = em().version; return require('ember.ffi').getters end },
-  { 'Module', get = function() return em().nn.Module end },
+  -- m.training (train/eval set it) and a subclass's Class.super
+  { 'Module', get = function() return em().nn.Module end, data = { 'training', 'super' } },
   { 'Optimizer', get = function() return em().optim.Optimizer end },
   { 'Dataset', get = function() return em().data.Dataset end },
   { 'Strategy', get = function() return em().distribute.Strategy end },
@@ -79,7 +81,7 @@ M.CLASSES = {
   -- em.cuda.graph(fn)
   { 'Graph', files = { 'cuda.lua' }, tbl = 'Graph' },
   -- em.profile.stop() / em.profile.last()
-  { 'Report', files = { 'profile/report.lua' }, tbl = 'Report' },
+  { 'Report', files = { 'profile/report.lua' }, tbl = 'Report', data = { 'diagnosis' } },
   -- every em.optim learning-rate schedule (StepLR, OneCycleLR, ...)
   { 'Scheduler', files = { 'optim/lr_scheduler.lua' }, tbl = 'Scheduler' },
 }
@@ -173,8 +175,10 @@ local function build()
         if public(k) and not (c.internal and c.internal[k]) then set[cls .. ':' .. k] = true end
       end
     end
+    for _, k in ipairs(c.data or {}) do set[cls .. '.' .. k] = true end
   end
   -- em.nn's layers: the methods a layer adds to Module's (Sequential:add, ...)
+  -- and its own class fields (Checkpoint.transparent; super is Module.super)
   local Module = E.nn.Module
   for k, cls in pairs(E.nn) do
     if public(k) and type(cls) == 'table' and cls ~= Module and rawget(cls, '__name') then
@@ -182,6 +186,8 @@ local function build()
       for name, v in pairs(cls) do
         if public(name) and type(v) == 'function' and Module[name] == nil then
           add(k .. ':' .. name, v)
+        elseif public(name) and type(v) ~= 'function' and name ~= 'super' then
+          set[k .. '.' .. name] = true
         end
       end
     end
@@ -204,6 +210,28 @@ end
 function M.values()
   M.names()
   return cached_values
+end
+
+-- The canonical spelling of a name as a heading may write it: em.nn.functional.x
+-- is em.nn.F.x, and Class.f is Class:f for a method called without self
+-- (Module.is_module(x)).
+function M.canonical(name)
+  local set = M.set()
+  name = name:gsub('^em%.nn%.functional%.', 'em.nn.F.')
+  if not set[name] then
+    local colon = name:gsub('^(%u[%w_]*)%.', '%1:')
+    if set[colon] then return colon end
+  end
+  return name
+end
+
+local cached_set
+function M.set()
+  if not cached_set then
+    cached_set = {}
+    for _, n in ipairs(M.names()) do cached_set[n] = true end
+  end
+  return cached_set
 end
 
 -- Whether name is a package ('em.nn') or a class ('Module'), and its members'

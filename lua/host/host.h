@@ -36,6 +36,7 @@ typedef struct opts {
   int stdin_script;  /* '-' given */
   int replicas;      /* --replicas N, or 0 */
   int profile;       /* --profile */
+  const char *doc;   /* --doc NAME, or NULL */
 } opts;
 
 /* Which replica a Lua state is: rank, world size, intra-op threads (0 = the

@@ -10,7 +10,11 @@
 **   ember -i ...              the REPL after the script / -e code
 **   ember -l name             require(name) into the global `name` first
 **   ember --memory-limit SIZE caps each replica's CPU tensor memory
+**   ember --doc NAME          print the reference's entry for NAME (ember.doc)
 **   ember --version | --info | --help
+**
+** The global `help` (help(em.sum), help('Conv2d'), help() for its usage) prints
+** the reference's entries (lua/ember/doc.lua); it loads ember.doc at its first call.
 **
 ** Errors print a traceback to stderr and exit with status 1. Ctrl-C while Lua
 ** code runs arms a count hook that raises "interrupted" at the next
@@ -246,6 +250,16 @@ static int dochunk(lua_State *L, int status) {
   return status;
 }
 
+/* The global help(x): ember.doc's help, required at the first call so that
+** a script that never asks pays nothing. */
+static const char HELP_LUA[] =
+  "help = function(...) return require('ember.doc').help(...) end\n";
+
+static void install_help(lua_State *L) {
+  if (luaL_loadbuffer(L, HELP_LUA, sizeof HELP_LUA - 1, "=[ember host]") == 0) lua_call(L, 0, 0);
+  else lua_pop(L, 1);
+}
+
 /* -- Options ------------------------------------------------------------------------ */
 static void usage(FILE *f) {
   fprintf(f,
@@ -263,6 +277,10 @@ static void usage(FILE *f) {
     "                (also EMBER_MEMORY_LIMIT; em.set_memory_limit)\n"
     "  --profile     profile the whole script: print a report at exit and write\n"
     "                ember-trace.json and ember-profile.html (em.profile)\n"
+    "  --doc NAME  print the reference's entry for NAME (em.sum, Tensor:matmul,\n"
+    "              nn.Conv2d, Conv2d; a package or class lists what it holds);\n"
+    "              exit status 1, with the close matches, when there is none.\n"
+    "              In the REPL and in -e code: help(x)\n"
     "  --version   print the version\n"
     "  --info      print version, threads, backends and libraries\n"
     "  --help      print this help\n"
@@ -360,6 +378,14 @@ static int parse(int argc, char **argv, opts *o) {
     } else if (strcmp(a, "-i") == 0) o->interactive = 1;
     else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) o->version = 1;
     else if (strcmp(a, "--info") == 0) o->info = 1;
+    else if (strcmp(a, "--doc") == 0 || strncmp(a, "--doc=", 6) == 0) {
+      const char *v = a[5] == '=' ? a + 6 : (++i < argc ? argv[i] : NULL);
+      if (!v || !*v) {
+        fprintf(stderr, "%s: --doc needs a name, e.g. --doc em.sum\n", progname);
+        return -1;
+      }
+      o->doc = v;
+    }
     else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) o->help = 1;
     else if (strcmp(a, "--replicas") == 0 || strncmp(a, "--replicas=", 11) == 0) {
       const char *v = a[10] == '=' ? a + 11 : (++i < argc ? argv[i] : NULL);
@@ -414,7 +440,7 @@ static int run_options(lua_State *L, int argc, char **argv, int upto) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) break;
     if (strcmp(a, "--replicas") == 0 || strcmp(a, "--devices") == 0 ||
-        strcmp(a, "--memory-limit") == 0) { i++; continue; }
+        strcmp(a, "--memory-limit") == 0 || strcmp(a, "--doc") == 0) { i++; continue; }
     if (a[0] != '-' || (a[1] != 'e' && a[1] != 'l')) continue;
     const char *val = a[2] ? a + 2 : argv[++i];
     int status;
@@ -553,7 +579,25 @@ static int pmain(lua_State *L) {
   int status = ember_host_docall(L, 0, 1);
   if (status) { ember_host_report(L, status); s->status = 1; return 0; }
   lua_setglobal(L, "em");
+  install_help(L);
 
+  if (o->doc) {   /* ember --doc NAME: the entry, or the close matches and status 1 */
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "ember.doc");
+    status = ember_host_docall(L, 1, 1);
+    if (status == 0) {
+      lua_getfield(L, -1, "cli");
+      lua_pushstring(L, o->doc);
+      status = ember_host_docall(L, 1, 1);
+      if (status == 0) {
+        s->status = (int)lua_tointeger(L, -1);
+        return 0;
+      }
+    }
+    ember_host_report(L, status);
+    s->status = 1;
+    return 0;
+  }
   if (o->info) {
     status = dochunk(L, luaL_loadbuffer(L, INFO_LUA, sizeof INFO_LUA - 1, "=info"));
     s->status = status ? 1 : 0;
