@@ -18,7 +18,8 @@ io.write), line by line, trailing spaces ignored. Flags after `lua`:
                there is no mpirun)
   fresh        the same as `ember FILE`
 
-For the last three an output block compares the process's standard output. A
+For the last three an output block compares the process's standard output
+(in any order of lines for replicas and mpi: replicas print side by side). A
 ```c block whose info string has `run` is compiled with cc against the build's
 ember.h and libember and run. Other blocks (sh, text, c, output alone) are not
 run. A failure prints `FAIL page:line: error`; each page ends with its counts,
@@ -152,13 +153,16 @@ local function have(cmd)
   return s:match('%S') ~= nil
 end
 
--- Runs a shell command; its output (stdout and stderr, or stdout alone) and status.
-local function run(cmd, stdout_only)
-  local p = io.popen(cmd .. (stdout_only and ' 2>/dev/null' or ' 2>&1') .. '; echo "#status $?"')
+-- Runs a shell command: its standard output, its standard error and its status.
+local function run(cmd)
+  local errfile = os.tmpname()
+  local p = io.popen(('%s 2>%s; echo "#status $?"'):format(cmd, sh_quote(errfile)))
   local out = p:read('*a')
   p:close()
+  local err = read(errfile) or ''
+  os.remove(errfile)
   local status = tonumber(out:match('#status (%d+)%s*$'))
-  return (out:gsub('#status %d+%s*$', '')), status
+  return (out:gsub('#status %d+%s*$', '')), err, status
 end
 
 local function tmpfile(ext)
@@ -176,16 +180,23 @@ end
 -- A child state for a page's in-state blocks: {[line] = {ok, message}}.
 local function run_child(page, gpu)
   local env = gpu and ('EMBER_CUDA_EMULATE=' .. GPU_SPEC .. ' ') or ''
-  local out, status = run(('%s%s %s %s %s'):format(env, sh_quote(ember),
+  local out, err, status = run(('%s%s %s %s %s'):format(env, sh_quote(ember),
     sh_quote(here .. '/doctest.lua'), gpu and '--page-gpu' or '--page', sh_quote(page)))
   local res = {}
   for what, line, msg in out:gmatch('#doctest (%u+) (%d+) ?([^\n]*)') do
     res[tonumber(line)] = { what == 'PASS', unescape(msg) }
   end
-  return res, status, out
+  return res, status, out .. err
 end
 
 local mpirun_ok = have('mpirun')
+
+local function sorted_lines(s)
+  local l = {}
+  for x in (s .. '\n'):gmatch('([^\n]*)\n') do l[#l + 1] = x end
+  table.sort(l)
+  return table.concat(l, '\n')
+end
 
 -- A whole-script block: replicas=N, mpi=N, fresh.
 local function run_script(page, b)
@@ -203,13 +214,16 @@ local function run_script(page, b)
   else
     cmd = ('%s %s'):format(sh_quote(ember), sh_quote(file))
   end
-  local all, status = run(cmd)
+  local out, err, status = run(cmd)
   local msg
   if status ~= 0 then
-    msg = ('exit status %s:\n%s'):format(tostring(status), tail(all:gsub(file:gsub('%p', '%%%0'), page), 15))
+    msg = ('exit status %s:\n%s'):format(tostring(status),
+      tail((out .. err):gsub(file:gsub('%p', '%%%0'), page), 15))
   elseif b.want then
-    local got = run(cmd, true)
-    if norm(got) ~= norm(b.want) then msg = diff_message(norm(b.want), norm(got)) end
+    -- replicas print side by side: their lines are compared in any order
+    local got, want = norm(out), norm(b.want)
+    if b.flags.replicas or b.flags.mpi then got, want = sorted_lines(got), sorted_lines(want) end
+    if got ~= want then msg = diff_message(norm(b.want), norm(out)) end
   end
   os.remove(file)
   return msg == nil, msg
@@ -225,13 +239,13 @@ local function run_c(page, b)
   local cc = ('cc -std=gnu11 -I%s -o %s %s %s -Wl,-rpath,%s -lm'):format(
     sh_quote(root .. '/core/include'), sh_quote(exe), sh_quote(src),
     sh_quote(build .. '/libember.so'), sh_quote(build))
-  local out, status = run(cc)
+  local out, err, status = run(cc)
   local ok, msg = status == 0, nil
-  if not ok then msg = 'does not compile:\n' .. tail(out, 15)
+  if not ok then msg = 'does not compile:\n' .. tail(out .. err, 15)
   else
-    local all, st = run(sh_quote(exe))
-    if st ~= 0 then ok, msg = false, ('exit status %d:\n%s'):format(st, tail(all, 15))
-    elseif b.want and norm(all) ~= norm(b.want) then ok, msg = false, diff_message(norm(b.want), norm(all)) end
+    local got, gerr, st = run(sh_quote(exe))
+    if st ~= 0 then ok, msg = false, ('exit status %d:\n%s'):format(st, tail(got .. gerr, 15))
+    elseif b.want and norm(got) ~= norm(b.want) then ok, msg = false, diff_message(norm(b.want), norm(got)) end
   end
   os.remove(src); os.remove(exe)
   return ok, msg
