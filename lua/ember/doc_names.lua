@@ -15,8 +15,7 @@ time (their tables, so a function added to em.nn is listed without a change
 here); so are the classes whose tables users can reach (em.Tensor, em.nn.Module,
 ...). The classes whose tables stay local to their modules (what a public call
 returns: a loader, a pipeline, a plan, ...) are read from their source files:
-each `function Class:name` or `Class.name = ` there, less the few methods that
-only ember itself calls (listed with the class below). The C functions are the
+each `function Class:name` or `Class.name = ` there. The C functions are the
 `em_...(` declarations of ember.h, read from the build's cdefs.lua (ember.h
 without its preprocessor lines) or from the header in a source tree.
 ]]
@@ -50,34 +49,33 @@ M.PACKAGES = {
 --   fields: computed fields (t.shape), named Class.field;
 --   files, tbl: where the class is local to its module: the source files (under
 --           lua/ember/) and the table's name there;
---   internal: methods only ember's own code calls;
 --   data:   plain fields users read (named Class.field).
 M.CLASSES = {
   { 'Tensor', get = function() return em().Tensor end,
     fields = function() local _ = em().version; return require('ember.ffi').getters end },
   -- m.training (train/eval set it) and a subclass's Class.super
   { 'Module', get = function() return em().nn.Module end, data = { 'training', 'super' } },
-  { 'Optimizer', get = function() return em().optim.Optimizer end },
+  -- opt.lr (the first group's rate), opt.param_groups, opt.state, opt.defaults
+  { 'Optimizer', get = function() return em().optim.Optimizer end,
+    data = { 'lr', 'param_groups', 'state', 'defaults' } },
   { 'Dataset', get = function() return em().data.Dataset end },
   { 'Strategy', get = function() return em().distribute.Strategy end },
   -- what ds:loader() returns
-  { 'Loader', files = { 'data/loader.lua' }, tbl = 'Loader', internal = { new = true } },
+  { 'Loader', files = { 'data/loader.lua' }, tbl = 'Loader' },
   -- what an async collective (s:allreduce(t, {async = true}), ...) returns
   { 'Work', files = { 'distribute/comm.lua' }, tbl = 'Work' },
   -- s:pipeline(model, opts)
   { 'Pipeline', files = { 'distribute/pipeline.lua', 'distribute/pipeline_run.lua',
-      'distribute/pipeline_state.lua' }, tbl = 'Pipeline', internal = { collect_bytes = true } },
+      'distribute/pipeline_state.lua' }, tbl = 'Pipeline' },
   -- em.distribute.plan(model, opts)
   { 'Plan', files = { 'distribute/plan.lua' }, tbl = 'Plan' },
   -- s:wrap(model): the replicated model; s:shard(model, opts): the sharded one
-  { 'DistributedModel', files = { 'distribute/wrap.lua' }, tbl = 'DistributedModel',
-    internal = { arm = true } },
-  { 'Sharded', files = { 'distribute/shard.lua' }, tbl = 'Sharded', internal = { arm = true } },
+  { 'DistributedModel', files = { 'distribute/wrap.lua' }, tbl = 'DistributedModel' },
+  { 'ShardedModel', files = { 'distribute/shard.lua' }, tbl = 'Sharded' },
   -- em.amp.GradScaler(opts)
   { 'GradScaler', files = { 'amp_scaler.lua' }, tbl = 'Scaler' },
-  -- em.compile(fn): the compiled step (capture and check_against are its __call's)
-  { 'Compiled', files = { 'compile.lua' }, tbl = 'Compiled',
-    internal = { capture = true, check_against = true } },
+  -- em.compile(fn): the compiled step
+  { 'Compiled', files = { 'compile.lua' }, tbl = 'Compiled' },
   -- em.cuda.graph(fn)
   { 'Graph', files = { 'cuda.lua' }, tbl = 'Graph' },
   -- em.profile.stop() / em.profile.last()
@@ -97,15 +95,17 @@ local function read(path)
   return s
 end
 
--- `function T:name(`, `function T.name(` and `T.name = ` in a source file (names
--- in capitals there are constants, no methods).
+-- `function T:name(`, `function T.name(` and `T.name = ` in a source file: methods
+-- (Class:name), and constants in capitals (Class.NAME).
 local function source_methods(path, tbl, out)
   local text = read(here .. '/' .. path)
   if not text then error('ember.doc: cannot read ' .. here .. '/' .. path, 0) end
   for line in text:gmatch('[^\n]+') do
     local k = line:match('^function ' .. tbl .. '[:.](%l[%w_]*)%s*%(')
            or line:match('^' .. tbl .. '%.(%l[%w_]*)%s*=')
-    if k then out[k] = true end
+    if k then out[k] = ':' end
+    k = line:match('^' .. tbl .. '%.(%u[%u%d_]*)%s*=')
+    if k then out[k] = '.' end
   end
 end
 
@@ -125,7 +125,7 @@ local function c_functions(out)
   out.luaopen_ember = true
 end
 
-local cached_names, cached_values
+local cached_names, cached_values, cached_c_extra
 
 local function add_value(values, v, name)
   if type(v) ~= 'function' and type(v) ~= 'table' then return end
@@ -171,8 +171,8 @@ local function build()
     else
       local found = {}
       for _, f in ipairs(c.files) do source_methods(f, c.tbl, found) end
-      for k in pairs(found) do
-        if public(k) and not (c.internal and c.internal[k]) then set[cls .. ':' .. k] = true end
+      for k, sep in pairs(found) do
+        if public(k) then set[cls .. sep .. k] = true end
       end
     end
     for _, k in ipairs(c.data or {}) do set[cls .. '.' .. k] = true end
@@ -180,11 +180,12 @@ local function build()
   -- em.nn's layers: the methods a layer adds to Module's (Sequential:add, ...)
   -- and its own class fields (Checkpoint.transparent; super is Module.super)
   local Module = E.nn.Module
+  local hooks = { forward = true, init = true, extra_repr = true }   -- Module's, overridden
   for k, cls in pairs(E.nn) do
     if public(k) and type(cls) == 'table' and cls ~= Module and rawget(cls, '__name') then
       add_value(values, cls, 'em.nn.' .. k)
       for name, v in pairs(cls) do
-        if public(name) and type(v) == 'function' and Module[name] == nil then
+        if public(name) and type(v) == 'function' and v ~= Module[name] and not hooks[name] then
           add(k .. ':' .. name, v)
         elseif public(name) and type(v) ~= 'function' and name ~= 'super' then
           set[k .. '.' .. name] = true
@@ -217,7 +218,7 @@ end
 -- (Module.is_module(x)).
 function M.canonical(name)
   local set = M.set()
-  name = name:gsub('^em%.nn%.functional%.', 'em.nn.F.')
+  name = name:gsub('^em%.nn%.functional%.', 'em.nn.F.'):gsub('^em%.nn%.functional$', 'em.nn.F')
   if not set[name] then
     local colon = name:gsub('^(%u[%w_]*)%.', '%1:')
     if set[colon] then return colon end
@@ -232,6 +233,21 @@ function M.set()
     for _, n in ipairs(M.names()) do cached_set[n] = true end
   end
   return cached_set
+end
+
+-- What a heading may name besides the public names: a package or class as a whole
+-- (em.nn.F, em.Tensor), and the types and constants of ember.h (em_state, EM_CPU).
+function M.also_allowed(name)
+  if name == 'em' or name == 'em.Tensor' or M.container(name) then return true end
+  if not cached_c_extra then
+    cached_c_extra = {}
+    local text = read(here .. '/../../core/include/ember.h') or read(here .. '/cdefs.lua') or ''
+    text = text:gsub('/%*.-%*/', ' '):gsub('//[^\n]*', ' ')
+    for w in text:gmatch('[%w_]+') do
+      if w:match('^em_') or w:match('^EM_') then cached_c_extra[w] = true end
+    end
+  end
+  return cached_c_extra[name] == true
 end
 
 -- Whether name is a package ('em.nn') or a class ('Module'), and its members'
