@@ -9,7 +9,8 @@
 #   make run        the main example
 #   make bench      tests/bench/ (ember beside PyTorch where it is installed)
 #   make fuzz FUZZ_S=60   each libFuzzer harness of tests/fuzz/ for FUZZ_S seconds
-#   make install PREFIX=/usr/local   (the portable build, build-portable/: see below)
+#   make install PREFIX=/usr/local   (the portable build, build-portable/: see below;
+#                   the docs go to PREFIX/share/doc/ember, where help() finds them)
 #
 # Missing Debian packages are installed by the `deps` step (apt-get, as root or
 # through sudo). CUDA, cuDNN, NCCL and MPI are detected and reported; where nvcc is
@@ -474,17 +475,22 @@ install: portable
 	  $(PORTABLE_BUILD)/libember_cuda.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 core/include/ember.h $(DESTDIR)$(PREFIX)/include/
 	cp -R $(PORTABLE_BUILD)/lua/ember/. $(DESTDIR)$(PREFIX)/share/lua/5.1/ember/
+	install -d $(DESTDIR)$(PREFIX)/share/doc/ember
+	cp -R docs/. $(DESTDIR)$(PREFIX)/share/doc/ember/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/ember.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ember.pc
 
 # For luarocks (rocks/ember-scm-1.rockspec builds `portable` into build-portable,
 # then passes the rock's LUADIR, LIBDIR and BINDIR here): the Lua
 # modules, the libraries in LIBDIR/ember/ (lua/ember/ffi.lua finds them there
-# through package.cpath) and the ember command.
+# through package.cpath), the ember command, and the docs in LUADIR/ember/docs/
+# (a rock has no share/doc of its own; help() looks beside its Lua files).
 .PHONY: install-rock
 install-rock: portable
 	install -d $(LUADIR)/ember $(LIBDIR)/ember $(BINDIR)
 	cp -R $(PORTABLE_BUILD)/lua/ember/. $(LUADIR)/ember/
+	install -d $(LUADIR)/ember/docs
+	cp -R docs/. $(LUADIR)/ember/docs/
 	install -m 644 $(PORTABLE_BUILD)/libember.so $(PORTABLE_BUILD)/libember_lua.so \
 	  $(PORTABLE_BUILD)/libember_cuda.so $(LIBDIR)/ember/
 	install -m 755 $(PORTABLE_BUILD)/ember $(BINDIR)/ember

@@ -10,8 +10,9 @@
 -- build (one set of objects for all three). Then its
 -- install-rock target copies the Lua modules into the tree's share/lua/5.1/ember/,
 -- libember.so and libember_lua.so into lib/lua/5.1/ember/ (ember's Lua layer finds
--- them there through package.cpath, as `luarocks path` sets it) and the `ember`
--- command into bin/. LuaJIT only: the Lua layer is written on its FFI; the tree is
+-- them there through package.cpath, as `luarocks path` sets it), the `ember`
+-- command into bin/, and docs/ into share/lua/5.1/ember/docs/ (where help() and
+-- `ember --doc` look beside the Lua modules). LuaJIT only: the Lua layer is written on its FFI; the tree is
 -- the 5.1 one because LuaJIT reads 5.1 paths.
 rockspec_format = "3.0"
 package = "ember"

@@ -37,6 +37,13 @@ local function exists(path)
 end
 
 -- -- Where the docs are ------------------------------------------------------------------
+-- a/b/../c -> a/c, for the paths help shows
+local function clean(p)
+  local n
+  repeat p, n = p:gsub('/([^/]+)/%.%./', function(d) return d == '..' and nil or '/' end) until n == 0
+  return p
+end
+
 function M.dir()
   local tried = {}
   local env = os.getenv('EMBER_DOCS')
@@ -46,6 +53,7 @@ function M.dir()
   end
   for _, d in ipairs({ here .. '/docs', here .. '/../../docs', here .. '/../../../docs',
                        here .. '/../../../doc/ember' }) do
+    d = clean(d)
     if exists(d .. '/reference/README.md') then return d end
     tried[#tried + 1] = d
   end
