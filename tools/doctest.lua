@@ -24,16 +24,22 @@ For the last three an output block compares the process's standard output
 ember.h and libember and run. Other blocks (sh, text, c, output alone) are not
 run. A failure prints `FAIL page:line: error`; each page ends with its counts,
 the whole run with `N run, N failed, N skipped` and the status 1 on a failure.
+Every process of a page runs in a fresh temporary folder (removed after it), so
+what an example writes (a checkpoint, an image) stays out of the checkout.
 -q prints only failures, skips and the counts.
 
-Internal: `--page FILE` and `--page-gpu FILE` run a page's blocks in this
+Internal: `--page FILE NAME` and `--page-gpu FILE NAME` run a page's blocks in this
 process and report each as `#doctest RESULT LINE MESSAGE` (the parent's input).
 ]]
 local parse = require 'ember.doc_parse'
 
-local here = debug.getinfo(1, 'S').source:match('^@(.*)/[^/]*$') or '.'
+-- Absolute paths: the blocks run in a temporary folder of their own.
+local cwd = os.getenv('PWD') or '.'
+local function absolute(p) return p:sub(1, 1) == '/' and p or cwd .. '/' .. p end
+local here = absolute(debug.getinfo(1, 'S').source:match('^@(.*)/[^/]*$') or '.')
 local root = here .. '/..'
 local ember = arg[-1] or 'ember'
+if ember:find('/', 1, true) then ember = absolute(ember) end
 local GPU_SPEC = '2:256'
 
 local function read(path)
@@ -92,8 +98,8 @@ local function plan(text)
 end
 
 -- -- In the child: one page's blocks in this state ----------------------------------------
-local function run_in_state(page, gpu)
-  local text = assert(read(page))
+local function run_in_state(path, gpu, page)
+  local text = assert(read(path))
   -- print and io.write are captured for the whole state (the page has it alone), so
   -- what ember itself prints (a plan, a report) is compared too
   local buf
@@ -131,7 +137,7 @@ local function run_in_state(page, gpu)
 end
 
 if arg[1] == '--page' or arg[1] == '--page-gpu' then
-  run_in_state(arg[2], arg[1] == '--page-gpu')
+  run_in_state(arg[2], arg[1] == '--page-gpu', arg[3] or arg[2])
   os.exit(0)
 end
 
@@ -154,9 +160,11 @@ local function have(cmd)
 end
 
 -- Runs a shell command: its standard output, its standard error and its status.
+local workdir     -- the page's temporary folder
 local function run(cmd)
   local errfile = os.tmpname()
-  local p = io.popen(('%s 2>%s; echo "#status $?"'):format(cmd, sh_quote(errfile)))
+  local p = io.popen(('cd %s && %s 2>%s; echo "#status $?"'):format(sh_quote(workdir or '.'),
+                                                                    cmd, sh_quote(errfile)))
   local out = p:read('*a')
   p:close()
   local err = read(errfile) or ''
@@ -180,8 +188,9 @@ end
 -- A child state for a page's in-state blocks: {[line] = {ok, message}}.
 local function run_child(page, gpu)
   local env = gpu and ('EMBER_CUDA_EMULATE=' .. GPU_SPEC .. ' ') or ''
-  local out, err, status = run(('%s%s %s %s %s'):format(env, sh_quote(ember),
-    sh_quote(here .. '/doctest.lua'), gpu and '--page-gpu' or '--page', sh_quote(page)))
+  local out, err, status = run(('%s%s %s %s %s %s'):format(env, sh_quote(ember),
+    sh_quote(here .. '/doctest.lua'), gpu and '--page-gpu' or '--page', sh_quote(absolute(page)),
+    sh_quote(page)))
   local res = {}
   for what, line, msg in out:gmatch('#doctest (%u+) (%d+) ?([^\n]*)') do
     res[tonumber(line)] = { what == 'PASS', unescape(msg) }
@@ -254,6 +263,8 @@ end
 local total_run, total_failed, total_skipped = 0, 0, 0
 for _, page in ipairs(files) do
   local text, err = read(page)
+  workdir = tmpfile('.d')
+  os.execute('mkdir -p ' .. sh_quote(workdir))
   local nrun, nfail, nskip = 0, 0, 0
   local function fail(line, msg)
     nrun, nfail = nrun + 1, nfail + 1
@@ -303,6 +314,7 @@ for _, page in ipairs(files) do
       end
     end
   end
+  os.execute('rm -rf ' .. sh_quote(workdir))
   if not quiet or nfail > 0 or nskip > 0 then
     print(('%s: %d run, %d failed, %d skipped'):format(page, nrun, nfail, nskip))
   end

@@ -11,7 +11,9 @@ test, tools/doctest.lua).
 An entry starts at a `### ` heading whose text begins with a name in backticks
 (`### \`em.sum\`, \`Tensor:sum\``: names separated by ", ", the rest of the line
 ignored) and runs to the next heading of level 1 to 3. Headings inside fenced
-blocks are code, not headings.
+blocks are code, not headings. A fence is indented by 3 spaces at most (as in
+CommonMark): one indented further is text of an indented code block, as in
+the example of an entry that docs/reference/README.md shows.
 ]]
 local M = {}
 
@@ -48,7 +50,7 @@ function M.entries(text, page)
     end
   end
   for i, l in ipairs(lines) do
-    local marker = l:match('^%s*(```+)') or l:match('^%s*(~~~+)')
+    local marker = l:match('^ ? ? ?(```+)') or l:match('^ ? ? ?(~~~+)')
     if fence then
       if marker and l:match('^%s*' .. fence .. '%s*$') then fence = nil end
     elseif marker then
@@ -70,7 +72,7 @@ function M.blocks(text)
   local lines, out = lines_of(text), {}
   local i = 1
   while i <= #lines do
-    local indent, fence, info = lines[i]:match('^(%s*)(```+)%s*(.-)%s*$')
+    local indent, fence, info = lines[i]:match('^( ? ? ?)(```+)%s*(.-)%s*$')
     if fence then
       local start, body = i, {}
       i = i + 1

@@ -16,6 +16,10 @@
 # speed relative to PyTorch's: torch/ember for times,
 # ember/torch for throughputs -- above 1 means ember is faster. Startup compares
 # `ember -e ''` with `python3 -c 'import torch'` (median of 11 runs).
+# The table, the machine and the library versions are also written to the page
+# docs/benchmarks.md (write_page.sh; EMBER_BENCH_PAGE names another file). A run of
+# a subset (EMBER_BENCH_ONLY) writes BUILD_DIR/benchmarks-subset.md instead, so that
+# the page always holds a whole run.
 # Benchmarks are never part of `make test`. The GPU benchmarks (bench_cuda.lua,
 # bench_cuda_train.lua: ember on cuda beside PyTorch on cuda) are left out here: tests/bench/gpu_run.sh
 # runs them on a GPU machine, and they print their own table.
@@ -137,7 +141,7 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
 # and shard_<model>_mem_<mode>_n<N>_vs_torch2 (memory per replica, PyTorch/ember),
 # and for the pipelines pipe_<schedule>_p<P>_m<M>_vs_torch2 (samples/s, ember/PyTorch).
-awk '
+{ awk '
   function cmp(x, op, y) {
     if (op == "<=") return x <= y + 0 ? "met" : "MISSED"
     if (op == "<") return x < y + 0 ? "met" : "MISSED"
@@ -195,3 +199,12 @@ awk '
 ' "$TMP/torch.best" "$TMP/tf.best" "$TMP/ember"
 # Skipped configurations, once each.
 if [ -s "$TMP/skip" ]; then echo; sort -u "$TMP/skip"; fi
+} | tee "$TMP/table"
+
+# The page: the whole run's, or a subset's beside the build.
+if [ -n "${EMBER_BENCH_ONLY:-}" ]; then PAGE=${EMBER_BENCH_PAGE:-$BUILD/benchmarks-subset.md}
+else PAGE=${EMBER_BENCH_PAGE:-$DIR/../../docs/benchmarks.md}; fi
+cmd="make bench"
+[ -n "${EMBER_BENCH_ONLY:-}" ] && cmd="EMBER_BENCH_ONLY='$EMBER_BENCH_ONLY' $cmd"
+[ "$ROUNDS" != 3 ] && cmd="EMBER_BENCH_ROUNDS=$ROUNDS $cmd"
+sh "$DIR/write_page.sh" "$EMBER" "$PY" "$TMP/table" "$PAGE" "$cmd" && echo && echo "bench: wrote $PAGE"
