@@ -1,6 +1,6 @@
 --[[
 ember.doc -- help(x) and `ember --doc NAME`: the reference's entry for a name,
-read from docs/reference/*.md at run time.
+read at run time from docs/reference/README.md and the pages it links to.
 
   local doc = require 'ember.doc'
   doc.help(em.sum)              prints the entry of em.sum (and Tensor:sum)
@@ -63,7 +63,8 @@ end
 -- -- The entries ----------------------------------------------------------------------------
 local cache
 
--- {name -> entry} of every reference page; nil and a message when there are no docs.
+-- {name -> entry} of the reference: its index page and the pages that links to;
+-- nil and a message when there are no docs.
 function M.entries()
   if cache then return cache end
   local dir, tried = M.dir()
@@ -72,7 +73,11 @@ function M.entries()
       '); set EMBER_DOCS to the docs folder'
   end
   local index = {}
-  for _, file in ipairs(parse.list_md(dir .. '/reference')) do
+  local f = io.open(dir .. '/reference/README.md', 'rb')
+  local pages = parse.index_pages(f and f:read('*a') or '')
+  if f then f:close() end
+  table.insert(pages, 1, 'README.md')
+  for _, file in ipairs(pages) do
     local f = io.open(dir .. '/reference/' .. file, 'rb')
     if f then
       local text = f:read('*a')

@@ -6,6 +6,7 @@ test, tools/doctest.lua).
   entries(text, page)  -> { {names = {...}, text = ..., page = page, line = n}, ... }
   blocks(text)         -> { {info = 'lua norun', code = ..., line = n}, ... }
   first_sentence(entry_text) -> the entry's first sentence of prose
+  index_pages(text)    -> the pages reference/README.md links to
   list_md(dir)         -> the sorted names of dir's *.md files
 
 An entry starts at a `### ` heading whose text begins with a name in backticks
@@ -111,51 +112,26 @@ function M.first_sentence(text)
   return s
 end
 
--- -- Listing a folder -----------------------------------------------------------------------
--- readdir through the FFI (glibc's struct dirent on 64-bit Linux); a shell's ls
--- where that declaration is not possible (declared otherwise by the host).
-local readdir_ok, ffi, C
-local function ffi_list(dir)
-  if readdir_ok == nil then
-    readdir_ok = pcall(function()
-      ffi = require 'ffi'
-      ffi.cdef [[
-        typedef struct em_doc_dir em_doc_dir;
-        struct em_doc_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen;
-                               unsigned char d_type; char d_name[256]; };
-        em_doc_dir *opendir(const char *name);
-        struct em_doc_dirent *readdir(em_doc_dir *d);
-        int closedir(em_doc_dir *d);
-      ]]
-      C = ffi.C
-      return C.opendir, C.readdir, C.closedir
-    end) and ffi.os == 'Linux' and ffi.abi('64bit')
+-- -- The pages ------------------------------------------------------------------------------
+-- The pages the reference's index (reference/README.md) links to, in its order:
+-- help reads these (a Lua state may have no shell to list a folder with), and the
+-- coverage test checks that the index links every page of the folder.
+function M.index_pages(index_text)
+  local out, seen = {}, {}
+  for f in index_text:gmatch('%]%(([%w_%-]+%.md)%)') do
+    if not seen[f] then seen[f] = true; out[#out + 1] = f end
   end
-  if not readdir_ok then return nil end
-  local d = C.opendir(dir)
-  if d == nil then return {} end
-  local out = {}
-  while true do
-    local e = C.readdir(d)
-    if e == nil then break end
-    out[#out + 1] = ffi.string(e.d_name)
-  end
-  C.closedir(d)
   return out
 end
 
+-- The sorted names of dir's *.md files (through the shell: for the tools and tests).
 function M.list_md(dir)
-  local all = ffi_list(dir)
-  if not all then
-    all = {}
-    local p = io.popen("ls '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
-    if p then
-      for l in p:lines() do all[#all + 1] = l end
-      p:close()
-    end
-  end
   local out = {}
-  for _, f in ipairs(all) do if f:match('%.md$') then out[#out + 1] = f end end
+  local p = io.popen("ls '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
+  if p then
+    for f in p:lines() do if f:match('%.md$') then out[#out + 1] = f end end
+    p:close()
+  end
   table.sort(out)
   return out
 end

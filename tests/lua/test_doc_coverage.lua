@@ -7,7 +7,8 @@ must appear in some `### ` heading of docs/reference/*.md, and every name in
 such a heading must be public (or a package as a whole, or a type or constant
 of ember.h) (a heading naming something since renamed or
 removed is stale). Each failing check lists all its names, page by page for the
-stale ones. First, the parts they rest on: the heading parser (several names,
+stale ones. The index, reference/README.md, links every page (help reads the
+pages it links). First, the parts they rest on: the heading parser (several names,
 headings inside code blocks ignored) and the spellings a heading may use
 (em.nn.functional.x, Class.f for a method called without self).
 ]]
@@ -74,6 +75,19 @@ for _, file in ipairs(parse.list_md(docs)) do
     end
   end
 end
+
+H.test('the index links every page of the reference', function()
+  local index = H.read(docs .. '/README.md') or ''
+  local linked = {}
+  for _, f in ipairs(parse.index_pages(index)) do
+    linked[f] = true
+    H.check(H.read(docs .. '/' .. f) ~= nil, 'the index links ' .. f .. ', which is missing')
+  end
+  for _, f in ipairs(parse.list_md(docs)) do
+    H.check(f == 'README.md' or linked[f],
+            f .. ' is not linked from reference/README.md (help reads only the linked pages)')
+  end
+end)
 
 H.test('every public name has an entry', function()
   local missing = {}
