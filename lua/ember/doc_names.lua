@@ -6,16 +6,21 @@ reference against and what help() maps values back through.
   local N = require 'ember.doc_names'
   N.names()        -> sorted list of canonical names ('em.sum', 'em.nn.F.relu',
                       'Tensor:matmul', 'Tensor.shape', 'Module:parameters',
-                      'em_tensor_new', 'help', ...)
+                      'em_version', 'help', ...)
   N.values()       -> map from a function or table to the list of names it has
   N.PACKAGES, N.CLASSES   the packages and classes whose names are public
+  N.canonical(name) -> a heading's spelling made canonical
+  N.also_allowed(name) -> whether a heading may name it though it is no public
+                      name (a package as a whole; a type or constant of ember.h)
 
 A name is public when it does not start with '_'. The packages are read at run
 time (their tables, so a function added to em.nn is listed without a change
 here); so are the classes whose tables users can reach (em.Tensor, em.nn.Module,
 ...). The classes whose tables stay local to their modules (what a public call
 returns: a loader, a pipeline, a plan, ...) are read from their source files:
-each `function Class:name` or `Class.name = ` there. The C functions are the
+each `function Class:name` or `Class.name = ` there. Each em.nn layer adds the
+methods it has beyond Module's (Sequential:add) and its own class fields
+(Checkpoint.transparent). The C functions are the
 `em_...(` declarations of ember.h, read from the build's cdefs.lua (ember.h
 without its preprocessor lines) or from the header in a source tree.
 ]]
