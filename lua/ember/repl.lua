@@ -7,7 +7,8 @@ the last '.' or ':' is looked up as a chain of names from the globals, never
 evaluated as code (no calls, so completing cannot run anything with side
 effects beyond __index). Fields come from tables, their __index tables, and
 for tensors from the method table and the computed fields; after ':' only
-functions are offered.
+functions are offered. Inside the string of help('...') the candidates are the
+reference's names (em.nn.Conv2d, Tensor:matmul).
 ]]
 local M = {}
 
@@ -82,7 +83,21 @@ function M.candidates(text)
   return out
 end
 
+-- Inside help's string (help('nn.Con), the reference's names (ember.doc_names).
+local function help_names(text)
+  local out = {}
+  for _, n in ipairs(require('ember.doc_names').names()) do
+    if n:sub(1, #text) == text then out[#out + 1] = n end
+  end
+  return out
+end
+
 function M.complete(text, line)
+  local inside = line and line:match('help%(%s*[\'"]([^\'"]*)$')
+  if inside and inside == text then
+    local ok, res = pcall(help_names, text)
+    if ok then return res end
+  end
   local ok, res = pcall(M.candidates, text or '')
   if ok then return res end
   return {}

@@ -5,8 +5,8 @@ t.sum's method to one entry, em.nn.functional to em.nn.F), a name is found whole
 without its em., by its unique last part, with '.' for ':'; a package or class
 lists its names with their entries' first sentences; an unknown name gets close
 matches; a public name without an entry says so. `ember --doc` exits 0 or 1
-accordingly, help() alone prints its usage, and the global help exists in
-`ember -e` code. Then the docs are found without EMBER_DOCS (beside the Lua files).
+accordingly, help() alone prints its usage, the global help exists in
+`ember -e` code, and the REPL completes names inside help('...'). Then the docs are found without EMBER_DOCS (beside the Lua files).
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -117,6 +117,13 @@ H.test('ember --doc', function()
   H.check(out:find('--doc needs a name', 1, true), out)
   out = H.sh(ember .. ' --help')
   H.check(out:find('--doc NAME', 1, true), out)
+end)
+
+H.test("the REPL completes the reference's names inside help('...')", function()
+  local repl = require 'ember.repl'
+  H.eq(repl.complete('em.nn.Con', "help('em.nn.Con"), { 'em.nn.Conv1d', 'em.nn.Conv2d' })
+  H.eq(repl.complete('Tensor:matm', 'help("Tensor:matm'), { 'Tensor:matmul' })
+  H.eq(repl.complete('em.zeros_l', 'x = em.zeros_l'), { 'em.zeros_like' })
 end)
 
 H.test('the docs are found beside the Lua files', function()
