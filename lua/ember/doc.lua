@@ -9,6 +9,8 @@ read at run time from docs/reference/README.md and the pages it links to.
                                 last part ('Conv2d')
   doc.help(em.distribute)       a package or class: what it holds, each with the
                                 first sentence of its entry
+  doc.help(model), doc.help(t)  an instance: its class (a layer's entry and methods;
+                                a user's Module subclass: Module's), a tensor: Tensor's
   doc.lookup(x)                 -> text, true when found (else a message, false)
   doc.names()                   every public name (ember.doc_names)
   doc.entries()                 -> {name -> entry}, entry = {names, text, page, line}
@@ -160,7 +162,18 @@ end
 
 -- The names and the container a value stands for.
 local function of_value(x)
-  local all = N.values()[x]
+  local values = N.values()
+  local all = values[x]
+  if not all and type(x) == 'table' then
+    -- an instance (a model, a layer): its class, or the nearest ember class above
+    -- a class of the user's own (Net = em.nn.Module:extend('Net'))
+    local cls = getmetatable(x)
+    for _ = 1, 16 do
+      if type(cls) ~= 'table' then break end
+      if values[cls] then return of_value(cls) end
+      cls = rawget(cls, 'super')
+    end
+  end
   if not all then return nil end
   local names, container = {}, nil
   for _, n in ipairs(all) do
@@ -214,6 +227,8 @@ function M.lookup(x)
   if type(x) == 'string' then
     what = x
     names, container = resolve(x)
+  elseif type(x) == 'cdata' and require('ember').is_tensor(x) then
+    what, names, container = 'Tensor', {}, 'Tensor'
   elseif type(x) == 'function' or type(x) == 'table' then
     names, container = of_value(x)
     if not names then
@@ -268,6 +283,7 @@ help(x) prints the reference's entry for x:
   help(em.nn)           a package or class (em.distribute, 'Module', 'Pipeline'):
                         what it holds, with each entry's first sentence
   help(em)              every package and top-level name
+  help(model), help(t)  a layer's or model's class, a tensor's methods
 From the shell: ember --doc NAME. The reference: docs/reference/README.md.]]
 
 function M.help(...)

@@ -7,13 +7,15 @@ that cannot run here (mpi=N without mpirun), with its reason.
 
 First the doctest itself, on a planted page: it runs lua blocks in one state
 per page (globals carry over), compares output blocks, runs gpu blocks on the
-emulated CUDA device, whole scripts with --replicas and alone, counts norun
+emulated CUDA device, whole scripts with --replicas, under mpirun (or skips
+them, saying so) and alone, compiles and runs a `c run` block, counts norun
 blocks as skipped with their first comment line, and names page:line on a
 failure.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
 local H = dofile(dir .. 'harness.lua')
+local em = require 'ember'
 
 local root = dir:match('^(.*)tests/lua/$') or (dir .. '../../')
 if root == '' then root = './' end
@@ -76,6 +78,21 @@ print(s.world_size)
 ```lua fresh
 error('fresh fails')
 ```
+```lua mpi=2
+print(em.distribute.replica())
+```
+```output
+[rank 1] 1
+0
+```
+```c run
+#include <stdio.h>
+#include "ember.h"
+int main(void) { printf("ember %s\n", em_version()); return 0; }
+```
+```output
+ember 0.0.0
+```
 ```sh
 this is not run
 ```
@@ -83,7 +100,12 @@ this is not run
   f:close()
   local out, rc = doctest_on({ page })
   H.eq(rc, 1, 'a failing page fails the run')
-  H.check(out:find(page .. ': 7 run, 3 failed, 1 skipped', 1, true), out)
+  local mpi = H.sh('command -v mpirun') ~= ''
+  H.check(out:find(page .. (mpi and ': 9 run, 4 failed, 1 skipped' or ': 8 run, 4 failed, 2 skipped'),
+                   1, true), out)
+  H.check(out:find('FAIL ' .. page .. ':53: output differs\n--- expected\nember 0.0.0\n--- got\nember '
+                   .. em.version, 1, true), 'a c run block compiled, ran and compared: ' .. out)
+  if not mpi then H.check(out:find('skip ' .. page .. ':46: mpirun is not installed', 1, true), out) end
   H.check(out:find('FAIL ' .. page .. ':15: output differs', 1, true), 'output compared: ' .. out)
   H.check(out:find('FAIL ' .. page .. ':25: ' .. page .. ':27: attempt to index', 1, true),
           'the error names the page line: ' .. out)
@@ -91,8 +113,9 @@ this is not run
           'norun listed with its reason: ' .. out)
   H.check(out:find('FAIL ' .. page .. ':43:', 1, true) and out:find('fresh fails', 1, true),
           'a fresh script runs alone: ' .. out)
-  H.check(not out:find(':[29]: ') and not out:find(':29: ') and not out:find(':35: '),
-          'the globals carried over, gpu and replicas blocks passed: ' .. out)
+  H.check(not out:find(':[29]: ') and not out:find(':29: ') and not out:find(':35: ')
+          and not out:find(':46: '),
+          'the globals carried over, gpu, replicas (and mpi) blocks passed: ' .. out)
 end)
 
 -- Every page of the docs, and the README.
