@@ -26,7 +26,8 @@ run. A failure prints `FAIL page:line: error`; each page ends with its counts,
 the whole run with `N run, N failed, N skipped` and the status 1 on a failure.
 Every process of a page runs in a fresh temporary folder (removed after it), so
 what an example writes (a checkpoint, an image) stays out of the checkout.
--q prints only failures, skips and the counts.
+-q prints only failures, skips and the counts. A page's process that runs past
+EMBER_DOCTEST_TIMEOUT seconds (default 300) is stopped and fails.
 
 Internal: `--page FILE NAME` and `--page-gpu FILE NAME` run a page's blocks in this
 process and report each as `#doctest RESULT LINE MESSAGE` (the parent's input).
@@ -161,15 +162,21 @@ end
 
 -- Runs a shell command: its standard output, its standard error and its status.
 local workdir     -- the page's temporary folder
+-- A page's process that runs past LIMIT seconds is stopped (status 124): a block
+-- that hangs fails its page, not the whole test run.
+local LIMIT = tonumber(os.getenv('EMBER_DOCTEST_TIMEOUT') or '') or 300
+local timeout = nil
 local function run(cmd)
+  if timeout == nil then timeout = have('timeout') and ('timeout -k 5 %d '):format(LIMIT) or '' end
   local errfile = os.tmpname()
-  local p = io.popen(('cd %s && %s 2>%s; echo "#status $?"'):format(sh_quote(workdir or '.'),
-                                                                    cmd, sh_quote(errfile)))
+  local p = io.popen(('cd %s && %s%s 2>%s; echo "#status $?"'):format(sh_quote(workdir or '.'),
+                                                                      timeout, cmd, sh_quote(errfile)))
   local out = p:read('*a')
   p:close()
   local err = read(errfile) or ''
   os.remove(errfile)
   local status = tonumber(out:match('#status (%d+)%s*$'))
+  if status == 124 and timeout ~= '' then err = err .. ('\n(stopped after %d s)'):format(LIMIT) end
   return (out:gsub('#status %d+%s*$', '')), err, status
 end
 
@@ -188,7 +195,7 @@ end
 -- A child state for a page's in-state blocks: {[line] = {ok, message}}.
 local function run_child(page, gpu)
   local env = gpu and ('EMBER_CUDA_EMULATE=' .. GPU_SPEC .. ' ') or ''
-  local out, err, status = run(('%s%s %s %s %s %s'):format(env, sh_quote(ember),
+  local out, err, status = run(('%s%s %s %s %s %s'):format(env ~= '' and 'env ' .. env or '', sh_quote(ember),
     sh_quote(here .. '/doctest.lua'), gpu and '--page-gpu' or '--page', sh_quote(absolute(page)),
     sh_quote(page)))
   local res = {}
@@ -218,7 +225,7 @@ local function run_script(page, b)
     cmd = ('%s --replicas %d %s'):format(sh_quote(ember), tonumber(b.flags.replicas) or 2, sh_quote(file))
   elseif b.flags.mpi then
     if not mpirun_ok then os.remove(file) return nil, 'mpirun is not installed' end
-    cmd = ('OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np %d %s %s')
+    cmd = ('env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np %d %s %s')
       :format(tonumber(b.flags.mpi) or 2, sh_quote(ember), sh_quote(file))
   else
     cmd = ('%s %s'):format(sh_quote(ember), sh_quote(file))
