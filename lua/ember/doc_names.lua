@@ -136,6 +136,7 @@ local function add_value(values, v, name)
   if type(v) ~= 'function' and type(v) ~= 'table' then return end
   local l = values[v]
   if not l then l = {}; values[v] = l end
+  for _, n in ipairs(l) do if n == name then return end end
   l[#l + 1] = name
 end
 
@@ -188,7 +189,6 @@ local function build()
   local hooks = { forward = true, init = true, extra_repr = true }   -- Module's, overridden
   for k, cls in pairs(E.nn) do
     if public(k) and type(cls) == 'table' and cls ~= Module and rawget(cls, '__name') then
-      add_value(values, cls, 'em.nn.' .. k)
       for name, v in pairs(cls) do
         if public(name) and type(v) == 'function' and v ~= Module[name] and not hooks[name] then
           add(k .. ':' .. name, v)
