@@ -85,8 +85,13 @@ M.CLASSES = {
   { 'Graph', files = { 'cuda.lua' }, tbl = 'Graph' },
   -- em.profile.stop() / em.profile.last()
   { 'Report', files = { 'profile/report.lua' }, tbl = 'Report', data = { 'diagnosis' } },
-  -- every em.optim learning-rate schedule (StepLR, OneCycleLR, ...)
-  { 'Scheduler', files = { 'optim/lr_scheduler.lua' }, tbl = 'Scheduler' },
+  -- every em.optim learning-rate schedule (StepLR, OneCycleLR, ...); each
+  -- schedule class defines get_lr and closed_form_lr for itself
+  { 'Scheduler', files = { 'optim/lr_scheduler.lua' }, tbl = 'Scheduler',
+    methods = { 'get_lr', 'closed_form_lr' } },
+  { 'ReduceLROnPlateau', methods = { 'is_better' } },
+  -- an em.data.T transform (its method table is built in data/transforms.lua)
+  { 'Transform', methods = { 'name' } },
 }
 
 -- Names that are no field of em: the REPL's and `ember -e`'s globals.
@@ -174,7 +179,7 @@ local function build()
       if c.fields then
         for k in pairs(c.fields()) do if public(k) then set[cls .. '.' .. k] = true end end
       end
-    else
+    elseif c.files then
       local found = {}
       for _, f in ipairs(c.files) do source_methods(f, c.tbl, found) end
       for k, sep in pairs(found) do
@@ -182,6 +187,7 @@ local function build()
       end
     end
     for _, k in ipairs(c.data or {}) do set[cls .. '.' .. k] = true end
+    for _, k in ipairs(c.methods or {}) do set[cls .. ':' .. k] = true end
   end
   -- em.nn's layers: the methods a layer adds to Module's (Sequential:add, ...)
   -- and its own class fields (Checkpoint.transparent; super is Module.super)

@@ -72,6 +72,9 @@ while [ $r -lt "$ROUNDS" ]; do
     name=$(basename "$lua" .lua)
     case "$name" in bench_cuda|bench_cuda_train) continue ;; esac   # gpu_run.sh
     case "$name" in bench_cpu_kernels) continue ;; esac   # kernel by kernel, run alone
+    # the planner's grid measures memory, not speed, and takes about half an hour:
+    # run alone (build/ember tests/bench/bench_plan_grid.lua)
+    case "$name" in bench_plan_grid) continue ;; esac
     # EMBER_BENCH_ONLY=REGEX: only the benchmarks whose names match (grep -E)
     if [ -n "${EMBER_BENCH_ONLY:-}" ] && ! echo "$name" | grep -Eq "$EMBER_BENCH_ONLY"; then
       continue
