@@ -31,6 +31,16 @@ function M.garbage_worth(capacity, most)
   return most
 end
 
+-- The capacity a collection rule reads for `device` (a name, or nil: the
+-- cpu's). Meta tensors have no capacity of their own; while the planner
+-- measures a step on meta for a device of M.meta_capacity bytes, the rules
+-- read that, so the measured step collects where the real one would.
+M.meta_capacity = nil
+function M.capacity(em, device)
+  if device == 'meta' and M.meta_capacity then return M.meta_capacity end
+  return em.memory_stats(device).capacity
+end
+
 -- Bytes for a size, or nil and why not.
 function M.parse_size(v)
   if type(v) == 'number' then

@@ -167,6 +167,24 @@ function M.plan(model, o)
     ckpt_unit = math.max(ckpt_unit, b)
   end
   if W == 0 then raise('plan: the model has no parameter that requires grad') end
+  -- What ZeRO 3 holds gathered while a parameter's gradient is made (by its
+  -- position among the trainable parameters, as the meta step's segments name
+  -- it): its unit's weights, or under checkpointing its child's.
+  local gathered = { plain = {}, checkpoint = {} }
+  local position, n = {}, 0
+  for _, p in ipairs(model:parameters()) do
+    if p.requires_grad then n = n + 1; position[p] = n end
+  end
+  for _, u in ipairs(memory.units(model)) do
+    for _, i in ipairs(u.idx) do gathered.plain[i], gathered.checkpoint[i] = u.bytes, u.bytes end
+  end
+  for _, c in ipairs(model:children()) do
+    local b, idx = 0, {}
+    for _, p in ipairs(c:parameters()) do
+      if position[p] then b = b + p:numel() * p:element_size(); idx[#idx + 1] = position[p] end
+    end
+    for _, i in ipairs(idx) do gathered.checkpoint[i] = math.max(gathered.checkpoint[i] or 0, b) end
+  end
   local state_factor = optname == 'sgd' and (o.momentum == 0 and 0 or 1) or 2
   -- ZeRO 3's units, in the order their gradients complete (backward order)
   local units = {}
@@ -202,7 +220,8 @@ function M.plan(model, o)
   for _, l in ipairs(list) do
     if l.pipeline == 1 then runs[#runs + 1] = run_of(l) end
   end
-  local steps = memory.step(model, { input = o.input, target = o.target, loss = loss, runs = runs })
+  local steps = memory.step(model, { input = o.input, target = o.target, loss = loss, runs = runs,
+                                     memory = mem })
 
   -- time: the children at every per-replica batch and micro-batch a layout
   -- runs (a small batch costs more per row than a share of a big one's time)
@@ -257,6 +276,7 @@ function M.plan(model, o)
       local b = B / l.data
       local m = { weights = W, state = W * state_factor, units = units, buckets = buckets,
                   unit = l.checkpoint and ckpt_unit or unit,
+                  gathered = l.checkpoint and gathered.checkpoint or gathered.plain,
                   step = steps[memory.key(run_of(l))] }
       c.peak, c.parts = layouts.data_memory(l, m)
       c.step_s = layouts.data_time(l, times[b], W, b, #units)

@@ -120,21 +120,21 @@ end
 -- MAX_IN_FLIGHT are under way. ZeRO 2 and 3: a launched unit's reduce-scatter
 -- has its result (1/N of it) beside its flat buffer, and an applied unit
 -- leaves that slice as the shards' gradients; ZeRO 1's allreduce works in
--- place and its flats stay, the shards' gradients being views of them. During
--- a segment the flat buffer of the unit receiving the gradient counts already
--- (the gradient is copied into it while still held). Returns a list parallel
--- to segs.
+-- place and its flats stay, the shards' gradients being views of them. Returns
+-- two lists parallel to segs: the bytes held through each segment, and the flat
+-- buffer made as its gradient arrives (the unit's first gradient: the buffer is
+-- made and the gradient copied into it while still held, at the segment's end).
 function M.flat_grads(segs, units, N, mode)
   local unit_of = {}
   for k, u in ipairs(units) do for _, i in ipairs(u.idx) do unit_of[i] = k end end
   local got, ready, flat = {}, {}, {}
   local live, sliced, nxt, applied = 0, 0, 1, 0
   local scatter = mode ~= 'optimizer'
-  local out = {}
+  local out, made = {}, {}
   for s, seg in ipairs(segs) do
     local k = seg.param and unit_of[seg.param]
-    local filling = (k and not flat[k]) and units[k].bytes or 0
-    out[s] = live + filling + sliced
+    made[s] = (k and not flat[k]) and units[k].bytes or 0
+    out[s] = live + sliced
     if k then
       if not flat[k] then flat[k] = true; live = live + units[k].bytes end
       got[k] = (got[k] or 0) + 1
@@ -150,7 +150,7 @@ function M.flat_grads(segs, units, N, mode)
       end
     end
   end
-  return out
+  return out, made
 end
 
 -- m = {weights W, state S, unit U (largest module's weights), units
@@ -165,21 +165,39 @@ function M.data_memory(l, m)
   -- backward; under checkpointing m.unit is a whole child's, see plan.lua)
   local params = mode == 'parameters' and math.ceil(W / N) + m.unit or W
   local state = sharded and math.ceil(S / N) or S
-  local flats = sharded and M.flat_grads(m.step.segments,
-    mode == 'parameters' and m.units or m.buckets, N, mode)
-  local function grads_at(arrived, s)
-    if mode == 'none' then return N > 1 and W or arrived end
-    return flats[s]
+  local flats, made
+  if sharded then
+    flats, made = M.flat_grads(m.step.segments, mode == 'parameters' and m.units or m.buckets, N, mode)
   end
-  local fb, fb_grads, fb_act = 0, 0, 0
+  -- ZeRO 3 holds one unit gathered at a time (under checkpointing, one child's
+  -- units): the largest during the forward (the first segment's peak holds
+  -- it), then in backward the one whose gradients the segment ends with
+  -- (shard.lua gathers it again as backward reaches it and frees it once its
+  -- gradients are in). m.gathered maps a parameter to those bytes.
+  local function gathered_at(s, seg)
+    if mode ~= 'parameters' or not m.gathered then return 0 end
+    local own = seg.param and m.gathered[seg.param] or 0
+    return s == 1 and math.max(own, m.unit) or own
+  end
+  if mode == 'parameters' and m.gathered then params = math.ceil(W / N) end
+  local fb, fb_grads, fb_act, fb_gathered = 0, 0, 0, 0
   for s, seg in ipairs(m.step.segments) do
-    local g = grads_at(seg.arrived, s)
-    -- (a segment's peak holds the gradient that ends it; plain wrap's backward
-    -- writes it into its bucket, counted in g -- but a checkpointed child's
-    -- recomputed backward makes it first, then adds it there)
-    local act = (mode == 'none' and N > 1 and not l.checkpoint) and seg.peak - (seg.bytes or 0)
-      or seg.peak
-    if act + g > fb then fb, fb_grads, fb_act = act + g, g, act end
+    local held = gathered_at(s, seg)
+    local g, act
+    if not sharded then
+      g = N > 1 and W or seg.arrived
+      -- (a segment's peak holds the gradient that ends it; plain wrap's backward
+      -- writes it into its bucket, counted in g -- but a checkpointed child's
+      -- recomputed backward makes it first, then adds it there)
+      act = (N > 1 and not l.checkpoint) and seg.peak - (seg.bytes or 0) or seg.peak
+    else
+      -- the segment's own peak, or its end with a new flat buffer beside the
+      -- gradient being copied into it, whichever is more
+      g, act = flats[s], seg.peak
+      local at_end = (seg.ending or seg.peak) + made[s]
+      if at_end > act then g, act = g + made[s], seg.ending or seg.peak end
+    end
+    if act + g + held > fb then fb, fb_grads, fb_act, fb_gathered = act + g + held, g, act, held end
   end
   fb = fb + params + state
   local final = (mode == 'gradients' or mode == 'parameters') and math.ceil(W / N) or W
@@ -190,6 +208,7 @@ function M.data_memory(l, m)
   local parts = { parameters = params, optimizer = state }
   if peak == fb then
     parts.gradients, parts.activations = fb_grads, fb_act
+    parts.parameters = params + fb_gathered
   elseif peak == opt then
     parts.gradients, parts.activations = final, m.step.after
   else

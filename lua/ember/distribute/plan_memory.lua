@@ -186,7 +186,7 @@ local function on_grad(i)
   local p = r.params[i]
   local g = p.grad
   r.segs[#r.segs + 1] = { peak = peak() - r.base, arrived = r.arrived, param = i,
-                          bytes = g and nbytes(g) or 0 }
+                          bytes = g and nbytes(g) or 0, ending = allocated() - r.base }
   if g then
     r.arrived = r.arrived + nbytes(g)
     p.grad = nil
@@ -210,10 +210,10 @@ local function forward_backward(o)
   loss:backward()
 end
 
--- One step on meta of a model already on meta: segments {peak, arrived, bytes}
--- (bytes above `base`, the parameters: the segment's peak, the gradients before
--- the one that ends it, and that one's), `after` (allocated once backward
--- returned).
+-- One step on meta of a model already on meta: segments {peak, arrived, bytes,
+-- ending} (bytes above `base`, the parameters: the segment's peak, the
+-- gradients before the one that ends it, that one's, and what is allocated as
+-- it arrives), `after` (allocated once backward returned).
 local function run_step(model, params, o)
   em.collect()
   local base = allocated()
@@ -249,6 +249,8 @@ end
 function M.step(model, o)
   local restore = M.to_meta(model)
   local results = {}
+  local memlimit = require 'ember.memlimit'
+  memlimit.meta_capacity = o.memory
   local ok, err = pcall(without_collector, function()
     local params = {}
     for _, p in ipairs(model:parameters()) do
@@ -275,6 +277,7 @@ function M.step(model, o)
       end
     end
   end)
+  memlimit.meta_capacity = nil
   restore()
   em.collect()
   if not ok then error(err, 0) end

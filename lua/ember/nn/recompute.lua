@@ -54,7 +54,7 @@ local function tidy(before, res, from)
     end
   end
   local left = tonumber(C.em_memory_allocated(S)) - before - kept
-  if left > worth(dev and em.memory_stats(dev).capacity) then core.collect() end
+  if left > worth(dev and memlimit.capacity(em, dev)) then core.collect() end
 end
 
 -- fn(...) under no_grad with a probe; returns its results and the probed tensors.
