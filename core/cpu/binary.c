@@ -234,7 +234,7 @@ static em_status unsupported(em_state *S, const char *what, em_binop op, em_dtyp
 
 static em_status check_err(em_state *S, const emi_kparams *kp, em_binop op) {
   if (!kp->err) return EM_OK;
-  return emi_error(S, EM_ERR_ARG, "%s: integer division by zero (ZeroDivisionError)",
+  return emi_error(S, EM_ERR_ARG, "%s: integer division by zero",
                    em_binop_name(op));
 }
 

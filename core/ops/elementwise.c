@@ -296,7 +296,7 @@ static em_status scalar_dtypes(em_state *S, const char *op, em_binop bop,
     return emi_error(S, EM_ERR_ARG, "%s: integers to negative integer powers are not "
                      "allowed (%s tensor, exponent %g)", op, em_dtype_name(*ct), s);
   if (bop == EM_REMAINDER && s == 0)
-    return emi_error(S, EM_ERR_ARG, "%s: integer division by zero (ZeroDivisionError)", op);
+    return emi_error(S, EM_ERR_ARG, "%s: integer division by zero", op);
   return EM_OK;
 }
 

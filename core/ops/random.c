@@ -36,7 +36,7 @@ static em_status check_float_target(em_state *S, const char *op, const em_tensor
   if (st || (st = emi_ag_inplace(S, op, t))) return st;
   if (!em_dtype_is_floating(t->dtype))
     return emi_error(S, EM_ERR_DTYPE, "%s: expected a floating-point tensor, got %s "
-                     "(use randint_ for integers)", op, em_dtype_name(t->dtype));
+                     "(em.randint or Tensor:random_ make integers)", op, em_dtype_name(t->dtype));
   return EM_OK;
 }
 

@@ -80,9 +80,9 @@ local function bad_size(op, v)
     type(v) == 'number' and tostring(v) or kind(v)))
 end
 
--- A shape from varargs (numbers, then maybe an options table) or from one table
--- (then maybe an options table). Fills shape_buf; returns ndim, opts.
--- allow_neg lets -1 through (view/reshape/expand).
+-- A shape from varargs (numbers, then maybe an options table or a dtype name) or
+-- from one table (then maybe the same). Fills shape_buf; returns ndim, opts.
+-- allow_neg lets -1 through (view/reshape/expand, which take no options).
 function core.parse_shape(op, allow_neg, a1, ...)
   local n, opts = 0, nil
   if type(a1) == 'table' and not istype(box_t, a1) and (a1[1] ~= nil or next(a1) == nil) then
@@ -101,7 +101,8 @@ function core.parse_shape(op, allow_neg, a1, ...)
     for i = 1, nargs do
       local v
       if i == 1 then v = a1 else v = select(i - 1, ...) end
-      if type(v) == 'table' and not istype(box_t, v) then
+      if (type(v) == 'table' and not istype(box_t, v)) or
+         (type(v) == 'string' and not allow_neg and i > 1) then
         opts = v
         if i ~= nargs then
           raise(op .. ': the options table must come last')
@@ -118,8 +119,8 @@ function core.parse_shape(op, allow_neg, a1, ...)
       n = n + 1
     end
   end
-  if opts ~= nil and type(opts) ~= 'table' then
-    raise(op .. ': expected an options table after the shape, got ' .. kind(opts))
+  if opts ~= nil and type(opts) ~= 'table' and not (type(opts) == 'string' and not allow_neg) then
+    raise(op .. ': expected an options table or a dtype name after the shape, got ' .. kind(opts))
   end
   return n, opts, shape_buf
 end

@@ -67,6 +67,22 @@ H.test('creation functions', function()
   end
 end)
 
+H.test('a bare dtype name after the shape is {dtype = name}', function()
+  for _, f in ipairs({ 'zeros', 'ones', 'empty' }) do
+    H.eq(em[f]({ 2, 3 }, 'int32').dtype, 'int32', f .. '({2, 3}, name)')
+    H.eq(shape(em[f](2, 3, 'int64')), { 2, 3 }, f .. '(2, 3, name): the shape')
+    H.eq(em[f](2, 3, 'int64').dtype, 'int64', f .. '(2, 3, name): the dtype')
+  end
+  H.eq(em.rand(2, 'float64').dtype, 'float64', 'rand(2, name)')
+  H.eq(em.randn({ 2 }, 'bfloat16').dtype, 'bfloat16', 'randn({2}, name)')
+  H.eq(flat(em.ones(2, 'int32')), { 1, 1 }, 'the values')
+  H.raises(function() em.zeros(2, 'int77') end, 'zeros', 'int77')
+  H.raises(function() em.zeros({ 2 }, 5) end, 'zeros', 'options table or a dtype name')
+  H.raises(function() em.zeros(2, 'int32', 3) end, 'zeros')
+  -- view/reshape take no options: a name there is a bad size
+  H.raises(function() em.ones(4):view(2, 'int32') end, 'view', 'sizes')
+end)
+
 H.test('random creation', function()
   local r = em.rand(3, 4)
   H.eq(shape(r), {3, 4}, 'rand shape')
