@@ -230,7 +230,8 @@ em_status em_narrow(em_state *S, const em_tensor *a, int dim, int64_t start,
                     int64_t length, em_tensor **out);
 em_status em_select(em_state *S, const em_tensor *a, int dim, int64_t index,
                     em_tensor **out);
-/* dim < 0 squeezes every size-1 dimension. */
+/* all != 0 squeezes every size-1 dimension (dim is then ignored); otherwise only
+** dim, which counts from the end when negative, and only if its size is 1. */
 em_status em_squeeze(em_state *S, const em_tensor *a, int dim, int all,
                      em_tensor **out);
 em_status em_unsqueeze(em_state *S, const em_tensor *a, int dim, em_tensor **out);
