@@ -62,8 +62,8 @@ DEB_PACKAGES := luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libedit-dev 
 RUN_PACKAGES := dataset-fashion-mnist
 # make bench: the peers (PyTorch 2, TensorFlow 2) come from PyPI into a virtual
 # environment (tests/bench/peers/setup.sh); Debian's Python makes it, and its PIL
-# writes the JPEG benchmark's images.
-BENCH_PACKAGES := python3-venv python3-pip python3-pil
+# and numpy write the JPEG benchmark's images.
+BENCH_PACKAGES := python3-venv python3-pip python3-pil python3-numpy
 # test_profile_page opens the profiler's HTML page in headless Chromium;
 # test_gpu_pack runs the packed portable build on an emulated Haswell (qemu-user).
 TEST_PACKAGES := chromium qemu-user
