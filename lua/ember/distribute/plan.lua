@@ -167,24 +167,7 @@ function M.plan(model, o)
     ckpt_unit = math.max(ckpt_unit, b)
   end
   if W == 0 then raise('plan: the model has no parameter that requires grad') end
-  -- What ZeRO 3 holds gathered while a parameter's gradient is made (by its
-  -- position among the trainable parameters, as the meta step's segments name
-  -- it): its unit's weights, or under checkpointing its child's.
-  local gathered = { plain = {}, checkpoint = {} }
-  local position, n = {}, 0
-  for _, p in ipairs(model:parameters()) do
-    if p.requires_grad then n = n + 1; position[p] = n end
-  end
-  for _, u in ipairs(memory.units(model)) do
-    for _, i in ipairs(u.idx) do gathered.plain[i], gathered.checkpoint[i] = u.bytes, u.bytes end
-  end
-  for _, c in ipairs(model:children()) do
-    local b, idx = 0, {}
-    for _, p in ipairs(c:parameters()) do
-      if position[p] then b = b + p:numel() * p:element_size(); idx[#idx + 1] = position[p] end
-    end
-    for _, i in ipairs(idx) do gathered.checkpoint[i] = math.max(gathered.checkpoint[i] or 0, b) end
-  end
+  local gathered = memory.gathered(model)
   local state_factor = optname == 'sgd' and (o.momentum == 0 and 0 or 1) or 2
   -- ZeRO 3's units, in the order their gradients complete (backward order)
   local units = {}

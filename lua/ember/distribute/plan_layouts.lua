@@ -154,16 +154,16 @@ function M.flat_grads(segs, units, N, mode)
 end
 
 -- m = {weights W, state S, unit U (largest module's weights), units
--- (ZeRO 3's) and buckets (ZeRO 1 and 2's; see flat_grads), step
+-- (ZeRO 3's) and buckets (ZeRO 1 and 2's; see flat_grads), gathered (ZeRO 3's
+-- bytes gathered per parameter: plan_memory.gathered), step
 -- (plan_memory.step's result at this layout's batch and checkpointing)}. Returns the peak and its parts
 -- {parameters, gradients, optimizer, activations}.
 function M.data_memory(l, m)
   local N, mode = l.data, l.shard
   local W, S = m.weights, m.state
   local sharded = mode ~= 'none'
-  -- (ZeRO 3 holds one module's gathered weights at a time, forward and
-  -- backward; under checkpointing m.unit is a whole child's, see plan.lua)
-  local params = mode == 'parameters' and math.ceil(W / N) + m.unit or W
+  -- (ZeRO 3's shards; what it gathers is added per segment: gathered_at)
+  local params = mode == 'parameters' and math.ceil(W / N) or W
   local state = sharded and math.ceil(S / N) or S
   local flats, made
   if sharded then
@@ -175,11 +175,10 @@ function M.data_memory(l, m)
   -- (shard.lua gathers it again as backward reaches it and frees it once its
   -- gradients are in). m.gathered maps a parameter to those bytes.
   local function gathered_at(s, seg)
-    if mode ~= 'parameters' or not m.gathered then return 0 end
+    if mode ~= 'parameters' then return 0 end
     local own = seg.param and m.gathered[seg.param] or 0
     return s == 1 and math.max(own, m.unit) or own
   end
-  if mode == 'parameters' and m.gathered then params = math.ceil(W / N) end
   local fb, fb_grads, fb_act, fb_gathered = 0, 0, 0, 0
   for s, seg in ipairs(m.step.segments) do
     local held = gathered_at(s, seg)

@@ -130,6 +130,29 @@ function M.units(model)
   return list
 end
 
+-- What ZeRO 3 holds gathered while a parameter's gradient is made, by the
+-- parameter's position (as M.units and the meta step's segments number them):
+-- {plain = its unit's weights, checkpoint = its child's under checkpointing,
+-- whose recompute gathers all of the child's units}.
+function M.gathered(model)
+  local g = { plain = {}, checkpoint = {} }
+  local position, n = {}, 0
+  for _, p in ipairs(model:parameters()) do
+    if p.requires_grad then n = n + 1; position[p] = n end
+  end
+  for _, u in ipairs(M.units(model)) do
+    for _, i in ipairs(u.idx) do g.plain[i], g.checkpoint[i] = u.bytes, u.bytes end
+  end
+  for _, c in ipairs(model:children()) do
+    local b, idx = 0, {}
+    for _, p in ipairs(c:parameters()) do
+      if position[p] then b = b + nbytes(p); idx[#idx + 1] = position[p] end
+    end
+    for _, i in ipairs(idx) do g.checkpoint[i] = math.max(g.checkpoint[i] or 0, b) end
+  end
+  return g
+end
+
 -- ZeRO 3 passes each unit's outputs through an autograd node of its own (the
 -- one that gathers the weights again for the backward). Such a node's backward
 -- runs in Lua: the gradient of the module's output it hands on is a Lua tensor,
