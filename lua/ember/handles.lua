@@ -37,7 +37,8 @@ finalizer. Instead:
     collections make one round;
   * big tensors are invisible to the Lua heap, so a full collection also runs
     when the C memory held by tensors has grown past max(64 MB, a quarter of
-    what it was after the last sweep) -- an eighth of a cpu cap at most. Host
+    what it was after the last sweep); under a cpu cap, by a 16th of what
+    was held, between a 64th and an 8th of the cap (memlimit.cap_slack). Host
     (cpu, meta) and device memory are judged apart: device memory gets a wider
     slack, up to 1 GiB (a 16th of cuda:0's memory at most), because a full
     collection costs ~50-250 us of host time, in which a GPU op of a few MB
@@ -164,7 +165,7 @@ end
 local function set_limit()
   local m, host, dev = split()
   local hs, cap = host * 0.25 > MEM_SLACK and host * 0.25 or MEM_SLACK, host_cap()
-  if cap > 0 and hs > memlimit.cap_slack(cap) then hs = memlimit.cap_slack(cap) end
+  if cap > 0 then hs = memlimit.cap_slack(cap, host) end
   local ds = dev * 0.25 > MEM_SLACK and dev * 0.25 or MEM_SLACK
   if dev > 0 and dev_slack() > ds then ds = dev_slack() end
   host_limit, dev_limit = host + hs, dev + ds

@@ -54,9 +54,10 @@ G.run(size, { all = all, progress = function(r)
     worst = math.max(worst, -err)
     if r.over_margin then over_margin = over_margin + 1 end
   end
-  print(('%-26s %2d %7s  %-44s %8.2fM %8.2fM %+6.1f%%  %s%s'):format(r.case, r.replicas, r.cap,
+  print(('%-26s %2d %7s  %-44s %8.2fM %8.2fM %+6.1f%%  %s%s%s'):format(r.case, r.replicas, r.cap,
     r.layout .. (r.layout == r.chosen and ' *' or ''), r.predicted / 2 ^ 20, r.measured / 2 ^ 20,
-    100 * err, r.ok and 'yes' or 'NO ', r.why and (' ' .. r.why:sub(1, 80)) or ''))
+    100 * err, r.ok and 'yes' or 'NO ', r.over_margin and ' (a stage past its margin)' or '',
+    r.why and (' ' .. r.why:sub(1, 80)) or ''))
   io.stdout:flush()
 end })
 local n = 0

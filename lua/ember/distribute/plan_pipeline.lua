@@ -54,21 +54,33 @@ end
 -- Garbage is freed by collections: the pipeline's own (above) and the
 -- collector's pacing (ember.handles): a collection once allocated memory
 -- passes its limit, what was allocated when the collector last swept plus the
--- slack. The step starts under the limit the last step's closing collection
--- set, with the gradients present (zero_grad dropped them since). A sweep may
+-- slack for that (slack(bytes): bytes are the stage's activations, gradients
+-- and garbage; the function adds what else the device holds). The step
+-- starts under the limit the last step's closing collection set, with the
+-- gradients present (zero_grad dropped them since). A sweep may
 -- come at any moment (Lua's own cycles end one), and so at a backward's top,
 -- where the recomputed tensors are live: the worst case raises the limit to
 -- that top plus the slack. The last step's batch is garbage at the start.
+--
+-- ZeRO 3 (st.gathered > 0): a forward gathers one unit's weights at a time
+-- (st.unit at most) and frees them; the first backward, unsynchronised, keeps
+-- every weight it gathers until the synchronised one frees them: from the
+-- first B on, all of them at worst. Returns the peak and the gathered weights
+-- at it.
 local function replay(ops, st, grads, collect, slack)
   local inflight, pending, garbage, on = 0, 0, st.prev, st.buckets
-  local peak = 0
-  local limit = grads + slack
-  local function live() return (on and grads or 0) + inflight + pending + garbage end
-  local function collected() garbage = 0; limit = live() + slack end
+  local gathered = 0
+  local peak, peak_gathered = 0, 0
+  local function top(v)
+    if v > peak then peak, peak_gathered = v, gathered end
+  end
+  local limit = grads + slack(grads)
+  local function live() return (on and grads or 0) + gathered + inflight + pending + garbage end
+  local function collected() garbage = 0; limit = live() + slack(live()) end
   -- garbage added: past the limit, the pacing collects (having reached the limit)
   local function add(bytes)
     garbage = garbage + bytes
-    if live() > limit then peak = math.max(peak, limit); collected() end
+    if live() > limit then top(limit); collected() end
   end
   -- the backward's worst moment, each {bytes above what is live, recomputed
   -- garbage beside them, bytes beside the gradients (a sharded stage's flat
@@ -89,9 +101,9 @@ local function replay(ops, st, grads, collect, slack)
       end
       top = math.max(top, t)
       hi = math.max(hi, live() - garbage + extra + e[1])
-      if e.collects then garbage, gone = 0, 0; limit = live() + extra + slack end
+      if e.collects then garbage, gone = 0, 0; limit = live() + extra + slack(live() + extra) end
     end
-    limit = math.max(limit, hi + slack)
+    limit = math.max(limit, hi + slack(hi))
     return top
   end
   local last_b = 0
@@ -103,7 +115,7 @@ local function replay(ops, st, grads, collect, slack)
       if st.tidied then
         -- (its checkpoints' collections: the forward's top before them, then
         -- no garbage)
-        peak = math.max(peak, live() + st.inb + st.fwd_pre)
+        top(live() + st.inb + st.fwd_pre + (gathered > 0 and 0 or st.unit))
         inflight = inflight + st.held + st.inb
         garbage = 0
         collected()
@@ -111,11 +123,11 @@ local function replay(ops, st, grads, collect, slack)
         inflight = inflight + st.held + st.inb
       end
       add(st.garbage)
-      peak = math.max(peak, live() + st.fwd)
+      top(live() + st.fwd + (gathered > 0 and 0 or st.unit))
     else
-      on = true
-      peak = math.max(peak, over(st.bwds))
-      if k == last_b then peak = math.max(peak, over(st.rests)) end
+      on, gathered = true, st.gathered
+      top(over(st.bwds))
+      if k == last_b then top(over(st.rests)) end
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
       -- gradient this B sends back stays in its send until the step's end)
@@ -132,7 +144,8 @@ local function replay(ops, st, grads, collect, slack)
     end
   end
   -- the sends are waited for at the step's end: their buffers join the garbage
-  return math.max(peak, grads + pending + garbage)
+  top(grads + pending + garbage)
+  return peak, peak_gathered
 end
 
 -- A sharded stage's last B (shard_grads.lua): each gradient, once final, moves
@@ -221,9 +234,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
   local collect = collect_bytes(m.memory)
   -- garbage a checkpoint collects at once (em.nn.checkpoint), or nil
   local tidy = l.checkpoint and require('ember').nn._checkpoint_tidy_bytes(m.memory)
-  -- garbage past this forces a collection whatever the pipeline does: the
-  -- collector's pacing under a cap of the planned memory (ember.handles)
-  local slack = m.memory and require('ember.memlimit').cap_slack(m.memory) or math.huge
+  local cap_slack = require('ember.memlimit').cap_slack
   local worst, worst_parts, per = 0, nil, {}
   local first = 1
   for s = 0, P - 1 do
@@ -302,30 +313,48 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       end
     end
     local sharded = l.shard ~= 'none'
+    local gathers = D > 1 and l.shard == 'parameters'
+    -- (ZeRO 3 keeps shards; what it gathers the replay adds: the largest unit
+    -- during a forward, every weight from the first backward on)
+    local params = gathers and math.ceil(W / D) or W
+    local unit = 0
+    if gathers then
+      for i = first, last_i do
+        for _, b in ipairs(children[i].unit_sizes or { children[i].params }) do
+          unit = math.max(unit, b)
+        end
+      end
+    end
+    local state = math.ceil(W * m.state_factor / (sharded and D or 1))
+    -- garbage past the slack forces a collection whatever the pipeline does:
+    -- the collector's pacing under a cap of the planned memory (ember.handles),
+    -- whose slack grows with what the device holds besides `bytes`
+    local function slack(bytes)
+      if not m.memory then return math.huge end
+      return cap_slack(m.memory, params + state + (m.batch or 0) + bytes)
+    end
     local st = { held = held, garbage = dead, fwd = math.max(0, fwd - held - dead),
                  tidied = tidied, fwd_pre = fwd_pre,
                  bwds = bwds, rests = rests,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
                  outb = s < P - 1 and children[last_i].out_bytes or 0,
-                 recomputed = math.min(slack, after),
+                 recomputed = math.min(slack(held), after),
                  -- (plain wrap's buckets are the gradients, there from wrap time on)
                  buckets = D > 1 and not sharded,
                  -- (the last step's batch: garbage since the loop's next one came,
                  -- until the step's first collection)
-                 prev = m.batch or 0 }
+                 prev = m.batch or 0,
+                 gathered = gathers and W or 0, unit = unit }
     first = last_i + 1
-    -- (ZeRO 3: a no_sync backward gathers each module's weights and keeps them
-    -- until the synchronised one reduces their gradients: all of them, at worst)
-    local params = l.shard == 'parameters' and math.ceil(W / D) + W or W
-    local state = math.ceil(W * m.state_factor / (sharded and D or 1))
     -- The micro-batches' backwards run unsynchronised (no_sync): full gradients
     -- accumulate from the first B whatever the sharding. Under plain wrap they
     -- are the buckets themselves (the first B writes each gradient into its
     -- bucket view), so D > 1 adds nothing there; a sharded stage's last B moves
     -- them into its flat units (the rests' extras).
     local grads = W
-    local act = replay(schedule_ops(schedule, P, Mc, s), st, grads, collect, slack) - grads
-    local peak = params + state + grads + act
+    local top, gathered = replay(schedule_ops(schedule, P, Mc, s), st, grads, collect, slack)
+    local act = top - grads - gathered
+    local peak = params + gathered + state + grads + act
     -- ZeRO 1 and 2 gather the stage's weights at the step's first forward: a
     -- flat W and this replica's segment, before any activation or gradient
     if D > 1 and (l.shard == 'optimizer' or l.shard == 'gradients') then
@@ -336,7 +365,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     per[s + 1] = peak
     if peak > worst then
       worst = peak
-      worst_parts = { parameters = params, gradients = grads, optimizer = state,
+      worst_parts = { parameters = params + gathered, gradients = grads, optimizer = state,
                       activations = act }
     end
   end

@@ -39,7 +39,7 @@ local function addr(t) return tonumber(ffi.cast('intptr_t', t._h)) end
 -- left to it, they would stay until the next collection and eat the memory
 -- checkpointing saves -- or not, as its pace goes, which a plan of the step's
 -- memory cannot foresee. When what fn allocated beyond its results passes
--- GARBAGE bytes, or a 16th of its device's memory where that is less
+-- GARBAGE bytes, or a 64th of its device's memory where that is less
 -- (memlimit.garbage_worth), they are collected at once (the cost of a
 -- collection is small beside computing that much).
 local GARBAGE = 8 * 2 ^ 20
