@@ -179,41 +179,86 @@ KIND_FNS(k_min, K_MIN)
 KIND_FNS(k_maxabs, K_MAXABS)
 KIND_FNS(k_minabs, K_MINABS)
 
-/* float32 fast kernels for the hot kinds (K_SUM, K_SUMSQ, K_SUMABS). Sums: 64
-** float lanes add blocks of 1024 elements (16 per lane, so float rounding stays
-** tiny), then each block is added into 16 double lanes; this runs at memory
-** speed where converting every element to double would not. max/min:
-** emi_extreme_f32 (vecmath.h). */
+/* float32 fast kernels for the hot kinds (K_SUM, K_SUMSQ, K_SUMABS). Sums read
+** the segment as four streams at once (its quarters): one stream leaves the
+** core waiting on memory -- the hardware prefetcher runs ahead of one stream
+** only so far -- and four double the bytes per second out of L3 or DRAM on
+** the machines measured (16 MB: 15 -> 35 GB/s on one core of an AMD EPYC).
+** Each stream has two 8-float vector lanes that add runs of 16 elements in
+** float (so float rounding stays tiny), then every run goes into double lanes;
+** this runs at memory speed where converting every element to double would
+** not. The order of additions depends on n alone: results are bitwise the
+** same on every run. max/min: emi_extreme_f32 (vecmath.h). */
 
 /* The term of those kinds in float. */
 INLINE float fterm(int k, float x) {
   return k == K_SUMSQ ? x * x : k == K_SUMABS ? fabsf(x) : x;
 }
 
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef double v4d __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* *acc += the terms of the 8 floats at p (by pointer: no vector passes by value,
+** whose ABI differs between builds with and without AVX) */
+INLINE void vfadd(int k, v8f *acc, const float *p) {
+  v8f x = *(const v8f *)p;
+  if (k == K_SUMSQ) x = x * x;
+  if (k == K_SUMABS) x = (v8f)((v8i)x & 0x7fffffff);
+  *acc += x;
+}
+
+enum { FRUN = 16 };        /* elements per float lane before they go to double */
+
 INLINE double fsum(int k, const float *restrict a, int64_t n) {
-  int64_t i = 0;
-  if (n <= 16) {
-    double r = 0;
-    for (; i < n; i++) r += term(k, a[i], 0, 0);
-    return r;
+  /* (streams of q elements, q a whole number of runs of 16 per lane) */
+  int64_t q = (n / 4) & ~(int64_t)(16 * FRUN - 1);
+  v4d d[16] = {{0}};
+  if (q > 0) {
+    const float *restrict s0 = a, *restrict s1 = a + q, *restrict s2 = a + 2 * q,
+                *restrict s3 = a + 3 * q;
+    for (int64_t i = 0; i < q; i += 16 * FRUN) {
+      v8f g[8] = {{0}};
+      for (int64_t e = i; e < i + 16 * FRUN; e += 16) {
+        vfadd(k, &g[0], s0 + e);
+        vfadd(k, &g[1], s0 + e + 8);
+        vfadd(k, &g[2], s1 + e);
+        vfadd(k, &g[3], s1 + e + 8);
+        vfadd(k, &g[4], s2 + e);
+        vfadd(k, &g[5], s2 + e + 8);
+        vfadd(k, &g[6], s3 + e);
+        vfadd(k, &g[7], s3 + e + 8);
+      }
+      for (int j = 0; j < 8; j++) {
+        d[2 * j] += __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 0, 1, 2, 3), v4d);
+        d[2 * j + 1] +=
+          __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 4, 5, 6, 7), v4d);
+      }
+    }
   }
-  double d[16] = {0};
-  while (i + 256 <= n) {          /* blocks of up to 1024, whole 64s */
-    int64_t blk = n - i >= 1024 ? 1024 : (n - i) & ~(int64_t)63;
-    float f[64] = {0};
-    for (int64_t k0 = 0; k0 < blk; k0 += 64)
-      for (int j = 0; j < 64; j++) f[j] += fterm(k, a[i + k0 + j]);
-    float g[16];
-    for (int j = 0; j < 16; j++) g[j] = (f[j] + f[j + 16]) + (f[j + 32] + f[j + 48]);
-    for (int j = 0; j < 8; j++) d[j] += (double)(g[j] + g[j + 8]);
+  /* the rest (all of a short segment): one stream of 64 float lanes over whole
+  ** 64s, runs of 16 per lane again; then 16 double lanes */
+  int64_t i = 4 * q;
+  while (i + 64 <= n) {
+    int64_t blk = n - i >= 64 * FRUN ? 64 * FRUN : (n - i) & ~(int64_t)63;
+    v8f g[8] = {{0}};
+    for (int64_t e = i; e < i + blk; e += 64)
+      for (int j = 0; j < 8; j++) vfadd(k, &g[j], a + e + 8 * j);
+    for (int j = 0; j < 8; j++) {
+      d[2 * j] += __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 0, 1, 2, 3), v4d);
+      d[2 * j + 1] +=
+        __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 4, 5, 6, 7), v4d);
+    }
     i += blk;
   }
+  double t[16] = {0};
   for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; j++) d[j] += term(k, a[i + j], 0, 0);
-  for (int j = 0; i < n; i++, j++) d[j] += term(k, a[i], 0, 0);
-  for (int j = 0; j < 8; j++) d[j] += d[j + 8];
-  for (int j = 0; j < 4; j++) d[j] += d[j + 4];
-  return (d[0] + d[2]) + (d[1] + d[3]);
+    for (int j = 0; j < 16; j++) t[j] += term(k, a[i + j], 0, 0);
+  for (int j = 0; i < n; i++, j++) t[j] += term(k, a[i], 0, 0);
+  for (int j = 0; j < 4; j++) d[0][j] += (t[j] + t[j + 4]) + (t[j + 8] + t[j + 12]);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; j++) d[j] += d[j + w];
+  return (d[0][0] + d[0][2]) + (d[0][1] + d[0][3]);
 }
 
 /* Rows of float32 summed into double column accumulators: four rows are
