@@ -236,6 +236,17 @@ for _, strided in ipairs({ false, true }) do
     local m2 = nn.MultiheadAttention(6, 3, { batch_first = true, bias = false, dtype = 'float64' })
     run_case(c2, m2, function(q) return m2(q, q, q, { attn_mask = T(c2.opts.attn_mask) }) end, strided)
   end)
+  H.test('MultiheadAttention kdim, vdim, add_bias_kv, add_zero_attn match PyTorch' .. how, function()
+    local c = by_name('mha_kdim_vdim_bias_kv_zero_attn')
+    local m = nn.MultiheadAttention(8, 2, { kdim = 5, vdim = 3, add_bias_kv = true,
+      add_zero_attn = true, dtype = 'float64' })
+    run_case(c, m, function(q, k, v)
+      return m(q, k, v, { key_padding_mask = T(c.opts.key_padding_mask), attn_mask = T(c.opts.attn_mask) })
+    end, strided)
+    local c2 = by_name('mha_bias_kv_batch_first')
+    local m2 = nn.MultiheadAttention(6, 3, { batch_first = true, add_bias_kv = true, dtype = 'float64' })
+    run_case(c2, m2, function(q, kv) return m2(q, kv, kv) end, strided)
+  end)
 end
 
 H.test('default initialisations follow PyTorch', function()
@@ -395,6 +406,10 @@ end)
 -- -- Errors -----------------------------------------------------------------------------------
 H.test('clear errors on bad shapes', function()
   H.raises(function() nn.MultiheadAttention(10, 3) end, 'MultiheadAttention', 'dim 10', 'heads 3', 'divisible')
+  H.raises(function() nn.MultiheadAttention(8, 2, { kdim = 0 }) end, 'MultiheadAttention', 'kdim', 'positive', '0')
+  local kv = nn.MultiheadAttention(8, 2, { kdim = 5, vdim = 3 })
+  H.raises(function() kv(em.randn(4, 2, 8), em.randn(6, 2, 8), em.randn(6, 2, 3)) end,
+    'MultiheadAttention', 'k must be', 'embedding 5', '[6,2,8]')
   H.raises(function() nn.GroupNorm(3, 8) end, 'GroupNorm', 'channels 8', 'groups 3')
   H.raises(function() F.group_norm(em.randn({ 2, 6, 3 }), 4) end, 'group_norm', '6 channels', 'groups 4')
   H.raises(function() nn.GroupNorm(2, 4)(em.randn({ 2, 6, 3 })) end, 'GroupNorm', '(N, 4, ...)', '[2,6,3]')

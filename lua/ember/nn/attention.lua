@@ -1,6 +1,7 @@
 --[[
 ember.nn.attention -- em.nn.F.scaled_dot_product_attention(q, k, v, {mask, causal,
-dropout, scale}) and em.nn.MultiheadAttention(dim, heads, {batch_first, dropout, bias}).
+dropout, scale}) and em.nn.MultiheadAttention(dim, heads, {batch_first, dropout, bias,
+kdim, vdim, add_bias_kv, add_zero_attn}).
 
 On the CPU (float32, float64, bfloat16, no dropout) attention is the fused kernel of
 core/cpu/attention.c: no L x S matrix is kept, forward or backward (it recomputes
@@ -218,11 +219,35 @@ return function(nn)
       raise(('MultiheadAttention: dim %d must be divisible by heads %d (each head gets dim / heads)')
         :format(dim, heads))
     end
+    for _, key in ipairs({ 'kdim', 'vdim' }) do
+      local v = o[key]
+      if v ~= nil and (type(v) ~= 'number' or v < 1 or v ~= math.floor(v)) then
+        raise(('MultiheadAttention: %s must be a positive integer, got %s'):format(key, tostring(v)))
+      end
+    end
     local dt = o.dtype or 'float32'
+    local function xavier(rows, cols)
+      return nn.Parameter(nn.init.xavier_uniform_(em.empty({ rows, cols }, { dtype = dt })))
+    end
     self.embed_dim, self.num_heads, self.head_dim = dim, heads, dim / heads
+    self.kdim, self.vdim = o.kdim or dim, o.vdim or dim
     self.batch_first, self.dropout = o.batch_first or false, o.dropout or 0
-    self.in_proj_weight = nn.Parameter(nn.init.xavier_uniform_(em.empty({ 3 * dim, dim }, { dtype = dt })))
+    self.add_zero_attn = o.add_zero_attn or false
+    -- (as torch: one packed projection when k and v have q's width, three otherwise)
+    if self.kdim == dim and self.vdim == dim then
+      self.in_proj_weight = xavier(3 * dim, dim)
+    else
+      self.q_proj_weight = xavier(dim, dim)
+      self.k_proj_weight = xavier(dim, self.kdim)
+      self.v_proj_weight = xavier(dim, self.vdim)
+    end
     if o.bias ~= false then self.in_proj_bias = nn.Parameter(em.zeros({ 3 * dim }, { dtype = dt })) end
+    -- (a learned key and value appended to every sequence: a place to attend
+    -- that no padding masks)
+    if o.add_bias_kv then
+      self.bias_k = nn.Parameter(nn.init.xavier_normal_(em.empty({ 1, 1, dim }, { dtype = dt })))
+      self.bias_v = nn.Parameter(nn.init.xavier_normal_(em.empty({ 1, 1, dim }, { dtype = dt })))
+    end
     self.out_proj = nn.Linear(dim, dim, o.bias ~= false, { dtype = dt })
     if o.bias ~= false then nn.init.zeros_(self.out_proj.bias) end
   end
@@ -238,10 +263,12 @@ return function(nn)
     local E, H, hd = self.embed_dim, self.num_heads, self.head_dim
     local unbatched = q:dim() == 2
     local want = unbatched and 2 or 3
+    local widths = { E, self.kdim, self.vdim }
     for i, t in ipairs({ q, k, v }) do
-      if t:dim() ~= want or t.shape[want] ~= E then
+      if t:dim() ~= want or t.shape[want] ~= widths[i] then
         raise(('%s: %s must be %s with embedding %d, got %s'):format(name, ({ 'q', 'k', 'v' })[i],
-          unbatched and '(L, E)' or (self.batch_first and '(N, L, E)' or '(L, N, E)'), E, shape_str(t)))
+          unbatched and '(L, E)' or (self.batch_first and '(N, L, E)' or '(L, N, E)'), widths[i],
+          shape_str(t)))
       end
     end
     if unbatched then q, k, v = q:unsqueeze(1), k:unsqueeze(1), v:unsqueeze(1)
@@ -249,11 +276,26 @@ return function(nn)
     -- now (L, N, E)
     local L, N, Skv = q.shape[1], q.shape[2], k.shape[1]
     local w, b = self.in_proj_weight, self.in_proj_bias
+    local own = { self.q_proj_weight, self.k_proj_weight, self.v_proj_weight }
     local function proj(x, i)
-      return F.linear(x, w:narrow(1, (i - 1) * E + 1, E), b and b:narrow(1, (i - 1) * E + 1, E) or nil)
+      return F.linear(x, w and w:narrow(1, (i - 1) * E + 1, E) or own[i],
+        b and b:narrow(1, (i - 1) * E + 1, E) or nil)
+    end
+    local kp, vp = proj(k, 2), proj(v, 3)
+    -- extra key columns no mask covers: bias_k/bias_v, then a zero key and value
+    local extra = 0
+    if self.bias_k then
+      kp = em.cat({ kp, self.bias_k:expand({ 1, N, E }) }, 1)
+      vp = em.cat({ vp, self.bias_v:expand({ 1, N, E }) }, 1)
+      extra = 1
     end
     local function heads(x, T) return x:reshape({ T, N * H, hd }):transpose(1, 2):reshape({ N, H, T, hd }) end
-    local qh, kh, vh = heads(proj(q, 1), L), heads(proj(k, 2), Skv), heads(proj(v, 3), Skv)
+    local qh, kh, vh = heads(proj(q, 1), L), heads(kp, Skv + extra), heads(vp, Skv + extra)
+    if self.add_zero_attn then
+      local z = em.zeros({ N, H, 1, hd }, { dtype = kh.dtype, device = kh.device })
+      kh, vh = em.cat({ kh, z }, 3), em.cat({ vh, z }, 3)
+      extra = extra + 1
+    end
     -- every mask as additive floats: mask (true = attend), attn_mask and
     -- key_padding_mask (PyTorch's MHA convention: true = masked out)
     local function additive(m, attend, what)
@@ -263,7 +305,10 @@ return function(nn)
       return em.where(m, -math.huge, 0):to(qh.dtype)
     end
     local mask
-    local function add(m) mask = mask and (mask + m) or m end
+    local function add(m)
+      if extra > 0 then m = F.pad(m, { 0, extra }) end   -- (the extra keys: attend)
+      mask = mask and (mask + m) or m
+    end
     if o.mask ~= nil then add(additive(o.mask, true, 'mask')) end
     if o.attn_mask ~= nil then add(additive(o.attn_mask, false, 'attn_mask')) end
     if o.key_padding_mask ~= nil then
@@ -274,7 +319,7 @@ return function(nn)
       add(kp:reshape({ N, 1, 1, Skv }))
     end
     if mask ~= nil and mask:dim() == 3 then  -- (N*H, L, S), PyTorch's per-head layout
-      mask = mask:reshape({ N, H, L, Skv })
+      mask = mask:reshape({ N, H, L, Skv + extra })
     end
     local need = o.need_weights ~= false
     local opts = { mask = mask, causal = o.causal or o.is_causal,
