@@ -20,26 +20,7 @@
 /* -- Loops ----------------------------------------------------------------------------
 ** The loops themselves are loop_impl.h's, one copy per operand type and result
 ** type (T, or bool stored as uint8 for comparisons and the logical ops). */
-#define T float
-#define OT float
-#define FN(name) name##_f32
-#include "loop_impl.h"
-#define T double
-#define OT double
-#define FN(name) name##_f64
-#include "loop_impl.h"
-#define T int32_t
-#define OT int32_t
-#define FN(name) name##_i32
-#include "loop_impl.h"
-#define T int64_t
-#define OT int64_t
-#define FN(name) name##_i64
-#include "loop_impl.h"
-#define T uint8_t
-#define OT uint8_t
-#define FN(name) name##_u8
-#include "loop_impl.h"
+#include "loop_types.h"
 #define T float
 #define OT uint8_t
 #define FN(name) name##_f32_b

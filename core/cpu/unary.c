@@ -19,26 +19,7 @@
 /* -- Loops ---------------------------------------------------------------------------
 ** The loops themselves are loop_impl.h's, one copy per type; an op's kernel is
 ** its element function around them (loop_impl.h says why). */
-#define T float
-#define OT float
-#define FN(name) name##_f32
-#include "loop_impl.h"
-#define T double
-#define OT double
-#define FN(name) name##_f64
-#include "loop_impl.h"
-#define T int32_t
-#define OT int32_t
-#define FN(name) name##_i32
-#include "loop_impl.h"
-#define T int64_t
-#define OT int64_t
-#define FN(name) name##_i64
-#include "loop_impl.h"
-#define T uint8_t
-#define OT uint8_t
-#define FN(name) name##_u8
-#include "loop_impl.h"
+#include "loop_types.h"
 #define loop1_b loop1_u8                    /* bool is stored as uint8 */
 
 /* NAME_SFX, the kernel of one op and dtype: the element function NAME_SFX_x
