@@ -63,16 +63,18 @@ end
 -- that top plus the slack. The last step's batch is garbage at the start.
 --
 -- ZeRO 3 (st.gathered > 0): a forward gathers one unit's weights at a time
--- (st.unit at most) and frees them; the first backward, unsynchronised, keeps
--- every weight it gathers until the synchronised one frees them: from the
--- first B on, all of them at worst. Returns the peak and the gathered weights
--- at it.
+-- (st.unit at most) and frees each after its forward -- also those a backward
+-- kept. An unsynchronised backward gathers each child's units as it reaches
+-- it and keeps them (a moment's e.g: the bytes gathered by then), so after it
+-- all of them are there until the next forward; the last, synchronised,
+-- backward frees them. Returns the peak and the gathered weights at it.
 local function replay(ops, st, grads, collect, slack)
   local inflight, pending, garbage, on = 0, 0, st.prev, st.buckets
   local gathered = 0
   local peak, peak_gathered = 0, 0
-  local function top(v)
-    if v > peak then peak, peak_gathered = v, gathered end
+  local top_gathered = 0    -- (the gathered bytes at over's top)
+  local function top(v, g)
+    if v > peak then peak, peak_gathered = v, g or gathered end
   end
   local limit = grads + slack(grads)
   local function live() return (on and grads or 0) + gathered + inflight + pending + garbage end
@@ -92,18 +94,23 @@ local function replay(ops, st, grads, collect, slack)
   -- (its Lua ops; the kernels after them are C's)
   local function over(list)
     local top, hi, gone = live(), 0, 0
+    local base = gathered
+    top_gathered = base
     for _, e in ipairs(list) do
+      -- (the units this backward has gathered by now, beyond those there before)
+      gathered = math.max(base, e.g or 0)
       local extra, beside = e[3] or 0, e[2] - gone
       local t = live() + extra + e[1] + beside
       if t > limit and e[4] ~= false and (not e[4] or live() + extra + e[4] + beside > limit) then
         garbage, gone = 0, e[2]
         t = math.max(limit, live() + extra + e[1])
       end
-      top = math.max(top, t)
+      if t > top then top, top_gathered = t, gathered end
       hi = math.max(hi, live() - garbage + extra + e[1])
       if e.collects then garbage, gone = 0, 0; limit = live() + extra + slack(live() + extra) end
     end
     limit = math.max(limit, hi + slack(hi))
+    gathered = base
     return top
   end
   local last_b = 0
@@ -123,11 +130,14 @@ local function replay(ops, st, grads, collect, slack)
         inflight = inflight + st.held + st.inb
       end
       add(st.garbage)
-      top(live() + st.fwd + (gathered > 0 and 0 or st.unit))
+      if gathered > 0 and st.fwd_kept then top(live() - gathered + st.fwd_kept)
+      else top(live() + st.fwd + (gathered > 0 and 0 or st.unit)) end
+      gathered = 0
     else
-      on, gathered = true, st.gathered
-      top(over(st.bwds))
-      if k == last_b then top(over(st.rests)) end
+      on = true
+      top(over(st.bwds), top_gathered)
+      if k == last_b then top(over(st.rests), top_gathered); gathered = 0
+      else gathered = st.gathered end
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
       -- gradient this B sends back stays in its send until the step's end)
@@ -239,14 +249,18 @@ function M.pipeline_memory(l, m, children, counts, schedule)
   local first = 1
   for s = 0, P - 1 do
     local W, held, dead, fwd, fwd_pre, tidied = 0, 0, 0, 0, 0, false
+    -- (ZeRO 3, a forward that finds every unit gathered: the top less the
+    -- weights of the children before, each freed after its forward)
+    local fwd_kept = 0
     local last_i = first + counts[s + 1] - 1
     local before = {}
     for i = first, last_i do
       local c = children[i]
-      W = W + c.params
       -- a child's transients ride on the activations of the children before
       -- it, and on the garbage their forwards left
       fwd = math.max(fwd, held + dead + c.fwd_peak)
+      fwd_kept = math.max(fwd_kept, held + dead + c.fwd_peak - W)
+      W = W + c.params
       before[i] = held
       held = held + c.held
       dead = dead + (c.garbage or 0)
@@ -267,6 +281,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- child's backward is the engine's alone (false: no pacing there)
     local zero3 = false
     if D > 1 and l.shard == 'parameters' then zero3 = nil end
+    local gath = 0    -- (ZeRO 3: the children's weights a backward has gathered)
     local flats = D > 1 and l.shard ~= 'none'
     local extras, own_later = {}, {}
     if flats then
@@ -275,13 +290,14 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     end
     if s == P - 1 and m.loss then
       fwd = math.max(fwd, held + dead + m.loss.fwd_peak)
+      fwd_kept = math.max(fwd_kept, held + dead + m.loss.fwd_peak - W)
       bwds[1] = { held + m.loss.bwd_peak, 0, 0, zero3 }
       held = held + m.loss.held
     end
     -- (rests: the moments of the step's last B from the one the stage's last
     -- child has its gradients on; a sharded stage's with the bytes its flat
     -- units add beside the gradients at each child)
-    rests[1] = { before[last_i], 0, 0, zero3 }
+    rests[1] = { before[last_i], 0, 0, zero3, g = zero3 == nil and children[last_i].params or nil }
     if flats then rests[1][4] = nil end
     for i = last_i, first, -1 do
       local c = children[i]
@@ -290,14 +306,16 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       local b = before[i] + c.bwd_peak
       -- (where the pacing runs: e[4] in replay's over)
       local sweep = c.recompute_peak and before[i] + c.recompute_peak or zero3
-      bwds[#bwds + 1] = { b, after, 0, sweep }
+      if zero3 == nil then gath = gath + c.params end
+      bwds[#bwds + 1] = { b, after, 0, sweep, g = gath }
+      local g = zero3 == nil and gath or nil
       if flats and l.checkpoint then
         -- (its backward's peak before its flats, their making after it, when
         -- its recomputed tensors are garbage)
-        rests[#rests + 1] = { b, after, own_later[i], sweep }
-        rests[#rests + 1] = { before[i], after + (c.recomputed or 0), extras[i] }
-      elseif flats then rests[#rests + 1] = { b, after, extras[i], c.recompute_peak and sweep }
-      elseif i < last_i then rests[#rests + 1] = { b, after, 0, sweep } end
+        rests[#rests + 1] = { b, after, own_later[i], sweep, g = g }
+        rests[#rests + 1] = { before[i], after + (c.recomputed or 0), extras[i], g = g }
+      elseif flats then rests[#rests + 1] = { b, after, extras[i], c.recompute_peak and sweep, g = g }
+      elseif i < last_i then rests[#rests + 1] = { b, after, 0, sweep, g = g } end
       after = after + (c.recomputed or 0)
       -- (a recompute that leaves garbage worth it collects as it returns)
       if tidy and (c.recomputed or 0) > tidy then
@@ -334,6 +352,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       return cap_slack(m.memory, params + state + (m.batch or 0) + bytes)
     end
     local st = { held = held, garbage = dead, fwd = math.max(0, fwd - held - dead),
+                 fwd_kept = not tidied and math.max(0, fwd_kept + W - held - dead) or nil,
                  tidied = tidied, fwd_pre = fwd_pre,
                  bwds = bwds, rests = rests,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
