@@ -210,7 +210,20 @@ INLINE void vfadd(int k, v8f *acc, const float *p) {
 
 enum { FRUN = 16 };        /* elements per float lane before they go to double */
 
+/* The 8 float lanes' runs g[0..7] added into the 16 double lanes d. */
+INLINE void runs_to_double(v4d *d, const v8f *g) {
+  for (int j = 0; j < 8; j++) {
+    d[2 * j] += __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 0, 1, 2, 3), v4d);
+    d[2 * j + 1] += __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 4, 5, 6, 7), v4d);
+  }
+}
+
 INLINE double fsum(int k, const float *restrict a, int64_t n) {
+  if (n <= 16) {                  /* short rows: no lanes to set up and fold */
+    double r = 0;
+    for (int64_t i = 0; i < n; i++) r += term(k, a[i], 0, 0);
+    return r;
+  }
   /* (streams of q elements, q a whole number of runs of 16 per lane) */
   int64_t q = (n / 4) & ~(int64_t)(16 * FRUN - 1);
   v4d d[16] = {{0}};
@@ -229,11 +242,7 @@ INLINE double fsum(int k, const float *restrict a, int64_t n) {
         vfadd(k, &g[6], s3 + e);
         vfadd(k, &g[7], s3 + e + 8);
       }
-      for (int j = 0; j < 8; j++) {
-        d[2 * j] += __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 0, 1, 2, 3), v4d);
-        d[2 * j + 1] +=
-          __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 4, 5, 6, 7), v4d);
-      }
+      runs_to_double(d, g);
     }
   }
   /* the rest (all of a short segment): one stream of 64 float lanes over whole
@@ -244,11 +253,7 @@ INLINE double fsum(int k, const float *restrict a, int64_t n) {
     v8f g[8] = {{0}};
     for (int64_t e = i; e < i + blk; e += 64)
       for (int j = 0; j < 8; j++) vfadd(k, &g[j], a + e + 8 * j);
-    for (int j = 0; j < 8; j++) {
-      d[2 * j] += __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 0, 1, 2, 3), v4d);
-      d[2 * j + 1] +=
-        __builtin_convertvector(__builtin_shufflevector(g[j], g[j], 4, 5, 6, 7), v4d);
-    }
+    runs_to_double(d, g);
     i += blk;
   }
   double t[16] = {0};

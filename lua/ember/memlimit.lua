@@ -23,9 +23,9 @@ local units = { [''] = 1, K = 1024, M = 1024 ^ 2, G = 1024 ^ 3 }
 -- what is held, it stays a small share of any step's peak, so a step holds
 -- about the same whether or not Lua's own cycles happen to free its garbage
 -- first -- which is what lets the planner, measuring without those cycles,
--- predict the peak within a few percent. (An 8th of the cap alone was 20-30%
--- of a small model's peak under a loose cap.) The planner's replay assumes
--- the same.
+-- predict the peak within a few percent (an 8th of the cap alone would be
+-- 20-30% of a small model's peak under a loose cap). The planner's replay
+-- assumes the same.
 function M.cap_slack(cap, held)
   local s = (held or 0) / 16
   if s < cap / 64 then s = cap / 64 end
@@ -34,13 +34,12 @@ function M.cap_slack(cap, held)
 end
 -- Garbage worth a collection of its own on a device of `capacity` bytes (0 or
 -- nil: uncapped): `most`, or a 64th of the capacity where that is less -- under
--- a small cap the garbage must stay a small share of it (a 16th let a
--- pipeline stage's micro-batches pile up garbage that Lua's own cycles freed
--- in some runs and not in others: the planner had to assume the worst, 20%
--- over some real peaks). Code that knows it
--- just made that much (a pipeline's micro-batches, a checkpoint's forward)
--- collects at once, so that its memory does not hang on the collector's pace;
--- the planner assumes the same rule.
+-- a small cap the garbage must stay a small share of it: more would let a
+-- pipeline stage's micro-batches pile up garbage that Lua's own cycles free in
+-- some runs and not in others, which the planner can only assume the worst of.
+-- Code that knows it just made that much (a pipeline's micro-batches, a
+-- checkpoint's forward) collects at once, so that its memory does not hang on
+-- the collector's pace; the planner assumes the same rule.
 function M.garbage_worth(capacity, most)
   if capacity and capacity > 0 and capacity / 64 < most then return capacity / 64 end
   return most

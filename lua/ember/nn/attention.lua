@@ -281,16 +281,17 @@ return function(nn)
       return F.linear(x, w and w:narrow(1, (i - 1) * E + 1, E) or own[i],
         b and b:narrow(1, (i - 1) * E + 1, E) or nil)
     end
-    local kp, vp = proj(k, 2), proj(v, 3)
+    local keys, values = proj(k, 2), proj(v, 3)
     -- extra key columns no mask covers: bias_k/bias_v, then a zero key and value
     local extra = 0
     if self.bias_k then
-      kp = em.cat({ kp, self.bias_k:expand({ 1, N, E }) }, 1)
-      vp = em.cat({ vp, self.bias_v:expand({ 1, N, E }) }, 1)
+      keys = em.cat({ keys, self.bias_k:expand({ 1, N, E }) }, 1)
+      values = em.cat({ values, self.bias_v:expand({ 1, N, E }) }, 1)
       extra = 1
     end
     local function heads(x, T) return x:reshape({ T, N * H, hd }):transpose(1, 2):reshape({ N, H, T, hd }) end
-    local qh, kh, vh = heads(proj(q, 1), L), heads(kp, Skv + extra), heads(vp, Skv + extra)
+    local qh, kh, vh = heads(proj(q, 1), L), heads(keys, Skv + extra),
+      heads(values, Skv + extra)
     if self.add_zero_attn then
       local z = em.zeros({ N, H, 1, hd }, { dtype = kh.dtype, device = kh.device })
       kh, vh = em.cat({ kh, z }, 3), em.cat({ vh, z }, 3)
