@@ -37,8 +37,7 @@ finalizer. Instead:
     collections make one round;
   * big tensors are invisible to the Lua heap, so a full collection also runs
     when the C memory held by tensors has grown past max(64 MB, a quarter of
-    what it was after the last sweep); under a cpu cap, by a 16th of what
-    was held, between a 64th and an 8th of the cap (memlimit.cap_slack). Host
+    what it was after the last sweep; under a cpu cap, memlimit.cap_slack). Host
     (cpu, meta) and device memory are judged apart: device memory gets a wider
     slack, up to 1 GiB (a 16th of cuda:0's memory at most), because a full
     collection costs ~50-250 us of host time, in which a GPU op of a few MB

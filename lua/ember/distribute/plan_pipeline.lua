@@ -279,8 +279,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local bwds, rests = {}, {}
     -- ZeRO 3's nodes run Lua ops all through a backward; otherwise a plain
     -- child's backward is the engine's alone (false: no pacing there)
+    local gathers = D > 1 and l.shard == 'parameters'
     local zero3 = false
-    if D > 1 and l.shard == 'parameters' then zero3 = nil end
+    if gathers then zero3 = nil end
     local gath = 0    -- (ZeRO 3: the children's weights a backward has gathered)
     local flats = D > 1 and l.shard ~= 'none'
     local extras, own_later = {}, {}
@@ -297,7 +298,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- (rests: the moments of the step's last B from the one the stage's last
     -- child has its gradients on; a sharded stage's with the bytes its flat
     -- units add beside the gradients at each child)
-    rests[1] = { before[last_i], 0, 0, zero3, g = zero3 == nil and children[last_i].params or nil }
+    rests[1] = { before[last_i], 0, 0, zero3, g = gathers and children[last_i].params or nil }
     if flats then rests[1][4] = nil end
     for i = last_i, first, -1 do
       local c = children[i]
@@ -306,9 +307,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       local b = before[i] + c.bwd_peak
       -- (where the pacing runs: e[4] in replay's over)
       local sweep = c.recompute_peak and before[i] + c.recompute_peak or zero3
-      if zero3 == nil then gath = gath + c.params end
+      if gathers then gath = gath + c.params end
       bwds[#bwds + 1] = { b, after, 0, sweep, g = gath }
-      local g = zero3 == nil and gath or nil
+      local g = gathers and gath or nil
       if flats and l.checkpoint then
         -- (its backward's peak before its flats, their making after it, when
         -- its recomputed tensors are garbage)
@@ -331,9 +332,8 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       end
     end
     local sharded = l.shard ~= 'none'
-    local gathers = D > 1 and l.shard == 'parameters'
     -- (ZeRO 3 keeps shards; what it gathers the replay adds: the largest unit
-    -- during a forward, every weight from the first backward on)
+    -- in a forward, the children's units as a backward reaches them)
     local params = gathers and math.ceil(W / D) or W
     local unit = 0
     if gathers then
