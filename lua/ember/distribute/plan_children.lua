@@ -32,7 +32,8 @@ end
 -- forward), recompute_peak (checkpointed: its recompute's top, above its
 -- input), fwd_peak, bwd_peak (above its input, the output's gradient
 -- included, beside its weights' gradients made by an earlier micro-batch; the
--- backward's without the forward's garbage), out
+-- backward's without the forward's garbage), bwd_first (the backward's peak
+-- where it makes those gradients, them included), out
 -- = {shape, dtype}, params (its trainable weights' bytes), sizes (each one's,
 -- in order), units and unit_sizes (how many modules own trainable weights, and
 -- their bytes: ZeRO 3's units)}.
@@ -62,6 +63,18 @@ local function measure_child(c, shape, dtype, ckpt)
   -- (a checkpointed forward's intermediates, made under no_grad)
   em.collect()
   local held = allocated() - base
+  -- A step's first backward finds no gradients: each is made where it is
+  -- kept, with no sum's temporary (its peak counts them). The forward runs
+  -- again for the backward below.
+  local g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
+  em.reset_peak_memory_stats('meta')
+  out:backward(g)
+  local bwd_first = peak() - base
+  out, g, x.grad = nil, nil, nil
+  for _, p in ipairs(c:parameters()) do p.grad = nil end
+  em.collect()
+  out = ckpt and em.nn.checkpoint(fn, x) or fn(x)
+  em.collect()
   -- A pipeline's micro-batches accumulate: in all but a step's first backward
   -- the child's gradients are there already and each new one is added into
   -- them. So the backward runs over gradients made beforehand, and its peak
@@ -74,7 +87,7 @@ local function measure_child(c, shape, dtype, ckpt)
       given = given + nbytes(p)
     end
   end
-  local g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
+  g = em.ones(out.shape, { dtype = out.dtype, device = 'meta' })
   local before_bwd = allocated()
   em.reset_peak_memory_stats('meta')
   out:backward(g)
@@ -92,7 +105,8 @@ local function measure_child(c, shape, dtype, ckpt)
     if own > 0 then units = units + 1; unit_sizes[units] = own end
   end
   return { held = held, garbage = left - held, recomputed = math.max(0, made),
-           fwd_peak = fwd_peak, bwd_peak = bwd_peak, recompute_peak = recompute_peak,
+           fwd_peak = fwd_peak, bwd_peak = bwd_peak, bwd_first = bwd_first,
+           recompute_peak = recompute_peak,
            params = given, sizes = sizes,
            units = units, unit_sizes = unit_sizes,
            out = { shape = out.shape, dtype = out.dtype }, out_bytes = nbytes(out) }

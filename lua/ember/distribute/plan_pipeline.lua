@@ -35,8 +35,9 @@ M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 --      B and leaves its garbage; the forward's transient rises above that for
 --      a moment;
 --   B  runs over the micro-batch's activations with the stage's gradients
---      present (they appear at the first B: zero_grad leaves none, unless
---      plain wrap's buckets hold them); after it the micro-batch's tensors
+--      present (zero_grad leaves none, unless plain wrap's buckets hold them:
+--      the first B makes them child by child, with no sum's temporary, and
+--      the later ones add into them); after it the micro-batch's tensors
 --      (activations, received input and gradient) are garbage until a
 --      collection, which the pipeline runs once allocated memory exceeds the
 --      step's start by its collect_bytes for the device's memory (or, the
@@ -79,10 +80,15 @@ local function replay(ops, st, grads, collect, slack)
   local limit = grads + slack(grads)
   local function live() return (on and grads or 0) + gathered + inflight + pending + garbage end
   local function collected() garbage = 0; limit = live() + slack(live()) end
-  -- garbage added: past the limit, the pacing collects (having reached the limit)
+  -- garbage added: past the limit, the pacing collects (having reached the
+  -- limit), and what is made after that sweep stays garbage
   local function add(bytes)
+    local room = limit - live()
     garbage = garbage + bytes
-    if live() > limit then top(limit); collected() end
+    if live() > limit then
+      top(limit); collected()
+      garbage = bytes - math.max(0, room)
+    end
   end
   -- the backward's worst moment, each {bytes above what is live, recomputed
   -- garbage beside them, bytes beside the gradients (a sharded stage's flat
@@ -133,16 +139,23 @@ local function replay(ops, st, grads, collect, slack)
       if gathered > 0 and st.fwd_kept then top(live() - gathered + st.fwd_kept)
       else top(live() + st.fwd + (gathered > 0 and 0 or st.unit)) end
       gathered = 0
+    elseif not on and st.firsts and k ~= last_b then
+      -- (the step's first B, unless it is also its last: that one's rests
+      -- count every gradient)
+      top(over(st.firsts))
+      on = true
     else
       on = true
       top(over(st.bwds), top_gathered)
       if k == last_b then top(over(st.rests), top_gathered); gathered = 0
       else gathered = st.gathered end
+    end
+    if op[1] == 'B' then
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
       -- gradient this B sends back stays in its send until the step's end)
       pending = pending + st.inb
-      add(st.held + st.inb + st.recomputed)
+      add(st.held + st.inb + st.outb + st.recomputed)
       -- Past COLLECT above the step's start the pipeline collects; below it
       -- the garbage stays. Lua's own collector may free part of it first, at
       -- moments that vary from run to run, which can keep the pipeline from
@@ -277,6 +290,12 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- them} (that garbage shares the collector's slack with the step's: replay).
     local after = 0
     local bwds, rests = {}, {}
+    -- (firsts: the step's first B, which makes the gradients where no earlier
+    -- micro-batch did; each moment counts those made by then. With D > 1 the
+    -- buckets or flat units hold them from the start, and the lists above
+    -- serve every B.)
+    local firsts = D == 1 and {} or nil
+    local made = 0
     -- ZeRO 3's nodes run Lua ops all through a backward; otherwise a plain
     -- child's backward is the engine's alone (false: no pacing there)
     local gathers = D > 1 and l.shard == 'parameters'
@@ -293,22 +312,32 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       fwd = math.max(fwd, held + dead + m.loss.fwd_peak)
       fwd_kept = math.max(fwd_kept, held + dead + m.loss.fwd_peak - W)
       bwds[1] = { held + m.loss.bwd_peak, 0, 0, zero3 }
+      if firsts then firsts[1] = bwds[1] end
       held = held + m.loss.held
     end
+    -- (the gradient a stage before the last receives for its output: the last
+    -- child's backward was measured with it, the others run beside it)
+    local outb = s < P - 1 and children[last_i].out_bytes or 0
     -- (rests: the moments of the step's last B from the one the stage's last
     -- child has its gradients on; a sharded stage's with the bytes its flat
     -- units add beside the gradients at each child)
-    rests[1] = { before[last_i], 0, 0, zero3, g = gathers and children[last_i].params or nil }
+    rests[1] = { before[last_i] + outb, 0, 0, zero3, g = gathers and children[last_i].params or nil }
     if flats then rests[1][4] = nil end
     for i = last_i, first, -1 do
       local c = children[i]
       -- (a child's backward was measured beside its weights' gradients, which
       -- the replay counts apart, from the stage's first B on)
-      local b = before[i] + c.bwd_peak
+      local b = before[i] + c.bwd_peak + (i < last_i and outb or 0)
       -- (where the pacing runs: e[4] in replay's over)
       local sweep = c.recompute_peak and before[i] + c.recompute_peak or zero3
       if gathers then gath = gath + c.params end
       bwds[#bwds + 1] = { b, after, 0, sweep, g = gath }
+      if firsts then
+        local out_g = i < last_i and outb or 0
+        firsts[#firsts + 1] = { before[i] + c.bwd_first + made + out_g, after, 0,
+          c.recompute_peak and sweep + made or sweep }
+        made = made + c.params
+      end
       local g = gathers and gath or nil
       if flats and l.checkpoint then
         -- (its backward's peak before its flats, their making after it, when
@@ -322,10 +351,11 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       if tidy and (c.recomputed or 0) > tidy then
         after = 0
         bwds[#bwds].collects = true
+        if firsts then firsts[#firsts].collects = true end
         if #rests > 0 then rests[#rests].collects = true end
       end
     end
-    for _, list in ipairs({ bwds, rests }) do
+    for _, list in ipairs({ bwds, rests, firsts }) do
       for _, e in ipairs(list) do
         e[1] = e[1] - held
         if e[4] then e[4] = e[4] - held end
@@ -354,9 +384,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local st = { held = held, garbage = dead, fwd = math.max(0, fwd - held - dead),
                  fwd_kept = not tidied and math.max(0, fwd_kept + W - held - dead) or nil,
                  tidied = tidied, fwd_pre = fwd_pre,
-                 bwds = bwds, rests = rests,
+                 bwds = bwds, rests = rests, firsts = firsts,
                  inb = s > 0 and children[first - 1].out_bytes or 0,
-                 outb = s < P - 1 and children[last_i].out_bytes or 0,
+                 outb = outb,
                  recomputed = math.min(slack(held), after),
                  -- (plain wrap's buckets are the gradients, there from wrap time on)
                  buckets = D > 1 and not sharded,
