@@ -310,13 +310,14 @@ typedef struct emi_backend {
   /* t[i] *= (T)scale for n tensors as norm_multi's. */
   em_status (*scale_multi)(emi_device *d, int n, em_tensor *const *t, double scale);
   /* -- Sorting and scans along one dim (core/ops/sort_scan.c) ---------------------
-  ** indices (int64, contiguous, a's shape with ndim >= 1) receives, for each line
-  ** of a (any dtype, strided) along dim, the positions of its elements in
-  ** ascending (descending) order, plus index_base. The sort is stable: equal
+  ** indices (int64, contiguous, a's shape with k along dim, ndim >= 1) receives,
+  ** for each line of a (any dtype, strided) along dim, the positions of its first
+  ** k elements in ascending (descending) order, plus index_base: the whole order
+  ** when k is the line's length, topk's when less. The sort is stable: equal
   ** elements keep their order. NaN sorts above every number (first when
   ** descending); NaNs are equal among themselves. */
   em_status (*sort)(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
-                    int descending, int index_base);
+                    int descending, int index_base, int64_t k);
   /* Inclusive scan along dim: op EMI_SCAN_SUM (cumsum) or EMI_SCAN_PROD (cumprod).
   ** out (contiguous) and a (strided) have one shape (ndim >= 1) and one dtype, a
   ** floating one or int64; floats accumulate in double, int64 wraps. */

@@ -43,14 +43,14 @@ static void describe(sort_args *x, char *out, const em_tensor *a, int dim) {
 enum { SORT_RANK_MAX = 4096 };
 
 static em_status sort_on_host(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
-                              int descending, int index_base) {
+                              int descending, int index_base, int64_t k) {
   em_state *S = d->S;
   emi_device *cpu = emi_cpu_device(S);
   em_tensor *ha = NULL, *hi = NULL;
   em_status st = emi_tensor_new(S, "sort", a->sizes, a->ndim, a->dtype, EM_CPU, &ha);
-  if (!st) st = emi_tensor_new(S, "sort", a->sizes, a->ndim, EM_INT64, EM_CPU, &hi);
+  if (!st) st = emi_tensor_new(S, "sort", indices->sizes, indices->ndim, EM_INT64, EM_CPU, &hi);
   if (!st) st = emk_cuda_backend.copy(d, ha, a);
-  if (!st) st = cpu->backend->sort(cpu, hi, ha, dim, descending, index_base);
+  if (!st) st = cpu->backend->sort(cpu, hi, ha, dim, descending, index_base, k);
   if (!st) st = emk_cuda_backend.copy(d, indices, hi);
   em_tensor_release(ha);
   em_tensor_release(hi);
@@ -58,13 +58,14 @@ static em_status sort_on_host(emi_device *d, em_tensor *indices, const em_tensor
 }
 
 em_status emk_sort(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
-                   int descending, int index_base) {
-  if (a->numel == 0) return EM_OK;
+                   int descending, int index_base, int64_t k) {
+  if (a->numel == 0 || k == 0) return EM_OK;
   if (a->sizes[dim] > SORT_RANK_MAX)
-    return sort_on_host(d, indices, a, dim, descending, index_base);
+    return sort_on_host(d, indices, a, dim, descending, index_base, k);
   sort_args x;
   describe(&x, (char *)em_tensor_data(indices), a, dim);
   x.n = a->numel;
+  x.k = k;
   x.descending = descending;
   x.index_base = index_base;
   return launch(d, "sort", &k_sort_rank, &x);

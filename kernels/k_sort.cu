@@ -5,7 +5,7 @@
 **
 ** The sort gives each element its own thread, which counts the elements of its
 ** line that sort before it (smaller, or equal and earlier: the stable order) and
-** writes its position at that rank. Quadratic in the line's length but without
+** writes its position at that rank (topk: if the rank is below k). Quadratic in the line's length but without
 ** scratch memory or synchronisation, and exactly the CPU's order, ties
 ** included; it serves lines of up to a few thousand elements, and k_sort.c
 ** sorts longer ones on the host. The scan gives each line one thread,
@@ -56,7 +56,8 @@ EMK_KERNEL(k_sort_rank, sort_args) {
         rank += c < 0 || (c == 0 && j < i);
       }
     }
-    int64_t o = (k / a.inner) * a.len * a.inner + k % a.inner + rank * a.inner;
+    if (rank >= a.k) continue;
+    int64_t o = (k / a.inner) * a.k * a.inner + k % a.inner + rank * a.inner;
     ((int64_t *)a.out)[o] = i + a.index_base;
   }
 }

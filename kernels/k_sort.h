@@ -7,7 +7,7 @@
 #include "cuda.h"
 
 em_status emk_sort(emi_device *d, em_tensor *indices, const em_tensor *a, int dim,
-                   int descending, int index_base);
+                   int descending, int index_base, int64_t k);
 em_status emk_scan(emi_device *d, int op, em_tensor *out, const em_tensor *a, int dim);
 
 #endif

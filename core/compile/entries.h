@@ -59,7 +59,8 @@
   F(CT, y) F(int, reduction)
 #define ARGS_index_add(F) F(MT, out) F(int, dim) F(CT, idx) F(CT, src) F(int, index_base)
 #define ARGS_scatter_add(F) F(MT, out) F(int, dim) F(CT, idx) F(CT, src) F(int, index_base)
-#define ARGS_sort(F) F(MT, indices) F(CT, a) F(int, dim) F(int, descending) F(int, index_base)
+#define ARGS_sort(F) F(MT, indices) F(CT, a) F(int, dim) F(int, descending) F(int, index_base) \
+  F(int64_t, k)
 #define ARGS_scan(F) F(int, op) F(MT, out) F(CT, a) F(int, dim)
 
 #define GENERATED_ENTRIES(X)                                                            \

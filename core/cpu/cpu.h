@@ -176,7 +176,7 @@ em_status emi_cpu_norm_multi(emi_device *dev, em_tensor *out, int n,
 em_status emi_cpu_scale_multi(emi_device *dev, int n, em_tensor *const *t, double scale);
 /* sort_scan.c: stable sorts and inclusive scans along one dim. */
 em_status emi_cpu_sort(emi_device *dev, em_tensor *indices, const em_tensor *a, int dim,
-                       int descending, int index_base);
+                       int descending, int index_base, int64_t k);
 em_status emi_cpu_scan(emi_device *dev, int op, em_tensor *out, const em_tensor *a, int dim);
 
 /* -- OpenBLAS's thread count (blas.c) ----------------------------------------------

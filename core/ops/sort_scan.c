@@ -1,7 +1,7 @@
 /*
 ** sort_scan.c -- sorting and scans along one dim: argsort, sort, topk (the
-** backends' sort entry, which gives the stable order of each line) and cumsum,
-** cumprod (the scan entry).
+** backends' sort entry, which gives the stable order of each line, or its first
+** k: topk's need not sort the rest) and cumsum, cumprod (the scan entry).
 **
 ** sort and topk take their values with em_gather at the sorted positions, so the
 ** values' gradient is gather's (a scatter-add back to the input) with nothing
@@ -51,7 +51,8 @@ em_status em_argsort(em_state *S, const em_tensor *a, int dim, int descending,
   if ((st = at_least_1d(S, a, &av, &view))) return st;
   st = emi_tensor_new(S, "argsort", av->sizes, av->ndim, EM_INT64, a->device, &ix);
   if (!st && av->numel > 0)
-    st = EMI_DISPATCH(S, "argsort", av, sort, ix, av, dim, descending != 0, index_base);
+    st = EMI_DISPATCH(S, "argsort", av, sort, ix, av, dim, descending != 0, index_base,
+                      av->sizes[dim]);
   em_tensor_release(view);
   if (st) { em_tensor_release(ix); return st; }
   if (a->ndim == 0 && (st = to_0d(S, &ix))) return st;
@@ -82,19 +83,18 @@ em_status em_topk(em_state *S, const em_tensor *a, int64_t k, int dim, int large
     return emi_error(S, EM_ERR_ARG, "topk: k = %lld is out of range for dimension %lld of "
                      "size %lld in shape %s (0 <= k <= %lld)", (long long)k, emi_ix(S, dim),
                      (long long)size, emi_tshape(S, a), (long long)size);
-  em_tensor *all, *ix, *v;
-  if ((st = em_argsort(S, a, dim, largest != 0, index_base, &all))) return st;
-  if (a->ndim == 0) {
-    ix = all;
-  } else {
-    em_tensor *head;
-    st = em_narrow(S, all, dim, 0, k, &head);
-    em_tensor_release(all);
-    if (st) return st;
-    st = em_contiguous(S, head, &ix);
-    em_tensor_release(head);
-    if (st) return st;
-  }
+  const em_tensor *av;
+  em_tensor *view, *ix, *v;
+  if ((st = at_least_1d(S, a, &av, &view))) return st;
+  int64_t sizes[EM_MAX_DIMS];
+  memcpy(sizes, av->sizes, sizeof(int64_t) * (size_t)av->ndim);
+  sizes[dim] = k;
+  st = emi_tensor_new(S, "topk", sizes, av->ndim, EM_INT64, a->device, &ix);
+  if (!st && av->numel > 0 && k > 0)
+    st = EMI_DISPATCH(S, "topk", av, sort, ix, av, dim, largest != 0, index_base, k);
+  em_tensor_release(view);
+  if (st) { em_tensor_release(ix); return st; }
+  if (a->ndim == 0 && k == 1 && (st = to_0d(S, &ix))) return st;
   if ((st = em_gather(S, a, dim, ix, index_base, &v))) {
     em_tensor_release(ix);
     return st;

@@ -67,6 +67,13 @@ local CALLS = {
     local vt, it = em.topk(x:t(), 4, 2)
     return { v, i, vs, is, vt, it }
   end,
+  topk_long = function(x)
+    local v, i = x:topk(5)
+    local vs, is = x:topk(9, 2, false)
+    local vt, it = x:t():topk(4, 1)
+    local vn, inn = x:narrow(2, 11, 200):topk(50)
+    return { v, i, vs, is, vt, it, vn, inn }
+  end,
   chunk = function(x)
     local r = {}
     for _, l in ipairs({ x:chunk(3), x:t():chunk(2, 2), em.chunk(x, 4, 2) }) do
@@ -168,6 +175,35 @@ H.test('cuda (emulated) gives the cpu results', function()
   local base = em.randn(600, 5):double()
   local c = base:to('cuda'):t():cumprod(1)
   H.close(H.flat(c:cpu()), H.flat(base:t():cumprod(1)), 1e-12, 'cumprod of many lines')
+end)
+
+-- topk selects a line's first k without sorting the rest (k up to a quarter of
+-- the line on the CPU; the kernel's ranks below k on cuda): it must give the
+-- sort's head exactly, ties in their stable order and NaN where sort puts it.
+H.test('topk is the sort\'s head (ties, NaN; cpu and cuda)', function()
+  local ints = em.randint(0, 20, { 3, 1000 })
+  local nan = em.randn(4, 600):double()
+  nan = nan:masked_fill(nan:gt(1.2), 0 / 0)
+  local long = em.randint(0, 50, { 2, 5000 }):float()
+  local cases = {
+    { 'int64 ties', ints, 7, 2, true }, { 'int64 ties, smallest', ints, 30, 2, false },
+    { 'transposed', ints:t(), 5, 1, true }, { 'NaN first', nan, 60, 2, true },
+    { 'NaN last', nan, 3, 2, false }, { 'k past a quarter', ints, 400, 2, true },
+    { 'whole line', ints, 1000, 2, false }, { 'past the cuda kernel', long, 20, 2, true },
+  }
+  for _, dev in ipairs({ 'cpu', 'cuda' }) do
+    for _, c in ipairs(cases) do
+      local what, x, k, dim, largest = c[1] .. ' on ' .. dev, c[2]:to(dev), c[3], c[4], c[5]
+      local v, i = x:topk(k, dim, largest)
+      local _, si = x:sort(dim, largest)
+      local want = si:narrow(dim, 1, k)
+      H.eq(i.shape, want.shape, what .. ': shape')
+      H.eq(H.flat(i:cpu()), H.flat(want:cpu()), what .. ': indices')
+      -- (the values are the input's at those indices: NaN where NaN was picked)
+      local g = x:gather(dim, i)
+      H.eq(v:ne(g):logical_and(v:eq(v)):sum():item(), 0, what .. ': values at the indices')
+    end
+  end
 end)
 
 H.test('meta: shapes and dtypes', function()
