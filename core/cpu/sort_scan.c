@@ -17,6 +17,7 @@
 ** total, so the result is the whole sort's head, ties included.
 */
 #include "cpu.h"
+#include <math.h>
 #include <stdlib.h>
 
 /* Where line k (of outer * inner lines) starts in a, and in a contiguous tensor of
@@ -126,6 +127,104 @@ static void first_k(skey *keys, int64_t n, int64_t k, key_order cmp) {
   qsort(keys, (size_t)k, sizeof *keys, cmp);
 }
 
+/* -- lines of 32-bit keys ----------------------------------------------------------
+** Every sortable dtype but float64 and int64 maps its values to 32 bits whose
+** unsigned order is the sort's (floats widen to float32 exactly; -0 and 0 are
+** one key, NaN is above every number). A line's word i holds that key
+** (inverted when descending) above i, so the words' unsigned order is the
+** stable order itself: a radix sort of the keys' four bytes (stable passes,
+** skipped where every key shares the byte) sorts a line, and topk's heap
+** compares single words. float64 and int64 lines sort (key, position) pairs. */
+static int word_keyed(em_dtype dt) { return dt != EM_FLOAT64 && dt != EM_INT64; }
+
+static inline uint32_t word_key(const char *e, em_dtype dt) {
+  if (dt == EM_INT32) return (uint32_t)*(const int32_t *)e ^ 0x80000000u;
+  if (dt == EM_UINT8 || dt == EM_BOOL) return *(const uint8_t *)e;
+  float f = dt == EM_FLOAT32 ? *(const float *)e : (float)emi_load_f64(e, dt);
+  if (f != f) return 0xffffffffu;
+  if (f == 0) return 0x80000000u;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* The float32 value of a key (NaN for NaN's). */
+static float key_float(uint32_t key) {
+  uint32_t u = key & 0x80000000u ? key ^ 0x80000000u : ~key;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return key == 0xffffffffu ? NAN : f;
+}
+
+/* w[0..n) in unsigned order of their high 32 bits, stably; tmp holds n words. */
+static void radix_sort_high(uint64_t *w, uint64_t *tmp, int64_t n) {
+  uint64_t *src = w, *dst = tmp;
+  for (int shift = 32; shift < 64; shift += 8) {
+    int64_t at[257] = {0};
+    for (int64_t i = 0; i < n; i++) at[((src[i] >> shift) & 255) + 1]++;
+    if (at[((src[0] >> shift) & 255) + 1] == n) continue;
+    for (int b = 0; b < 256; b++) at[b + 1] += at[b];
+    for (int64_t i = 0; i < n; i++) dst[at[(src[i] >> shift) & 255]++] = src[i];
+    uint64_t *t = src;
+    src = dst;
+    dst = t;
+  }
+  if (src != w) memcpy(w, src, (size_t)n * sizeof *w);
+}
+
+static int word_order(const void *p, const void *q) {
+  uint64_t x = *(const uint64_t *)p, y = *(const uint64_t *)q;
+  return (x > y) - (x < y);
+}
+
+/* h[0..n) a max-heap of words: h[i] moved down to its place. */
+static void sift_down_word(uint64_t *h, int64_t n, int64_t i) {
+  for (;;) {
+    int64_t c = 2 * i + 1;
+    if (c >= n) return;
+    if (c + 1 < n && h[c + 1] > h[c]) c++;
+    if (h[c] <= h[i]) return;
+    uint64_t t = h[c];
+    h[c] = h[i];
+    h[i] = t;
+    i = c;
+  }
+}
+
+/* w[0..k) become the first k words of the line at p (n elements, stride st bytes)
+** in order; w and tmp hold n words (w holds k when k is at most a quarter of n). */
+static void line_words(uint64_t *w, uint64_t *tmp, const char *p, int64_t n, int64_t st,
+                       em_dtype dt, int descending, int64_t k) {
+  uint32_t flip = descending ? 0xffffffffu : 0;
+#define WORD(i) ((uint64_t)(word_key(p + (i) * st, dt) ^ flip) << 32 | (uint64_t)(i))
+  if (k * 4 > n) {
+    for (int64_t i = 0; i < n; i++) w[i] = WORD(i);
+    radix_sort_high(w, tmp, n);
+    return;
+  }
+  for (int64_t i = 0; i < k; i++) w[i] = WORD(i);
+  for (int64_t i = k / 2; i-- > 0;) sift_down_word(w, k, i);
+  /* (float32: most elements lose to the heap's last by value alone, in a
+  ** compare of floats; equal ones, NaN and the rest take the words' way) */
+  int f32 = dt == EM_FLOAT32;
+  float last = f32 ? key_float((uint32_t)(w[0] >> 32) ^ flip) : 0;
+  for (int64_t i = k; i < n; i++) {
+    if (f32) {
+      float f = *(const float *)(p + i * st);
+      if (descending ? f < last : f > last) continue;
+    }
+    uint64_t x = WORD(i);
+    if (x < w[0]) {
+      w[0] = x;
+      sift_down_word(w, k, 0);
+      if (f32) last = key_float((uint32_t)(w[0] >> 32) ^ flip);
+    }
+  }
+#undef WORD
+  (void)tmp;    /* (the heap's positions are out of order: its words sort whole) */
+  qsort(w, (size_t)k, sizeof *w, word_order);
+}
+
 typedef struct sort_job {
   lines l;
   int64_t *out;
@@ -134,8 +233,24 @@ typedef struct sort_job {
   int failed;               /* a task could not get its scratch (atomic) */
 } sort_job;
 
-static void sort_task(void *ctx, int64_t k0, int64_t k1) {
-  sort_job *j = ctx;
+static void sort_words_task(sort_job *j, int64_t k0, int64_t k1) {
+  const em_tensor *a = j->l.a;
+  int64_t n = j->l.len, esz = (int64_t)em_dtype_size(a->dtype);
+  int64_t cap = j->k * 4 > n ? n : j->k;
+  uint64_t *w = malloc((size_t)cap * 2 * sizeof *w);   /* (the words and the radix's) */
+  if (!w) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  const char *base = (const char *)a->storage->data;
+  for (int64_t k = k0; k < k1; k++) {
+    line_words(w, w + cap, base + line_offset(&j->l, k) * esz, n,
+               a->strides[j->l.dim] * esz, a->dtype, j->descending, j->k);
+    int64_t *o = j->out + line_start_contig(&j->l, k, j->k);
+    for (int64_t i = 0; i < j->k; i++)
+      o[i * j->l.inner] = (int64_t)(uint32_t)w[i] + j->index_base;
+  }
+  free(w);
+}
+
+static void sort_pairs_task(sort_job *j, int64_t k0, int64_t k1) {
   const em_tensor *a = j->l.a;
   int64_t n = j->l.len, st = a->strides[j->l.dim];
   size_t esz = em_dtype_size(a->dtype);
@@ -157,6 +272,12 @@ static void sort_task(void *ctx, int64_t k0, int64_t k1) {
     for (int64_t i = 0; i < j->k; i++) o[i * j->l.inner] = keys[i].pos + j->index_base;
   }
   free(keys);
+}
+
+static void sort_task(void *ctx, int64_t k0, int64_t k1) {
+  sort_job *j = ctx;
+  if (word_keyed(j->l.a->dtype) && j->l.len <= UINT32_MAX) sort_words_task(j, k0, k1);
+  else sort_pairs_task(j, k0, k1);
 }
 
 em_status emi_cpu_sort(emi_device *dev, em_tensor *indices, const em_tensor *a, int dim,

@@ -206,6 +206,31 @@ H.test('topk is the sort\'s head (ties, NaN; cpu and cuda)', function()
   end
 end)
 
+-- Lines of every dtype but float64 and int64 sort as 32-bit words on the CPU
+-- (the value's bits, ordered, above the position); float64 lines sort (value,
+-- position) pairs. The two ways must agree: -0 equal to 0, NaN above all, ties
+-- stable, sorts and topk's selection alike.
+H.test('sorts of 32-bit keys agree with float64\'s (every dtype, -0, NaN, ties)', function()
+  local x = em.randint(-6, 7, { 3, 900 }):double() / 2
+  x = x:masked_fill(x:eq(0):logical_and(em.rand(3, 900):gt(0.5)), -0.0)
+  local with_nan = x:masked_fill(x:gt(2.5), 0 / 0)
+  local cases = {
+    { 'float32', with_nan:float() }, { 'bfloat16', with_nan:to('bfloat16') },
+    { 'float16', with_nan:to('float16') }, { 'int32', (x * 2):to('int32') },
+    { 'uint8', (x * 2 + 12):to('uint8') }, { 'bool', x:gt(0) },
+    { 'float32 transposed', with_nan:float():t():contiguous():t() },
+  }
+  for _, c in ipairs(cases) do
+    local what, t = c[1], c[2]
+    for _, desc in ipairs({ false, true }) do
+      local how = what .. (desc and ' descending' or ' ascending')
+      local want = select(2, t:double():sort(2, desc))
+      H.eq(H.flat(select(2, t:sort(2, desc))), H.flat(want), how .. ': sort')
+      H.eq(H.flat(select(2, t:topk(40, 2, desc))), H.flat(want:narrow(2, 1, 40)), how .. ': topk')
+    end
+  end
+end)
+
 H.test('meta: shapes and dtypes', function()
   local x = em.empty({ 4, 6 }, { device = 'meta' })
   local v, i = x:sort(1)
