@@ -11,15 +11,12 @@ sent output. With D > 1 replicas per stage the micro-batches' backwards run
 unsynchronised, so the full gradients W accumulate whatever the sharding; the
 state is S/D when sharded; plain wrap's buckets hold those gradients (nothing
 more); ZeRO 1/2/3 move them into flat units during the last backward, replayed
-unit by unit (flat_extras); ZeRO 1/2 gather W at the first forward; ZeRO 3
+unit by unit (plan_flat_units.lua); ZeRO 1/2 gather W at the first forward; ZeRO 3
 keeps W/D and, at worst, all of the weights its backwards gathered.
 ]]
-local shard_layout = require 'ember.distribute.shard_layout'
+local flat_units = require 'ember.distribute.plan_flat_units'
 
 local M = {}
-
--- (the same figure as plan_layouts.lua's)
-M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 
 -- children: plan_children.children's list at the micro-batch (each {held,
 -- garbage, recomputed, fwd_peak, bwd_peak, params, sizes, unit_sizes,
@@ -139,18 +136,14 @@ local function replay(ops, st, grads, collect, slack)
       if gathered > 0 and st.fwd_kept then top(live() - gathered + st.fwd_kept)
       else top(live() + st.fwd + (gathered > 0 and 0 or st.unit)) end
       gathered = 0
-    elseif not on and st.firsts and k ~= last_b then
-      -- (the step's first B, unless it is also its last: that one's rests
-      -- count every gradient)
-      top(over(st.firsts))
-      on = true
     else
+      -- (the step's first B makes the gradients, unless it is also its last:
+      -- that one's rests count every gradient)
+      local list = not on and st.firsts and k ~= last_b and st.firsts or st.bwds
       on = true
-      top(over(st.bwds), top_gathered)
+      top(over(list), top_gathered)
       if k == last_b then top(over(st.rests), top_gathered); gathered = 0
       else gathered = st.gathered end
-    end
-    if op[1] == 'B' then
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
       -- gradient this B sends back stays in its send until the step's end)
@@ -169,87 +162,6 @@ local function replay(ops, st, grads, collect, slack)
   -- the sends are waited for at the step's end: their buffers join the garbage
   top(grads + pending + garbage)
   return peak, peak_gathered
-end
-
--- A sharded stage's last B (shard_grads.lua): each gradient, once final, moves
--- into its unit's flat buffer -- made whole at the unit's first gradient -- and
--- the full gradient goes. Units launch in order once complete. ZeRO 1's
--- allreduced flats stay as the shards' gradients (their views); ZeRO 2 and 3's
--- reduce-scatter results sit beside their flats until more than MAX_IN_FLIGHT
--- are under way, then the oldest flat goes and its 1/D slice stays. ZeRO 3
--- also lets a unit's gathered weights go once its gradients are complete.
--- units: in backward order, each {bytes, parts = {{child, bytes}, ...}}.
--- Returns, per child of the stage, the bytes beside the stage's full gradients
--- (and ZeRO 3's gathered weights) while its backward runs, with its own units'
--- flats made (a plain backward finishes a bias before it adds up its weight's
--- gradient, whose flat then exists), and without them (a checkpointed child's
--- gradients arrive together once its backward is done: its weight's first).
-local function flat_extras(units, first, last, D, mode)
-  local extras, before, made, got = {}, {}, {}, {}
-  local alive, moved, sliced, freed, launched, applied = 0, 0, 0, 0, 0, 0
-  for i = last, first, -1 do
-    local new = 0
-    for u, unit in ipairs(units) do
-      for _, part in ipairs(unit.parts) do
-        if part[1] == i and not made[u] then made[u] = true; new = new + unit.bytes end
-      end
-    end
-    before[i] = alive + sliced - moved - freed
-    extras[i] = before[i] + new
-    alive = alive + new
-    for u, unit in ipairs(units) do
-      for _, part in ipairs(unit.parts) do
-        if part[1] == i then got[u] = (got[u] or 0) + 1; moved = moved + part[2] end
-      end
-    end
-    while launched < #units and got[launched + 1] == #units[launched + 1].parts do
-      launched = launched + 1
-      local b = units[launched].bytes
-      if mode == 'parameters' then freed = freed + b end
-      if mode ~= 'optimizer' then
-        alive = alive + math.ceil(b / D)
-        while launched - applied > M.MAX_IN_FLIGHT do
-          applied = applied + 1
-          local a = units[applied].bytes
-          alive = alive - a - math.ceil(a / D)
-          sliced = sliced + math.ceil(a / D)
-        end
-      end
-    end
-  end
-  return extras, before
-end
-
--- A stage's units, as shard.lua makes them: ZeRO 1 and 2 bucket its
--- parameters (shard_layout.shard_buckets: the last first); ZeRO 3
--- makes one of each module that owns parameters.
-local function stage_units(children, first, last, mode)
-  local units = {}
-  if mode == 'parameters' then
-    for i = last, first, -1 do
-      local sizes = children[i].unit_sizes or { children[i].params }
-      for k = #sizes, 1, -1 do
-        units[#units + 1] = { bytes = sizes[k], parts = { { i, sizes[k] } } }
-      end
-    end
-    return units
-  end
-  local sizes, owner, keys = {}, {}, {}
-  for i = first, last do
-    for _, b in ipairs(children[i].sizes or { children[i].params }) do
-      sizes[#sizes + 1] = b
-      owner[#sizes], keys[#sizes] = i, 1
-    end
-  end
-  for _, idx in ipairs(shard_layout.shard_buckets(sizes, keys)) do
-    local u = { bytes = 0, parts = {} }
-    for _, k in ipairs(idx) do
-      u.bytes = u.bytes + sizes[k]
-      u.parts[#u.parts + 1] = { owner[k], sizes[k] }
-    end
-    units[#units + 1] = u
-  end
-  return units
 end
 
 function M.pipeline_memory(l, m, children, counts, schedule)
@@ -291,10 +203,10 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local after = 0
     local bwds, rests = {}, {}
     -- (firsts: the step's first B, which makes the gradients where no earlier
-    -- micro-batch did; each moment counts those made by then. With D > 1 the
-    -- buckets or flat units hold them from the start, and the lists above
-    -- serve every B.)
-    local firsts = D == 1 and {} or nil
+    -- micro-batch did; each moment counts those made by then, as an offset
+    -- from all of them, which the replay counts from that B on. Plain wrap's
+    -- buckets hold them from the start, and the lists above serve every B.)
+    local firsts = (D == 1 or l.shard ~= 'none') and {} or nil
     local made = 0
     -- ZeRO 3's nodes run Lua ops all through a backward; otherwise a plain
     -- child's backward is the engine's alone (false: no pacing there)
@@ -305,14 +217,13 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     local flats = D > 1 and l.shard ~= 'none'
     local extras, own_later = {}, {}
     if flats then
-      extras, own_later = flat_extras(stage_units(children, first, last_i, l.shard), first, last_i,
-        D, l.shard)
+      extras, own_later = flat_units.extras(children, first, last_i, D, l.shard)
     end
     if s == P - 1 and m.loss then
       fwd = math.max(fwd, held + dead + m.loss.fwd_peak)
       fwd_kept = math.max(fwd_kept, held + dead + m.loss.fwd_peak - W)
       bwds[1] = { held + m.loss.bwd_peak, 0, 0, zero3 }
-      if firsts then firsts[1] = bwds[1] end
+      if firsts then firsts[1] = { bwds[1][1] - W, 0, 0, zero3 } end
       held = held + m.loss.held
     end
     -- (the gradient a stage before the last receives for its output: the last
@@ -327,15 +238,16 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       local c = children[i]
       -- (a child's backward was measured beside its weights' gradients, which
       -- the replay counts apart, from the stage's first B on)
-      local b = before[i] + c.bwd_peak + (i < last_i and outb or 0)
+      local out_g = i < last_i and outb or 0
+      local b = before[i] + c.bwd_peak + out_g
       -- (where the pacing runs: e[4] in replay's over)
       local sweep = c.recompute_peak and before[i] + c.recompute_peak or zero3
       if gathers then gath = gath + c.params end
       bwds[#bwds + 1] = { b, after, 0, sweep, g = gath }
       if firsts then
-        local out_g = i < last_i and outb or 0
-        firsts[#firsts + 1] = { before[i] + c.bwd_first + made + out_g, after, 0,
-          c.recompute_peak and sweep + made or sweep }
+        local early = made - W
+        firsts[#firsts + 1] = { before[i] + c.bwd_first + out_g + early, after, 0,
+          c.recompute_peak and sweep + early or sweep, g = gath }
         made = made + c.params
       end
       local g = gathers and gath or nil
