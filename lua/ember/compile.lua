@@ -21,7 +21,8 @@ What changes per step is not in the record, and is handled so:
   - a parameter's .grad is set by the replay as by the eager step.
 A step that can't be replayed runs eagerly for that signature, and explain()
 says why: it read a value (item, totable, tostring, element access: the rest
-of the step would depend on it), touched a device other than the CPU, ran a
+of the step would depend on it) -- except item() after the last kernel call,
+whose value a replay reads again (compile/reads.lua), touched a device other than the CPU, ran a
 collective other than an in-place allreduce or broadcast, took a tensor that
 requires grad, or accumulated into gradients from before the call. `check = true` runs the first
 calls after a capture eagerly again, recording them, and raises at the first
@@ -31,6 +32,7 @@ value that is no argument). EMBER_COMPILE=0 runs every compiled function eagerly
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
+local reads = require 'ember.compile.reads'
 local C, S, raise, kind = core.C, core.S, core.raise, core.kind
 local box_t, istype = core.box_t, ffi.istype
 
@@ -70,8 +72,12 @@ local function user_line()
   return '?'
 end
 
-local function host_access(what)
-  if capture and not capture.read then capture.read = what .. ' at ' .. user_line() end
+-- A value read while capturing: item() notes its tensor (compile/reads.lua
+-- replays a read after the last kernel); any other read ends the record.
+local function host_access(what, t)
+  if not capture then return end
+  if what == 'item' and t then reads.note(capture, t, user_line())
+  elseif not capture.read then capture.read = what .. ' at ' .. user_line() end
 end
 
 -- -- Signatures --------------------------------------------------------------------------
@@ -197,10 +203,11 @@ local function disabled() return DISABLED end
 -- capture's Lua side ({hooks, read}) and fn's results {n = ...}; fn's error is
 -- raised after the recording ended.
 local function record(fn, args)
-  local cap = { hooks = {} }
+  local cap = { hooks = {}, items = {} }
   core.check(C.em_compile_begin(S))
   capture, core.host_access = cap, host_access
   local res = pack(pcall(fn, unpack(args, 1, args.n)))
+  cap.total = C.em_compile_recorded(S)
   capture, core.host_access = nil, nil
   -- the step's dead tensors let go of their buffers, so the memory plan (at the
   -- capture's end) sees which buffers only the record holds (ember.handles'
@@ -242,6 +249,8 @@ function Compiled:capture(key, args)
   local prog, why_not, cap, res = record(self.fn, call_args)
   self.counts.captures = self.counts.captures + 1
   why = cap.read and ('it reads a value: ' .. cap.read) or why_not
+  local slots
+  if not why and #cap.items > 0 then slots, why = reads.plan(cap, cap.total, res) end
   if why then
     self.counts.breaks = self.counts.breaks + 1
     if prog then ffi.gc(prog, nil); free_program(prog) end
@@ -262,7 +271,7 @@ function Compiled:capture(key, args)
   for i, what in ipairs(order) do
     fused_lines[i] = inside[what] > 1 and ('%s (x%d)'):format(what, inside[what]) or what
   end
-  return { prog = prog, statics = statics, results = res, hooks = cap.hooks,
+  return { prog = prog, statics = statics, results = res, hooks = cap.hooks, reads = slots,
            kernels = info.kernels, calls = info.calls, held = tonumber(info.held_bytes),
            fused = info.fused, fusions = fusions, fused_lines = fused_lines,
            checks = self.check }, own(res)
@@ -316,6 +325,7 @@ function Compiled:__call(...)
   core.check(C.em_program_run(S, e.prog))
   self.counts.replays = self.counts.replays + 1
   local res = own(e.results)
+  if e.reads then reads.fill(res, e.reads) end
   return unpack(res, 1, res.n)
 end
 

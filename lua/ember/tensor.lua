@@ -281,7 +281,7 @@ local dbox = ffi.new('double[1]')
 local ibox = ffi.new('int64_t[1]')
 function Tensor.item(t)
   local h = H(t, 'item', 0)
-  if core.host_access then core.host_access('item') end
+  if core.host_access then core.host_access('item', t) end
   local dt = core.dtype_of(h)
   if dt == INT64 or dt == INT32 then
     if C.em_tensor_item_int(S, h, ibox) ~= 0 then fail() end
