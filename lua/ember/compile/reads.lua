@@ -9,9 +9,12 @@ on nothing that runs later: the replay runs the kernels, then reads the same
 tensor again. What fn returns is a Lua value computed from the read, which a
 replay can't recompute without running fn; so a number (or boolean) fn returns
 must be one of the values it read, found by equality at capture, and a replay
-returns that tensor's value as read anew. A step that returns a number made
-from a read (`loss:item() / n`), or two equal reads that can't be told apart,
-runs eagerly and says why.
+returns that tensor's value as read anew. And every value read must be
+returned: one that only steers Lua (a GradScaler's inf flag deciding whether
+the optimizer steps) would steer it as at the capture, whatever the replay's
+value. A step that returns a number made from a read (`loss:item() / n`),
+reads a value it does not return, or makes two equal reads that can't be told
+apart, runs eagerly and says why.
 ]]
 local core = require 'ember.ffi'
 local C, S = core.C, core.S
@@ -36,7 +39,7 @@ function M.plan(cap, total, res)
         'after it could depend on the value)'):format(r.where)
     end
   end
-  local slots = {}
+  local slots, used = {}, {}
   local function map(v, i, k)
     if not scalar(v) then return true end
     local found
@@ -54,6 +57,7 @@ function M.plan(cap, total, res)
         'value itself or a tensor; a replay does not run Lua'):format(tostring(v), cap.items[1].where)
     end
     slots[#slots + 1] = { i = i, k = k, read = found.t }
+    used[found.t] = true
     return true
   end
   for i = 1, res.n do
@@ -66,6 +70,12 @@ function M.plan(cap, total, res)
     else
       local ok, why = map(v, i)
       if not ok then return nil, why end
+    end
+  end
+  for _, r in ipairs(cap.items) do
+    if not used[r.t] then
+      return nil, ('it reads a value at %s that it does not return (what it does with the ' ..
+        'value is Lua, which a replay does not run)'):format(r.where)
     end
   end
   return slots
