@@ -79,7 +79,10 @@ while [ $r -lt "$ROUNDS" ]; do
     if [ -n "${EMBER_BENCH_ONLY:-}" ] && ! echo "$name" | grep -Eq "$EMBER_BENCH_ONLY"; then
       continue
     fi
-    if ! "$EMBER" "$lua" > "$TMP/out" 2>&1; then
+    # the ResNet's compiled rows too (em.compile's step beside the eager ones)
+    args=""
+    case "$name" in bench_train_resnet) args="--compile" ;; esac
+    if ! "$EMBER" "$lua" $args > "$TMP/out" 2>&1; then
       echo "$name: ember failed:"; sed 's/^/  /' "$TMP/out" | tail -n 5
     fi
     grep '^RESULT ' "$TMP/out" >> "$TMP/ember"
@@ -139,6 +142,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # train_cnn_fp32_vs_torch2, train_mlp_fp32_vs_torch2, train_cnn_fp32_vs_tf,
 # train_cnn_bf16_vs_torch2, train_resnet_fp32_vs_torch2, train_resnet_bf16_vs_torch2,
 # train_cnn_compiled_vs_torch2 and _vs_tf (em.compile's step against the peers' own),
+# train_resnet_compiled_fp32_vs_torch2 and _bf16_ (the best compiled layout against
+# PyTorch's best eager one),
 # compile_tiny_step_vs_torch2 (a small MLP's compiled step against PyTorch eager),
 # compile_chain_vs_torch2 (a compiled element-wise chain against PyTorch eager), and for
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
@@ -186,6 +191,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
     split("ddp_cnn_vs:ddp_cnn_local train_cnn_fp32_vs:train_cnn train_mlp_fp32_vs:train_mlp " \
           "train_cnn_bf16_vs:train_cnn_bf16 train_resnet_fp32_vs:train_resnet_fp32 " \
           "train_resnet_bf16_vs:train_resnet_bf16 " \
+          "train_resnet_compiled_fp32_vs:train_resnet_compiled_fp32:train_resnet_fp32 " \
+          "train_resnet_compiled_bf16_vs:train_resnet_compiled_bf16:train_resnet_bf16 " \
           "train_cnn_compiled_vs:train_cnn_compiled:train_cnn " \
           "compile_tiny_step_vs:compile_tiny_step compile_chain_vs:compile_chain " \
           "ddp_cnn_compiled_vs:ddp_cnn_local_compiled:ddp_cnn_local", pairs, " ")
