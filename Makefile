@@ -106,7 +106,7 @@ endif
 CUDA_OBJ := $(CUDA_SRC:%.c=$(BUILD)/obj/%.o)
 HOST_SRC := $(wildcard lua/host/*.c)
 HOST_OBJ := $(HOST_SRC:%.c=$(BUILD)/obj/%.o)
-LUA_SRC  := $(wildcard lua/ember/*.lua lua/ember/*/*.lua)
+LUA_SRC  := $(wildcard lua/ember/*.lua lua/ember/*/*.lua lua/ember/*/*/*.lua)
 LUA_OUT  := $(LUA_SRC:lua/%=$(BUILD)/lua/%) $(BUILD)/lua/ember/cdefs.lua \
             $(BUILD)/lua/ember/hostdefs.lua $(BUILD)/lua/ember/capi.lua
 CTEST_SRC := $(wildcard tests/c/test_*.c)

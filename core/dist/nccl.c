@@ -351,7 +351,7 @@ static void nccl_destroy(em_comm *c) {
 ** gradient back) orders the calls so that the cycle cannot form -- even
 ** positions in the ring send then recv, odd ones recv then send -- or moves
 ** host copies over the boot communicator, which matches sends and recvs out of
-** order (pipeline_wire.lua does this over a real NCCL communicator).
+** order (pipeline/wire.lua does this over a real NCCL communicator).
 **
 ** The never-hang rule still holds: such a wait ends at the timeout with an
 ** error naming the peer; the timeout fails the communicator, whose NCCL

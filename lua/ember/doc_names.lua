@@ -70,15 +70,15 @@ M.CLASSES = {
   -- what an async collective (s:allreduce(t, {async = true}), ...) returns
   { 'Work', files = { 'distribute/comm.lua' }, tbl = 'Work' },
   -- s:pipeline(model, opts)
-  { 'Pipeline', files = { 'distribute/pipeline.lua', 'distribute/pipeline_run.lua',
-      'distribute/pipeline_state.lua' }, tbl = 'Pipeline' },
+  { 'Pipeline', files = { 'distribute/pipeline.lua', 'distribute/pipeline/run.lua',
+      'distribute/pipeline/state.lua' }, tbl = 'Pipeline' },
   -- em.distribute.plan(model, opts)
   { 'Plan', files = { 'distribute/plan.lua' }, tbl = 'Plan' },
   -- s:wrap(model): the replicated model; s:shard(model, opts): the sharded one
   { 'DistributedModel', files = { 'distribute/wrap.lua' }, tbl = 'DistributedModel' },
   { 'ShardedModel', files = { 'distribute/shard.lua' }, tbl = 'Sharded' },
   -- em.amp.GradScaler(opts)
-  { 'GradScaler', files = { 'amp_scaler.lua' }, tbl = 'Scaler' },
+  { 'GradScaler', files = { 'amp/scaler.lua' }, tbl = 'Scaler' },
   -- em.compile(fn): the compiled step
   { 'Compiled', files = { 'compile.lua' }, tbl = 'Compiled' },
   -- em.cuda.graph(fn)

@@ -35,7 +35,7 @@ local function load_core()
     for k, v in pairs(require('ember.' .. name)) do em[k] = v end
   end
   require 'ember.shape'
-  require('ember.amp_policy').install(Tensor, em)   -- autocast's op lists
+  require('ember.amp.policy').install(Tensor, em)   -- autocast's op lists
   require('ember.layout').install(em)
   local autograd = require 'ember.autograd'
 

@@ -225,7 +225,7 @@ mt.__sub = function(a, b) return binop(EM_SUB, 'sub', a, b) end
 mt.__mul = function(a, b) return binop(EM_MUL, 'mul', a, b) end
 mt.__div = function(a, b) return binop(EM_DIV, 'div', a, b) end
 -- `^` calls through core.meta_ops.pow: a metatype's metatable can't change once
--- set, and the autocast policy wraps pow there (ember.amp_policy).
+-- set, and the autocast policy wraps pow there (ember.amp.policy).
 local meta_ops = { pow = function(a, b) return binop(EM_POW, 'pow', a, b) end }
 core.meta_ops = meta_ops
 mt.__pow = function(a, b) return meta_ops.pow(a, b) end

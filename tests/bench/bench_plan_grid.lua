@@ -33,7 +33,7 @@ do
 end
 local tests = dir .. '../lua/'
 local G = dofile(tests .. 'dist/plan_grid_run.lua')(tests, arg[-1] or 'ember')
-local layouts = require 'ember.distribute.plan_layouts'
+local layouts = require 'ember.distribute.plan.layouts'
 
 print(('%-26s %2s %7s  %-44s %9s %9s %7s  %s'):format('case', 'N', 'cap', 'layout',
   'predicted', 'measured', 'error', 'ran'))

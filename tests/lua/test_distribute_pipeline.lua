@@ -28,8 +28,8 @@ local em = require 'ember'
 local nn = em.nn
 local ember = arg[-1] or 'ember'
 local L = dofile(dir .. 'dist/launch.lua')(dir, ember)
-local schedule = require 'ember.distribute.pipeline_schedule'
-local cut = require 'ember.distribute.pipeline_cut'
+local schedule = require 'ember.distribute.pipeline.schedule'
+local cut = require 'ember.distribute.pipeline.cut'
 
 -- -- In this process ----------------------------------------------------------------------------
 

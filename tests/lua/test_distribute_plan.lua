@@ -17,7 +17,7 @@ local em = require 'ember'
 local nn = em.nn
 local ember = arg[-1] or 'ember'
 local L = dofile(dir .. 'dist/launch.lua')(dir, ember)
-local layouts = require 'ember.distribute.plan_layouts'
+local layouts = require 'ember.distribute.plan.layouts'
 
 local function peaks(out)
   local list = {}

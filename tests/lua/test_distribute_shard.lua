@@ -23,7 +23,7 @@ local core = require 'ember.ffi'
 local C, S = core.C, core.S
 local ember = arg[-1] or 'ember'
 local L = dofile(dir .. 'dist/launch.lua')(dir, ember)
-local layout = require 'ember.distribute.shard_layout'
+local layout = require 'ember.distribute.shard.layout'
 
 -- -- In this process ----------------------------------------------------------------------------
 

@@ -57,9 +57,9 @@ waits for another.
 local em = require 'ember'
 local core = require 'ember.ffi'
 local dist = require 'ember.distribute'
-local schedule = require 'ember.distribute.pipeline_schedule'
-local cut = require 'ember.distribute.pipeline_cut'
-local wire = require 'ember.distribute.pipeline_wire'
+local schedule = require 'ember.distribute.pipeline.schedule'
+local cut = require 'ember.distribute.pipeline.cut'
+local wire = require 'ember.distribute.pipeline.wire'
 local handles = require 'ember.handles'
 local raise, kind = core.raise, core.kind
 local fmt = string.format
@@ -262,7 +262,7 @@ end
 -- -- Methods --------------------------------------------------------------------------------
 -- Running (step, forward) and naming (parameters, state, checkpoints) live in
 -- files of their own.
-for _, part in ipairs({ 'pipeline_run', 'pipeline_state' }) do
+for _, part in ipairs({ 'pipeline.run', 'pipeline.state' }) do
   for k, f in pairs(require('ember.distribute.' .. part)) do Pipeline[k] = f end
 end
 Pipeline.__call = Pipeline.forward

@@ -30,11 +30,11 @@ block's measurement.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
-local memory = require 'ember.distribute.plan_memory'
-local plan_children = require 'ember.distribute.plan_children'
-local timing = require 'ember.distribute.plan_time'
-local layouts = require 'ember.distribute.plan_layouts'
-local shard_layout = require 'ember.distribute.shard_layout'
+local memory = require 'ember.distribute.plan.memory'
+local plan_children = require 'ember.distribute.plan.children'
+local timing = require 'ember.distribute.plan.time'
+local layouts = require 'ember.distribute.plan.layouts'
+local shard_layout = require 'ember.distribute.shard.layout'
 local raise = core.raise
 
 local M = {}
@@ -326,10 +326,10 @@ end
 
 -- -- The plan -------------------------------------------------------------------------------------
 function Plan:print(out)
-  return require('ember.distribute.plan_print').print(self, out)
+  return require('ember.distribute.plan.print').print(self, out)
 end
 
-function Plan.__tostring(self) return require('ember.distribute.plan_print').format(self) end
+function Plan.__tostring(self) return require('ember.distribute.plan.print').format(self) end
 
 -- The model as the layout runs it: s:wrap (data parallel, sharded or not) or a
 -- pipeline; with layout.checkpoint each child's forward runs under

@@ -11,7 +11,7 @@ What each mode keeps on a replica of N (float32, Adam; bytes per parameter):
   parameters   all of it 1/N, plus one module's weights      16/N
                while that module runs forward or backward
 
-The layout (shard_layout.lua). Parameters travel in units: size buckets for
+The layout (shard/layout.lua). Parameters travel in units: size buckets for
 'optimizer' and 'gradients', one unit per module that owns parameters for
 'parameters'. A unit's parameters, flattened end to end and padded, split into
 N equal segments; replica r's share of each parameter (its shard) is what falls
@@ -51,19 +51,19 @@ offload = true (GPU replicas) keeps the shards, their gradients and so the
 optimizer's state and update in host memory; a segment is copied to the device
 for each gather and each reduced gradient slice back to the host.
 
-Files: this one builds the model and answers its methods; shard_layout.lua is
-the arithmetic of units and segments, shard_gather.lua gathers the weights,
-shard_grads.lua reduces the gradients, shard_hooks.lua keeps the live models and
-their hooks on backward, and shard_state.lua is the model's state_dict and
+Files: this one builds the model and answers its methods; shard/layout.lua is
+the arithmetic of units and segments, shard/gather.lua gathers the weights,
+shard/grads.lua reduces the gradients, shard/hooks.lua keeps the live models and
+their hooks on backward, and shard/state.lua is the model's state_dict and
 load_state_dict.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
-local layout = require 'ember.distribute.shard_layout'
-local gather = require 'ember.distribute.shard_gather'
-local grads = require 'ember.distribute.shard_grads'
-local hooks = require 'ember.distribute.shard_hooks'
-local state = require 'ember.distribute.shard_state'
+local layout = require 'ember.distribute.shard.layout'
+local gather = require 'ember.distribute.shard.gather'
+local grads = require 'ember.distribute.shard.grads'
+local hooks = require 'ember.distribute.shard.hooks'
+local state = require 'ember.distribute.shard.state'
 local wrap = require 'ember.distribute.wrap'
 local memory_kinds = require 'ember.memory_kinds'
 local C = core.C
@@ -308,7 +308,7 @@ function Sharded:invalidate()
   if self.shard_mode == 'optimizer' or self.shard_mode == 'gradients' then self._stale = true end
 end
 
--- Where each shard lies, the full state and loading it: shard_state.lua.
+-- Where each shard lies, the full state and loading it: shard/state.lua.
 Sharded.shard_layout = state.shard_layout
 Sharded.state_dict = state.state_dict
 Sharded.load_state_dict = state.load_state_dict

@@ -243,4 +243,4 @@ function F.embedding(idx, w)
 end
 
 F.is_tensor = is_tensor
-return require('ember.amp_policy').wrap_functional(F)   -- autocast's op lists
+return require('ember.amp.policy').wrap_functional(F)   -- autocast's op lists

@@ -28,7 +28,7 @@ for _, f in ipairs({ 'linear', 'conv', 'pool', 'norm', 'activation', 'dropout', 
   require('ember.nn.' .. f)(nn)
 end
 -- autocast's lists, for the F functions those files added
-require('ember.amp_policy').wrap_functional(nn.F)
+require('ember.amp.policy').wrap_functional(nn.F)
 
 local clip = require 'ember.optim.clip'
 nn.utils = { clip_grad_norm = clip, clip_grad_norm_ = clip }

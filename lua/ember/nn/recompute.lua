@@ -212,7 +212,7 @@ end
 return function(nn)
   nn.checkpoint = checkpoint
   -- (the garbage a checkpoint collects at once on a device of that capacity:
-  -- the planner's replay, plan_pipeline.lua)
+  -- the planner's replay, plan/pipeline.lua)
   nn._checkpoint_tidy_bytes = worth
 
   local Checkpoint = nn.Module:extend('Checkpoint')

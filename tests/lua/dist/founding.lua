@@ -58,7 +58,7 @@ local ok2, err2 = pcall(function()
     end
     opt:step()
   end
-  return ('%s loss %s'):format(require('ember.distribute.plan_layouts').name(l),
+  return ('%s loss %s'):format(require('ember.distribute.plan.layouts').name(l),
     loss and ('%.4f'):format(loss:item()) or '-')
 end)
 print(('rank %d planned %s'):format(R, ok2 and err2 or 'error ' .. tostring(err2):gsub('\n', ' ')))

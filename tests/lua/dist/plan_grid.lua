@@ -28,7 +28,7 @@ memory, the replica fails with the error, and ember exits non-zero.
 ]]
 local dir = arg[0]:match('^(.*/)') or './'
 local GPT = dofile(dir .. '../../../examples/gpt_model.lua')
-local layouts = require 'ember.distribute.plan_layouts'
+local layouts = require 'ember.distribute.plan.layouts'
 local nn, F = em.nn, em.nn.F
 local mode, model_arg, B, want = arg[1], arg[2], tonumber(arg[3]), arg[4]
 local STEPS = 10

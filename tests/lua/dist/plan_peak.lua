@@ -24,7 +24,7 @@ for _, c in ipairs(plan.candidates) do
   if l.pipeline == 1 and l.shard == shard and l.checkpoint == ckpt then predicted = c.peak end
 end
 assert(predicted, 'no such candidate')
-if ckpt then require('ember.distribute.plan_memory').checkpoint_children(model) end
+if ckpt then require('ember.distribute.plan.memory').checkpoint_children(model) end
 local dm = s:wrap(model, { shard = shard ~= 'none' and shard or nil })
 local opt = em.optim.Adam(dm:parameters(), { lr = 1e-3 })
 local peak

@@ -1,5 +1,5 @@
 --[[
-ember.distribute.shard_layout -- where each replica's share of a sharded model
+ember.distribute.shard.layout -- where each replica's share of a sharded model
 lies: pure arithmetic on sizes, no tensors, so it is the same on every replica
 and testable alone.
 
@@ -19,7 +19,7 @@ flat vector -- every parameter at its own offset.
   layout.shard_buckets(sizes_bytes, dtypes, mb) -> the sharded model's units
 
 The sizes the sharded model works with live here too, so that the planner's
-arithmetic (plan_layouts.lua) reads the same figures.
+arithmetic (plan/layouts.lua) reads the same figures.
 ]]
 local M = {}
 
@@ -27,7 +27,7 @@ local M = {}
 -- as a unit's flat gradient is whole until its reduce-scatter, so the bucket
 -- bounds what 'gradients' adds to the peak.
 M.BUCKET_MB = 4
--- Units whose gradients are being reduced at once (shard_grads.lua): a backward
+-- Units whose gradients are being reduced at once (shard/grads.lua): a backward
 -- holds this many flat gradient buffers, plus the one filling, whatever the depth.
 M.MAX_IN_FLIGHT = 2
 

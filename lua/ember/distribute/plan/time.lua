@@ -1,5 +1,5 @@
 --[[
-ember.distribute.plan_time -- the planner's clock: each child's forward and
+ember.distribute.plan.time -- the planner's clock: each child's forward and
 backward seconds, measured on the real device at one batch, and the link's
 bandwidth.
 

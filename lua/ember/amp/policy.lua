@@ -1,5 +1,5 @@
 --[[
-ember.amp_policy -- autocast's op lists and the hooks that apply them.
+ember.amp.policy -- autocast's op lists and the hooks that apply them.
 
 em.amp.autocast sets a low dtype (bfloat16 or float16) for the duration of a
 function. While it is set, the ops of `lowp` (matmul, mm, bmm, mv, linear,

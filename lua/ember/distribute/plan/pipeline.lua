@@ -1,7 +1,7 @@
 --[[
-ember.distribute.plan_pipeline -- the planner's memory arithmetic for pipeline
+ember.distribute.plan.pipeline -- the planner's memory arithmetic for pipeline
 layouts (P > 1), a pure function of the measurements (no tensors): each stage's
-peak per device, from a replay of its schedule's ops. plan_layouts.lua
+peak per device, from a replay of its schedule's ops. plan/layouts.lua
 re-exports it with the rest of the planner's arithmetic.
 
 Pipelines (P > 1): stage s holds its children's weights, gradients and state
@@ -11,10 +11,10 @@ sent output. With D > 1 replicas per stage the micro-batches' backwards run
 unsynchronised, so the full gradients W accumulate whatever the sharding; the
 state is S/D when sharded; plain wrap's buckets hold those gradients (nothing
 more); ZeRO 1/2/3 move them into flat units during the last backward, replayed
-unit by unit (plan_flat_units.lua); ZeRO 1/2 gather W at the first forward; ZeRO 3
+unit by unit (plan/flat_units.lua); ZeRO 1/2 gather W at the first forward; ZeRO 3
 keeps W/D and, at worst, all of the weights its backwards gathered.
 ]]
-local flat_units = require 'ember.distribute.plan_flat_units'
+local flat_units = require 'ember.distribute.plan.flat_units'
 
 local M = {}
 
@@ -40,11 +40,11 @@ local M = {}
 --      step's start by its collect_bytes for the device's memory (or, the
 --      worst case, as much of it as stays under that);
 --   the optimizer step then finds the gradients and that garbage.
-local collect_bytes = require('ember.distribute.pipeline_run').collect_bytes
+local collect_bytes = require('ember.distribute.pipeline.run').collect_bytes
 M.PIPELINE_COLLECT = collect_bytes()
 
 local schedule_ops = function(name, P, Mc, s)
-  return require('ember.distribute.pipeline_schedule').ops(name, P, Mc, s)
+  return require('ember.distribute.pipeline.schedule').ops(name, P, Mc, s)
 end
 
 -- One stage's activation peak above its parameters and state.

@@ -1,5 +1,5 @@
 --[[
-ember.distribute.plan_memory -- what one training step of a model holds, measured
+ember.distribute.plan.memory -- what one training step of a model holds, measured
 on the meta device (tensors with shapes and no data: every op runs its shape
 logic and its allocation is counted, nothing is computed), for the planner.
 
@@ -18,7 +18,7 @@ Two measurements:
   segment's peak: the step's peak for that layout, exactly, without running the
   layout.
 
-  plan_children.lua -- each child of a Sequential alone, for the pipeline
+  plan/children.lua -- each child of a Sequential alone, for the pipeline
   replay, with the helpers below (to_meta, without_collector, input).
 
 Peaks include the garbage a step leaves for Lua's collector (the same garbage

@@ -1,5 +1,5 @@
 --[[
-ember.amp_scaler -- em.amp.GradScaler: dynamic loss scaling.
+ember.amp.scaler -- em.amp.GradScaler: dynamic loss scaling.
 
   local scaler = em.amp.GradScaler{init_scale = 65536, growth_factor = 2,
     backoff_factor = 0.5, growth_interval = 2000, enabled = true, strategy = s}
@@ -28,13 +28,13 @@ part and the allreduce makes one answer of them (a replica with no gradient
 at all still sends its 0).
 
 Inside em.cuda.graph the scale, the flag and the skip live on the device
-(ember.amp_scaler_graph).
+(ember.amp.scaler_graph).
 ]]
 local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
 local raise, kind = core.raise, core.kind
-local G = require 'ember.amp_scaler_graph'
+local G = require 'ember.amp.scaler_graph'
 
 local Scaler = {}
 Scaler.__index = Scaler

@@ -1,5 +1,5 @@
 --[[
-ember.distribute.plan_layouts -- the planner's arithmetic, pure functions of the
+ember.distribute.plan.layouts -- the planner's arithmetic, pure functions of the
 measurements (no tensors): which layouts there are for N devices, what each one
 holds per device and how long its step takes, which one wins, and how a
 pipeline cuts a Sequential into stages.
@@ -29,7 +29,7 @@ backward left (its garbage included, as the meta step measured it). ZeRO 1 and
 2 gather every unit's weights at the next forward: W more, for a moment.
 
 Pipelines (P > 1): each stage's memory is a replay of its schedule
-(plan_pipeline.lua, which says what a stage holds).
+(plan/pipeline.lua, which says what a stage holds).
 
 Time: the forward and backward seconds of the children, measured at the
 layout's own per-replica batch or micro-batch (replica 0 timing alone), times
@@ -65,7 +65,7 @@ end
 -- A predicted peak with its margin for layout l: what must be within the
 -- device's memory.
 function M.margin(peak, l) return peak * (1 + M.safety(l)) + M.SAFETY_BYTES end
-local shard_layout = require 'ember.distribute.shard_layout'
+local shard_layout = require 'ember.distribute.shard.layout'
 M.SHARD_BUCKET = shard_layout.BUCKET_MB * 2 ^ 20   -- 'optimizer' and 'gradients' units
 M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 M.SHARDS = { 'none', 'optimizer', 'gradients', 'parameters' }
@@ -112,7 +112,7 @@ end
 -- -- Memory: data parallel -----------------------------------------------------------------------
 -- A sharded model's gradient bytes besides the step's own, at each segment of
 -- the meta step's backward (segment k ends when parameter segs[k].param's
--- gradient is final): a replay of shard_grads.lua over the units (each {bytes,
+-- gradient is final): a replay of shard/grads.lua over the units (each {bytes,
 -- idx}, in backward order: shard.lua's buckets for ZeRO 1 and 2, a module's
 -- own weights for ZeRO 3). A unit's flat buffer (its full size) exists from
 -- its first gradient, which moves into it; units launch in unit order once
@@ -217,8 +217,8 @@ function M.data_memory(l, m)
 end
 
 -- -- Memory: pipelines -----------------------------------------------------------------------
--- plan_pipeline.lua: each stage's replayed peak, and the collection rule it replays.
-local pipeline = require 'ember.distribute.plan_pipeline'
+-- plan/pipeline.lua: each stage's replayed peak, and the collection rule it replays.
+local pipeline = require 'ember.distribute.plan.pipeline'
 M.PIPELINE_COLLECT = pipeline.PIPELINE_COLLECT
 M.pipeline_memory = pipeline.pipeline_memory
 
@@ -232,7 +232,7 @@ function M.cut(costs, P)
   if P < 1 or P > n then
     error(('cut: %d stages for %d children'):format(P, n), 2)
   end
-  return require('ember.distribute.pipeline_cut').partition(costs, P)
+  return require('ember.distribute.pipeline.cut').partition(costs, P)
 end
 
 -- -- Time ------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 --[[
-ember.distribute.pipeline_cut -- where a Sequential is cut into pipeline stages:
+ember.distribute.pipeline.cut -- where a Sequential is cut into pipeline stages:
 given child counts, or counts that balance a measured cost per child.
 
   cut.partition(costs, stages) -> counts   (each >= 1, summing to #costs)

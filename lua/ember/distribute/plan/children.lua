@@ -1,16 +1,16 @@
 --[[
-ember.distribute.plan_children -- each child of a Sequential measured alone on
+ember.distribute.plan.children -- each child of a Sequential measured alone on
 the meta device (its input a meta tensor), for the planner's pipeline replay
-(plan_pipeline.lua): what its forward keeps for backward apart from the garbage
+(plan/pipeline.lua): what its forward keeps for backward apart from the garbage
 it leaves, its forward and backward peaks (the backward over gradients an
 earlier micro-batch made), what the backward leaves, its weights' sizes. A
 pipeline stage holds several micro-batches of those. Identical children (same
 class, parameter shapes and input shape) are measured once. The model is
-swapped onto meta and back as plan_memory.lua does for the whole step.
+swapped onto meta and back as plan/memory.lua does for the whole step.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
-local memory = require 'ember.distribute.plan_memory'
+local memory = require 'ember.distribute.plan.memory'
 
 local M = {}
 

@@ -1,5 +1,5 @@
 --[[
-ember.distribute.pipeline_wire -- how pipeline stages hand each other tensors
+ember.distribute.pipeline.wire -- how pipeline stages hand each other tensors
 over point-to-point: activations forward, gradients backward, results to the
 rest of a pipeline.
 

@@ -1,10 +1,10 @@
 --[[
-ember.distribute.plan_print -- plan:print(): the planner's verdict and a compact
+ember.distribute.plan.print -- plan:print(): the planner's verdict and a compact
 table of the candidate layouts, fastest first (those that fit before those
 that do not), the best PER_KIND of each kind and the chosen one (marked * after it),
 with its predicted peak per device, step time and whether it fits.
 ]]
-local layouts = require 'ember.distribute.plan_layouts'
+local layouts = require 'ember.distribute.plan.layouts'
 
 local M = {}
 

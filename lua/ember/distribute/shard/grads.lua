@@ -1,5 +1,5 @@
 --[[
-ember.distribute.shard_grads -- a sharded model's gradients, averaged across
+ember.distribute.shard.grads -- a sharded model's gradients, averaged across
 the replicas during backward (shard.lua's essay, "Gradients"): each gradient
 copied into its unit's flat buffer as it arrives, units launched strictly in
 unit order, at most MAX_IN_FLIGHT under way, and each finished unit's slices
@@ -7,7 +7,7 @@ given to the shards as .grad.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
-local gather = require 'ember.distribute.shard_gather'
+local gather = require 'ember.distribute.shard.gather'
 
 local M = {}
 
@@ -106,7 +106,7 @@ end
 -- number at the same point: a unit is never applied early because the comm
 -- thread happened to be quick (w:done()), which made the step's peak memory
 -- depend on thread timing.
-local MAX_IN_FLIGHT = require('ember.distribute.shard_layout').MAX_IN_FLIGHT
+local MAX_IN_FLIGHT = require('ember.distribute.shard.layout').MAX_IN_FLIGHT
 drain = function(dm, block)
   local units = dm._units
   while dm._applied < dm._next - 1 do

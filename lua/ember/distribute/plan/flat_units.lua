@@ -1,16 +1,16 @@
 --[[
-ember.distribute.plan_flat_units -- a sharded pipeline stage's flat units in its
-step's last backward, for the planner's replay (plan_pipeline.lua): which units
+ember.distribute.plan.flat_units -- a sharded pipeline stage's flat units in its
+step's last backward, for the planner's replay (plan/pipeline.lua): which units
 shard.lua makes of the stage's weights, and the bytes they add beside the
 stage's gradients as the backward reaches each child.
 ]]
-local shard_layout = require 'ember.distribute.shard_layout'
+local shard_layout = require 'ember.distribute.shard.layout'
 
 local M = {}
 
 M.MAX_IN_FLIGHT = shard_layout.MAX_IN_FLIGHT       -- units reduced at once
 
--- A sharded stage's last B (shard_grads.lua): each gradient, once final, moves
+-- A sharded stage's last B (shard/grads.lua): each gradient, once final, moves
 -- into its unit's flat buffer -- made whole at the unit's first gradient -- and
 -- the full gradient goes. Units launch in order once complete. ZeRO 1's
 -- allreduced flats stay as the shards' gradients (their views); ZeRO 2 and 3's

@@ -1,12 +1,12 @@
 --[[
-ember.distribute.pipeline_run -- a pipeline's step and forward (the methods
+ember.distribute.pipeline.run -- a pipeline's step and forward (the methods
 pipeline.lua gives its objects): each stage runs its op list from
 pipeline_schedule, receiving and sending through pipeline_wire; the essay atop
 pipeline.lua says what a step is.
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'
-local schedule = require 'ember.distribute.pipeline_schedule'
+local schedule = require 'ember.distribute.pipeline.schedule'
 local handles = require 'ember.handles'
 local prof = require 'ember.profile'
 local raise, kind = core.raise, core.kind
@@ -17,7 +17,7 @@ local Pipeline = {}
 -- A step's micro-batches leave garbage; a collection hands their memory back
 -- once there is this much of it (a collection costs a millisecond or so), or
 -- less under a small cap (memlimit.garbage_worth). The planner's replay
--- (plan_pipeline.lua) assumes the same rule for the memory it plans.
+-- (plan/pipeline.lua) assumes the same rule for the memory it plans.
 Pipeline.COLLECT_BYTES = 1024 * 1024
 function Pipeline.collect_bytes(capacity)
   return require('ember.memlimit').garbage_worth(capacity, Pipeline.COLLECT_BYTES)

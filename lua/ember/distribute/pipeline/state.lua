@@ -1,5 +1,5 @@
 --[[
-ember.distribute.pipeline_state -- what a pipeline holds, under the whole
+ember.distribute.pipeline.state -- what a pipeline holds, under the whole
 model's names (the methods pipeline.lua gives its objects): a replica's pieces
 are children firsts[c] .. of the full Sequential, so its names "j.rest" (or
 "c.j.rest" with several pieces) map to the full model's "(first + j - 1).rest";

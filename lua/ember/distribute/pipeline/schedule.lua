@@ -1,5 +1,5 @@
 --[[
-ember.distribute.pipeline_schedule -- the order in which one pipeline stage runs
+ember.distribute.pipeline.schedule -- the order in which one pipeline stage runs
 the forwards and backwards of a step's micro-batches: pure data, the same on
 every replica, testable without running anything.
 

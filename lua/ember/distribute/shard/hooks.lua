@@ -1,14 +1,14 @@
 --[[
-ember.distribute.shard_hooks -- the registry of live sharded models and their
+ember.distribute.shard.hooks -- the registry of live sharded models and their
 registrations with backward: a gradient hook on every parameter and a callback
 at the end of each backward (shard.lua's essay, "Gradients"), both handed on to
-shard_grads.lua, and removed when the model is collected or the state closes.
+shard/grads.lua, and removed when the model is collected or the state closes.
 ]]
 local ffi = require 'ffi'
 local core = require 'ember.ffi'
 local dist = require 'ember.distribute'
-local gather = require 'ember.distribute.shard_gather'
-local grads = require 'ember.distribute.shard_grads'
+local gather = require 'ember.distribute.shard.gather'
+local grads = require 'ember.distribute.shard.grads'
 local C, S = core.C, core.S
 
 local M = {}

@@ -1,5 +1,5 @@
 --[[
-ember.distribute.shard_gather -- a sharded model's weights from the replicas'
+ember.distribute.shard.gather -- a sharded model's weights from the replicas'
 shards (shard.lua's essay, "Weights"): every unit at once after a step for
 'optimizer' and 'gradients'; one module's, just before its forward and again
 for its backward, for 'parameters', freed in between.

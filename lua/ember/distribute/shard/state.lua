@@ -1,5 +1,5 @@
 --[[
-ember.distribute.shard_state -- a sharded model's state as a checkpoint sees it:
+ember.distribute.shard.state -- a sharded model's state as a checkpoint sees it:
 where each parameter's shard lies (shard_layout), the full state on every
 replica (state_dict, a collective) and loading one back into the shards
 (load_state_dict). shard.lua installs these as the model's methods.
@@ -7,7 +7,7 @@ replica (state_dict, a collective) and loading one back into the shards
 local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
-local gather = require 'ember.distribute.shard_gather'
+local gather = require 'ember.distribute.shard.gather'
 local raise = core.raise
 
 local M = {}

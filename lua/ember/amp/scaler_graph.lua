@@ -1,5 +1,5 @@
 --[[
-ember.amp_scaler_graph -- the GradScaler's device side, which lets a step run
+ember.amp.scaler_graph -- the GradScaler's device side, which lets a step run
 inside em.cuda.graph.
 
 Why. Eagerly the scaler reads one flag per step on the host (:item()) and
@@ -12,7 +12,7 @@ does, everything the step decides lives on the device:
             reciprocal, so a replay uses the scale of that moment, not the one
             the capture saw;
   found     a 0-d float32 tensor, 1 when some gradient is inf or NaN (the NaN
-            trick of amp_scaler.lua, then x ~= x);
+            trick of amp/scaler.lua, then x ~= x);
   step      "skip via where": the parameters and every optimizer state tensor
             are copied before opt:step() and, after it, put back where found is
             1 -- bit for bit, whatever the update did with the infs. (This costs
