@@ -75,8 +75,9 @@ local function replay(ops, st, grads, collect, slack)
     if v > peak then peak, peak_gathered = v, g or gathered end
   end
   local limit = grads + slack(grads)
+  local sweeps, swept_at = 0, {}   -- (collections so far; their count at each F)
   local function live() return (on and grads or 0) + gathered + inflight + pending + garbage end
-  local function collected() garbage = 0; limit = live() + slack(live()) end
+  local function collected() garbage = 0; sweeps = sweeps + 1; limit = live() + slack(live()) end
   -- garbage added: past the limit, the pacing collects (having reached the
   -- limit), and what is made after that sweep stays garbage
   local function add(bytes)
@@ -94,8 +95,11 @@ local function replay(ops, st, grads, collect, slack)
   -- ops all along (ZeRO 3's nodes, a sharded stage's hooks), false where it
   -- runs in C alone (the engine's kernels allocate there, unseen by the
   -- pacing), or the top of a checkpointed child's recompute above what is live
-  -- (its Lua ops; the kernels after them are C's)
-  local function over(list)
+  -- (its Lua ops; the kernels after them are C's). pinned: no collection came
+  -- since the micro-batch's F, whose garbage (Lua's handles of its tensors)
+  -- then keeps the activations of the children whose backward is done (e.pin)
+  -- until one comes.
+  local function over(list, pinned)
     local top, hi, gone = live(), 0, 0
     local base = gathered
     top_gathered = base
@@ -103,14 +107,18 @@ local function replay(ops, st, grads, collect, slack)
       -- (the units this backward has gathered by now, beyond those there before)
       gathered = math.max(base, e.g or 0)
       local extra, beside = e[3] or 0, e[2] - gone
-      local t = live() + extra + e[1] + beside
-      if t > limit and e[4] ~= false and (not e[4] or live() + extra + e[4] + beside > limit) then
-        garbage, gone = 0, e[2]
+      local pin = pinned and e.pin or 0
+      local t = live() + extra + e[1] + beside + pin
+      if t > limit and e[4] ~= false and (not e[4] or live() + extra + e[4] + beside + pin > limit) then
+        garbage, gone, pinned, sweeps = 0, e[2], false, sweeps + 1
         t = math.max(limit, live() + extra + e[1])
       end
       if t > top then top, top_gathered = t, gathered end
       hi = math.max(hi, live() - garbage + extra + e[1])
-      if e.collects then garbage, gone = 0, 0; limit = live() + extra + slack(live() + extra) end
+      if e.collects then
+        garbage, gone, pinned, sweeps = 0, 0, false, sweeps + 1
+        limit = live() + extra + slack(live() + extra)
+      end
     end
     limit = math.max(limit, hi + slack(hi))
     gathered = base
@@ -121,7 +129,9 @@ local function replay(ops, st, grads, collect, slack)
   -- (what the step starts with: the pipeline's collections count from there)
   local start = live()
   for k, op in ipairs(ops) do
+    local mb = op[2] .. ':' .. (op[3] or 1)
     if op[1] == 'F' then
+      swept_at[mb] = sweeps
       if st.tidied then
         -- (its checkpoints' collections: the forward's top before them, then
         -- no garbage)
@@ -140,9 +150,10 @@ local function replay(ops, st, grads, collect, slack)
       -- (the step's first B makes the gradients, unless it is also its last:
       -- that one's rests count every gradient)
       local list = not on and st.firsts and k ~= last_b and st.firsts or st.bwds
+      local pinned = swept_at[mb] == sweeps
       on = true
-      top(over(list), top_gathered)
-      if k == last_b then top(over(st.rests), top_gathered); gathered = 0
+      top(over(list, pinned), top_gathered)
+      if k == last_b then top(over(st.rests, pinned and swept_at[mb] == sweeps), top_gathered); gathered = 0
       else gathered = st.gathered end
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
@@ -219,6 +230,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     if flats then
       extras, own_later = flat_units.extras(children, first, last_i, D, l.shard)
     end
+    -- (the children's activations: those of a child whose backward is done
+    -- stay while the forward's garbage pins them, replay's e.pin)
+    local kids_held = held
     if s == P - 1 and m.loss then
       fwd = math.max(fwd, held + dead + m.loss.fwd_peak)
       fwd_kept = math.max(fwd_kept, held + dead + m.loss.fwd_peak - W)
@@ -232,10 +246,12 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     -- (rests: the moments of the step's last B from the one the stage's last
     -- child has its gradients on; a sharded stage's with the bytes its flat
     -- units add beside the gradients at each child)
-    rests[1] = { before[last_i] + outb, 0, 0, zero3, g = gathers and children[last_i].params or nil }
+    rests[1] = { before[last_i] + outb, 0, 0, zero3, g = gathers and children[last_i].params or nil,
+                 pin = kids_held - before[last_i] }
     if flats then rests[1][4] = nil end
     for i = last_i, first, -1 do
       local c = children[i]
+      local counts_before = { #bwds, #rests, firsts and #firsts }
       -- (a child's backward was measured beside its weights' gradients, which
       -- the replay counts apart, from the stage's first B on)
       local out_g = i < last_i and outb or 0
@@ -258,6 +274,9 @@ function M.pipeline_memory(l, m, children, counts, schedule)
         rests[#rests + 1] = { before[i], after + (c.recomputed or 0), extras[i], g = g }
       elseif flats then rests[#rests + 1] = { b, after, extras[i], c.recompute_peak and sweep, g = g }
       elseif i < last_i then rests[#rests + 1] = { b, after, 0, sweep, g = g } end
+      for k, list in ipairs({ bwds, rests, firsts }) do
+        for j = counts_before[k] + 1, #list do list[j].pin = kids_held - before[i] - c.held end
+      end
       after = after + (c.recomputed or 0)
       -- (a recompute that leaves garbage worth it collects as it returns)
       if tidy and (c.recomputed or 0) > tidy then
