@@ -7,7 +7,7 @@ micro-batches streaming through them.
     schedule = '1f1b' | 'gpipe' | 'interleaved', virtual = V, balance = 'time' | 'memory' | {n1, ...},
     sample = x1, shard = ..., strategy = s, batch = 'global' | 'share'})  -- or s:pipeline(model, opts)
   local loss = pp:step(x, y, loss_fn)    -- a 0-d tensor (CPU), the same on every replica
-  local loss = pp:step(x, y, loss_fn, scaler)   -- with an em.amp.GradScaler (pipeline_run)
+  local loss = pp:step(x, y, loss_fn, scaler)   -- with an em.amp.GradScaler (pipeline/run.lua)
   opt:step()                             -- opt built on pp:parameters()
 
 Layout. Replica r runs stage r % P on data index floor(r / P); its neighbours
@@ -19,11 +19,11 @@ accumulated over the micro-batches by then -- are averaged once.
 
 A step. Every replica passes the batch (x, y): the first stage reads x, the
 last y, the others only the shape of x (it names the shapes that travel, see
-pipeline_wire). With D data replicas that is the global batch, of which data
+pipeline/wire.lua). With D data replicas that is the global batch, of which data
 replica d takes rows d B/D + 1 .. (d + 1) B/D, so a script is the same whatever
 layout the planner picks; batch = 'share' says each replica passes its own
 share instead (a loader sharded by pp.data_index). The batch is split along dim 0 into M micro-batches; each stage
-runs pipeline_schedule's op list: a forward receives its input from the previous
+runs pipeline/schedule.lua's op list: a forward receives its input from the previous
 stage (or slices x) and sends its output on; the last stage computes
 loss_fn(out, y_i) / M and runs backward from it; the others run backward from
 the gradient the next stage sends back, and send their input's gradient to the

@@ -21,10 +21,10 @@ input.shape[1] is the global batch of one step; a layout with D data replicas
 gives each B/D rows (and a pipeline splits those into M micro-batches). A step
 is: zero_grad, forward, loss, backward, optimizer step.
 
-How: plan_memory measures the step on the meta device at each per-replica batch
-(with and without checkpointing); plan_time times each child on the real
-device and the link; plan_layouts turns those into each layout's peak and step
-time and picks the fastest that fits; plan_print prints the table. Measurements
+How: plan/memory.lua measures the step on the meta device at each per-replica batch
+(with and without checkpointing); plan/time.lua times each child on the real
+device and the link; plan/layouts.lua turns those into each layout's peak and step
+time and picks the fastest that fits; plan/print.lua prints the table. Measurements
 of identical children are shared, so a deep stack of equal blocks costs one
 block's measurement.
 ]]

@@ -1,7 +1,7 @@
 --[[
 ember.distribute.pipeline.run -- a pipeline's step and forward (the methods
 pipeline.lua gives its objects): each stage runs its op list from
-pipeline_schedule, receiving and sending through pipeline_wire; the essay atop
+pipeline/schedule.lua, receiving and sending through pipeline/wire.lua; the essay atop
 pipeline.lua says what a step is.
 ]]
 local em = require 'ember'

@@ -22,7 +22,7 @@ a stage may be sending an activation forward while its successor sends a
 gradient back: both would wait on each other. Every send is therefore started
 asynchronously and waited for at the end of the step, so a stage only ever
 blocks in a receive, and receives are issued in an order both sides agree on
-(pipeline_schedule).
+(pipeline/schedule.lua).
 
 Why host memory between real GPUs. NCCL runs a replica's sends and receives in
 its stream's order, and a send holds the stream until the peer receives: the

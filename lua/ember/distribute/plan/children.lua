@@ -136,7 +136,7 @@ function M.children(model, o)
   local cache = o.cache or {}
   local restore = memory.to_meta(model)
   local list = {}
-  -- (a pipeline's backwards make no collections of their own: pipeline_run)
+  -- (a pipeline's backwards make no collections of their own: pipeline/run.lua)
   local was = core.handles.step_collects(false)
   local ok, err = pcall(without_collector, function()
     local shape, dtype = { unpack(o.input.shape) }, o.input.dtype or 'float32'

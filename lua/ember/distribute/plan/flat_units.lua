@@ -92,7 +92,7 @@ local function stage_units(children, first, last, mode)
 end
 
 -- The bytes beside the gradients, per child of the stage first..last (of
--- children: plan_children's list) with D replicas sharding `mode`: with the
+-- children: plan/children.lua's list) with D replicas sharding `mode`: with the
 -- child's own units' flats made, and without them (flat_extras).
 function M.extras(children, first, last, D, mode)
   return flat_extras(stage_units(children, first, last, mode), first, last, D, mode)

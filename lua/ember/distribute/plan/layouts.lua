@@ -224,7 +224,7 @@ M.pipeline_memory = pipeline.pipeline_memory
 
 -- -- Cutting a Sequential into stages -------------------------------------------------------------
 -- costs[i] >= 0 per child; the counts of P consecutive groups (each at least one
--- child) that make the largest group's total smallest: pipeline_cut.partition,
+-- child) that make the largest group's total smallest: pipeline/cut.lua's partition,
 -- the one the pipeline cuts with, so that plan:apply's balance is what the
 -- planner measured.
 function M.cut(costs, P)

@@ -18,7 +18,7 @@ local flat_units = require 'ember.distribute.plan.flat_units'
 
 local M = {}
 
--- children: plan_children.children's list at the micro-batch (each {held,
+-- children: plan/children.lua's list at the micro-batch (each {held,
 -- garbage, recomputed, fwd_peak, bwd_peak, params, sizes, unit_sizes,
 -- out_bytes}); m.loss: the loss's own footprint on the last child's output,
 -- or nil; counts: children per stage; m.state_factor: state bytes per weight
@@ -27,7 +27,7 @@ local M = {}
 -- peak, its parts, and each stage's peak.
 --
 -- A stage's activations are not a formula but a replay of its op list
--- (pipeline_schedule) against what pipeline.lua does with memory:
+-- (pipeline/schedule.lua) against what pipeline.lua does with memory:
 --   F  receives its input (in bytes, stages > 0), keeps held bytes until its
 --      B and leaves its garbage; the forward's transient rises above that for
 --      a moment;
@@ -153,7 +153,7 @@ local function replay(ops, st, grads, collect, slack)
       local pinned = swept_at[mb] == sweeps
       on = true
       top(over(list, pinned), top_gathered)
-      if k == last_b then top(over(st.rests, pinned and swept_at[mb] == sweeps), top_gathered); gathered = 0
+      if k == last_b then top(over(st.rests, swept_at[mb] == sweeps), top_gathered); gathered = 0
       else gathered = st.gathered end
       inflight = inflight - st.held - st.inb
       -- (an activation's send is let go as its gradient comes back; the
@@ -340,7 +340,7 @@ function M.pipeline_memory(l, m, children, counts, schedule)
     if D > 1 and (l.shard == 'optimizer' or l.shard == 'gradients') then
       peak = math.max(peak, params + state + W + math.ceil(W / D))
     end
-    -- the global batch every replica passes (pipeline_run cuts its rows)
+    -- the global batch every replica passes (pipeline/run.lua cuts its rows)
     peak = peak + (m.batch or 0)
     per[s + 1] = peak
     if peak > worst then
