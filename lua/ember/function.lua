@@ -76,7 +76,8 @@ local tensor_p = ffi.typeof('em_tensor *')
 local function run_backward(rec, g, gin)
   g = ffi.cast(tensor_p, g)   -- borrowed: wrap takes a reference of its own
   C.em_tensor_retain(g)
-  local res = rec.fn(wrap(g))
+  local gbox = wrap(g)
+  local res = rec.fn(gbox)
   if istype(box_t, res) and rec.n == 1 then res = { res } end
   if type(res) ~= 'table' then
     error(('autograd.apply: %s: backward_fn must return a table of gradients (one per ' ..
@@ -91,11 +92,12 @@ local function run_backward(rec, g, gin)
       end
       C.em_tensor_retain(v._h)
       gin[i - 1] = v._h
-      -- a backward that made its gradients for the core alone gives them away:
-      -- its boxes let go now, not at a collection (a weight's gradient is megabytes)
+      -- a backward that gives (apply's give) lets go of its boxes now, not at
+      -- a collection (a weight's gradient is megabytes); of its gradient's too
       if rec.give then core.handles.release(v) end
     end
   end
+  if rec.give then core.handles.release(gbox) end
 end
 
 local callback = ffi.cast('em_function_backward_fn', function(_, ud, g, gin)
@@ -109,8 +111,10 @@ core.on_close[#core.on_close + 1] = function() callback:free() end
 -- -- apply ---------------------------------------------------------------------------------
 local out = ffi.new('em_tensor*[1]')
 
--- give (internal): backward_fn's results are fresh tensors nothing else holds
--- (em.nn.checkpoint's): the core takes them over.
+-- give (internal): backward_fn keeps neither the gradient it is given nor the
+-- tensors it returns, and nothing else holds them (em.nn.checkpoint's fresh
+-- gradients; ZeRO 3's gradient handed on as it came): the core takes them
+-- over, and they go once the engine is done with them, not at a collection.
 function M.apply(name, value, inputs, backward_fn, give)
   if type(name) ~= 'string' then raise('autograd.apply: expected a name (string), got ' .. kind(name)) end
   if not istype(box_t, value) then

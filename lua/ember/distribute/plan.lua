@@ -194,10 +194,9 @@ function M.plan(model, o)
       :format(B, N, N))
   end
 
-  -- memory: one meta step per data-parallel batch and checkpointing (and ZeRO 3,
-  -- whose nodes change what a backward holds)
+  -- memory: one meta step per data-parallel batch and checkpointing
   local function run_of(l)
-    return { batch = B / l.data, checkpoint = l.checkpoint, regather = l.shard == 'parameters' }
+    return { batch = B / l.data, checkpoint = l.checkpoint }
   end
   local runs = {}
   for _, l in ipairs(list) do

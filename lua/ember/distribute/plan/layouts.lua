@@ -20,10 +20,9 @@ gradients the layout holds at that point, plus what is resident all along:
 (W weights, S optimizer state: 2W for Adam, W for SGD's momentum; U the largest
 module's weights, gathered for its forward and backward -- under checkpointing
 the largest child's, whose recompute gathers all of its modules; shard.lua reduces at
-most MAX_IN_FLIGHT units at once, plus the one filling. ZeRO 3's meta step runs
-with the autograd nodes its units put on their outputs -- see
-plan_memory.regather_nodes -- and its flat buffers are replayed unit by unit
-over the backward's segments, as ZeRO 1 and 2's buckets are: flat_grads.) After
+most MAX_IN_FLIGHT units at once, plus the one filling. ZeRO 3's flat buffers
+are replayed unit by unit over the backward's segments, as ZeRO 1 and 2's
+buckets are: flat_grads.) After
 backward the optimizer step holds weights, final gradients (W, or W/N), state and what the
 backward left (its garbage included, as the meta step measured it). ZeRO 1 and
 2 gather every unit's weights at the next forward: W more, for a moment.

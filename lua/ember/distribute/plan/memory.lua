@@ -153,39 +153,6 @@ function M.gathered(model)
   return g
 end
 
--- ZeRO 3 passes each unit's outputs through an autograd node of its own (the
--- one that gathers the weights again for the backward). Such a node's backward
--- runs in Lua: the gradient of the module's output it hands on is a Lua tensor,
--- which lives until Lua's collector frees it, where the engine alone frees it
--- as soon as it is used. Over a backward that is about every unit output's
--- gradient more. The meta step puts the same identity nodes on the same
--- modules, so it holds what ZeRO 3's backward holds. Returns the undo.
-local function pass_on(g) return { g } end
-local function node_outputs(...)
-  local n = select('#', ...)
-  if not em.is_grad_enabled() then return ... end
-  local res = { ... }
-  for k = 1, n do
-    local t = res[k]
-    if ffi.istype(core.box_t, t) and t.requires_grad then
-      res[k] = em.autograd.apply('gather_for_backward', t, { t }, pass_on)
-    end
-  end
-  return unpack(res, 1, n)
-end
-
-function M.regather_nodes(model)
-  local undo = {}
-  for _, u in ipairs(M.units(model)) do
-    local m = u.module
-    local own = rawget(m, 'forward')
-    local inner = m.forward
-    rawset(m, 'forward', function(self, ...) return node_outputs(inner(self, ...)) end)
-    undo[#undo + 1] = function() rawset(m, 'forward', own) end
-  end
-  return function() for k = #undo, 1, -1 do undo[k]() end end
-end
-
 -- A meta tensor of the given shape and dtype; integer inputs (token ids) are
 -- ones, a valid id for any 1-based index.
 function M.input(shape, dtype, device)
@@ -259,15 +226,14 @@ local function run_step(model, params, o)
   return { segments = r.segs, after = after, grad_bytes = r.arrived }
 end
 
--- A run's key in M.step's results: 'batch/checkpoint/regather' (0 or 1 each).
+-- A run's key in M.step's results: 'batch/checkpoint' (checkpoint 0 or 1).
 function M.key(run)
-  return ('%d/%d/%d'):format(run.batch, run.checkpoint and 1 or 0, run.regather and 1 or 0)
+  return ('%d/%d'):format(run.batch, run.checkpoint and 1 or 0)
 end
 
 -- The step measured for each batch size and checkpointing choice asked for:
 -- o = {input = {shape, dtype}, target = {shape, dtype}?, loss, runs = {{batch,
--- checkpoint, regather}, ...}} (regather: with ZeRO 3's nodes, see
--- regather_nodes); the batch replaces shape[1] of input and target.
+-- checkpoint}, ...}}; the batch replaces shape[1] of input and target.
 -- Returns results keyed by M.key(run).
 function M.step(model, o)
   local restore = M.to_meta(model)
@@ -283,7 +249,6 @@ function M.step(model, o)
       local key = M.key(run)
       if not results[key] then
         local undo = run.checkpoint and M.checkpoint_children(model)
-        local undo_nodes = run.regather and M.regather_nodes(model)
         local function shaped(t)
           if not t then return nil end
           local sh = { unpack(t.shape) }
@@ -293,7 +258,6 @@ function M.step(model, o)
         local ok2, res = pcall(run_step, model, params,
           { input = shaped(o.input), target = shaped(o.target), loss = o.loss,
             checkpoint = run.checkpoint })
-        if undo_nodes then undo_nodes() end
         if undo then undo() end
         if not ok2 then error(res, 0) end
         results[key] = res

@@ -98,7 +98,8 @@ local function replay(ops, st, grads, collect, slack)
   -- (its Lua ops; the kernels after them are C's). pinned: no collection came
   -- since the micro-batch's F, whose garbage (Lua's handles of its tensors)
   -- then keeps the activations of the children whose backward is done (e.pin)
-  -- until one comes.
+  -- until one comes. The stage's output stays whatever comes (e.keep): the
+  -- pipeline holds it until the micro-batch's backward ends.
   local function over(list, pinned)
     local top, hi, gone = live(), 0, 0
     local base = gathered
@@ -107,14 +108,15 @@ local function replay(ops, st, grads, collect, slack)
       -- (the units this backward has gathered by now, beyond those there before)
       gathered = math.max(base, e.g or 0)
       local extra, beside = e[3] or 0, e[2] - gone
-      local pin = pinned and e.pin or 0
+      local keep = e.keep or 0
+      local pin = pinned and math.max(e.pin or 0, keep) or keep
       local t = live() + extra + e[1] + beside + pin
       if t > limit and e[4] ~= false and (not e[4] or live() + extra + e[4] + beside + pin > limit) then
         garbage, gone, pinned, sweeps = 0, e[2], false, sweeps + 1
-        t = math.max(limit, live() + extra + e[1])
+        t = math.max(limit, live() + extra + e[1] + keep)
       end
       if t > top then top, top_gathered = t, gathered end
-      hi = math.max(hi, live() - garbage + extra + e[1])
+      hi = math.max(hi, live() - garbage + extra + e[1] + keep)
       if e.collects then
         garbage, gone, pinned, sweeps = 0, 0, false, sweeps + 1
         limit = live() + extra + slack(live() + extra)
@@ -241,13 +243,14 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       held = held + m.loss.held
     end
     -- (the gradient a stage before the last receives for its output: the last
-    -- child's backward was measured with it, the others run beside it)
+    -- child's backward was measured with it, the others run beside it -- and
+    -- beside the output, which the pipeline holds as long: e.keep)
     local outb = s < P - 1 and children[last_i].out_bytes or 0
     -- (rests: the moments of the step's last B from the one the stage's last
     -- child has its gradients on; a sharded stage's with the bytes its flat
     -- units add beside the gradients at each child)
     rests[1] = { before[last_i] + outb, 0, 0, zero3, g = gathers and children[last_i].params or nil,
-                 pin = kids_held - before[last_i] }
+                 pin = kids_held - before[last_i], keep = outb }
     if flats then rests[1][4] = nil end
     for i = last_i, first, -1 do
       local c = children[i]
@@ -275,7 +278,10 @@ function M.pipeline_memory(l, m, children, counts, schedule)
       elseif flats then rests[#rests + 1] = { b, after, extras[i], c.recompute_peak and sweep, g = g }
       elseif i < last_i then rests[#rests + 1] = { b, after, 0, sweep, g = g } end
       for k, list in ipairs({ bwds, rests, firsts }) do
-        for j = counts_before[k] + 1, #list do list[j].pin = kids_held - before[i] - c.held end
+        for j = counts_before[k] + 1, #list do
+          list[j].pin = kids_held - before[i] - c.held
+          list[j].keep = i < last_i and outb or 0
+        end
       end
       after = after + (c.recomputed or 0)
       -- (a recompute that leaves garbage worth it collects as it returns)

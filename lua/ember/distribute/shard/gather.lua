@@ -100,7 +100,10 @@ function M.free(dm, u)
 end
 
 -- 'parameters': the module gathers its weights for its forward, frees them after,
--- and its outputs carry a node that gathers them again for its backward.
+-- and its outputs carry a node that gathers them again for its backward. The
+-- node hands its gradient on to the core (apply's give): held by a Lua tensor,
+-- the module's output gradient would live until a collection, not only until
+-- the module's backward has used it.
 function M.hook_forward(dm, u)
   local m = u.module
   local inner = m.forward
@@ -122,7 +125,7 @@ function M.hook_forward(dm, u)
       for k = 2, res.n do
         local t = res[k]
         if ffi.istype(core.box_t, t) and t.requires_grad then
-          res[k] = em.autograd.apply('gather_for_backward', t, { t }, gather_for_backward)
+          res[k] = em.autograd.apply('gather_for_backward', t, { t }, gather_for_backward, true)
         end
       end
     end
