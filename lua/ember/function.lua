@@ -76,8 +76,7 @@ local tensor_p = ffi.typeof('em_tensor *')
 local function run_backward(rec, g, gin)
   g = ffi.cast(tensor_p, g)   -- borrowed: wrap takes a reference of its own
   C.em_tensor_retain(g)
-  local gbox = wrap(g)
-  local res = rec.fn(gbox)
+  local res = rec.fn(wrap(g))
   if istype(box_t, res) and rec.n == 1 then res = { res } end
   if type(res) ~= 'table' then
     error(('autograd.apply: %s: backward_fn must return a table of gradients (one per ' ..
@@ -93,11 +92,10 @@ local function run_backward(rec, g, gin)
       C.em_tensor_retain(v._h)
       gin[i - 1] = v._h
       -- a backward that gives (apply's give) lets go of its boxes now, not at
-      -- a collection (a weight's gradient is megabytes); of its gradient's too
+      -- a collection (a weight's gradient is megabytes)
       if rec.give then core.handles.release(v) end
     end
   end
-  if rec.give then core.handles.release(gbox) end
 end
 
 local callback = ffi.cast('em_function_backward_fn', function(_, ud, g, gin)
@@ -111,10 +109,10 @@ core.on_close[#core.on_close + 1] = function() callback:free() end
 -- -- apply ---------------------------------------------------------------------------------
 local out = ffi.new('em_tensor*[1]')
 
--- give (internal): backward_fn keeps neither the gradient it is given nor the
--- tensors it returns, and nothing else holds them (em.nn.checkpoint's fresh
--- gradients; ZeRO 3's gradient handed on as it came): the core takes them
--- over, and they go once the engine is done with them, not at a collection.
+-- give (internal): backward_fn keeps none of the tensors it returns, and
+-- nothing else holds them (em.nn.checkpoint's fresh gradients; ZeRO 3's
+-- gradient handed on as it came): the core takes them over, and they go once
+-- the engine is done with them, not at a collection.
 function M.apply(name, value, inputs, backward_fn, give)
   if type(name) ~= 'string' then raise('autograd.apply: expected a name (string), got ' .. kind(name)) end
   if not istype(box_t, value) then
