@@ -724,6 +724,21 @@ em_status em_cpu_attention_backward(em_state *S, em_dtype dt, int64_t B, int64_t
                                     const int64_t *mask_strides, int causal, double scale,
                                     const void *out, const void *lse, const void *dout,
                                     void *dq, void *dk, void *dv);
+/* The fused CPU kernels of one LSTM step's pointwise part (cpu/rnn_cell.c) behind
+** nn.LSTM, on contiguous host buffers of N rows, dt float32 or float64. Forward:
+** gates (N, 4H) hold the pre-activations in the order i, f, g, o; c = sigmoid(f)
+** c_prev + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c); act (N, 4H), which may be
+** gates itself, receives sigmoid(i), sigmoid(f), tanh(g), sigmoid(o). Backward:
+** from act, c and c_prev of that step, dh (plus dh2, or NULL) the gradient of h
+** and dc that of c, writes the gates' gradients (before their activations) to
+** dgates (N, 4H) and c_prev's gradient over dc. */
+em_status em_cpu_lstm_cell_forward(em_state *S, em_dtype dt, int64_t N, int64_t H,
+                                   const void *gates, const void *c_prev, void *act,
+                                   void *h, void *c);
+em_status em_cpu_lstm_cell_backward(em_state *S, em_dtype dt, int64_t N, int64_t H,
+                                    const void *act, const void *c, const void *c_prev,
+                                    const void *dh, const void *dh2, void *dc,
+                                    void *dgates);
 /* In place, out and src of one dtype (any), idx int32/int64:
 ** index_add_: out[.., idx[i], ..] += src[.., i, ..] along dim (idx 1-D);
 ** scatter_add_: out[.., idx[p], ..] += src[p] at every position p of idx (same

@@ -20,7 +20,8 @@ matmul (with the biases that can be added there); each time step then does one
 matmul by weight_hh and the gate math in a few whole-tensor ops (one sigmoid
 over all the gates, views for each); the recurrence of each is one autograd
 node with its closed-form backward (ember.nn.rnn_recurrence). Both are core ops
-only, so every backend runs them.
+only, so every backend runs them; on the CPU an LSTM step's gate math is one fused
+kernel instead (ember.nn.lstm_cpu).
 ]]
 local em = require 'ember'
 local core = require 'ember.ffi'

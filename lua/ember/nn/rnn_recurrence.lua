@@ -23,6 +23,7 @@ xs is (T, N, in); out the list of h per step, in time order.
 local em = require 'ember'
 local core = require 'ember.ffi'
 local release = core.handles.release
+local lstm_cpu = require 'ember.nn.lstm_cpu'
 
 return function(F)
 local M = {}
@@ -64,6 +65,8 @@ function M.lstm_direction(m, sfx, xs, h0, c0, reverse)
   -- next step's tensors reuse its blocks (still in cache) instead of fresh
   -- memory from the system, which costs more than the arithmetic at these sizes.
   local keep = wants_grad({ xw, w_hh, h0, c0 })
+  -- (on the CPU each step's cell is one fused kernel: ember.nn.lstm_cpu)
+  if lstm_cpu.serves(xs) then return lstm_cpu.direction(F, w_hh, xw, h0, c0, order, keep) end
   local sg, tg, cs, hprev = {}, {}, {}, {}
   local value = em.no_grad(function()
     local v = em.empty({ T + 1, N, Hd }, { dtype = xs.dtype, device = xs.device })
