@@ -42,36 +42,55 @@ static em_status check_sortable(em_state *S, const char *op, const em_tensor *a,
                    em_dtype_name(a->dtype));
 }
 
-em_status em_argsort(em_state *S, const em_tensor *a, int dim, int descending,
-                     int index_base, em_tensor **indices) {
-  em_status st = check_sortable(S, "argsort", a, &dim);
-  if (st) return st;
+/* The positions of the first k of each line of a along dim (the whole order when k
+** is the line's length), a checked, k in range: int64, a's shape with k along dim,
+** 0-D for a 0-D a. */
+static em_status first_k(em_state *S, const char *op, const em_tensor *a, int dim,
+                         int64_t k, int descending, int index_base, em_tensor **indices) {
   const em_tensor *av;
   em_tensor *view, *ix;
-  if ((st = at_least_1d(S, a, &av, &view))) return st;
-  st = emi_tensor_new(S, "argsort", av->sizes, av->ndim, EM_INT64, a->device, &ix);
-  if (!st && av->numel > 0)
-    st = EMI_DISPATCH(S, "argsort", av, sort, ix, av, dim, descending != 0, index_base,
-                      av->sizes[dim]);
+  em_status st = at_least_1d(S, a, &av, &view);
+  if (st) return st;
+  int64_t sizes[EM_MAX_DIMS];
+  memcpy(sizes, av->sizes, sizeof(int64_t) * (size_t)av->ndim);
+  sizes[dim] = k;
+  st = emi_tensor_new(S, op, sizes, av->ndim, EM_INT64, a->device, &ix);
+  if (!st && av->numel > 0 && k > 0)
+    st = EMI_DISPATCH(S, op, av, sort, ix, av, dim, descending != 0, index_base, k);
   em_tensor_release(view);
   if (st) { em_tensor_release(ix); return st; }
-  if (a->ndim == 0 && (st = to_0d(S, &ix))) return st;
+  if (a->ndim == 0 && k == 1 && (st = to_0d(S, &ix))) return st;
   *indices = ix;
   return EM_OK;
 }
 
-em_status em_sort(em_state *S, const em_tensor *a, int dim, int descending, int index_base,
-                  em_tensor **values, em_tensor **indices) {
-  em_tensor *ix, *v;
-  em_status st = check_sortable(S, "sort", a, &dim);
-  if (st || (st = em_argsort(S, a, dim, descending, index_base, &ix))) return st;
-  if ((st = em_gather(S, a, dim, ix, index_base, &v))) {
-    em_tensor_release(ix);
-    return st;
-  }
+/* values = a's elements at the positions ix along dim; ix is kept or released. */
+static em_status with_values(em_state *S, const em_tensor *a, int dim, em_tensor *ix,
+                             int index_base, em_tensor **values, em_tensor **indices) {
+  em_tensor *v;
+  em_status st = em_gather(S, a, dim, ix, index_base, &v);
+  if (st) { em_tensor_release(ix); return st; }
   *values = v;
   *indices = ix;
   return EM_OK;
+}
+
+em_status em_argsort(em_state *S, const em_tensor *a, int dim, int descending,
+                     int index_base, em_tensor **indices) {
+  em_status st = check_sortable(S, "argsort", a, &dim);
+  if (st) return st;
+  return first_k(S, "argsort", a, dim, a->ndim ? a->sizes[dim] : 1, descending, index_base,
+                 indices);
+}
+
+em_status em_sort(em_state *S, const em_tensor *a, int dim, int descending, int index_base,
+                  em_tensor **values, em_tensor **indices) {
+  em_tensor *ix;
+  em_status st = check_sortable(S, "sort", a, &dim);
+  if (st || (st = first_k(S, "sort", a, dim, a->ndim ? a->sizes[dim] : 1, descending,
+                          index_base, &ix)))
+    return st;
+  return with_values(S, a, dim, ix, index_base, values, indices);
 }
 
 em_status em_topk(em_state *S, const em_tensor *a, int64_t k, int dim, int largest,
@@ -83,25 +102,9 @@ em_status em_topk(em_state *S, const em_tensor *a, int64_t k, int dim, int large
     return emi_error(S, EM_ERR_ARG, "topk: k = %lld is out of range for dimension %lld of "
                      "size %lld in shape %s (0 <= k <= %lld)", (long long)k, emi_ix(S, dim),
                      (long long)size, emi_tshape(S, a), (long long)size);
-  const em_tensor *av;
-  em_tensor *view, *ix, *v;
-  if ((st = at_least_1d(S, a, &av, &view))) return st;
-  int64_t sizes[EM_MAX_DIMS];
-  memcpy(sizes, av->sizes, sizeof(int64_t) * (size_t)av->ndim);
-  sizes[dim] = k;
-  st = emi_tensor_new(S, "topk", sizes, av->ndim, EM_INT64, a->device, &ix);
-  if (!st && av->numel > 0 && k > 0)
-    st = EMI_DISPATCH(S, "topk", av, sort, ix, av, dim, largest != 0, index_base, k);
-  em_tensor_release(view);
-  if (st) { em_tensor_release(ix); return st; }
-  if (a->ndim == 0 && k == 1 && (st = to_0d(S, &ix))) return st;
-  if ((st = em_gather(S, a, dim, ix, index_base, &v))) {
-    em_tensor_release(ix);
-    return st;
-  }
-  *values = v;
-  *indices = ix;
-  return EM_OK;
+  em_tensor *ix;
+  if ((st = first_k(S, "topk", a, dim, k, largest, index_base, &ix))) return st;
+  return with_values(S, a, dim, ix, index_base, values, indices);
 }
 
 /* -- Scans ------------------------------------------------------------------------- */
