@@ -348,6 +348,14 @@ static void scan_task(void *ctx, int64_t k0, int64_t k1) {
         acc = j->op == EMI_SCAN_SUM ? acc + p[i * st] : acc * p[i * st];
         o[i * ost] = (float)acc;
       }
+    } else if (dt == EM_FLOAT64) {
+      const double *p = (const double *)base + ao;
+      double *o = (double *)j->out + oo;
+      double acc = j->op == EMI_SCAN_SUM ? 0 : 1;
+      for (int64_t i = 0; i < n; i++) {
+        acc = j->op == EMI_SCAN_SUM ? acc + p[i * st] : acc * p[i * st];
+        o[i * ost] = acc;
+      }
     } else {
       size_t esz = em_dtype_size(dt);
       double acc = j->op == EMI_SCAN_SUM ? 0 : 1;

@@ -19,10 +19,33 @@ local function is_int(v) return type(v) == 'number' and v % 1 == 0 end
 -- -- multinomial ------------------------------------------------------------------------
 -- With replacement, each draw is the category whose cumulative weight first passes
 -- u * total (u uniform in [0, 1)): the count of cumulative weights <= u * total.
+-- Few draws of few categories count by comparing each draw with every cumulative
+-- weight at once (one op, and a sum); past CELLS comparisons, the count is a
+-- binary search that every draw runs in step (ceil(log2 k) rounds of a gather and
+-- a compare: rows * n * log k work where the comparisons are rows * n * k). Both
+-- count the same, so the draws do not depend on which ran.
 -- Without, the n largest of p / E (E exponential, from -log u) -- the order in which
 -- sequential draws without replacement come out. The uniforms come from ember's
 -- generator (uniform_), so em.manual_seed makes the draws reproducible.
-local CELLS = 2 ^ 24    -- the most (draw, category) comparisons held at once
+local CELLS = 2 ^ 20    -- the most (draw, category) comparisons made at once
+
+-- For each target (rows, n), the count of the row's cumulative weights cdf (rows, k,
+-- ascending) that are <= it: 0 .. k.
+local function count_le(cdf, target)
+  local k = cdf.shape[2]
+  local em = create()
+  local lo = em.zeros(target.shape, { dtype = 'int64', device = target.device })
+  local step = 1
+  while step * 2 <= k do step = step * 2 end
+  while step >= 1 do
+    -- (taken when the cdf's (lo + step)th weight, if there is one, is <= the target)
+    local at = lo + step
+    local v = cdf:gather(2, at:clamp(1, k))
+    lo = lo + (v:le(target):logical_and(at:le(k))):long() * step
+    step = step / 2
+  end
+  return lo
+end
 
 local function check_probs(probs, n, replacement)
   local op = 'multinomial'
@@ -47,7 +70,7 @@ local function check_probs(probs, n, replacement)
       .. 'replacement = true, or n <= %d)'):format(op, n, k, k))
   end
   if probs.device == 'meta' then return end   -- no values to check
-  local p = probs:double()
+  local p = probs:double():detach()
   local lo = p:min():item()
   if lo ~= lo or p:max():item() == math.huge then
     raise(op .. ': probs must be finite and not NaN')
@@ -62,6 +85,7 @@ local function check_probs(probs, n, replacement)
     raise(('%s: a row of probs has fewer than %d categories of non-zero probability, '
       .. 'too few to draw %d samples without replacement'):format(op, n, n))
   end
+  return p
 end
 
 function M.multinomial(probs, n, replacement)
@@ -69,15 +93,16 @@ function M.multinomial(probs, n, replacement)
   if type(replacement) ~= 'boolean' then
     raise('multinomial: replacement must be a boolean, got ' .. kind(replacement))
   end
-  check_probs(probs, n, replacement)
+  -- (the probabilities in float64, as checked)
+  local p = check_probs(probs, n, replacement)
   local one = probs:dim() == 1
-  local p = one and probs:unsqueeze(1) or probs
-  local rows, k = p.shape[1], p.shape[2]
+  if one and p then p = p:unsqueeze(1) end
   local em = create()
   if probs.device == 'meta' then
+    local rows = one and 1 or probs.shape[1]
     return em.empty(one and { n } or { rows, n }, { dtype = 'int64', device = 'meta' })
   end
-  p = p:double():detach()
+  local rows, k = p.shape[1], p.shape[2]
   -- one uniform per draw with replacement, one per category without
   local u = em.empty({ rows, replacement and n or k }, { dtype = 'float64', device = probs.device })
   u:uniform_()
@@ -85,13 +110,13 @@ function M.multinomial(probs, n, replacement)
   if replacement then
     local cdf = p:cumsum(2)
     local target = u * cdf:narrow(2, k, 1)
-    local cdf3, parts = cdf:unsqueeze(2), {}
-    local step = math.max(1, math.floor(CELLS / math.max(1, rows * k)))
-    for s = 1, n, step do
-      local t = target:narrow(2, s, math.min(step, n - s + 1)):unsqueeze(3)
-      parts[#parts + 1] = cdf3:le(t):long():sum(3)
+    local counts
+    if rows * n * k <= CELLS then
+      counts = cdf:unsqueeze(2):le(target:unsqueeze(3)):long():sum(3)
+    else
+      counts = count_le(cdf, target)
     end
-    r = (#parts == 1 and parts[1] or require('ember.index').cat(parts, 2)):add(1):clamp(1, k)
+    r = counts:add(1):clamp(1, k)
   else
     local e = u:log():neg()
     local _, idx = (p / e):topk(n, 2)

@@ -174,7 +174,7 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
     if (name in fv && fv[name] > 0 && v > 0)
       f = sprintf("  tf %9.4g %-8s ratio_tf %6.3g", fv[name], fu[name], ratio(better, v, fv[name]))
     # the verdict: "ratio OP X" compares the ratio (against PyTorch), "OP torch" the
-    # figure with PyTorch's, "OP X unit" the figure with X
+    # figure with the PyTorch figure, "OP X unit" the figure with X
     n = split(target, w, " "); verdict = ""
     if (w[1] == "ratio" && n >= 3 && r != "") verdict = cmp(r, w[2], w[3])
     else if (w[1] != "ratio" && w[2] == "torch") { if (r != "") verdict = cmp(v, w[1], tv[name]) }

@@ -325,6 +325,22 @@ H.test('multinomial', function()
   em.manual_seed(3)
   H.eq(H.flat(c:cpu()), H.flat(em.multinomial(probs, 50, true)), 'cuda draws the cpu draws')
   H.eq(em.multinomial(probs:double(), 3, true):dim(), 2, 'float64 probs')
+  -- many draws of many categories (past a million comparisons): the binary search
+  -- counts what comparing every cumulative weight counts, zero-weight runs included
+  em.manual_seed(11)
+  local big = em.rand(3, 5000):double()
+  local row = big[2]
+  row:narrow(1, 100, 3000):zero_()
+  em.manual_seed(12)
+  local d = em.multinomial(big, 300, true)
+  em.manual_seed(12)
+  local u = em.empty({ 3, 300 }, { dtype = 'float64' }):uniform_()
+  local cdf = big:cumsum(2)
+  local want = cdf:unsqueeze(2):le((u * cdf:narrow(2, 5000, 1)):unsqueeze(3)):long():sum(3):add(1):clamp(1, 5000)
+  H.eq(H.flat(d), H.flat(want), 'large draws: the counts of cumulative weights below each draw')
+  H.eq(d[2]:ge(100):logical_and(d[2]:lt(3100)):any():item(), false, 'no draw from the zero-weight run')
+  em.manual_seed(12)
+  H.eq(H.flat(em.multinomial(big:to('cuda'), 300, true):cpu()), H.flat(d), 'large draws on cuda')
 end)
 
 H.test('errors', function()
