@@ -5,8 +5,9 @@ CNN, on 2 and 4 replicas, under caps of 2.5 and 6 times their weights, planned
 as a user plans (the memory defaults to the cap). Every layout the planner
 accepts trains ten steps under that cap, in a process of its own; its measured
 peak (the replicas' largest, steps 2-10) is never above the prediction with
-its margin, nor far below it. tests/bench/bench_plan_grid.lua runs the larger
-grid and prints each case.
+its margin, nor far below it. Two pipelines of convolutions, besides, have no
+replica above its stage's prediction. tests/bench/bench_plan_grid.lua runs the
+larger grid and prints each case.
 ]]
 local dir = (arg and arg[0] and arg[0]:match('^(.*/)')) or
             ((os.getenv('EMBER_TESTS') or 'tests') .. '/lua/')
@@ -42,6 +43,27 @@ H.test('measured peaks within the prediction and its margin, and not far below i
       H.check(r.measured <= r.margin, what .. ': above the margin')
       H.check(r.measured >= r.predicted / 1.5, what .. ': over-predicted by more than 50%')
     end
+  end
+end)
+
+-- Two pipelines of convolutions whose stages hold what the replay once missed: the
+-- stage's output, kept until its micro-batch's backward ends, and (ZeRO 3) each
+-- module's output gradient, which the gathering node hands on to the engine. No
+-- replica may use more than its stage's prediction (2 % for rounding).
+H.test('pipeline stages of convolutions: no replica above its prediction', function()
+  local L = dofile(dir .. 'dist/launch.lua')(dir, arg[-1] or 'ember')
+  for _, layout in ipairs({ 'data=2 pipeline=2 chunks=2 shard=parameters',
+                            'data=2 pipeline=2 chunks=2 shard=optimizer' }) do
+    local out, rc = L.replicas(4, 'plan_grid.lua', ('run cnn:32 8 "%s"'):format(layout),
+      'EMBER_MEMORY_LIMIT=1216K')
+    H.eq(rc, 0, layout .. ': trained')
+    local n = 0
+    for rank, p, m in out:gmatch('rank (%d) predicted (%d+) margin %d+ measured (%d+)') do
+      n = n + 1
+      H.check(tonumber(m) <= tonumber(p) * 1.02, ('%s rank %s: predicted %s, measured %s')
+        :format(layout, rank, p, m))
+    end
+    H.eq(n, 4, layout .. ': every replica reported')
   end
 end)
 
