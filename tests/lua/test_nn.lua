@@ -138,6 +138,15 @@ H.test('registration in order, dotted names, buffers, children', function()
   H.eq(names, { 'scale', 'fc1.weight', 'fc1.bias', 'bn.weight', 'bn.bias', 'fc2.weight', 'fc2.bias' })
   H.eq(#m:parameters(), 7)
   H.eq(#m:buffers(), 3)
+  -- recurse = false: the module's own alone
+  local own = {}
+  for i, np in ipairs(m:named_parameters{ recurse = false }) do own[i] = np[1] end
+  H.eq(own, { 'scale' }, 'own parameters')
+  H.eq(#m.fc1:parameters{ recurse = false }, 2, "a child's own")
+  H.eq({ #m:buffers{ recurse = false }, #m.bn:named_buffers{ recurse = false } }, { 0, 3 }, 'own buffers')
+  H.eq(#m:parameters{ recurse = true }, 7, 'recurse = true')
+  H.raises(function() m:parameters(false) end, 'parameters', 'options table', 'boolean')
+  H.raises(function() m:named_buffers{ recurse = 'no' } end, 'named_buffers', 'recurse = string')
   H.eq(#m:children(), 3)
   H.eq(m:num_parameters(), 4 * 6 + 6 + 1 + 12 + 12 + 2)
   local sd = m:state_dict()

@@ -144,9 +144,8 @@ function M.plan(model, o)
   -- the model's sizes
   local W, unit = 0, 0
   for _, m in ipairs(model:modules()) do
-    local r, own = rawget(m, '_reg'), 0
-    for _, k in ipairs(r.pnames) do
-      local p = r.params[k]
+    local own = 0
+    for _, p in ipairs(em.nn.Module.parameters(m, { recurse = false })) do
       if p.requires_grad then
         local b = p:numel() * p:element_size()
         W, own = W + b, own + b

@@ -103,6 +103,8 @@ function M.check(o)
 end
 
 -- -- Building ----------------------------------------------------------------------------------
+local OWN = { recurse = false }   -- (a module's own parameters, not its children's)
+
 -- The modules that own trainable parameters directly, each with those parameters'
 -- global indices, in registration order. (Module.modules is that order; a recursive
 -- closure here would let a LuaJIT trace keep index_of -- the original weights --
@@ -110,10 +112,9 @@ end
 local function owners(model, index_of)
   local list, taken = {}, {}
   for _, m in ipairs(em.nn.Module.modules(model)) do
-    local r = rawget(m, '_reg')
     local idx = {}
-    for _, k in ipairs(r.pnames) do
-      local i = index_of[r.params[k]]
+    for _, p in ipairs(em.nn.Module.parameters(m, OWN)) do
+      local i = index_of[p]
       -- (a weight two modules share belongs to the first)
       if i and not taken[i] then idx[#idx + 1] = i; taken[i] = true end
     end

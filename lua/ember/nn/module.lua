@@ -175,35 +175,42 @@ local function all_modules(m)
   return mods, prefixes
 end
 
-function Module:named_parameters()
+-- o: nil or {recurse = true | false} (false: the module's own tensors alone, as
+-- torch's recurse=False).
+local function recursing(o, what)
+  if o == nil then return true end
+  if type(o) ~= 'table' or (o.recurse ~= nil and type(o.recurse) ~= 'boolean') then
+    raise(('%s: expected nil or an options table {recurse = true|false}, got %s'):format(what,
+      type(o) == 'table' and 'recurse = ' .. core.kind(o.recurse) or core.kind(o)))
+  end
+  return o.recurse ~= false
+end
+
+-- {{dotted name, tensor}} of kind 'p' (parameters) or 'b' (buffers).
+local function named(self, o, what, names, tensors)
   local list = {}
-  local mods, prefixes = all_modules(self)
+  local mods, prefixes = { self }, { '' }
+  if recursing(o, what) then mods, prefixes = all_modules(self) end
   for i, m in ipairs(mods) do
     local r, prefix = reg(m), prefixes[i]
-    for _, k in ipairs(r.pnames) do list[#list + 1] = { prefix .. k, r.params[k] } end
+    for _, k in ipairs(r[names]) do list[#list + 1] = { prefix .. k, r[tensors][k] } end
   end
   return list
 end
 
-function Module:parameters()
+function Module:named_parameters(o) return named(self, o, 'named_parameters', 'pnames', 'params') end
+
+function Module:parameters(o)
   local list = {}
-  for i, np in ipairs(self:named_parameters()) do list[i] = np[2] end
+  for i, np in ipairs(named(self, o, 'parameters', 'pnames', 'params')) do list[i] = np[2] end
   return list
 end
 
-function Module:named_buffers()
-  local list = {}
-  local mods, prefixes = all_modules(self)
-  for i, m in ipairs(mods) do
-    local r, prefix = reg(m), prefixes[i]
-    for _, k in ipairs(r.bnames) do list[#list + 1] = { prefix .. k, r.buffers[k] } end
-  end
-  return list
-end
+function Module:named_buffers(o) return named(self, o, 'named_buffers', 'bnames', 'buffers') end
 
-function Module:buffers()
+function Module:buffers(o)
   local list = {}
-  for i, nb in ipairs(self:named_buffers()) do list[i] = nb[2] end
+  for i, nb in ipairs(named(self, o, 'buffers', 'bnames', 'buffers')) do list[i] = nb[2] end
   return list
 end
 

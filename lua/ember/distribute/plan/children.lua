@@ -97,9 +97,8 @@ local function measure_child(c, shape, dtype, ckpt)
   -- the modules that own weights: ZeRO 3's units
   local units, unit_sizes = 0, {}
   for _, m in ipairs(c:modules()) do
-    local r, own = rawget(m, '_reg'), 0
-    for _, k in ipairs(r.pnames) do
-      local p = r.params[k]
+    local own = 0
+    for _, p in ipairs(em.nn.Module.parameters(m, { recurse = false })) do
       if p.requires_grad then own = own + nbytes(p) end
     end
     if own > 0 then units = units + 1; unit_sizes[units] = own end

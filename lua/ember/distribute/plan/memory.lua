@@ -119,9 +119,8 @@ function M.units(model)
   end
   local list, taken = {}, {}
   for _, m in ipairs(em.nn.Module.modules(model)) do
-    local r, own, idx = rawget(m, '_reg'), 0, {}
-    for _, k in ipairs(r.pnames) do
-      local p = r.params[k]
+    local own, idx = 0, {}
+    for _, p in ipairs(em.nn.Module.parameters(m, { recurse = false })) do
       local i = index_of[p]
       if i and not taken[i] then taken[i] = true; own = own + nbytes(p); idx[#idx + 1] = i end
     end
