@@ -45,11 +45,10 @@ function Pipeline:_run(inp, c)
   return self.parts[c](inp)
 end
 
--- scaler (optional, an em.amp.GradScaler): the last stage runs backward from
--- scaler:scale(loss term), so every stage's gradients arrive scaled; the loss
--- returned is the unscaled one. Every stage then calls scaler:step(opt) and
--- scaler:update(), which agree on skipping across all stages.
-local function step(self, x, y, loss_fn, scaler)
+-- -- A step, phase by phase ---------------------------------------------------------------
+
+-- step's loss_fn and scaler, checked.
+local function check_step(loss_fn, scaler)
   if type(loss_fn) ~= 'function' and not (type(loss_fn) == 'table' and getmetatable(loss_fn)
       and getmetatable(loss_fn).__call) then
     raise('pipeline: step(x, y, loss_fn): loss_fn must be a function, got ' .. kind(loss_fn))
@@ -58,6 +57,11 @@ local function step(self, x, y, loss_fn, scaler)
     raise('pipeline: step(x, y, loss_fn, scaler): scaler must be an em.amp.GradScaler, got ' ..
       kind(scaler))
   end
+end
+
+-- The rows this replica's pipeline runs: under batch = 'global' with D data
+-- replicas, its share of the global batch. Returns x, y and their row count.
+local function own_rows(self, x, y)
   local rows = batch_rows(x, y, 'step')
   local D = self.data_size
   if D > 1 and self.batch == 'global' then
@@ -71,18 +75,16 @@ local function step(self, x, y, loss_fn, scaler)
     if x ~= nil then x = x:narrow(1, at, rows) end
     if y ~= nil then y = y:narrow(1, at, rows) end
   end
-  local Mc, P, st = self.chunks, self.stages, self.stage
-  if Mc > rows then
+  if self.chunks > rows then
     raise(fmt('pipeline: step: chunks = %d, but the batch has only %d rows (one micro-batch ' ..
-      'needs at least one)', Mc, rows))
+      'needs at least one)', self.chunks, rows))
   end
-  local V = self.virtual
-  local top = P * V - 1
-  if st == P - 1 and y == nil then raise('pipeline: step: the last stage needs y') end
-  local s, w, dev = self.strategy, self._wire, self.strategy.device
-  local base = s.rank - st
-  local prev, nxt = base + (st - 1) % P, base + (st + 1) % P
-  -- micro-batch i: rows [lo_i, lo_i + n_i) (1-based lo)
+  if self.stage == self.stages - 1 and y == nil then raise('pipeline: step: the last stage needs y') end
+  return x, y, rows
+end
+
+-- Micro-batch i: rows [lo[i], lo[i] + n[i]) (1-based lo), as even as they split.
+local function micro_batches(rows, Mc)
   local lo, n = {}, {}
   local q, rem, at = math.floor(rows / Mc), rows % Mc, 1
   for i = 1, Mc do
@@ -90,11 +92,18 @@ local function step(self, x, y, loss_fn, scaler)
     lo[i] = at
     at = at + n[i]
   end
-  em.reset_peak_memory_stats(dev)
-  self._wait_s = 0
-  local ms0 = em.memory_stats(dev)
-  local mem0, collect_at = ms0.allocated, Pipeline.collect_bytes(ms0.capacity)
-  local t0 = em.clock()
+  return lo, n
+end
+
+-- The stage's op list over the micro-batches (b: {x, y, lo, n, loss_fn, scaler,
+-- mem0, collect_at}). Returns the sum of the last stage's loss terms (0 elsewhere).
+local function run_ops(self, b)
+  local Mc, P, st, V = self.chunks, self.stages, self.stage, self.virtual
+  local top = P * V - 1
+  local s, w, dev = self.strategy, self._wire, self.strategy.device
+  local base = s.rank - st
+  local prev, nxt = base + (st - 1) % P, base + (st + 1) % P
+  local x, y, lo, n = b.x, b.y, b.lo, b.n
   local ops = schedule.ops(self.schedule, P, Mc, st, V)
   local live, total = {}, 0
   -- each chunk's last backward of the step: where its data replicas average
@@ -117,7 +126,7 @@ local function step(self, x, y, loss_fn, scaler)
       local rec = { inp = inp, out = out }
       if last then
         local yi = y:narrow(1, lo[i], n[i]):to(dev)
-        rec.loss = loss_fn(out, yi) / Mc
+        rec.loss = b.loss_fn(out, yi) / Mc
         rec.out = nil
       else
         rec.sent = w:send('act' .. (v + 1), key, out:detach(), nxt)
@@ -129,7 +138,7 @@ local function step(self, x, y, loss_fn, scaler)
       if dm and k == last_b[c] then dm:arm() end
       if last then
         total = total + rec.loss:detach():to('cpu'):double():item()
-        ;(scaler and scaler:scale(rec.loss) or rec.loss):backward()
+        ;(b.scaler and b.scaler:scale(rec.loss) or rec.loss):backward()
       else
         local g = w:recv_into(em.zeros(rec.out.shape, { dtype = rec.out.dtype, device = dev }), nxt)
         -- its gradient came back: the activation it answers was received
@@ -146,25 +155,52 @@ local function step(self, x, y, loss_fn, scaler)
       -- worth it to hand back).
       live[slot] = nil
       rec = nil
-      if em.memory_stats(dev).allocated - mem0 > collect_at then handles.collect() end
+      if em.memory_stats(dev).allocated - b.mem0 > b.collect_at then handles.collect() end
     end
   end
   w:flush()
+  return total
+end
+
+-- After the op list: the loss on every stage (the last stage's sum, averaged
+-- over the data replicas), the step's garbage collected, its stats kept and
+-- given to the profiler. Returns the loss (a 0-D cpu tensor).
+local function close_step(self, total, t0, mem0)
+  local P, st, dev = self.stages, self.stage, self.strategy.device
   local lt = em.tensor({ st == P - 1 and total / self.data_size or 0 }, { dtype = 'float32' }):to(dev)
-  w.wait('pipeline.loss', function() s:allreduce(lt, 'sum') end)
+  self._wire.wait('pipeline.loss', function() self.strategy:allreduce(lt, 'sum') end)
   local step_s = em.clock() - t0
   -- What the step left dead (the garbage under collect_at, the sends' buffers)
   -- goes now: the next step starts from the same memory, as the planner's replay
   -- of a step assumes.
   if em.memory_stats(dev).allocated > mem0 then collectgarbage() end
-  local st_ = self._stats
-  st_.step_s, st_.bubble = step_s, step_s > 0 and self._wait_s / step_s or 0
-  st_.peak_bytes = em.memory_stats(dev).peak
+  local stats = self._stats
+  stats.step_s, stats.bubble = step_s, step_s > 0 and self._wait_s / step_s or 0
+  stats.peak_bytes = em.memory_stats(dev).peak
   if prof._pipeline then
-    prof._pipeline { stage = st, stages = P, chunks = Mc, schedule = self.schedule,
-                     virtual = V, bubble = st_.bubble, step_s = step_s }
+    prof._pipeline { stage = st, stages = P, chunks = self.chunks, schedule = self.schedule,
+                     virtual = self.virtual, bubble = stats.bubble, step_s = step_s }
   end
   return lt:to('cpu'):reshape({})
+end
+
+-- scaler (optional, an em.amp.GradScaler): the last stage runs backward from
+-- scaler:scale(loss term), so every stage's gradients arrive scaled; the loss
+-- returned is the unscaled one. Every stage then calls scaler:step(opt) and
+-- scaler:update(), which agree on skipping across all stages.
+local function step(self, x, y, loss_fn, scaler)
+  check_step(loss_fn, scaler)
+  local rows
+  x, y, rows = own_rows(self, x, y)
+  local lo, n = micro_batches(rows, self.chunks)
+  local dev = self.strategy.device
+  em.reset_peak_memory_stats(dev)
+  self._wait_s = 0
+  local ms0 = em.memory_stats(dev)
+  local t0 = em.clock()
+  local total = run_ops(self, { x = x, y = y, lo = lo, n = n, loss_fn = loss_fn, scaler = scaler,
+    mem0 = ms0.allocated, collect_at = Pipeline.collect_bytes(ms0.capacity) })
+  return close_step(self, total, t0, ms0.allocated)
 end
 
 -- The micro-batches' backwards leave their tensors to the pipeline, which
