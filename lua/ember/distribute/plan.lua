@@ -34,7 +34,6 @@ local memory = require 'ember.distribute.plan.memory'
 local plan_children = require 'ember.distribute.plan.children'
 local timing = require 'ember.distribute.plan.time'
 local layouts = require 'ember.distribute.plan.layouts'
-local shard_layout = require 'ember.distribute.shard.layout'
 local raise = core.raise
 
 local M = {}
@@ -133,6 +132,41 @@ local function has_pipeline()
 end
 
 -- -- Planning --------------------------------------------------------------------------------
+-- -- Planning, phase by phase ---------------------------------------------------------------
+
+-- Why each layout that does not fit does not: setting it up, or its peak against
+-- the memory with its parts (and, for a pipeline, the stages past it).
+local function reasons(candidates, skipped, mem)
+  local why = {}
+  for name, reason in pairs(skipped) do why[name] = reason end
+  for _, c in ipairs(candidates) do
+    if not c.fits and c.setup and c.setup > mem then
+      why[c.name] = ('%s: setting it up holds %s > %s (the model as built%s)'):format(c.name,
+        gib(c.setup), gib(mem), c.layout.shard == 'parameters' and ', its shards and a unit' or '')
+    elseif not c.fits then
+      local p = c.parts
+      why[c.name] = ('%s: %s > %s (parameters %s, gradients %s, optimizer %s, ' ..
+        'activations %s; with a margin of %d%% and %d KiB)'):format(c.name, gib(c.peak), gib(mem),
+        gib(p.parameters), gib(p.gradients), gib(p.optimizer), gib(p.activations),
+        math.floor(layouts.safety(c.layout) * 100 + 0.5), layouts.SAFETY_BYTES / 1024)
+      -- a pipeline: which stage does not fit (the children it holds)
+      if c.stage_peaks then
+        local first, over = 1, {}
+        for k, sp in ipairs(c.stage_peaks) do
+          local n = c.layout.stages[k]
+          if layouts.margin(sp, c.layout) > mem then
+            over[#over + 1] = ('stage %d (children %d-%d) needs %s'):format(k - 1, first,
+              first + n - 1, gib(sp))
+          end
+          first = first + n
+        end
+        why[c.name] = why[c.name] .. '; ' .. table.concat(over, ', ')
+      end
+    end
+  end
+  return why
+end
+
 function M.plan(model, o)
   local N, mem, optname = check(model, o)
   local B = o.input.shape[1]
@@ -141,50 +175,10 @@ function M.plan(model, o)
   local children = seq and model:children() or { model }
   local pipeline_ok = o.pipeline ~= false and seq and has_pipeline() and true or false
 
-  -- the model's sizes
-  local W, unit = 0, 0
-  for _, m in ipairs(model:modules()) do
-    local own = 0
-    for _, p in ipairs(em.nn.Module.parameters(m, { recurse = false })) do
-      if p.requires_grad then
-        local b = p:numel() * p:element_size()
-        W, own = W + b, own + b
-      end
-    end
-    unit = math.max(unit, own)
-  end
-  -- Under checkpointing a child's recompute gathers the units inside it and its
-  -- backward keeps them until its gradients come out, all at once: ZeRO 3
-  -- holds a whole child's weights (a child that is a unit itself gathers
-  -- outside its checkpoint, one unit)
-  local ckpt_unit = unit
-  for _, c in ipairs(model:children()) do
-    local b = 0
-    for _, p in ipairs(c:parameters()) do
-      if p.requires_grad then b = b + p:numel() * p:element_size() end
-    end
-    ckpt_unit = math.max(ckpt_unit, b)
-  end
-  if W == 0 then raise('plan: the model has no parameter that requires grad') end
+  local W, unit, ckpt_unit = memory.sizes(model)
   local gathered = memory.gathered(model)
   local state_factor = optname == 'sgd' and (o.momentum == 0 and 0 or 1) or 2
-  -- ZeRO 3's units, in the order their gradients complete (backward order)
-  local units = {}
-  local owners = memory.units(model)
-  for k = #owners, 1, -1 do units[#units + 1] = owners[k] end
-  -- ZeRO 1 and 2's units: shard.lua's buckets of the trainable parameters
-  local buckets, sizes, keys = {}, {}, {}
-  for _, p in ipairs(model:parameters()) do
-    if p.requires_grad then
-      sizes[#sizes + 1] = p:numel() * p:element_size()
-      keys[#sizes] = p.dtype .. '@' .. p.device
-    end
-  end
-  for _, idx in ipairs(shard_layout.shard_buckets(sizes, keys)) do
-    local b = 0
-    for _, i in ipairs(idx) do b = b + sizes[i] end
-    buckets[#buckets + 1] = { bytes = b, idx = idx }
-  end
+  local units, buckets = memory.shard_units(model)
 
   local list, skipped = layouts.enumerate{ devices = N, batch = B,
     children = seq and #children or nil, pipeline = pipeline_ok }
@@ -203,45 +197,7 @@ function M.plan(model, o)
   end
   local steps = memory.step(model, { input = o.input, target = o.target, loss = loss, runs = runs,
                                      memory = mem })
-
-  -- time: the children at every per-replica batch and micro-batch a layout
-  -- runs (a small batch costs more per row than a share of a big one's time)
-  local sizes, seen = {}, {}
-  for _, l in ipairs(list) do
-    local b = B / (l.data * (l.pipeline > 1 and l.chunks or 1))
-    if not seen[b] then seen[b] = true; sizes[#sizes + 1] = b end
-  end
-  table.sort(sizes)
-  local base_shape = { shape = o.input.shape, dtype = o.input.dtype }
-  local device = children[1]:parameters()[1] and children[1]:parameters()[1].device or 'cpu'
-  local time_how = o.time == false and 'estimated' or 'measured'
-  local times, time_cache = {}, {}
-  local s = o.strategy
-  for _, b in ipairs(sizes) do
-    local t
-    if o.time == false then
-      t = timing.estimate(children, b)
-    elseif s and s.world_size > 1 and s.rank ~= 0 then
-      -- replica 0 times alone (the others wait in agree's broadcast): replicas
-      -- timing at once on shared cores would slow each other down
-      t = timing.estimate(children, b)
-    else
-      local ok, res = pcall(timing.children, children, { input = base_shape, batch = b,
-                                                         device = device, cache = time_cache })
-      -- a device too full to run one child beside the whole model still gets its
-      -- memory answer (which then says what does not fit): times from the weights
-      if ok then t = res
-      elseif tostring(res):find('out of memory', 1, true) then
-        t, time_how = timing.estimate(children, b), 'estimated (timing ran out of memory)'
-      else error(res, 0) end
-    end
-    if o.time ~= false then timing.agree(t, s) end
-    times[b] = t
-  end
-  local bw, bw_how = timing.bandwidth(s)
-  local lat = timing.latency(s)
-  local share = timing.share(N, device)
-  for _, t in pairs(times) do t.bandwidth, t.latency, t.share = bw, lat, share end
+  local times, time_how, bw, bw_how = timing.for_layouts(children, list, B, o, N)
 
   -- Every replica of a pipeline holds the global batch it passes to pp:step.
   local function spec_bytes(v)
@@ -250,6 +206,7 @@ function M.plan(model, o)
     return n:numel() * n:element_size()
   end
   local batch_bytes = spec_bytes(o.input) + spec_bytes(o.target)
+  -- each layout weighed: its peak (per stage in a pipeline), step time and set-up
   local candidates, child_cache = {}, {}
   for _, l in ipairs(list) do
     local c = { layout = l, name = layouts.name(l) }
@@ -283,34 +240,7 @@ function M.plan(model, o)
     candidates[#candidates + 1] = c
   end
   local best = layouts.choose(candidates, mem)
-
-  local why = {}
-  for name, reason in pairs(skipped) do why[name] = reason end
-  for _, c in ipairs(candidates) do
-    if not c.fits and c.setup and c.setup > mem then
-      why[c.name] = ('%s: setting it up holds %s > %s (the model as built%s)'):format(c.name,
-        gib(c.setup), gib(mem), c.layout.shard == 'parameters' and ', its shards and a unit' or '')
-    elseif not c.fits then
-      local p = c.parts
-      why[c.name] = ('%s: %s > %s (parameters %s, gradients %s, optimizer %s, ' ..
-        'activations %s; with a margin of %d%% and %d KiB)'):format(c.name, gib(c.peak), gib(mem),
-        gib(p.parameters), gib(p.gradients), gib(p.optimizer), gib(p.activations),
-        math.floor(layouts.safety(c.layout) * 100 + 0.5), layouts.SAFETY_BYTES / 1024)
-      -- a pipeline: which stage does not fit (the children it holds)
-      if c.stage_peaks then
-        local first, over = 1, {}
-        for k, sp in ipairs(c.stage_peaks) do
-          local n = c.layout.stages[k]
-          if layouts.margin(sp, c.layout) > mem then
-            over[#over + 1] = ('stage %d (children %d-%d) needs %s'):format(k - 1, first,
-              first + n - 1, gib(sp))
-          end
-          first = first + n
-        end
-        why[c.name] = why[c.name] .. '; ' .. table.concat(over, ', ')
-      end
-    end
-  end
+  local why = reasons(candidates, skipped, mem)
   local smallest = candidates[1]
   for _, c in ipairs(candidates) do if c.peak < smallest.peak then smallest = c end end
   local chosen = best or smallest

@@ -21,6 +21,9 @@ Two measurements:
   plan/children.lua -- each child of a Sequential alone, for the pipeline
   replay, with the helpers below (to_meta, without_collector, input).
 
+Besides, the model's sizes the layouts need (M.sizes: its trainable bytes, its
+largest unit) and the units ZeRO shards it into (M.units, M.shard_units).
+
 Peaks include the garbage a step leaves for Lua's collector (the same garbage
 the real step leaves, since the ops are the same): what em.memory_stats reports.
 ]]
@@ -127,6 +130,53 @@ function M.units(model)
     if own > 0 then list[#list + 1] = { module = m, bytes = own, idx = idx } end
   end
   return list
+end
+
+-- The model's trainable bytes W, its largest module's own (ZeRO 3's unit) and,
+-- under checkpointing, its largest child's: a child's recompute gathers the
+-- units inside it and its backward keeps them until its gradients come out, all
+-- at once, so ZeRO 3 holds a whole child's weights (a child that is a unit
+-- itself gathers outside its checkpoint, one unit).
+function M.sizes(model)
+  local W, unit = 0, 0
+  for _, m in ipairs(model:modules()) do
+    local own = 0
+    for _, p in ipairs(em.nn.Module.parameters(m, { recurse = false })) do
+      if p.requires_grad then W, own = W + nbytes(p), own + nbytes(p) end
+    end
+    unit = math.max(unit, own)
+  end
+  local ckpt_unit = unit
+  for _, c in ipairs(model:children()) do
+    local b = 0
+    for _, p in ipairs(c:parameters()) do
+      if p.requires_grad then b = b + nbytes(p) end
+    end
+    ckpt_unit = math.max(ckpt_unit, b)
+  end
+  if W == 0 then core.raise('plan: the model has no parameter that requires grad') end
+  return W, unit, ckpt_unit
+end
+
+-- ZeRO 3's units in the order their gradients complete (backward order), and
+-- ZeRO 1 and 2's: shard.lua's buckets of the trainable parameters.
+function M.shard_units(model)
+  local units = {}
+  local owners = M.units(model)
+  for k = #owners, 1, -1 do units[#units + 1] = owners[k] end
+  local buckets, sizes, keys = {}, {}, {}
+  for _, p in ipairs(model:parameters()) do
+    if p.requires_grad then
+      sizes[#sizes + 1] = nbytes(p)
+      keys[#sizes] = p.dtype .. '@' .. p.device
+    end
+  end
+  for _, idx in ipairs(require('ember.distribute.shard.layout').shard_buckets(sizes, keys)) do
+    local b = 0
+    for _, i in ipairs(idx) do b = b + sizes[i] end
+    buckets[#buckets + 1] = { bytes = b, idx = idx }
+  end
+  return units, buckets
 end
 
 -- What ZeRO 3 holds gathered while a parameter's gradient is made, by the

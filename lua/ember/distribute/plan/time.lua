@@ -176,4 +176,49 @@ function M.share(N, device)
   return math.max(1, N * em.get_num_threads() / c)
 end
 
+-- The planner's times: the children's at every per-replica batch and
+-- micro-batch a layout of list runs (a small batch costs more per row than a
+-- share of a big one's time) for the global batch B over N devices, with the
+-- link's bandwidth and latency and the replicas' share of the cores. Returns
+-- times by batch, how they were had, and the bandwidth and how it was had.
+function M.for_layouts(children, list, B, o, N)
+  local sizes, seen = {}, {}
+  for _, l in ipairs(list) do
+    local b = B / (l.data * (l.pipeline > 1 and l.chunks or 1))
+    if not seen[b] then seen[b] = true; sizes[#sizes + 1] = b end
+  end
+  table.sort(sizes)
+  local base_shape = { shape = o.input.shape, dtype = o.input.dtype }
+  local device = children[1]:parameters()[1] and children[1]:parameters()[1].device or 'cpu'
+  local time_how = o.time == false and 'estimated' or 'measured'
+  local times, time_cache = {}, {}
+  local s = o.strategy
+  for _, b in ipairs(sizes) do
+    local t
+    if o.time == false then
+      t = M.estimate(children, b)
+    elseif s and s.world_size > 1 and s.rank ~= 0 then
+      -- replica 0 times alone (the others wait in agree's broadcast): replicas
+      -- timing at once on shared cores would slow each other down
+      t = M.estimate(children, b)
+    else
+      local ok, res = pcall(M.children, children, { input = base_shape, batch = b,
+                                                    device = device, cache = time_cache })
+      -- a device too full to run one child beside the whole model still gets its
+      -- memory answer (which then says what does not fit): times from the weights
+      if ok then t = res
+      elseif tostring(res):find('out of memory', 1, true) then
+        t, time_how = M.estimate(children, b), 'estimated (timing ran out of memory)'
+      else error(res, 0) end
+    end
+    if o.time ~= false then M.agree(t, s) end
+    times[b] = t
+  end
+  local bw, bw_how = M.bandwidth(s)
+  local lat = M.latency(s)
+  local share = M.share(N, device)
+  for _, t in pairs(times) do t.bandwidth, t.latency, t.share = bw, lat, share end
+  return times, time_how, bw, bw_how
+end
+
 return M
