@@ -29,6 +29,39 @@ local M = {}
 -- Whether the fused kernels serve this sequence.
 function M.serves(xs) return xs.device == 'cpu' and code[xs.dtype] ~= nil end
 
+-- (shared with the composed loop of ember.nn.rnn_recurrence)
+-- The forward's end: the final c into the value's last row (T + 1); without a
+-- backward to come, the last h and c go now. Returns v.
+function M.close_value(v, h, c, h0, c0, keep)
+  local vc = v[v.shape[1]]
+  vc:copy_(c)
+  release(vc)
+  if not keep then
+    if h ~= h0 then release(h) end
+    if c ~= c0 then release(c) end
+  end
+  return v
+end
+
+-- The node's gradients: the gates' dG (T, N, 4H; xw's as they are), weight_hh's
+-- (one matmul over every step's gate gradients and the h it started from, in
+-- time order), h0's dh and c0's dc.
+function M.node_grads(dG, hprev, dh, dc)
+  local T, N, G = dG.shape[1], dG.shape[2], dG.shape[3]
+  local hp = {}
+  for t = 1, T do hp[t] = hprev[t] end
+  local dw = dG:reshape(T * N, G):t():mm(em.stack(hp, 1):reshape(T * N, G / 4))
+  return { dG, dw, dh, dc }
+end
+
+-- A direction's results from its value or node (T + 1, N, H): the h of each step
+-- in time order, the last step's h (last: its time index) and the final c.
+function M.results(value, T, last)
+  local out = {}
+  for t = 1, T do out[t] = value[t] end
+  return out, value[last], value[T + 1]
+end
+
 -- xw: (T, N, 4H), the input's projection with the biases; order: the steps in
 -- the order they run; keep: whether a gradient will be asked for. Returns the
 -- list of h per step (in time order), the last h and the last c.
@@ -61,20 +94,9 @@ function M.direction(F, w_hh, xw, h0, c0, order, keep)
       end
       h, c = hn, cn
     end
-    local vc = v[T + 1]
-    vc:copy_(c)
-    release(vc)
-    if not keep then
-      if h ~= h0 then release(h) end
-      if c ~= c0 then release(c) end
-    end
-    return v
+    return M.close_value(v, h, c, h0, c0, keep)
   end)
-  if not keep then
-    local out = {}
-    for t = 1, T do out[t] = value[t] end
-    return out, value[order[T]], value[T + 1]
-  end
+  if not keep then return M.results(value, T, order[T]) end
   local node = em.autograd.apply('lstm', value, { xw, w_hh, h0, c0 }, function(grad)
     return em.no_grad(function()
       -- (a sum's gradient comes expanded, with zero strides: the kernel reads rows)
@@ -93,15 +115,10 @@ function M.direction(F, w_hh, xw, h0, c0, order, keep)
         dh = d:mm(w_hh)
         release(d)
       end
-      local hp = {}
-      for t = 1, T do hp[t] = hprev[t] end
-      local dw = dG:reshape(T * N, 4 * Hd):t():mm(em.stack(hp, 1):reshape(T * N, Hd))
-      return { dG, dw, dh, dc }
+      return M.node_grads(dG, hprev, dh, dc)
     end)
   end)
-  local out = {}
-  for t = 1, T do out[t] = node[t] end
-  return out, node[order[T]], node[T + 1]
+  return M.results(node, T, order[T])
 end
 
 return M

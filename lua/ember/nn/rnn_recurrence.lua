@@ -97,21 +97,9 @@ function M.lstm_direction(m, sfx, xs, h0, c0, reverse)
       end
       h, c = hn, cn
     end
-    local vc = v[T + 1]
-    vc:copy_(c)
-    release(vc)
-    if not keep then
-      if h ~= h0 then release(h) end
-      if c ~= c0 then release(c) end
-    end
-    return v
+    return lstm_cpu.close_value(v, h, c, h0, c0, keep)
   end)
-  if not keep then
-    local out = {}
-    for t = 1, T do out[t] = value[t] end
-    return out, value[order[T]], value[T + 1]
-  end
-  local last = order[T]
+  if not keep then return lstm_cpu.results(value, T, order[T]) end
   local node = em.autograd.apply('lstm', value, { xw, w_hh, h0, c0 }, function(grad)
     return em.no_grad(function()
       local dG = em.empty({ T, N, 4 * Hd }, { dtype = grad.dtype, device = grad.device })
@@ -157,16 +145,10 @@ function M.lstm_direction(m, sfx, xs, h0, c0, reverse)
         dh = d:mm(w_hh)
         release(d)
       end
-      -- every step's h it started from, in time order, as one (T * N, H) matrix
-      local hp = {}
-      for t = 1, T do hp[t] = hprev[t] end
-      local dw = dG:reshape(T * N, 4 * Hd):t():mm(em.stack(hp, 1):reshape(T * N, Hd))
-      return { dG, dw, dh, dc }
+      return lstm_cpu.node_grads(dG, hprev, dh, dc)
     end)
   end)
-  local out = {}
-  for t = 1, T do out[t] = node[t] end
-  return out, node[last], node[T + 1]
+  return lstm_cpu.results(node, T, order[T])
 end
 
 
