@@ -6,9 +6,11 @@
 ** on contiguous host buffers between its recurrent matmuls; other devices
 ** compose the same arithmetic from ops.
 **
-** Forward: gates (N, 4H) hold the pre-activations in PyTorch's order i, f, g, o;
-** i, f, o = sigmoid, g = tanh; c = f c_prev + i g; h = o tanh(c). act (N, 4H),
-** which may be gates itself, receives the activations the backward reads.
+** Forward: gates (N, 4H) hold the pre-activations in PyTorch's order i, f, g, o,
+** plus gates2's where it is given (the step's recurrent product and its input's
+** projection, added here rather than by a pass of their own); i, f, o = sigmoid,
+** g = tanh; c = f c_prev + i g; h = o tanh(c). act (N, 4H), which may be gates
+** itself, receives the activations the backward reads.
 **
 ** Backward, from dh and dc (the gradients of h and of c) and tc = tanh(c):
 ** dc' = dc + dh o (1 - tc^2); the gates' gradients before their activations are
@@ -27,7 +29,7 @@
 
 typedef struct cell_job {
   int64_t H;
-  const void *gates, *c_prev, *c, *dh, *dh2;
+  const void *gates, *gates2, *c_prev, *c, *dh, *dh2;
   void *act, *h, *c_out, *dc, *dgates;
 } cell_job;
 
@@ -37,23 +39,29 @@ static inline float tanh_f32(float x) { return emi_vtanhf(x); }
 static inline double tanh_f64(double x) { return tanh(x); }
 
 /* Rows [r0, r1) of the forward and of the backward, for T = float and double. The
-** forward reads a row's gates into blocks of activations first, so that act may
-** be gates itself and both loops still vectorize. */
+** forward copies a block of a row's pre-activations (gates, plus gates2) into
+** local arrays, computes there and copies the results out, so that act may be
+** gates itself and every loop still vectorizes. */
 enum { BLOCK = 64 };
 #define CELL_LOOPS(T, SFX)                                                                   \
   static void forward_##SFX(void *ctx, int64_t r0, int64_t r1) {                            \
     const cell_job *j = ctx;                                                                 \
     int64_t H = j->H;                                                                        \
-    T ai[BLOCK], af[BLOCK], ag[BLOCK], ao[BLOCK], ac[BLOCK], ah[BLOCK];                      \
+    T ai[BLOCK], af[BLOCK], ag[BLOCK], ao[BLOCK], ac[BLOCK], ah[BLOCK], pre[4][BLOCK];       \
     size_t w = sizeof(T);                                                                    \
     for (int64_t r = r0; r < r1; r++) {                                                      \
       const T *x = (const T *)j->gates + r * 4 * H, *cp = (const T *)j->c_prev + r * H;     \
+      const T *x2 = j->gates2 ? (const T *)j->gates2 + r * 4 * H : NULL;                     \
       T *a = (T *)j->act + r * 4 * H, *h = (T *)j->h + r * H, *c = (T *)j->c_out + r * H;   \
       for (int64_t k0 = 0; k0 < H; k0 += BLOCK) {                                            \
         int64_t n = H - k0 < BLOCK ? H - k0 : BLOCK;                                         \
+        for (int q = 0; q < 4; q++) memcpy(pre[q], x + q * H + k0, w * n);                   \
+        if (x2)                                                                              \
+          for (int q = 0; q < 4; q++)                                                        \
+            for (int64_t k = 0; k < n; k++) pre[q][k] += x2[q * H + k0 + k];                 \
         for (int64_t k = 0; k < n; k++) {                                                    \
-          T i = sigmoid_##SFX(x[k0 + k]), f = sigmoid_##SFX(x[H + k0 + k]);                  \
-          T g = tanh_##SFX(x[2 * H + k0 + k]), o = sigmoid_##SFX(x[3 * H + k0 + k]);         \
+          T i = sigmoid_##SFX(pre[0][k]), f = sigmoid_##SFX(pre[1][k]);                      \
+          T g = tanh_##SFX(pre[2][k]), o = sigmoid_##SFX(pre[3][k]);                         \
           T cn = f * cp[k0 + k] + i * g;                                                     \
           ai[k] = i; af[k] = f; ag[k] = g; ao[k] = o; ac[k] = cn;                            \
           ah[k] = o * tanh_##SFX(cn);                                                        \
@@ -117,13 +125,14 @@ static void run_rows(em_state *S, int64_t N, int64_t H, emi_range_fn fn, cell_jo
 }
 
 em_status em_cpu_lstm_cell_forward(em_state *S, em_dtype dt, int64_t N, int64_t H,
-                                   const void *gates, const void *c_prev, void *act,
-                                   void *h, void *c) {
+                                   const void *gates, const void *gates2, const void *c_prev,
+                                   void *act, void *h, void *c) {
   em_status st = cell_check(S, "lstm_cell_forward (cpu kernel): bad sizes", dt, N, H);
   if (st) return st;
   if (!gates || !c_prev || !act || !h || !c)
     return em_set_error(S, EM_ERR_ARG, "lstm_cell_forward (cpu kernel): NULL buffer");
-  cell_job j = {.H = H, .gates = gates, .c_prev = c_prev, .act = act, .h = h, .c_out = c};
+  cell_job j = {.H = H, .gates = gates, .gates2 = gates2, .c_prev = c_prev, .act = act, .h = h,
+                .c_out = c};
   run_rows(S, N, H, dt == EM_FLOAT32 ? forward_f32 : forward_f64, &j);
   return EM_OK;
 }

@@ -726,15 +726,16 @@ em_status em_cpu_attention_backward(em_state *S, em_dtype dt, int64_t B, int64_t
                                     void *dq, void *dk, void *dv);
 /* The fused CPU kernels of one LSTM step's pointwise part (cpu/rnn_cell.c) behind
 ** nn.LSTM, on contiguous host buffers of N rows, dt float32 or float64. Forward:
-** gates (N, 4H) hold the pre-activations in the order i, f, g, o; c = sigmoid(f)
-** c_prev + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c); act (N, 4H), which may be
-** gates itself, receives sigmoid(i), sigmoid(f), tanh(g), sigmoid(o). Backward:
+** gates (N, 4H), plus gates2 (N, 4H) unless NULL, hold the pre-activations in the
+** order i, f, g, o; c = sigmoid(f) c_prev + sigmoid(i) tanh(g), h = sigmoid(o)
+** tanh(c); act (N, 4H), which may be gates itself, receives sigmoid(i),
+** sigmoid(f), tanh(g), sigmoid(o). Backward:
 ** from act, c and c_prev of that step, dh (plus dh2, or NULL) the gradient of h
 ** and dc that of c, writes the gates' gradients (before their activations) to
 ** dgates (N, 4H) and c_prev's gradient over dc. */
 em_status em_cpu_lstm_cell_forward(em_state *S, em_dtype dt, int64_t N, int64_t H,
-                                   const void *gates, const void *c_prev, void *act,
-                                   void *h, void *c);
+                                   const void *gates, const void *gates2, const void *c_prev,
+                                   void *act, void *h, void *c);
 em_status em_cpu_lstm_cell_backward(em_state *S, em_dtype dt, int64_t N, int64_t H,
                                     const void *act, const void *c, const void *c_prev,
                                     const void *dh, const void *dh2, void *dc,

@@ -4,8 +4,9 @@
 ** forward, the gates' and c_prev's gradients of the backward, in float32 and
 ** float64, over widths around the kernel's 64-element blocks (1, 3, 64, 65, 130)
 ** and enough rows for two threads; the activations written over the gates
-** themselves; the backward with and without a second gradient of h; and the
-** errors for a bad dtype, sizes and NULL buffers.
+** themselves; the gates given as two addends or one; the backward with and
+** without a second gradient of h; and the errors for a bad dtype, sizes and NULL
+** buffers.
 */
 #include "check.h"
 #include <math.h>
@@ -42,13 +43,16 @@ static double worst(em_dtype dt, const void *p, const double *want, int64_t n) {
   return w;
 }
 
+/* two: a second gradient of h in the backward, and the forward's pre-activations
+** given as two addends (gates + gates2). */
 static void one_case(em_state *S, em_dtype dt, int64_t N, int64_t H, int in_place, int two) {
   uint32_t s = (uint32_t)(N * 131 + H * 7 + in_place * 3 + two);
   int64_t G = 4 * H, NG = N * G, NH = N * H;
   double *gates = malloc(sizeof(double) * (size_t)NG), *cp = malloc(sizeof(double) * (size_t)NH);
   double *dh = malloc(sizeof(double) * (size_t)NH), *dh2 = malloc(sizeof(double) * (size_t)NH);
   double *dc = malloc(sizeof(double) * (size_t)NH);
-  for (int64_t i = 0; i < NG; i++) gates[i] = value(&s, 8);
+  double *g2 = malloc(sizeof(double) * (size_t)NG);
+  for (int64_t i = 0; i < NG; i++) { gates[i] = value(&s, 8); g2[i] = two ? value(&s, 2) : 0; }
   for (int64_t i = 0; i < NH; i++) {
     cp[i] = value(&s, 4); dh[i] = value(&s, 2); dh2[i] = value(&s, 2); dc[i] = value(&s, 2);
   }
@@ -58,8 +62,9 @@ static void one_case(em_state *S, em_dtype dt, int64_t N, int64_t H, int in_plac
   double *dcp = malloc(sizeof(double) * (size_t)NH);
   for (int64_t r = 0; r < N; r++)
     for (int64_t k = 0; k < H; k++) {
-      const double *x = gates + r * G;
-      double i = sig(x[k]), f = sig(x[H + k]), g = tanh(x[2 * H + k]), o = sig(x[3 * H + k]);
+      const double *x = gates + r * G, *x2 = g2 + r * G;
+      double i = sig(x[k] + x2[k]), f = sig(x[H + k] + x2[H + k]);
+      double g = tanh(x[2 * H + k] + x2[2 * H + k]), o = sig(x[3 * H + k] + x2[3 * H + k]);
       double cn = f * cp[r * H + k] + i * g, tc = tanh(cn);
       double *a = act + r * G;
       a[k] = i; a[H + k] = f; a[2 * H + k] = g; a[3 * H + k] = o;
@@ -74,14 +79,15 @@ static void one_case(em_state *S, em_dtype dt, int64_t N, int64_t H, int in_plac
       e[3 * H + k] = y * tc * o * (1 - o);
       dcp[r * H + k] = d * f;
     }
-  void *xg = as(dt, gates, NG), *xcp = as(dt, cp, NH), *xdh = as(dt, dh, NH);
+  void *xg = as(dt, gates, NG), *xg2 = as(dt, g2, NG), *xcp = as(dt, cp, NH), *xdh = as(dt, dh, NH);
   void *xdh2 = as(dt, dh2, NH), *xdc = as(dt, dc, NH);
   void *xact = in_place ? xg : as(dt, gates, NG), *xh = as(dt, h, NH), *xc = as(dt, c, NH);
   void *xdx = as(dt, dx, NG);
   memset(xh, 0, (size_t)NH * (dt == EM_FLOAT64 ? 8 : 4));
   double tol = dt == EM_FLOAT64 ? 1e-13 : 2e-6;
   const char *dn = em_dtype_name(dt);
-  if (CHECK_OK(S, em_cpu_lstm_cell_forward(S, dt, N, H, xg, xcp, xact, xh, xc))) {
+  if (CHECK_OK(S, em_cpu_lstm_cell_forward(S, dt, N, H, xg, two ? xg2 : NULL, xcp, xact, xh,
+                                           xc))) {
     CHECK(worst(dt, xh, h, NH) < tol, "%s N=%lld H=%lld: h off by %g", dn, (long long)N,
           (long long)H, worst(dt, xh, h, NH));
     CHECK(worst(dt, xc, c, NH) < tol, "%s N=%lld H=%lld: c off by %g", dn, (long long)N,
@@ -100,7 +106,7 @@ static void one_case(em_state *S, em_dtype dt, int64_t N, int64_t H, int in_plac
           dn, (long long)N, (long long)H, worst(dt, xdc, dcp, NH));
   }
   if (!in_place) free(xact);
-  free(xg); free(xcp); free(xdh); free(xdh2); free(xdc); free(xh); free(xc); free(xdx);
+  free(xg); free(xg2); free(g2); free(xcp); free(xdh); free(xdh2); free(xdc); free(xh); free(xc); free(xdx);
   free(ract); free(rc);
   free(gates); free(cp); free(dh); free(dh2); free(dc); free(act); free(h); free(c); free(dx);
   free(dcp);
@@ -122,15 +128,15 @@ static void test_cell_values(em_state *S) {
 
 static void test_cell_errors(em_state *S) {
   float b[16] = {0};
-  CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_INT32, 1, 1, b, b, b, b, b), EM_ERR_DTYPE,
+  CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_INT32, 1, 1, b, NULL, b, b, b, b), EM_ERR_DTYPE,
             "lstm_cell_forward", "float32 or float64", "int32");
   CHECK_ERR(S, em_cpu_lstm_cell_backward(S, EM_BFLOAT16, 1, 1, b, b, b, b, NULL, b, b),
             EM_ERR_DTYPE, "lstm_cell_backward", "bfloat16");
-  CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_FLOAT32, 1, 0, b, b, b, b, b), EM_ERR_ARG,
+  CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_FLOAT32, 1, 0, b, NULL, b, b, b, b), EM_ERR_ARG,
             "lstm_cell_forward", "bad sizes");
   CHECK_ERR(S, em_cpu_lstm_cell_backward(S, EM_FLOAT32, -1, 2, b, b, b, b, NULL, b, b),
             EM_ERR_ARG, "lstm_cell_backward", "bad sizes");
-  CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_FLOAT32, 1, 1, b, NULL, b, b, b), EM_ERR_ARG,
+  CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_FLOAT32, 1, 1, b, NULL, NULL, b, b, b), EM_ERR_ARG,
             "NULL buffer");
   CHECK_ERR(S, em_cpu_lstm_cell_backward(S, EM_FLOAT32, 1, 1, b, b, b, b, NULL, NULL, b),
             EM_ERR_ARG, "NULL buffer");

@@ -75,11 +75,12 @@ function M.direction(F, w_hh, xw, h0, c0, order, keep)
     local v = em.empty({ T + 1, N, Hd }, { dtype = xw.dtype })
     local h, c = h0, c0
     for _, t in ipairs(order) do
+      -- (the kernel adds the input's projection xt to the recurrent product)
       local xt = xw[t]
-      local g = F.linear(h, w_hh, xt):contiguous()
-      release(xt)
+      local g = F.linear(h, w_hh):contiguous()
       local hn, cn = em.empty({ N, Hd }, { dtype = xw.dtype }), em.empty({ N, Hd }, { dtype = xw.dtype })
-      check(C.em_cpu_lstm_cell_forward(S, dt, N, Hd, ptr(g), ptr(c), ptr(g), ptr(hn), ptr(cn)))
+      check(C.em_cpu_lstm_cell_forward(S, dt, N, Hd, ptr(g), ptr(xt), ptr(c), ptr(g), ptr(hn), ptr(cn)))
+      release(xt)
       -- (the output is a copy: a caller's in-place change to it leaves the
       -- h the backward reads alone)
       local vt = v[t]
