@@ -6,9 +6,9 @@ ember.nn.rnn_recurrence hands float32 and float64 CPU sequences here and
 composes the same arithmetic from ops on other devices.
 
 Why: composed, a step's cell is a dozen elementwise ops forward and twice that
-backward, each a pass over the gates and a dispatch from Lua; at an LSTM's usual
-sizes (a few thousand elements a step) their overhead, not the arithmetic, was
-the step. Fused, a step is its matmul, one pass forward, one pass backward.
+backward, each a pass over the gates, a fresh tensor and a dispatch from Lua.
+Fused, a step is its matmul and one pass each way; the matmuls are then most of
+what is left.
 
 The node is the same as the composed one's: inputs {xw, w_hh, h0, c0}, value
 (T + 1, N, H) with the h of each step in time order and the final c last. The
