@@ -109,7 +109,8 @@ CELL_LOOPS(double, f64)
 
 static em_status cell_check(em_state *S, const char *op, em_dtype dt, int64_t N, int64_t H) {
   if (N < 0 || H < 1)
-    return em_set_error(S, EM_ERR_ARG, op);
+    return emi_error(S, EM_ERR_ARG, "%s: bad sizes N = %lld, H = %lld (N >= 0, H >= 1)", op,
+                     (long long)N, (long long)H);
   if (dt != EM_FLOAT32 && dt != EM_FLOAT64)
     return emi_error(S, EM_ERR_DTYPE, "%s: expected float32 or float64, got %s", op,
                      em_dtype_name(dt));
@@ -127,7 +128,7 @@ static void run_rows(em_state *S, int64_t N, int64_t H, emi_range_fn fn, cell_jo
 em_status em_cpu_lstm_cell_forward(em_state *S, em_dtype dt, int64_t N, int64_t H,
                                    const void *gates, const void *gates2, const void *c_prev,
                                    void *act, void *h, void *c) {
-  em_status st = cell_check(S, "lstm_cell_forward (cpu kernel): bad sizes", dt, N, H);
+  em_status st = cell_check(S, "lstm_cell_forward (cpu kernel)", dt, N, H);
   if (st) return st;
   if (!gates || !c_prev || !act || !h || !c)
     return em_set_error(S, EM_ERR_ARG, "lstm_cell_forward (cpu kernel): NULL buffer");
@@ -141,7 +142,7 @@ em_status em_cpu_lstm_cell_backward(em_state *S, em_dtype dt, int64_t N, int64_t
                                     const void *act, const void *c, const void *c_prev,
                                     const void *dh, const void *dh2, void *dc,
                                     void *dgates) {
-  em_status st = cell_check(S, "lstm_cell_backward (cpu kernel): bad sizes", dt, N, H);
+  em_status st = cell_check(S, "lstm_cell_backward (cpu kernel)", dt, N, H);
   if (st) return st;
   if (!act || !c || !c_prev || !dh || !dc || !dgates)
     return em_set_error(S, EM_ERR_ARG, "lstm_cell_backward (cpu kernel): NULL buffer");

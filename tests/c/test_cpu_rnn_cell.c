@@ -133,9 +133,9 @@ static void test_cell_errors(em_state *S) {
   CHECK_ERR(S, em_cpu_lstm_cell_backward(S, EM_BFLOAT16, 1, 1, b, b, b, b, NULL, b, b),
             EM_ERR_DTYPE, "lstm_cell_backward", "bfloat16");
   CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_FLOAT32, 1, 0, b, NULL, b, b, b, b), EM_ERR_ARG,
-            "lstm_cell_forward", "bad sizes");
+            "lstm_cell_forward", "bad sizes", "H = 0");
   CHECK_ERR(S, em_cpu_lstm_cell_backward(S, EM_FLOAT32, -1, 2, b, b, b, b, NULL, b, b),
-            EM_ERR_ARG, "lstm_cell_backward", "bad sizes");
+            EM_ERR_ARG, "lstm_cell_backward", "bad sizes", "N = -1");
   CHECK_ERR(S, em_cpu_lstm_cell_forward(S, EM_FLOAT32, 1, 1, b, NULL, NULL, b, b, b), EM_ERR_ARG,
             "NULL buffer");
   CHECK_ERR(S, em_cpu_lstm_cell_backward(S, EM_FLOAT32, 1, 1, b, b, b, b, NULL, NULL, b),
