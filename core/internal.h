@@ -131,6 +131,14 @@ void emi_compile_note_accumulate(em_state *S, const em_tensor *leaf);
 void emi_compile_note_collective(em_state *S, em_comm *c, em_tensor *t, int broadcast,
                                  em_comm_op op, int root, em_comm_work *work);
 void emi_compile_note_wait(em_state *S, em_comm_work *w);
+/* A core call that reads a value and acts on it (clip_grad_norm: the norm, then
+** the scaling it decides), run now by body and recorded as one call that runs
+** body again at each replay, on the same tensors (list ts, n of them, on the CPU).
+** Returns body's status; outside a capture it just runs body. */
+typedef em_status (*emi_host_body)(em_state *S, int n, em_tensor *const *ts, const double *args,
+                                   double *out);
+em_status emi_compile_host_call(em_state *S, const char *op, emi_host_body body, int n,
+                                em_tensor *const *ts, const double *args, int nargs, double *out);
 /* A storage whose data lies in a compiled step's arena (counted there, once). */
 int emi_storage_is_slice(const emi_storage *st);
 #define EMI_DISPATCH(S, op, t, entry, ...) __extension__({                           \

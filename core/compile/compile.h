@@ -25,9 +25,11 @@ typedef em_status (*emi_play_fn)(emi_device *d, void *args, const emi_replay *r)
 /* A call: a backend entry (EMI_ENTRY_*) with its arguments, or one of the
 ** kinds below: a leaf's gradient set by the engine or by the host; a fused call
 ** (fuse.c), which does the work of calls it replaced, now no-ops; a collective
-** started, and waited for (collective.c). */
+** started, and waited for (collective.c); a guard, whose stretch of calls a replay
+** skips when its flag is set (guard.c); a core call that reads a value and acts on
+** it, replayed whole (host_call.c). */
 enum { EMI_REC_SET_GRAD = -1, EMI_REC_FUSED = -2, EMI_REC_NOP = -3, EMI_REC_COLL = -4,
-       EMI_REC_WAIT = -5 };
+       EMI_REC_WAIT = -5, EMI_REC_GUARD = -6, EMI_REC_HOST = -7 };
 typedef struct emi_rec {
   int entry;
   emi_play_fn play;
@@ -98,6 +100,11 @@ em_tensor *emi_compile_hold(emi_recorder *R, em_state *S, const em_tensor *t, in
 
 /* collective.c: a collective's start and its wait, as calls of the record. */
 void emi_compile_free_collective(emi_rec *c);
+
+/* guard.c: the call a replay goes on with after guard c at index i (past its
+** stretch when its flag is set); whether p has a guard still open. */
+int emi_guard_next(const emi_rec *c, int i);
+int emi_guard_open(const em_program *p);
 
 /* program.c */
 void emi_program_free_contents(em_program *p);

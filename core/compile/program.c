@@ -88,6 +88,8 @@ em_status em_compile_end(em_state *S, em_program **out, char *why, size_t whylen
   S->recorder = NULL;
   em_program *p = R->prog;
   p->rng_used = S->rng_offset - p->rng_start;
+  if (emi_guard_open(p) && !R->why[0])
+    snprintf(R->why, sizeof R->why, "a guarded stretch was not closed");
   em_status failed = R->failed;
   if (!failed && out && !R->why[0]) {
     emi_program_fuse(S, p);
@@ -182,6 +184,7 @@ em_status em_program_run(em_state *S, em_program *p) {
   int profiling = __atomic_load_n(&S->profiler, __ATOMIC_RELAXED) != NULL;
   for (int i = 0; i < p->nrecs; i++) {
     const emi_rec *c = &p->recs[i];
+    if (c->entry == EMI_REC_GUARD) { i = emi_guard_next(c, i) - 1; continue; }
     if (c->entry == EMI_REC_SET_GRAD) { set_grad(c->args); continue; }
     if (c->entry == EMI_REC_NOP) continue;
     em_status st;

@@ -1350,6 +1350,11 @@ void em_cuda_graph_free(em_state *S, em_cuda_graph *g);
 ** em_program_patch_sgd / _adam set call i's per-step arguments (the learning
 ** rate; Adam's step counts, one per recorded parameter) before a replay.
 ** em_program_compare gives the first call where two programs differ, or -1.
+** em_compile_guard_begin / _end bracket calls that a replay skips when flag (a CPU
+** tensor of one element, read when the replay reaches the bracket) is nonzero: a
+** decision the eager step makes on the host (a GradScaler skipping the optimizer's
+** update on inf or NaN). Guards do not nest. em_program_ran(p, i) says whether call
+** i ran in the last replay (1), was skipped by a guard (0), or is no call (-1).
 ** Only the CPU's calls are recorded.
 ** One capture at a time per state; the program must be freed before the state. */
 typedef struct em_program em_program;
@@ -1373,6 +1378,9 @@ em_status em_program_run(em_state *S, em_program *p);
 em_status em_program_patch_sgd(em_state *S, em_program *p, int i, double lr);
 em_status em_program_patch_adam(em_state *S, em_program *p, int i, int n, const int64_t *steps,
                                 double lr, double weight_decay, int decoupled);
+em_status em_compile_guard_begin(em_state *S, const em_tensor *flag);
+em_status em_compile_guard_end(em_state *S);
+int em_program_ran(const em_program *p, int i);
 void em_program_stats(const em_program *p, em_program_info *out);
 const char *em_program_op(const em_program *p, int i);
 /* The kind of the k-th fused call ("conv2d_relu", "relu_backward"), NULL past the last;

@@ -235,27 +235,15 @@ em_status em_adam_step_(em_state *S, em_tensor *param, const em_tensor *grad,
 ** Per (device, dtype) group, in order of first appearance: one norm_multi into a
 ** 0-D float64 tensor, read back (the total is returned as a number, so the host
 ** waits here anyway); the groups' raw sums (or maxima) fold in that order, then the
-** root; then, when clipping, one scale_multi per group. */
-em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double max_norm,
-                             double norm_type, double *total_norm) {
+** root; then, when clipping, one scale_multi per group. clip_body does this
+** (args: max_norm, norm_type); a compiled step records it as one call that each
+** replay runs again (emi_compile_host_call), since what it does depends on the
+** norm it reads. */
+static em_status clip_body(em_state *S, int n, em_tensor *const *grads, const double *args,
+                           double *total_norm) {
   const char *op = "clip_grad_norm";
+  double max_norm = args[0], norm_type = args[1];
   em_status st;
-  if (n < 0 || (n > 0 && !grads) || !total_norm)
-    return emi_error(S, EM_ERR_ARG, "%s: bad list (n %d)", op, n);
-  if (!(norm_type > 0))
-    return emi_error(S, EM_ERR_ARG, "%s: norm_type must be > 0 or inf, got %g", op, norm_type);
-  if (max_norm != max_norm)
-    return emi_error(S, EM_ERR_ARG, "%s: max_norm is NaN", op);
-  for (int i = 0; i < n; i++) {
-    const em_tensor *g = grads[i];
-    if ((st = emi_check_tensor(S, op, g))) return st;
-    if (g->dtype != EM_FLOAT32 && g->dtype != EM_FLOAT64)
-      return emi_error(S, EM_ERR_DTYPE, "%s: gradient %d is %s (shape %s); gradients must be "
-                       "float32 or float64", op, i + 1, dtname(g->dtype), emi_tshape(S, g));
-    if (!dense(g))
-      return emi_error(S, EM_ERR_ARG, "%s: gradient %d of shape %s must be contiguous", op,
-                       i + 1, emi_tshape(S, g));
-  }
   mlist l;
   void **blk = mlist_alloc(S, op, &l, n, 3);
   if (!blk) return EM_ERR_NOMEM;
@@ -310,4 +298,28 @@ em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double
   emi_free(S, l.block, l.bytes);
   if (!st) *total_norm = total;
   return st;
+}
+
+em_status em_clip_grad_norm_(em_state *S, int n, em_tensor *const *grads, double max_norm,
+                             double norm_type, double *total_norm) {
+  const char *op = "clip_grad_norm";
+  em_status st;
+  if (n < 0 || (n > 0 && !grads) || !total_norm)
+    return emi_error(S, EM_ERR_ARG, "%s: bad list (n %d)", op, n);
+  if (!(norm_type > 0))
+    return emi_error(S, EM_ERR_ARG, "%s: norm_type must be > 0 or inf, got %g", op, norm_type);
+  if (max_norm != max_norm)
+    return emi_error(S, EM_ERR_ARG, "%s: max_norm is NaN", op);
+  for (int i = 0; i < n; i++) {
+    const em_tensor *g = grads[i];
+    if ((st = emi_check_tensor(S, op, g))) return st;
+    if (g->dtype != EM_FLOAT32 && g->dtype != EM_FLOAT64)
+      return emi_error(S, EM_ERR_DTYPE, "%s: gradient %d is %s (shape %s); gradients must be "
+                       "float32 or float64", op, i + 1, dtname(g->dtype), emi_tshape(S, g));
+    if (!dense(g))
+      return emi_error(S, EM_ERR_ARG, "%s: gradient %d of shape %s must be contiguous", op,
+                       i + 1, emi_tshape(S, g));
+  }
+  double args[2] = {max_norm, norm_type};
+  return emi_compile_host_call(S, op, clip_body, n, grads, args, 2, total_norm);
 }

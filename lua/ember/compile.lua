@@ -33,27 +33,67 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local reads = require 'ember.compile.reads'
+local sig = require 'ember.compile.signature'
 local C, S, raise, kind = core.C, core.S, core.raise, core.kind
 local box_t, istype = core.box_t, ffi.istype
 
 local M = {}
 
--- -- While capturing ---------------------------------------------------------------------
-local capture   -- {hooks = {...}, read = why} of the capture that runs, or nil
+local function pack(...) return { n = select('#', ...), ... } end
 
--- An optimizer's per-step arguments: hook(program) runs before every replay of
--- the capture that runs now (nothing when none runs).
-function M.on_replay(hook)
-  if capture then capture.hooks[#capture.hooks + 1] = hook end
+-- -- While capturing ---------------------------------------------------------------------
+local capture   -- {hooks, after, items, read = why, retry = why} of the capture that runs
+
+-- What the host keeps per step (an optimizer's per-step arguments, a scaler's
+-- schedule): before(program) runs before every replay of the capture that runs
+-- now, after(program) after it (either may be nil; nothing when none runs).
+function M.on_replay(before, after)
+  if not capture then return end
+  if before then capture.hooks[#capture.hooks + 1] = before end
+  if after then capture.after[#capture.after + 1] = after end
 end
 function M.capturing() return capture ~= nil end
 
--- fn() run once, not recorded (state an optimizer makes at its first step: a
--- replay must not make it again). Returns fn's results.
-function M.once(fn)
-  if not capture then return fn() end
+-- fn() as a stretch of the step that a replay skips when flag (a CPU tensor of
+-- one element) is nonzero at that point: a decision the eager step makes on the
+-- host (a GradScaler skipping the update). The capture records the stretch by
+-- running it, so the caller makes the capture on a step that runs it (M.retry
+-- otherwise). Returns fn(...)'s results.
+function M.guard(flag, fn, ...)
+  if not capture then return fn(...) end
+  core.check(C.em_compile_guard_begin(S, flag._h))
+  local res = pack(pcall(fn, ...))
+  core.check(C.em_compile_guard_end(S))
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- The value of a one-element tensor read by ember itself during a capture,
+-- neither recorded nor counted as the step's read: for a decision that a guard
+-- replays.
+function M.peek(t)
+  local was = core.host_access
+  core.host_access = nil
   C.em_compile_pause(S, 1)
-  local res = { pcall(fn) }
+  local ok, v = pcall(t.item, t)
+  C.em_compile_pause(S, 0)
+  core.host_access = was
+  if not ok then error(v, 0) end
+  return v
+end
+
+-- The capture that runs is not kept (why: for explain()); the next call with its
+-- signature captures again.
+function M.retry(why)
+  if capture and not capture.retry then capture.retry = why end
+end
+
+-- fn(...) run once, not recorded (state an optimizer makes at its first step: a
+-- replay must not make it again). Returns fn's results.
+function M.once(fn, ...)
+  if not capture then return fn(...) end
+  C.em_compile_pause(S, 1)
+  local res = { pcall(fn, ...) }
   C.em_compile_pause(S, 0)
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2)
@@ -80,58 +120,7 @@ local function host_access(what, t)
   elseif not capture.read then capture.read = what .. ' at ' .. user_line() end
 end
 
--- -- Signatures --------------------------------------------------------------------------
-local function tensor_sig(t)
-  local h = t._h
-  local parts = { t.device, t.dtype, t.requires_grad and 'g' or '' }
-  for d = 0, C.em_tensor_ndim(h) - 1 do
-    parts[#parts + 1] = tonumber(C.em_tensor_size(h, d)) .. '/' .. tonumber(C.em_tensor_stride(h, d))
-  end
-  return table.concat(parts, ',')
-end
-
--- Visits the tensors among the arguments (top level, and one level into plain
--- tables such as a batch {x, y}): fn(tensor, path) with path = {i} or {i, key}.
-local function plain(v) return type(v) == 'table' and getmetatable(v) == nil end
-local function sorted_keys(tab)
-  local keys = {}
-  for k in pairs(tab) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
-  return keys
-end
-
-local function signature(args)
-  local parts = {}
-  local function one(v)
-    if istype(box_t, v) then return 'T(' .. tensor_sig(v) .. ')' end
-    local tv = type(v)
-    if tv == 'number' or tv == 'boolean' or tv == 'string' or tv == 'nil' then
-      return tv:sub(1, 1) .. tostring(v)
-    end
-    return tv .. ':' .. tostring(v)   -- tables, functions, modules: by identity
-  end
-  for i = 1, args.n do
-    local v = args[i]
-    if plain(v) then
-      local inner = {}
-      for _, k in ipairs(sorted_keys(v)) do inner[#inner + 1] = tostring(k) .. '=' .. one(v[k]) end
-      parts[i] = '{' .. table.concat(inner, ';') .. '}'
-    else
-      parts[i] = one(v)
-    end
-  end
-  return table.concat(parts, '|')
-end
-
-local function each_tensor(args, fn)
-  for i = 1, args.n do
-    local v = args[i]
-    if istype(box_t, v) then fn(v, i)
-    elseif plain(v) then
-      for _, k in ipairs(sorted_keys(v)) do if istype(box_t, v[k]) then fn(v[k], i, k) end end
-    end
-  end
-end
+local signature, each_tensor, plain = sig.signature, sig.each_tensor, sig.plain
 
 -- A tensor of t's shape, dtype, device and strides, holding t's values: the
 -- step is captured on the layout it is given (a transposed or broadcast input
@@ -192,8 +181,6 @@ Compiled.__index = Compiled
 local free_program = function(p) C.em_program_free(S, p) end
 local prog_box = ffi.typeof('em_program*[1]')
 
-local function pack(...) return { n = select('#', ...), ... } end
-
 -- (read once: the environment of a running process does not change under Lua)
 local DISABLED = os.getenv('EMBER_COMPILE') == '0'
 local function disabled() return DISABLED end
@@ -203,7 +190,7 @@ local function disabled() return DISABLED end
 -- capture's Lua side ({hooks, read}) and fn's results {n = ...}; fn's error is
 -- raised after the recording ended.
 local function record(fn, args)
-  local cap = { hooks = {}, items = {} }
+  local cap = { hooks = {}, after = {}, items = {} }
   core.check(C.em_compile_begin(S))
   capture, core.host_access = cap, host_access
   local res = pack(pcall(fn, unpack(args, 1, args.n)))
@@ -247,6 +234,11 @@ function Compiled:capture(key, args)
     return { eager = true, why = why }, res
   end
   local prog, why_not, cap, res = record(self.fn, call_args)
+  if cap.retry then
+    if prog then ffi.gc(prog, nil); free_program(prog) end
+    self.counts.retries = self.counts.retries + 1
+    return { retry = cap.retry }, res
+  end
   self.counts.captures = self.counts.captures + 1
   why = cap.read and ('it reads a value: ' .. cap.read) or why_not
   local slots
@@ -271,7 +263,8 @@ function Compiled:capture(key, args)
   for i, what in ipairs(order) do
     fused_lines[i] = inside[what] > 1 and ('%s (x%d)'):format(what, inside[what]) or what
   end
-  return { prog = prog, statics = statics, results = res, hooks = cap.hooks, reads = slots,
+  return { prog = prog, statics = statics, results = res, hooks = cap.hooks, after = cap.after,
+           reads = slots,
            kernels = info.kernels, calls = info.calls, held = tonumber(info.held_bytes),
            fused = info.fused, fusions = fusions, fused_lines = fused_lines,
            checks = self.check }, own(res)
@@ -301,8 +294,12 @@ function Compiled:__call(...)
   if not e then
     local res
     e, res = self:capture(key, args)
-    self.cache[key] = e
-    self.order[#self.order + 1] = key
+    if e.retry then
+      self.retried = e.retry
+    else
+      self.cache[key] = e
+      self.order[#self.order + 1] = key
+    end
     return unpack(res, 1, res.n)
   end
   if e.eager then
@@ -323,20 +320,22 @@ function Compiled:__call(...)
   for _, s in ipairs(e.statics) do M.fill(s.static, at(args, s.i, s.k)) end
   for _, h in ipairs(e.hooks) do h(e.prog) end
   core.check(C.em_program_run(S, e.prog))
+  for _, h in ipairs(e.after) do h(e.prog) end
   self.counts.replays = self.counts.replays + 1
   local res = own(e.results)
   if e.reads then reads.fill(res, e.reads) end
   return unpack(res, 1, res.n)
 end
 
--- {captures, replays, breaks, eager, fused, fusions, ops, kernels, peak_bytes}:
+-- {captures, replays, breaks, eager, retries, fused, fusions, ops, kernels, peak_bytes}:
 -- calls, kernel calls and fused calls of the captured steps (each signature's),
 -- fusions the fused calls by kind ({conv2d_relu = 2, ...}), peak_bytes the memory
 -- their programs hold between calls.
 function Compiled:stats()
   local s = { captures = self.counts.captures, replays = self.counts.replays,
-              breaks = self.counts.breaks, eager = self.counts.eager, fused = 0, ops = 0,
-              kernels = 0, peak_bytes = 0, fusions = {} }
+              breaks = self.counts.breaks, eager = self.counts.eager,
+              retries = self.counts.retries, fused = 0, ops = 0, kernels = 0, peak_bytes = 0,
+              fusions = {} }
   for _, key in ipairs(self.order) do
     local e = self.cache[key]
     if not e.eager then
@@ -372,6 +371,10 @@ function Compiled:explain()
     lines[#lines + 1] = '  ' .. key
     for _, f in ipairs(e.fused_lines or {}) do lines[#lines + 1] = '  fused ' .. f end
   end
+  if self.retried then
+    lines[#lines + 1] = ('captures not kept: %d (the last because %s; the next call captures ' ..
+      'again)'):format(self.counts.retries, self.retried)
+  end
   if #lines == 0 then lines[1] = 'not called yet' end
   return table.concat(lines, '\n')
 end
@@ -391,7 +394,7 @@ function M.compile(fn, opts)
   local check = opts.check
   if check == true then check = 2 elseif not check then check = 0 end
   return setmetatable({ fn = fn, cache = {}, order = {}, check = check,
-    counts = { captures = 0, replays = 0, breaks = 0, eager = 0 } }, Compiled)
+    counts = { captures = 0, replays = 0, breaks = 0, eager = 0, retries = 0 } }, Compiled)
 end
 
 return M

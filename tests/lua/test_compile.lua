@@ -586,6 +586,40 @@ H.test('two replicas: a wrapped model\'s gradient averaging replays, equal to ea
   H.eq(sums[1], sums[2], 'the replicas hold the same weights')
 end)
 
+H.test('clip_grad_norm_ inside the step clips each replay by its own norm', function()
+  -- the capture's norm is under max_norm (no scaling), later ones over it, and back
+  local function run(compiled)
+    em.manual_seed(4)
+    local m = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    local opt = em.optim.SGD(m:parameters(), { lr = 0.1 })
+    local norms = {}
+    local function step(x, y)
+      opt:zero_grad()
+      F.mse_loss(m(x), y):backward()
+      em.nn.utils.clip_grad_norm_(m:parameters(), 1.0)
+      norms[#norms + 1] = em.nn.utils.clip_grad_norm_(m:parameters(), 1e9)
+      opt:step()
+    end
+    local f = compiled and em.compile(step) or step
+    for i = 1, 6 do
+      em.manual_seed(20 + i)
+      local scale = (i == 1 or i == 5) and 0.01 or 10
+      f(em.randn(3, 4), em.randn(3, 2) * scale)
+    end
+    local out = {}
+    for _, p in ipairs(m:parameters()) do
+      for _, v in ipairs(p:flatten():totable()) do out[#out + 1] = ('%.17g'):format(v) end
+    end
+    return table.concat(out, ' '), norms, compiled and f:stats()
+  end
+  local eager, norms = run(false)
+  local comp, _, stats = run(true)
+  H.check(norms[1] < 0.99 and norms[2] > 0.999, ('the norms cross max_norm: %g, %g'):format(norms[1],
+    norms[2]))
+  H.eq(stats.replays, 5, 'replays')
+  H.eq(comp, eager, 'the weights equal the eager steps\' bit for bit')
+end)
+
 H.test('EMBER_COMPILE=0 runs eagerly; bad arguments are clear errors', function()
   local out, rc = H.ember([[
     local em = require 'ember'

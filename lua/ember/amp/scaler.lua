@@ -28,13 +28,17 @@ part and the allreduce makes one answer of them (a replica with no gradient
 at all still sends its 0).
 
 Inside em.cuda.graph the scale, the flag and the skip live on the device
-(ember.amp.scaler_graph).
+(ember.amp.scaler_graph); inside a step compiled by em.compile, on the CPU,
+the skip is a guard of the replay and the schedule follows each replay
+(ember.amp.scaler_compile).
 ]]
 local ffi = require 'ffi'
 local em = require 'ember'
 local core = require 'ember.ffi'
 local raise, kind = core.raise, core.kind
 local G = require 'ember.amp.scaler_graph'
+local SC = require 'ember.amp.scaler_compile'
+local compile = require 'ember.compile'
 
 local Scaler = {}
 Scaler.__index = Scaler
@@ -90,6 +94,7 @@ function Scaler:scale(loss)
     local d = G.ensure(self, loss)
     if G.capturing() then return loss * d.scale:to(loss.dtype) end
   end
+  if SC.active(loss) then return SC.scale(self, loss) end
   G.host(self)
   return loss * self._scale
 end
@@ -137,6 +142,13 @@ function Scaler:unscale_(opt)
     self._per_opt[opt] = { unscaled = true, found_t = G.unscale_(self, gs, strategy_of(self)) }
     return
   end
+  if compile.capturing() and (#gs == 0 or SC.active(gs[1])) then
+    local found_t, found = SC.unscale_(self, gs, strategy_of(self))
+    local st = { unscaled = true, found_t = found_t, found_inf = found, compiled = true }
+    self._per_opt[opt] = st
+    SC.follow(self, opt, st)
+    return
+  end
   G.host(self)
   local inv = 1.0 / self._scale
   local acc = nil       -- per device: a running NaN-iff-nonfinite scalar
@@ -164,27 +176,16 @@ function Scaler:step(opt, ...)
   local st = self._per_opt[opt]
   if not (st and st.unscaled) then self:unscale_(opt); st = self._per_opt[opt] end
   st.stepped = true
+  if st.compiled then return SC.step(opt, st, ...) end
   if st.found_t then G.step(opt, st.found_t, ...); return nil end
   if st.found_inf then return false end
   opt:step(...)
   return true
 end
 
--- Backs the scale off when this step found inf/NaN, grows it after
--- growth_interval clean steps in a row; readies the next step.
-function Scaler:update(new_scale)
-  if not self.enabled then return end
-  if G.capturing() then
-    if new_scale ~= nil then raise('GradScaler:update: new_scale can not be captured in a CUDA graph') end
-    local f = nil
-    for _, st in pairs(self._per_opt) do
-      if st.found_t then f = f == nil and st.found_t or (f + st.found_t):gt(0):float() end
-    end
-    if f == nil then raise('GradScaler:update: inside em.cuda.graph, call scaler:step(opt) first') end
-    G.update(self, f)
-    self._per_opt = setmetatable({}, { __mode = 'k' })
-    return
-  end
+-- update()'s schedule on the host: the scale backs off when this step found
+-- inf/NaN (or becomes new_scale), the next step's state is readied.
+local function advance(self, new_scale)
   G.host(self)
   local found = false
   for _, st in pairs(self._per_opt) do if st.found_inf then found = true end end
@@ -205,9 +206,37 @@ function Scaler:update(new_scale)
     end
   end
   self._per_opt = setmetatable({}, { __mode = 'k' })
-  G.push(self)
+  compile.once(G.push, self)
   local prof = package.loaded['ember.profile']
   if prof and prof.note then prof.note('amp.scaler', { scale = self._scale, found_inf = found }) end
+end
+
+-- Backs the scale off when this step found inf/NaN, grows it after
+-- growth_interval clean steps in a row; readies the next step.
+function Scaler:update(new_scale)
+  if not self.enabled then return end
+  if G.capturing() then
+    if new_scale ~= nil then raise('GradScaler:update: new_scale can not be captured in a CUDA graph') end
+    local f = nil
+    for _, st in pairs(self._per_opt) do
+      if st.found_t then f = f == nil and st.found_t or (f + st.found_t):gt(0):float() end
+    end
+    if f == nil then raise('GradScaler:update: inside em.cuda.graph, call scaler:step(opt) first') end
+    G.update(self, f)
+    self._per_opt = setmetatable({}, { __mode = 'k' })
+    return
+  end
+  local compiled = false
+  for _, st in pairs(self._per_opt) do compiled = compiled or st.compiled end
+  if compiled then
+    if new_scale ~= nil then
+      raise('GradScaler:update: new_scale can not be replayed by em.compile: call ' ..
+        'update(new_scale) outside the compiled function')
+    end
+    SC.update(self, advance)
+    return
+  end
+  advance(self, new_scale)
 end
 
 function Scaler:state_dict()

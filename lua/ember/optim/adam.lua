@@ -33,19 +33,22 @@ return function(optim)
   end
 
   -- A compiled step replays the update at index `at` of its program: before each
-  -- replay the step counts move on and the bias correction follows them (and
-  -- the group's rate of the time). Empty parameters have no place in the call.
+  -- replay the bias correction takes the next step count (and the group's rate
+  -- of the time); after it the counts move on, unless a guard skipped the update
+  -- (a GradScaler's step on inf gradients). Empty parameters have no place in
+  -- the call.
   local function replayed(b, g, at, decoupled)
     local items = {}
     for i = 1, b.n do if b[i].p:numel() > 0 then items[#items + 1] = b[i] end end
     local steps = ffi.new('int64_t[?]', math.max(#items, 1))
     compile.on_replay(function(prog)
-      for k, it in ipairs(items) do
-        it.s.step = it.s.step + 1
-        steps[k - 1] = it.s.step
-      end
+      for k, it in ipairs(items) do steps[k - 1] = it.s.step + 1 end
       core.check(C.em_program_patch_adam(S, prog, at, #items, steps, g.lr, g.weight_decay,
                                          decoupled))
+    end, function(prog)
+      if C.em_program_ran(prog, at) == 1 then
+        for _, it in ipairs(items) do it.s.step = it.s.step + 1 end
+      end
     end)
   end
 
