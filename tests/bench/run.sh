@@ -143,7 +143,8 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
 # train_cnn_bf16_vs_torch2, train_resnet_fp32_vs_torch2, train_resnet_bf16_vs_torch2,
 # train_cnn_compiled_vs_torch2 and _vs_tf (em.compile's step against the peers' own),
 # train_resnet_compiled_fp32_vs_torch2 and _bf16_ (the best compiled layout against
-# PyTorch's best eager one),
+# PyTorch's best eager one), the same three against torch.compile's
+# (train_cnn_compiled_vs_torch_compile, train_resnet_compiled_{fp32,bf16}_vs_torch_compile),
 # compile_tiny_step_vs_torch2 (a small MLP's compiled step against PyTorch eager),
 # compile_chain_vs_torch2 (a compiled element-wise chain against PyTorch eager), and for
 # the sharded modes shard_<model>_<mode>_n<N>_vs_torch2 (samples/s, ember/PyTorch)
@@ -205,6 +206,17 @@ sort -k2,2 "$TMP/ember.best" > "$TMP/ember"
         printf "RESULT %s_torch2 %.4g x higher\n", kv[1], ratio(eb[key], ev[key], tv[peer])
       if (peer in fv && fv[peer] > 0)
         printf "RESULT %s_tf %.4g x higher\n", kv[1], ratio(eb[key], ev[key], fv[peer])
+    }
+    # a compiled step against the same model through torch.compile (NAME:EMBER:PEER)
+    split("train_cnn_compiled_vs_torch_compile:train_cnn_compiled:train_cnn_torch_compile " \
+          "train_resnet_compiled_fp32_vs_torch_compile:train_resnet_compiled_fp32:" \
+          "train_resnet_torch_compile_fp32 " \
+          "train_resnet_compiled_bf16_vs_torch_compile:train_resnet_compiled_bf16:" \
+          "train_resnet_torch_compile_bf16", tc, " ")
+    for (i = 1; i in tc; i++) {
+      split(tc[i], kv, ":")
+      if (kv[2] in ev && ev[kv[2]] > 0 && kv[3] in tv && tv[kv[3]] > 0)
+        printf "RESULT %s %.4g x higher\n", kv[1], ratio(eb[kv[2]], ev[kv[2]], tv[kv[3]])
     }
     printf "%s", shard
   }

@@ -1,7 +1,9 @@
 """train_common.py -- PyTorch's side of the training benchmarks: the same recipe
 (Adam 1e-3, batch 128, cross-entropy) on the same first Fashion-MNIST samples,
 timed over whole steps after a warm-up, and peak RSS (VmHWM) after the float32 run;
-the CNN also in CPU autocast bfloat16 with channels_last (train_cnn_bf16)."""
+the CNN also in CPU autocast bfloat16 with channels_last (train_cnn_bf16) and through
+torch.compile (train_cnn_torch_compile: the model compiled by inductor, its compile
+time in the warm-up; a SKIP line where it can't run)."""
 import gzip
 import os
 import sys
@@ -38,9 +40,10 @@ def peak_rss_mb():
                 return int(line.split()[1]) / 1024
 
 
-def setup(kind, low=False):
+def setup(kind, low=False, compiled=False):
     """The model, its data and one training step: step(i) trains on batch i (of 40).
-    low: bfloat16 autocast and channels_last (the model once, each batch at its entry)."""
+    low: bfloat16 autocast and channels_last (the model once, each batch at its entry);
+    compiled: forward and backward through torch.compile, the update eager."""
     torch.manual_seed(0)
     batch, n = 128, 128 * 40
     images = idx(ROOT + '/train-images-idx3-ubyte.gz', 16).reshape(-1, 1, 28, 28)[:n]
@@ -51,6 +54,8 @@ def setup(kind, low=False):
     if low:
         m = m.to(memory_format=torch.channels_last)
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    if compiled:
+        m = torch.compile(m)
 
     def step(i):
         s = (i % 40) * batch
@@ -85,3 +90,8 @@ def run(kind, steps):
     if kind == 'cnn':
         step, batch = setup(kind, low=True)
         result('train_cnn_bf16', rate(step, batch, steps), 'samples/s')
+        try:
+            step, batch = setup(kind, compiled=True)
+            result('train_cnn_torch_compile', rate(step, batch, steps), 'samples/s')
+        except Exception as e:  # noqa: BLE001 -- a missing compiler toolchain, say
+            print('SKIP train_cnn_torch_compile: torch.compile failed: %s' % str(e).splitlines()[0])
