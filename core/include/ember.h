@@ -740,6 +740,14 @@ em_status em_cpu_lstm_cell_backward(em_state *S, em_dtype dt, int64_t N, int64_t
                                     const void *act, const void *c, const void *c_prev,
                                     const void *dh, const void *dh2, void *dc,
                                     void *dgates);
+/* em.multinomial's draws with replacement on the CPU (cpu/multinomial.c), on
+** contiguous host buffers: probs (rows, k) of dt float32 or float64, u (rows, n)
+** uniforms in [0, 1); out (rows, n) receives 1-based categories: the count of the
+** row's running sums (in double) <= u * the row's total, plus one, at most k.
+** Errors (the op's own words): a weight NaN or infinite, a negative weight, a row
+** whose sum is not positive; out is then undefined. */
+em_status em_cpu_multinomial(em_state *S, em_dtype dt, int64_t rows, int64_t k,
+                             const void *probs, int64_t n, const double *u, int64_t *out);
 /* In place, out and src of one dtype (any), idx int32/int64:
 ** index_add_: out[.., idx[i], ..] += src[.., i, ..] along dim (idx 1-D);
 ** scatter_add_: out[.., idx[p], ..] += src[p] at every position p of idx (same

@@ -47,6 +47,25 @@ local function count_le(cdf, target)
   return lo
 end
 
+-- On the CPU the draws with replacement, and the checks of the weights, are one
+-- kernel (em_cpu_multinomial, core/cpu/multinomial.c), which reads each row once
+-- and counts exactly as count_le does: the same draws under a seed.
+local cpu_code = { float32 = core.C.EM_FLOAT32, float64 = core.C.EM_FLOAT64 }
+local function draws_cpu(probs, n)
+  local em = create()
+  local p = probs:detach()
+  if not cpu_code[p.dtype] then p = p:float() end
+  p = p:contiguous()
+  local rows, k = p.shape[1], p.shape[2]
+  local u = em.empty({ rows, n }, { dtype = 'float64' })
+  u:uniform_()
+  local out = em.empty({ rows, n }, { dtype = 'int64' })
+  local C = core.C
+  core.check(C.em_cpu_multinomial(core.S, cpu_code[p.dtype], rows, k, C.em_tensor_data(p._h), n,
+    C.em_tensor_data(u._h), C.em_tensor_data(out._h)))
+  return out
+end
+
 local function check_probs(probs, n, replacement)
   local op = 'multinomial'
   if not istype(box_t, probs) then
@@ -70,6 +89,7 @@ local function check_probs(probs, n, replacement)
       .. 'replacement = true, or n <= %d)'):format(op, n, k, k))
   end
   if probs.device == 'meta' then return end   -- no values to check
+  if replacement and probs.device == 'cpu' then return end   -- draws_cpu checks them
   local p = probs:double():detach()
   local lo = p:min():item()
   if lo ~= lo or p:max():item() == math.huge then
@@ -96,6 +116,10 @@ function M.multinomial(probs, n, replacement)
   -- (the probabilities in float64, as checked)
   local p = check_probs(probs, n, replacement)
   local one = probs:dim() == 1
+  if replacement and probs.device == 'cpu' then
+    local r = draws_cpu(one and probs:unsqueeze(1) or probs, n)
+    return one and r:squeeze(1) or r
+  end
   if one and p then p = p:unsqueeze(1) end
   local em = create()
   if probs.device == 'meta' then

@@ -341,6 +341,16 @@ H.test('multinomial', function()
   H.eq(d[2]:ge(100):logical_and(d[2]:lt(3100)):any():item(), false, 'no draw from the zero-weight run')
   em.manual_seed(12)
   H.eq(H.flat(em.multinomial(big:to('cuda'), 300, true):cpu()), H.flat(d), 'large draws on cuda')
+  -- the CPU's kernel against the composed path (the emulated GPU's), float32, a
+  -- transposed (strided) weights tensor and bfloat16 weights
+  local wt = em.rand(700, 4):t()
+  for _, case in ipairs{ { wt, 'strided float32' }, { wt:bfloat16(), 'bfloat16' } } do
+    em.manual_seed(13)
+    local cpu = em.multinomial(case[1], 257, true)
+    em.manual_seed(13)
+    H.eq(H.flat(cpu), H.flat(em.multinomial(case[1]:to('cuda'), 257, true):cpu()),
+         'cpu kernel equals the composed draws: ' .. case[2])
+  end
 end)
 
 H.test('errors', function()
@@ -367,6 +377,13 @@ H.test('errors', function()
   H.raises(function() em.multinomial(em.tensor({ 0.5, 0, 0 }), 2) end, 'multinomial', 'non-zero')
   H.raises(function() em.multinomial(em.tensor({ 1, 2 }, { dtype = 'int64' }), 1) end, 'multinomial', 'floating')
   H.raises(function() em.multinomial(em.zeros(2), 1, true) end, 'multinomial', 'positive sum')
+  H.raises(function() em.multinomial(em.tensor({ { 1, 2 }, { 0, 0 } }):float(), 1, true) end,
+           'multinomial', 'positive sum')
+  H.raises(function() em.multinomial(em.tensor({ 0.5, -0.1 }), 1, true) end, 'multinomial',
+           'non-negative', 'minimum of -0.1')
+  H.raises(function() em.multinomial(em.tensor({ 0.5, 0 / 0 }), 1, true) end, 'multinomial', 'finite')
+  H.raises(function() em.multinomial(em.tensor({ 0.5, math.huge }), 1, true) end, 'multinomial',
+           'finite')
   H.raises(function() x:masked_fill(em.ones(4):bool():to('cuda'), 1) end, 'masked_fill', 'cuda')
   local keep = x:clone()
   pcall(function() x:masked_fill_(em.tensor({ true }), 'v') end)
