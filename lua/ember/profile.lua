@@ -20,9 +20,9 @@ MPI processes alike. Only replica 0 writes the files and ember --profile prints
 only there.
 
 Pipelines. em.distribute.pipeline wraps each blocking wait on a neighbour
-stage in M._bubble (a span of kind BUBBLE: the timeline shows it and the
+stage in hooks.wait (a span of kind BUBBLE: the timeline shows it and the
 breakdown gives it a share of its own) and reports each pp:step through
-M._pipeline (stage, stages, chunks, schedule, its measured bubble, step time),
+hooks.pipeline_step (stage, stages, chunks, schedule, its measured bubble, step time),
 which the report sets against the formula (p-1)/(m+p-1) for the
 'pipeline-bubble' diagnosis. M.expect{peak_bytes = n} (the planner's
 prediction for this device) puts the prediction beside the measured peak.
@@ -42,6 +42,13 @@ local memory_kinds = require 'ember.memory_kinds'
 local C, S = core.C, core.S
 
 local M = {}
+
+-- em.profile.hooks: how code that runs or schedules work reports it to the
+-- profiler -- ember's modules, optimizers, loaders and pipelines call these, and
+-- so may a user's own loop or scheduler. Each is a plain call (or nothing) while
+-- nothing records.
+local hooks = {}
+M.hooks = hooks
 
 local active          -- the options of the recording in progress
 local last            -- the last report
@@ -69,7 +76,6 @@ function M.start(o)
   check(C.em_profile_start(S, cfg))
   active = { trace = o.trace, html = o.html, auto = o.auto_step and true or false,
              t_start = C.em_profile_clock(), memory = memory_kinds.tracker(), notes = {} }
-  M._recording = true
 end
 
 function M.active() return active ~= nil end
@@ -96,7 +102,8 @@ function M.note(name, fields)
 end
 
 -- A module's forward as a span of its class name (nn.Module's __call while recording).
-function M._module_forward(m, ...)
+function hooks.module_forward(m, ...)
+  if not active then return m:forward(...) end
   check(C.em_profile_range_push(S, 'module ' .. tostring(m.__name or 'Module'), C.EM_PROF_RANGE))
   local res = pack(pcall(m.forward, m, ...))
   C.em_profile_range_pop(S)
@@ -122,7 +129,7 @@ local function auto_memory_step(a)
   a.memory:step(n == a.backwards_seen)
   a.backwards_seen = n
 end
-function M._batch_out()
+function hooks.batch_out()
   local a = active
   if not (a and a.auto) or a.explicit or a.by_optimizer then return end
   a.by_loader, a.counted_by = true, 'counted at each batch a loader handed out'
@@ -154,7 +161,7 @@ end
 -- They pass their method and themselves rather than a closure over themselves: a
 -- compiled trace keeps the closure it was recorded with alive, and with it the
 -- optimizer, its parameters and its state.
-function M._optimizer_step(name, fn, ...)
+function hooks.optimizer_step(name, fn, ...)
   if not active then return fn(...) end
   check(C.em_profile_range_push(S, name, C.EM_PROF_OPTIMIZER))
   local ok, res = pcall(fn, ...)
@@ -166,7 +173,7 @@ end
 
 -- A pipeline stage blocked on a neighbour stage: fn as a bubble span, its results
 -- returned; a plain call when not recording.
-function M._bubble(name, fn, ...)
+function hooks.wait(name, fn, ...)
   if not active then return fn(...) end
   check(C.em_profile_range_push(S, name, C.EM_PROF_BUBBLE))
   local res = pack(pcall(fn, ...))
@@ -179,10 +186,10 @@ end
 -- (model chunks per stage, 1 unless interleaved), bubble (the measured share of
 -- the step), step_s}. The recording keeps the layout and the
 -- sums, for the mean bubble of the steps recorded.
-function M._pipeline(o)
+function hooks.pipeline_step(o)
   if not active then return end
   if type(o) ~= 'table' or type(o.stages) ~= 'number' or type(o.chunks) ~= 'number' then
-    core.raise('profile._pipeline: expected {stage, stages, chunks, schedule, bubble, ' ..
+    core.raise('profile.hooks.pipeline_step: expected {stage, stages, chunks, schedule, bubble, ' ..
       'step_s}, got ' .. (type(o) == 'table' and 'a table without stages or chunks' or type(o)))
   end
   local p = active.pipeline
@@ -214,7 +221,6 @@ function M.expect(o)
   end
   expected = n
 end
-function M._expected_peak(bytes) M.expect { peak_bytes = bytes } end
 
 -- The pipeline figures of a recording, for the summary: the layout, the mean
 -- bubble and step time, and the formula's bubble (p-1)/(v m+p-1) (v = 1 unless
@@ -246,7 +252,6 @@ function M.stop(local_only)
   if not active then core.raise('profile.stop: not recording (call em.profile.start first)') end
   local o = active
   active = nil
-  M._recording = false
   check(C.em_profile_stop(S))
   local p = summary.read(S)
   p.notes = {}                 -- on the profile's clock, as the events are

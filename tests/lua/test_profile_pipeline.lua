@@ -1,7 +1,7 @@
 --[[
 test_profile_pipeline.lua -- what the profiler knows of pipelines: the bubble
-spans pipelines record (prof._bubble) on the timeline and in the breakdown, the
-per-step reports (prof._pipeline) against the formula (p-1)/(m+p-1), the
+spans pipelines record (prof.hooks.wait) on the timeline and in the breakdown, the
+per-step reports (prof.hooks.pipeline_step) against the formula (p-1)/(m+p-1), the
 'pipeline-bubble' diagnosis, and the predicted peak (em.profile.expect) beside
 the measured one, in the report, r:print() and the page.
 
@@ -39,11 +39,11 @@ local function spin(seconds)
 end
 
 H.test('_bubble and _pipeline are plain calls when not recording', function()
-  local a, b, c = prof._bubble('x', function(x, y) return x + y, nil, 'z' end, 1, 2)
+  local a, b, c = prof.hooks.wait('x', function(x, y) return x + y, nil, 'z' end, 1, 2)
   H.check(a == 3 and b == nil and c == 'z', 'the results, a nil among them')
-  H.eq(select('#', prof._bubble('x', function() return nil, nil end)), 2)
-  prof._pipeline { stage = 0, stages = 2, chunks = 4, bubble = 0.5, step_s = 1 }   -- no-op
-  H.raises(function() prof._bubble('x', function() error('stage failed') end) end,
+  H.eq(select('#', prof.hooks.wait('x', function() return nil, nil end)), 2)
+  prof.hooks.pipeline_step { stage = 0, stages = 2, chunks = 4, bubble = 0.5, step_s = 1 }   -- no-op
+  H.raises(function() prof.hooks.wait('x', function() error('stage failed') end) end,
            'stage failed')
 end)
 
@@ -57,7 +57,7 @@ H.test('one replica: bubbles in the breakdown, ops inside them not compute', fun
   local waited, nb = 0, 0
   for _ = 1, 4 do
     for _ = 1, 3 do em.matmul(a, a) end
-    prof._bubble('recv activation', function()
+    prof.hooks.wait('recv activation', function()
       local t0 = em.clock()                              -- timed inside the span
       em.exp(v)                                          -- inside: the bubble's time
       spin(0.004)
@@ -65,12 +65,12 @@ H.test('one replica: bubbles in the breakdown, ops inside them not compute', fun
     end)
     nb = nb + 1
     spin(0.002)
-    prof._pipeline { stage = 0, stages = 2, chunks = 8, schedule = '1f1b',
+    prof.hooks.pipeline_step { stage = 0, stages = 2, chunks = 8, schedule = '1f1b',
                      bubble = 0.12, step_s = 0.01 }
     em.profile.step()
   end
   -- an error inside a bubble leaves the profiler recording
-  H.raises(function() prof._bubble('x', function() error('neighbour died') end) end,
+  H.raises(function() prof.hooks.wait('x', function() error('neighbour died') end) end,
            'neighbour died')
   local r = em.profile.stop()
   em.profile.expect {}
@@ -146,9 +146,9 @@ end)
 H.test('a pipeline that gives no bubble gets the share its spans measured', function()
   em.profile.start {}
   for _ = 1, 3 do
-    prof._bubble('recv', spin, 0.002)
+    prof.hooks.wait('recv', spin, 0.002)
     spin(0.002)
-    prof._pipeline { stage = 1, stages = 4, chunks = 4, schedule = 'gpipe' }
+    prof.hooks.pipeline_step { stage = 1, stages = 4, chunks = 4, schedule = 'gpipe' }
     em.profile.step()
   end
   local r = em.profile.stop()
@@ -161,8 +161,8 @@ end)
 H.test('an interleaved pipeline: the formula counts its model chunks', function()
   em.profile.start {}
   for _ = 1, 2 do
-    prof._bubble('recv', spin, 0.001)
-    prof._pipeline { stage = 1, stages = 4, chunks = 4, schedule = 'interleaved', virtual = 2,
+    prof.hooks.wait('recv', spin, 0.001)
+    prof.hooks.pipeline_step { stage = 1, stages = 4, chunks = 4, schedule = 'interleaved', virtual = 2,
                      bubble = 0.3, step_s = 0.01 }
     em.profile.step()
   end
@@ -179,7 +179,7 @@ H.test('expect{} and _pipeline reject bad input', function()
   H.raises(function() em.profile.expect { peak = 1 } end, "unknown option 'peak'")
   H.raises(function() em.profile.expect(5) end, 'profile.expect')
   em.profile.start {}
-  H.raises(function() prof._pipeline { stage = 0 } end, 'profile._pipeline')
+  H.raises(function() prof.hooks.pipeline_step { stage = 0 } end, 'profile.hooks.pipeline_step')
   em.profile.stop()
 end)
 

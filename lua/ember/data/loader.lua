@@ -208,7 +208,7 @@ function Loader:epoch(n)
       return nil
     end
     local prof = package.loaded['ember.profile']          -- a step mark (auto_step)
-    if prof then prof._batch_out() end
+    if prof then prof.hooks.batch_out() end
     local x, y, z, w = wrap(outs[0]), nf > 1 and wrap(outs[1]) or nil,
       nf > 2 and wrap(outs[2]) or nil, nf > 3 and wrap(outs[3]) or nil
     if self.progress then draw(self, nil, false) end

@@ -253,7 +253,7 @@ function M.pipeline(model, o, s)
   pp._wait_s = 0
   pp._wire = wire.new(s, s.device, function(name, fn)
     local t0 = em.clock()
-    if prof._bubble then prof._bubble(name, fn) else fn() end
+    prof.hooks.wait(name, fn)
     pp._wait_s = pp._wait_s + (em.clock() - t0)
   end)
   return pp

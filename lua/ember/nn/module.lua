@@ -115,7 +115,7 @@ end
 -- class, so the report can say which module made a copy; otherwise one lookup.
 Module.__call = function(self, ...)
   local prof = package.loaded['ember.profile']
-  if prof and prof._recording then return prof._module_forward(self, ...) end
+  if prof and prof.active() then return prof.hooks.module_forward(self, ...) end
   return self:forward(...)
 end
 

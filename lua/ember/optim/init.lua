@@ -156,7 +156,7 @@ end
 -- (which recomputes the loss), calls it first and returns its result.
 function Optimizer:step(closure)
   if C.em_profile_active(S) ~= 0 then    -- the step as one span on the profile
-    return require('ember.profile')._optimizer_step((self.class.name or 'optimizer') ..
+    return require('ember.profile').hooks.optimizer_step((self.class.name or 'optimizer') ..
       '.step', self._step, self, closure)
   end
   return self:_step(closure)

@@ -10,9 +10,9 @@ so that every stage's step ends together. With equal stages each stage idles
   even    every stage works C per chunk;
   uneven  the last stage works 4*C per chunk: the others wait for it, and the
           first stage's bubble is far above the formula.
-Each replica waits only inside the profiler's bubbles (prof._bubble), times
+Each replica waits only inside the profiler's bubbles (prof.hooks.wait), times
 those waits (inside the spans) and its steps itself, reports each step through
-prof._pipeline, and sets a predicted peak of (rank + 1) MB (em.profile.expect).
+prof.hooks.pipeline_step, and sets a predicted peak of (rank + 1) MB (em.profile.expect).
 Replica 0 prints the report's fields as KEY=value lines, a replica's figures
 as REPk=name:value ones.
 ]]
@@ -34,7 +34,7 @@ end
 -- that the span's own start and end are all that lies between the two figures).
 local waited = 0
 local function bubble(name, fn)
-  prof._bubble(name, function()
+  prof.hooks.wait(name, function()
     local t0 = em.clock()
     fn()
     waited = waited + (em.clock() - t0)
@@ -59,7 +59,7 @@ local function step()
   end
   bubble('wait sends', function() for _, h in ipairs(sends) do h:wait() end end)
   local dt = em.clock() - t0
-  prof._pipeline { stage = r, stages = P, chunks = M, schedule = 'gpipe',
+  prof.hooks.pipeline_step { stage = r, stages = P, chunks = M, schedule = 'gpipe',
                    bubble = waited / dt, step_s = dt }
   return waited, dt
 end

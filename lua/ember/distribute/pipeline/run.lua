@@ -177,10 +177,8 @@ local function close_step(self, total, t0, mem0)
   local stats = self._stats
   stats.step_s, stats.bubble = step_s, step_s > 0 and self._wait_s / step_s or 0
   stats.peak_bytes = em.memory_stats(dev).peak
-  if prof._pipeline then
-    prof._pipeline { stage = st, stages = P, chunks = self.chunks, schedule = self.schedule,
-                     virtual = self.virtual, bubble = stats.bubble, step_s = step_s }
-  end
+  prof.hooks.pipeline_step { stage = st, stages = P, chunks = self.chunks,
+    schedule = self.schedule, virtual = self.virtual, bubble = stats.bubble, step_s = step_s }
   return lt:to('cpu'):reshape({})
 end
 
