@@ -136,11 +136,15 @@ static inline em_status emi_ag_fail(em_tensor **out, em_status st) {
   return st;
 }
 
-/* engine.c */
-/* Gradient destinations (engine.c explains): a leaf's dest (retained; NULL clears
-** it), and, for a producer, a new reference to memory it may write input i's whole
-** gradient into, laid out with the given strides, or NULL (then it allocates as
-** usual). What it gets must be what it hands on as gin[i]. */
+/* leaf_grad.c: g (taken) into leaf's .grad -- the first contribution becomes it,
+** later ones are added in place. Gradient destinations (leaf_grad.c explains): a
+** leaf's dest (retained; NULL clears it), and, for a producer, a new reference to
+** memory it may write input i's whole gradient into, laid out with the given
+** strides, or NULL (then it allocates as usual). What it gets must be what it
+** hands on as gin[i]. */
+em_status emi_ag_leaf_add(em_state *S, em_tensor *leaf, em_tensor *g);
+/* Whether g is dest itself, or a view of exactly its elements in its layout. */
+int emi_ag_is_dest(const em_tensor *dest, const em_tensor *g);
 em_status emi_ag_set_grad_dest(em_state *S, em_tensor *leaf, em_tensor *dest);
 em_tensor *emi_ag_grad_dest(em_state *S, const emi_ag_node *n, int i, const int64_t *strides);
 int emi_ag_is_transpose2(const emi_ag_node *n);   /* grad_shape.c: a 2-D transpose */

@@ -337,21 +337,30 @@ static em_status batch_norm_backward(em_state *S, emi_ag_node *n, const em_tenso
                                 grad_of(n, gin, in.weight), grad_of(n, gin, in.bias));
 }
 
+/* A norm's node, the one record of batch and layer norm: inputs x and those of w
+** and b given, an integer argument of its own (at), and x, mean, rstd and w saved. */
+static em_status record_norm(em_state *S, const char *name, emi_ag_fn fn, const em_tensor *x,
+                             const em_tensor *w, const em_tensor *b, const em_tensor *mean,
+                             const em_tensor *rstd, int at, int64_t arg, em_tensor **out) {
+  const em_tensor *in[3];
+  int k = pack_inputs(in, x, w, b);
+  emi_ag_node *n;
+  em_status st = emi_ag_node_new(S, name, fn, *out, in, k, &n);
+  if (st) return emi_ag_fail(out, st);
+  n->iarg[NORM_HAS_WEIGHT] = w != NULL;
+  n->iarg[NORM_HAS_BIAS] = b != NULL;
+  n->iarg[at] = arg;
+  norm_saved v = {.x = x, .mean = mean, .rstd = rstd, .weight = w};
+  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
+  return EM_OK;
+}
+
 em_status emi_ag_record_batch_norm(em_state *S, const em_tensor *x, const em_tensor *w,
                                    const em_tensor *b, const em_tensor *save_mean,
                                    const em_tensor *save_invstd, int training,
                                    em_tensor **out) {
-  const em_tensor *in[3];
-  int k = pack_inputs(in, x, w, b);
-  emi_ag_node *n;
-  em_status st = emi_ag_node_new(S, "batch_norm", batch_norm_backward, *out, in, k, &n);
-  if (st) return emi_ag_fail(out, st);
-  n->iarg[NORM_HAS_WEIGHT] = w != NULL;
-  n->iarg[NORM_HAS_BIAS] = b != NULL;
-  n->iarg[BN_TRAINING] = training;
-  norm_saved v = {.x = x, .mean = save_mean, .rstd = save_invstd, .weight = w};
-  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
-  return EM_OK;
+  return record_norm(S, "batch_norm", batch_norm_backward, x, w, b, save_mean, save_invstd,
+                     BN_TRAINING, training, out);
 }
 
 static em_status layer_norm_backward(em_state *S, emi_ag_node *n, const em_tensor *g,
@@ -369,15 +378,6 @@ em_status emi_ag_record_layer_norm(em_state *S, const em_tensor *x, int normaliz
                                    const em_tensor *w, const em_tensor *b,
                                    const em_tensor *mean, const em_tensor *rstd,
                                    em_tensor **out) {
-  const em_tensor *in[3];
-  int k = pack_inputs(in, x, w, b);
-  emi_ag_node *n;
-  em_status st = emi_ag_node_new(S, "layer_norm", layer_norm_backward, *out, in, k, &n);
-  if (st) return emi_ag_fail(out, st);
-  n->iarg[NORM_HAS_WEIGHT] = w != NULL;
-  n->iarg[NORM_HAS_BIAS] = b != NULL;
-  n->iarg[LN_NORMALIZED_NDIM] = normalized_ndim;
-  norm_saved v = {.x = x, .mean = mean, .rstd = rstd, .weight = w};
-  if ((st = EMI_AG_SAVE_VIEW(S, n, v))) return emi_ag_fail(out, st);
-  return EM_OK;
+  return record_norm(S, "layer_norm", layer_norm_backward, x, w, b, mean, rstd,
+                     LN_NORMALIZED_NDIM, normalized_ndim, out);
 }

@@ -225,9 +225,8 @@ function M.wrap(s, model, o)
   -- before are garbage then, and go in one collection at the end.
   if mode == 'parameters' then
     for k, g in ipairs(groups) do
-      local r = rawget(g.module, '_reg')
-      for _, key in ipairs(r.pnames) do
-        local i = index_of[r.params[key]]
+      for _, kp in ipairs(g.module:named_parameters { recurse = false }) do
+        local key, i = kp[1], index_of[kp[2]]
         if i then
           local fresh = P[i]:detach():clone():requires_grad_()
           g.module[key] = fresh

@@ -38,22 +38,20 @@ local M = {}
 local function nbytes(t) return t:numel() * t:element_size() end
 
 -- -- Swapping a model onto meta and back ---------------------------------------------------
--- Every module's parameter and buffer tables, as they are; model:to('meta') then
--- replaces them; the returned function puts the originals back.
+-- Every module's own parameters and buffers, by name, as they are; model:to('meta')
+-- then replaces them; the returned function puts the originals back.
 function M.to_meta(model)
   local saved = {}
   for _, m in ipairs(model:modules()) do
-    local r = rawget(m, '_reg')
-    local p, b = {}, {}
-    for k, v in pairs(r.params) do p[k] = v end
-    for k, v in pairs(r.buffers) do b[k] = v end
-    saved[#saved + 1] = { r = r, p = p, b = b }
+    local own = m:named_parameters { recurse = false }
+    for _, nb in ipairs(m:named_buffers { recurse = false }) do own[#own + 1] = nb end
+    saved[#saved + 1] = { m = m, own = own }
   end
   model:to('meta')
   return function()
+    -- (assigning a registered name puts the tensor back in its place)
     for _, s in ipairs(saved) do
-      for k, v in pairs(s.p) do s.r.params[k] = v end
-      for k, v in pairs(s.b) do s.r.buffers[k] = v end
+      for _, kv in ipairs(s.own) do s.m[kv[1]] = kv[2] end
     end
   end
 end
