@@ -55,16 +55,13 @@ struct em_tensor {
   int64_t strides[EM_MAX_DIMS];  /* in elements */
   emi_storage *storage;
   em_state *S;
-  /* -- Autograd (core/autograd/): all zero for a plain tensor. requires_grad is
-  ** set on leaves the user marked and on every output of a recorded op. */
+  /* -- Autograd (core/autograd/): requires_grad is set on leaves the user marked
+  ** and on every output of a recorded op (the one test an op makes); everything
+  ** else autograd keeps of a tensor is behind ag (internal.h's emi_ag_meta), made
+  ** when the tensor first needs it: NULL for a plain tensor, and a layout the
+  ** backends never see. */
   int requires_grad;
-  int ag_pending;                /* engine scratch: contributions still to come */
-  struct emi_ag_node *grad_fn;   /* owned reference, NULL for leaves */
-  em_tensor *grad;               /* owned reference, NULL until a backward */
-  struct emi_ag_hook *hooks;     /* gradient hooks of a leaf (owned list) */
-  struct emi_ag_walk *ag_capture; /* engine scratch: the backward capturing its grad */
-  em_tensor *grad_dest;          /* owned reference: where a leaf's first gradient goes */
-  int ag_dest_busy;              /* engine scratch: grad_dest handed to a producer */
+  struct emi_ag_meta *ag;        /* owned, NULL until autograd needs it */
 };
 
 /* -- Devices ------------------------------------------------------------------------

@@ -292,19 +292,33 @@ static inline uint32_t emi_version(const em_tensor *t) {
   return __atomic_load_n(&t->storage->version, __ATOMIC_RELAXED);
 }
 
-/* -- Autograd hooks on handles (core/autograd/) ----------------------------------
-** New handles start with no history; a release drops grad, grad_fn and hooks. */
+/* -- Autograd's part of a tensor (core/autograd/) ---------------------------------
+** What autograd keeps of a tensor beyond requires_grad lives in one block behind
+** t->ag, made when first needed (a leaf marked to require grad, an op's recorded
+** output, a .grad assigned, a hook added): a plain tensor carries one NULL, and
+** the engine's fields change without changing the tensor the backends see. */
+typedef struct emi_ag_meta {
+  struct emi_ag_node *grad_fn;   /* owned reference, NULL for leaves */
+  em_tensor *grad;               /* owned reference, NULL until a backward */
+  struct emi_ag_hook *hooks;     /* gradient hooks of a leaf (owned list) */
+  em_tensor *grad_dest;          /* owned reference: where a leaf's first gradient goes */
+  struct emi_ag_walk *capture;   /* engine scratch: the backward capturing its grad */
+  int pending;                   /* engine scratch: contributions still to come */
+  int dest_busy;                 /* engine scratch: grad_dest handed to a producer */
+} emi_ag_meta;
+/* New handles start with no history; a release drops the block (grad, grad_fn,
+** hooks, destination). */
 static inline void emi_ag_clear_fields(em_tensor *t) {
   t->requires_grad = 0;
-  t->ag_pending = 0;
-  t->grad_fn = NULL;
-  t->grad = NULL;
-  t->hooks = NULL;
-  t->ag_capture = NULL;
-  t->grad_dest = NULL;
-  t->ag_dest_busy = 0;
+  t->ag = NULL;
 }
 void emi_ag_release_fields(em_tensor *t);
+/* t's block, made (zeroed) on first use; NULL when out of memory. */
+emi_ag_meta *emi_ag_meta_of(em_tensor *t);
+static inline struct emi_ag_node *emi_ag_grad_fn(const em_tensor *t) {
+  return t->ag ? t->ag->grad_fn : NULL;
+}
+static inline em_tensor *emi_ag_grad(const em_tensor *t) { return t->ag ? t->ag->grad : NULL; }
 /* Grad mode's one writer: a probe listens with grad mode off, so the ops' single
 ** test (emi_ag_wanted*) reads ag_watch, which is either. */
 static inline void emi_set_grad_disabled(em_state *S, int off) {

@@ -139,7 +139,7 @@ void em_tensor_retain(em_tensor *t) { if (t) emi_atomic_inc(&t->refcount); }
 void em_tensor_release(em_tensor *t) {
   if (!t || !last_reference(&t->refcount)) return;
   em_state *S = t->S;
-  if (t->grad_fn || t->grad || t->hooks) emi_ag_release_fields(t);
+  if (t->ag) emi_ag_release_fields(t);
   emi_storage_release(t->storage);
   emi_free(S, t, sizeof *t);
 }

@@ -28,20 +28,22 @@ em_status em_tensor_set_requires_grad(em_state *S, em_tensor *t, int flag) {
   if (flag && !em_dtype_is_floating(t->dtype))
     return emi_error(S, EM_ERR_DTYPE, "requires_grad_: only tensors of floating point "
                      "dtype can require gradients (got %s)", em_dtype_name(t->dtype));
-  if (!flag && t->grad_fn)
+  if (!flag && emi_ag_grad_fn(t))
     return emi_error(S, EM_ERR_ARG, "requires_grad_: you can only change requires_grad "
                      "flags of leaf variables (use detach() for a tensor without history)");
+  if (flag && !emi_ag_meta_of(t))
+    return emi_error(S, EM_ERR_NOMEM, "requires_grad_: out of memory");
   t->requires_grad = flag ? 1 : 0;
   return EM_OK;
 }
 
 int em_tensor_requires_grad(const em_tensor *t) { return t && t->requires_grad; }
-int em_tensor_is_leaf(const em_tensor *t) { return t && !t->grad_fn; }
+int em_tensor_is_leaf(const em_tensor *t) { return t && !emi_ag_grad_fn(t); }
 
 em_tensor *em_tensor_grad(const em_tensor *t) {
-  if (!t || !t->grad) return NULL;
-  em_tensor_retain(t->grad);
-  return t->grad;
+  em_tensor *g = t ? emi_ag_grad(t) : NULL;
+  if (g) em_tensor_retain(g);
+  return g;
 }
 
 em_status em_tensor_set_grad(em_state *S, em_tensor *t, em_tensor *g) {
@@ -58,8 +60,15 @@ em_status em_tensor_set_grad(em_state *S, em_tensor *t, em_tensor *g) {
       return emi_error(S, EM_ERR_DEVICE, "grad: assigned grad is on another device");
     em_tensor_retain(g);
   }
-  em_tensor_release(t->grad);
-  t->grad = g;
+  emi_ag_meta *m = g ? emi_ag_meta_of(t) : t->ag;
+  if (g && !m) {
+    em_tensor_release(g);
+    return emi_error(S, EM_ERR_NOMEM, "grad: out of memory");
+  }
+  if (m) {                /* (else there is no gradient to drop) */
+    em_tensor_release(m->grad);
+    m->grad = g;
+  }
   if (S->recorder) emi_compile_note_grad(S, t, g, 0);
   return EM_OK;
 }
@@ -74,9 +83,10 @@ em_status em_tensor_add_grad_hook(em_state *S, em_tensor *t, em_grad_hook_fn fn,
   em_status st = emi_check_tensor(S, "add_grad_hook", t);
   if (st) return st;
   if (!fn) return emi_error(S, EM_ERR_ARG, "add_grad_hook: NULL function");
-  if (t->grad_fn)
+  if (emi_ag_grad_fn(t))
     return emi_error(S, EM_ERR_ARG, "add_grad_hook: only leaf tensors take gradient hooks");
-  struct emi_ag_hook *h = emi_malloc(S, sizeof *h), **p = &t->hooks;
+  emi_ag_meta *m = emi_ag_meta_of(t);
+  struct emi_ag_hook *h = m ? emi_malloc(S, sizeof *h) : NULL, **p = m ? &m->hooks : NULL;
   if (!h) return emi_error(S, EM_ERR_NOMEM, "add_grad_hook: out of memory");
   h->fn = fn;
   h->ud = ud;
@@ -87,8 +97,8 @@ em_status em_tensor_add_grad_hook(em_state *S, em_tensor *t, em_grad_hook_fn fn,
 }
 
 void em_tensor_remove_grad_hook(em_tensor *t, em_grad_hook_fn fn, void *ud) {
-  if (!t) return;
-  for (struct emi_ag_hook **p = &t->hooks; *p; p = &(*p)->next) {
+  if (!t || !t->ag) return;
+  for (struct emi_ag_hook **p = &t->ag->hooks; *p; p = &(*p)->next) {
     if ((*p)->fn == fn && (*p)->ud == ud) {
       struct emi_ag_hook *h = *p;
       *p = h->next;
@@ -153,23 +163,33 @@ static em_status run_backward_callbacks(em_state *S, em_status st) {
   return st;
 }
 
+emi_ag_meta *emi_ag_meta_of(em_tensor *t) {
+  if (!t->ag) {
+    emi_ag_meta *m = emi_malloc(t->S, sizeof *m);
+    if (!m) return NULL;
+    memset(m, 0, sizeof *m);
+    t->ag = m;
+  }
+  return t->ag;
+}
+
 void emi_ag_release_fields(em_tensor *t) {
   em_state *S = t->S;
-  emi_ag_node_release(t->grad_fn);
-  t->grad_fn = NULL;
-  em_tensor_release(t->grad);
-  t->grad = NULL;
-  em_tensor_release(t->grad_dest);
-  t->grad_dest = NULL;
-  for (struct emi_ag_hook *h = t->hooks, *nx; h; h = nx) {
+  emi_ag_meta *m = t->ag;
+  if (!m) return;
+  t->ag = NULL;
+  emi_ag_node_release(m->grad_fn);
+  em_tensor_release(m->grad);
+  em_tensor_release(m->grad_dest);
+  for (struct emi_ag_hook *h = m->hooks, *nx; h; h = nx) {
     nx = h->next;
     emi_free(S, h, sizeof *h);
   }
-  t->hooks = NULL;
+  emi_free(S, m, sizeof *m);
 }
 
 em_status emi_ag_inplace_error(em_state *S, const char *op, const em_tensor *t) {
-  if (!t->grad_fn)
+  if (!emi_ag_grad_fn(t))
     return emi_error(S, EM_ERR_ARG, "%s: a leaf tensor that requires grad is being used "
                      "in an in-place operation (wrap it in no_grad, or use the "
                      "out-of-place form)", op);
@@ -221,7 +241,8 @@ void emi_ag_node_release(emi_ag_node *n) {
 
 em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor *out,
                           const em_tensor *const *inputs, int ninputs, emi_ag_node **node) {
-  emi_ag_node *n = emi_malloc(S, node_size(ninputs));
+  emi_ag_meta *m = emi_ag_meta_of(out);
+  emi_ag_node *n = m ? emi_malloc(S, node_size(ninputs)) : NULL;
   if (!n) return emi_error(S, EM_ERR_NOMEM, "%s: out of memory recording for autograd", name);
   memset(n, 0, node_size(ninputs));
   n->refcount = 1;
@@ -237,16 +258,16 @@ em_status emi_ag_node_new(em_state *S, const char *name, emi_ag_fn fn, em_tensor
     e->ndim = t->ndim;
     memcpy(e->sizes, t->sizes, sizeof *t->sizes * (size_t)t->ndim);
     if (!t->requires_grad) continue;
-    if (t->grad_fn) {
-      e->fn = t->grad_fn;
+    if (t->ag->grad_fn) {        /* (requires_grad: the tensor has its block) */
+      e->fn = t->ag->grad_fn;
       emi_atomic_inc(&e->fn->refcount);
     } else {
       e->leaf = (em_tensor *)t;
       em_tensor_retain(e->leaf);
     }
   }
-  emi_ag_node_release(out->grad_fn);   /* views of a recorded op: replace */
-  out->grad_fn = n;
+  emi_ag_node_release(m->grad_fn);   /* views of a recorded op: replace */
+  m->grad_fn = n;
   out->requires_grad = 1;
   *node = n;
   return EM_OK;
@@ -372,7 +393,7 @@ static em_status accumulate(em_state *S, em_tensor **acc, em_tensor *g) {
 }
 
 static em_status run_hooks(em_state *S, em_tensor *leaf) {
-  for (struct emi_ag_hook *h = leaf->hooks; h; h = h->next) {
+  for (struct emi_ag_hook *h = leaf->ag->hooks; h; h = h->next) {
     S->ag_foreign++;
     em_status st = h->fn(S, leaf, h->ud);
     S->ag_foreign--;
@@ -384,11 +405,11 @@ static em_status run_hooks(em_state *S, em_tensor *leaf) {
 /* One edge into leaf is done (with or without a contribution): when it was the
 ** last one, the gradient is final and the leaf's hooks run. */
 static em_status leaf_edge_done(em_state *S, em_tensor *leaf) {
-  if (--leaf->ag_pending != 0 || !leaf->grad) return EM_OK;
+  if (--leaf->ag->pending != 0 || !leaf->ag->grad) return EM_OK;
   if (__builtin_expect(S->profiler != NULL, 0)) {  /* gradient bytes per step */
     double t = emi_now();
     emi_profile_span(S, EM_PROF_GRAD, "grad", t, t,
-                     leaf->grad->numel * (int64_t)em_dtype_size(leaf->grad->dtype));
+                     leaf->ag->grad->numel * (int64_t)em_dtype_size(leaf->ag->grad->dtype));
   }
   return run_hooks(S, leaf);
 }
@@ -454,7 +475,7 @@ static em_status discover(em_state *S, emi_ag_node *root, emi_ag_walk *w) {
     emi_ag_node *n = w->nodes[k];
     for (int i = 0; i < n->ninputs; i++) {
       em_tensor *leaf = n->in[i].leaf;
-      if (leaf && leaf->ag_capture != w) leaf->ag_pending++;
+      if (leaf && leaf->ag->capture != w) leaf->ag->pending++;
     }
   }
   w->counted = 1;
@@ -524,23 +545,23 @@ static em_status run_node(em_state *S, emi_ag_walk *w, emi_ag_node *n, emi_ag_no
     if (gin != gin_small || i < 4) gin[i] = NULL;
     em_tensor *fit = NULL;
     em_tensor *into = NULL;
-    if (!st && gi && e->leaf && e->leaf->ag_capture != w && gi->numel != e->leaf->numel) {
+    if (!st && gi && e->leaf && e->leaf->ag->capture != w && gi->numel != e->leaf->numel) {
       int64_t cst[EM_MAX_DIMS];        /* a broadcast gradient summed straight in */
       emi_contiguous_strides(e->sizes, e->ndim, cst);
       into = emi_ag_grad_dest(S, n, i, cst);
     }
     if (!st && gi && (e->fn || e->leaf)) st = fit_grad(S, n, e, gi, into, &fit);
-    if (into && !(fit && emi_ag_is_dest(e->leaf->grad_dest, fit))) e->leaf->ag_dest_busy = 0;
+    if (into && !(fit && emi_ag_is_dest(e->leaf->ag->grad_dest, fit))) e->leaf->ag->dest_busy = 0;
     em_tensor_release(into);
     em_tensor_release(gi);
     if (e->fn) {
       if (fit) st = accumulate(S, &e->fn->gbuf, fit);
       if (--e->fn->deps == 0) { e->fn->next = *ready; *ready = e->fn; }
-    } else if (e->leaf && e->leaf->ag_capture == w) {
+    } else if (e->leaf && e->leaf->ag->capture == w) {
       if (fit) st = accumulate(S, capture_slot(w, e->leaf), fit);
     } else if (e->leaf) {
       if (fit) st = emi_ag_leaf_add(S, e->leaf, fit);
-      if (st) e->leaf->ag_pending--;
+      if (st) e->leaf->ag->pending--;
       else st = leaf_edge_done(S, e->leaf);
     }
   }
@@ -556,10 +577,10 @@ static void walk_end(em_state *S, emi_ag_walk *w) {
     if (w->counted && !n->ran)
       for (int i = 0; i < n->ninputs; i++) {
         em_tensor *leaf = n->in[i].leaf;
-        if (leaf && leaf->ag_capture != w) leaf->ag_pending--;
+        if (leaf && leaf->ag->capture != w) leaf->ag->pending--;
       }
     for (int i = 0; i < n->ninputs; i++)   /* a claim an error left unfulfilled */
-      if (n->in[i].leaf) n->in[i].leaf->ag_dest_busy = 0;
+      if (n->in[i].leaf) n->in[i].leaf->ag->dest_busy = 0;
     n->deps = 0;
     n->ran = 0;
     n->walk = NULL;
@@ -594,14 +615,14 @@ static em_status seed_grad(em_state *S, const char *op, em_tensor *root, const e
 /* The walk from root with gradient g (taken). */
 static em_status walk_run(em_state *S, emi_ag_walk *w, em_tensor *root, em_tensor *g) {
   em_status st;
-  if (!root->grad_fn) {              /* backward on a leaf: its grad is g */
-    em_tensor **slot = root->ag_capture == w ? capture_slot(w, root) : NULL;
+  if (!emi_ag_grad_fn(root)) {       /* backward on a leaf: its grad is g */
+    em_tensor **slot = root->ag->capture == w ? capture_slot(w, root) : NULL;
     if (slot) return accumulate(S, slot, g);
-    root->ag_pending++;
-    if ((st = emi_ag_leaf_add(S, root, g))) { root->ag_pending--; return st; }
+    root->ag->pending++;
+    if ((st = emi_ag_leaf_add(S, root, g))) { root->ag->pending--; return st; }
     return leaf_edge_done(S, root);
   }
-  emi_ag_node *root_node = root->grad_fn, *ready;
+  emi_ag_node *root_node = emi_ag_grad_fn(root), *ready;
   if ((st = discover(S, root_node, w))) { em_tensor_release(g); return st; }
   root_node->gbuf = g;
   root_node->next = NULL;
@@ -684,11 +705,11 @@ em_status em_backward_capture(em_state *S, em_tensor *root, const em_tensor *gra
     if (!t)
       return emi_error(S, EM_ERR_ARG, "backward_capture: tensor %lld of wrt is NULL",
                        (long long)emi_ix(S, k));
-    if (!t->requires_grad || t->grad_fn)
+    if (!t->requires_grad || emi_ag_grad_fn(t))
       return emi_error(S, EM_ERR_ARG, "backward_capture: tensor %lld of wrt (shape %s) is "
                        "%s; only leaves that require grad can be captured",
                        (long long)emi_ix(S, k), emi_tshape(S, t),
-                       t->grad_fn ? "not a leaf" : "a tensor that does not require grad");
+                       emi_ag_grad_fn(t) ? "not a leaf" : "a tensor that does not require grad");
   }
   em_tensor *g;
   if ((st = seed_grad(S, "backward_capture", root, grad, &g))) return st;
@@ -700,11 +721,11 @@ em_status em_backward_capture(em_state *S, em_tensor *root, const em_tensor *gra
   emi_ag_walk w = {.wrt = wrt, .nwrt = n, .grads = grads};
   for (int k = 0; k < n; k++) grads[k] = NULL;
   for (int k = 0; k < n; k++) {     /* nested captures of one leaf: the innermost wins */
-    old[k] = wrt[k]->ag_capture;
-    wrt[k]->ag_capture = &w;
+    old[k] = wrt[k]->ag->capture;
+    wrt[k]->ag->capture = &w;
   }
   st = backward(S, &w, root, g);
-  for (int k = n - 1; k >= 0; k--) wrt[k]->ag_capture = old[k];
+  for (int k = n - 1; k >= 0; k--) wrt[k]->ag->capture = old[k];
   if (old != old_small) emi_free(S, old, sizeof *old * (size_t)n);
   for (int k = 0; k < n; k++) {
     if (st) { em_tensor_release(grads[k]); grads[k] = NULL; continue; }

@@ -60,33 +60,33 @@ int emi_ag_is_dest(const em_tensor *dest, const em_tensor *g) {
 ** the destination's owner would have made anyway. */
 em_status emi_ag_leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
   em_status st = EM_OK;
-  em_tensor *dest = leaf->grad_dest;
+  em_tensor *dest = leaf->ag->grad_dest;
   int mine = emi_ag_is_dest(dest, g);
-  if (mine) leaf->ag_dest_busy = 0;
-  if (!leaf->grad) {
+  if (mine) leaf->ag->dest_busy = 0;
+  if (!leaf->ag->grad) {
     if (mine) {
       em_tensor_retain(dest);
       em_tensor_release(g);
-      leaf->grad = dest;
-    } else if (dest && !leaf->ag_dest_busy && g->dtype == dest->dtype &&
+      leaf->ag->grad = dest;
+    } else if (dest && !leaf->ag->dest_busy && g->dtype == dest->dtype &&
                g->device == dest->device) {
       st = em_copy_(S, dest, g);
       em_tensor_release(g);
-      if (!st) { em_tensor_retain(dest); leaf->grad = dest; }
+      if (!st) { em_tensor_retain(dest); leaf->ag->grad = dest; }
     } else if (grad_adoptable(S, leaf, g)) {
       /* .grad must own its memory: g is copied only when someone else may hold it,
       ** or its layout is not the one .grad keeps */
-      leaf->grad = g;
+      leaf->ag->grad = g;
     } else {
       em_tensor *c;
       st = em_clone(S, g, &c);
       em_tensor_release(g);
-      if (!st) leaf->grad = c;
+      if (!st) leaf->ag->grad = c;
     }
-    if (S->recorder && leaf->grad) emi_compile_note_grad(S, leaf, leaf->grad, 1);
+    if (S->recorder && leaf->ag->grad) emi_compile_note_grad(S, leaf, leaf->ag->grad, 1);
   } else {
     if (S->recorder) emi_compile_note_accumulate(S, leaf);
-    st = em_binary_(S, EM_ADD, leaf->grad, g);
+    st = em_binary_(S, EM_ADD, leaf->ag->grad, g);
     em_tensor_release(g);
   }
   return st;
@@ -104,15 +104,17 @@ em_status emi_ag_leaf_add(em_state *S, em_tensor *leaf, em_tensor *g) {
 ** second producer writes into it first; the producer must hand on what it got
 ** (or a view of it in the leaf's geometry) as input i's gradient. */
 em_status emi_ag_set_grad_dest(em_state *S, em_tensor *leaf, em_tensor *dest) {
-  if (dest && (leaf->grad_fn || dest->ndim != leaf->ndim || dest->dtype != leaf->dtype ||
-               dest->device != leaf->device ||
+  if (dest && (emi_ag_grad_fn(leaf) || dest->ndim != leaf->ndim ||
+               dest->dtype != leaf->dtype || dest->device != leaf->device ||
                memcmp(dest->sizes, leaf->sizes, sizeof *dest->sizes * (size_t)dest->ndim)))
     return emi_error(S, EM_ERR_INTERNAL, "grad destination of shape %s does not fit a "
                      "leaf of shape %s", emi_tshape(S, dest), emi_tshape(S, leaf));
+  emi_ag_meta *m = emi_ag_meta_of(leaf);
+  if (!m) return emi_error(S, EM_ERR_NOMEM, "grad destination: out of memory");
   if (dest) em_tensor_retain(dest);
-  em_tensor_release(leaf->grad_dest);
-  leaf->grad_dest = dest;
-  leaf->ag_dest_busy = 0;
+  em_tensor_release(m->grad_dest);
+  m->grad_dest = dest;
+  m->dest_busy = 0;
   return EM_OK;
 }
 
@@ -125,10 +127,10 @@ em_tensor *emi_ag_grad_dest(em_state *S, const emi_ag_node *n, int i, const int6
     leaf = e->fn->in[0].leaf;
     transposed = 1;
   }
-  if (!leaf || !leaf->grad_dest || leaf->grad || leaf->ag_dest_busy ||
-      leaf->ag_capture == n->walk)
+  if (!leaf || !leaf->ag->grad_dest || leaf->ag->grad || leaf->ag->dest_busy ||
+      leaf->ag->capture == n->walk)
     return NULL;
-  em_tensor *d = leaf->grad_dest, *v = NULL;
+  em_tensor *d = leaf->ag->grad_dest, *v = NULL;
   if (e->dtype != d->dtype || e->device != d->device || e->ndim != d->ndim) return NULL;
   int64_t sz[EM_MAX_DIMS], stv[EM_MAX_DIMS];
   for (int k = 0; k < d->ndim; k++) {
@@ -138,6 +140,6 @@ em_tensor *emi_ag_grad_dest(em_state *S, const emi_ag_node *n, int i, const int6
     if (sz[k] != e->sizes[k] || (sz[k] != 1 && stv[k] != strides[k])) return NULL;
   }
   if (emi_tensor_view(S, d, sz, stv, d->ndim, d->offset, &v)) return NULL;
-  leaf->ag_dest_busy = 1;
+  leaf->ag->dest_busy = 1;
   return v;
 }

@@ -153,14 +153,17 @@ void emi_compile_note_accumulate(em_state *S, const em_tensor *leaf) {
 /* -- Replay ----------------------------------------------------------------------- */
 int em_program_ready(const em_program *p) {
   for (size_t i = 0; i < p->nfresh; i++)
-    if (p->fresh_leaves[i]->grad) return 0;
+    if (emi_ag_grad(p->fresh_leaves[i])) return 0;
   return 1;
 }
 
+/* (the leaf has its autograd block: the capture gave it a gradient, or dropped one) */
 static void set_grad(const emi_set_grad_args *x) {
+  emi_ag_meta *m = x->leaf->ag;
+  if (!m) return;
   if (x->grad) em_tensor_retain(x->grad);
-  em_tensor_release(x->leaf->grad);
-  x->leaf->grad = x->grad;
+  em_tensor_release(m->grad);
+  m->grad = x->grad;
 }
 
 /* A call's name in a profile: a fused call's with the ops it does,

@@ -162,8 +162,9 @@ static em_status launch_ready(em_reducer *r) {
 static em_status move_home(em_reducer *r, int i) {
   em_state *S = r->S;
   em_tensor *p = r->params[i], *h = r->home[i];
-  if (p->grad == h) return EM_OK;
-  em_status st = p->grad ? em_copy_(S, h, p->grad) : em_fill_(S, h, 0);
+  em_tensor *g = emi_ag_grad(p);
+  if (g == h) return EM_OK;
+  em_status st = g ? em_copy_(S, h, g) : em_fill_(S, h, 0);
   if (st) return st;
   return em_tensor_set_grad(S, p, h);
 }
@@ -274,7 +275,7 @@ void em_reducer_free(em_reducer *r) {
   for (int i = 0; i < r->nparams; i++) {
     if (r->params[i]) {
       em_tensor_remove_grad_hook(r->params[i], grad_hook, &r->slots[i]);
-      if (r->home[i] && r->params[i]->grad_dest == r->home[i])
+      if (r->home[i] && r->params[i]->ag && r->params[i]->ag->grad_dest == r->home[i])
         emi_ag_set_grad_dest(S, r->params[i], NULL);
       em_tensor_release(r->params[i]);
     }
@@ -317,10 +318,10 @@ em_status em_reducer_new(em_state *S, em_comm *c, em_tensor *const *params,
                        emi_device_name(b, p->device), em_comm_backend(c),
                        emi_device_name(b2, want));
     }
-    if (!em_dtype_is_floating(p->dtype) || !p->requires_grad || p->grad_fn)
+    if (!em_dtype_is_floating(p->dtype) || !p->requires_grad || emi_ag_grad_fn(p))
       return emi_error(S, EM_ERR_ARG, "wrap: parameter %s must be a floating-point leaf "
                        "that requires grad (got %s%s)", nm, em_dtype_name(p->dtype),
-                       p->grad_fn ? ", not a leaf" : !p->requires_grad ? ", no grad" : "");
+                       emi_ag_grad_fn(p) ? ", not a leaf" : !p->requires_grad ? ", no grad" : "");
   }
   em_reducer *r = emi_malloc(S, sizeof *r);
   if (!r) return emi_error(S, EM_ERR_NOMEM, "wrap: out of memory");
