@@ -475,6 +475,7 @@ typedef struct emi_services {
 ** failure says why, naming the device). close ends it at em_close. api: the
 ** kind's own public calls (cuda: emi_cuda_api), NULL if none. */
 typedef struct emi_backend_kind {
+  int version;                       /* EMI_DEVICE_INTERFACE_VERSION it implements */
   int abi;                           /* EMI_BACKEND_ABI of the build it came from */
   const char *name;
   int max_devices;
@@ -488,7 +489,12 @@ typedef struct emi_backend_kind {
   const void *api;
 } emi_backend_kind;
 
-/* A kind's library must have been built against these layouts. */
+/* A kind's library must implement this version of the device interface (the
+** tables above, em_tensor and emi_storage as the backends see them): raised by
+** hand with every change to them, so that a kind built from other sources is
+** refused by name. EMI_BACKEND_ABI, a fingerprint of the layouts' sizes, backs it
+** up where a change forgot the version. */
+#define EMI_DEVICE_INTERFACE_VERSION 2
 #define EMI_BACKEND_ABI ((int)(sizeof(emi_backend) * 131 + sizeof(emi_services) * 17 + \
                                sizeof(em_tensor) * 3 + sizeof(emi_storage) * 5 +         \
                                sizeof(emi_device) + sizeof(emi_backend_kind)))
@@ -508,7 +514,7 @@ typedef struct emi_cuda_api {
 
 /* A kind's one registration: its library calls this as it is loaded (from a
 ** constructor), whether linked into the host or loaded by the registry. A kind
-** built for other table layouts (abi) is ignored. */
+** of another interface version or other table layouts (abi) is ignored. */
 void emi_register_kind(const emi_backend_kind *k);
 /* The context a kind opened for S (NULL before, or when it has none). */
 void *emi_kind_ctx(em_state *S, const emi_backend_kind *k);

@@ -176,6 +176,7 @@ static const emi_cuda_api cuda_api = {
 };
 
 const emi_backend_kind emk_cuda_kind = {
+  .version = EMI_DEVICE_INTERFACE_VERSION,
   .abi = EMI_BACKEND_ABI,
   .name = "cuda",
   .max_devices = EMK_MAX_DEVICES,

@@ -27,8 +27,8 @@
 ** (emi_device_attach): a state that uses cuda:1 alone never touches cuda:0, as
 ** a replica or an mpirun rank on a shared machine must not (each context costs
 ** memory on its GPU, and a GPU in EXCLUSIVE_PROCESS mode refuses a second
-** process). A library built against another layout of the tables is refused
-** (abi).
+** process). A library built for another version of the device interface, or
+** against other layouts of its tables, is refused, and the reason says which.
 */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -58,6 +58,11 @@ static void promote_core(const char *core_path) {
   (void)h;                  /* the executable itself, or already global: nothing to do */
 }
 
+/* Whether kind k was built for this libember's device interface. */
+static int fits(const emi_backend_kind *k) {
+  return k->version == EMI_DEVICE_INTERFACE_VERSION && k->abi == EMI_BACKEND_ABI;
+}
+
 static const emi_backend_kind *try_open(const char *path, char *err, size_t errlen) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
@@ -71,8 +76,14 @@ static const emi_backend_kind *try_open(const char *path, char *err, size_t errl
     dlclose(h);
     return NULL;
   }
-  if (k->abi != EMI_BACKEND_ABI) {
-    snprintf(err, errlen, "%s was built for another version of libember", path);
+  if (!fits(k)) {
+    if (k->version != EMI_DEVICE_INTERFACE_VERSION)
+      snprintf(err, errlen, "%s implements version %d of the device interface, this libember "
+               "version %d (rebuild them together)", path, k->version,
+               EMI_DEVICE_INTERFACE_VERSION);
+    else
+      snprintf(err, errlen, "%s was built against other layouts of the device tables "
+               "(rebuild it with this libember)", path);
     dlclose(h);
     return NULL;
   }
@@ -85,7 +96,7 @@ static const emi_backend_kind *try_open(const char *path, char *err, size_t errl
 static const emi_backend_kind *registered;
 
 void emi_register_kind(const emi_backend_kind *k) {
-  if (k && k->abi == EMI_BACKEND_ABI) __atomic_store_n(&registered, k, __ATOMIC_RELEASE);
+  if (k && fits(k)) __atomic_store_n(&registered, k, __ATOMIC_RELEASE);
 }
 
 static const emi_backend_kind *linked_in(void) {

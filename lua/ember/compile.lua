@@ -15,16 +15,21 @@ result kept from an earlier call does not change.
 
 What changes per step is not in the record, and is handled so:
   - random draws (dropout) take fresh counters at every replay (C);
-  - the optimizers register a hook while captured (M.on_replay) that sets the
-    replayed update's learning rate and Adam's step count before each replay, so
-    a schedule's new rate is seen and the bias correction moves on;
-  - a parameter's .grad is set by the replay as by the eager step.
+  - the optimizers register hooks while captured (M.on_replay) that set the
+    replayed update's learning rate and Adam's step count before each replay,
+    and count the step after it if it ran;
+  - a parameter's .grad is set by the replay as by the eager step;
+  - a decision ember's own code takes on a value it reads (a GradScaler skipping
+    the update on inf) is a guard of the record (M.guard, core/compile/guard.c)
+    that the replay takes on the value it computed; a capture that skipped the
+    guarded calls can't record them and is not kept (M.retry).
 A step that can't be replayed runs eagerly for that signature, and explain()
 says why: it read a value (item, totable, tostring, element access: the rest
 of the step would depend on it) -- except item() after the last kernel call,
-whose value a replay reads again (compile/reads.lua), touched a device other than the CPU, ran a
-collective other than an in-place allreduce or broadcast, took a tensor that
-requires grad, or accumulated into gradients from before the call. `check = true` runs the first
+whose value a replay reads again (compile/reads.lua) -- touched a device other
+than the CPU, ran a collective other than an in-place allreduce or broadcast,
+took a tensor that requires grad, or accumulated into gradients from before the
+call. `check = true` runs the first
 calls after a capture eagerly again, recording them, and raises at the first
 call that differs from the captured step (fn branching on data or on a Lua
 value that is no argument). EMBER_COMPILE=0 runs every compiled function eagerly.
@@ -33,9 +38,8 @@ local ffi = require 'ffi'
 local core = require 'ember.ffi'
 require 'ember.tensor'
 local reads = require 'ember.compile.reads'
-local sig = require 'ember.compile.signature'
+local carried = require 'ember.compile.args'
 local C, S, raise, kind = core.C, core.S, core.raise, core.kind
-local box_t, istype = core.box_t, ffi.istype
 
 local M = {}
 
@@ -120,59 +124,8 @@ local function host_access(what, t)
   elseif not capture.read then capture.read = what .. ' at ' .. user_line() end
 end
 
-local signature, each_tensor, plain = sig.signature, sig.each_tensor, sig.plain
-
--- A tensor of t's shape, dtype, device and strides, holding t's values: the
--- step is captured on the layout it is given (a transposed or broadcast input
--- takes the kernels it takes eagerly, so the results keep the eager bits).
-local out_box = ffi.new('em_tensor*[1]')
-local function static_like(t)
-  if t:is_contiguous() then return t:clone() end
-  local h, n = t._h, C.em_tensor_ndim(t._h)
-  local sizes, strides, span = ffi.new('int64_t[?]', n), ffi.new('int64_t[?]', n), 1
-  for d = 0, n - 1 do
-    sizes[d], strides[d] = C.em_tensor_size(h, d), C.em_tensor_stride(h, d)
-    if strides[d] < 0 then return t:clone() end
-    if sizes[d] > 0 then span = span + (sizes[d] - 1) * strides[d] end
-  end
-  local flat = require('ember').empty(tonumber(span), { dtype = t.dtype, device = t.device })
-  core.check(C.em_as_strided(S, flat._h, sizes, strides, n, 0, out_box))
-  local s = core.wrap(out_box[0])
-  M.fill(s, t)
-  return s
-end
-
--- static := t, both of one layout: along a broadcast dim (stride 0) one slice
--- is all there is to copy (and copy_ refuses to write the same element twice).
-function M.fill(static, t)
-  local h = static._h
-  for d = 0, C.em_tensor_ndim(h) - 1 do
-    if C.em_tensor_stride(h, d) == 0 and C.em_tensor_size(h, d) > 1 then
-      static, t = static:narrow(d + 1, 1, 1), t:narrow(d + 1, 1, 1)
-    end
-  end
-  static:copy_(t)
-end
-
-local function at(args, i, k) if k == nil then return args[i] end return args[i][k] end
-
--- -- Results -------------------------------------------------------------------------------
--- Copies of the tensors in results (top level and one level into plain tables).
-local function own(res)
-  local out = { n = res.n }
-  local function copy(v) if istype(box_t, v) then return v:detach():clone() end return v end
-  for i = 1, res.n do
-    local v = res[i]
-    if plain(v) then
-      local t = {}
-      for k, x in pairs(v) do t[k] = copy(x) end
-      out[i] = t
-    else
-      out[i] = copy(v)
-    end
-  end
-  return out
-end
+local signature, each_tensor, plain = carried.signature, carried.each_tensor, carried.plain
+local static_like, at, own, fill = carried.static_like, carried.at, carried.own, carried.fill
 
 -- -- The compiled function -----------------------------------------------------------------
 local Compiled = {}
@@ -317,7 +270,7 @@ function Compiled:__call(...)
     local res = self:check_against(e, args)
     return unpack(res, 1, res.n)
   end
-  for _, s in ipairs(e.statics) do M.fill(s.static, at(args, s.i, s.k)) end
+  for _, s in ipairs(e.statics) do fill(s.static, at(args, s.i, s.k)) end
   for _, h in ipairs(e.hooks) do h(e.prog) end
   core.check(C.em_program_run(S, e.prog))
   for _, h in ipairs(e.after) do h(e.prog) end

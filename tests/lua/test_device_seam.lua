@@ -132,4 +132,25 @@ H.test('without libember_cuda.so: CUDA says why, the CPU works', function()
   H.check(out:find('meta meta', 1, true), out)
 end)
 
+H.test('a kind built for another device interface version is refused, by name', function()
+  -- a stand-in library whose kind says version 1 (the check reads the version first)
+  local d = H.tmpdir()
+  local src = io.open(d .. '/old_kind.c', 'w')
+  src:write('struct { int version, abi; } emk_cuda_kind = { 1, 0 };\n')
+  src:close()
+  local built = sh(('cc -shared -fPIC -o %s/libold_kind.so %s/old_kind.c 2>&1 && echo built')
+    :format(d, d))
+  if not built:find('built', 1, true) then H.skip('no C compiler: ' .. built) return end
+  local out, why = plain([[
+    local em = require 'ember'
+    local ok, err = pcall(function() return em.ones(2, { device = 'cuda' }) end)
+    io.write('error ', tostring(err), '\n')
+    io.write('cpu ', em.ones(3):sum():item(), '\n')
+  ]], 'EMBER_CUDA_EMULATE=1:64 EMBER_CUDA_LIB=' .. d .. '/libold_kind.so')
+  if not out then H.skip(why) return end
+  H.check(out:find('implements version 1 of the device interface', 1, true) and
+          out:find('rebuild them together', 1, true), 'the reason names the versions: ' .. out)
+  H.check(out:find('cpu 3', 1, true), 'the CPU works: ' .. out)
+end)
+
 H.done()
