@@ -46,22 +46,13 @@ static void draw_rows(void *ctx, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; r++) {
     double acc = 0, lo = INFINITY;
     int finite = 1;
-    if (j->dt == EM_FLOAT32) {
-      const float *p = (const float *)j->probs + r * k;
-      for (int64_t i = 0; i < k; i++) {
-        double v = p[i];
-        finite &= isfinite(v);
-        lo = v < lo ? v : lo;
-        cdf[i] = acc += v;
-      }
-    } else {
-      const double *p = (const double *)j->probs + r * k;
-      for (int64_t i = 0; i < k; i++) {
-        double v = p[i];
-        finite &= isfinite(v);
-        lo = v < lo ? v : lo;
-        cdf[i] = acc += v;
-      }
+    const float *pf = j->dt == EM_FLOAT32 ? (const float *)j->probs + r * k : NULL;
+    const double *pd = pf ? NULL : (const double *)j->probs + r * k;
+    for (int64_t i = 0; i < k; i++) {
+      double v = pf ? pf[i] : pd[i];
+      finite &= isfinite(v);
+      lo = v < lo ? v : lo;
+      cdf[i] = acc += v;
     }
     j->row_min[r] = finite ? lo : NAN;
     if (finite && lo >= 0 && !(acc > 0)) __atomic_store_n(j->zero_sum, 1, __ATOMIC_RELAXED);

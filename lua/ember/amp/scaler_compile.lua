@@ -22,7 +22,6 @@ The capture runs the update to record it, so a step that finds inf at its
 capture (the first steps of a float16 run often do) is run as the eager step
 runs it and not kept: the next call captures again (compile.retry).
 ]]
-local em = require 'ember'
 local compile = require 'ember.compile'
 local G = require 'ember.amp.scaler_graph'
 
@@ -44,15 +43,7 @@ end
 -- Gradients times 1/scale; found (a 0-d tensor, 1 when some gradient is inf or
 -- NaN on any replica) and its value at the capture.
 function SC.unscale_(self, gs, strategy)
-  local d = state(self, { device = 'cpu' })
-  local inv = d.scale:reciprocal()
-  local acc = nil
-  for _, g in ipairs(gs) do
-    g:mul_(inv)
-    local t = (g * 0):sum():float()
-    acc = acc == nil and t or acc:add(t)
-  end
-  local found = acc == nil and em.zeros({}, { dtype = 'float32' }) or acc:ne(acc):float()
+  local found = G.unscale_found(state(self, { device = 'cpu' }), gs)
   if strategy ~= nil and (strategy.world_size or 1) > 1 then strategy:allreduce(found, 'max') end
   return found, compile.peek(found) ~= 0
 end

@@ -88,7 +88,13 @@ function G.unscale_(self, gs, s)
       'which is not supported: capture forward and backward only, and call ' ..
       'scaler:step(opt) and scaler:update() after the graph'):format(WHAT, s.world_size))
   end
-  local d = device_state(self)
+  return G.unscale_found(device_state(self), gs)
+end
+
+-- Gradients gs times 1/scale (device state d's), and a 0-d float32 tensor on
+-- d's device that is 1 when some gradient is inf or NaN (0 for no gradients).
+-- (Also the compiled step's, ember.amp.scaler_compile.)
+function G.unscale_found(d, gs)
   local inv = d.scale:reciprocal()
   local acc = nil
   for _, g in ipairs(gs) do
