@@ -85,6 +85,26 @@ H.test('update() after the compiled call, unscale_ and clipping inside it', func
   H.eq(stats.breaks, 0, 'clipping does not end the record')
 end)
 
+H.test('check = true: a checked call that skips its update is no difference', function()
+  local m = nn.Linear(4, 2)
+  local opt = em.optim.SGD(m:parameters(), { lr = 0.1 })
+  local sc = em.amp.GradScaler{ init_scale = 2 ^ 10 }
+  local step = em.compile(function(x, y)
+    opt:zero_grad()
+    sc:scale(F.mse_loss(m(x), y)):backward()
+    sc:step(opt)
+    sc:update()
+  end, { check = true })
+  local x, y = em.randn(3, 4), em.randn(3, 2)
+  step(x, y)
+  local bad = x:clone()
+  bad[1][1] = math.huge
+  step(bad, y)       -- checked, and skipped: nothing to compare
+  step(x, y)         -- checked
+  step(x, y)         -- replayed
+  H.eq({ step:stats().replays, sc:get_scale() }, { 1, 512 }, 'replays, the scale halved once')
+end)
+
 H.test('under float16 autocast', function()
   same({ opt = 'adam', infs = { [2] = true }, autocast = true }, 7)
 end)
